@@ -1,0 +1,148 @@
+//! Where every parameter lives: which server owns a sparse id, which server owns a dense block,
+//! which in-server stripe holds an id. Pure functions shared by the client (to route requests)
+//! and the server (to know what it owns), so both sides can never disagree.
+//!
+//! The server of an id uses the high bits of a mixed id and the stripe uses the low bits, so the
+//! two choices are independent: every server spreads its ids evenly over all its stripes.
+
+use std::ops::Range;
+
+/// The 64-bit finalizer of splitmix64: a cheap bijective mixer with good avalanche.
+#[inline]
+pub fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The server (0..num_servers) that owns sparse id `id`.
+#[inline]
+pub fn server_of_id(id: u64, num_servers: usize) -> usize {
+    // Multiply-shift maps the mixed id uniformly onto 0..n without a division.
+    ((mix64(id) as u128 * num_servers as u128) >> 64) as usize
+}
+
+/// Number of lock stripes inside one server's sparse table (a power of two).
+pub const STRIPES: usize = 64;
+
+/// The stripe (0..STRIPES) of one server's table that holds `id`.
+#[inline]
+pub fn stripe_of(id: u64) -> usize {
+    (mix64(id) as usize) & (STRIPES - 1)
+}
+
+/// How the flat dense parameter vector is cut into blocks and dealt to servers round-robin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DenseLayout {
+    /// Total number of dense floats in the model.
+    pub total: usize,
+    /// Floats per block (the last block may be shorter).
+    pub block_size: usize,
+    /// Number of servers the blocks are dealt to.
+    pub num_servers: usize,
+}
+
+impl DenseLayout {
+    /// Number of blocks the dense vector is cut into.
+    pub fn num_blocks(&self) -> usize {
+        self.total.div_ceil(self.block_size)
+    }
+
+    /// The server that owns block `b`.
+    pub fn server_of_block(&self, b: usize) -> usize {
+        b % self.num_servers
+    }
+
+    /// Range of the flat dense vector covered by block `b`.
+    pub fn block_range(&self, b: usize) -> Range<usize> {
+        let start = b * self.block_size;
+        start..(start + self.block_size).min(self.total)
+    }
+
+    /// The blocks owned by `server`, in increasing order.
+    pub fn blocks_of(&self, server: usize) -> impl Iterator<Item = usize> + '_ {
+        (server..self.num_blocks()).step_by(self.num_servers)
+    }
+
+    /// Number of dense floats owned by `server`.
+    pub fn len_of(&self, server: usize) -> usize {
+        self.blocks_of(server).map(|b| self.block_range(b).len()).sum()
+    }
+}
+
+/// Groups positions `0..ids.len()` by the server that owns each id (see [`group_positions`]).
+pub fn group_by_server(ids: &[u64], num_servers: usize, order: &mut Vec<u32>, starts: &mut Vec<usize>) {
+    group_positions(ids.len(), num_servers, |i| server_of_id(ids[i], num_servers), order, starts);
+}
+
+/// Groups positions `0..len` by `group_of(position)` (each below `groups`): `order` lists the
+/// positions group by group, keeping their relative order, and `starts[g]..starts[g+1]` is group
+/// `g`'s part of `order`. A counting sort, so routing a batch costs two linear passes.
+pub fn group_positions(
+    len: usize,
+    groups: usize,
+    group_of: impl Fn(usize) -> usize,
+    order: &mut Vec<u32>,
+    starts: &mut Vec<usize>,
+) {
+    let owner: Vec<u32> = (0..len).map(|i| group_of(i) as u32).collect();
+    starts.clear();
+    starts.resize(groups + 1, 0);
+    for &g in &owner {
+        starts[g as usize + 1] += 1;
+    }
+    for g in 0..groups {
+        starts[g + 1] += starts[g];
+    }
+    let mut next: Vec<usize> = starts[..groups].to_vec();
+    order.clear();
+    order.resize(len, 0);
+    for (i, &g) in owner.iter().enumerate() {
+        order[next[g as usize]] = i as u32;
+        next[g as usize] += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_400_by_400_weight_spans_every_server() {
+        let layout = DenseLayout { total: 160_000, block_size: 8192, num_servers: 3 };
+        for s in 0..3 {
+            assert!(layout.len_of(s) > 0, "server {s} owns no block");
+        }
+        let sum: usize = (0..3).map(|s| layout.len_of(s)).sum();
+        assert_eq!(sum, 160_000);
+    }
+
+    #[test]
+    fn ids_spread_evenly_over_servers_and_stripes() {
+        let mut per_server = [0usize; 3];
+        let mut per_stripe = [0usize; STRIPES];
+        for id in 0..30_000u64 {
+            per_server[server_of_id(id, 3)] += 1;
+            per_stripe[stripe_of(id)] += 1;
+        }
+        for c in per_server {
+            assert!((9_000..11_000).contains(&c), "{per_server:?}");
+        }
+        assert!(per_stripe.iter().all(|&c| c > 300));
+    }
+
+    #[test]
+    fn grouping_keeps_every_position_once() {
+        let ids: Vec<u64> = (0..1000).map(|i| i * 7919).collect();
+        let (mut order, mut starts) = (Vec::new(), Vec::new());
+        group_by_server(&ids, 4, &mut order, &mut starts);
+        let mut seen = order.clone();
+        seen.sort();
+        assert_eq!(seen, (0..1000).collect::<Vec<u32>>());
+        for s in 0..4 {
+            for &p in &order[starts[s]..starts[s + 1]] {
+                assert_eq!(server_of_id(ids[p as usize], 4), s);
+            }
+        }
+    }
+}

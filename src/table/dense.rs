@@ -1,0 +1,81 @@
+//! The dense blocks one server owns, with their optimizer state.
+//!
+//! The flat dense vector is cut into fixed-size blocks dealt round-robin to servers (see
+//! [`crate::layout::DenseLayout`]); on the wire a server's blocks travel concatenated in block
+//! order, so a pull or push is one contiguous array per server.
+
+use super::{DenseSpec, Optimizer, TableError};
+use crate::layout::DenseLayout;
+
+/// One block: its place in the flat vector, its weights and its optimizer state.
+pub struct Block {
+    /// Block number in the flat vector.
+    pub index: usize,
+    /// Offset of the block's first float in the flat vector.
+    pub start: usize,
+    /// Weights.
+    pub weights: Vec<f32>,
+    /// Optimizer state (`optimizer.state_len(weights.len())` floats).
+    pub state: Vec<f32>,
+}
+
+/// The dense blocks of one server.
+pub struct DenseShard {
+    /// Owned blocks in increasing block order.
+    pub blocks: Vec<Block>,
+    optimizer: Optimizer,
+    len: usize,
+}
+
+impl DenseShard {
+    /// Initial blocks of server `index` among `num_servers`.
+    pub fn new(spec: &DenseSpec, index: usize, num_servers: usize) -> DenseShard {
+        let layout: DenseLayout = spec.layout(num_servers);
+        let optimizer = spec.optimizer;
+        let blocks: Vec<Block> = layout
+            .blocks_of(index)
+            .map(|b| {
+                let range = layout.block_range(b);
+                let mut weights = vec![0.0; range.len()];
+                spec.init_range(range.start, &mut weights);
+                let mut state = vec![0.0; optimizer.state_len(range.len())];
+                optimizer.init_state(&mut state);
+                Block { index: b, start: range.start, weights, state }
+            })
+            .collect();
+        let len = blocks.iter().map(|b| b.weights.len()).sum();
+        DenseShard { blocks, optimizer, len }
+    }
+
+    /// Number of floats this server owns.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if this server owns no dense float.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends the owned weights, block after block, to `out`.
+    pub fn read(&self, out: &mut Vec<f32>) {
+        for b in &self.blocks {
+            out.extend_from_slice(&b.weights);
+        }
+    }
+
+    /// Applies the optimizer to every owned block; `grads` holds gradient sums for the owned
+    /// floats in wire order, `scale` turns them into means.
+    pub fn apply(&mut self, grads: &[f32], scale: f32) -> Result<(), TableError> {
+        if grads.len() != self.len {
+            return Err(TableError::LengthMismatch { what: "dense gradient".into(), expected: self.len, got: grads.len() });
+        }
+        let mut off = 0;
+        for b in &mut self.blocks {
+            let n = b.weights.len();
+            self.optimizer.update(&mut b.weights, &mut b.state, &grads[off..off + n], scale);
+            off += n;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,248 @@
+//! Server-side model state: the part of every table that one server owns (a [`Shard`]).
+//!
+//! A [`TableSpec`] describes the whole model's parameters (dense params cut into blocks, sparse
+//! embedding tables), with their initializers and optimizers. Initial values depend only on
+//! (seed, global position) for dense floats and (table seed, id) for sparse rows, never on how
+//! many servers there are, so 1 server and 3 servers train the very same model.
+//!
+//! This module does no I/O and knows nothing of the network: the server, the local trainer and
+//! the offline evaluator all use it directly.
+
+pub mod dense;
+pub mod optim;
+pub mod sparse;
+
+use serde::{Deserialize, Serialize};
+
+pub use dense::DenseShard;
+pub use optim::{Optimizer, OptimizerKind};
+pub use sparse::SparseTable;
+
+use crate::layout::{mix64, DenseLayout};
+
+/// How initial values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Init {
+    /// All zeros.
+    Zeros,
+    /// Uniform in `[-scale, scale]`.
+    Uniform {
+        /// Half-width of the interval.
+        scale: f32,
+    },
+}
+
+impl Init {
+    /// The initial value at counter `key`, a pure function of its inputs.
+    #[inline]
+    pub fn value(&self, key: u64) -> f32 {
+        match *self {
+            Init::Zeros => 0.0,
+            Init::Uniform { scale } => {
+                // 24 random bits give a uniform f32 in [0, 1) exactly.
+                let u = (mix64(key) >> 40) as f32 / (1u64 << 24) as f32;
+                scale * (2.0 * u - 1.0)
+            }
+        }
+    }
+}
+
+/// One named dense parameter (a weight matrix or bias), a slice of the flat dense vector.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DenseParam {
+    /// Name, for messages and checkpoints.
+    pub name: String,
+    /// Number of floats.
+    pub len: usize,
+    /// Initializer.
+    pub init: Init,
+}
+
+/// All dense parameters of a model, concatenated in order into one flat vector.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DenseSpec {
+    /// The parameters, in their order in the flat vector.
+    pub params: Vec<DenseParam>,
+    /// Floats per block when the vector is dealt to servers.
+    pub block_size: usize,
+    /// Seed of the initializers.
+    pub seed: u64,
+    /// Optimizer applied to every dense float.
+    pub optimizer: Optimizer,
+}
+
+impl DenseSpec {
+    /// Total number of dense floats.
+    pub fn total(&self) -> usize {
+        self.params.iter().map(|p| p.len).sum()
+    }
+
+    /// The flat vector's layout over `num_servers` servers.
+    pub fn layout(&self, num_servers: usize) -> DenseLayout {
+        DenseLayout { total: self.total(), block_size: self.block_size, num_servers }
+    }
+
+    /// Writes the initial values of the flat range starting at `start` into `out`.
+    pub fn init_range(&self, start: usize, out: &mut [f32]) {
+        let mut param_start = 0;
+        for p in &self.params {
+            let (lo, hi) = (param_start.max(start), (param_start + p.len).min(start + out.len()));
+            for g in lo..hi {
+                out[g - start] = p.init.value(self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ g as u64);
+            }
+            param_start += p.len;
+        }
+    }
+}
+
+/// One sparse embedding table: rows of `dim` floats keyed by u64 feature ids.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SparseSpec {
+    /// Name, for messages and checkpoints.
+    pub name: String,
+    /// Floats per row.
+    pub dim: usize,
+    /// Seed of the row initializer.
+    pub seed: u64,
+    /// Initializer of new rows.
+    pub init: Init,
+    /// Optimizer of this table, with its own learning rate.
+    pub optimizer: Optimizer,
+}
+
+impl SparseSpec {
+    /// Writes the initial weights of row `id` into `out` (`dim` floats).
+    pub fn init_row(&self, id: u64, out: &mut [f32]) {
+        let base = mix64(self.seed ^ mix64(id));
+        for (j, w) in out.iter_mut().enumerate() {
+            *w = self.init.value(base.wrapping_add(j as u64));
+        }
+    }
+}
+
+/// Every parameter of a model: what trainers declare to servers and checkpoints record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableSpec {
+    /// The dense parameters.
+    pub dense: DenseSpec,
+    /// The sparse tables, addressed by their index.
+    pub sparse: Vec<SparseSpec>,
+}
+
+impl TableSpec {
+    /// Checks sizes and optimizers.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.dense.block_size == 0 {
+            return Err("dense block_size must be positive".into());
+        }
+        self.dense.optimizer.validate("dense")?;
+        for t in &self.sparse {
+            if t.dim == 0 {
+                return Err(format!("sparse table {} has dim 0", t.name));
+            }
+            t.optimizer.validate(&format!("sparse table {}", t.name))?;
+        }
+        Ok(())
+    }
+}
+
+/// Errors of table operations; each names the table and what was wrong.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TableError {
+    /// A request named a sparse table that does not exist.
+    #[error("no sparse table {table} (this model has {count})")]
+    UnknownTable {
+        /// Requested index.
+        table: usize,
+        /// Number of sparse tables.
+        count: usize,
+    },
+    /// An array had the wrong length.
+    #[error("{what}: expected {expected} floats, got {got}")]
+    LengthMismatch {
+        /// Which array.
+        what: String,
+        /// Expected length.
+        expected: usize,
+        /// Actual length.
+        got: usize,
+    },
+}
+
+/// One server's share of every table: its dense blocks and its rows of every sparse table.
+pub struct Shard {
+    /// The model's full spec.
+    pub spec: TableSpec,
+    /// This server's index.
+    pub index: usize,
+    /// Number of servers the model is spread over.
+    pub num_servers: usize,
+    /// The dense blocks this server owns.
+    pub dense: parking_lot::Mutex<DenseShard>,
+    /// This server's rows of each sparse table.
+    pub sparse: Vec<SparseTable>,
+}
+
+impl Shard {
+    /// A freshly initialized shard for server `index` of `num_servers`.
+    pub fn new(spec: TableSpec, index: usize, num_servers: usize) -> Shard {
+        let dense = DenseShard::new(&spec.dense, index, num_servers);
+        let sparse = spec.sparse.iter().map(|s| SparseTable::new(s.clone())).collect();
+        Shard { spec, index, num_servers, dense: parking_lot::Mutex::new(dense), sparse }
+    }
+
+    /// The sparse table at `table`, or a typed error.
+    pub fn table(&self, table: usize) -> Result<&SparseTable, TableError> {
+        self.sparse.get(table).ok_or(TableError::UnknownTable { table, count: self.sparse.len() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_depends_only_on_seed_and_position() {
+        let spec = DenseSpec {
+            params: vec![
+                DenseParam { name: "w".into(), len: 10, init: Init::Uniform { scale: 0.5 } },
+                DenseParam { name: "b".into(), len: 3, init: Init::Zeros },
+            ],
+            block_size: 4,
+            seed: 7,
+            optimizer: Optimizer::sgd(0.1),
+        };
+        let mut all = vec![0.0; 13];
+        spec.init_range(0, &mut all);
+        let mut part = vec![0.0; 5];
+        spec.init_range(8, &mut part);
+        assert_eq!(&all[8..13], &part[..]);
+        assert!(all[..10].iter().all(|v| v.abs() <= 0.5) && all[..10].iter().any(|v| *v != 0.0));
+        assert_eq!(&all[10..], &[0.0; 3]);
+    }
+
+    #[test]
+    fn sparse_rows_depend_on_id_and_seed() {
+        let spec = SparseSpec {
+            name: "emb".into(),
+            dim: 4,
+            seed: 1,
+            init: Init::Uniform { scale: 0.01 },
+            optimizer: Optimizer::adagrad(0.1),
+        };
+        let (mut a, mut b, mut c) = ([0.0; 4], [0.0; 4], [0.0; 4]);
+        spec.init_row(42, &mut a);
+        spec.init_row(42, &mut b);
+        spec.init_row(43, &mut c);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let other = SparseSpec { seed: 2, ..spec.clone() };
+        other.init_row(42, &mut b);
+        assert_ne!(a, b);
+    }
+}

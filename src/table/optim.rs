@@ -1,0 +1,194 @@
+//! Optimizers as pure functions on slices: one row (or dense block) of weights, its optimizer
+//! state, and a gradient. Nothing here knows about tables, servers or sockets.
+//!
+//! The update rules follow PyTorch's documented algorithms (`torch.optim.SGD`, `Adagrad`, `Adam`)
+//! with L2 regularization added to the gradient (`weight_decay`), so results can be checked
+//! against PyTorch. Gradients arrive as sums over a batch; `scale` (1 / samples) turns them into
+//! the batch mean before the update.
+
+use serde::{Deserialize, Serialize};
+
+/// Which update rule a table uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// Plain stochastic gradient descent.
+    Sgd,
+    /// Adagrad with a per-element accumulator of squared gradients.
+    Adagrad,
+    /// Adam with bias correction.
+    Adam,
+}
+
+/// An optimizer with its hyper-parameters; the same struct configures dense and sparse tables.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Optimizer {
+    /// The update rule.
+    pub kind: OptimizerKind,
+    /// Learning rate.
+    pub lr: f32,
+    /// L2 regularization coefficient, added to the gradient as `l2 * w`.
+    pub l2: f32,
+    /// Adam's first-moment decay.
+    pub beta1: f32,
+    /// Adam's second-moment decay.
+    pub beta2: f32,
+    /// Added to the denominator (Adam: 1e-8, Adagrad: 1e-10 as in PyTorch).
+    pub epsilon: f32,
+    /// Adagrad's initial accumulator value.
+    pub initial_accumulator: f32,
+}
+
+impl Default for Optimizer {
+    fn default() -> Self {
+        Optimizer::adam(1e-3)
+    }
+}
+
+impl Optimizer {
+    /// SGD with learning rate `lr` and no regularization.
+    pub fn sgd(lr: f32) -> Self {
+        Optimizer { kind: OptimizerKind::Sgd, lr, l2: 0.0, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, initial_accumulator: 0.0 }
+    }
+
+    /// Adagrad with learning rate `lr`, PyTorch's defaults otherwise.
+    pub fn adagrad(lr: f32) -> Self {
+        Optimizer { kind: OptimizerKind::Adagrad, epsilon: 1e-10, ..Optimizer::sgd(lr) }
+    }
+
+    /// Adam with learning rate `lr`, PyTorch's defaults otherwise.
+    pub fn adam(lr: f32) -> Self {
+        Optimizer { kind: OptimizerKind::Adam, ..Optimizer::sgd(lr) }
+    }
+
+    /// Checks the hyper-parameters; `what` names the table in the message.
+    pub fn validate(&self, what: &str) -> Result<(), String> {
+        let ok = self.lr.is_finite()
+            && self.lr > 0.0
+            && self.l2 >= 0.0
+            && (0.0..1.0).contains(&self.beta1)
+            && (0.0..1.0).contains(&self.beta2)
+            && self.epsilon > 0.0
+            && self.initial_accumulator >= 0.0;
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("invalid {what} optimizer {self:?}: need lr > 0, l2 >= 0, 0 <= beta < 1, epsilon > 0"))
+        }
+    }
+
+    /// Floats of optimizer state kept beside `dim` weights.
+    pub fn state_len(&self, dim: usize) -> usize {
+        match self.kind {
+            OptimizerKind::Sgd => 0,
+            OptimizerKind::Adagrad => dim,
+            // m, v, then this row's step count t (rows are updated at different times). The
+            // bias corrections 1 - beta^t are computed from t in f64: kept as running f32
+            // products they would lose 1e-4 of relative precision to cancellation.
+            OptimizerKind::Adam => 2 * dim + 1,
+        }
+    }
+
+    /// Writes the initial optimizer state.
+    pub fn init_state(&self, state: &mut [f32]) {
+        match self.kind {
+            OptimizerKind::Sgd => {}
+            OptimizerKind::Adagrad => state.fill(self.initial_accumulator),
+            OptimizerKind::Adam => {
+                state.fill(0.0);
+            }
+        }
+    }
+
+    /// Applies one update to `w` given the gradient sum `grad`, scaled by `scale`.
+    pub fn update(&self, w: &mut [f32], state: &mut [f32], grad: &[f32], scale: f32) {
+        debug_assert_eq!(w.len(), grad.len());
+        debug_assert_eq!(state.len(), self.state_len(w.len()));
+        let (lr, l2) = (self.lr, self.l2);
+        match self.kind {
+            OptimizerKind::Sgd => {
+                for (w, &g) in w.iter_mut().zip(grad) {
+                    let g = g * scale + l2 * *w;
+                    *w -= lr * g;
+                }
+            }
+            OptimizerKind::Adagrad => {
+                for ((w, s), &g) in w.iter_mut().zip(state.iter_mut()).zip(grad) {
+                    let g = g * scale + l2 * *w;
+                    *s += g * g;
+                    *w -= lr * g / (s.sqrt() + self.epsilon);
+                }
+            }
+            OptimizerKind::Adam => {
+                let dim = w.len();
+                let (mv, t) = state.split_at_mut(2 * dim);
+                t[0] += 1.0;
+                let t = t[0] as i32;
+                let step_size = (lr as f64 / (1.0 - (self.beta1 as f64).powi(t))) as f32;
+                let bias2_sqrt = (1.0 - (self.beta2 as f64).powi(t)).sqrt() as f32;
+                let (m, v) = mv.split_at_mut(dim);
+                let (b1, b2) = (self.beta1, self.beta2);
+                for i in 0..dim {
+                    let g = grad[i] * scale + l2 * w[i];
+                    m[i] = b1 * m[i] + (1.0 - b1) * g;
+                    v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+                    let denom = v[i].sqrt() / bias2_sqrt + self.epsilon;
+                    w[i] -= step_size * m[i] / denom;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs three steps on w = [0.5, -1.0, 2.0] with gradients g_t = [0.1 t, -0.2, 0.3 - 0.05 t]
+    /// given as sums over 2 samples (scale 0.5), and compares with `tests/golden/optim.py`, which
+    /// applies torch.optim's documented update rules in float64.
+    fn run(opt: Optimizer) -> Vec<f32> {
+        let mut w = vec![0.5f32, -1.0, 2.0];
+        let mut s = vec![0.0f32; opt.state_len(3)];
+        opt.init_state(&mut s);
+        for t in 1..=3 {
+            let t = t as f32;
+            let g = [2.0 * 0.1 * t, 2.0 * -0.2, 2.0 * (0.3 - 0.05 * t)];
+            opt.update(&mut w, &mut s, &g, 0.5);
+        }
+        w
+    }
+
+    fn assert_close(got: &[f32], want: &[f64]) {
+        for (g, w) in got.iter().zip(want) {
+            assert!(((*g as f64) - w).abs() <= 1e-6 * w.abs().max(1.0), "got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn sgd_with_l2_matches_golden() {
+        let opt = Optimizer { l2: 0.01, ..Optimizer::sgd(0.1) };
+        assert_close(&run(opt), &[0.4385414895, -0.937062979, 1.9340759730000001]);
+    }
+
+    #[test]
+    fn adagrad_with_l2_matches_golden() {
+        let opt = Optimizer { l2: 0.01, ..Optimizer::adagrad(0.1) };
+        assert_close(&run(opt), &[0.23135275184598625, -0.7719454672190714, 1.793417762233879]);
+    }
+
+    #[test]
+    fn adam_with_l2_matches_golden() {
+        let opt = Optimizer { l2: 0.01, ..Optimizer::adam(0.1) };
+        assert_close(&run(opt), &[0.20707367323594328, -0.7000467282918086, 1.704429343197273]);
+    }
+
+    #[test]
+    fn adagrad_initial_accumulator_is_used() {
+        let opt = Optimizer { initial_accumulator: 3.0, ..Optimizer::adagrad(0.1) };
+        let mut s = vec![0.0; 1];
+        opt.init_state(&mut s);
+        assert_eq!(s, [3.0]);
+    }
+}

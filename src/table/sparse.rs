@@ -1,0 +1,242 @@
+//! One server's rows of a sparse embedding table.
+//!
+//! Layout (chosen from the measurements in `../shared/research/deps.md`): the table is split into
+//! [`STRIPES`] stripes, each behind its own mutex; a stripe is a hashbrown index (foldhash)
+//! from id to row number plus a slab of fixed-size chunks holding rows `[weights | optimizer
+//! state]` contiguously. The slab keeps memory near the payload (no doubling copies of whole
+//! rows when the index grows) and a batch takes each stripe's lock once: positions are grouped
+//! by stripe first, so two requests touching different stripes never wait on each other.
+
+use hashbrown::HashMap;
+use parking_lot::Mutex;
+
+use super::{SparseSpec, TableError};
+use crate::layout::{group_positions, stripe_of, STRIPES};
+
+/// Rows per slab chunk: big enough to amortize allocation, small enough to waste little.
+const CHUNK_ROWS: usize = 4096;
+
+struct Stripe {
+    index: HashMap<u64, u32, foldhash::fast::FixedState>,
+    chunks: Vec<Box<[f32]>>,
+    rows: usize,
+}
+
+impl Stripe {
+    fn row_mut(&mut self, row: u32, row_len: usize) -> &mut [f32] {
+        let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
+        &mut self.chunks[c][r * row_len..(r + 1) * row_len]
+    }
+
+    fn row(&self, row: u32, row_len: usize) -> &[f32] {
+        let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
+        &self.chunks[c][r * row_len..(r + 1) * row_len]
+    }
+
+    /// The row of `id`, created (by `init`) if absent.
+    fn get_or_insert(&mut self, id: u64, row_len: usize, init: impl FnOnce(&mut [f32])) -> &mut [f32] {
+        let row = match self.index.get(&id) {
+            Some(&r) => r,
+            None => {
+                let r = self.rows as u32;
+                if self.rows % CHUNK_ROWS == 0 {
+                    self.chunks.push(vec![0.0; CHUNK_ROWS * row_len].into_boxed_slice());
+                }
+                self.rows += 1;
+                self.index.insert(id, r);
+                init(self.row_mut(r, row_len));
+                r
+            }
+        };
+        self.row_mut(row, row_len)
+    }
+}
+
+/// One server's rows of one sparse table.
+pub struct SparseTable {
+    spec: SparseSpec,
+    row_len: usize,
+    stripes: Vec<Mutex<Stripe>>,
+}
+
+impl SparseTable {
+    /// An empty table.
+    pub fn new(spec: SparseSpec) -> SparseTable {
+        let row_len = spec.dim + spec.optimizer.state_len(spec.dim);
+        let stripes = (0..STRIPES)
+            .map(|_| Mutex::new(Stripe { index: HashMap::with_hasher(Default::default()), chunks: Vec::new(), rows: 0 }))
+            .collect();
+        SparseTable { spec, row_len, stripes }
+    }
+
+    /// The table's spec.
+    pub fn spec(&self) -> &SparseSpec {
+        &self.spec
+    }
+
+    /// Floats per stored row (weights plus optimizer state).
+    pub fn row_len(&self) -> usize {
+        self.row_len
+    }
+
+    /// Number of rows held.
+    pub fn len(&self) -> usize {
+        self.stripes.iter().map(|s| s.lock().rows).sum()
+    }
+
+    /// True if no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn init_full_row(&self, id: u64, row: &mut [f32]) {
+        let dim = self.spec.dim;
+        self.spec.init_row(id, &mut row[..dim]);
+        self.spec.optimizer.init_state(&mut row[dim..]);
+    }
+
+    /// Copies the weights of `ids` into `out` (`ids.len() * dim` floats). Absent rows are created
+    /// when `create` is set; otherwise their initial value is returned and nothing is stored
+    /// (evaluation must not grow the model).
+    pub fn pull(&self, ids: &[u64], out: &mut [f32], create: bool) -> Result<(), TableError> {
+        let dim = self.spec.dim;
+        check_len("pulled rows", ids.len() * dim, out.len())?;
+        self.for_each_stripe(ids, |stripe, positions| {
+            for &p in positions {
+                let (id, dst) = (ids[p as usize], &mut out[p as usize * dim..(p as usize + 1) * dim]);
+                if create {
+                    let row = stripe.get_or_insert(id, self.row_len, |r| self.init_full_row(id, r));
+                    dst.copy_from_slice(&row[..dim]);
+                } else if let Some(&r) = stripe.index.get(&id) {
+                    dst.copy_from_slice(&stripe.row(r, self.row_len)[..dim]);
+                } else {
+                    self.spec.init_row(id, dst);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Applies the optimizer to the rows of `ids` given gradient sums `grads` (`dim` per id),
+    /// multiplied by `scale`. Ids must be unique within one call.
+    pub fn push(&self, ids: &[u64], grads: &[f32], scale: f32) -> Result<(), TableError> {
+        let dim = self.spec.dim;
+        check_len("sparse gradient", ids.len() * dim, grads.len())?;
+        let opt = self.spec.optimizer;
+        self.for_each_stripe(ids, |stripe, positions| {
+            for &p in positions {
+                let id = ids[p as usize];
+                let row = stripe.get_or_insert(id, self.row_len, |r| self.init_full_row(id, r));
+                let (w, state) = row.split_at_mut(dim);
+                opt.update(w, state, &grads[p as usize * dim..(p as usize + 1) * dim], scale);
+            }
+        });
+        Ok(())
+    }
+
+    /// Visits every stored row `[weights | state]` with its id, stripe by stripe.
+    pub fn for_each_row(&self, mut f: impl FnMut(u64, &[f32])) {
+        for stripe in &self.stripes {
+            let s = stripe.lock();
+            for (&id, &r) in &s.index {
+                f(id, s.row(r, self.row_len));
+            }
+        }
+    }
+
+    /// Stores a full row `[weights | state]` for `id` (used when loading a checkpoint).
+    pub fn insert_row(&self, id: u64, row: &[f32]) -> Result<(), TableError> {
+        check_len("checkpoint row", self.row_len, row.len())?;
+        let mut s = self.stripes[stripe_of(id)].lock();
+        s.get_or_insert(id, self.row_len, |_| {}).copy_from_slice(row);
+        Ok(())
+    }
+
+    /// Groups the positions of `ids` by stripe and calls `f` once per touched stripe, holding
+    /// that stripe's lock only for the call.
+    fn for_each_stripe(&self, ids: &[u64], mut f: impl FnMut(&mut Stripe, &[u32])) {
+        let (mut order, mut starts) = (Vec::new(), Vec::new());
+        group_positions(ids.len(), STRIPES, |i| stripe_of(ids[i]), &mut order, &mut starts);
+        for (s, stripe) in self.stripes.iter().enumerate() {
+            let positions = &order[starts[s]..starts[s + 1]];
+            if !positions.is_empty() {
+                f(&mut stripe.lock(), positions);
+            }
+        }
+    }
+}
+
+fn check_len(what: &str, expected: usize, got: usize) -> Result<(), TableError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(TableError::LengthMismatch { what: what.into(), expected, got })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{Init, Optimizer};
+
+    fn table() -> SparseTable {
+        SparseTable::new(SparseSpec {
+            name: "emb".into(),
+            dim: 3,
+            seed: 9,
+            init: Init::Uniform { scale: 0.1 },
+            optimizer: Optimizer::sgd(1.0),
+        })
+    }
+
+    #[test]
+    fn pull_creates_rows_from_the_seed_and_push_updates_them() {
+        let t = table();
+        let ids = [5u64, 1 << 40, 77];
+        let mut out = vec![0.0; 9];
+        t.pull(&ids, &mut out, true).unwrap();
+        assert_eq!(t.len(), 3);
+        let mut want = [0.0; 3];
+        t.spec().init_row(77, &mut want);
+        assert_eq!(&out[6..9], &want);
+
+        t.push(&[77], &[2.0, 4.0, 6.0], 0.5).unwrap();
+        let mut row = vec![0.0; 3];
+        t.pull(&[77], &mut row, true).unwrap();
+        for j in 0..3 {
+            assert!((row[j] - (want[j] - (j as f32 + 1.0))).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn pull_without_create_stores_nothing() {
+        let t = table();
+        let mut out = vec![0.0; 3];
+        t.pull(&[123], &mut out, false).unwrap();
+        assert!(t.is_empty());
+        let mut want = [0.0; 3];
+        t.spec().init_row(123, &mut want);
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn many_rows_span_chunks_and_survive_a_round_trip() {
+        let t = table();
+        let ids: Vec<u64> = (0..3 * CHUNK_ROWS as u64 * STRIPES as u64 / 16).collect();
+        let mut out = vec![0.0; ids.len() * 3];
+        t.pull(&ids, &mut out, true).unwrap();
+        let copy = table();
+        t.for_each_row(|id, row| copy.insert_row(id, row).unwrap());
+        let mut again = vec![0.0; ids.len() * 3];
+        copy.pull(&ids, &mut again, false).unwrap();
+        assert_eq!(out, again);
+        assert_eq!(copy.len(), ids.len());
+    }
+
+    #[test]
+    fn wrong_lengths_are_typed_errors() {
+        let t = table();
+        let err = t.push(&[1, 2], &[0.0; 5], 1.0).unwrap_err();
+        assert_eq!(err, TableError::LengthMismatch { what: "sparse gradient".into(), expected: 6, got: 5 });
+    }
+}
