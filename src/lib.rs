@@ -3,3 +3,8 @@
 
 pub mod layout;
 pub mod table;
+pub mod protocol;
+pub mod checkpoint;
+pub mod server;
+pub mod client;
+pub mod nn;

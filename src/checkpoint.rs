@@ -1,0 +1,370 @@
+//! Checkpoints: one shard file per server plus a manifest, written atomically.
+//!
+//! Layout of a saved model directory (`--output DIR`):
+//! ```text
+//! DIR/latest                  name of the newest complete pass directory
+//! DIR/pass-0001/manifest.json model config, pass, layout, and every shard's size and CRC-32
+//! DIR/pass-0001/server-0.shard
+//! DIR/pass-0001/server-1.shard
+//! ```
+//! A shard file is `b"OARSHRD1"`, a length-prefixed JSON header (spec, server index, number of
+//! servers, row counts), the dense blocks (weights then optimizer state, block by block), every
+//! sparse table's ids then rows, and a trailing CRC-32 of all preceding bytes. Every file is
+//! written to `NAME.tmp`, synced, then renamed, and the manifest is written last: a directory
+//! with a manifest is complete, and a crash never leaves a half-written file under a real name.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::table::{Shard, TableSpec};
+
+const SHARD_MAGIC: &[u8; 8] = b"OARSHRD1";
+/// Version of the checkpoint format.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Errors reading or writing checkpoints; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file's content is damaged or not a checkpoint.
+    #[error("{path}: corrupt checkpoint: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The checkpoint does not fit the job that loads it.
+    #[error("{path}: checkpoint does not match this job: {reason}")]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+}
+
+/// The file name of server `index`'s shard.
+pub fn shard_file_name(index: usize) -> String {
+    format!("server-{index}.shard")
+}
+
+/// The directory name of pass `pass` (1-based).
+pub fn pass_dir_name(pass: u32) -> String {
+    format!("pass-{pass:04}")
+}
+
+#[derive(Serialize, Deserialize)]
+struct ShardHeader {
+    format: u32,
+    server_index: usize,
+    num_servers: usize,
+    spec: TableSpec,
+    dense_blocks: usize,
+    sparse_rows: Vec<usize>,
+}
+
+/// A writer that keeps the CRC-32 of everything written.
+struct CrcWriter<W: Write> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl<W: Write> Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes `shard` to `dir/server-{index}.shard` atomically; returns (file name, bytes, CRC-32).
+pub fn write_shard(shard: &Shard, dir: &Path) -> Result<(String, u64, u32), CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let name = shard_file_name(shard.index);
+    let path = dir.join(&name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let file = File::create(&tmp).map_err(io_err(&tmp))?;
+    let mut w = CrcWriter { inner: BufWriter::with_capacity(1 << 20, file), crc: crc32fast::Hasher::new(), bytes: 0 };
+    let write = |w: &mut CrcWriter<BufWriter<File>>| -> std::io::Result<()> {
+        let dense = shard.dense.lock();
+        let header = ShardHeader {
+            format: FORMAT_VERSION,
+            server_index: shard.index,
+            num_servers: shard.num_servers,
+            spec: shard.spec.clone(),
+            dense_blocks: dense.blocks.len(),
+            sparse_rows: shard.sparse.iter().map(|t| t.len()).collect(),
+        };
+        let json = serde_json::to_vec(&header).expect("a shard header always serializes");
+        w.write_all(SHARD_MAGIC)?;
+        w.write_all(&(json.len() as u64).to_le_bytes())?;
+        w.write_all(&json)?;
+        for b in &dense.blocks {
+            w.write_all(bytemuck::cast_slice(&b.weights))?;
+            w.write_all(bytemuck::cast_slice(&b.state))?;
+        }
+        drop(dense);
+        for (t, &rows) in shard.sparse.iter().zip(&header.sparse_rows) {
+            // Rows are collected first so the id list and row list are one consistent snapshot.
+            let mut ids = Vec::with_capacity(rows);
+            let mut data = Vec::with_capacity(rows * t.row_len());
+            t.for_each_row(|id, row| {
+                ids.push(id);
+                data.extend_from_slice(row);
+            });
+            if ids.len() != rows {
+                return Err(std::io::Error::other("sparse table changed while being saved"));
+            }
+            w.write_all(bytemuck::cast_slice(&ids))?;
+            w.write_all(bytemuck::cast_slice(&data))?;
+        }
+        let crc = w.crc.clone().finalize();
+        w.inner.write_all(&crc.to_le_bytes())?;
+        w.inner.flush()?;
+        w.inner.get_ref().sync_all()
+    };
+    write(&mut w).map_err(io_err(&tmp))?;
+    let crc = w.crc.clone().finalize();
+    let bytes = w.bytes + 4;
+    drop(w);
+    std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    Ok((name, bytes, crc))
+}
+
+/// Reads a shard file, checking its CRC-32, and rebuilds the shard.
+pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
+    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
+    let mut bytes = Vec::new();
+    File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io_err(path))?;
+    if bytes.len() < 20 || &bytes[..8] != SHARD_MAGIC {
+        return Err(corrupt("not an oar shard file (bad magic)".into()));
+    }
+    let (body, trailer) = bytes.split_at(bytes.len() - 4);
+    let stored = u32::from_le_bytes(trailer.try_into().expect("4 bytes"));
+    let actual = crc32fast::hash(body);
+    if stored != actual {
+        return Err(corrupt(format!("CRC-32 mismatch (stored {stored:08x}, computed {actual:08x})")));
+    }
+    let mut pos = 8;
+    let mut take = |n: usize| -> Result<&[u8], CheckpointError> {
+        let s = body.get(pos..pos + n).ok_or_else(|| corrupt(format!("truncated at byte {pos}")))?;
+        pos += n;
+        Ok(s)
+    };
+    let hlen = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes")) as usize;
+    let header: ShardHeader =
+        serde_json::from_slice(take(hlen)?).map_err(|e| corrupt(format!("header: {e}")))?;
+    if header.format != FORMAT_VERSION {
+        return Err(corrupt(format!("format {} (this build reads {FORMAT_VERSION})", header.format)));
+    }
+    let shard = Shard::new(header.spec, header.server_index, header.num_servers);
+    {
+        let mut dense = shard.dense.lock();
+        if dense.blocks.len() != header.dense_blocks {
+            return Err(corrupt("dense block count does not match the spec".into()));
+        }
+        for b in &mut dense.blocks {
+            let w = take(b.weights.len() * 4)?;
+            b.weights.copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(w));
+            let s = take(b.state.len() * 4)?;
+            b.state.copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(s));
+        }
+    }
+    if header.sparse_rows.len() != shard.sparse.len() {
+        return Err(corrupt("sparse table count does not match the spec".into()));
+    }
+    for (t, &rows) in shard.sparse.iter().zip(&header.sparse_rows) {
+        let ids: Vec<u64> = bytemuck::pod_collect_to_vec(take(rows * 8)?);
+        let data: Vec<f32> = bytemuck::pod_collect_to_vec(take(rows * t.row_len() * 4)?);
+        for (id, row) in ids.iter().zip(data.chunks_exact(t.row_len())) {
+            t.insert_row(*id, row).map_err(|e| corrupt(e.to_string()))?;
+        }
+    }
+    if pos != body.len() {
+        return Err(corrupt(format!("{} unexpected trailing bytes", body.len() - pos)));
+    }
+    Ok(shard)
+}
+
+/// One shard's entry in a manifest.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ShardEntry {
+    /// File name in the pass directory.
+    pub file: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// CRC-32 of the whole file as reported by the server that wrote it.
+    pub crc32: u32,
+}
+
+/// What a saved model is: written last, so its presence marks a complete checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Checkpoint format version.
+    pub format: u32,
+    /// Job id that wrote it.
+    pub job: String,
+    /// Number of passes completed.
+    pub pass: u32,
+    /// Number of servers (one shard each).
+    pub num_servers: usize,
+    /// The model's parameter spec.
+    pub spec: TableSpec,
+    /// The model and training configuration, as the trainer saw it.
+    pub model: serde_json::Value,
+    /// The shard files, by server index.
+    pub shards: Vec<ShardEntry>,
+}
+
+impl Manifest {
+    /// Writes the manifest into `dir` atomically, then points `dir/../latest` at `dir`.
+    pub fn write(&self, dir: &Path) -> Result<(), CheckpointError> {
+        let json = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
+        write_atomic(&dir.join("manifest.json"), &json)?;
+        if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) {
+            write_atomic(&parent.join("latest"), name.to_string_lossy().as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Finds and reads the manifest of `dir`: a pass directory, or an output directory whose
+    /// `latest` names one. Returns the manifest and its pass directory.
+    pub fn find(dir: &Path) -> Result<(Manifest, PathBuf), CheckpointError> {
+        let pass_dir = if dir.join("manifest.json").exists() {
+            dir.to_path_buf()
+        } else {
+            let latest = dir.join("latest");
+            let name = std::fs::read_to_string(&latest).map_err(|source| CheckpointError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(source.kind(), "no manifest.json and no 'latest' file: not a saved model"),
+            })?;
+            dir.join(name.trim())
+        };
+        let path = pass_dir.join("manifest.json");
+        let bytes = std::fs::read(&path).map_err(io_err(&path))?;
+        let m: Manifest = serde_json::from_slice(&bytes)
+            .map_err(|e| CheckpointError::Corrupt { path: path.clone(), reason: e.to_string() })?;
+        if m.format != FORMAT_VERSION {
+            return Err(CheckpointError::Corrupt { path, reason: format!("format {}", m.format) });
+        }
+        if m.shards.len() != m.num_servers {
+            return Err(CheckpointError::Corrupt { path, reason: "shard list does not match num_servers".into() });
+        }
+        Ok((m, pass_dir))
+    }
+
+    /// Reads server `index`'s shard from `pass_dir`, checking it against this manifest.
+    pub fn load_shard(&self, pass_dir: &Path, index: usize) -> Result<Shard, CheckpointError> {
+        let entry = &self.shards[index];
+        let path = pass_dir.join(&entry.file);
+        let shard = read_shard(&path)?;
+        let mismatch = |reason: String| CheckpointError::Mismatch { path: path.clone(), reason };
+        if shard.index != index || shard.num_servers != self.num_servers {
+            return Err(mismatch(format!(
+                "shard is server {} of {}, manifest expects server {index} of {}",
+                shard.index, shard.num_servers, self.num_servers
+            )));
+        }
+        if shard.spec != self.spec {
+            return Err(mismatch("shard's table spec differs from the manifest's".into()));
+        }
+        Ok(shard)
+    }
+}
+
+/// Writes `bytes` to `path` through a synced temporary file and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    write().map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{DenseParam, DenseSpec, Init, Optimizer, SparseSpec};
+
+    fn spec() -> TableSpec {
+        TableSpec {
+            dense: DenseSpec {
+                params: vec![DenseParam { name: "w".into(), len: 50, init: Init::Uniform { scale: 0.1 } }],
+                block_size: 8,
+                seed: 3,
+                optimizer: Optimizer::adam(0.01),
+            },
+            sparse: vec![SparseSpec {
+                name: "emb".into(),
+                dim: 4,
+                seed: 5,
+                init: Init::Uniform { scale: 0.1 },
+                optimizer: Optimizer::adagrad(0.1),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_shard_survives_save_and_load_and_corruption_is_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = Shard::new(spec(), 1, 2);
+        let ids = [3u64, 99, 1 << 50];
+        let mut rows = vec![0.0; 12];
+        shard.sparse[0].pull(&ids, &mut rows, true).unwrap();
+        shard.sparse[0].push(&ids, &[0.5; 12], 1.0).unwrap();
+        let n = shard.dense.lock().len();
+        shard.dense.lock().apply(&vec![1.0; n], 1.0).unwrap();
+
+        let (name, bytes, crc) = write_shard(&shard, dir.path()).unwrap();
+        let path = dir.path().join(&name);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), bytes);
+        assert_eq!(crc32fast::hash(&std::fs::read(&path).unwrap()[..bytes as usize - 4]), crc);
+
+        let back = read_shard(&path).unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        shard.dense.lock().read(&mut a);
+        back.dense.lock().read(&mut b);
+        assert_eq!(a, b);
+        let mut again = vec![0.0; 12];
+        back.sparse[0].pull(&ids, &mut again, false).unwrap();
+        shard.sparse[0].pull(&ids, &mut rows, false).unwrap();
+        assert_eq!(rows, again);
+
+        let mut damaged = std::fs::read(&path).unwrap();
+        let mid = damaged.len() / 2;
+        damaged[mid] ^= 0x40;
+        std::fs::write(&path, &damaged).unwrap();
+        let err = read_shard(&path).err().expect("corruption must be detected").to_string();
+        assert!(err.contains("server-1.shard") && err.contains("CRC-32 mismatch"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_model_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Manifest::find(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("not a saved model"), "{err}");
+    }
+}

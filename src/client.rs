@@ -1,0 +1,399 @@
+//! The trainer's side of the wire: one blocking TCP connection per server, a request split by
+//! owner and sent to all servers before any reply is read (so the servers work concurrently),
+//! replies reassembled in the caller's order.
+//!
+//! Blocking sockets rather than tokio: a trainer thread has nothing else to do while it waits,
+//! and write-all-then-read-all gives the same overlap across servers without a runtime. Every
+//! connect and every reply is bounded by a timeout whose error names the server and address.
+
+use std::io::Write;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::ShardEntry;
+use crate::layout::{group_by_server, DenseLayout};
+use crate::protocol::{
+    read_frame_blocking, DenseSelection, FrameBuf, Hello, ProtocolError, Pull, Push, PushOutcome, Request, Response,
+    RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME, PROTOCOL_VERSION,
+};
+use crate::server::ServerStats;
+use crate::table::TableSpec;
+
+/// Errors talking to servers; each names the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No connection could be made before the deadline.
+    #[error("cannot reach server {index} at {addr} within {timeout:?}: {cause}")]
+    Unreachable {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// How long we tried.
+        timeout: Duration,
+        /// The last connect error.
+        cause: String,
+    },
+    /// The connection failed mid-request (including reply timeouts).
+    #[error("server {index} at {addr}: {source}")]
+    Protocol {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// The cause.
+        source: ProtocolError,
+    },
+    /// The server answered with an error.
+    #[error("server {index} at {addr} refused {what}: {message}")]
+    Refused {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// The request.
+        what: &'static str,
+        /// The server's message.
+        message: String,
+    },
+    /// The server answered with an unexpected message.
+    #[error("server {index} at {addr} answered {what} with an unexpected {got}")]
+    Unexpected {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// The request.
+        what: &'static str,
+        /// What came back.
+        got: String,
+    },
+    /// The call itself was inconsistent (a bug in the caller).
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// Where the servers are and how long to wait for them.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Server addresses, by server index.
+    pub servers: Vec<String>,
+    /// Job id presented in the handshake.
+    pub job: String,
+    /// How long to keep trying to connect to each server.
+    pub connect_timeout: Duration,
+    /// How long to wait for any reply (must exceed the servers' sync/barrier timeout).
+    pub reply_timeout: Duration,
+}
+
+struct Conn {
+    index: usize,
+    addr: String,
+    stream: TcpStream,
+    buf: FrameBuf,
+}
+
+impl Conn {
+    fn fail(&self, source: ProtocolError) -> ClientError {
+        ClientError::Protocol { index: self.index, addr: self.addr.clone(), source }
+    }
+
+    fn send(&mut self, frame: &[u8]) -> Result<(), ClientError> {
+        self.stream.write_all(frame).map_err(|e| self.fail(e.into()))
+    }
+
+    fn receive(&mut self, what: &'static str) -> Result<Response, ClientError> {
+        let kind = read_frame_blocking(&mut self.stream, &mut self.buf, DEFAULT_MAX_FRAME).map_err(|e| self.fail(e))?;
+        match Response::decode(kind, self.buf.payload()).map_err(|e| self.fail(e))? {
+            Response::Error { message, .. } => Err(ClientError::Refused { index: self.index, addr: self.addr.clone(), what, message }),
+            r => Ok(r),
+        }
+    }
+
+    fn unexpected(&self, what: &'static str, got: &Response) -> ClientError {
+        let got = format!("{got:?}").chars().take(80).collect();
+        ClientError::Unexpected { index: self.index, addr: self.addr.clone(), what, got }
+    }
+}
+
+/// Sparse ids of one table to pull.
+pub struct TableIds<'a> {
+    /// Table index.
+    pub table: u32,
+    /// Floats per row.
+    pub dim: usize,
+    /// Unique ids.
+    pub ids: &'a [u64],
+}
+
+/// Sparse gradient sums of one table to push.
+pub struct TableGrads<'a> {
+    /// Table index.
+    pub table: u32,
+    /// Floats per row.
+    pub dim: usize,
+    /// Unique ids.
+    pub ids: &'a [u64],
+    /// `dim` floats per id.
+    pub grads: &'a [f32],
+}
+
+/// What a push reports back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PushReport {
+    /// Servers that discarded the push as stale.
+    pub discarded: usize,
+}
+
+/// A connection to every server of a job.
+pub struct Client {
+    conns: Vec<Conn>,
+    layout: Option<DenseLayout>,
+    order: Vec<u32>,
+    starts: Vec<usize>,
+}
+
+impl Client {
+    /// Connects to every server (retrying until `connect_timeout`) and performs the handshake.
+    pub fn connect(config: &ClientConfig) -> Result<Client, ClientError> {
+        if config.servers.is_empty() {
+            return Err(ClientError::Usage("no servers given".into()));
+        }
+        let n = config.servers.len();
+        let mut conns = Vec::with_capacity(n);
+        for (index, addr) in config.servers.iter().enumerate() {
+            let stream = connect_with_retry(index, addr, config.connect_timeout)?;
+            let mut conn = Conn { index, addr: addr.clone(), stream, buf: FrameBuf::default() };
+            conn.stream.set_read_timeout(Some(config.reply_timeout)).map_err(|e| conn.fail(e.into()))?;
+            conn.stream.set_nodelay(true).map_err(|e| conn.fail(e.into()))?;
+            let hello = Hello { version: PROTOCOL_VERSION, job: config.job.clone(), num_servers: n as u64, server_index: index as u64 };
+            conn.send(&Request::Hello(hello).encode())?;
+            match conn.receive("the handshake")? {
+                Response::Welcome { .. } => {}
+                other => return Err(conn.unexpected("the handshake", &other)),
+            }
+            conns.push(conn);
+        }
+        Ok(Client { conns, layout: None, order: Vec::new(), starts: Vec::new() })
+    }
+
+    /// Number of servers.
+    pub fn num_servers(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Sends one frame per server (all before reading), then collects one reply each.
+    fn round(&mut self, frames: Vec<Vec<u8>>, what: &'static str) -> Result<Vec<Response>, ClientError> {
+        for (conn, frame) in self.conns.iter_mut().zip(&frames) {
+            conn.send(frame)?;
+        }
+        self.conns.iter_mut().map(|c| c.receive(what)).collect()
+    }
+
+    fn broadcast(&mut self, request: &Request, what: &'static str) -> Result<Vec<Response>, ClientError> {
+        let frame = request.encode();
+        self.round(vec![frame; self.conns.len()], what)
+    }
+
+    /// Declares the model's tables on every server (creating them, or checking they match).
+    pub fn declare(&mut self, spec: &TableSpec) -> Result<(), ClientError> {
+        for (i, r) in self.broadcast(&Request::Declare(spec.clone()), "the table declaration")?.into_iter().enumerate() {
+            if r != Response::Done {
+                return Err(self.conns[i].unexpected("the table declaration", &r));
+            }
+        }
+        self.layout = Some(spec.dense.layout(self.conns.len()));
+        Ok(())
+    }
+
+    fn layout(&self) -> Result<DenseLayout, ClientError> {
+        self.layout.ok_or_else(|| ClientError::Usage("declare the tables before pulling or pushing".into()))
+    }
+
+    /// Pulls the full dense vector into `dense` (if given) and the rows of `tables` into
+    /// `rows[t]` (`ids.len() * dim` floats each, in the caller's id order). Returns the lowest
+    /// server version seen.
+    pub fn pull(&mut self, dense: Option<&mut [f32]>, tables: &[TableIds], rows: &mut [Vec<f32>], create: RowCreation) -> Result<u64, ClientError> {
+        let layout = self.layout()?;
+        let n = self.conns.len();
+        let mut per_server: Vec<Pull> = (0..n)
+            .map(|_| Pull {
+                dense: if dense.is_some() { DenseSelection::All } else { DenseSelection::None },
+                create,
+                sparse: Vec::with_capacity(tables.len()),
+            })
+            .collect();
+        let mut groupings = Vec::with_capacity(tables.len());
+        for t in tables {
+            group_by_server(t.ids, n, &mut self.order, &mut self.starts);
+            for (s, pull) in per_server.iter_mut().enumerate() {
+                let ids = self.order[self.starts[s]..self.starts[s + 1]].iter().map(|&p| t.ids[p as usize]).collect();
+                pull.sparse.push(SparseIds { table: t.table, ids });
+            }
+            groupings.push((self.order.clone(), self.starts.clone()));
+        }
+        let frames = per_server.into_iter().map(|p| Request::Pull(p).encode()).collect();
+        let replies = self.round(frames, "a pull")?;
+        let mut version = u64::MAX;
+        let mut dense = dense;
+        for (s, reply) in replies.into_iter().enumerate() {
+            let Response::Values { version: v, dense: d, sparse } = reply else {
+                return Err(self.conns[s].unexpected("a pull", &reply));
+            };
+            version = version.min(v);
+            if let Some(out) = dense.as_deref_mut() {
+                scatter_dense(&layout, s, &d, out).map_err(|m| self.conns[s].unexpected("a dense pull", &Response::Stats(m)))?;
+            }
+            if sparse.len() != tables.len() {
+                return Err(self.conns[s].unexpected("a pull", &Response::Stats(format!("{} tables", sparse.len()))));
+            }
+            for (t, (table, got)) in tables.iter().zip(sparse).enumerate() {
+                let (order, starts) = &groupings[t];
+                let positions = &order[starts[s]..starts[s + 1]];
+                if got.len() != positions.len() * table.dim {
+                    return Err(self.conns[s].unexpected("a sparse pull", &Response::Stats(format!("{} floats", got.len()))));
+                }
+                let out = &mut rows[t];
+                out.resize(table.ids.len() * table.dim, 0.0);
+                for (k, &p) in positions.iter().enumerate() {
+                    let p = p as usize;
+                    out[p * table.dim..(p + 1) * table.dim].copy_from_slice(&got[k * table.dim..(k + 1) * table.dim]);
+                }
+            }
+        }
+        Ok(version)
+    }
+
+    /// Pushes one step's gradient sums over `samples` samples: the dense gradient (full flat
+    /// vector, optional) and sparse gradients per table, each split by owner.
+    pub fn push(
+        &mut self,
+        trainer: usize,
+        step: u64,
+        base_version: u64,
+        samples: usize,
+        dense: Option<&[f32]>,
+        tables: &[TableGrads],
+    ) -> Result<PushReport, ClientError> {
+        let layout = self.layout()?;
+        let n = self.conns.len();
+        let mut per_server: Vec<Push> = (0..n)
+            .map(|s| Push {
+                trainer: trainer as u64,
+                step,
+                base_version,
+                samples: samples as u64,
+                dense: dense.map(|d| gather_dense(&layout, s, d)).unwrap_or_default(),
+                sparse: Vec::with_capacity(tables.len()),
+            })
+            .collect();
+        for t in tables {
+            group_by_server(t.ids, n, &mut self.order, &mut self.starts);
+            for (s, push) in per_server.iter_mut().enumerate() {
+                let positions = &self.order[self.starts[s]..self.starts[s + 1]];
+                let ids = positions.iter().map(|&p| t.ids[p as usize]).collect();
+                let mut grads = Vec::with_capacity(positions.len() * t.dim);
+                for &p in positions {
+                    grads.extend_from_slice(&t.grads[p as usize * t.dim..(p as usize + 1) * t.dim]);
+                }
+                push.sparse.push(SparseGrads { table: t.table, ids, grads });
+            }
+        }
+        let frames = per_server.into_iter().map(|p| Request::Push(p).encode()).collect();
+        let mut discarded = 0;
+        for (s, reply) in self.round(frames, "a push")?.into_iter().enumerate() {
+            match reply {
+                Response::Pushed { outcome, .. } => discarded += (outcome == PushOutcome::Discarded) as usize,
+                other => return Err(self.conns[s].unexpected("a push", &other)),
+            }
+        }
+        Ok(PushReport { discarded })
+    }
+
+    /// Waits at server 0's barrier until every active trainer has reached `epoch`.
+    pub fn barrier(&mut self, trainer: usize, epoch: u64) -> Result<(), ClientError> {
+        let conn = &mut self.conns[0];
+        conn.send(&Request::Barrier { trainer: trainer as u64, epoch }.encode())?;
+        match conn.receive("a barrier")? {
+            Response::Done => Ok(()),
+            other => Err(conn.unexpected("a barrier", &other)),
+        }
+    }
+
+    /// Asks every server to write its shard into `dir`; returns the shard entries by server.
+    pub fn save(&mut self, dir: &str) -> Result<Vec<ShardEntry>, ClientError> {
+        let replies = self.broadcast(&Request::Save { dir: dir.to_string() }, "a save")?;
+        replies
+            .into_iter()
+            .enumerate()
+            .map(|(s, r)| match r {
+                Response::Saved { file, bytes, crc32 } => Ok(ShardEntry { file, bytes, crc32 }),
+                other => Err(self.conns[s].unexpected("a save", &other)),
+            })
+            .collect()
+    }
+
+    /// Tells every server this trainer is done.
+    pub fn close(&mut self, trainer: usize) -> Result<(), ClientError> {
+        self.broadcast(&Request::Close { trainer: trainer as u64 }, "a close")?;
+        Ok(())
+    }
+
+    /// Every server's counters.
+    pub fn stats(&mut self) -> Result<Vec<ServerStats>, ClientError> {
+        let replies = self.broadcast(&Request::Stats, "a stats request")?;
+        replies
+            .into_iter()
+            .enumerate()
+            .map(|(s, r)| match r {
+                Response::Stats(json) => serde_json::from_str(&json).map_err(|e| self.conns[s].unexpected("a stats request", &Response::Stats(e.to_string()))),
+                other => Err(self.conns[s].unexpected("a stats request", &other)),
+            })
+            .collect()
+    }
+}
+
+fn connect_with_retry(index: usize, addr: &str, timeout: Duration) -> Result<TcpStream, ClientError> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let attempt = addr
+            .to_socket_addrs()
+            .and_then(|mut a| a.next().ok_or_else(|| std::io::Error::other("address resolves to nothing")))
+            .and_then(|sa| TcpStream::connect_timeout(&sa, deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10))));
+        match attempt {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(ClientError::Unreachable { index, addr: addr.to_string(), timeout, cause: e.to_string() })
+            }
+            // A server that is still starting refuses connections: back off and try again.
+            Err(_) => {
+                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// The part of the flat dense vector `full` owned by `server`, blocks concatenated.
+pub fn gather_dense(layout: &DenseLayout, server: usize, full: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(layout.len_of(server));
+    for b in layout.blocks_of(server) {
+        out.extend_from_slice(&full[layout.block_range(b)]);
+    }
+    out
+}
+
+/// Writes `server`'s concatenated blocks `part` into their places in the flat vector `full`.
+pub fn scatter_dense(layout: &DenseLayout, server: usize, part: &[f32], full: &mut [f32]) -> Result<(), String> {
+    if part.len() != layout.len_of(server) || full.len() != layout.total {
+        return Err(format!("dense part of {} floats, expected {}", part.len(), layout.len_of(server)));
+    }
+    let mut off = 0;
+    for b in layout.blocks_of(server) {
+        let r = layout.block_range(b);
+        full[r.clone()].copy_from_slice(&part[off..off + r.len()]);
+        off += r.len();
+    }
+    Ok(())
+}

@@ -1,0 +1,757 @@
+//! The trainer <-> server wire contract: messages, their binary encoding, and framing.
+//!
+//! A frame is an 8-byte header `[payload length: u32 LE][kind: u8][0u8; 3]` followed by the
+//! payload. Every payload field is 8-byte aligned: scalars are u64, strings and arrays are a u64
+//! count followed by raw little-endian bytes padded to 8. Because the receiver reads a payload
+//! into an 8-byte aligned buffer, f32/u64 arrays are viewed in place with `bytemuck` and copied
+//! once with `memcpy`; nothing is encoded per element. Frames above the receiver's maximum size
+//! are refused before their payload is read.
+//!
+//! A connection opens with [`Request::Hello`] (protocol version, job id, the client's view of the
+//! cluster); the server answers [`Response::Welcome`] or an error and closes.
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+#[cfg(target_endian = "big")]
+compile_error!("oar's wire format maps little-endian arrays directly onto memory");
+
+/// Version of this wire format; a server refuses clients of another version.
+pub const PROTOCOL_VERSION: u64 = 1;
+/// Magic number opening every Hello, so a stray client is recognized at once.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
+/// Default maximum payload size accepted by a receiver.
+pub const DEFAULT_MAX_FRAME: usize = 256 << 20;
+const HEADER: usize = 8;
+
+/// Errors of reading, writing and decoding frames.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// The socket failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer closed the connection between frames.
+    #[error("connection closed by peer")]
+    Closed,
+    /// A frame announced a payload above the limit.
+    #[error("frame of {len} bytes exceeds the maximum of {max}")]
+    TooLarge {
+        /// Announced payload length.
+        len: usize,
+        /// Configured maximum.
+        max: usize,
+    },
+    /// The bytes do not form a valid message.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+/// What a pull asks for the dense part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseSelection {
+    /// No dense values.
+    None,
+    /// All dense blocks this server owns.
+    All,
+}
+
+/// Whether a pull may create absent sparse rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowCreation {
+    /// Create absent rows (training).
+    Create,
+    /// Return initial values for absent rows without storing them (evaluation).
+    Peek,
+}
+
+/// Ids of one sparse table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparseIds {
+    /// Table index.
+    pub table: u32,
+    /// Feature ids, unique within a request.
+    pub ids: Vec<u64>,
+}
+
+/// Gradient sums for ids of one sparse table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparseGrads {
+    /// Table index.
+    pub table: u32,
+    /// Feature ids, unique within a request.
+    pub ids: Vec<u64>,
+    /// `dim` gradient floats per id.
+    pub grads: Vec<f32>,
+}
+
+/// The opening message of a connection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hello {
+    /// Must equal [`PROTOCOL_VERSION`].
+    pub version: u64,
+    /// Job id; a server serves one job.
+    pub job: String,
+    /// Number of servers the client routes over.
+    pub num_servers: u64,
+    /// Index the client believes this server has.
+    pub server_index: u64,
+}
+
+/// A read of parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pull {
+    /// Dense part wanted.
+    pub dense: DenseSelection,
+    /// Row creation policy.
+    pub create: RowCreation,
+    /// Sparse ids wanted, per table.
+    pub sparse: Vec<SparseIds>,
+}
+
+/// Gradients of one trainer step for the parameters this server owns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Push {
+    /// Trainer id.
+    pub trainer: u64,
+    /// The trainer's step number (0-based), the sync barrier's key.
+    pub step: u64,
+    /// Server version the gradients were computed from (async staleness control).
+    pub base_version: u64,
+    /// Samples the gradient sums cover.
+    pub samples: u64,
+    /// Dense gradient sums for this server's blocks (empty: no dense gradient).
+    pub dense: Vec<f32>,
+    /// Sparse gradient sums per table.
+    pub sparse: Vec<SparseGrads>,
+}
+
+/// A client request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request {
+    /// Open the connection.
+    Hello(Hello),
+    /// Create the tables from a spec, or check that the existing ones match it.
+    Declare(crate::table::TableSpec),
+    /// Read parameters.
+    Pull(Pull),
+    /// Apply gradients.
+    Push(Push),
+    /// Wait until every active trainer has reached `epoch`.
+    Barrier {
+        /// Trainer id.
+        trainer: u64,
+        /// Barrier number.
+        epoch: u64,
+    },
+    /// Write this server's shard into directory `dir`.
+    Save {
+        /// Checkpoint directory (on the server's file system).
+        dir: String,
+    },
+    /// The trainer is done; the server forgets it.
+    Close {
+        /// Trainer id.
+        trainer: u64,
+    },
+    /// Ask for the server's counters.
+    Stats,
+}
+
+/// Outcome of an async push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// The gradients were applied.
+    Applied,
+    /// The gradients were too stale and were dropped.
+    Discarded,
+}
+
+/// Why a server refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum ErrorCode {
+    /// The frame could not be decoded.
+    Malformed = 1,
+    /// The frame exceeded the maximum size.
+    TooLarge = 2,
+    /// Handshake mismatch (version, job, cluster layout).
+    Handshake = 3,
+    /// The request does not fit the tables (unknown table, wrong lengths, spec mismatch).
+    Table = 4,
+    /// A barrier or sync step timed out.
+    Timeout = 5,
+    /// The server could not read or write a file.
+    Io = 6,
+    /// The request is not valid in this state (e.g. before Hello or Declare).
+    State = 7,
+}
+
+impl ErrorCode {
+    fn from_u64(v: u64) -> Result<ErrorCode, ProtocolError> {
+        use ErrorCode::*;
+        Ok(match v {
+            1 => Malformed,
+            2 => TooLarge,
+            3 => Handshake,
+            4 => Table,
+            5 => Timeout,
+            6 => Io,
+            7 => State,
+            _ => return Err(ProtocolError::Malformed(format!("unknown error code {v}"))),
+        })
+    }
+}
+
+/// A server response.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Response {
+    /// Handshake accepted.
+    Welcome {
+        /// The server's index.
+        server_index: u64,
+        /// Number of servers in the job.
+        num_servers: u64,
+    },
+    /// The request succeeded and has nothing to return.
+    Done,
+    /// Pulled values.
+    Values {
+        /// Server version (number of applied updates) the values belong to.
+        version: u64,
+        /// Dense values of this server's blocks (empty if not asked).
+        dense: Vec<f32>,
+        /// Rows per requested table, `dim` floats per id.
+        sparse: Vec<Vec<f32>>,
+    },
+    /// Push result.
+    Pushed {
+        /// Applied or discarded.
+        outcome: PushOutcome,
+        /// Server version after the push.
+        version: u64,
+    },
+    /// A shard file was written.
+    Saved {
+        /// File name inside the checkpoint directory.
+        file: String,
+        /// Size in bytes.
+        bytes: u64,
+        /// CRC-32 of the file's content.
+        crc32: u32,
+    },
+    /// Counters as JSON.
+    Stats(String),
+    /// The request failed.
+    Error {
+        /// Category.
+        code: ErrorCode,
+        /// Human-readable reason.
+        message: String,
+    },
+}
+
+mod kind {
+    pub const HELLO: u8 = 1;
+    pub const DECLARE: u8 = 2;
+    pub const PULL: u8 = 3;
+    pub const PUSH: u8 = 4;
+    pub const BARRIER: u8 = 5;
+    pub const SAVE: u8 = 6;
+    pub const CLOSE: u8 = 7;
+    pub const STATS: u8 = 8;
+    pub const WELCOME: u8 = 101;
+    pub const DONE: u8 = 102;
+    pub const VALUES: u8 = 103;
+    pub const PUSHED: u8 = 104;
+    pub const SAVED: u8 = 105;
+    pub const STATS_REPLY: u8 = 106;
+    pub const ERROR: u8 = 107;
+}
+
+/// Builds one frame (header included) field by field.
+struct Encoder {
+    buf: Vec<u8>,
+}
+
+impl Encoder {
+    fn new(kind: u8) -> Encoder {
+        let mut buf = Vec::with_capacity(64);
+        buf.extend_from_slice(&[0, 0, 0, 0, kind, 0, 0, 0]);
+        Encoder { buf }
+    }
+
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.u64(b.len() as u64);
+        self.buf.extend_from_slice(b);
+        let pad = (8 - b.len() % 8) % 8;
+        self.buf.extend_from_slice(&[0u8; 8][..pad]);
+        self
+    }
+
+    fn u64s(&mut self, v: &[u64]) -> &mut Self {
+        self.u64(v.len() as u64);
+        self.buf.extend_from_slice(bytemuck::cast_slice(v));
+        self
+    }
+
+    fn f32s(&mut self, v: &[f32]) -> &mut Self {
+        self.u64(v.len() as u64);
+        self.buf.extend_from_slice(bytemuck::cast_slice(v));
+        if v.len() % 2 == 1 {
+            self.buf.extend_from_slice(&[0u8; 4]);
+        }
+        self
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        let len = (self.buf.len() - HEADER) as u32;
+        self.buf[..4].copy_from_slice(&len.to_le_bytes());
+        self.buf
+    }
+}
+
+/// Reads fields back from an 8-byte aligned payload.
+struct Decoder<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Decoder<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
+        let padded = n.div_ceil(8) * 8;
+        if self.buf.len() - self.pos < padded {
+            return Err(ProtocolError::Malformed(format!(
+                "payload truncated: field of {n} bytes at offset {} of {}",
+                self.pos,
+                self.buf.len()
+            )));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += padded;
+        Ok(s)
+    }
+
+    fn u64(&mut self) -> Result<u64, ProtocolError> {
+        let b = self.take(8)?;
+        Ok(u64::from_le_bytes(b.try_into().expect("take(8) returns 8 bytes")))
+    }
+
+    fn count(&mut self, elem: usize) -> Result<usize, ProtocolError> {
+        let n = self.u64()?;
+        let remaining = (self.buf.len() - self.pos) as u64;
+        if n.saturating_mul(elem as u64) > remaining {
+            return Err(ProtocolError::Malformed(format!("array of {n} elements does not fit in {remaining} bytes")));
+        }
+        Ok(n as usize)
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], ProtocolError> {
+        let n = self.count(1)?;
+        self.take(n)
+    }
+
+    fn string(&mut self) -> Result<String, ProtocolError> {
+        let b = self.bytes()?;
+        String::from_utf8(b.to_vec()).map_err(|_| ProtocolError::Malformed("string is not UTF-8".into()))
+    }
+
+    fn u64s(&mut self) -> Result<Vec<u64>, ProtocolError> {
+        let n = self.count(8)?;
+        let b = self.take(n * 8)?;
+        Ok(bytemuck::try_cast_slice::<u8, u64>(b).map(|s| s.to_vec()).unwrap_or_else(|_| bytemuck::pod_collect_to_vec(b)))
+    }
+
+    fn f32s(&mut self) -> Result<Vec<f32>, ProtocolError> {
+        let n = self.count(4)?;
+        let b = self.take(n * 4)?;
+        Ok(bytemuck::try_cast_slice::<u8, f32>(b).map(|s| s.to_vec()).unwrap_or_else(|_| bytemuck::pod_collect_to_vec(b)))
+    }
+
+    fn end(&self) -> Result<(), ProtocolError> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(ProtocolError::Malformed(format!("{} trailing bytes", self.buf.len() - self.pos)))
+        }
+    }
+}
+
+fn enum_field<T>(v: u64, values: &[T], what: &str) -> Result<T, ProtocolError>
+where
+    T: Copy,
+{
+    values.get(v as usize).copied().ok_or_else(|| ProtocolError::Malformed(format!("invalid {what} {v}")))
+}
+
+impl Request {
+    /// Encodes the request as one frame, header included.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Request::Hello(h) => {
+                let mut e = Encoder::new(kind::HELLO);
+                e.u64(MAGIC).u64(h.version).u64(h.num_servers).u64(h.server_index).bytes(h.job.as_bytes());
+                e.finish()
+            }
+            Request::Declare(spec) => {
+                let json = serde_json::to_vec(spec).expect("a TableSpec always serializes");
+                let mut e = Encoder::new(kind::DECLARE);
+                e.bytes(&json);
+                e.finish()
+            }
+            Request::Pull(p) => {
+                let mut e = Encoder::new(kind::PULL);
+                e.u64(p.dense as u64).u64(p.create as u64).u64(p.sparse.len() as u64);
+                for s in &p.sparse {
+                    e.u64(s.table as u64).u64s(&s.ids);
+                }
+                e.finish()
+            }
+            Request::Push(p) => {
+                let mut e = Encoder::new(kind::PUSH);
+                e.u64(p.trainer).u64(p.step).u64(p.base_version).u64(p.samples).f32s(&p.dense);
+                e.u64(p.sparse.len() as u64);
+                for s in &p.sparse {
+                    e.u64(s.table as u64).u64s(&s.ids).f32s(&s.grads);
+                }
+                e.finish()
+            }
+            Request::Barrier { trainer, epoch } => {
+                let mut e = Encoder::new(kind::BARRIER);
+                e.u64(*trainer).u64(*epoch);
+                e.finish()
+            }
+            Request::Save { dir } => {
+                let mut e = Encoder::new(kind::SAVE);
+                e.bytes(dir.as_bytes());
+                e.finish()
+            }
+            Request::Close { trainer } => {
+                let mut e = Encoder::new(kind::CLOSE);
+                e.u64(*trainer);
+                e.finish()
+            }
+            Request::Stats => Encoder::new(kind::STATS).finish(),
+        }
+    }
+
+    /// Decodes a request from a frame's kind and aligned payload.
+    pub fn decode(kind: u8, payload: &[u8]) -> Result<Request, ProtocolError> {
+        let mut d = Decoder { buf: payload, pos: 0 };
+        let req = match kind {
+            kind::HELLO => {
+                if d.u64()? != MAGIC {
+                    return Err(ProtocolError::Malformed("bad magic: not an oar client".into()));
+                }
+                let version = d.u64()?;
+                let num_servers = d.u64()?;
+                let server_index = d.u64()?;
+                let job = d.string()?;
+                Request::Hello(Hello { version, job, num_servers, server_index })
+            }
+            kind::DECLARE => {
+                let json = d.bytes()?;
+                let spec = serde_json::from_slice(json)
+                    .map_err(|e| ProtocolError::Malformed(format!("table spec: {e}")))?;
+                Request::Declare(spec)
+            }
+            kind::PULL => {
+                let dense = enum_field(d.u64()?, &[DenseSelection::None, DenseSelection::All], "dense selection")?;
+                let create = enum_field(d.u64()?, &[RowCreation::Create, RowCreation::Peek], "row creation")?;
+                let n = d.count(16)?;
+                let mut sparse = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let table = table_index(d.u64()?)?;
+                    sparse.push(SparseIds { table, ids: d.u64s()? });
+                }
+                Request::Pull(Pull { dense, create, sparse })
+            }
+            kind::PUSH => {
+                let trainer = d.u64()?;
+                let step = d.u64()?;
+                let base_version = d.u64()?;
+                let samples = d.u64()?;
+                let dense = d.f32s()?;
+                let n = d.count(24)?;
+                let mut sparse = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let table = table_index(d.u64()?)?;
+                    let ids = d.u64s()?;
+                    let grads = d.f32s()?;
+                    sparse.push(SparseGrads { table, ids, grads });
+                }
+                Request::Push(Push { trainer, step, base_version, samples, dense, sparse })
+            }
+            kind::BARRIER => Request::Barrier { trainer: d.u64()?, epoch: d.u64()? },
+            kind::SAVE => Request::Save { dir: d.string()? },
+            kind::CLOSE => Request::Close { trainer: d.u64()? },
+            kind::STATS => Request::Stats,
+            other => return Err(ProtocolError::Malformed(format!("unknown request kind {other}"))),
+        };
+        d.end()?;
+        Ok(req)
+    }
+}
+
+fn table_index(v: u64) -> Result<u32, ProtocolError> {
+    u32::try_from(v).map_err(|_| ProtocolError::Malformed(format!("table index {v} out of range")))
+}
+
+impl Response {
+    /// Encodes the response as one frame, header included.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Response::Welcome { server_index, num_servers } => {
+                let mut e = Encoder::new(kind::WELCOME);
+                e.u64(*server_index).u64(*num_servers);
+                e.finish()
+            }
+            Response::Done => Encoder::new(kind::DONE).finish(),
+            Response::Values { version, dense, sparse } => {
+                let mut e = Encoder::new(kind::VALUES);
+                e.u64(*version).f32s(dense).u64(sparse.len() as u64);
+                for rows in sparse {
+                    e.f32s(rows);
+                }
+                e.finish()
+            }
+            Response::Pushed { outcome, version } => {
+                let mut e = Encoder::new(kind::PUSHED);
+                e.u64(*outcome as u64).u64(*version);
+                e.finish()
+            }
+            Response::Saved { file, bytes, crc32 } => {
+                let mut e = Encoder::new(kind::SAVED);
+                e.bytes(file.as_bytes()).u64(*bytes).u64(*crc32 as u64);
+                e.finish()
+            }
+            Response::Stats(json) => {
+                let mut e = Encoder::new(kind::STATS_REPLY);
+                e.bytes(json.as_bytes());
+                e.finish()
+            }
+            Response::Error { code, message } => {
+                let mut e = Encoder::new(kind::ERROR);
+                e.u64(*code as u64).bytes(message.as_bytes());
+                e.finish()
+            }
+        }
+    }
+
+    /// Decodes a response from a frame's kind and aligned payload.
+    pub fn decode(kind: u8, payload: &[u8]) -> Result<Response, ProtocolError> {
+        let mut d = Decoder { buf: payload, pos: 0 };
+        let resp = match kind {
+            kind::WELCOME => Response::Welcome { server_index: d.u64()?, num_servers: d.u64()? },
+            kind::DONE => Response::Done,
+            kind::VALUES => {
+                let version = d.u64()?;
+                let dense = d.f32s()?;
+                let n = d.count(8)?;
+                let sparse = (0..n).map(|_| d.f32s()).collect::<Result<_, _>>()?;
+                Response::Values { version, dense, sparse }
+            }
+            kind::PUSHED => {
+                let outcome = enum_field(d.u64()?, &[PushOutcome::Applied, PushOutcome::Discarded], "push outcome")?;
+                Response::Pushed { outcome, version: d.u64()? }
+            }
+            kind::SAVED => {
+                let file = d.string()?;
+                let bytes = d.u64()?;
+                let crc32 = u32::try_from(d.u64()?).map_err(|_| ProtocolError::Malformed("crc32 out of range".into()))?;
+                Response::Saved { file, bytes, crc32 }
+            }
+            kind::STATS_REPLY => Response::Stats(d.string()?),
+            kind::ERROR => Response::Error { code: ErrorCode::from_u64(d.u64()?)?, message: d.string()? },
+            other => return Err(ProtocolError::Malformed(format!("unknown response kind {other}"))),
+        };
+        d.end()?;
+        Ok(resp)
+    }
+}
+
+/// A reusable, 8-byte aligned receive buffer.
+#[derive(Default)]
+pub struct FrameBuf {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl FrameBuf {
+    /// The payload of the last frame read.
+    pub fn payload(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+}
+
+/// Checks a frame header and returns (payload length, kind).
+fn parse_header(header: &[u8; HEADER], max: usize) -> Result<(usize, u8), ProtocolError> {
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    if header[5..] != [0, 0, 0] {
+        return Err(ProtocolError::Malformed("reserved header bytes are not zero".into()));
+    }
+    if len > max {
+        return Err(ProtocolError::TooLarge { len, max });
+    }
+    Ok((len, header[4]))
+}
+
+impl FrameBuf {
+    /// Resizes for a payload of `len` bytes and returns the bytes to fill.
+    fn prepare(&mut self, len: usize) -> &mut [u8] {
+        self.words.clear();
+        self.words.resize(len.div_ceil(8), 0);
+        self.len = len;
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..len]
+    }
+}
+
+/// Reads one frame into `buf` and returns its kind; `Err(Closed)` if the peer closed cleanly
+/// between frames. A payload above `max` is refused before it is read.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut FrameBuf, max: usize) -> Result<u8, ProtocolError> {
+    let mut header = [0u8; HEADER];
+    let first = r.read(&mut header).await?;
+    if first == 0 {
+        return Err(ProtocolError::Closed);
+    }
+    r.read_exact(&mut header[first..]).await?;
+    let (len, kind) = parse_header(&header, max)?;
+    r.read_exact(buf.prepare(len)).await?;
+    Ok(kind)
+}
+
+/// Blocking twin of [`read_frame`], for the trainer's client.
+pub fn read_frame_blocking<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, max: usize) -> Result<u8, ProtocolError> {
+    let mut header = [0u8; HEADER];
+    let first = r.read(&mut header)?;
+    if first == 0 {
+        return Err(ProtocolError::Closed);
+    }
+    r.read_exact(&mut header[first..])?;
+    let (len, kind) = parse_header(&header, max)?;
+    r.read_exact(buf.prepare(len))?;
+    Ok(kind)
+}
+
+/// Writes an encoded frame.
+pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> Result<(), ProtocolError> {
+    w.write_all(frame).await?;
+    Ok(())
+}
+
+/// The kind byte of an encoded frame (for tests and logging).
+pub fn frame_kind(frame: &[u8]) -> u8 {
+    frame[4]
+}
+
+/// Splits an encoded frame into kind and payload, copying the payload into an aligned buffer
+/// (used by tests and in-process callers that have the bytes already).
+pub fn split_frame(frame: &[u8]) -> (u8, FrameBuf) {
+    let payload = &frame[HEADER..];
+    let mut buf = FrameBuf { words: vec![0; payload.len().div_ceil(8)], len: payload.len() };
+    bytemuck::cast_slice_mut::<u64, u8>(&mut buf.words)[..payload.len()].copy_from_slice(payload);
+    (frame[4], buf)
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{DenseParam, DenseSpec, Init, Optimizer, TableSpec};
+
+    fn round_trip_request(r: Request) {
+        let frame = r.encode();
+        let (kind, buf) = split_frame(&frame);
+        assert_eq!(Request::decode(kind, buf.payload()).unwrap(), r);
+    }
+
+    fn round_trip_response(r: Response) {
+        let frame = r.encode();
+        let (kind, buf) = split_frame(&frame);
+        assert_eq!(Response::decode(kind, buf.payload()).unwrap(), r);
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        round_trip_request(Request::Hello(Hello { version: 1, job: "job-é".into(), num_servers: 3, server_index: 2 }));
+        round_trip_request(Request::Declare(TableSpec {
+            dense: DenseSpec {
+                params: vec![DenseParam { name: "w".into(), len: 5, init: Init::Uniform { scale: 0.1 } }],
+                block_size: 8,
+                seed: 1,
+                optimizer: Optimizer::adam(1e-3),
+            },
+            sparse: vec![],
+        }));
+        round_trip_request(Request::Pull(Pull {
+            dense: DenseSelection::All,
+            create: RowCreation::Peek,
+            sparse: vec![SparseIds { table: 0, ids: vec![1, u64::MAX] }, SparseIds { table: 1, ids: vec![] }],
+        }));
+        round_trip_request(Request::Push(Push {
+            trainer: 1,
+            step: 7,
+            base_version: 3,
+            samples: 512,
+            dense: vec![1.0, 2.0, 3.0],
+            sparse: vec![SparseGrads { table: 0, ids: vec![9], grads: vec![0.5; 3] }],
+        }));
+        round_trip_request(Request::Barrier { trainer: 1, epoch: 2 });
+        round_trip_request(Request::Save { dir: "/tmp/x".into() });
+        round_trip_request(Request::Close { trainer: 3 });
+        round_trip_request(Request::Stats);
+    }
+
+    #[test]
+    fn every_response_round_trips() {
+        round_trip_response(Response::Welcome { server_index: 1, num_servers: 2 });
+        round_trip_response(Response::Done);
+        round_trip_response(Response::Values { version: 4, dense: vec![1.5; 3], sparse: vec![vec![2.0; 5], vec![]] });
+        round_trip_response(Response::Pushed { outcome: PushOutcome::Discarded, version: 9 });
+        round_trip_response(Response::Saved { file: "server-0.shard".into(), bytes: 10, crc32: 0xdead_beef });
+        round_trip_response(Response::Stats("{}".into()));
+        round_trip_response(Response::Error { code: ErrorCode::Timeout, message: "trainer 1 missing".into() });
+    }
+
+    #[test]
+    fn truncated_and_lying_payloads_are_malformed() {
+        let frame = Request::Push(Push {
+            trainer: 0,
+            step: 0,
+            base_version: 0,
+            samples: 1,
+            dense: vec![1.0; 10],
+            sparse: vec![],
+        })
+        .encode();
+        let (kind, buf) = split_frame(&frame[..frame.len() - 8]);
+        assert!(matches!(Request::decode(kind, buf.payload()), Err(ProtocolError::Malformed(_))));
+        // A count claiming more elements than the payload holds is refused before allocating.
+        let mut lying = frame.clone();
+        lying[8 + 32..8 + 40].copy_from_slice(&u64::MAX.to_le_bytes());
+        let (kind, buf) = split_frame(&lying);
+        assert!(matches!(Request::decode(kind, buf.payload()), Err(ProtocolError::Malformed(_))));
+        assert!(matches!(Request::decode(200, &[]), Err(ProtocolError::Malformed(_))));
+    }
+
+    #[tokio::test]
+    async fn oversized_frames_are_refused_before_reading() {
+        let frame = Request::Push(Push {
+            trainer: 0,
+            step: 0,
+            base_version: 0,
+            samples: 1,
+            dense: vec![0.0; 1000],
+            sparse: vec![],
+        })
+        .encode();
+        let mut buf = FrameBuf::default();
+        let err = read_frame(&mut &frame[..], &mut buf, 100).await.unwrap_err();
+        assert!(matches!(err, ProtocolError::TooLarge { max: 100, .. }), "{err}");
+        let kind = read_frame(&mut &frame[..], &mut buf, DEFAULT_MAX_FRAME).await.unwrap();
+        assert_eq!(kind, frame_kind(&frame));
+    }
+}

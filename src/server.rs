@@ -1,0 +1,523 @@
+//! The parameter server: accepts trainer connections and serves pulls, pushes, barriers and
+//! saves on its [`Shard`].
+//!
+//! Concurrency: one tokio task per connection; all state lives in one `State` shared by `Arc`
+//! (no globals). Locks are parking_lot/std mutexes held only for in-memory work and never across
+//! an `.await`; waiting (sync steps, barriers) goes through `watch` channels with a timeout whose
+//! error names the trainers that did not arrive.
+//!
+//! Sync mode: a push for step `s` is parked until every active trainer has pushed step `s`; the
+//! last arrival merges the gradients in trainer order (so the sum is the same whatever the
+//! arrival order), applies one update, and every parked push is answered. Async mode: a push is
+//! applied at once, unless it was computed from parameters more than `lag_ratio x trainers`
+//! updates old, in which case it is discarded and counted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use parking_lot::Mutex;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::checkpoint::{write_shard, Manifest};
+use crate::protocol::{
+    read_frame, write_frame, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull, Push, PushOutcome, Request,
+    Response, RowCreation, PROTOCOL_VERSION,
+};
+use crate::table::{Shard, TableSpec};
+
+/// How pushes from several trainers are combined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One process, no servers.
+    Local,
+    /// A barrier per step: all trainers' gradients merged, then one update.
+    Sync,
+    /// Each push applied on arrival.
+    Async,
+}
+
+/// Everything a server needs to know, built and validated before it starts.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// This server's index.
+    pub index: usize,
+    /// Number of servers in the job.
+    pub num_servers: usize,
+    /// Number of trainers (the sync barrier's size).
+    pub trainers: usize,
+    /// Sync or async.
+    pub mode: Mode,
+    /// Job id clients must present.
+    pub job: String,
+    /// Largest accepted frame payload.
+    pub max_frame: usize,
+    /// Longest wait at a sync step or barrier.
+    pub timeout: Duration,
+    /// Async: pushes more than `lag_ratio x trainers` updates stale are discarded.
+    pub lag_ratio: f64,
+    /// Load the shard from this saved model before serving.
+    pub resume: Option<PathBuf>,
+    /// Stop serving once every trainer has closed.
+    pub exit_when_done: bool,
+}
+
+impl ServerConfig {
+    /// Checks the configuration; messages name the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.num_servers > 0, "--num-servers must be at least 1");
+        anyhow::ensure!(self.index < self.num_servers, "--index {} must be below --num-servers {}", self.index, self.num_servers);
+        anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
+        anyhow::ensure!(self.mode != Mode::Local, "a server runs in sync or async mode, not local");
+        anyhow::ensure!(self.lag_ratio > 0.0, "--lag-ratio must be positive");
+        Ok(())
+    }
+}
+
+/// Counters reported when the server stops and by `Request::Stats`.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize, Clone)]
+pub struct ServerStats {
+    /// Updates applied (sync: steps; async: pushes).
+    pub version: u64,
+    /// Async pushes discarded as too stale.
+    pub discarded: u64,
+    /// Pull requests served.
+    pub pulls: u64,
+    /// Push requests received.
+    pub pushes: u64,
+    /// Sparse keys pulled.
+    pub keys_pulled: u64,
+    /// Sparse keys pushed.
+    pub keys_pushed: u64,
+    /// Rows held per sparse table.
+    pub rows: Vec<usize>,
+}
+
+#[derive(Default)]
+struct Counters {
+    version: AtomicU64,
+    discarded: AtomicU64,
+    pulls: AtomicU64,
+    pushes: AtomicU64,
+    keys_pulled: AtomicU64,
+    keys_pushed: AtomicU64,
+}
+
+#[derive(Default)]
+struct SyncStep {
+    step: u64,
+    pushes: BTreeMap<u64, Push>,
+}
+
+struct State {
+    config: ServerConfig,
+    shard: Mutex<Option<Arc<Shard>>>,
+    counters: Counters,
+    sync: Mutex<SyncStep>,
+    /// Number of sync steps applied.
+    applied: watch::Sender<u64>,
+    /// Barrier epoch reached per trainer.
+    barrier: Mutex<BTreeMap<u64, u64>>,
+    /// Bumped whenever barrier or membership state changes, to wake waiters.
+    changed: watch::Sender<u64>,
+    closed: Mutex<BTreeSet<u64>>,
+    all_closed: watch::Sender<bool>,
+}
+
+type Reply = Result<Response, (ErrorCode, String)>;
+
+impl State {
+    fn shard(&self) -> Result<Arc<Shard>, (ErrorCode, String)> {
+        self.shard.lock().clone().ok_or((ErrorCode::State, "no tables declared yet".to_string()))
+    }
+
+    fn active(&self) -> Vec<u64> {
+        let closed = self.closed.lock();
+        (0..self.config.trainers as u64).filter(|t| !closed.contains(t)).collect()
+    }
+
+    fn stats(&self) -> ServerStats {
+        let c = &self.counters;
+        ServerStats {
+            version: c.version.load(Relaxed),
+            discarded: c.discarded.load(Relaxed),
+            pulls: c.pulls.load(Relaxed),
+            pushes: c.pushes.load(Relaxed),
+            keys_pulled: c.keys_pulled.load(Relaxed),
+            keys_pushed: c.keys_pushed.load(Relaxed),
+            rows: self.shard.lock().as_ref().map(|s| s.sparse.iter().map(|t| t.len()).collect()).unwrap_or_default(),
+        }
+    }
+}
+
+/// Serves `listener` until `shutdown` resolves (or, with `exit_when_done`, until every trainer
+/// has closed). Returns the final counters.
+pub async fn run(listener: TcpListener, config: ServerConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<ServerStats> {
+    config.validate()?;
+    let shard = match &config.resume {
+        Some(dir) => Some(Arc::new(load_resume_shard(dir, &config)?)),
+        None => None,
+    };
+    let state = Arc::new(State {
+        shard: Mutex::new(shard),
+        counters: Counters::default(),
+        sync: Mutex::new(SyncStep::default()),
+        applied: watch::channel(0).0,
+        barrier: Mutex::new(BTreeMap::new()),
+        changed: watch::channel(0).0,
+        closed: Mutex::new(BTreeSet::new()),
+        all_closed: watch::channel(false).0,
+        config,
+    });
+    let mut done = state.all_closed.subscribe();
+    let exit_when_done = state.config.exit_when_done;
+    let all_closed = async move {
+        if exit_when_done {
+            let _ = done.wait_for(|d| *d).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(shutdown);
+    tokio::pin!(all_closed);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    let state = state.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = serve_connection(state, socket).await {
+                            tracing::warn!(%peer, error = %e, "connection closed on error");
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, "accept failed"),
+            },
+            _ = &mut shutdown => break,
+            _ = &mut all_closed => {
+                tracing::info!("every trainer has closed; stopping");
+                break;
+            }
+        }
+    }
+    Ok(state.stats())
+}
+
+fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Result<Shard> {
+    let (manifest, pass_dir) = Manifest::find(dir)?;
+    anyhow::ensure!(
+        manifest.num_servers == config.num_servers,
+        "{}: saved with {} servers, this job has {}; resume with the same number of servers",
+        pass_dir.display(),
+        manifest.num_servers,
+        config.num_servers
+    );
+    let shard = manifest.load_shard(&pass_dir, config.index)?;
+    tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, "resumed shard");
+    Ok(shard)
+}
+
+async fn serve_connection(state: Arc<State>, socket: TcpStream) -> Result<(), ProtocolError> {
+    socket.set_nodelay(true)?;
+    let (mut rd, mut wr) = socket.into_split();
+    let mut buf = FrameBuf::default();
+    let mut greeted = false;
+    loop {
+        let kind = match read_frame(&mut rd, &mut buf, state.config.max_frame).await {
+            Ok(kind) => kind,
+            Err(ProtocolError::Closed) => return Ok(()),
+            Err(e @ ProtocolError::TooLarge { .. }) => {
+                let reply = Response::Error { code: ErrorCode::TooLarge, message: e.to_string() };
+                let _ = write_frame(&mut wr, &reply.encode()).await;
+                return Err(e);
+            }
+            Err(e) => {
+                let reply = Response::Error { code: ErrorCode::Malformed, message: e.to_string() };
+                let _ = write_frame(&mut wr, &reply.encode()).await;
+                return Err(e);
+            }
+        };
+        let request = match Request::decode(kind, buf.payload()) {
+            Ok(r) => r,
+            Err(e) => {
+                let reply = Response::Error { code: ErrorCode::Malformed, message: e.to_string() };
+                let _ = write_frame(&mut wr, &reply.encode()).await;
+                return Err(e);
+            }
+        };
+        let reply = match (&request, greeted) {
+            (Request::Hello(_), _) => handle_hello(&state, &request),
+            (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
+            _ => handle(&state, request).await,
+        };
+        let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State, _))) && !greeted;
+        greeted |= reply.is_ok();
+        let response = reply.unwrap_or_else(|(code, message)| Response::Error { code, message });
+        write_frame(&mut wr, &response.encode()).await?;
+        if fatal {
+            return Ok(());
+        }
+    }
+}
+
+fn handle_hello(state: &State, request: &Request) -> Reply {
+    let Request::Hello(h) = request else { unreachable!("called for Hello only") };
+    let c = &state.config;
+    let refuse = |m: String| Err((ErrorCode::Handshake, m));
+    if h.version != PROTOCOL_VERSION {
+        return refuse(format!("protocol version {} not supported (server speaks {PROTOCOL_VERSION})", h.version));
+    }
+    if h.job != c.job {
+        return refuse(format!("job '{}' does not match this server's job '{}'", h.job, c.job));
+    }
+    if h.num_servers != c.num_servers as u64 || h.server_index != c.index as u64 {
+        return refuse(format!(
+            "client routes to server {} of {}, but this is server {} of {}: check the server list order",
+            h.server_index, h.num_servers, c.index, c.num_servers
+        ));
+    }
+    Ok(Response::Welcome { server_index: c.index as u64, num_servers: c.num_servers as u64 })
+}
+
+async fn handle(state: &Arc<State>, request: Request) -> Reply {
+    match request {
+        Request::Hello(_) => unreachable!("handled by handle_hello"),
+        Request::Declare(spec) => declare(state, spec),
+        Request::Pull(pull) => self::pull(state, pull),
+        Request::Push(push) => match state.config.mode {
+            Mode::Sync => push_sync(state, push).await,
+            _ => push_async(state, push),
+        },
+        Request::Barrier { trainer, epoch } => barrier(state, trainer, epoch).await,
+        Request::Save { dir } => {
+            let shard = state.shard()?;
+            let (file, bytes, crc32) = write_shard(&shard, std::path::Path::new(&dir)).map_err(|e| (ErrorCode::Io, e.to_string()))?;
+            Ok(Response::Saved { file, bytes, crc32 })
+        }
+        Request::Close { trainer } => close(state, trainer),
+        Request::Stats => Ok(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize"))),
+    }
+}
+
+fn declare(state: &State, spec: TableSpec) -> Reply {
+    let mut slot = state.shard.lock();
+    if let Some(existing) = slot.as_ref() {
+        if existing.spec != spec {
+            return Err((ErrorCode::Table, "declared tables differ from the ones this server holds (another model or a changed config?)".into()));
+        }
+        return Ok(Response::Done);
+    }
+    spec.validate().map_err(|m| (ErrorCode::Table, m))?;
+    let c = &state.config;
+    *slot = Some(Arc::new(Shard::new(spec, c.index, c.num_servers)));
+    Ok(Response::Done)
+}
+
+fn pull(state: &State, pull: Pull) -> Reply {
+    let shard = state.shard()?;
+    let c = &state.counters;
+    c.pulls.fetch_add(1, Relaxed);
+    let version = c.version.load(Relaxed);
+    let mut dense = Vec::new();
+    if pull.dense == DenseSelection::All {
+        shard.dense.lock().read(&mut dense);
+    }
+    let mut sparse = Vec::with_capacity(pull.sparse.len());
+    for s in &pull.sparse {
+        let table = shard.table(s.table as usize).map_err(table_err)?;
+        let mut rows = vec![0.0; s.ids.len() * table.spec().dim];
+        table.pull(&s.ids, &mut rows, pull.create == RowCreation::Create).map_err(table_err)?;
+        c.keys_pulled.fetch_add(s.ids.len() as u64, Relaxed);
+        sparse.push(rows);
+    }
+    Ok(Response::Values { version, dense, sparse })
+}
+
+fn table_err(e: crate::table::TableError) -> (ErrorCode, String) {
+    (ErrorCode::Table, e.to_string())
+}
+
+/// Applies one push (or several merged) to the shard; gradients are sums over `samples`.
+fn apply(shard: &Shard, dense: &[f32], sparse: &[(u32, Vec<u64>, Vec<f32>)], samples: u64) -> Result<(), (ErrorCode, String)> {
+    let scale = 1.0 / samples.max(1) as f32;
+    if !dense.is_empty() {
+        shard.dense.lock().apply(dense, scale).map_err(table_err)?;
+    }
+    for (table, ids, grads) in sparse {
+        shard.table(*table as usize).map_err(table_err)?.push(ids, grads, scale).map_err(table_err)?;
+    }
+    Ok(())
+}
+
+fn push_async(state: &State, push: Push) -> Reply {
+    let shard = state.shard()?;
+    let c = &state.counters;
+    c.pushes.fetch_add(1, Relaxed);
+    let version = c.version.load(Relaxed);
+    let max_lag = (state.config.lag_ratio * state.config.trainers as f64).ceil() as u64;
+    if version.saturating_sub(push.base_version) > max_lag {
+        c.discarded.fetch_add(1, Relaxed);
+        return Ok(Response::Pushed { outcome: PushOutcome::Discarded, version });
+    }
+    let sparse: Vec<_> = push.sparse.into_iter().map(|s| (s.table, s.ids, s.grads)).collect();
+    c.keys_pushed.fetch_add(sparse.iter().map(|s| s.1.len() as u64).sum(), Relaxed);
+    apply(&shard, &push.dense, &sparse, push.samples)?;
+    let version = c.version.fetch_add(1, Relaxed) + 1;
+    Ok(Response::Pushed { outcome: PushOutcome::Applied, version })
+}
+
+async fn push_sync(state: &Arc<State>, push: Push) -> Reply {
+    let shard = state.shard()?;
+    state.counters.pushes.fetch_add(1, Relaxed);
+    let (trainer, step) = (push.trainer, push.step);
+    if trainer >= state.config.trainers as u64 {
+        return Err((ErrorCode::State, format!("trainer {trainer} is not in 0..{}", state.config.trainers)));
+    }
+    let mut applied = state.applied.subscribe();
+    {
+        let mut pending = state.sync.lock();
+        if step != pending.step {
+            return Err((ErrorCode::State, format!("trainer {trainer} pushed step {step}, the server is at step {}", pending.step)));
+        }
+        if pending.pushes.insert(trainer, push).is_some() {
+            return Err((ErrorCode::State, format!("trainer {trainer} pushed step {step} twice")));
+        }
+        try_complete_step(state, &shard, &mut pending)?;
+    }
+    let waited = tokio::time::timeout(state.config.timeout, applied.wait_for(|&n| n > step)).await;
+    if waited.is_err() {
+        let pending = state.sync.lock();
+        let missing: Vec<u64> = state.active().into_iter().filter(|t| !pending.pushes.contains_key(t)).collect();
+        return Err((
+            ErrorCode::Timeout,
+            format!("sync step {step} timed out after {:?} waiting for trainer(s) {missing:?}", state.config.timeout),
+        ));
+    }
+    Ok(Response::Pushed { outcome: PushOutcome::Applied, version: step + 1 })
+}
+
+/// If every active trainer has pushed the pending step, merges the pushes in trainer order,
+/// applies one update and wakes the waiters.
+fn try_complete_step(state: &State, shard: &Shard, pending: &mut SyncStep) -> Result<(), (ErrorCode, String)> {
+    let active = state.active();
+    if pending.pushes.is_empty() || !active.iter().all(|t| pending.pushes.contains_key(t)) {
+        return Ok(());
+    }
+    let pushes = std::mem::take(&mut pending.pushes);
+    let samples: u64 = pushes.values().map(|p| p.samples).sum();
+    let mut dense: Vec<f32> = Vec::new();
+    for p in pushes.values().filter(|p| !p.dense.is_empty()) {
+        if dense.is_empty() {
+            dense = p.dense.clone();
+        } else if dense.len() == p.dense.len() {
+            dense.iter_mut().zip(&p.dense).for_each(|(a, b)| *a += b);
+        } else {
+            return Err((ErrorCode::Table, format!("trainer {} pushed {} dense floats, others {}", p.trainer, p.dense.len(), dense.len())));
+        }
+    }
+    let sparse = merge_sparse(shard, pushes.values())?;
+    let keys: u64 = sparse.iter().map(|s| s.1.len() as u64).sum();
+    let result = apply(shard, &dense, &sparse, samples);
+    state.counters.keys_pushed.fetch_add(keys, Relaxed);
+    state.counters.version.fetch_add(1, Relaxed);
+    pending.step += 1;
+    state.applied.send_replace(pending.step);
+    result
+}
+
+/// Sums the sparse gradients of several pushes per (table, id), visiting pushes in trainer order
+/// so the floating-point sums are reproducible.
+fn merge_sparse<'a>(
+    shard: &Shard,
+    pushes: impl Iterator<Item = &'a Push>,
+) -> Result<Vec<(u32, Vec<u64>, Vec<f32>)>, (ErrorCode, String)> {
+    let mut merged: BTreeMap<u32, (hashbrown::HashMap<u64, usize>, Vec<u64>, Vec<f32>)> = BTreeMap::new();
+    for p in pushes {
+        for s in &p.sparse {
+            let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
+            if s.grads.len() != s.ids.len() * dim {
+                return Err((ErrorCode::Table, format!("table {}: {} ids but {} gradient floats", s.table, s.ids.len(), s.grads.len())));
+            }
+            let (index, ids, grads) = merged.entry(s.table).or_default();
+            for (k, &id) in s.ids.iter().enumerate() {
+                let g = &s.grads[k * dim..(k + 1) * dim];
+                match index.get(&id) {
+                    Some(&at) => grads[at * dim..(at + 1) * dim].iter_mut().zip(g).for_each(|(a, b)| *a += b),
+                    None => {
+                        index.insert(id, ids.len());
+                        ids.push(id);
+                        grads.extend_from_slice(g);
+                    }
+                }
+            }
+        }
+    }
+    Ok(merged.into_iter().map(|(t, (_, ids, grads))| (t, ids, grads)).collect())
+}
+
+async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {
+    state.barrier.lock().insert(trainer, epoch);
+    state.changed.send_modify(|g| *g += 1);
+    let mut changed = state.changed.subscribe();
+    let missing = || -> Vec<u64> {
+        let reached = state.barrier.lock();
+        state.active().into_iter().filter(|t| reached.get(t).is_none_or(|&e| e < epoch)).collect()
+    };
+    let wait = async {
+        loop {
+            if missing().is_empty() {
+                return;
+            }
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    match tokio::time::timeout(state.config.timeout, wait).await {
+        Ok(()) => Ok(Response::Done),
+        Err(_) => Err((
+            ErrorCode::Timeout,
+            format!("barrier {epoch} timed out after {:?} waiting for trainer(s) {:?}", state.config.timeout, missing()),
+        )),
+    }
+}
+
+fn close(state: &Arc<State>, trainer: u64) -> Reply {
+    let all = {
+        let mut closed = state.closed.lock();
+        closed.insert(trainer);
+        closed.len() >= state.config.trainers
+    };
+    tracing::info!(trainer, "trainer closed");
+    // A closed trainer no longer holds back a sync step or a barrier.
+    if let Ok(shard) = state.shard() {
+        let mut pending = state.sync.lock();
+        try_complete_step(state, &shard, &mut pending)?;
+    }
+    state.changed.send_modify(|g| *g += 1);
+    if all {
+        state.all_closed.send_replace(true);
+    }
+    Ok(Response::Done)
+}
+
+/// Binds `addr` and serves until every trainer closes (or forever without `exit_when_done`),
+/// printing `OAR_READY <address>` on stdout once listening, for launchers to read.
+pub fn serve_blocking(addr: &str, config: ServerConfig) -> anyhow::Result<ServerStats> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        tracing::info!(address = %local, index = config.index, servers = config.num_servers, trainers = config.trainers, mode = ?config.mode, "parameter server listening");
+        println!("OAR_READY {local}");
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        run(listener, config, std::future::pending()).await
+    })
+}
