@@ -172,8 +172,7 @@ pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
         Ok(s)
     };
     let hlen = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes")) as usize;
-    let header: ShardHeader =
-        serde_json::from_slice(take(hlen)?).map_err(|e| corrupt(format!("header: {e}")))?;
+    let header: ShardHeader = serde_json::from_slice(take(hlen)?).map_err(|e| corrupt(format!("header: {e}")))?;
     if header.format != FORMAT_VERSION {
         return Err(corrupt(format!("format {} (this build reads {FORMAT_VERSION})", header.format)));
     }
@@ -290,6 +289,36 @@ impl Manifest {
         }
         Ok(shard)
     }
+}
+
+/// Loads every shard of the saved model at `dir` into one shard (server 0 of 1): for offline
+/// evaluation, and for local training resumed from a distributed run.
+pub fn load_merged(dir: &Path) -> Result<(Manifest, Shard), CheckpointError> {
+    let (manifest, pass_dir) = Manifest::find(dir)?;
+    let merged = Shard::new(manifest.spec.clone(), 0, 1);
+    for index in 0..manifest.num_servers {
+        let shard = manifest.load_shard(&pass_dir, index)?;
+        let mut target = merged.dense.lock();
+        for block in &shard.dense.lock().blocks {
+            // With one server, block b is the b-th block, covering the same range.
+            let t = &mut target.blocks[block.index];
+            t.weights.copy_from_slice(&block.weights);
+            t.state.copy_from_slice(&block.state);
+        }
+        for (t, from) in merged.sparse.iter().zip(&shard.sparse) {
+            let mut result = Ok(());
+            from.for_each_row(|id, row| {
+                if result.is_ok() {
+                    result = t.insert_row(id, row);
+                }
+            });
+            result.map_err(|e| CheckpointError::Corrupt {
+                path: pass_dir.join(&manifest.shards[index].file),
+                reason: e.to_string(),
+            })?;
+        }
+    }
+    Ok((manifest, merged))
 }
 
 /// Writes `bytes` to `path` through a synced temporary file and a rename.

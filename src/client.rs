@@ -57,7 +57,7 @@ pub enum ClientError {
         message: String,
     },
     /// The server answered with an unexpected message.
-    #[error("server {index} at {addr} answered {what} with an unexpected {got}")]
+    #[error("server {index} at {addr} answered {what} with {got}")]
     Unexpected {
         /// Server index.
         index: usize,
@@ -105,13 +105,18 @@ impl Conn {
     fn receive(&mut self, what: &'static str) -> Result<Response, ClientError> {
         let kind = read_frame_blocking(&mut self.stream, &mut self.buf, DEFAULT_MAX_FRAME).map_err(|e| self.fail(e))?;
         match Response::decode(kind, self.buf.payload()).map_err(|e| self.fail(e))? {
-            Response::Error { message, .. } => Err(ClientError::Refused { index: self.index, addr: self.addr.clone(), what, message }),
+            Response::Error { message, .. } => {
+                Err(ClientError::Refused { index: self.index, addr: self.addr.clone(), what, message })
+            }
             r => Ok(r),
         }
     }
 
     fn unexpected(&self, what: &'static str, got: &Response) -> ClientError {
-        let got = format!("{got:?}").chars().take(80).collect();
+        self.mismatch(what, format!("{got:?}").chars().take(80).collect())
+    }
+
+    fn mismatch(&self, what: &'static str, got: String) -> ClientError {
         ClientError::Unexpected { index: self.index, addr: self.addr.clone(), what, got }
     }
 }
@@ -166,7 +171,12 @@ impl Client {
             let mut conn = Conn { index, addr: addr.clone(), stream, buf: FrameBuf::default() };
             conn.stream.set_read_timeout(Some(config.reply_timeout)).map_err(|e| conn.fail(e.into()))?;
             conn.stream.set_nodelay(true).map_err(|e| conn.fail(e.into()))?;
-            let hello = Hello { version: PROTOCOL_VERSION, job: config.job.clone(), num_servers: n as u64, server_index: index as u64 };
+            let hello = Hello {
+                version: PROTOCOL_VERSION,
+                job: config.job.clone(),
+                num_servers: n as u64,
+                server_index: index as u64,
+            };
             conn.send(&Request::Hello(hello).encode())?;
             match conn.receive("the handshake")? {
                 Response::Welcome { .. } => {}
@@ -197,7 +207,8 @@ impl Client {
 
     /// Declares the model's tables on every server (creating them, or checking they match).
     pub fn declare(&mut self, spec: &TableSpec) -> Result<(), ClientError> {
-        for (i, r) in self.broadcast(&Request::Declare(spec.clone()), "the table declaration")?.into_iter().enumerate() {
+        for (i, r) in self.broadcast(&Request::Declare(spec.clone()), "the table declaration")?.into_iter().enumerate()
+        {
             if r != Response::Done {
                 return Err(self.conns[i].unexpected("the table declaration", &r));
             }
@@ -213,7 +224,13 @@ impl Client {
     /// Pulls the full dense vector into `dense` (if given) and the rows of `tables` into
     /// `rows[t]` (`ids.len() * dim` floats each, in the caller's id order). Returns the lowest
     /// server version seen.
-    pub fn pull(&mut self, dense: Option<&mut [f32]>, tables: &[TableIds], rows: &mut [Vec<f32>], create: RowCreation) -> Result<u64, ClientError> {
+    pub fn pull(
+        &mut self,
+        dense: Option<&mut Vec<f32>>,
+        tables: &[TableIds],
+        rows: &mut [Vec<f32>],
+        create: RowCreation,
+    ) -> Result<u64, ClientError> {
         let layout = self.layout()?;
         let n = self.conns.len();
         let mut per_server: Vec<Pull> = (0..n)
@@ -236,22 +253,30 @@ impl Client {
         let replies = self.round(frames, "a pull")?;
         let mut version = u64::MAX;
         let mut dense = dense;
+        if let Some(d) = dense.as_deref_mut() {
+            d.resize(layout.total, 0.0);
+        }
         for (s, reply) in replies.into_iter().enumerate() {
             let Response::Values { version: v, dense: d, sparse } = reply else {
                 return Err(self.conns[s].unexpected("a pull", &reply));
             };
             version = version.min(v);
             if let Some(out) = dense.as_deref_mut() {
-                scatter_dense(&layout, s, &d, out).map_err(|m| self.conns[s].unexpected("a dense pull", &Response::Stats(m)))?;
+                scatter_dense(&layout, s, &d, out).map_err(|m| self.conns[s].mismatch("a dense pull", m))?;
             }
             if sparse.len() != tables.len() {
-                return Err(self.conns[s].unexpected("a pull", &Response::Stats(format!("{} tables", sparse.len()))));
+                return Err(
+                    self.conns[s].mismatch("a pull", format!("{} tables instead of {}", sparse.len(), tables.len()))
+                );
             }
             for (t, (table, got)) in tables.iter().zip(sparse).enumerate() {
                 let (order, starts) = &groupings[t];
                 let positions = &order[starts[s]..starts[s + 1]];
                 if got.len() != positions.len() * table.dim {
-                    return Err(self.conns[s].unexpected("a sparse pull", &Response::Stats(format!("{} floats", got.len()))));
+                    return Err(self.conns[s].mismatch(
+                        "a sparse pull",
+                        format!("{} floats instead of {}", got.len(), positions.len() * table.dim),
+                    ));
                 }
                 let out = &mut rows[t];
                 out.resize(table.ids.len() * table.dim, 0.0);
@@ -266,10 +291,12 @@ impl Client {
 
     /// Pushes one step's gradient sums over `samples` samples: the dense gradient (full flat
     /// vector, optional) and sparse gradients per table, each split by owner.
+    #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
         trainer: usize,
         step: u64,
+        pass: u32,
         base_version: u64,
         samples: usize,
         dense: Option<&[f32]>,
@@ -281,6 +308,7 @@ impl Client {
             .map(|s| Push {
                 trainer: trainer as u64,
                 step,
+                pass: pass as u64,
                 base_version,
                 samples: samples as u64,
                 dense: dense.map(|d| gather_dense(&layout, s, d)).unwrap_or_default(),
@@ -320,6 +348,12 @@ impl Client {
         }
     }
 
+    /// Tells every server this trainer has no more steps in `pass`.
+    pub fn end_pass(&mut self, trainer: usize, pass: u32) -> Result<(), ClientError> {
+        self.broadcast(&Request::EndPass { trainer: trainer as u64, pass: pass as u64 }, "an end of pass")?;
+        Ok(())
+    }
+
     /// Asks every server to write its shard into `dir`; returns the shard entries by server.
     pub fn save(&mut self, dir: &str) -> Result<Vec<ShardEntry>, ClientError> {
         let replies = self.broadcast(&Request::Save { dir: dir.to_string() }, "a save")?;
@@ -346,7 +380,9 @@ impl Client {
             .into_iter()
             .enumerate()
             .map(|(s, r)| match r {
-                Response::Stats(json) => serde_json::from_str(&json).map_err(|e| self.conns[s].unexpected("a stats request", &Response::Stats(e.to_string()))),
+                Response::Stats(json) => {
+                    serde_json::from_str(&json).map_err(|e| self.conns[s].mismatch("a stats request", e.to_string()))
+                }
                 other => Err(self.conns[s].unexpected("a stats request", &other)),
             })
             .collect()
@@ -360,7 +396,12 @@ fn connect_with_retry(index: usize, addr: &str, timeout: Duration) -> Result<Tcp
         let attempt = addr
             .to_socket_addrs()
             .and_then(|mut a| a.next().ok_or_else(|| std::io::Error::other("address resolves to nothing")))
-            .and_then(|sa| TcpStream::connect_timeout(&sa, deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10))));
+            .and_then(|sa| {
+                TcpStream::connect_timeout(
+                    &sa,
+                    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10)),
+                )
+            });
         match attempt {
             Ok(s) => return Ok(s),
             Err(e) if Instant::now() >= deadline => {

@@ -1,10 +1,16 @@
 //! oar: a parameter-server system for distributed training of recommendation models.
 #![warn(missing_docs)]
 
-pub mod layout;
-pub mod table;
-pub mod protocol;
 pub mod checkpoint;
-pub mod server;
 pub mod client;
+pub mod config;
+pub mod data;
+pub mod launch;
+pub mod layout;
+pub mod metrics;
+pub mod model;
 pub mod nn;
+pub mod protocol;
+pub mod server;
+pub mod table;
+pub mod train;

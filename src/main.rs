@@ -1,1 +1,461 @@
-fn main(){}
+//! The `oar` command line: parses and validates flags, builds configs, and calls the library's
+//! role functions. Errors are printed once, on one line, with exit code 1 (2 for usage errors).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use oar::config::{resolve_files, JobConfig};
+use oar::server::{Mode, ServerConfig};
+use oar::table::OptimizerKind;
+use oar::train::TrainConfig;
+
+#[derive(Parser)]
+#[command(name = "oar", version, about = "A parameter-server system for distributed training")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a parameter server.
+    Pserver(PserverArgs),
+    /// Run one trainer (local mode, or against running servers).
+    Train(TrainArgs),
+    /// Run a whole cluster on this machine: N servers and M trainers as child processes.
+    Launch(LaunchArgs),
+    /// Evaluate a saved model on data files: prints AUC and log-loss.
+    Eval(EvalArgs),
+    /// Generate data sets.
+    Gen {
+        #[command(subcommand)]
+        what: GenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum GenCommand {
+    /// Criteo-format lines from a planted logistic model.
+    Criteo(GenCriteoArgs),
+}
+
+#[derive(Args)]
+struct PserverArgs {
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, env = "OAR_LISTEN", default_value = "0.0.0.0:7164")]
+    listen: String,
+    /// This server's index among all servers.
+    #[arg(long, env = "OAR_SERVER_INDEX", default_value_t = 0)]
+    index: usize,
+    /// Number of servers in the job.
+    #[arg(long, env = "OAR_NUM_SERVERS", default_value_t = 1)]
+    num_servers: usize,
+    /// Number of trainers (the sync barrier's size).
+    #[arg(long, env = "OAR_TRAINERS", default_value_t = 1)]
+    trainers: usize,
+    /// sync or async.
+    #[arg(long, env = "OAR_MODE", value_enum, default_value = "async")]
+    mode: Mode,
+    /// Job id trainers must present.
+    #[arg(long, env = "OAR_JOB", default_value = "oar")]
+    job: String,
+    /// Seconds a sync step or barrier waits for missing trainers.
+    #[arg(long, env = "OAR_TIMEOUT", default_value_t = 300)]
+    timeout: u64,
+    /// Async: discard pushes more than this x trainers updates stale.
+    #[arg(long, env = "OAR_LAG_RATIO", default_value_t = 1.5)]
+    lag_ratio: f64,
+    /// Load this server's shard from a saved model before serving.
+    #[arg(long, env = "OAR_RESUME")]
+    resume: Option<PathBuf>,
+    /// Keep serving after every trainer has closed.
+    #[arg(long, env = "OAR_KEEP_SERVING")]
+    keep_serving: bool,
+    /// Largest accepted frame, in MiB.
+    #[arg(long, env = "OAR_MAX_FRAME_MB", default_value_t = 256)]
+    max_frame_mb: usize,
+}
+
+/// Job settings shared by `train` and `launch`: flag > env > --config file > default.
+#[derive(Args, Clone)]
+struct JobArgs {
+    /// TOML job file ([model], [dense_optimizer], [sparse_optimizer], [train]).
+    #[arg(long, env = "OAR_CONFIG")]
+    config: Option<PathBuf>,
+    /// Samples per step per trainer.
+    #[arg(long, env = "OAR_BATCH_SIZE")]
+    batch_size: Option<usize>,
+    /// Passes over the data.
+    #[arg(long, env = "OAR_PASSES")]
+    passes: Option<u32>,
+    /// Data-parallel compute threads per trainer.
+    #[arg(long, env = "OAR_THREADS")]
+    threads: Option<usize>,
+    /// Embedding width.
+    #[arg(long, env = "OAR_EMBEDDING_DIM")]
+    embedding_dim: Option<usize>,
+    /// Hidden layer widths, comma-separated.
+    #[arg(long, env = "OAR_HIDDEN", value_delimiter = ',')]
+    hidden: Option<Vec<usize>>,
+    /// Dense optimizer.
+    #[arg(long, env = "OAR_DENSE_OPTIMIZER", value_enum)]
+    dense_optimizer: Option<OptimizerKind>,
+    /// Dense learning rate.
+    #[arg(long, env = "OAR_DENSE_LR")]
+    dense_lr: Option<f32>,
+    /// Dense L2 regularization.
+    #[arg(long, env = "OAR_DENSE_L2")]
+    dense_l2: Option<f32>,
+    /// Embedding optimizer.
+    #[arg(long, env = "OAR_SPARSE_OPTIMIZER", value_enum)]
+    sparse_optimizer: Option<OptimizerKind>,
+    /// Embedding learning rate.
+    #[arg(long, env = "OAR_SPARSE_LR")]
+    sparse_lr: Option<f32>,
+    /// Embedding L2 regularization.
+    #[arg(long, env = "OAR_SPARSE_L2")]
+    sparse_l2: Option<f32>,
+    /// Seed of the initializers.
+    #[arg(long, env = "OAR_SEED")]
+    seed: Option<u64>,
+    /// Log metrics every this many steps.
+    #[arg(long, env = "OAR_LOG_EVERY")]
+    log_every: Option<u64>,
+    /// Skip and count bad data lines instead of failing.
+    #[arg(long, env = "OAR_SKIP_BAD_LINES")]
+    skip_bad_lines: bool,
+    /// Seconds to wait for servers, sync steps and barriers.
+    #[arg(long, env = "OAR_TIMEOUT")]
+    timeout: Option<u64>,
+    /// Async: discard pushes more than this x trainers updates stale.
+    #[arg(long, env = "OAR_LAG_RATIO")]
+    lag_ratio: Option<f64>,
+}
+
+impl JobArgs {
+    fn resolve(&self) -> anyhow::Result<JobConfig> {
+        let mut job = match &self.config {
+            Some(path) => JobConfig::from_file(path)?,
+            None => JobConfig::default(),
+        };
+        let m = &mut job.model;
+        set(&mut m.embedding_dim, self.embedding_dim);
+        set(&mut m.hidden, self.hidden.clone());
+        set(&mut m.seed, self.seed);
+        for (opt, kind, lr, l2) in [
+            (&mut job.dense_optimizer, self.dense_optimizer, self.dense_lr, self.dense_l2),
+            (&mut job.sparse_optimizer, self.sparse_optimizer, self.sparse_lr, self.sparse_l2),
+        ] {
+            set(&mut opt.kind, kind);
+            set(&mut opt.lr, lr);
+            set(&mut opt.l2, l2);
+        }
+        let t = &mut job.train;
+        set(&mut t.batch_size, self.batch_size);
+        set(&mut t.passes, self.passes);
+        set(&mut t.threads, self.threads);
+        set(&mut t.log_every, self.log_every);
+        set(&mut t.timeout_secs, self.timeout);
+        set(&mut t.lag_ratio, self.lag_ratio);
+        t.skip_bad_lines |= self.skip_bad_lines;
+        job.validate()?;
+        Ok(job)
+    }
+}
+
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *slot = v;
+    }
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// local (no servers), sync or async.
+    #[arg(long, env = "OAR_MODE", value_enum, default_value = "local")]
+    mode: Mode,
+    /// Server addresses in server-index order, comma-separated.
+    #[arg(long, env = "OAR_SERVERS", value_delimiter = ',')]
+    servers: Vec<String>,
+    /// This trainer's id.
+    #[arg(long, env = "OAR_TRAINER_ID", default_value_t = 0)]
+    trainer_id: usize,
+    /// Number of trainers.
+    #[arg(long, env = "OAR_TRAINERS", default_value_t = 1)]
+    trainers: usize,
+    /// Training data: a file or a folder of part files.
+    #[arg(long, env = "OAR_TRAIN")]
+    train: PathBuf,
+    /// Test data evaluated after each pass (by trainer 0).
+    #[arg(long, env = "OAR_TEST")]
+    test: Option<PathBuf>,
+    /// Save the model here after each pass.
+    #[arg(long, env = "OAR_OUTPUT")]
+    output: Option<PathBuf>,
+    /// Continue from this saved model.
+    #[arg(long, env = "OAR_RESUME")]
+    resume: Option<PathBuf>,
+    /// Job id (must match the servers').
+    #[arg(long = "job", env = "OAR_JOB", default_value = "oar")]
+    job_id: String,
+}
+
+#[derive(Args)]
+struct LaunchArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// Number of parameter servers.
+    #[arg(long, default_value_t = 2)]
+    servers: usize,
+    /// Number of trainers.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// sync or async.
+    #[arg(long, env = "OAR_MODE", value_enum, default_value = "async")]
+    mode: Mode,
+    /// Training data: a file or a folder of part files.
+    #[arg(long)]
+    train: PathBuf,
+    /// Test data evaluated after each pass.
+    #[arg(long)]
+    test: Option<PathBuf>,
+    /// Save the model here after each pass.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Continue from this saved model.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Folder for the log files.
+    #[arg(long, default_value = "logs")]
+    logs: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// A saved model (output folder or one of its pass folders).
+    #[arg(long)]
+    model: PathBuf,
+    /// Data files or folders.
+    #[arg(long, required = true, num_args = 1..)]
+    data: Vec<PathBuf>,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 4096)]
+    batch_size: usize,
+    /// Skip and count bad data lines instead of failing.
+    #[arg(long)]
+    skip_bad_lines: bool,
+}
+
+#[derive(Args)]
+struct GenCriteoArgs {
+    /// Training lines.
+    #[arg(long)]
+    lines: u64,
+    /// Test lines.
+    #[arg(long, default_value_t = 100_000)]
+    test_lines: u64,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Training part files.
+    #[arg(long, default_value_t = 4)]
+    parts: usize,
+    /// Output folder.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let launched = std::env::var_os("OAR_LAUNCHED").is_some();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(!launched && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    if let Err(e) = run(cli.command, launched) {
+        eprintln!("oar: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(command: Command, launched: bool) -> anyhow::Result<()> {
+    match command {
+        Command::Pserver(a) => {
+            let config = ServerConfig {
+                index: a.index,
+                num_servers: a.num_servers,
+                trainers: a.trainers,
+                mode: a.mode,
+                job: a.job,
+                max_frame: a.max_frame_mb << 20,
+                timeout: Duration::from_secs(a.timeout),
+                lag_ratio: a.lag_ratio,
+                resume: a.resume,
+                exit_when_done: !a.keep_serving,
+            };
+            config.validate()?;
+            let stats = oar::server::serve_blocking(&a.listen, config)?;
+            tracing::info!(?stats, "server stopped");
+            Ok(())
+        }
+        Command::Train(a) => train(a, launched),
+        Command::Launch(a) => {
+            let job = a.job.resolve()?;
+            let config = oar::launch::LaunchConfig {
+                servers: a.servers,
+                workers: a.workers,
+                mode: a.mode,
+                job,
+                train: a.train,
+                test: a.test,
+                output: a.output,
+                resume: a.resume,
+                logs: a.logs,
+                exe: std::env::current_exe().context("cannot find the oar binary")?,
+                progress_bar: !a.no_progress,
+            };
+            let s = oar::launch::run(&config)?;
+            println!(
+                "oar launch: {} servers x {} workers ({}), {} samples in {:.1} s: {:.0} samples/s end to end, {:.0} in the training loops",
+                s.servers,
+                s.workers,
+                oar::launch::mode_name(config.mode),
+                s.samples,
+                s.wall_seconds,
+                s.samples_per_sec,
+                s.train_loop_samples_per_sec
+            );
+            if let (Some(auc), Some(ll)) = (s.test_auc, s.test_log_loss) {
+                println!("test AUC {auc:.4}  log-loss {ll:.4}");
+            }
+            if s.discarded_pushes > 0 {
+                println!("{} stale pushes discarded", s.discarded_pushes);
+            }
+            println!("logs and summary.json in {}", config.logs.display());
+            Ok(())
+        }
+        Command::Eval(a) => {
+            let mut files = Vec::new();
+            for d in &a.data {
+                files.extend(resolve_files(d)?);
+            }
+            let (manifest, shard) = oar::checkpoint::load_merged(&a.model)?;
+            let model_config: oar::model::ModelConfig = serde_json::from_value(manifest.model["model"].clone())
+                .with_context(|| format!("{}: manifest has no readable model config", a.model.display()))?;
+            let model = oar::model::CtrDnn::new(&model_config);
+            let mut store = oar::train::Store::Local(Box::new(shard));
+            let r = oar::train::evaluate(&mut store, &model, &files, a.batch_size, a.skip_bad_lines)?;
+            println!(
+                "model pass {}: {} samples, AUC {}, log-loss {:.5}",
+                manifest.pass,
+                r.samples,
+                r.auc.map_or("undefined (one class only)".into(), |a| format!("{a:.5}")),
+                r.log_loss
+            );
+            Ok(())
+        }
+        Command::Gen { what: GenCommand::Criteo(a) } => {
+            let started = Instant::now();
+            let r = oar::data::gen::generate(&oar::data::gen::GenConfig {
+                lines: a.lines,
+                test_lines: a.test_lines,
+                seed: a.seed,
+                parts: a.parts,
+                out: a.out.clone(),
+            })?;
+            println!(
+                "generated {} train lines in {} part(s) + {} test lines into {} in {:.1} s; train CTR {:.4}; oracle test AUC {:.4}",
+                r.train_lines,
+                r.parts,
+                r.test_lines,
+                a.out.display(),
+                started.elapsed().as_secs_f64(),
+                r.train_ctr,
+                r.oracle_test_auc.unwrap_or(f64::NAN)
+            );
+            Ok(())
+        }
+    }
+}
+
+fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
+    let job = a.job.resolve()?;
+    let train_files = resolve_files(&a.train)?;
+    let test_files = match &a.test {
+        Some(t) => resolve_files(t)?,
+        None => Vec::new(),
+    };
+    let timeout = Duration::from_secs(job.train.timeout_secs);
+    let config = TrainConfig {
+        mode: a.mode,
+        servers: a.servers,
+        trainer_id: a.trainer_id,
+        trainers: a.trainers,
+        train_files,
+        test_files,
+        batch_size: job.train.batch_size,
+        passes: job.train.passes,
+        threads: job.train.threads,
+        model: job.model.clone(),
+        dense_optimizer: job.dense_optimizer,
+        sparse_optimizer: job.sparse_optimizer,
+        output: a.output,
+        resume: a.resume,
+        log_every: job.train.log_every,
+        job: a.job_id,
+        skip_bad_lines: job.train.skip_bad_lines,
+        connect_timeout: timeout.min(Duration::from_secs(60)),
+        reply_timeout: timeout + Duration::from_secs(30),
+    };
+    let mine = oar::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
+    let total: u64 =
+        mine.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum::<u64>() * config.passes as u64;
+    let bar = if launched { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total) };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta})")
+            .expect("valid template"),
+    );
+    let last = std::cell::Cell::new(Instant::now());
+    let report = oar::train::run(&config, &|bytes, samples| {
+        if launched {
+            if last.get().elapsed() > Duration::from_millis(200) {
+                println!("OAR_PROGRESS {bytes} {samples}");
+                last.set(Instant::now());
+            }
+        } else {
+            bar.set_position(bytes.min(total));
+        }
+    })?;
+    bar.finish_and_clear();
+    if launched {
+        println!("OAR_RESULT {}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "trained {} samples in {:.1} s ({:.0} samples/s in the training loop)",
+            report.samples,
+            report.wall_seconds,
+            report.samples as f64 / report.train_seconds.max(1e-9)
+        );
+        for p in &report.passes {
+            let test = p.test.as_ref().map_or(String::new(), |t| {
+                format!("; test AUC {:.4} log-loss {:.4}", t.auc.unwrap_or(f64::NAN), t.log_loss)
+            });
+            println!(
+                "pass {}: train AUC {:.4} log-loss {:.4}{test}",
+                p.pass,
+                p.train.auc.unwrap_or(f64::NAN),
+                p.train.log_loss
+            );
+        }
+    }
+    Ok(())
+}

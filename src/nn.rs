@@ -15,7 +15,17 @@ use crate::table::{DenseParam, Init};
 /// `dst (m x n) = [dst +] a (m x k) * b (k x n)`; `a` and `b` are given with (row, column)
 /// strides, so transposes cost nothing.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul(m: usize, n: usize, k: usize, dst: &mut [f32], accumulate: bool, a: &[f32], a_strides: (usize, usize), b: &[f32], b_strides: (usize, usize)) {
+pub fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    accumulate: bool,
+    a: &[f32],
+    a_strides: (usize, usize),
+    b: &[f32],
+    b_strides: (usize, usize),
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -102,7 +112,15 @@ impl Linear {
     }
 
     /// Adds `dW = x^T dy` and `db = sum dy` into `grads`; writes `dx = dy W^T` if asked.
-    pub fn backward(&self, params: &[f32], x: &[f32], dy: &[f32], rows: usize, grads: &mut [f32], dx: Option<&mut [f32]>) {
+    pub fn backward(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        dy: &[f32],
+        rows: usize,
+        grads: &mut [f32],
+        dx: Option<&mut [f32]>,
+    ) {
         let (i, o) = (self.input, self.output);
         matmul(i, o, rows, &mut grads[self.w..self.w + i * o], true, x, (1, i), dy, (o, 1));
         let db = &mut grads[self.b..self.b + o];
@@ -183,7 +201,13 @@ pub struct MlpWork {
 impl Mlp {
     /// Layers of `widths[0] -> widths[1] -> ...`, named `name.0`, `name.1`, ..., parameters
     /// starting at `offset`; hidden layers use `hidden`, the last one `last`.
-    pub fn new(name: &str, widths: &[usize], hidden: Activation, last: Activation, offset: usize) -> (Mlp, Vec<DenseParam>) {
+    pub fn new(
+        name: &str,
+        widths: &[usize],
+        hidden: Activation,
+        last: Activation,
+        offset: usize,
+    ) -> (Mlp, Vec<DenseParam>) {
         let (mut layers, mut activations, mut params) = (Vec::new(), Vec::new(), Vec::new());
         let mut at = offset;
         for (l, w) in widths.windows(2).enumerate() {
@@ -214,9 +238,19 @@ impl Mlp {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     /// Back-propagates `dy` (gradient w.r.t. the final output, after its activation), adding
     /// parameter gradients into `grads`; writes the gradient w.r.t. `x` into `dx` if asked.
-    pub fn backward(&self, params: &[f32], x: &[f32], dy: &[f32], rows: usize, work: &mut MlpWork, grads: &mut [f32], dx: Option<&mut [f32]>) {
+    pub fn backward(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        dy: &[f32],
+        rows: usize,
+        work: &mut MlpWork,
+        grads: &mut [f32],
+        dx: Option<&mut [f32]>,
+    ) {
         work.grad.clear();
         work.grad.extend_from_slice(dy);
         let mut dx = dx;
@@ -326,15 +360,25 @@ mod tests {
             let (mut hi, mut lo) = (params.clone(), params.clone());
             hi[k] += eps;
             lo[k] -= eps;
-            let numeric = (loss(&mlp, &hi, &x, &labels, rows) - loss(&mlp, &lo, &x, &labels, rows)) / (2.0 * eps as f64);
-            assert!((numeric - grads[k] as f64).abs() < 2e-3 + 2e-2 * numeric.abs(), "param {k}: numeric {numeric}, analytic {}", grads[k]);
+            let numeric =
+                (loss(&mlp, &hi, &x, &labels, rows) - loss(&mlp, &lo, &x, &labels, rows)) / (2.0 * eps as f64);
+            assert!(
+                (numeric - grads[k] as f64).abs() < 2e-3 + 2e-2 * numeric.abs(),
+                "param {k}: numeric {numeric}, analytic {}",
+                grads[k]
+            );
         }
         for k in 0..x.len() {
             let (mut hi, mut lo) = (x.clone(), x.clone());
             hi[k] += eps;
             lo[k] -= eps;
-            let numeric = (loss(&mlp, &params, &hi, &labels, rows) - loss(&mlp, &params, &lo, &labels, rows)) / (2.0 * eps as f64);
-            assert!((numeric - dx[k] as f64).abs() < 2e-3 + 2e-2 * numeric.abs(), "input {k}: numeric {numeric}, analytic {}", dx[k]);
+            let numeric = (loss(&mlp, &params, &hi, &labels, rows) - loss(&mlp, &params, &lo, &labels, rows))
+                / (2.0 * eps as f64);
+            assert!(
+                (numeric - dx[k] as f64).abs() < 2e-3 + 2e-2 * numeric.abs(),
+                "input {k}: numeric {numeric}, analytic {}",
+                dx[k]
+            );
         }
     }
 

@@ -114,6 +114,8 @@ pub struct Push {
     pub trainer: u64,
     /// The trainer's step number (0-based), the sync barrier's key.
     pub step: u64,
+    /// The pass (1-based) the step belongs to.
+    pub pass: u64,
     /// Server version the gradients were computed from (async staleness control).
     pub base_version: u64,
     /// Samples the gradient sums cover.
@@ -141,6 +143,13 @@ pub enum Request {
         trainer: u64,
         /// Barrier number.
         epoch: u64,
+    },
+    /// The trainer has no more steps in `pass`: sync steps of this pass stop waiting for it.
+    EndPass {
+        /// Trainer id.
+        trainer: u64,
+        /// Pass number.
+        pass: u64,
     },
     /// Write this server's shard into directory `dir`.
     Save {
@@ -258,6 +267,7 @@ mod kind {
     pub const SAVE: u8 = 6;
     pub const CLOSE: u8 = 7;
     pub const STATS: u8 = 8;
+    pub const END_PASS: u8 = 9;
     pub const WELCOME: u8 = 101;
     pub const DONE: u8 = 102;
     pub const VALUES: u8 = 103;
@@ -362,13 +372,17 @@ impl<'a> Decoder<'a> {
     fn u64s(&mut self) -> Result<Vec<u64>, ProtocolError> {
         let n = self.count(8)?;
         let b = self.take(n * 8)?;
-        Ok(bytemuck::try_cast_slice::<u8, u64>(b).map(|s| s.to_vec()).unwrap_or_else(|_| bytemuck::pod_collect_to_vec(b)))
+        Ok(bytemuck::try_cast_slice::<u8, u64>(b)
+            .map(|s| s.to_vec())
+            .unwrap_or_else(|_| bytemuck::pod_collect_to_vec(b)))
     }
 
     fn f32s(&mut self) -> Result<Vec<f32>, ProtocolError> {
         let n = self.count(4)?;
         let b = self.take(n * 4)?;
-        Ok(bytemuck::try_cast_slice::<u8, f32>(b).map(|s| s.to_vec()).unwrap_or_else(|_| bytemuck::pod_collect_to_vec(b)))
+        Ok(bytemuck::try_cast_slice::<u8, f32>(b)
+            .map(|s| s.to_vec())
+            .unwrap_or_else(|_| bytemuck::pod_collect_to_vec(b)))
     }
 
     fn end(&self) -> Result<(), ProtocolError> {
@@ -412,7 +426,7 @@ impl Request {
             }
             Request::Push(p) => {
                 let mut e = Encoder::new(kind::PUSH);
-                e.u64(p.trainer).u64(p.step).u64(p.base_version).u64(p.samples).f32s(&p.dense);
+                e.u64(p.trainer).u64(p.step).u64(p.pass).u64(p.base_version).u64(p.samples).f32s(&p.dense);
                 e.u64(p.sparse.len() as u64);
                 for s in &p.sparse {
                     e.u64(s.table as u64).u64s(&s.ids).f32s(&s.grads);
@@ -422,6 +436,11 @@ impl Request {
             Request::Barrier { trainer, epoch } => {
                 let mut e = Encoder::new(kind::BARRIER);
                 e.u64(*trainer).u64(*epoch);
+                e.finish()
+            }
+            Request::EndPass { trainer, pass } => {
+                let mut e = Encoder::new(kind::END_PASS);
+                e.u64(*trainer).u64(*pass);
                 e.finish()
             }
             Request::Save { dir } => {
@@ -454,8 +473,8 @@ impl Request {
             }
             kind::DECLARE => {
                 let json = d.bytes()?;
-                let spec = serde_json::from_slice(json)
-                    .map_err(|e| ProtocolError::Malformed(format!("table spec: {e}")))?;
+                let spec =
+                    serde_json::from_slice(json).map_err(|e| ProtocolError::Malformed(format!("table spec: {e}")))?;
                 Request::Declare(spec)
             }
             kind::PULL => {
@@ -472,6 +491,7 @@ impl Request {
             kind::PUSH => {
                 let trainer = d.u64()?;
                 let step = d.u64()?;
+                let pass = d.u64()?;
                 let base_version = d.u64()?;
                 let samples = d.u64()?;
                 let dense = d.f32s()?;
@@ -483,9 +503,10 @@ impl Request {
                     let grads = d.f32s()?;
                     sparse.push(SparseGrads { table, ids, grads });
                 }
-                Request::Push(Push { trainer, step, base_version, samples, dense, sparse })
+                Request::Push(Push { trainer, step, pass, base_version, samples, dense, sparse })
             }
             kind::BARRIER => Request::Barrier { trainer: d.u64()?, epoch: d.u64()? },
+            kind::END_PASS => Request::EndPass { trainer: d.u64()?, pass: d.u64()? },
             kind::SAVE => Request::Save { dir: d.string()? },
             kind::CLOSE => Request::Close { trainer: d.u64()? },
             kind::STATS => Request::Stats,
@@ -561,7 +582,8 @@ impl Response {
             kind::SAVED => {
                 let file = d.string()?;
                 let bytes = d.u64()?;
-                let crc32 = u32::try_from(d.u64()?).map_err(|_| ProtocolError::Malformed("crc32 out of range".into()))?;
+                let crc32 =
+                    u32::try_from(d.u64()?).map_err(|_| ProtocolError::Malformed("crc32 out of range".into()))?;
                 Response::Saved { file, bytes, crc32 }
             }
             kind::STATS_REPLY => Response::Stats(d.string()?),
@@ -656,7 +678,6 @@ pub fn split_frame(frame: &[u8]) -> (u8, FrameBuf) {
     (frame[4], buf)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -694,12 +715,14 @@ mod tests {
         round_trip_request(Request::Push(Push {
             trainer: 1,
             step: 7,
+            pass: 2,
             base_version: 3,
             samples: 512,
             dense: vec![1.0, 2.0, 3.0],
             sparse: vec![SparseGrads { table: 0, ids: vec![9], grads: vec![0.5; 3] }],
         }));
         round_trip_request(Request::Barrier { trainer: 1, epoch: 2 });
+        round_trip_request(Request::EndPass { trainer: 1, pass: 3 });
         round_trip_request(Request::Save { dir: "/tmp/x".into() });
         round_trip_request(Request::Close { trainer: 3 });
         round_trip_request(Request::Stats);
@@ -721,6 +744,7 @@ mod tests {
         let frame = Request::Push(Push {
             trainer: 0,
             step: 0,
+            pass: 1,
             base_version: 0,
             samples: 1,
             dense: vec![1.0; 10],
@@ -731,7 +755,7 @@ mod tests {
         assert!(matches!(Request::decode(kind, buf.payload()), Err(ProtocolError::Malformed(_))));
         // A count claiming more elements than the payload holds is refused before allocating.
         let mut lying = frame.clone();
-        lying[8 + 32..8 + 40].copy_from_slice(&u64::MAX.to_le_bytes());
+        lying[8 + 40..8 + 48].copy_from_slice(&u64::MAX.to_le_bytes());
         let (kind, buf) = split_frame(&lying);
         assert!(matches!(Request::decode(kind, buf.payload()), Err(ProtocolError::Malformed(_))));
         assert!(matches!(Request::decode(200, &[]), Err(ProtocolError::Malformed(_))));
@@ -742,6 +766,7 @@ mod tests {
         let frame = Request::Push(Push {
             trainer: 0,
             step: 0,
+            pass: 1,
             base_version: 0,
             samples: 1,
             dense: vec![0.0; 1000],

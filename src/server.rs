@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::checkpoint::{write_shard, Manifest};
 use crate::protocol::{
     read_frame, write_frame, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull, Push, PushOutcome, Request,
-    Response, RowCreation, PROTOCOL_VERSION,
+    Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
 };
 use crate::table::{Shard, TableSpec};
 
@@ -72,7 +72,12 @@ impl ServerConfig {
     /// Checks the configuration; messages name the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.num_servers > 0, "--num-servers must be at least 1");
-        anyhow::ensure!(self.index < self.num_servers, "--index {} must be below --num-servers {}", self.index, self.num_servers);
+        anyhow::ensure!(
+            self.index < self.num_servers,
+            "--index {} must be below --num-servers {}",
+            self.index,
+            self.num_servers
+        );
         anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
         anyhow::ensure!(self.mode != Mode::Local, "a server runs in sync or async mode, not local");
         anyhow::ensure!(self.lag_ratio > 0.0, "--lag-ratio must be positive");
@@ -113,6 +118,20 @@ struct Counters {
 struct SyncStep {
     step: u64,
     pushes: BTreeMap<u64, Push>,
+    /// The pass the pending steps belong to, and the trainers that have ended it.
+    pass: u64,
+    ended: BTreeSet<u64>,
+}
+
+impl SyncStep {
+    /// Moves to `pass` if it is newer: trainers only start a pass after the barrier that every
+    /// trainer reaches at the end of the previous one, so nobody is still in the old pass.
+    fn enter_pass(&mut self, pass: u64) {
+        if pass > self.pass {
+            self.pass = pass;
+            self.ended.clear();
+        }
+    }
 }
 
 struct State {
@@ -158,7 +177,11 @@ impl State {
 
 /// Serves `listener` until `shutdown` resolves (or, with `exit_when_done`, until every trainer
 /// has closed). Returns the final counters.
-pub async fn run(listener: TcpListener, config: ServerConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<ServerStats> {
+pub async fn run(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<ServerStats> {
     config.validate()?;
     let shard = match &config.resume {
         Some(dir) => Some(Arc::new(load_resume_shard(dir, &config)?)),
@@ -297,8 +320,19 @@ async fn handle(state: &Arc<State>, request: Request) -> Reply {
         Request::Barrier { trainer, epoch } => barrier(state, trainer, epoch).await,
         Request::Save { dir } => {
             let shard = state.shard()?;
-            let (file, bytes, crc32) = write_shard(&shard, std::path::Path::new(&dir)).map_err(|e| (ErrorCode::Io, e.to_string()))?;
+            let (file, bytes, crc32) =
+                write_shard(&shard, std::path::Path::new(&dir)).map_err(|e| (ErrorCode::Io, e.to_string()))?;
             Ok(Response::Saved { file, bytes, crc32 })
+        }
+        Request::EndPass { trainer, pass } => {
+            let shard = state.shard()?;
+            let mut pending = state.sync.lock();
+            pending.enter_pass(pass);
+            if pass == pending.pass {
+                pending.ended.insert(trainer);
+            }
+            try_complete_step(state, &shard, &mut pending)?;
+            Ok(Response::Done)
         }
         Request::Close { trainer } => close(state, trainer),
         Request::Stats => Ok(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize"))),
@@ -309,7 +343,10 @@ fn declare(state: &State, spec: TableSpec) -> Reply {
     let mut slot = state.shard.lock();
     if let Some(existing) = slot.as_ref() {
         if existing.spec != spec {
-            return Err((ErrorCode::Table, "declared tables differ from the ones this server holds (another model or a changed config?)".into()));
+            return Err((
+                ErrorCode::Table,
+                "declared tables differ from the ones this server holds (another model or a changed config?)".into(),
+            ));
         }
         return Ok(Response::Done);
     }
@@ -344,13 +381,13 @@ fn table_err(e: crate::table::TableError) -> (ErrorCode, String) {
 }
 
 /// Applies one push (or several merged) to the shard; gradients are sums over `samples`.
-fn apply(shard: &Shard, dense: &[f32], sparse: &[(u32, Vec<u64>, Vec<f32>)], samples: u64) -> Result<(), (ErrorCode, String)> {
+fn apply(shard: &Shard, dense: &[f32], sparse: &[SparseGrads], samples: u64) -> Result<(), (ErrorCode, String)> {
     let scale = 1.0 / samples.max(1) as f32;
     if !dense.is_empty() {
         shard.dense.lock().apply(dense, scale).map_err(table_err)?;
     }
-    for (table, ids, grads) in sparse {
-        shard.table(*table as usize).map_err(table_err)?.push(ids, grads, scale).map_err(table_err)?;
+    for s in sparse {
+        shard.table(s.table as usize).map_err(table_err)?.push(&s.ids, &s.grads, scale).map_err(table_err)?;
     }
     Ok(())
 }
@@ -365,9 +402,8 @@ fn push_async(state: &State, push: Push) -> Reply {
         c.discarded.fetch_add(1, Relaxed);
         return Ok(Response::Pushed { outcome: PushOutcome::Discarded, version });
     }
-    let sparse: Vec<_> = push.sparse.into_iter().map(|s| (s.table, s.ids, s.grads)).collect();
-    c.keys_pushed.fetch_add(sparse.iter().map(|s| s.1.len() as u64).sum(), Relaxed);
-    apply(&shard, &push.dense, &sparse, push.samples)?;
+    c.keys_pushed.fetch_add(push.sparse.iter().map(|s| s.ids.len() as u64).sum(), Relaxed);
+    apply(&shard, &push.dense, &push.sparse, push.samples)?;
     let version = c.version.fetch_add(1, Relaxed) + 1;
     Ok(Response::Pushed { outcome: PushOutcome::Applied, version })
 }
@@ -383,8 +419,12 @@ async fn push_sync(state: &Arc<State>, push: Push) -> Reply {
     {
         let mut pending = state.sync.lock();
         if step != pending.step {
-            return Err((ErrorCode::State, format!("trainer {trainer} pushed step {step}, the server is at step {}", pending.step)));
+            return Err((
+                ErrorCode::State,
+                format!("trainer {trainer} pushed step {step}, the server is at step {}", pending.step),
+            ));
         }
+        pending.enter_pass(push.pass);
         if pending.pushes.insert(trainer, push).is_some() {
             return Err((ErrorCode::State, format!("trainer {trainer} pushed step {step} twice")));
         }
@@ -393,7 +433,11 @@ async fn push_sync(state: &Arc<State>, push: Push) -> Reply {
     let waited = tokio::time::timeout(state.config.timeout, applied.wait_for(|&n| n > step)).await;
     if waited.is_err() {
         let pending = state.sync.lock();
-        let missing: Vec<u64> = state.active().into_iter().filter(|t| !pending.pushes.contains_key(t)).collect();
+        let missing: Vec<u64> = state
+            .active()
+            .into_iter()
+            .filter(|t| !pending.pushes.contains_key(t) && !pending.ended.contains(t))
+            .collect();
         return Err((
             ErrorCode::Timeout,
             format!("sync step {step} timed out after {:?} waiting for trainer(s) {missing:?}", state.config.timeout),
@@ -406,7 +450,8 @@ async fn push_sync(state: &Arc<State>, push: Push) -> Reply {
 /// applies one update and wakes the waiters.
 fn try_complete_step(state: &State, shard: &Shard, pending: &mut SyncStep) -> Result<(), (ErrorCode, String)> {
     let active = state.active();
-    if pending.pushes.is_empty() || !active.iter().all(|t| pending.pushes.contains_key(t)) {
+    if pending.pushes.is_empty() || !active.iter().all(|t| pending.pushes.contains_key(t) || pending.ended.contains(t))
+    {
         return Ok(());
     }
     let pushes = std::mem::take(&mut pending.pushes);
@@ -418,11 +463,14 @@ fn try_complete_step(state: &State, shard: &Shard, pending: &mut SyncStep) -> Re
         } else if dense.len() == p.dense.len() {
             dense.iter_mut().zip(&p.dense).for_each(|(a, b)| *a += b);
         } else {
-            return Err((ErrorCode::Table, format!("trainer {} pushed {} dense floats, others {}", p.trainer, p.dense.len(), dense.len())));
+            return Err((
+                ErrorCode::Table,
+                format!("trainer {} pushed {} dense floats, others {}", p.trainer, p.dense.len(), dense.len()),
+            ));
         }
     }
     let sparse = merge_sparse(shard, pushes.values())?;
-    let keys: u64 = sparse.iter().map(|s| s.1.len() as u64).sum();
+    let keys: u64 = sparse.iter().map(|s| s.ids.len() as u64).sum();
     let result = apply(shard, &dense, &sparse, samples);
     state.counters.keys_pushed.fetch_add(keys, Relaxed);
     state.counters.version.fetch_add(1, Relaxed);
@@ -436,29 +484,34 @@ fn try_complete_step(state: &State, shard: &Shard, pending: &mut SyncStep) -> Re
 fn merge_sparse<'a>(
     shard: &Shard,
     pushes: impl Iterator<Item = &'a Push>,
-) -> Result<Vec<(u32, Vec<u64>, Vec<f32>)>, (ErrorCode, String)> {
-    let mut merged: BTreeMap<u32, (hashbrown::HashMap<u64, usize>, Vec<u64>, Vec<f32>)> = BTreeMap::new();
+) -> Result<Vec<SparseGrads>, (ErrorCode, String)> {
+    let mut merged: BTreeMap<u32, (hashbrown::HashMap<u64, usize>, SparseGrads)> = BTreeMap::new();
     for p in pushes {
         for s in &p.sparse {
             let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
             if s.grads.len() != s.ids.len() * dim {
-                return Err((ErrorCode::Table, format!("table {}: {} ids but {} gradient floats", s.table, s.ids.len(), s.grads.len())));
+                return Err((
+                    ErrorCode::Table,
+                    format!("table {}: {} ids but {} gradient floats", s.table, s.ids.len(), s.grads.len()),
+                ));
             }
-            let (index, ids, grads) = merged.entry(s.table).or_default();
+            let (index, out) = merged.entry(s.table).or_insert_with(|| {
+                (Default::default(), SparseGrads { table: s.table, ids: Vec::new(), grads: Vec::new() })
+            });
             for (k, &id) in s.ids.iter().enumerate() {
                 let g = &s.grads[k * dim..(k + 1) * dim];
                 match index.get(&id) {
-                    Some(&at) => grads[at * dim..(at + 1) * dim].iter_mut().zip(g).for_each(|(a, b)| *a += b),
+                    Some(&at) => out.grads[at * dim..(at + 1) * dim].iter_mut().zip(g).for_each(|(a, b)| *a += b),
                     None => {
-                        index.insert(id, ids.len());
-                        ids.push(id);
-                        grads.extend_from_slice(g);
+                        index.insert(id, out.ids.len());
+                        out.ids.push(id);
+                        out.grads.extend_from_slice(g);
                     }
                 }
             }
         }
     }
-    Ok(merged.into_iter().map(|(t, (_, ids, grads))| (t, ids, grads)).collect())
+    Ok(merged.into_values().map(|(_, grads)| grads).collect())
 }
 
 async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {
@@ -483,7 +536,11 @@ async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {
         Ok(()) => Ok(Response::Done),
         Err(_) => Err((
             ErrorCode::Timeout,
-            format!("barrier {epoch} timed out after {:?} waiting for trainer(s) {:?}", state.config.timeout, missing()),
+            format!(
+                "barrier {epoch} timed out after {:?} waiting for trainer(s) {:?}",
+                state.config.timeout,
+                missing()
+            ),
         )),
     }
 }

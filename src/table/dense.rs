@@ -68,7 +68,11 @@ impl DenseShard {
     /// floats in wire order, `scale` turns them into means.
     pub fn apply(&mut self, grads: &[f32], scale: f32) -> Result<(), TableError> {
         if grads.len() != self.len {
-            return Err(TableError::LengthMismatch { what: "dense gradient".into(), expected: self.len, got: grads.len() });
+            return Err(TableError::LengthMismatch {
+                what: "dense gradient".into(),
+                expected: self.len,
+                got: grads.len(),
+            });
         }
         let mut off = 0;
         for b in &mut self.blocks {

@@ -49,7 +49,15 @@ impl Default for Optimizer {
 impl Optimizer {
     /// SGD with learning rate `lr` and no regularization.
     pub fn sgd(lr: f32) -> Self {
-        Optimizer { kind: OptimizerKind::Sgd, lr, l2: 0.0, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, initial_accumulator: 0.0 }
+        Optimizer {
+            kind: OptimizerKind::Sgd,
+            lr,
+            l2: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            initial_accumulator: 0.0,
+        }
     }
 
     /// Adagrad with learning rate `lr`, PyTorch's defaults otherwise.

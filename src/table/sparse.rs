@@ -64,7 +64,9 @@ impl SparseTable {
     pub fn new(spec: SparseSpec) -> SparseTable {
         let row_len = spec.dim + spec.optimizer.state_len(spec.dim);
         let stripes = (0..STRIPES)
-            .map(|_| Mutex::new(Stripe { index: HashMap::with_hasher(Default::default()), chunks: Vec::new(), rows: 0 }))
+            .map(|_| {
+                Mutex::new(Stripe { index: HashMap::with_hasher(Default::default()), chunks: Vec::new(), rows: 0 })
+            })
             .collect();
         SparseTable { spec, row_len, stripes }
     }

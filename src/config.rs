@@ -1,0 +1,132 @@
+//! The job description shared by `oar train` and `oar launch`: model shape, optimizers and
+//! training settings, read from a TOML file and overridden by flags or `OAR_*` environment
+//! variables (precedence: flag > env > file > default). Resolved once, validated, then passed
+//! down by value; nothing re-reads the environment later.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::ModelConfig;
+use crate::table::Optimizer;
+
+/// Training settings of a job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSettings {
+    /// Samples per step per trainer.
+    pub batch_size: usize,
+    /// Passes over the data.
+    pub passes: u32,
+    /// Data-parallel compute threads per trainer.
+    pub threads: usize,
+    /// Log metrics every this many steps.
+    pub log_every: u64,
+    /// Skip and count bad data lines instead of failing.
+    pub skip_bad_lines: bool,
+    /// Seconds to wait for servers, sync steps and barriers.
+    pub timeout_secs: u64,
+    /// Async: discard pushes more than this many x trainers updates stale.
+    pub lag_ratio: f64,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        TrainSettings {
+            batch_size: 512,
+            passes: 1,
+            threads: 1,
+            log_every: 200,
+            skip_bad_lines: false,
+            timeout_secs: 300,
+            lag_ratio: 1.5,
+        }
+    }
+}
+
+/// A whole job file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobConfig {
+    /// The network.
+    pub model: ModelConfig,
+    /// Optimizer of the dense parameters.
+    pub dense_optimizer: Optimizer,
+    /// Optimizer of the embedding table.
+    pub sparse_optimizer: Optimizer,
+    /// Training settings.
+    pub train: TrainSettings,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            model: ModelConfig::default(),
+            dense_optimizer: Optimizer::adam(1e-3),
+            sparse_optimizer: Optimizer::adagrad(0.05),
+            train: TrainSettings::default(),
+        }
+    }
+}
+
+impl JobConfig {
+    /// Reads a TOML job file; unknown keys are errors that name the file.
+    pub fn from_file(path: &Path) -> anyhow::Result<JobConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    /// Writes the job as TOML (the launcher hands its resolved job to children this way).
+    pub fn to_file(&self, path: &Path) -> anyhow::Result<()> {
+        let text = toml::to_string_pretty(self)?;
+        std::fs::write(path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    /// Checks everything; messages name the setting.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.model.validate().map_err(anyhow::Error::msg)?;
+        self.dense_optimizer.validate("dense").map_err(anyhow::Error::msg)?;
+        self.sparse_optimizer.validate("sparse").map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(self.train.batch_size > 0, "batch_size must be at least 1");
+        anyhow::ensure!(self.train.passes > 0, "passes must be at least 1");
+        anyhow::ensure!(self.train.threads > 0, "threads must be at least 1");
+        anyhow::ensure!(self.train.timeout_secs > 0, "timeout must be positive");
+        anyhow::ensure!(self.train.lag_ratio > 0.0, "lag_ratio must be positive");
+        Ok(())
+    }
+}
+
+/// The data files a `--train`/`--test` path names, as absolute paths.
+pub fn resolve_files(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let files = crate::data::list_files(path)?;
+    Ok(files.into_iter().map(|f| std::path::absolute(&f).unwrap_or(f)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::OptimizerKind;
+
+    #[test]
+    fn a_job_file_round_trips_and_unknown_keys_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.toml");
+        let mut job = JobConfig::default();
+        job.train.batch_size = 64;
+        job.sparse_optimizer.l2 = 8e-4;
+        job.to_file(&path).unwrap();
+        assert_eq!(JobConfig::from_file(&path).unwrap(), job);
+
+        std::fs::write(&path, "[train]\nbatch_sise = 3\n").unwrap();
+        let err = JobConfig::from_file(&path).unwrap_err().to_string();
+        assert!(err.contains("job.toml") && err.contains("batch_sise"), "{err}");
+    }
+
+    #[test]
+    fn the_documented_adagrad_example_parses() {
+        let job: JobConfig = toml::from_str("[sparse_optimizer]\nkind = \"adagrad\"\nlr = 3e-3\nl2 = 8e-4\n").unwrap();
+        assert_eq!(job.sparse_optimizer.kind, OptimizerKind::Adagrad);
+        assert_eq!(job.sparse_optimizer.lr, 3e-3);
+        assert_eq!(job.sparse_optimizer.l2, 8e-4);
+    }
+}

@@ -1,0 +1,194 @@
+//! A reader thread that turns a list of files into batches, ahead of the trainer.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+
+use super::Batch;
+
+/// A bad input: the file, the 1-based line, and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A line could not be parsed.
+    #[error("{path}:{line}: {reason} (use --skip-bad-lines to skip and count such lines)")]
+    BadLine {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A line parser: appends one sample to the batch or says what is wrong.
+pub type ParseFn = fn(&[u8], &mut Batch) -> Result<(), String>;
+
+/// How a reader batches and what it does with bad lines.
+#[derive(Clone, Debug)]
+pub struct ReaderConfig {
+    /// Samples per batch (the last batch of a pass may be smaller).
+    pub batch_size: usize,
+    /// Skip and count bad lines instead of failing.
+    pub skip_bad_lines: bool,
+    /// Batches parsed ahead of the trainer.
+    pub prefetch: usize,
+    /// Dense features per sample.
+    pub dense_width: usize,
+    /// Sparse slots per sample.
+    pub slots: usize,
+    /// The line format.
+    pub parse: ParseFn,
+}
+
+impl ReaderConfig {
+    /// Criteo TSV lines in batches of `batch_size`.
+    pub fn criteo(batch_size: usize) -> ReaderConfig {
+        ReaderConfig {
+            batch_size,
+            skip_bad_lines: false,
+            prefetch: 8,
+            dense_width: super::criteo::DENSE,
+            slots: super::criteo::SLOTS,
+            parse: super::criteo::parse_line,
+        }
+    }
+}
+
+/// Live counters of a reader, readable from any thread.
+#[derive(Debug, Default)]
+pub struct ReadProgress {
+    /// Bytes consumed so far.
+    pub bytes: AtomicU64,
+    /// Samples parsed.
+    pub samples: AtomicU64,
+    /// Lines skipped as bad.
+    pub bad_lines: AtomicU64,
+}
+
+/// Batches of a list of files, parsed on a background thread.
+pub struct Reader {
+    rx: Receiver<Result<Batch, DataError>>,
+    progress: Arc<ReadProgress>,
+}
+
+impl Reader {
+    /// Starts reading `files` in order.
+    pub fn spawn(files: Vec<PathBuf>, config: ReaderConfig) -> Reader {
+        let (tx, rx) = sync_channel(config.prefetch.max(1));
+        let progress = Arc::new(ReadProgress::default());
+        let p = progress.clone();
+        std::thread::Builder::new()
+            .name("oar-reader".into())
+            .spawn(move || {
+                let mut batch = Batch::new(config.dense_width, config.slots);
+                for path in files {
+                    if let Err(e) = read_file(&path, &config, &p, &mut batch, &tx) {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                }
+                if !batch.is_empty() {
+                    let _ = tx.send(Ok(batch));
+                }
+            })
+            .expect("spawning a thread only fails when the OS is out of resources");
+        Reader { rx, progress }
+    }
+
+    /// The reader's live counters.
+    pub fn progress(&self) -> Arc<ReadProgress> {
+        self.progress.clone()
+    }
+}
+
+impl Iterator for Reader {
+    type Item = Result<Batch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.rx.recv().ok()
+    }
+}
+
+fn read_file(
+    path: &PathBuf,
+    config: &ReaderConfig,
+    progress: &ReadProgress,
+    batch: &mut Batch,
+    tx: &std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
+) -> Result<(), DataError> {
+    let io = |source| DataError::Io { path: path.clone(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut r = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut line = Vec::with_capacity(512);
+    let mut number = 0u64;
+    loop {
+        line.clear();
+        let n = r.read_until(b'\n', &mut line).map_err(io)?;
+        if n == 0 {
+            return Ok(());
+        }
+        number += 1;
+        progress.bytes.fetch_add(n as u64, Relaxed);
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        if text.is_empty() {
+            continue;
+        }
+        match (config.parse)(text, batch) {
+            Ok(()) => {
+                progress.samples.fetch_add(1, Relaxed);
+            }
+            Err(_) if config.skip_bad_lines => {
+                progress.bad_lines.fetch_add(1, Relaxed);
+                continue;
+            }
+            Err(reason) => return Err(DataError::BadLine { path: path.clone(), line: number, reason }),
+        }
+        if batch.len() == config.batch_size {
+            let full = std::mem::replace(batch, Batch::new(config.dense_width, config.slots));
+            if tx.send(Ok(full)).is_err() {
+                // The consumer is gone: stop reading.
+                return Ok(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn batches_span_files_and_bad_lines_are_named_or_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        let b = dir.path().join("b");
+        std::fs::write(&a, "1\t1\n0\t2\n1\t3\n").unwrap();
+        let mut f = std::fs::File::create(&b).unwrap();
+        write!(f, "0\t4\nbad\n1\t5").unwrap();
+
+        let batches: Vec<_> = Reader::spawn(vec![a.clone(), b.clone()], ReaderConfig::criteo(2)).collect();
+        assert_eq!(batches.len(), 3);
+        assert_eq!(batches[0].as_ref().unwrap().len(), 2);
+        assert_eq!(batches[1].as_ref().unwrap().len(), 2);
+        let err = batches[2].as_ref().unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{}:2: label", b.display())), "{err}");
+
+        let reader = Reader::spawn(vec![a, b], ReaderConfig { skip_bad_lines: true, ..ReaderConfig::criteo(2) });
+        let progress = reader.progress();
+        let sizes: Vec<usize> = reader.map(|b| b.unwrap().len()).collect();
+        assert_eq!(sizes, [2, 2, 1]);
+        assert_eq!(progress.bad_lines.load(Relaxed), 1);
+    }
+}
