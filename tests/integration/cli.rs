@@ -1,0 +1,143 @@
+//! End-to-end runs of the `oar` binary: real processes over loopback TCP.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::util::*;
+
+fn oar(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oar")).args(args).env_remove("OAR_LAUNCHED").output().expect("oar runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Real Criteo lines from `../shared/data/criteo/` (first 8,000 train in 4 parts, last 2,000
+/// test), or generated lines when that folder is absent.
+fn criteo_or_generated(dir: &Path) -> (PathBuf, PathBuf) {
+    let Some(shared) = shared_data() else {
+        eprintln!("../shared/data is absent: using generated Criteo-format data instead of real Criteo lines");
+        return gen_data(dir, 4, 2000, 2000);
+    };
+    let text = std::fs::read_to_string(shared.join("criteo/criteo_train_first10k.txt")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let (train, test) = (dir.join("train"), dir.join("test"));
+    std::fs::create_dir_all(&train).unwrap();
+    std::fs::create_dir_all(&test).unwrap();
+    for (i, chunk) in lines[..8000].chunks(2000).enumerate() {
+        std::fs::write(train.join(format!("part-{i:05}")), chunk.join("\n") + "\n").unwrap();
+    }
+    std::fs::write(test.join("part-00000"), lines[8000..].join("\n") + "\n").unwrap();
+    (train, test)
+}
+
+fn number_after(haystack: &str, key: &str) -> f64 {
+    let at = haystack.find(key).unwrap_or_else(|| panic!("'{key}' not in output:\n{haystack}")) + key.len();
+    haystack[at..].split_whitespace().next().unwrap().trim_end_matches(',').parse().unwrap()
+}
+
+#[test]
+fn launch_trains_criteo_on_two_servers_and_two_workers_and_eval_reads_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = criteo_or_generated(&dir.path().join("data"));
+    let (logs, model) = (dir.path().join("logs"), dir.path().join("model"));
+    let out = oar(&[
+        "launch",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--batch-size",
+        "128",
+        "--no-progress",
+        "--train",
+        train.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+        "--logs",
+        logs.to_str().unwrap(),
+        "--output",
+        model.to_str().unwrap(),
+    ]);
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let auc = number_after(&all, "test AUC ");
+    assert!(auc > 0.65, "AUC {auc} is not clearly above chance:\n{all}");
+    for log in ["server.0.log", "server.1.log", "worker.0.log", "worker.1.log", "summary.json"] {
+        assert!(logs.join(log).exists(), "{log} missing");
+    }
+    assert!(model.join("pass-0001/manifest.json").exists());
+
+    // The saved model evaluated offline scores what trainer 0 measured after the pass.
+    let out = oar(&["eval", "--model", model.to_str().unwrap(), "--data", test.to_str().unwrap()]);
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let offline = number_after(&all, "AUC ");
+    assert!((offline - auc).abs() < 1e-4, "offline AUC {offline} vs {auc}");
+}
+
+#[test]
+fn a_malformed_line_is_named_by_file_and_line_or_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 50, 10);
+    let file = train.join("part-00000");
+    let mut text_lines: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(String::from).collect();
+    text_lines[2] = "1\tnot-a-number".into();
+    std::fs::write(&file, text_lines.join("\n") + "\n").unwrap();
+
+    let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "8"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:3: I1 is not an integer", file.display())), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "one clear line:\n{err}");
+
+    let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "8", "--skip-bad-lines"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("trained 49 samples"), "{}", text(&out));
+}
+
+#[test]
+fn a_trainer_whose_server_is_unreachable_fails_naming_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 10, 10);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let out =
+        oar(&["train", "--mode", "async", "--servers", &addr, "--timeout", "1", "--train", train.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot reach server 0 at {addr}")), "{err}");
+}
+
+#[test]
+fn the_launcher_stops_everyone_when_a_worker_fails_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 100, 10);
+    std::fs::write(train.join("part-00001"), "0\t1\ngarbage line\n").unwrap();
+    let logs = dir.path().join("logs");
+    let out = oar(&[
+        "launch",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--hidden",
+        "8",
+        "--no-progress",
+        "--train",
+        train.to_str().unwrap(),
+        "--logs",
+        logs.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("worker 1 failed"), "{err}");
+    assert!(err.contains("part-00001:2: label must be 0 or 1"), "the last log line is quoted: {err}");
+}
+
+#[test]
+fn usage_errors_exit_with_code_2() {
+    let out = oar(&["train"]);
+    assert_eq!(out.status.code(), Some(2));
+}

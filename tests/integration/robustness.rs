@@ -1,0 +1,156 @@
+//! Bad frames, missing trainers and unreachable servers end in clear errors, never hangs.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use crate::util::*;
+use oar::client::{Client, ClientConfig, TableIds};
+use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Push, Request, Response, RowCreation, PROTOCOL_VERSION};
+use oar::server::{Mode, ServerConfig};
+
+fn client(addrs: &[String]) -> Client {
+    Client::connect(&ClientConfig {
+        servers: addrs.to_vec(),
+        job: "test".into(),
+        connect_timeout: Duration::from_secs(5),
+        reply_timeout: Duration::from_secs(30),
+    })
+    .unwrap()
+}
+
+fn spec() -> oar::table::TableSpec {
+    oar::model::CtrDnn::new(&oar::model::ModelConfig { hidden: vec![8], ..Default::default() })
+        .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.1))
+}
+
+/// Reads the server's reply to a bad frame, then expects the connection to be closed.
+fn expect_error_then_close(mut s: TcpStream, what: &str) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = FrameBuf::default();
+    let kind = read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap_or_else(|e| panic!("{what}: no error reply: {e}"));
+    let reply = Response::decode(kind, buf.payload()).unwrap();
+    let Response::Error { message, .. } = reply else { panic!("{what}: expected an error, got {reply:?}") };
+    let mut rest = [0u8; 1];
+    assert_eq!(s.read(&mut rest).unwrap(), 0, "{what}: the server must close the connection");
+    message
+}
+
+#[test]
+fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
+    let server =
+        start_server(ServerConfig { max_frame: 1 << 20, exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) });
+    let addr = server.addr.clone();
+    let mut good = client(&[addr.clone()]);
+    good.declare(&spec()).unwrap();
+
+    // Garbage header (reserved bytes set).
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let m = expect_error_then_close(s, "garbage");
+    assert!(m.contains("malformed"), "{m}");
+
+    // A frame larger than the server's maximum.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(&[0, 0, 0, 0x10, 4, 0, 0, 0]).unwrap();
+    let m = expect_error_then_close(s, "oversized");
+    assert!(m.contains("exceeds the maximum"), "{m}");
+
+    // A valid handshake followed by a push whose payload lies about its array length.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let hello = Hello { version: PROTOCOL_VERSION, job: "test".into(), num_servers: 1, server_index: 0 };
+    s.write_all(&Request::Hello(hello).encode()).unwrap();
+    let mut buf = FrameBuf::default();
+    read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
+    let mut push = Request::Push(Push {
+        trainer: 0,
+        step: 0,
+        pass: 1,
+        base_version: 0,
+        samples: 1,
+        dense: vec![1.0; 4],
+        sparse: vec![],
+    })
+    .encode();
+    push[8 + 40..8 + 48].copy_from_slice(&1_000_000u64.to_le_bytes());
+    s.write_all(&push).unwrap();
+    let m = expect_error_then_close(s, "lying length");
+    assert!(m.contains("does not fit"), "{m}");
+
+    // A truncated frame: the peer hangs up mid-payload.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(&[100, 0, 0, 0, 1, 0, 0, 0, 1, 2, 3]).unwrap();
+    drop(s);
+
+    // A request before the handshake.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(&Request::Stats.encode()).unwrap();
+    let mut buf = FrameBuf::default();
+    let kind = read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
+    assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Error { .. }));
+
+    // The well-behaved client is still served.
+    let ids = [1u64, 2, 3];
+    let mut rows = [Vec::new()];
+    let mut dense = Vec::new();
+    good.pull(Some(&mut dense), &[TableIds { table: 0, dim: 10, ids: &ids }], &mut rows, RowCreation::Create).unwrap();
+    assert_eq!(rows[0].len(), 30);
+    assert_eq!(good.stats().unwrap()[0].rows, vec![3]);
+}
+
+#[test]
+fn a_handshake_for_another_job_or_layout_is_refused() {
+    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) });
+    let err = Client::connect(&ClientConfig {
+        servers: vec![server.addr.clone()],
+        job: "another".into(),
+        connect_timeout: Duration::from_secs(5),
+        reply_timeout: Duration::from_secs(5),
+    })
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("job 'another' does not match"), "{err}");
+    let err = Client::connect(&ClientConfig {
+        servers: vec![server.addr.clone(), server.addr.clone()],
+        job: "test".into(),
+        connect_timeout: Duration::from_secs(5),
+        reply_timeout: Duration::from_secs(5),
+    })
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("server 0 of 2, but this is server 0 of 1"), "{err}");
+}
+
+#[test]
+fn a_sync_step_missing_a_trainer_times_out_naming_it() {
+    let server =
+        start_server(ServerConfig { timeout: Duration::from_millis(300), ..server_config(0, 1, 2, Mode::Sync) });
+    let mut c = client(&[server.addr.clone()]);
+    c.declare(&spec()).unwrap();
+    let dense = vec![0.0; spec().dense.total()];
+    let err = c.push(0, 0, 1, 0, 1, Some(&dense), &[]).unwrap_err().to_string();
+    assert!(err.contains("waiting for trainer(s) [1]"), "{err}");
+    let err = c.barrier(0, 1).unwrap_err().to_string();
+    assert!(err.contains("barrier 1") && err.contains("[1]"), "{err}");
+}
+
+#[test]
+fn an_unreachable_server_is_named_after_the_timeout() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    let err = Client::connect(&ClientConfig {
+        servers: vec![addr.clone()],
+        job: "test".into(),
+        connect_timeout: Duration::from_millis(500),
+        reply_timeout: Duration::from_secs(5),
+    })
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains(&format!("cannot reach server 0 at {addr}")), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "the timeout must bound the wait");
+}

@@ -1,0 +1,164 @@
+//! Test fixtures: generated data, in-process servers, trainer configs, checkpoint comparison.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use oar::server::{Mode, ServerConfig, ServerStats};
+use oar::table::Optimizer;
+use oar::train::TrainConfig;
+
+/// Where the real public data sets live, if this checkout has `../shared` beside it.
+pub fn shared_data() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data");
+    p.is_dir().then_some(p)
+}
+
+/// Generated Criteo-format data: `parts` training files of `lines_per_part` lines each, and a
+/// test file.
+pub fn gen_data(dir: &Path, parts: usize, lines_per_part: u64, test_lines: u64) -> (PathBuf, PathBuf) {
+    oar::data::gen::generate(&oar::data::gen::GenConfig {
+        lines: parts as u64 * lines_per_part,
+        test_lines,
+        seed: 7,
+        parts,
+        out: dir.to_path_buf(),
+    })
+    .unwrap();
+    (dir.join("train"), dir.join("test"))
+}
+
+/// A server running in-process on 127.0.0.1:0; joins with its final counters.
+pub struct TestServer {
+    pub addr: String,
+    pub handle: JoinHandle<ServerStats>,
+}
+
+pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mode) -> ServerConfig {
+    ServerConfig {
+        index,
+        num_servers,
+        trainers,
+        mode,
+        job: "test".into(),
+        max_frame: oar::protocol::DEFAULT_MAX_FRAME,
+        timeout: Duration::from_secs(60),
+        lag_ratio: 1.5,
+        resume: None,
+        exit_when_done: true,
+    }
+}
+
+/// Starts a server and returns once it is listening (the bound address is the signal).
+pub fn start_server(config: ServerConfig) -> TestServer {
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap().to_string()).unwrap();
+            oar::server::run(listener, config, std::future::pending()).await.unwrap()
+        })
+    });
+    let addr = rx.recv().expect("the server thread reports its address");
+    TestServer { addr, handle }
+}
+
+/// Starts `n` servers for one job.
+pub fn start_cluster(n: usize, trainers: usize, mode: Mode, resume: Option<&Path>) -> Vec<TestServer> {
+    (0..n)
+        .map(|i| {
+            start_server(ServerConfig { resume: resume.map(Path::to_path_buf), ..server_config(i, n, trainers, mode) })
+        })
+        .collect()
+}
+
+/// A small model and a trainer config for tests.
+pub fn train_config(
+    mode: Mode,
+    servers: &[TestServer],
+    trainer_id: usize,
+    trainers: usize,
+    train: &Path,
+) -> TrainConfig {
+    TrainConfig {
+        mode,
+        servers: servers.iter().map(|s| s.addr.clone()).collect(),
+        trainer_id,
+        trainers,
+        train_files: oar::config::resolve_files(train).unwrap(),
+        test_files: Vec::new(),
+        batch_size: 32,
+        passes: 1,
+        threads: 1,
+        model: oar::model::ModelConfig { hidden: vec![64, 32], block_size: 1000, ..Default::default() },
+        dense_optimizer: Optimizer::adam(1e-3),
+        // A positive initial accumulator (TensorFlow's default 0.1) keeps Adagrad's first step
+        // lr * g / sqrt(g^2) from amplifying the rounding of near-zero gradients, so results
+        // that differ only in float summation order stay within 1e-5 of each other.
+        sparse_optimizer: Optimizer { initial_accumulator: 0.1, ..Optimizer::adagrad(0.05) },
+        output: None,
+        resume: None,
+        log_every: 0,
+        job: "test".into(),
+        skip_bad_lines: false,
+        connect_timeout: Duration::from_secs(10),
+        reply_timeout: Duration::from_secs(90),
+    }
+}
+
+/// Runs one trainer thread per config and waits for all of them.
+pub fn run_trainers(configs: Vec<TrainConfig>) -> Vec<oar::train::TrainReport> {
+    let handles: Vec<_> =
+        configs.into_iter().map(|c| std::thread::spawn(move || oar::train::run(&c, &|_, _| {}).unwrap())).collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// A saved model's parameters: the flat dense vector and every sparse row, sorted by id.
+pub struct Params {
+    pub dense: Vec<f32>,
+    pub rows: Vec<(u64, Vec<f32>)>,
+}
+
+pub fn load_params(dir: &Path) -> Params {
+    let (_, shard) = oar::checkpoint::load_merged(dir).unwrap();
+    let mut dense = Vec::new();
+    shard.dense.lock().read(&mut dense);
+    let dim = shard.sparse[0].spec().dim;
+    let mut rows = Vec::new();
+    shard.sparse[0].for_each_row(|id, row| rows.push((id, row[..dim].to_vec())));
+    rows.sort_by_key(|r| r.0);
+    Params { dense, rows }
+}
+
+/// Asserts two models are equal within relative tolerance `rel` (0 = bit for bit), relative to
+/// each value or, for values far below their tensor's scale, to the tensor's RMS: near zero the
+/// order of float summation alone moves a value by 1e-6 of a step, which is a large relative
+/// difference of a tiny number.
+pub fn assert_same_params(a: &Params, b: &Params, rel: f32) {
+    let rms = |v: &mut dyn Iterator<Item = f32>| {
+        let (s, n) = v.fold((0.0f64, 0usize), |(s, n), x| (s + (x as f64).powi(2), n + 1));
+        (s / n.max(1) as f64).sqrt() as f32
+    };
+    let dense_scale = rms(&mut a.dense.iter().copied());
+    let row_scale = rms(&mut a.rows.iter().flat_map(|r| r.1.iter().copied()));
+    let close = |x: f32, y: f32, scale: f32| (x - y).abs() <= rel * x.abs().max(y.abs()).max(scale);
+    assert_eq!(a.dense.len(), b.dense.len());
+    let differ: Vec<(f32, f32)> =
+        a.dense.iter().zip(&b.dense).filter(|(x, y)| !close(**x, **y, dense_scale)).map(|(x, y)| (*x, *y)).collect();
+    assert!(
+        differ.is_empty(),
+        "{} of {} dense values differ: {:?}",
+        differ.len(),
+        a.dense.len(),
+        &differ[..differ.len().min(8)]
+    );
+    assert_eq!(a.rows.len(), b.rows.len(), "different numbers of embedding rows");
+    for ((ia, ra), (ib, rb)) in a.rows.iter().zip(&b.rows) {
+        assert_eq!(ia, ib);
+        for (x, y) in ra.iter().zip(rb) {
+            assert!(close(*x, *y, row_scale), "row {ia}: {ra:?} vs {rb:?}");
+        }
+    }
+}
