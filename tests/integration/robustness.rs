@@ -41,7 +41,7 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
     let server =
         start_server(ServerConfig { max_frame: 1 << 20, exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) });
     let addr = server.addr.clone();
-    let mut good = client(&[addr.clone()]);
+    let mut good = client(std::slice::from_ref(&addr));
     good.declare(&spec()).unwrap();
 
     // Garbage header (reserved bytes set).
@@ -127,7 +127,7 @@ fn a_handshake_for_another_job_or_layout_is_refused() {
 fn a_sync_step_missing_a_trainer_times_out_naming_it() {
     let server =
         start_server(ServerConfig { timeout: Duration::from_millis(300), ..server_config(0, 1, 2, Mode::Sync) });
-    let mut c = client(&[server.addr.clone()]);
+    let mut c = client(std::slice::from_ref(&server.addr));
     c.declare(&spec()).unwrap();
     let dense = vec![0.0; spec().dense.total()];
     let err = c.push(0, 0, 1, 0, 1, Some(&dense), &[]).unwrap_err().to_string();
