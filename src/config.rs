@@ -39,7 +39,7 @@ impl Default for TrainSettings {
             log_every: 200,
             skip_bad_lines: false,
             timeout_secs: 300,
-            lag_ratio: 1.5,
+            lag_ratio: 2.5,
         }
     }
 }

@@ -66,7 +66,7 @@ struct PserverArgs {
     #[arg(long, env = "OAR_TIMEOUT", default_value_t = 300)]
     timeout: u64,
     /// Async: discard pushes more than this x trainers updates stale.
-    #[arg(long, env = "OAR_LAG_RATIO", default_value_t = 1.5)]
+    #[arg(long, env = "OAR_LAG_RATIO", default_value_t = 2.5)]
     lag_ratio: f64,
     /// Load this server's shard from a saved model before serving.
     #[arg(long, env = "OAR_RESUME")]

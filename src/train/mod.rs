@@ -6,15 +6,22 @@
 //! The same loop runs locally (parameters in an in-process [`Shard`], no sockets) or against
 //! servers (through a [`Client`]); only [`Store`] differs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{load_merged, pass_dir_name, write_shard, Manifest, ShardEntry, FORMAT_VERSION};
-use crate::client::{Client, ClientConfig, TableGrads, TableIds};
+mod ahead;
+mod step;
+mod store;
+
+use ahead::{Ahead, PushJob};
+use step::{compute, Replica};
+pub use store::{Dedup, Store};
+
+use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
+use crate::client::{Client, ClientConfig};
 use crate::data::{shard_files, Batch, Reader, ReaderConfig};
 use crate::metrics::PassMetrics;
 use crate::model::{CtrDnn, ModelConfig, Work};
@@ -127,177 +134,25 @@ pub struct TrainReport {
     pub wall_seconds: f64,
     /// Per-pass results.
     pub passes: Vec<PassReport>,
+    /// Where the training loop's time went.
+    pub time: StepTimes,
     /// Pushes the servers discarded as stale (async mode).
     pub discarded_pushes: u64,
     /// Data lines skipped as bad.
     pub bad_lines: u64,
 }
 
-/// Where parameters live: in this process, or on servers.
-pub enum Store {
-    /// All tables in-process (local mode, evaluation).
-    Local(Box<Shard>),
-    /// Tables on servers.
-    Remote(Box<Client>),
-}
-
-impl Store {
-    /// Pulls the dense vector (if asked) and the rows of `ids`; returns the parameter version.
-    pub fn pull(
-        &mut self,
-        dense: Option<&mut Vec<f32>>,
-        ids: &[u64],
-        rows: &mut Vec<f32>,
-        dim: usize,
-        create: RowCreation,
-    ) -> anyhow::Result<u64> {
-        match self {
-            Store::Local(shard) => {
-                if let Some(d) = dense {
-                    d.clear();
-                    shard.dense.lock().read(d);
-                }
-                rows.resize(ids.len() * dim, 0.0);
-                shard.sparse[0].pull(ids, rows, create == RowCreation::Create)?;
-                Ok(0)
-            }
-            Store::Remote(client) => {
-                let table = TableIds { table: 0, dim, ids };
-                let mut out = [std::mem::take(rows)];
-                let v = client.pull(dense, std::slice::from_ref(&table), &mut out, create)?;
-                *rows = std::mem::take(&mut out[0]);
-                Ok(v)
-            }
-        }
-    }
-
-    /// Pushes one step's gradient sums; returns the number of servers that discarded it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn push(
-        &mut self,
-        trainer: usize,
-        step: u64,
-        pass: u32,
-        version: u64,
-        samples: usize,
-        dense: &[f32],
-        ids: &[u64],
-        row_grads: &[f32],
-        dim: usize,
-    ) -> anyhow::Result<u64> {
-        match self {
-            Store::Local(shard) => {
-                let scale = 1.0 / samples as f32;
-                shard.dense.lock().apply(dense, scale)?;
-                shard.sparse[0].push(ids, row_grads, scale)?;
-                Ok(0)
-            }
-            Store::Remote(client) => {
-                let grads = TableGrads { table: 0, dim, ids, grads: row_grads };
-                let r =
-                    client.push(trainer, step, pass, version, samples, Some(dense), std::slice::from_ref(&grads))?;
-                Ok(r.discarded as u64)
-            }
-        }
-    }
-
-    /// Saves every shard into `dir`.
-    pub fn save(&mut self, dir: &Path) -> anyhow::Result<Vec<ShardEntry>> {
-        match self {
-            Store::Local(shard) => {
-                let (file, bytes, crc32) = write_shard(shard, dir)?;
-                Ok(vec![ShardEntry { file, bytes, crc32 }])
-            }
-            Store::Remote(client) => Ok(client.save(&dir.to_string_lossy())?),
-        }
-    }
-}
-
-/// Ids of a batch made unique, with each (sample, slot) mapped to its unique position.
-#[derive(Default)]
-pub struct Dedup {
-    map: HashMap<u64, u32, foldhash::fast::FixedState>,
-    /// Unique ids in first-seen order.
-    pub unique: Vec<u64>,
-    /// Position in `unique` of every id of the batch.
-    pub index: Vec<u32>,
-}
-
-impl Dedup {
-    /// Deduplicates `ids`.
-    pub fn run(&mut self, ids: &[u64]) {
-        self.map.clear();
-        self.unique.clear();
-        self.index.clear();
-        for &id in ids {
-            let next = self.unique.len() as u32;
-            let at = *self.map.entry(id).or_insert(next);
-            if at == next {
-                self.unique.push(id);
-            }
-            self.index.push(at);
-        }
-    }
-}
-
-/// One data-parallel replica's buffers.
-struct Replica {
-    work: Work,
-    grads: Vec<f32>,
-    row_grads: Vec<f32>,
-}
-
-/// Forward/backward of `batch` split over the replicas; leaves the summed gradients in
-/// replica 0 and returns (summed loss, predictions in batch order).
-fn compute(
-    model: &CtrDnn,
-    params: &[f32],
-    batch: &Batch,
-    rows: &[f32],
-    index: &[u32],
-    replicas: &mut [Replica],
-    unique: usize,
-) -> (f64, Vec<f32>) {
-    let dim = model.config().embedding_dim;
-    let slots = batch.slots;
-    let parts = replicas.len().min(batch.len()).max(1);
-    let chunk = batch.len().div_ceil(parts);
-    let prepare = |r: &mut Replica| {
-        r.grads.clear();
-        r.grads.resize(params.len(), 0.0);
-        r.row_grads.clear();
-        r.row_grads.resize(unique * dim, 0.0);
-    };
-    let losses: Vec<f64> = if parts == 1 {
-        let r = &mut replicas[0];
-        prepare(r);
-        vec![model.train_step(params, batch, rows, index, &mut r.work, &mut r.grads, &mut r.row_grads)]
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = replicas[..parts]
-                .iter_mut()
-                .enumerate()
-                .map(|(k, r)| {
-                    let range = k * chunk..((k + 1) * chunk).min(batch.len());
-                    s.spawn(move || {
-                        prepare(r);
-                        let part = batch.slice(range.clone());
-                        let idx = &index[range.start * slots..range.end * slots];
-                        model.train_step(params, &part, rows, idx, &mut r.work, &mut r.grads, &mut r.row_grads)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("a compute thread panicked")).collect()
-        })
-    };
-    let (first, rest) = replicas.split_at_mut(1);
-    let mut probs = first[0].work.probs.clone();
-    for r in &rest[..parts - 1] {
-        first[0].grads.iter_mut().zip(&r.grads).for_each(|(a, b)| *a += b);
-        first[0].row_grads.iter_mut().zip(&r.row_grads).for_each(|(a, b)| *a += b);
-        probs.extend_from_slice(&r.work.probs);
-    }
-    (losses.iter().sum(), probs)
+/// Seconds spent in each phase of the training loop, summed over steps.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StepTimes {
+    /// Waiting for the reader's next batch.
+    pub data: f64,
+    /// Deduplicating ids and pulling parameters.
+    pub pull: f64,
+    /// Forward and backward.
+    pub compute: f64,
+    /// Pushing gradients (including the sync barrier).
+    pub push: f64,
 }
 
 /// Evaluates the model held by `store` on `files` (rows of unseen ids are not created).
@@ -333,7 +188,6 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
     let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
     let me = config.trainer_id;
     let (mut store, first_pass) = open_store(config, &spec)?;
-    let dim = config.model.embedding_dim;
     let files = shard_files(&config.train_files, config.trainers, me);
     anyhow::ensure!(
         !files.is_empty(),
@@ -342,16 +196,14 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
     );
     tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, first_pass, "training");
 
-    let mut replicas: Vec<Replica> = (0..config.threads)
-        .map(|_| Replica { work: Work::default(), grads: Vec::new(), row_grads: Vec::new() })
-        .collect();
-    let (mut dedup, mut params, mut rows) = (Dedup::default(), Vec::new(), Vec::new());
+    let mut replicas: Vec<Replica> = (0..config.threads).map(|_| Replica::default()).collect();
     let mut report = TrainReport {
         trainer: me,
         samples: 0,
         train_seconds: 0.0,
         wall_seconds: 0.0,
         passes: Vec::new(),
+        time: StepTimes::default(),
         discarded_pushes: 0,
         bad_lines: 0,
     };
@@ -362,40 +214,12 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
             ReaderConfig { skip_bad_lines: config.skip_bad_lines, ..ReaderConfig::criteo(config.batch_size) },
         );
         let progress = reader.progress();
-        let (mut metrics, mut window) = (PassMetrics::default(), (0.0f64, 0usize, Instant::now()));
-        for batch in reader {
-            let batch = batch?;
-            let t0 = Instant::now();
-            dedup.run(&batch.ids);
-            let version = store.pull(Some(&mut params), &dedup.unique, &mut rows, dim, RowCreation::Create)?;
-            let (loss, probs) =
-                compute(&model, &params, &batch, &rows, &dedup.index, &mut replicas, dedup.unique.len());
-            let r0 = &replicas[0];
-            report.discarded_pushes +=
-                store.push(me, step, pass, version, batch.len(), &r0.grads, &dedup.unique, &r0.row_grads, dim)?;
-            report.train_seconds += t0.elapsed().as_secs_f64();
-            metrics.observe(&probs, &batch.labels);
-            report.samples += batch.len() as u64;
-            step += 1;
-            window.0 += loss;
-            window.1 += batch.len();
-            if config.log_every > 0 && step % config.log_every == 0 {
-                let rate = window.1 as f64 / window.2.elapsed().as_secs_f64();
-                let tail = metrics.probs.len() - window.1;
-                let auc = crate::metrics::auc(&metrics.probs[tail..], &metrics.labels[tail..]);
-                tracing::info!(
-                    trainer = me,
-                    pass,
-                    step,
-                    loss = window.0 / window.1 as f64,
-                    auc = auc.unwrap_or(f64::NAN),
-                    samples_per_sec = rate as u64,
-                    "progress"
-                );
-                window = (0.0, 0, Instant::now());
-            }
-            on_progress(bytes_before + progress.bytes.load(std::sync::atomic::Ordering::Relaxed), report.samples);
-        }
+        let mut pass_loop =
+            PassLoop { config, model: &model, pass, step, replicas: &mut replicas, report: &mut report };
+        let metrics = pass_loop.run(&mut store, reader, &|samples| {
+            on_progress(bytes_before + progress.bytes.load(std::sync::atomic::Ordering::Relaxed), samples)
+        })?;
+        step = pass_loop.step;
         bytes_before += progress.bytes.load(std::sync::atomic::Ordering::Relaxed);
         report.bad_lines += progress.bad_lines.load(std::sync::atomic::Ordering::Relaxed);
         let train = EvalReport { samples: metrics.len(), auc: metrics.auc(), log_loss: metrics.log_loss() };
@@ -415,6 +239,127 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
     }
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// A batch with its ids deduplicated.
+struct Prepared {
+    batch: Batch,
+    ids: Dedup,
+}
+
+fn next_prepared(reader: &mut Reader) -> anyhow::Result<Option<Prepared>> {
+    let Some(batch) = reader.next() else { return Ok(None) };
+    let batch = batch?;
+    let mut ids = Dedup::default();
+    ids.run(&batch.ids);
+    Ok(Some(Prepared { batch, ids }))
+}
+
+/// The steps of one pass.
+struct PassLoop<'a> {
+    config: &'a TrainConfig,
+    model: &'a CtrDnn,
+    pass: u32,
+    step: u64,
+    replicas: &'a mut [Replica],
+    report: &'a mut TrainReport,
+}
+
+impl PassLoop<'_> {
+    /// Trains on every batch of `reader`; returns the pass's training metrics. In async mode
+    /// against servers, communication runs one batch ahead on its own thread ([`Ahead`]).
+    fn run(&mut self, store: &mut Store, mut reader: Reader, on_progress: &dyn Fn(u64)) -> anyhow::Result<PassMetrics> {
+        let (me, dim) = (self.config.trainer_id, self.config.model.embedding_dim);
+        std::thread::scope(|scope| {
+            let use_ahead = self.config.mode == Mode::Async && matches!(store, Store::Remote(_));
+            let (mut ahead, mut direct) = if use_ahead {
+                let Store::Remote(client) = store else { unreachable!("checked by use_ahead") };
+                (Some(Ahead::start(scope, client, me, dim)), None)
+            } else {
+                (None, Some(store))
+            };
+            let (mut metrics, mut window) = (PassMetrics::default(), (0.0f64, 0usize, Instant::now()));
+            let (mut params, mut rows, mut spare) = (Vec::new(), Vec::new(), (Vec::new(), Vec::new()));
+            let mut current = next_prepared(&mut reader)?;
+            if let (Some(a), Some(c)) = (&mut ahead, &current) {
+                a.pull(c.ids.unique.clone(), Vec::new(), Vec::new())?;
+            }
+            while let Some(cur) = current.take() {
+                let t0 = Instant::now();
+                let version = match (&mut ahead, &mut direct) {
+                    (Some(a), _) => {
+                        let p = a.pulled()?;
+                        spare = (std::mem::replace(&mut params, p.dense), std::mem::replace(&mut rows, p.rows));
+                        p.version
+                    }
+                    (None, Some(s)) => {
+                        s.pull(Some(&mut params), &cur.ids.unique, &mut rows, dim, RowCreation::Create)?
+                    }
+                    (None, None) => unreachable!("one of the two is always set"),
+                };
+                let t1 = Instant::now();
+                current = next_prepared(&mut reader)?;
+                if let (Some(a), Some(n)) = (&mut ahead, &current) {
+                    a.pull(n.ids.unique.clone(), std::mem::take(&mut spare.0), std::mem::take(&mut spare.1))?;
+                }
+                let t2 = Instant::now();
+                let (batch, ids) = (&cur.batch, &cur.ids);
+                let (loss, probs) =
+                    compute(self.model, &params, batch, &rows, &ids.index, self.replicas, ids.unique.len());
+                let t3 = Instant::now();
+                let r0 = &self.replicas[0];
+                let (step, pass, n) = (self.step, self.pass, batch.len());
+                match (&mut ahead, &mut direct) {
+                    (Some(a), _) => a.push(PushJob {
+                        step,
+                        pass,
+                        version,
+                        samples: n,
+                        dense: r0.grads.clone(),
+                        ids: ids.unique.clone(),
+                        row_grads: r0.row_grads.clone(),
+                    })?,
+                    (None, Some(s)) => {
+                        self.report.discarded_pushes +=
+                            s.push(me, step, pass, version, n, &r0.grads, &ids.unique, &r0.row_grads, dim)?
+                    }
+                    (None, None) => unreachable!("one of the two is always set"),
+                }
+                let t4 = Instant::now();
+                let times = &mut self.report.time;
+                times.pull += (t1 - t0).as_secs_f64();
+                times.data += (t2 - t1).as_secs_f64();
+                times.compute += (t3 - t2).as_secs_f64();
+                times.push += (t4 - t3).as_secs_f64();
+                self.report.train_seconds += (t4 - t0).as_secs_f64();
+                metrics.observe(&probs, &batch.labels);
+                self.report.samples += n as u64;
+                self.step += 1;
+                window.0 += loss;
+                window.1 += n;
+                if self.config.log_every > 0 && self.step % self.config.log_every == 0 {
+                    let rate = window.1 as f64 / window.2.elapsed().as_secs_f64();
+                    let tail = metrics.probs.len() - window.1;
+                    let auc = crate::metrics::auc(&metrics.probs[tail..], &metrics.labels[tail..]);
+                    tracing::info!(
+                        trainer = me,
+                        pass,
+                        step = self.step,
+                        loss = window.0 / window.1 as f64,
+                        auc = auc.unwrap_or(f64::NAN),
+                        samples_per_sec = rate as u64,
+                        "progress"
+                    );
+                    window = (0.0, 0, Instant::now());
+                }
+                on_progress(self.report.samples);
+            }
+            if let Some(a) = ahead {
+                self.report.discarded_pushes += a.finish()?;
+            }
+            Ok(metrics)
+        })
+    }
 }
 
 /// Connects (or builds the local store) and returns it with the first pass to train.

@@ -1,0 +1,143 @@
+//! Async mode's communication thread: pulls the parameters of the next batch while the current
+//! one computes, and pushes gradients while the next one computes.
+//!
+//! Jobs run in the order they are sent over the trainer's one connection per server, so a pull
+//! sent before a push never sees that push: a trainer computes from parameters that lack its
+//! own latest update (one step of extra staleness, as PaddlePaddle's async communicator), and in
+//! exchange its core never idles while servers work. Sync mode must not use this: there, the
+//! pull of step t+1 has to follow the barrier of step t.
+
+use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
+use std::thread::{Scope, ScopedJoinHandle};
+
+use crate::client::{Client, TableGrads, TableIds};
+use crate::protocol::RowCreation;
+
+/// Parameters pulled for one batch.
+pub struct Pulled {
+    /// Server version they were read at (for the staleness check of the matching push).
+    pub version: u64,
+    /// The dense vector.
+    pub dense: Vec<f32>,
+    /// Rows of the batch's unique ids.
+    pub rows: Vec<f32>,
+}
+
+/// A push's content, owned so it can cross to the communication thread.
+pub struct PushJob {
+    /// Step number.
+    pub step: u64,
+    /// Pass number.
+    pub pass: u32,
+    /// Version the gradients were computed from.
+    pub version: u64,
+    /// Samples covered.
+    pub samples: usize,
+    /// Dense gradient sums.
+    pub dense: Vec<f32>,
+    /// Unique ids.
+    pub ids: Vec<u64>,
+    /// Their gradient sums.
+    pub row_grads: Vec<f32>,
+}
+
+enum Job {
+    Pull { ids: Vec<u64>, dense: Vec<f32>, rows: Vec<f32> },
+    Push(PushJob),
+}
+
+/// The communication thread and its channels.
+pub struct Ahead<'scope> {
+    jobs: Option<SyncSender<Job>>,
+    pulled: Receiver<Pulled>,
+    thread: Option<ScopedJoinHandle<'scope, anyhow::Result<u64>>>,
+}
+
+impl<'scope> Ahead<'scope> {
+    /// Starts the thread in `scope`; it uses `client` until [`Ahead::finish`].
+    pub fn start<'env>(
+        scope: &'scope Scope<'scope, 'env>,
+        client: &'scope mut Client,
+        trainer: usize,
+        dim: usize,
+    ) -> Ahead<'scope> {
+        // Two jobs in flight at most: the next pull and the last push.
+        let (jobs, rx) = sync_channel::<Job>(2);
+        let (tx, pulled) = channel();
+        let thread = std::thread::Builder::new()
+            .name("oar-comm".into())
+            .spawn_scoped(scope, move || {
+                let mut discarded = 0u64;
+                for job in rx {
+                    let result: Result<(), crate::client::ClientError> = match job {
+                        Job::Pull { ids, mut dense, mut rows } => {
+                            let table = TableIds { table: 0, dim, ids: &ids };
+                            let mut out = [std::mem::take(&mut rows)];
+                            client
+                                .pull(Some(&mut dense), std::slice::from_ref(&table), &mut out, RowCreation::Create)
+                                .map(|version| {
+                                    let rows = std::mem::take(&mut out[0]);
+                                    // The trainer may have stopped waiting: nothing to do then.
+                                    let _ = tx.send(Pulled { version, dense, rows });
+                                })
+                        }
+                        Job::Push(p) => {
+                            let grads = TableGrads { table: 0, dim, ids: &p.ids, grads: &p.row_grads };
+                            client
+                                .push(trainer, p.step, p.pass, p.version, p.samples, Some(&p.dense), &[grads])
+                                .map(|r| discarded += r.discarded as u64)
+                        }
+                    };
+                    result?;
+                }
+                Ok(discarded)
+            })
+            .expect("spawning a thread only fails when the OS is out of resources");
+        Ahead { jobs: Some(jobs), pulled, thread: Some(thread) }
+    }
+
+    fn send(&mut self, job: Job) -> anyhow::Result<()> {
+        let sent = self.jobs.as_ref().expect("jobs are only taken by finish").send(job);
+        if sent.is_err() {
+            return Err(self.failure());
+        }
+        Ok(())
+    }
+
+    /// The communication thread has stopped: returns its error.
+    fn failure(&mut self) -> anyhow::Error {
+        self.jobs = None;
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => e,
+            Some(Err(_)) => anyhow::anyhow!("the communication thread panicked"),
+            _ => anyhow::anyhow!("the communication thread stopped"),
+        }
+    }
+
+    /// Starts pulling the parameters of `ids`, reusing `dense` and `rows` as buffers.
+    pub fn pull(&mut self, ids: Vec<u64>, dense: Vec<f32>, rows: Vec<f32>) -> anyhow::Result<()> {
+        self.send(Job::Pull { ids, dense, rows })
+    }
+
+    /// Waits for the oldest requested pull.
+    pub fn pulled(&mut self) -> anyhow::Result<Pulled> {
+        match self.pulled.recv() {
+            Ok(p) => Ok(p),
+            Err(_) => Err(self.failure()),
+        }
+    }
+
+    /// Queues a push.
+    pub fn push(&mut self, job: PushJob) -> anyhow::Result<()> {
+        self.send(Job::Push(job))
+    }
+
+    /// Waits for every queued job; returns the number of discarded pushes.
+    pub fn finish(mut self) -> anyhow::Result<u64> {
+        self.jobs = None;
+        match self.thread.take().expect("finish is called once").join() {
+            Ok(result) => result,
+            Err(_) => Err(anyhow::anyhow!("the communication thread panicked")),
+        }
+    }
+}
