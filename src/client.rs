@@ -6,18 +6,18 @@
 //! and write-all-then-read-all gives the same overlap across servers without a runtime. Every
 //! connect and every reply is bounded by a timeout whose error names the server and address.
 
-use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
-    read_frame_blocking, DenseSelection, FrameBuf, Hello, ProtocolError, Pull, Push, PushOutcome, Request, Response,
-    RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME, PROTOCOL_VERSION,
+    read_frame_blocking, write_frame_blocking, DenseSelection, Frame, FrameBuf, Hello, ProtocolError, Pull, Push,
+    PushOutcome, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME, PROTOCOL_VERSION,
 };
 use crate::server::ServerStats;
 use crate::table::TableSpec;
+use std::borrow::Cow;
 
 /// Errors talking to servers; each names the server.
 #[derive(Debug, thiserror::Error)]
@@ -98,12 +98,17 @@ impl Conn {
         ClientError::Protocol { index: self.index, addr: self.addr.clone(), source }
     }
 
-    fn send(&mut self, frame: &[u8]) -> Result<(), ClientError> {
-        self.stream.write_all(frame).map_err(|e| self.fail(e.into()))
+    fn send(&mut self, frame: &Frame) -> Result<(), ClientError> {
+        write_frame_blocking(&mut self.stream, frame).map_err(|e| self.fail(e))
     }
 
-    fn receive(&mut self, what: &'static str) -> Result<Response, ClientError> {
-        let kind = read_frame_blocking(&mut self.stream, &mut self.buf, DEFAULT_MAX_FRAME).map_err(|e| self.fail(e))?;
+    /// Reads the next reply frame into the connection's buffer; returns its kind.
+    fn read(&mut self) -> Result<u8, ClientError> {
+        read_frame_blocking(&mut self.stream, &mut self.buf, DEFAULT_MAX_FRAME).map_err(|e| self.fail(e))
+    }
+
+    /// Decodes the frame just read (borrowing from the buffer); a server error becomes `Refused`.
+    fn reply(&self, kind: u8, what: &'static str) -> Result<Response<'_>, ClientError> {
         match Response::decode(kind, self.buf.payload()).map_err(|e| self.fail(e))? {
             Response::Error { message, .. } => {
                 Err(ClientError::Refused { index: self.index, addr: self.addr.clone(), what, message })
@@ -118,6 +123,15 @@ impl Conn {
 
     fn mismatch(&self, what: &'static str, got: String) -> ClientError {
         ClientError::Unexpected { index: self.index, addr: self.addr.clone(), what, got }
+    }
+
+    /// Expects a `Done` reply.
+    fn expect_done(&mut self, what: &'static str) -> Result<(), ClientError> {
+        let kind = self.read()?;
+        match self.reply(kind, what)? {
+            Response::Done => Ok(()),
+            other => Err(self.unexpected(what, &other)),
+        }
     }
 }
 
@@ -178,7 +192,8 @@ impl Client {
                 server_index: index as u64,
             };
             conn.send(&Request::Hello(hello).encode())?;
-            match conn.receive("the handshake")? {
+            let kind = conn.read()?;
+            match conn.reply(kind, "the handshake")? {
                 Response::Welcome { .. } => {}
                 other => return Err(conn.unexpected("the handshake", &other)),
             }
@@ -192,27 +207,40 @@ impl Client {
         self.conns.len()
     }
 
-    /// Sends one frame per server (all before reading), then collects one reply each.
-    fn round(&mut self, frames: Vec<Vec<u8>>, what: &'static str) -> Result<Vec<Response>, ClientError> {
-        for (conn, frame) in self.conns.iter_mut().zip(&frames) {
+    /// Sends one frame per server (all before reading, so the servers work concurrently), then
+    /// hands each server's reply to `each` in server order.
+    fn round(
+        &mut self,
+        frames: &[Frame],
+        what: &'static str,
+        mut each: impl FnMut(&Conn, Response) -> Result<(), ClientError>,
+    ) -> Result<(), ClientError> {
+        for (conn, frame) in self.conns.iter_mut().zip(frames) {
             conn.send(frame)?;
         }
-        self.conns.iter_mut().map(|c| c.receive(what)).collect()
+        for conn in &mut self.conns {
+            let kind = conn.read()?;
+            let conn = &*conn;
+            each(conn, conn.reply(kind, what)?)?;
+        }
+        Ok(())
     }
 
-    fn broadcast(&mut self, request: &Request, what: &'static str) -> Result<Vec<Response>, ClientError> {
+    /// Sends the same request to every server and expects `Done` from each.
+    fn broadcast_done(&mut self, request: &Request, what: &'static str) -> Result<(), ClientError> {
         let frame = request.encode();
-        self.round(vec![frame; self.conns.len()], what)
+        for conn in &mut self.conns {
+            conn.send(&frame)?;
+        }
+        for conn in &mut self.conns {
+            conn.expect_done(what)?;
+        }
+        Ok(())
     }
 
     /// Declares the model's tables on every server (creating them, or checking they match).
     pub fn declare(&mut self, spec: &TableSpec) -> Result<(), ClientError> {
-        for (i, r) in self.broadcast(&Request::Declare(spec.clone()), "the table declaration")?.into_iter().enumerate()
-        {
-            if r != Response::Done {
-                return Err(self.conns[i].unexpected("the table declaration", &r));
-            }
-        }
+        self.broadcast_done(&Request::Declare(spec.clone()), "the table declaration")?;
         self.layout = Some(spec.dense.layout(self.conns.len()));
         Ok(())
     }
@@ -233,64 +261,61 @@ impl Client {
     ) -> Result<u64, ClientError> {
         let layout = self.layout()?;
         let n = self.conns.len();
-        let mut per_server: Vec<Pull> = (0..n)
-            .map(|_| Pull {
-                dense: if dense.is_some() { DenseSelection::All } else { DenseSelection::None },
-                create,
-                sparse: Vec::with_capacity(tables.len()),
-            })
-            .collect();
+        let selection = if dense.is_some() { DenseSelection::All } else { DenseSelection::None };
+        let mut per_server: Vec<Pull> =
+            (0..n).map(|_| Pull { dense: selection, create, sparse: Vec::with_capacity(tables.len()) }).collect();
         let mut groupings = Vec::with_capacity(tables.len());
         for t in tables {
             group_by_server(t.ids, n, &mut self.order, &mut self.starts);
             for (s, pull) in per_server.iter_mut().enumerate() {
-                let ids = self.order[self.starts[s]..self.starts[s + 1]].iter().map(|&p| t.ids[p as usize]).collect();
-                pull.sparse.push(SparseIds { table: t.table, ids });
+                let ids: Vec<u64> =
+                    self.order[self.starts[s]..self.starts[s + 1]].iter().map(|&p| t.ids[p as usize]).collect();
+                pull.sparse.push(SparseIds { table: t.table, ids: Cow::Owned(ids) });
             }
             groupings.push((self.order.clone(), self.starts.clone()));
+            rows[groupings.len() - 1].resize(t.ids.len() * t.dim, 0.0);
         }
-        let frames = per_server.into_iter().map(|p| Request::Pull(p).encode()).collect();
-        let replies = self.round(frames, "a pull")?;
+        let requests: Vec<Request> = per_server.into_iter().map(Request::Pull).collect();
+        let frames: Vec<Frame> = requests.iter().map(Request::encode).collect();
         let mut version = u64::MAX;
         let mut dense = dense;
         if let Some(d) = dense.as_deref_mut() {
             d.resize(layout.total, 0.0);
         }
-        for (s, reply) in replies.into_iter().enumerate() {
+        self.round(&frames, "a pull", |conn, reply| {
+            let s = conn.index;
             let Response::Values { version: v, dense: d, sparse } = reply else {
-                return Err(self.conns[s].unexpected("a pull", &reply));
+                return Err(conn.unexpected("a pull", &reply));
             };
             version = version.min(v);
             if let Some(out) = dense.as_deref_mut() {
-                scatter_dense(&layout, s, &d, out).map_err(|m| self.conns[s].mismatch("a dense pull", m))?;
+                scatter_dense(&layout, s, &d, out).map_err(|m| conn.mismatch("a dense pull", m))?;
             }
             if sparse.len() != tables.len() {
-                return Err(
-                    self.conns[s].mismatch("a pull", format!("{} tables instead of {}", sparse.len(), tables.len()))
-                );
+                return Err(conn.mismatch("a pull", format!("{} tables instead of {}", sparse.len(), tables.len())));
             }
             for (t, (table, got)) in tables.iter().zip(sparse).enumerate() {
                 let (order, starts) = &groupings[t];
                 let positions = &order[starts[s]..starts[s + 1]];
-                if got.len() != positions.len() * table.dim {
-                    return Err(self.conns[s].mismatch(
-                        "a sparse pull",
-                        format!("{} floats instead of {}", got.len(), positions.len() * table.dim),
-                    ));
+                let dim = table.dim;
+                if got.len() != positions.len() * dim {
+                    let m = format!("{} floats instead of {}", got.len(), positions.len() * dim);
+                    return Err(conn.mismatch("a sparse pull", m));
                 }
                 let out = &mut rows[t];
-                out.resize(table.ids.len() * table.dim, 0.0);
                 for (k, &p) in positions.iter().enumerate() {
                     let p = p as usize;
-                    out[p * table.dim..(p + 1) * table.dim].copy_from_slice(&got[k * table.dim..(k + 1) * table.dim]);
+                    out[p * dim..(p + 1) * dim].copy_from_slice(&got[k * dim..(k + 1) * dim]);
                 }
             }
-        }
+            Ok(())
+        })?;
         Ok(version)
     }
 
     /// Pushes one step's gradient sums over `samples` samples: the dense gradient (full flat
-    /// vector, optional) and sparse gradients per table, each split by owner.
+    /// vector, optional; each server's blocks are sent from where they lie, not gathered) and
+    /// sparse gradients per table, each split by owner.
     #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
@@ -303,6 +328,15 @@ impl Client {
         tables: &[TableGrads],
     ) -> Result<PushReport, ClientError> {
         let layout = self.layout()?;
+        if let Some(d) = dense {
+            if d.len() != layout.total {
+                return Err(ClientError::Usage(format!(
+                    "dense gradient of {} floats, model has {}",
+                    d.len(),
+                    layout.total
+                )));
+            }
+        }
         let n = self.conns.len();
         let mut per_server: Vec<Push> = (0..n)
             .map(|s| Push {
@@ -311,7 +345,9 @@ impl Client {
                 pass: pass as u64,
                 base_version,
                 samples: samples as u64,
-                dense: dense.map(|d| gather_dense(&layout, s, d)).unwrap_or_default(),
+                dense: dense
+                    .map(|d| layout.blocks_of(s).map(|b| Cow::Borrowed(&d[layout.block_range(b)])).collect())
+                    .unwrap_or_default(),
                 sparse: Vec::with_capacity(tables.len()),
             })
             .collect();
@@ -319,22 +355,24 @@ impl Client {
             group_by_server(t.ids, n, &mut self.order, &mut self.starts);
             for (s, push) in per_server.iter_mut().enumerate() {
                 let positions = &self.order[self.starts[s]..self.starts[s + 1]];
-                let ids = positions.iter().map(|&p| t.ids[p as usize]).collect();
+                let ids: Vec<u64> = positions.iter().map(|&p| t.ids[p as usize]).collect();
                 let mut grads = Vec::with_capacity(positions.len() * t.dim);
                 for &p in positions {
                     grads.extend_from_slice(&t.grads[p as usize * t.dim..(p as usize + 1) * t.dim]);
                 }
-                push.sparse.push(SparseGrads { table: t.table, ids, grads });
+                push.sparse.push(SparseGrads { table: t.table, ids: Cow::Owned(ids), grads: Cow::Owned(grads) });
             }
         }
-        let frames = per_server.into_iter().map(|p| Request::Push(p).encode()).collect();
+        let requests: Vec<Request> = per_server.into_iter().map(Request::Push).collect();
+        let frames: Vec<Frame> = requests.iter().map(Request::encode).collect();
         let mut discarded = 0;
-        for (s, reply) in self.round(frames, "a push")?.into_iter().enumerate() {
-            match reply {
-                Response::Pushed { outcome, .. } => discarded += (outcome == PushOutcome::Discarded) as usize,
-                other => return Err(self.conns[s].unexpected("a push", &other)),
+        self.round(&frames, "a push", |conn, reply| match reply {
+            Response::Pushed { outcome, .. } => {
+                discarded += (outcome == PushOutcome::Discarded) as usize;
+                Ok(())
             }
-        }
+            other => Err(conn.unexpected("a push", &other)),
+        })?;
         Ok(PushReport { discarded })
     }
 
@@ -342,50 +380,46 @@ impl Client {
     pub fn barrier(&mut self, trainer: usize, epoch: u64) -> Result<(), ClientError> {
         let conn = &mut self.conns[0];
         conn.send(&Request::Barrier { trainer: trainer as u64, epoch }.encode())?;
-        match conn.receive("a barrier")? {
-            Response::Done => Ok(()),
-            other => Err(conn.unexpected("a barrier", &other)),
-        }
+        conn.expect_done("a barrier")
     }
 
     /// Tells every server this trainer has no more steps in `pass`.
     pub fn end_pass(&mut self, trainer: usize, pass: u32) -> Result<(), ClientError> {
-        self.broadcast(&Request::EndPass { trainer: trainer as u64, pass: pass as u64 }, "an end of pass")?;
-        Ok(())
+        self.broadcast_done(&Request::EndPass { trainer: trainer as u64, pass: pass as u64 }, "an end of pass")
     }
 
     /// Asks every server to write its shard into `dir`; returns the shard entries by server.
     pub fn save(&mut self, dir: &str) -> Result<Vec<ShardEntry>, ClientError> {
-        let replies = self.broadcast(&Request::Save { dir: dir.to_string() }, "a save")?;
-        replies
-            .into_iter()
-            .enumerate()
-            .map(|(s, r)| match r {
-                Response::Saved { file, bytes, crc32 } => Ok(ShardEntry { file, bytes, crc32 }),
-                other => Err(self.conns[s].unexpected("a save", &other)),
-            })
-            .collect()
+        let request = Request::Save { dir: dir.to_string() };
+        let frames: Vec<Frame> = (0..self.conns.len()).map(|_| request.encode()).collect();
+        let mut entries = Vec::new();
+        self.round(&frames, "a save", |conn, reply| match reply {
+            Response::Saved { file, bytes, crc32 } => {
+                entries.push(ShardEntry { file, bytes, crc32 });
+                Ok(())
+            }
+            other => Err(conn.unexpected("a save", &other)),
+        })?;
+        Ok(entries)
     }
 
     /// Tells every server this trainer is done.
     pub fn close(&mut self, trainer: usize) -> Result<(), ClientError> {
-        self.broadcast(&Request::Close { trainer: trainer as u64 }, "a close")?;
-        Ok(())
+        self.broadcast_done(&Request::Close { trainer: trainer as u64 }, "a close")
     }
 
     /// Every server's counters.
     pub fn stats(&mut self) -> Result<Vec<ServerStats>, ClientError> {
-        let replies = self.broadcast(&Request::Stats, "a stats request")?;
-        replies
-            .into_iter()
-            .enumerate()
-            .map(|(s, r)| match r {
-                Response::Stats(json) => {
-                    serde_json::from_str(&json).map_err(|e| self.conns[s].mismatch("a stats request", e.to_string()))
-                }
-                other => Err(self.conns[s].unexpected("a stats request", &other)),
-            })
-            .collect()
+        let frames: Vec<Frame> = (0..self.conns.len()).map(|_| Request::Stats.encode()).collect();
+        let mut stats = Vec::new();
+        self.round(&frames, "a stats request", |conn, reply| match reply {
+            Response::Stats(json) => {
+                stats.push(serde_json::from_str(&json).map_err(|e| conn.mismatch("a stats request", e.to_string()))?);
+                Ok(())
+            }
+            other => Err(conn.unexpected("a stats request", &other)),
+        })?;
+        Ok(stats)
     }
 }
 
@@ -414,15 +448,6 @@ fn connect_with_retry(index: usize, addr: &str, timeout: Duration) -> Result<Tcp
             }
         }
     }
-}
-
-/// The part of the flat dense vector `full` owned by `server`, blocks concatenated.
-pub fn gather_dense(layout: &DenseLayout, server: usize, full: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(layout.len_of(server));
-    for b in layout.blocks_of(server) {
-        out.extend_from_slice(&full[layout.block_range(b)]);
-    }
-    out
 }
 
 /// Writes `server`'s concatenated blocks `part` into their places in the flat vector `full`.

@@ -29,6 +29,8 @@ enum Command {
     Launch(LaunchArgs),
     /// Evaluate a saved model on data files: prints AUC and log-loss.
     Eval(EvalArgs),
+    /// Measure throughput against baselines, side by side (see README for recorded figures).
+    Bench(BenchArgs),
     /// Generate data sets.
     Gen {
         #[command(subcommand)]
@@ -255,6 +257,28 @@ struct EvalArgs {
 }
 
 #[derive(Args)]
+struct BenchArgs {
+    /// Dense floats per push and pull in (a).
+    #[arg(long, default_value_t = 4 << 20)]
+    dense_floats: usize,
+    /// Keys per sparse request in (b).
+    #[arg(long, default_value_t = 100_000)]
+    sparse_keys: usize,
+    /// Data set for (c): a folder with train/ and test/ (e.g. from gen_criteo_synth.py).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Lines to generate for (c) when --data is not given.
+    #[arg(long, default_value_t = 1_000_000)]
+    lines: u64,
+    /// Seconds per measurement in (a) and (b).
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Skip the training runs (c).
+    #[arg(long)]
+    skip_training: bool,
+}
+
+#[derive(Args)]
 struct GenCriteoArgs {
     /// Training lines.
     #[arg(long)]
@@ -363,6 +387,15 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Bench(a) => oar::bench::run(&oar::bench::BenchConfig {
+            dense_floats: a.dense_floats,
+            sparse_keys: a.sparse_keys,
+            data: a.data,
+            lines: a.lines,
+            seconds: a.seconds,
+            exe: std::env::current_exe().context("cannot find the oar binary")?,
+            skip_training: a.skip_training,
+        }),
         Command::Gen { what: GenCommand::Criteo(a) } => {
             let started = Instant::now();
             let r = oar::data::gen::generate(&oar::data::gen::GenConfig {

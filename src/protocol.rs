@@ -2,13 +2,17 @@
 //!
 //! A frame is an 8-byte header `[payload length: u32 LE][kind: u8][0u8; 3]` followed by the
 //! payload. Every payload field is 8-byte aligned: scalars are u64, strings and arrays are a u64
-//! count followed by raw little-endian bytes padded to 8. Because the receiver reads a payload
-//! into an 8-byte aligned buffer, f32/u64 arrays are viewed in place with `bytemuck` and copied
-//! once with `memcpy`; nothing is encoded per element. Frames above the receiver's maximum size
-//! are refused before their payload is read.
+//! count followed by raw little-endian bytes padded to 8. Nothing is encoded per element, and
+//! nothing large is copied: a [`Frame`] borrows the message's arrays and is written with one
+//! vectored write, and the receiver reads a payload into an 8-byte aligned buffer and decodes it
+//! into messages that borrow their arrays from that buffer (`Cow::Borrowed`). Frames above the
+//! receiver's maximum size are refused before their payload is read.
 //!
 //! A connection opens with [`Request::Hello`] (protocol version, job id, the client's view of the
 //! cluster); the server answers [`Response::Welcome`] or an error and closes.
+
+use std::borrow::Cow;
+use std::io::IoSlice;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -65,22 +69,33 @@ pub enum RowCreation {
 
 /// Ids of one sparse table.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SparseIds {
+pub struct SparseIds<'a> {
     /// Table index.
     pub table: u32,
     /// Feature ids, unique within a request.
-    pub ids: Vec<u64>,
+    pub ids: Cow<'a, [u64]>,
 }
 
 /// Gradient sums for ids of one sparse table.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SparseGrads {
+pub struct SparseGrads<'a> {
     /// Table index.
     pub table: u32,
     /// Feature ids, unique within a request.
-    pub ids: Vec<u64>,
+    pub ids: Cow<'a, [u64]>,
     /// `dim` gradient floats per id.
-    pub grads: Vec<f32>,
+    pub grads: Cow<'a, [f32]>,
+}
+
+impl SparseGrads<'_> {
+    /// A copy that owns its arrays.
+    pub fn into_owned(self) -> SparseGrads<'static> {
+        SparseGrads {
+            table: self.table,
+            ids: Cow::Owned(self.ids.into_owned()),
+            grads: Cow::Owned(self.grads.into_owned()),
+        }
+    }
 }
 
 /// The opening message of a connection.
@@ -98,18 +113,18 @@ pub struct Hello {
 
 /// A read of parameters.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Pull {
+pub struct Pull<'a> {
     /// Dense part wanted.
     pub dense: DenseSelection,
     /// Row creation policy.
     pub create: RowCreation,
     /// Sparse ids wanted, per table.
-    pub sparse: Vec<SparseIds>,
+    pub sparse: Vec<SparseIds<'a>>,
 }
 
 /// Gradients of one trainer step for the parameters this server owns.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Push {
+pub struct Push<'a> {
     /// Trainer id.
     pub trainer: u64,
     /// The trainer's step number (0-based), the sync barrier's key.
@@ -120,23 +135,54 @@ pub struct Push {
     pub base_version: u64,
     /// Samples the gradient sums cover.
     pub samples: u64,
-    /// Dense gradient sums for this server's blocks (empty: no dense gradient).
-    pub dense: Vec<f32>,
+    /// Dense gradient sums for this server's blocks, as consecutive chunks (the blocks of the
+    /// trainer's flat vector, sent without gathering them); empty: no dense gradient.
+    pub dense: Vec<Cow<'a, [f32]>>,
     /// Sparse gradient sums per table.
-    pub sparse: Vec<SparseGrads>,
+    pub sparse: Vec<SparseGrads<'a>>,
+}
+
+impl Push<'_> {
+    /// Number of dense floats.
+    pub fn dense_len(&self) -> usize {
+        self.dense.iter().map(|c| c.len()).sum()
+    }
+
+    /// The dense gradient as one slice (borrowed when it arrived in one piece).
+    pub fn dense_contiguous(&self) -> Cow<'_, [f32]> {
+        match &self.dense[..] {
+            [] => Cow::Borrowed(&[]),
+            [one] => Cow::Borrowed(one),
+            many => Cow::Owned(many.concat()),
+        }
+    }
+
+    /// A copy that owns its arrays (the sync barrier keeps pushes beyond their frame).
+    pub fn into_owned(self) -> Push<'static> {
+        let dense = self.dense_contiguous().into_owned();
+        Push {
+            trainer: self.trainer,
+            step: self.step,
+            pass: self.pass,
+            base_version: self.base_version,
+            samples: self.samples,
+            dense: if dense.is_empty() { vec![] } else { vec![Cow::Owned(dense)] },
+            sparse: self.sparse.into_iter().map(SparseGrads::into_owned).collect(),
+        }
+    }
 }
 
 /// A client request.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Request {
+pub enum Request<'a> {
     /// Open the connection.
     Hello(Hello),
     /// Create the tables from a spec, or check that the existing ones match it.
     Declare(crate::table::TableSpec),
     /// Read parameters.
-    Pull(Pull),
+    Pull(Pull<'a>),
     /// Apply gradients.
-    Push(Push),
+    Push(Push<'a>),
     /// Wait until every active trainer has reached `epoch`.
     Barrier {
         /// Trainer id.
@@ -212,7 +258,7 @@ impl ErrorCode {
 
 /// A server response.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Response {
+pub enum Response<'a> {
     /// Handshake accepted.
     Welcome {
         /// The server's index.
@@ -227,9 +273,9 @@ pub enum Response {
         /// Server version (number of applied updates) the values belong to.
         version: u64,
         /// Dense values of this server's blocks (empty if not asked).
-        dense: Vec<f32>,
+        dense: Cow<'a, [f32]>,
         /// Rows per requested table, `dim` floats per id.
-        sparse: Vec<Vec<f32>>,
+        sparse: Vec<Cow<'a, [f32]>>,
     },
     /// Push result.
     Pushed {
@@ -277,50 +323,136 @@ mod kind {
     pub const ERROR: u8 = 107;
 }
 
-/// Builds one frame (header included) field by field.
-struct Encoder {
-    buf: Vec<u8>,
+/// Arrays shorter than this are copied into the frame's small-field buffer rather than
+/// written from their own place: a separate write segment costs more than copying a few bytes.
+const INLINE_BYTES: usize = 4096;
+
+#[derive(Debug)]
+enum Part<'a> {
+    Small(usize, usize),
+    Big(&'a [u8]),
 }
 
-impl Encoder {
-    fn new(kind: u8) -> Encoder {
-        let mut buf = Vec::with_capacity(64);
-        buf.extend_from_slice(&[0, 0, 0, 0, kind, 0, 0, 0]);
-        Encoder { buf }
+/// An encoded frame: header and small fields in one buffer, large arrays borrowed from the
+/// message, written together with vectored writes.
+#[derive(Debug)]
+pub struct Frame<'a> {
+    small: Vec<u8>,
+    parts: Vec<Part<'a>>,
+    len: usize,
+}
+
+impl Frame<'_> {
+    /// Total bytes, header included.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a frame of no bytes (never produced by the encoders).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The kind byte.
+    pub fn kind(&self) -> u8 {
+        self.small[4]
+    }
+
+    /// The frame's bytes in order, as slices for a vectored write.
+    pub fn io_slices(&self) -> Vec<IoSlice<'_>> {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Small(a, b) => IoSlice::new(&self.small[*a..*b]),
+                Part::Big(s) => IoSlice::new(s),
+            })
+            .collect()
+    }
+
+    /// The frame as one byte vector (tests, and callers that need the bytes).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.io_slices().iter().flat_map(|s| s.iter().copied()).collect()
+    }
+}
+
+/// Builds one frame (header included) field by field.
+struct Encoder<'a> {
+    small: Vec<u8>,
+    parts: Vec<Part<'a>>,
+    run_start: usize,
+    len: usize,
+}
+
+impl<'a> Encoder<'a> {
+    fn new(kind: u8) -> Encoder<'a> {
+        let mut small = Vec::with_capacity(256);
+        small.extend_from_slice(&[0, 0, 0, 0, kind, 0, 0, 0]);
+        Encoder { small, parts: Vec::new(), run_start: 0, len: HEADER }
+    }
+
+    fn raw(&mut self, b: &[u8]) {
+        self.small.extend_from_slice(b);
+        self.len += b.len();
     }
 
     fn u64(&mut self, v: u64) -> &mut Self {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        self.raw(&v.to_le_bytes());
         self
     }
 
-    fn bytes(&mut self, b: &[u8]) -> &mut Self {
-        self.u64(b.len() as u64);
-        self.buf.extend_from_slice(b);
-        let pad = (8 - b.len() % 8) % 8;
-        self.buf.extend_from_slice(&[0u8; 8][..pad]);
-        self
+    fn pad(&mut self, n: usize) {
+        let pad = (8 - n % 8) % 8;
+        self.raw(&[0u8; 8][..pad]);
     }
 
-    fn u64s(&mut self, v: &[u64]) -> &mut Self {
-        self.u64(v.len() as u64);
-        self.buf.extend_from_slice(bytemuck::cast_slice(v));
-        self
-    }
-
-    fn f32s(&mut self, v: &[f32]) -> &mut Self {
-        self.u64(v.len() as u64);
-        self.buf.extend_from_slice(bytemuck::cast_slice(v));
-        if v.len() % 2 == 1 {
-            self.buf.extend_from_slice(&[0u8; 4]);
+    /// Appends bytes that stay borrowed unless they are small.
+    fn data(&mut self, b: &'a [u8]) {
+        if b.len() < INLINE_BYTES {
+            self.raw(b);
+        } else {
+            self.parts.push(Part::Small(self.run_start, self.small.len()));
+            self.parts.push(Part::Big(b));
+            self.run_start = self.small.len();
+            self.len += b.len();
         }
+    }
+
+    fn bytes(&mut self, b: &'a [u8]) -> &mut Self {
+        self.u64(b.len() as u64);
+        self.data(b);
+        self.pad(b.len());
         self
     }
 
-    fn finish(mut self) -> Vec<u8> {
-        let len = (self.buf.len() - HEADER) as u32;
-        self.buf[..4].copy_from_slice(&len.to_le_bytes());
-        self.buf
+    fn u64s(&mut self, v: &'a [u64]) -> &mut Self {
+        self.u64(v.len() as u64);
+        self.data(bytemuck::cast_slice(v));
+        self
+    }
+
+    fn f32s(&mut self, v: &'a [f32]) -> &mut Self {
+        self.u64(v.len() as u64);
+        self.data(bytemuck::cast_slice(v));
+        self.pad(v.len() * 4);
+        self
+    }
+
+    /// One array on the wire, made of consecutive chunks.
+    fn f32_chunks<S: AsRef<[f32]>>(&mut self, chunks: &'a [S]) -> &mut Self {
+        let n: usize = chunks.iter().map(|c| c.as_ref().len()).sum();
+        self.u64(n as u64);
+        for c in chunks {
+            self.data(bytemuck::cast_slice(c.as_ref()));
+        }
+        self.pad(n * 4);
+        self
+    }
+
+    fn finish(mut self) -> Frame<'a> {
+        self.parts.push(Part::Small(self.run_start, self.small.len()));
+        let payload = (self.len - HEADER) as u32;
+        self.small[..4].copy_from_slice(&payload.to_le_bytes());
+        Frame { small: self.small, parts: self.parts, len: self.len }
     }
 }
 
@@ -369,20 +501,14 @@ impl<'a> Decoder<'a> {
         String::from_utf8(b.to_vec()).map_err(|_| ProtocolError::Malformed("string is not UTF-8".into()))
     }
 
-    fn u64s(&mut self) -> Result<Vec<u64>, ProtocolError> {
-        let n = self.count(8)?;
-        let b = self.take(n * 8)?;
-        Ok(bytemuck::try_cast_slice::<u8, u64>(b)
-            .map(|s| s.to_vec())
-            .unwrap_or_else(|_| bytemuck::pod_collect_to_vec(b)))
-    }
-
-    fn f32s(&mut self) -> Result<Vec<f32>, ProtocolError> {
-        let n = self.count(4)?;
-        let b = self.take(n * 4)?;
-        Ok(bytemuck::try_cast_slice::<u8, f32>(b)
-            .map(|s| s.to_vec())
-            .unwrap_or_else(|_| bytemuck::pod_collect_to_vec(b)))
+    /// The array in place when aligned (always, for payloads read by [`read_frame`]), else a copy.
+    fn array<T: bytemuck::Pod>(&mut self) -> Result<Cow<'a, [T]>, ProtocolError> {
+        let n = self.count(size_of::<T>())?;
+        let b = self.take(n * size_of::<T>())?;
+        Ok(match bytemuck::try_cast_slice::<u8, T>(b) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(b)),
+        })
     }
 
     fn end(&self) -> Result<(), ProtocolError> {
@@ -401,9 +527,9 @@ where
     values.get(v as usize).copied().ok_or_else(|| ProtocolError::Malformed(format!("invalid {what} {v}")))
 }
 
-impl Request {
-    /// Encodes the request as one frame, header included.
-    pub fn encode(&self) -> Vec<u8> {
+impl<'a> Request<'a> {
+    /// Encodes the request as one frame, header included, borrowing its arrays.
+    pub fn encode(&self) -> Frame<'_> {
         match self {
             Request::Hello(h) => {
                 let mut e = Encoder::new(kind::HELLO);
@@ -413,7 +539,9 @@ impl Request {
             Request::Declare(spec) => {
                 let json = serde_json::to_vec(spec).expect("a TableSpec always serializes");
                 let mut e = Encoder::new(kind::DECLARE);
-                e.bytes(&json);
+                e.u64(json.len() as u64);
+                e.raw(&json);
+                e.pad(json.len());
                 e.finish()
             }
             Request::Pull(p) => {
@@ -426,7 +554,7 @@ impl Request {
             }
             Request::Push(p) => {
                 let mut e = Encoder::new(kind::PUSH);
-                e.u64(p.trainer).u64(p.step).u64(p.pass).u64(p.base_version).u64(p.samples).f32s(&p.dense);
+                e.u64(p.trainer).u64(p.step).u64(p.pass).u64(p.base_version).u64(p.samples).f32_chunks(&p.dense);
                 e.u64(p.sparse.len() as u64);
                 for s in &p.sparse {
                     e.u64(s.table as u64).u64s(&s.ids).f32s(&s.grads);
@@ -457,8 +585,8 @@ impl Request {
         }
     }
 
-    /// Decodes a request from a frame's kind and aligned payload.
-    pub fn decode(kind: u8, payload: &[u8]) -> Result<Request, ProtocolError> {
+    /// Decodes a request from a frame's kind and aligned payload; arrays borrow from `payload`.
+    pub fn decode(kind: u8, payload: &'a [u8]) -> Result<Request<'a>, ProtocolError> {
         let mut d = Decoder { buf: payload, pos: 0 };
         let req = match kind {
             kind::HELLO => {
@@ -484,7 +612,7 @@ impl Request {
                 let mut sparse = Vec::with_capacity(n);
                 for _ in 0..n {
                     let table = table_index(d.u64()?)?;
-                    sparse.push(SparseIds { table, ids: d.u64s()? });
+                    sparse.push(SparseIds { table, ids: d.array()? });
                 }
                 Request::Pull(Pull { dense, create, sparse })
             }
@@ -494,13 +622,14 @@ impl Request {
                 let pass = d.u64()?;
                 let base_version = d.u64()?;
                 let samples = d.u64()?;
-                let dense = d.f32s()?;
+                let dense: Cow<'a, [f32]> = d.array()?;
+                let dense = if dense.is_empty() { vec![] } else { vec![dense] };
                 let n = d.count(24)?;
                 let mut sparse = Vec::with_capacity(n);
                 for _ in 0..n {
                     let table = table_index(d.u64()?)?;
-                    let ids = d.u64s()?;
-                    let grads = d.f32s()?;
+                    let ids = d.array()?;
+                    let grads = d.array()?;
                     sparse.push(SparseGrads { table, ids, grads });
                 }
                 Request::Push(Push { trainer, step, pass, base_version, samples, dense, sparse })
@@ -521,9 +650,9 @@ fn table_index(v: u64) -> Result<u32, ProtocolError> {
     u32::try_from(v).map_err(|_| ProtocolError::Malformed(format!("table index {v} out of range")))
 }
 
-impl Response {
-    /// Encodes the response as one frame, header included.
-    pub fn encode(&self) -> Vec<u8> {
+impl<'a> Response<'a> {
+    /// Encodes the response as one frame, header included, borrowing its arrays.
+    pub fn encode(&self) -> Frame<'_> {
         match self {
             Response::Welcome { server_index, num_servers } => {
                 let mut e = Encoder::new(kind::WELCOME);
@@ -562,17 +691,17 @@ impl Response {
         }
     }
 
-    /// Decodes a response from a frame's kind and aligned payload.
-    pub fn decode(kind: u8, payload: &[u8]) -> Result<Response, ProtocolError> {
+    /// Decodes a response from a frame's kind and aligned payload; arrays borrow from `payload`.
+    pub fn decode(kind: u8, payload: &'a [u8]) -> Result<Response<'a>, ProtocolError> {
         let mut d = Decoder { buf: payload, pos: 0 };
         let resp = match kind {
             kind::WELCOME => Response::Welcome { server_index: d.u64()?, num_servers: d.u64()? },
             kind::DONE => Response::Done,
             kind::VALUES => {
                 let version = d.u64()?;
-                let dense = d.f32s()?;
+                let dense = d.array()?;
                 let n = d.count(8)?;
-                let sparse = (0..n).map(|_| d.f32s()).collect::<Result<_, _>>()?;
+                let sparse = (0..n).map(|_| d.array()).collect::<Result<_, _>>()?;
                 Response::Values { version, dense, sparse }
             }
             kind::PUSHED => {
@@ -624,8 +753,11 @@ fn parse_header(header: &[u8; HEADER], max: usize) -> Result<(usize, u8), Protoc
 impl FrameBuf {
     /// Resizes for a payload of `len` bytes and returns the bytes to fill.
     fn prepare(&mut self, len: usize) -> &mut [u8] {
-        self.words.clear();
-        self.words.resize(len.div_ceil(8), 0);
+        // Grown, never shrunk or re-zeroed: the bytes are overwritten by the read.
+        let words = len.div_ceil(8);
+        if self.words.len() < words {
+            self.words.resize(words, 0);
+        }
         self.len = len;
         &mut bytemuck::cast_slice_mut(&mut self.words)[..len]
     }
@@ -658,15 +790,34 @@ pub fn read_frame_blocking<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, max:
     Ok(kind)
 }
 
-/// Writes an encoded frame.
-pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> Result<(), ProtocolError> {
-    w.write_all(frame).await?;
+/// Writes a frame with vectored writes.
+pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame<'_>) -> Result<(), ProtocolError> {
+    let mut slices = frame.io_slices();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = w.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
     Ok(())
 }
 
-/// The kind byte of an encoded frame (for tests and logging).
-pub fn frame_kind(frame: &[u8]) -> u8 {
-    frame[4]
+/// Blocking twin of [`write_frame`], for the trainer's client.
+pub fn write_frame_blocking<W: std::io::Write>(w: &mut W, frame: &Frame<'_>) -> Result<(), ProtocolError> {
+    let mut slices = frame.io_slices();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = match w.write_vectored(rest) {
+            Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
 }
 
 /// Splits an encoded frame into kind and payload, copying the payload into an aligned buffer
@@ -684,13 +835,13 @@ mod tests {
     use crate::table::{DenseParam, DenseSpec, Init, Optimizer, TableSpec};
 
     fn round_trip_request(r: Request) {
-        let frame = r.encode();
+        let frame = r.encode().to_vec();
         let (kind, buf) = split_frame(&frame);
         assert_eq!(Request::decode(kind, buf.payload()).unwrap(), r);
     }
 
     fn round_trip_response(r: Response) {
-        let frame = r.encode();
+        let frame = r.encode().to_vec();
         let (kind, buf) = split_frame(&frame);
         assert_eq!(Response::decode(kind, buf.payload()).unwrap(), r);
     }
@@ -710,7 +861,10 @@ mod tests {
         round_trip_request(Request::Pull(Pull {
             dense: DenseSelection::All,
             create: RowCreation::Peek,
-            sparse: vec![SparseIds { table: 0, ids: vec![1, u64::MAX] }, SparseIds { table: 1, ids: vec![] }],
+            sparse: vec![
+                SparseIds { table: 0, ids: vec![1, u64::MAX].into() },
+                SparseIds { table: 1, ids: vec![].into() },
+            ],
         }));
         round_trip_request(Request::Push(Push {
             trainer: 1,
@@ -718,8 +872,8 @@ mod tests {
             pass: 2,
             base_version: 3,
             samples: 512,
-            dense: vec![1.0, 2.0, 3.0],
-            sparse: vec![SparseGrads { table: 0, ids: vec![9], grads: vec![0.5; 3] }],
+            dense: vec![vec![1.0, 2.0, 3.0].into()],
+            sparse: vec![SparseGrads { table: 0, ids: vec![9].into(), grads: vec![0.5; 3].into() }],
         }));
         round_trip_request(Request::Barrier { trainer: 1, epoch: 2 });
         round_trip_request(Request::EndPass { trainer: 1, pass: 3 });
@@ -732,7 +886,11 @@ mod tests {
     fn every_response_round_trips() {
         round_trip_response(Response::Welcome { server_index: 1, num_servers: 2 });
         round_trip_response(Response::Done);
-        round_trip_response(Response::Values { version: 4, dense: vec![1.5; 3], sparse: vec![vec![2.0; 5], vec![]] });
+        round_trip_response(Response::Values {
+            version: 4,
+            dense: vec![1.5; 3].into(),
+            sparse: vec![vec![2.0; 5].into(), vec![].into()],
+        });
         round_trip_response(Response::Pushed { outcome: PushOutcome::Discarded, version: 9 });
         round_trip_response(Response::Saved { file: "server-0.shard".into(), bytes: 10, crc32: 0xdead_beef });
         round_trip_response(Response::Stats("{}".into()));
@@ -747,10 +905,11 @@ mod tests {
             pass: 1,
             base_version: 0,
             samples: 1,
-            dense: vec![1.0; 10],
+            dense: vec![vec![1.0; 10].into()],
             sparse: vec![],
         })
-        .encode();
+        .encode()
+        .to_vec();
         let (kind, buf) = split_frame(&frame[..frame.len() - 8]);
         assert!(matches!(Request::decode(kind, buf.payload()), Err(ProtocolError::Malformed(_))));
         // A count claiming more elements than the payload holds is refused before allocating.
@@ -769,14 +928,15 @@ mod tests {
             pass: 1,
             base_version: 0,
             samples: 1,
-            dense: vec![0.0; 1000],
+            dense: vec![vec![0.0; 1000].into()],
             sparse: vec![],
         })
-        .encode();
+        .encode()
+        .to_vec();
         let mut buf = FrameBuf::default();
         let err = read_frame(&mut &frame[..], &mut buf, 100).await.unwrap_err();
         assert!(matches!(err, ProtocolError::TooLarge { max: 100, .. }), "{err}");
         let kind = read_frame(&mut &frame[..], &mut buf, DEFAULT_MAX_FRAME).await.unwrap();
-        assert_eq!(kind, frame_kind(&frame));
+        assert_eq!(kind, frame[4]);
     }
 }

@@ -117,7 +117,7 @@ struct Counters {
 #[derive(Default)]
 struct SyncStep {
     step: u64,
-    pushes: BTreeMap<u64, Push>,
+    pushes: BTreeMap<u64, Push<'static>>,
     /// The pass the pending steps belong to, and the trainers that have ended it.
     pass: u64,
     ended: BTreeSet<u64>,
@@ -149,7 +149,7 @@ struct State {
     all_closed: watch::Sender<bool>,
 }
 
-type Reply = Result<Response, (ErrorCode, String)>;
+type Reply = Result<Response<'static>, (ErrorCode, String)>;
 
 impl State {
     fn shard(&self) -> Result<Arc<Shard>, (ErrorCode, String)> {
@@ -308,7 +308,7 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
     Ok(Response::Welcome { server_index: c.index as u64, num_servers: c.num_servers as u64 })
 }
 
-async fn handle(state: &Arc<State>, request: Request) -> Reply {
+async fn handle(state: &Arc<State>, request: Request<'_>) -> Reply {
     match request {
         Request::Hello(_) => unreachable!("handled by handle_hello"),
         Request::Declare(spec) => declare(state, spec),
@@ -356,7 +356,7 @@ fn declare(state: &State, spec: TableSpec) -> Reply {
     Ok(Response::Done)
 }
 
-fn pull(state: &State, pull: Pull) -> Reply {
+fn pull(state: &State, pull: Pull<'_>) -> Reply {
     let shard = state.shard()?;
     let c = &state.counters;
     c.pulls.fetch_add(1, Relaxed);
@@ -373,7 +373,7 @@ fn pull(state: &State, pull: Pull) -> Reply {
         c.keys_pulled.fetch_add(s.ids.len() as u64, Relaxed);
         sparse.push(rows);
     }
-    Ok(Response::Values { version, dense, sparse })
+    Ok(Response::Values { version, dense: dense.into(), sparse: sparse.into_iter().map(Into::into).collect() })
 }
 
 fn table_err(e: crate::table::TableError) -> (ErrorCode, String) {
@@ -392,7 +392,7 @@ fn apply(shard: &Shard, dense: &[f32], sparse: &[SparseGrads], samples: u64) -> 
     Ok(())
 }
 
-fn push_async(state: &State, push: Push) -> Reply {
+fn push_async(state: &State, push: Push<'_>) -> Reply {
     let shard = state.shard()?;
     let c = &state.counters;
     c.pushes.fetch_add(1, Relaxed);
@@ -403,12 +403,12 @@ fn push_async(state: &State, push: Push) -> Reply {
         return Ok(Response::Pushed { outcome: PushOutcome::Discarded, version });
     }
     c.keys_pushed.fetch_add(push.sparse.iter().map(|s| s.ids.len() as u64).sum(), Relaxed);
-    apply(&shard, &push.dense, &push.sparse, push.samples)?;
+    apply(&shard, &push.dense_contiguous(), &push.sparse, push.samples)?;
     let version = c.version.fetch_add(1, Relaxed) + 1;
     Ok(Response::Pushed { outcome: PushOutcome::Applied, version })
 }
 
-async fn push_sync(state: &Arc<State>, push: Push) -> Reply {
+async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     let shard = state.shard()?;
     state.counters.pushes.fetch_add(1, Relaxed);
     let (trainer, step) = (push.trainer, push.step);
@@ -425,7 +425,7 @@ async fn push_sync(state: &Arc<State>, push: Push) -> Reply {
             ));
         }
         pending.enter_pass(push.pass);
-        if pending.pushes.insert(trainer, push).is_some() {
+        if pending.pushes.insert(trainer, push.into_owned()).is_some() {
             return Err((ErrorCode::State, format!("trainer {trainer} pushed step {step} twice")));
         }
         try_complete_step(state, &shard, &mut pending)?;
@@ -458,15 +458,14 @@ fn try_complete_step(state: &State, shard: &Shard, pending: &mut SyncStep) -> Re
     let samples: u64 = pushes.values().map(|p| p.samples).sum();
     let mut dense: Vec<f32> = Vec::new();
     for p in pushes.values().filter(|p| !p.dense.is_empty()) {
+        let d = p.dense_contiguous();
         if dense.is_empty() {
-            dense = p.dense.clone();
-        } else if dense.len() == p.dense.len() {
-            dense.iter_mut().zip(&p.dense).for_each(|(a, b)| *a += b);
+            dense = d.into_owned();
+        } else if dense.len() == d.len() {
+            dense.iter_mut().zip(d.iter()).for_each(|(a, b)| *a += b);
         } else {
-            return Err((
-                ErrorCode::Table,
-                format!("trainer {} pushed {} dense floats, others {}", p.trainer, p.dense.len(), dense.len()),
-            ));
+            let m = format!("trainer {} pushed {} dense floats, others {}", p.trainer, d.len(), dense.len());
+            return Err((ErrorCode::Table, m));
         }
     }
     let sparse = merge_sparse(shard, pushes.values())?;
@@ -483,9 +482,9 @@ fn try_complete_step(state: &State, shard: &Shard, pending: &mut SyncStep) -> Re
 /// so the floating-point sums are reproducible.
 fn merge_sparse<'a>(
     shard: &Shard,
-    pushes: impl Iterator<Item = &'a Push>,
-) -> Result<Vec<SparseGrads>, (ErrorCode, String)> {
-    let mut merged: BTreeMap<u32, (hashbrown::HashMap<u64, usize>, SparseGrads)> = BTreeMap::new();
+    pushes: impl Iterator<Item = &'a Push<'static>>,
+) -> Result<Vec<SparseGrads<'static>>, (ErrorCode, String)> {
+    let mut merged: BTreeMap<u32, (hashbrown::HashMap<u64, usize>, Vec<u64>, Vec<f32>)> = BTreeMap::new();
     for p in pushes {
         for s in &p.sparse {
             let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
@@ -495,23 +494,24 @@ fn merge_sparse<'a>(
                     format!("table {}: {} ids but {} gradient floats", s.table, s.ids.len(), s.grads.len()),
                 ));
             }
-            let (index, out) = merged.entry(s.table).or_insert_with(|| {
-                (Default::default(), SparseGrads { table: s.table, ids: Vec::new(), grads: Vec::new() })
-            });
+            let (index, ids, grads) = merged.entry(s.table).or_default();
             for (k, &id) in s.ids.iter().enumerate() {
                 let g = &s.grads[k * dim..(k + 1) * dim];
                 match index.get(&id) {
-                    Some(&at) => out.grads[at * dim..(at + 1) * dim].iter_mut().zip(g).for_each(|(a, b)| *a += b),
+                    Some(&at) => grads[at * dim..(at + 1) * dim].iter_mut().zip(g).for_each(|(a, b)| *a += b),
                     None => {
-                        index.insert(id, out.ids.len());
-                        out.ids.push(id);
-                        out.grads.extend_from_slice(g);
+                        index.insert(id, ids.len());
+                        ids.push(id);
+                        grads.extend_from_slice(g);
                     }
                 }
             }
         }
     }
-    Ok(merged.into_values().map(|(_, grads)| grads).collect())
+    Ok(merged
+        .into_iter()
+        .map(|(table, (_, ids, grads))| SparseGrads { table, ids: ids.into(), grads: grads.into() })
+        .collect())
 }
 
 async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {

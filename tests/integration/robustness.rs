@@ -59,7 +59,7 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
     // A valid handshake followed by a push whose payload lies about its array length.
     let mut s = TcpStream::connect(&addr).unwrap();
     let hello = Hello { version: PROTOCOL_VERSION, job: "test".into(), num_servers: 1, server_index: 0 };
-    s.write_all(&Request::Hello(hello).encode()).unwrap();
+    s.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
     let mut buf = FrameBuf::default();
     read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
     let mut push = Request::Push(Push {
@@ -68,10 +68,11 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
         pass: 1,
         base_version: 0,
         samples: 1,
-        dense: vec![1.0; 4],
+        dense: vec![vec![1.0; 4].into()],
         sparse: vec![],
     })
-    .encode();
+    .encode()
+    .to_vec();
     push[8 + 40..8 + 48].copy_from_slice(&1_000_000u64.to_le_bytes());
     s.write_all(&push).unwrap();
     let m = expect_error_then_close(s, "lying length");
@@ -84,7 +85,7 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
 
     // A request before the handshake.
     let mut s = TcpStream::connect(&addr).unwrap();
-    s.write_all(&Request::Stats.encode()).unwrap();
+    s.write_all(&Request::Stats.encode().to_vec()).unwrap();
     let mut buf = FrameBuf::default();
     let kind = read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
     assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Error { .. }));
