@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::{Client, ClientConfig, TableGrads, TableIds};
 use crate::protocol::RowCreation;
-use crate::server::{Mode, ServerConfig};
+use crate::server::Mode;
 use crate::table::{DenseParam, DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
 
 /// What to measure.
@@ -24,6 +24,8 @@ pub struct BenchConfig {
     pub dense_floats: usize,
     /// Keys per sparse request.
     pub sparse_keys: usize,
+    /// Rows in the sparse table before measuring.
+    pub sparse_rows: usize,
     /// Training data set for (c): a folder with `train/` and `test/`; generated if absent.
     pub data: Option<PathBuf>,
     /// Lines to generate for (c) when no data set is given.
@@ -36,29 +38,49 @@ pub struct BenchConfig {
     pub skip_training: bool,
 }
 
-fn start_server(spec_trainers: usize) -> anyhow::Result<(String, std::thread::JoinHandle<()>)> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let handle = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
-            tx.send(listener.local_addr().expect("bound").to_string()).expect("report address");
-            let config = ServerConfig {
-                index: 0,
-                num_servers: 1,
-                trainers: spec_trainers,
-                mode: Mode::Async,
-                job: "bench".into(),
-                max_frame: 1 << 30,
-                timeout: Duration::from_secs(60),
-                lag_ratio: 1e9,
-                resume: None,
-                exit_when_done: true,
-            };
-            let _ = crate::server::run(listener, config, std::future::pending()).await;
-        })
-    });
-    Ok((rx.recv()?, handle))
+/// An `oar pserver` child process, so its CPU time can be read from `/proc`.
+struct ServerProc {
+    addr: String,
+    child: std::process::Child,
+}
+
+impl ServerProc {
+    fn start(exe: &Path) -> anyhow::Result<ServerProc> {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(exe)
+            .args(["pserver", "--listen", "127.0.0.1:0", "--job", "bench", "--trainers", "1", "--mode", "async"])
+            .args(["--lag-ratio", "1e9", "--max-frame-mb", "1024"])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        let addr = line.strip_prefix("OAR_READY ").map(|a| a.trim().to_string());
+        match addr {
+            Some(addr) => Ok(ServerProc { addr, child }),
+            None => {
+                let _ = child.kill();
+                anyhow::bail!("the benchmark server did not start (printed {line:?})")
+            }
+        }
+    }
+
+    /// CPU seconds (user + system) the server has used so far.
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // Fields after the command name (which may hold spaces) start at ") ".
+        let rest = &stat[stat.rfind(')').unwrap_or(0) + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+        // USER_HZ is 100 on Linux (the kernel ABI fixes it for /proc).
+        Ok(ticks / 100.0)
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn connect(addr: &str, spec: &TableSpec) -> anyhow::Result<Client> {
@@ -72,38 +94,43 @@ fn connect(addr: &str, spec: &TableSpec) -> anyhow::Result<Client> {
     Ok(c)
 }
 
-/// Raw loopback TCP: the client sends `bytes`, the server reads them all and sends them back.
-fn raw_tcp_gbps(bytes: usize, seconds: f64) -> anyhow::Result<f64> {
+/// An echo server for the raw TCP baseline: reads `bytes`, sends them back, until EOF.
+fn raw_echo(bytes: usize) -> anyhow::Result<(TcpStream, std::thread::JoinHandle<()>)> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        let (mut s, _) = listener.accept()?;
-        s.set_nodelay(true)?;
+    let echo = std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = s.set_nodelay(true);
         let mut buf = vec![0u8; bytes];
-        loop {
-            if s.read_exact(&mut buf).is_err() {
-                return Ok(());
+        while s.read_exact(&mut buf).is_ok() {
+            if s.write_all(&buf).is_err() {
+                return;
             }
-            s.write_all(&buf)?;
         }
     });
-    let mut s = TcpStream::connect(addr)?;
+    let s = TcpStream::connect(addr)?;
     s.set_nodelay(true)?;
-    let (out, mut back) = (vec![1u8; bytes], vec![0u8; bytes]);
-    let (started, mut rounds) = (Instant::now(), 0u64);
-    while started.elapsed().as_secs_f64() < seconds || rounds < 3 {
-        s.write_all(&out)?;
-        s.read_exact(&mut back)?;
-        rounds += 1;
-    }
-    let gbps = (2 * bytes) as f64 * rounds as f64 / started.elapsed().as_secs_f64() / 1e9;
-    drop(s);
-    let _ = echo.join();
-    Ok(gbps)
+    Ok((s, echo))
 }
 
-/// Dense push then pull of `floats` floats through a server, GB/s of payload both ways.
-fn dense_gbps(floats: usize, seconds: f64) -> anyhow::Result<f64> {
+/// Runs `round` for `seconds` (at least 3 times); returns rounds per second.
+fn rate(seconds: f64, mut round: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let (started, mut n) = (Instant::now(), 0u64);
+    while started.elapsed().as_secs_f64() < seconds || n < 3 {
+        round()?;
+        n += 1;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Dense push+pull of `floats` floats through a server vs a raw TCP echo of the same bytes,
+/// alternating five times; returns the median GB/s of each (payload bytes, both ways).
+fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f64)> {
     let spec = TableSpec {
         dense: DenseSpec {
             params: vec![DenseParam { name: "w".into(), len: floats, init: Init::Zeros }],
@@ -113,24 +140,38 @@ fn dense_gbps(floats: usize, seconds: f64) -> anyhow::Result<f64> {
         },
         sparse: vec![],
     };
-    let (addr, server) = start_server(1)?;
-    let mut c = connect(&addr, &spec)?;
+    let server = ServerProc::start(exe)?;
+    let mut c = connect(&server.addr, &spec)?;
+    let (mut raw, echo) = raw_echo(floats * 4)?;
     let grads = vec![1.0f32; floats];
-    let mut dense = Vec::new();
-    let (started, mut rounds) = (Instant::now(), 0u64);
-    while started.elapsed().as_secs_f64() < seconds || rounds < 3 {
-        c.push(0, rounds, 1, 0, 1, Some(&grads), &[])?;
-        c.pull(Some(&mut dense), &[], &mut [], RowCreation::Create)?;
-        rounds += 1;
+    let (out, mut back) = (vec![1u8; floats * 4], vec![0u8; floats * 4]);
+    let (mut dense, mut step) = (Vec::new(), 0u64);
+    let (mut raws, mut oars) = (Vec::new(), Vec::new());
+    let per_round = (2 * floats * 4) as f64 / 1e9;
+    for _ in 0..5 {
+        raws.push(per_round * rate(seconds / 10.0, || {
+            raw.write_all(&out)?;
+            raw.read_exact(&mut back)?;
+            Ok(())
+        })?);
+        oars.push(per_round * rate(seconds / 10.0, || {
+            c.push(0, step, 1, 0, 1, Some(&grads), &[])?;
+            c.pull(Some(&mut dense), &[], &mut [], RowCreation::Create)?;
+            step += 1;
+            Ok(())
+        })?);
     }
-    let gbps = (2 * floats * 4) as f64 * rounds as f64 / started.elapsed().as_secs_f64() / 1e9;
+    drop(raw);
+    let _ = echo.join();
     c.close(0)?;
-    let _ = server.join();
-    Ok(gbps)
+    server.stop();
+    Ok((median(raws), median(oars)))
 }
 
-/// Sparse figures: (pull keys/s, push keys/s) through a server, and the same in memory.
-fn sparse_rates(keys: usize, seconds: f64) -> anyhow::Result<[f64; 4]> {
+/// Sparse figures, as in `../shared/research/deps.md`: `rows` keys inserted first, then
+/// batches of `keys` ids with log-uniform ranks (Zipf-like, s = 1), deduplicated. Returns
+/// [insert, pull, push] keys/s through one server and the same three on the in-memory table.
+fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::Result<[f64; 9]> {
     let table = SparseSpec {
         name: "emb".into(),
         dim: 10,
@@ -142,45 +183,68 @@ fn sparse_rates(keys: usize, seconds: f64) -> anyhow::Result<[f64; 4]> {
         dense: DenseSpec { params: vec![], block_size: 1024, seed: 1, optimizer: Optimizer::sgd(0.1) },
         sparse: vec![table.clone()],
     };
-    // Batches of distinct ids drawn from a 10M id space, so the table grows as in training.
+    let key = |rank: u64| crate::layout::mix64(rank ^ 0x5eed);
+    let inserts: Vec<Vec<u64>> =
+        (0..rows as u64).collect::<Vec<_>>().chunks(keys).map(|c| c.iter().map(|&r| key(r)).collect()).collect();
     let batches: Vec<Vec<u64>> = (0..64u64)
-        .map(|b| (0..keys as u64).map(|i| crate::layout::mix64(b * keys as u64 + i) % 10_000_000).collect())
-        .map(|mut v: Vec<u64>| {
+        .map(|b| {
+            let mut v: Vec<u64> = (0..keys as u64)
+                .map(|i| {
+                    let u = (crate::layout::mix64(b << 32 | i) >> 11) as f64 / (1u64 << 53) as f64;
+                    key(((u * (rows as f64).ln()).exp() as u64).min(rows as u64 - 1))
+                })
+                .collect();
             v.sort_unstable();
             v.dedup();
             v
         })
         .collect();
     let grads = vec![0.01f32; keys * 10];
-    let run = |pull: &mut dyn FnMut(&[u64]) -> anyhow::Result<()>| -> anyhow::Result<f64> {
-        let (started, mut n, mut i) = (Instant::now(), 0usize, 0usize);
-        while started.elapsed().as_secs_f64() < seconds / 4.0 || i < 3 {
-            let ids = &batches[i % batches.len()];
-            pull(ids)?;
+    // Returns (keys per wall second, keys per server CPU second).
+    let timed = |op: &mut dyn FnMut(&[u64]) -> anyhow::Result<()>,
+                 sets: &[Vec<u64>],
+                 once: bool,
+                 cpu: &dyn Fn() -> anyhow::Result<f64>| {
+        let (started, cpu0, mut n, mut i) = (Instant::now(), cpu()?, 0usize, 0usize);
+        while if once { i < sets.len() } else { started.elapsed().as_secs_f64() < seconds / 2.0 || i < 3 } {
+            let ids = &sets[i % sets.len()];
+            op(ids)?;
             n += ids.len();
             i += 1;
         }
-        Ok(n as f64 / started.elapsed().as_secs_f64())
+        let (wall, busy) = (started.elapsed().as_secs_f64(), cpu()? - cpu0);
+        anyhow::Ok((n as f64 / wall, n as f64 / busy.max(1e-3)))
     };
-    let (addr, server) = start_server(1)?;
-    let mut c = connect(&addr, &spec)?;
-    let mut rows = [Vec::new()];
-    let net_pull = run(&mut |ids| {
-        c.pull(None, &[TableIds { table: 0, dim: 10, ids }], &mut rows, RowCreation::Create)
-            .map(|_| ())
-            .map_err(Into::into)
-    })?;
-    let net_push = run(&mut |ids| {
-        let g = TableGrads { table: 0, dim: 10, ids, grads: &grads[..ids.len() * 10] };
-        c.push(0, 0, 1, 0, 1, None, &[g]).map(|_| ()).map_err(Into::into)
-    })?;
+    let server = ServerProc::start(exe)?;
+    let server_cpu = || server.cpu_seconds();
+    let no_cpu = || Ok(f64::NAN);
+    let mut c = connect(&server.addr, &spec)?;
+    let mut out = [Vec::new()];
+    let mut pull = |ids: &[u64]| {
+        c.pull(None, &[TableIds { table: 0, dim: 10, ids }], &mut out, RowCreation::Create)?;
+        anyhow::Ok(())
+    };
+    let (net_insert, _) = timed(&mut pull, &inserts, true, &server_cpu)?;
+    let (net_pull, core_pull) = timed(&mut pull, &batches, false, &server_cpu)?;
+    let (net_push, core_push) = timed(
+        &mut |ids| {
+            let g = TableGrads { table: 0, dim: 10, ids, grads: &grads[..ids.len() * 10] };
+            c.push(0, 0, 1, 0, 1, None, &[g])?;
+            Ok(())
+        },
+        &batches,
+        false,
+        &server_cpu,
+    )?;
     c.close(0)?;
-    let _ = server.join();
+    server.stop();
     let mem = crate::table::SparseTable::new(table);
-    let mut out = vec![0.0f32; keys * 10];
-    let mem_pull = run(&mut |ids| mem.pull(ids, &mut out[..ids.len() * 10], true).map_err(Into::into))?;
-    let mem_push = run(&mut |ids| mem.push(ids, &grads[..ids.len() * 10], 1.0).map_err(Into::into))?;
-    Ok([net_pull, net_push, mem_pull, mem_push])
+    let mut rows_out = vec![0.0f32; keys * 10];
+    let mut mem_pull = |ids: &[u64]| Ok(mem.pull(ids, &mut rows_out[..ids.len() * 10], true)?);
+    let (mem_insert, _) = timed(&mut mem_pull, &inserts, true, &no_cpu)?;
+    let (mem_pull, _) = timed(&mut mem_pull, &batches, false, &no_cpu)?;
+    let (mem_push, _) = timed(&mut |ids| Ok(mem.push(ids, &grads[..ids.len() * 10], 1.0)?), &batches, false, &no_cpu)?;
+    Ok([net_insert, net_pull, net_push, mem_insert, mem_pull, mem_push, f64::NAN, core_pull, core_push])
 }
 
 /// One training measurement.
@@ -251,25 +315,25 @@ fn train_cluster(data: &Path, exe: &Path, logs: &Path) -> anyhow::Result<TrainRu
 pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
     let bytes = config.dense_floats * 4;
     println!("(a) dense push+pull of {:.1} MiB each way, loopback TCP", bytes as f64 / (1 << 20) as f64);
-    let raw = raw_tcp_gbps(bytes, config.seconds)?;
-    let oar = dense_gbps(config.dense_floats, config.seconds)?;
-    println!("    raw TCP copy (send N, echo N)     {raw:7.2} GB/s");
+    let (raw, oar) = dense_gbps(&config.exe, config.dense_floats, config.seconds)?;
+    println!("    raw TCP copy (send N, echo N)     {raw:7.2} GB/s   (median of 5 alternating runs)");
     println!("    oar push + pull through a server  {oar:7.2} GB/s   = {:.0}% of raw TCP", 100.0 * oar / raw);
 
-    println!("(b) sparse rows of dim 10, {} keys per request, one server", config.sparse_keys);
-    let [net_pull, net_push, mem_pull, mem_push] = sparse_rates(config.sparse_keys, config.seconds)?;
     println!(
-        "    pull through the server   {:6.2} M keys/s   (in-memory table {:6.2} M keys/s, ratio {:.2})",
-        net_pull / 1e6,
-        mem_pull / 1e6,
-        net_pull / mem_pull
+        "(b) sparse rows of dim 10 (Adagrad), {} rows inserted, then batches of {} Zipf-like keys, one server",
+        config.sparse_rows, config.sparse_keys
     );
-    println!(
-        "    push (Adagrad) through it {:6.2} M keys/s   (in-memory table {:6.2} M keys/s, ratio {:.2})",
-        net_push / 1e6,
-        mem_push / 1e6,
-        net_push / mem_push
-    );
+    let [ni, np, nu, mi, mp, mu, _, cp, cu] =
+        sparse_rates(&config.exe, config.sparse_rows, config.sparse_keys, config.seconds)?;
+    for (what, net, mem, core) in [("insert", ni, mi, f64::NAN), ("pull", np, mp, cp), ("push", nu, mu, cu)] {
+        let per_core = if core.is_nan() { String::new() } else { format!("; {:6.2} M keys per server CPU second", core / 1e6) };
+        println!(
+            "    {what:6} through the server {:6.2} M keys/s (in-memory table {:6.2} M keys/s, ratio {:.2}{per_core})",
+            net / 1e6,
+            mem / 1e6,
+            net / mem
+        );
+    }
     if config.skip_training {
         return Ok(());
     }

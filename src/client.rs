@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
-    read_frame_blocking, write_frame_blocking, DenseSelection, Frame, FrameBuf, Hello, ProtocolError, Pull, Push,
+    read_frame_blocking, read_reply_blocking, write_frame_blocking, DenseSelection, Frame, FrameBuf, Hello, ProtocolError, Pull, Push,
     PushOutcome, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME, PROTOCOL_VERSION,
 };
 use crate::server::ServerStats;
@@ -276,19 +276,40 @@ impl Client {
             rows[groupings.len() - 1].resize(t.ids.len() * t.dim, 0.0);
         }
         let requests: Vec<Request> = per_server.into_iter().map(Request::Pull).collect();
-        let frames: Vec<Frame> = requests.iter().map(Request::encode).collect();
+        for (conn, request) in self.conns.iter_mut().zip(&requests) {
+            conn.send(&request.encode())?;
+        }
         let mut version = u64::MAX;
         let mut dense = dense;
         if let Some(d) = dense.as_deref_mut() {
             d.resize(layout.total, 0.0);
         }
-        self.round(&frames, "a pull", |conn, reply| {
+        for conn in &mut self.conns {
             let s = conn.index;
+            // The dense blocks are read from the socket straight into their places.
+            let mut placed = false;
+            let kind = {
+                let mut into_place = |r: &mut TcpStream, floats: usize| -> Result<bool, ProtocolError> {
+                    let Some(out) = dense.as_deref_mut() else { return Ok(false) };
+                    if floats != layout.len_of(s) {
+                        return Ok(false);
+                    }
+                    for b in layout.blocks_of(s) {
+                        std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[layout.block_range(b)]))?;
+                    }
+                    placed = true;
+                    Ok(true)
+                };
+                read_reply_blocking(&mut conn.stream, &mut conn.buf, DEFAULT_MAX_FRAME, &mut into_place)
+                    .map_err(|e| conn.fail(e))?
+            };
+            let conn = &*conn;
+            let reply = conn.reply(kind, "a pull")?;
             let Response::Values { version: v, dense: d, sparse } = reply else {
                 return Err(conn.unexpected("a pull", &reply));
             };
             version = version.min(v);
-            if let Some(out) = dense.as_deref_mut() {
+            if let (Some(out), false) = (dense.as_deref_mut(), placed) {
                 scatter_dense(&layout, s, &d, out).map_err(|m| conn.mismatch("a dense pull", m))?;
             }
             if sparse.len() != tables.len() {
@@ -308,8 +329,7 @@ impl Client {
                     out[p * dim..(p + 1) * dim].copy_from_slice(&got[k * dim..(k + 1) * dim]);
                 }
             }
-            Ok(())
-        })?;
+        }
         Ok(version)
     }
 

@@ -262,8 +262,11 @@ struct BenchArgs {
     #[arg(long, default_value_t = 4 << 20)]
     dense_floats: usize,
     /// Keys per sparse request in (b).
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 50_000)]
     sparse_keys: usize,
+    /// Rows inserted into the sparse table before (b) measures.
+    #[arg(long, default_value_t = 10_000_000)]
+    sparse_rows: usize,
     /// Data set for (c): a folder with train/ and test/ (e.g. from gen_criteo_synth.py).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -390,6 +393,7 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
         Command::Bench(a) => oar::bench::run(&oar::bench::BenchConfig {
             dense_floats: a.dense_floats,
             sparse_keys: a.sparse_keys,
+            sparse_rows: a.sparse_rows,
             data: a.data,
             lines: a.lines,
             seconds: a.seconds,

@@ -779,6 +779,19 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut FrameBuf, max
 
 /// Blocking twin of [`read_frame`], for the trainer's client.
 pub fn read_frame_blocking<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, max: usize) -> Result<u8, ProtocolError> {
+    read_reply_blocking(r, buf, max, &mut |_, _| Ok(false))
+}
+
+/// Reads one frame like [`read_frame_blocking`], except that the dense array of a `Values`
+/// response is handed to `dense_into(reader, floats)`, which may read it straight into its
+/// final place (returning true) instead of through the buffer. The buffer then holds a `Values`
+/// payload with an empty dense array, so [`Response::decode`] still applies.
+pub fn read_reply_blocking<R: std::io::Read>(
+    r: &mut R,
+    buf: &mut FrameBuf,
+    max: usize,
+    dense_into: &mut dyn FnMut(&mut R, usize) -> Result<bool, ProtocolError>,
+) -> Result<u8, ProtocolError> {
     let mut header = [0u8; HEADER];
     let first = r.read(&mut header)?;
     if first == 0 {
@@ -786,6 +799,31 @@ pub fn read_frame_blocking<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, max:
     }
     r.read_exact(&mut header[first..])?;
     let (len, kind) = parse_header(&header, max)?;
+    if kind == kind::VALUES && len >= 16 {
+        let mut fixed = [0u8; 16];
+        r.read_exact(&mut fixed)?;
+        let floats = u64::from_le_bytes(fixed[8..].try_into().expect("8 bytes"));
+        let dense_bytes = floats.checked_mul(4).map(|b| b.div_ceil(8) * 8).filter(|&b| b <= (len - 16) as u64);
+        let Some(dense_bytes) = dense_bytes else {
+            return Err(ProtocolError::Malformed(format!("dense array of {floats} floats does not fit")));
+        };
+        let streamed = floats > 0 && dense_into(r, floats as usize)?;
+        if streamed {
+            if floats % 2 == 1 {
+                r.read_exact(&mut [0u8; 4])?;
+            }
+            let rest = len - 16 - dense_bytes as usize;
+            let out = buf.prepare(16 + rest);
+            out[..8].copy_from_slice(&fixed[..8]);
+            out[8..16].fill(0);
+            r.read_exact(&mut out[16..])?;
+        } else {
+            let out = buf.prepare(len);
+            out[..16].copy_from_slice(&fixed);
+            r.read_exact(&mut out[16..])?;
+        }
+        return Ok(kind);
+    }
     r.read_exact(buf.prepare(len))?;
     Ok(kind)
 }

@@ -250,6 +250,8 @@ async fn serve_connection(state: Arc<State>, socket: TcpStream) -> Result<(), Pr
     socket.set_nodelay(true)?;
     let (mut rd, mut wr) = socket.into_split();
     let mut buf = FrameBuf::default();
+    // Dense pulls copy the blocks into this buffer, reused so big replies never fault in fresh pages.
+    let mut scratch: Vec<f32> = Vec::new();
     let mut greeted = false;
     loop {
         let kind = match read_frame(&mut rd, &mut buf, state.config.max_frame).await {
@@ -277,12 +279,15 @@ async fn serve_connection(state: Arc<State>, socket: TcpStream) -> Result<(), Pr
         let reply = match (&request, greeted) {
             (Request::Hello(_), _) => handle_hello(&state, &request),
             (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
-            _ => handle(&state, request).await,
+            _ => handle(&state, request, &mut scratch).await,
         };
         let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State, _))) && !greeted;
         greeted |= reply.is_ok();
         let response = reply.unwrap_or_else(|(code, message)| Response::Error { code, message });
         write_frame(&mut wr, &response.encode()).await?;
+        if let Response::Values { dense: std::borrow::Cow::Owned(v), .. } = response {
+            scratch = v;
+        }
         if fatal {
             return Ok(());
         }
@@ -308,11 +313,11 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
     Ok(Response::Welcome { server_index: c.index as u64, num_servers: c.num_servers as u64 })
 }
 
-async fn handle(state: &Arc<State>, request: Request<'_>) -> Reply {
+async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Vec<f32>) -> Reply {
     match request {
         Request::Hello(_) => unreachable!("handled by handle_hello"),
         Request::Declare(spec) => declare(state, spec),
-        Request::Pull(pull) => self::pull(state, pull),
+        Request::Pull(pull) => self::pull(state, pull, std::mem::take(scratch)),
         Request::Push(push) => match state.config.mode {
             Mode::Sync => push_sync(state, push).await,
             _ => push_async(state, push),
@@ -356,12 +361,12 @@ fn declare(state: &State, spec: TableSpec) -> Reply {
     Ok(Response::Done)
 }
 
-fn pull(state: &State, pull: Pull<'_>) -> Reply {
+fn pull(state: &State, pull: Pull<'_>, mut dense: Vec<f32>) -> Reply {
     let shard = state.shard()?;
     let c = &state.counters;
     c.pulls.fetch_add(1, Relaxed);
     let version = c.version.load(Relaxed);
-    let mut dense = Vec::new();
+    dense.clear();
     if pull.dense == DenseSelection::All {
         shard.dense.lock().read(&mut dense);
     }
