@@ -149,17 +149,23 @@ fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f
     let (mut raws, mut oars) = (Vec::new(), Vec::new());
     let per_round = (2 * floats * 4) as f64 / 1e9;
     for _ in 0..5 {
-        raws.push(per_round * rate(seconds / 10.0, || {
-            raw.write_all(&out)?;
-            raw.read_exact(&mut back)?;
-            Ok(())
-        })?);
-        oars.push(per_round * rate(seconds / 10.0, || {
-            c.push(0, step, 1, 0, 1, Some(&grads), &[])?;
-            c.pull(Some(&mut dense), &[], &mut [], RowCreation::Create)?;
-            step += 1;
-            Ok(())
-        })?);
+        raws.push(
+            per_round
+                * rate(seconds / 10.0, || {
+                    raw.write_all(&out)?;
+                    raw.read_exact(&mut back)?;
+                    Ok(())
+                })?,
+        );
+        oars.push(
+            per_round
+                * rate(seconds / 10.0, || {
+                    c.push(0, step, 1, 0, 1, Some(&grads), &[])?;
+                    c.pull(Some(&mut dense), &[], &mut [], RowCreation::Create)?;
+                    step += 1;
+                    Ok(())
+                })?,
+        );
     }
     drop(raw);
     let _ = echo.join();
@@ -326,7 +332,8 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
     let [ni, np, nu, mi, mp, mu, _, cp, cu] =
         sparse_rates(&config.exe, config.sparse_rows, config.sparse_keys, config.seconds)?;
     for (what, net, mem, core) in [("insert", ni, mi, f64::NAN), ("pull", np, mp, cp), ("push", nu, mu, cu)] {
-        let per_core = if core.is_nan() { String::new() } else { format!("; {:6.2} M keys per server CPU second", core / 1e6) };
+        let per_core =
+            if core.is_nan() { String::new() } else { format!("; {:6.2} M keys per server CPU second", core / 1e6) };
         println!(
             "    {what:6} through the server {:6.2} M keys/s (in-memory table {:6.2} M keys/s, ratio {:.2}{per_core})",
             net / 1e6,

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
-    read_frame_blocking, read_reply_blocking, write_frame_blocking, DenseSelection, Frame, FrameBuf, Hello, ProtocolError, Pull, Push,
-    PushOutcome, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME, PROTOCOL_VERSION,
+    read_frame_blocking, read_reply_blocking, write_frame_blocking, DenseSelection, Frame, FrameBuf, Hello,
+    ProtocolError, Pull, Push, PushOutcome, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME,
+    PROTOCOL_VERSION,
 };
 use crate::server::ServerStats;
 use crate::table::TableSpec;
