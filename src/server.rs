@@ -489,7 +489,14 @@ fn merge_sparse<'a>(
     shard: &Shard,
     pushes: impl Iterator<Item = &'a Push<'static>>,
 ) -> Result<Vec<SparseGrads<'static>>, (ErrorCode, String)> {
-    let mut merged: BTreeMap<u32, (hashbrown::HashMap<u64, usize>, Vec<u64>, Vec<f32>)> = BTreeMap::new();
+    /// One table's merged gradients: id -> position in `ids`/`grads`.
+    #[derive(Default)]
+    struct Merged {
+        index: hashbrown::HashMap<u64, usize>,
+        ids: Vec<u64>,
+        grads: Vec<f32>,
+    }
+    let mut merged: BTreeMap<u32, Merged> = BTreeMap::new();
     for p in pushes {
         for s in &p.sparse {
             let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
@@ -499,7 +506,7 @@ fn merge_sparse<'a>(
                     format!("table {}: {} ids but {} gradient floats", s.table, s.ids.len(), s.grads.len()),
                 ));
             }
-            let (index, ids, grads) = merged.entry(s.table).or_default();
+            let Merged { index, ids, grads } = merged.entry(s.table).or_default();
             for (k, &id) in s.ids.iter().enumerate() {
                 let g = &s.grads[k * dim..(k + 1) * dim];
                 match index.get(&id) {
@@ -513,10 +520,7 @@ fn merge_sparse<'a>(
             }
         }
     }
-    Ok(merged
-        .into_iter()
-        .map(|(table, (_, ids, grads))| SparseGrads { table, ids: ids.into(), grads: grads.into() })
-        .collect())
+    Ok(merged.into_iter().map(|(table, m)| SparseGrads { table, ids: m.ids.into(), grads: m.grads.into() }).collect())
 }
 
 async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {
