@@ -177,7 +177,14 @@ fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f
 /// Sparse figures, as in `../shared/research/deps.md`: `rows` keys inserted first, then
 /// batches of `keys` ids with log-uniform ranks (Zipf-like, s = 1), deduplicated. Returns
 /// [insert, pull, push] keys/s through one server and the same three on the in-memory table.
-fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::Result<[f64; 9]> {
+/// Sparse results: per operation (name, keys/s through a server, keys/s in memory, keys per
+/// server CPU second).
+struct SparseRates {
+    unique: usize,
+    rows: Vec<(String, f64, f64, f64)>,
+}
+
+fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::Result<SparseRates> {
     let table = SparseSpec {
         name: "emb".into(),
         dim: 10,
@@ -192,14 +199,20 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
     let key = |rank: u64| crate::layout::mix64(rank ^ 0x5eed);
     let inserts: Vec<Vec<u64>> =
         (0..rows as u64).collect::<Vec<_>>().chunks(keys).map(|c| c.iter().map(|&r| key(r)).collect()).collect();
-    let batches: Vec<Vec<u64>> = (0..64u64)
+    let drawn: Vec<Vec<u64>> = (0..64u64)
         .map(|b| {
-            let mut v: Vec<u64> = (0..keys as u64)
+            (0..keys as u64)
                 .map(|i| {
                     let u = (crate::layout::mix64(b << 32 | i) >> 11) as f64 / (1u64 << 53) as f64;
                     key(((u * (rows as f64).ln()).exp() as u64).min(rows as u64 - 1))
                 })
-                .collect();
+                .collect()
+        })
+        .collect();
+    let batches: Vec<Vec<u64>> = drawn
+        .iter()
+        .map(|d| {
+            let mut v = d.clone();
             v.sort_unstable();
             v.dedup();
             v
@@ -231,6 +244,7 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
         anyhow::Ok(())
     };
     let (net_insert, _) = timed(&mut pull, &inserts, true, &server_cpu)?;
+    let (net_drawn, core_drawn) = timed(&mut pull, &drawn, false, &server_cpu)?;
     let (net_pull, core_pull) = timed(&mut pull, &batches, false, &server_cpu)?;
     let (net_push, core_push) = timed(
         &mut |ids| {
@@ -248,9 +262,19 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
     let mut rows_out = vec![0.0f32; keys * 10];
     let mut mem_pull = |ids: &[u64]| Ok(mem.pull(ids, &mut rows_out[..ids.len() * 10], true)?);
     let (mem_insert, _) = timed(&mut mem_pull, &inserts, true, &no_cpu)?;
+    let (mem_drawn, _) = timed(&mut mem_pull, &drawn, false, &no_cpu)?;
     let (mem_pull, _) = timed(&mut mem_pull, &batches, false, &no_cpu)?;
     let (mem_push, _) = timed(&mut |ids| Ok(mem.push(ids, &grads[..ids.len() * 10], 1.0)?), &batches, false, &no_cpu)?;
-    Ok([net_insert, net_pull, net_push, mem_insert, mem_pull, mem_push, f64::NAN, core_pull, core_push])
+    let unique = batches.iter().map(Vec::len).sum::<usize>() / batches.len();
+    Ok(SparseRates {
+        unique,
+        rows: vec![
+            ("insert (new ids)".into(), net_insert, mem_insert, f64::NAN),
+            (format!("pull {keys} ids as drawn"), net_drawn, mem_drawn, core_drawn),
+            (format!("pull {unique} unique ids"), net_pull, mem_pull, core_pull),
+            (format!("push {unique} unique ids"), net_push, mem_push, core_push),
+        ],
+    })
 }
 
 /// One training measurement.
@@ -329,13 +353,15 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         "(b) sparse rows of dim 10 (Adagrad), {} rows inserted, then batches of {} Zipf-like keys, one server",
         config.sparse_rows, config.sparse_keys
     );
-    let [ni, np, nu, mi, mp, mu, _, cp, cu] =
-        sparse_rates(&config.exe, config.sparse_rows, config.sparse_keys, config.seconds)?;
-    for (what, net, mem, core) in [("insert", ni, mi, f64::NAN), ("pull", np, mp, cp), ("push", nu, mu, cu)] {
-        let per_core =
-            if core.is_nan() { String::new() } else { format!("; {:6.2} M keys per server CPU second", core / 1e6) };
+    let r = sparse_rates(&config.exe, config.sparse_rows, config.sparse_keys, config.seconds)?;
+    println!(
+        "    ({} keys drawn per batch hold {} unique ids on average; deps.md counts the drawn keys, trainers send unique ones)",
+        config.sparse_keys, r.unique
+    );
+    for (what, net, mem, core) in &r.rows {
+        let per_core = if core.is_nan() { String::new() } else { format!("; {:5.2} M per server CPU second", core / 1e6) };
         println!(
-            "    {what:6} through the server {:6.2} M keys/s (in-memory table {:6.2} M keys/s, ratio {:.2}{per_core})",
+            "    {what:24} {:6.2} M keys/s through the server (in-memory table {:6.2} M keys/s, ratio {:.2}{per_core})",
             net / 1e6,
             mem / 1e6,
             net / mem

@@ -12,6 +12,7 @@
 //! applied at once, unless it was computed from parameters more than `lag_ratio x trainers`
 //! updates old, in which case it is discarded and counted.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
@@ -250,8 +251,8 @@ async fn serve_connection(state: Arc<State>, socket: TcpStream) -> Result<(), Pr
     socket.set_nodelay(true)?;
     let (mut rd, mut wr) = socket.into_split();
     let mut buf = FrameBuf::default();
-    // Dense pulls copy the blocks into this buffer, reused so big replies never fault in fresh pages.
-    let mut scratch: Vec<f32> = Vec::new();
+    // Pull replies are built in these buffers, reused so big replies never fault in fresh pages.
+    let mut scratch = Scratch::default();
     let mut greeted = false;
     loop {
         let kind = match read_frame(&mut rd, &mut buf, state.config.max_frame).await {
@@ -285,8 +286,9 @@ async fn serve_connection(state: Arc<State>, socket: TcpStream) -> Result<(), Pr
         greeted |= reply.is_ok();
         let response = reply.unwrap_or_else(|(code, message)| Response::Error { code, message });
         write_frame(&mut wr, &response.encode()).await?;
-        if let Response::Values { dense: std::borrow::Cow::Owned(v), .. } = response {
-            scratch = v;
+        if let Response::Values { dense: Cow::Owned(dense), sparse, .. } = response {
+            scratch.dense = dense;
+            scratch.sparse = sparse.into_iter().filter_map(|rows| if let Cow::Owned(v) = rows { Some(v) } else { None }).collect();
         }
         if fatal {
             return Ok(());
@@ -313,7 +315,14 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
     Ok(Response::Welcome { server_index: c.index as u64, num_servers: c.num_servers as u64 })
 }
 
-async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Vec<f32>) -> Reply {
+/// Buffers of a connection's last pull reply, handed back for the next one.
+#[derive(Default)]
+struct Scratch {
+    dense: Vec<f32>,
+    sparse: Vec<Vec<f32>>,
+}
+
+async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch) -> Reply {
     match request {
         Request::Hello(_) => unreachable!("handled by handle_hello"),
         Request::Declare(spec) => declare(state, spec),
@@ -361,7 +370,8 @@ fn declare(state: &State, spec: TableSpec) -> Reply {
     Ok(Response::Done)
 }
 
-fn pull(state: &State, pull: Pull<'_>, mut dense: Vec<f32>) -> Reply {
+fn pull(state: &State, pull: Pull<'_>, scratch: Scratch) -> Reply {
+    let Scratch { mut dense, sparse: mut spare } = scratch;
     let shard = state.shard()?;
     let c = &state.counters;
     c.pulls.fetch_add(1, Relaxed);
@@ -373,7 +383,9 @@ fn pull(state: &State, pull: Pull<'_>, mut dense: Vec<f32>) -> Reply {
     let mut sparse = Vec::with_capacity(pull.sparse.len());
     for s in &pull.sparse {
         let table = shard.table(s.table as usize).map_err(table_err)?;
-        let mut rows = vec![0.0; s.ids.len() * table.spec().dim];
+        let mut rows = spare.pop().unwrap_or_default();
+        rows.clear();
+        rows.resize(s.ids.len() * table.spec().dim, 0.0);
         table.pull(&s.ids, &mut rows, pull.create == RowCreation::Create).map_err(table_err)?;
         c.keys_pulled.fetch_add(s.ids.len() as u64, Relaxed);
         sparse.push(rows);

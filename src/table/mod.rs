@@ -9,6 +9,7 @@
 //! the offline evaluator all use it directly.
 
 pub mod dense;
+pub mod index;
 pub mod optim;
 pub mod sparse;
 

@@ -7,17 +7,21 @@
 //! rows when the index grows) and a batch takes each stripe's lock once: positions are grouped
 //! by stripe first, so two requests touching different stripes never wait on each other.
 
-use hashbrown::HashMap;
 use parking_lot::Mutex;
 
+use super::index::IdIndex;
 use super::{SparseSpec, TableError};
 use crate::layout::{group_positions, stripe_of, STRIPES};
 
 /// Rows per slab chunk: big enough to amortize allocation, small enough to waste little.
 const CHUNK_ROWS: usize = 4096;
+/// Row number standing for "no such row".
+const ABSENT: u32 = u32::MAX;
+/// How many rows ahead a batched copy prefetches.
+const PREFETCH_DISTANCE: usize = 8;
 
 struct Stripe {
-    index: HashMap<u64, u32, foldhash::fast::FixedState>,
+    index: IdIndex,
     chunks: Vec<Box<[f32]>>,
     rows: usize,
 }
@@ -33,22 +37,37 @@ impl Stripe {
         &self.chunks[c][r * row_len..(r + 1) * row_len]
     }
 
+    /// Stores a new row for `id` (absent until now), initialized by `init`; returns its number.
+    fn insert(&mut self, id: u64, row_len: usize, init: impl FnOnce(&mut [f32])) -> u32 {
+        let r = self.rows as u32;
+        if self.rows % CHUNK_ROWS == 0 {
+            self.chunks.push(vec![0.0; CHUNK_ROWS * row_len].into_boxed_slice());
+        }
+        self.rows += 1;
+        self.index.insert(id, r);
+        init(self.row_mut(r, row_len));
+        r
+    }
+
     /// The row of `id`, created (by `init`) if absent.
     fn get_or_insert(&mut self, id: u64, row_len: usize, init: impl FnOnce(&mut [f32])) -> &mut [f32] {
-        let row = match self.index.get(&id) {
-            Some(&r) => r,
-            None => {
-                let r = self.rows as u32;
-                if self.rows % CHUNK_ROWS == 0 {
-                    self.chunks.push(vec![0.0; CHUNK_ROWS * row_len].into_boxed_slice());
-                }
-                self.rows += 1;
-                self.index.insert(id, r);
-                init(self.row_mut(r, row_len));
-                r
-            }
+        let row = match self.index.get(id) {
+            Some(r) => r,
+            None => self.insert(id, row_len, init),
         };
         self.row_mut(row, row_len)
+    }
+
+    /// Hints the CPU to start loading row `row`.
+    #[inline]
+    fn prefetch(&self, row: u32, row_len: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if row != ABSENT {
+            let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
+            let ptr = self.chunks[c][r * row_len..].as_ptr() as *const i8;
+            // SAFETY: prefetching is only a hint; the pointer is inside a live chunk.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr) };
+        }
     }
 }
 
@@ -65,7 +84,7 @@ impl SparseTable {
         let row_len = spec.dim + spec.optimizer.state_len(spec.dim);
         let stripes = (0..STRIPES)
             .map(|_| {
-                Mutex::new(Stripe { index: HashMap::with_hasher(Default::default()), chunks: Vec::new(), rows: 0 })
+                Mutex::new(Stripe { index: IdIndex::default(), chunks: Vec::new(), rows: 0 })
             })
             .collect();
         SparseTable { spec, row_len, stripes }
@@ -103,16 +122,31 @@ impl SparseTable {
     pub fn pull(&self, ids: &[u64], out: &mut [f32], create: bool) -> Result<(), TableError> {
         let dim = self.spec.dim;
         check_len("pulled rows", ids.len() * dim, out.len())?;
+        let mut found: Vec<u32> = Vec::new();
         self.for_each_stripe(ids, |stripe, positions| {
-            for &p in positions {
-                let (id, dst) = (ids[p as usize], &mut out[p as usize * dim..(p as usize + 1) * dim]);
-                if create {
-                    let row = stripe.get_or_insert(id, self.row_len, |r| self.init_full_row(id, r));
-                    dst.copy_from_slice(&row[..dim]);
-                } else if let Some(&r) = stripe.index.get(&id) {
-                    dst.copy_from_slice(&stripe.row(r, self.row_len)[..dim]);
+            // Two phases so the cache misses of many keys overlap: first every index probe
+            // (independent of each other), then the row copies with the rows prefetched ahead.
+            found.clear();
+            found.extend(positions.iter().enumerate().map(|(k, &p)| {
+                if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
+                    stripe.index.prefetch(ids[ahead as usize]);
+                }
+                let id = ids[p as usize];
+                match stripe.index.get(id) {
+                    Some(r) => r,
+                    None if create => stripe.insert(id, self.row_len, |r| self.init_full_row(id, r)),
+                    None => ABSENT,
+                }
+            }));
+            for (k, (&p, &r)) in positions.iter().zip(&found).enumerate() {
+                if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
+                    stripe.prefetch(ahead, self.row_len);
+                }
+                let dst = &mut out[p as usize * dim..(p as usize + 1) * dim];
+                if r == ABSENT {
+                    self.spec.init_row(ids[p as usize], dst);
                 } else {
-                    self.spec.init_row(id, dst);
+                    dst.copy_from_slice(&stripe.row(r, self.row_len)[..dim]);
                 }
             }
         });
@@ -125,11 +159,25 @@ impl SparseTable {
         let dim = self.spec.dim;
         check_len("sparse gradient", ids.len() * dim, grads.len())?;
         let opt = self.spec.optimizer;
+        let mut found: Vec<u32> = Vec::new();
         self.for_each_stripe(ids, |stripe, positions| {
-            for &p in positions {
+            // Two phases with prefetching, as in `pull`.
+            found.clear();
+            found.extend(positions.iter().enumerate().map(|(k, &p)| {
+                if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
+                    stripe.index.prefetch(ids[ahead as usize]);
+                }
                 let id = ids[p as usize];
-                let row = stripe.get_or_insert(id, self.row_len, |r| self.init_full_row(id, r));
-                let (w, state) = row.split_at_mut(dim);
+                match stripe.index.get(id) {
+                    Some(r) => r,
+                    None => stripe.insert(id, self.row_len, |r| self.init_full_row(id, r)),
+                }
+            }));
+            for (k, (&p, &r)) in positions.iter().zip(&found).enumerate() {
+                if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
+                    stripe.prefetch(ahead, self.row_len);
+                }
+                let (w, state) = stripe.row_mut(r, self.row_len).split_at_mut(dim);
                 opt.update(w, state, &grads[p as usize * dim..(p as usize + 1) * dim], scale);
             }
         });
@@ -140,7 +188,7 @@ impl SparseTable {
     pub fn for_each_row(&self, mut f: impl FnMut(u64, &[f32])) {
         for stripe in &self.stripes {
             let s = stripe.lock();
-            for (&id, &r) in &s.index {
+            for (id, r) in s.index.iter() {
                 f(id, s.row(r, self.row_len));
             }
         }
