@@ -120,7 +120,7 @@ pub fn write_shard(shard: &Shard, dir: &Path) -> Result<(String, u64, u32), Chec
         w.write_all(&(json.len() as u64).to_le_bytes())?;
         w.write_all(&json)?;
         for b in &dense.blocks {
-            w.write_all(bytemuck::cast_slice(&b.weights))?;
+            w.write_all(bytemuck::cast_slice(&b.weights[..]))?;
             w.write_all(bytemuck::cast_slice(&b.state))?;
         }
         drop(dense);
@@ -184,7 +184,7 @@ pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
         }
         for b in &mut dense.blocks {
             let w = take(b.weights.len() * 4)?;
-            b.weights.copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(w));
+            std::sync::Arc::make_mut(&mut b.weights).copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(w));
             let s = take(b.state.len() * 4)?;
             b.state.copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(s));
         }
@@ -302,7 +302,7 @@ pub fn load_merged(dir: &Path) -> Result<(Manifest, Shard), CheckpointError> {
         for block in &shard.dense.lock().blocks {
             // With one server, block b is the b-th block, covering the same range.
             let t = &mut target.blocks[block.index];
-            t.weights.copy_from_slice(&block.weights);
+            std::sync::Arc::make_mut(&mut t.weights).copy_from_slice(&block.weights);
             t.state.copy_from_slice(&block.state);
         }
         for (t, from) in merged.sparse.iter().zip(&shard.sparse) {

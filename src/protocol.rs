@@ -646,6 +646,17 @@ impl<'a> Request<'a> {
     }
 }
 
+/// Encodes a `Values` response whose dense array is made of consecutive chunks (a server's
+/// blocks, sent from where they lie).
+pub fn encode_values<'a, D: AsRef<[f32]>, S: AsRef<[f32]>>(version: u64, dense: &'a [D], sparse: &'a [S]) -> Frame<'a> {
+    let mut e = Encoder::new(kind::VALUES);
+    e.u64(version).f32_chunks(dense).u64(sparse.len() as u64);
+    for rows in sparse {
+        e.f32s(rows.as_ref());
+    }
+    e.finish()
+}
+
 fn table_index(v: u64) -> Result<u32, ProtocolError> {
     u32::try_from(v).map_err(|_| ProtocolError::Malformed(format!("table index {v} out of range")))
 }
@@ -660,14 +671,7 @@ impl<'a> Response<'a> {
                 e.finish()
             }
             Response::Done => Encoder::new(kind::DONE).finish(),
-            Response::Values { version, dense, sparse } => {
-                let mut e = Encoder::new(kind::VALUES);
-                e.u64(*version).f32s(dense).u64(sparse.len() as u64);
-                for rows in sparse {
-                    e.f32s(rows);
-                }
-                e.finish()
-            }
+            Response::Values { version, dense, sparse } => encode_values(*version, std::slice::from_ref(dense), sparse),
             Response::Pushed { outcome, version } => {
                 let mut e = Encoder::new(kind::PUSHED);
                 e.u64(*outcome as u64).u64(*version);

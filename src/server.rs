@@ -12,7 +12,6 @@
 //! applied at once, unless it was computed from parameters more than `lag_ratio x trainers`
 //! updates old, in which case it is discarded and counted.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
@@ -27,7 +26,7 @@ use tokio::sync::watch;
 
 use crate::checkpoint::{write_shard, Manifest};
 use crate::protocol::{
-    read_frame, write_frame, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull, Push, PushOutcome, Request,
+    encode_values, read_frame, write_frame, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull, Push, PushOutcome, Request,
     Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
 };
 use crate::table::{Shard, TableSpec};
@@ -150,7 +149,20 @@ struct State {
     all_closed: watch::Sender<bool>,
 }
 
-type Reply = Result<Response<'static>, (ErrorCode, String)>;
+type Reply = Result<Answer, (ErrorCode, String)>;
+
+/// What a handler answers: a response, or pulled values whose dense blocks are shared with the
+/// table (sent without copying them).
+enum Answer {
+    Response(Response<'static>),
+    Values { version: u64, dense: Vec<Arc<[f32]>>, sparse: Vec<Vec<f32>> },
+}
+
+impl From<Response<'static>> for Answer {
+    fn from(r: Response<'static>) -> Answer {
+        Answer::Response(r)
+    }
+}
 
 impl State {
     fn shard(&self) -> Result<Arc<Shard>, (ErrorCode, String)> {
@@ -284,11 +296,12 @@ async fn serve_connection(state: Arc<State>, socket: TcpStream) -> Result<(), Pr
         };
         let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State, _))) && !greeted;
         greeted |= reply.is_ok();
-        let response = reply.unwrap_or_else(|(code, message)| Response::Error { code, message });
-        write_frame(&mut wr, &response.encode()).await?;
-        if let Response::Values { dense: Cow::Owned(dense), sparse, .. } = response {
-            scratch.dense = dense;
-            scratch.sparse = sparse.into_iter().filter_map(|rows| if let Cow::Owned(v) = rows { Some(v) } else { None }).collect();
+        match reply.unwrap_or_else(|(code, message)| Answer::Response(Response::Error { code, message })) {
+            Answer::Response(response) => write_frame(&mut wr, &response.encode()).await?,
+            Answer::Values { version, dense, sparse } => {
+                write_frame(&mut wr, &encode_values(version, &dense, &sparse)).await?;
+                scratch.sparse = sparse;
+            }
         }
         if fatal {
             return Ok(());
@@ -312,13 +325,12 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
             h.server_index, h.num_servers, c.index, c.num_servers
         ));
     }
-    Ok(Response::Welcome { server_index: c.index as u64, num_servers: c.num_servers as u64 })
+    Ok(Answer::Response(Response::Welcome { server_index: c.index as u64, num_servers: c.num_servers as u64 }))
 }
 
-/// Buffers of a connection's last pull reply, handed back for the next one.
+/// Row buffers of a connection's last pull reply, handed back for the next one.
 #[derive(Default)]
 struct Scratch {
-    dense: Vec<f32>,
     sparse: Vec<Vec<f32>>,
 }
 
@@ -336,7 +348,7 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
             let shard = state.shard()?;
             let (file, bytes, crc32) =
                 write_shard(&shard, std::path::Path::new(&dir)).map_err(|e| (ErrorCode::Io, e.to_string()))?;
-            Ok(Response::Saved { file, bytes, crc32 })
+            Ok(Answer::Response(Response::Saved { file, bytes, crc32 }))
         }
         Request::EndPass { trainer, pass } => {
             let shard = state.shard()?;
@@ -346,10 +358,10 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
                 pending.ended.insert(trainer);
             }
             try_complete_step(state, &shard, &mut pending)?;
-            Ok(Response::Done)
+            Ok(Answer::Response(Response::Done))
         }
         Request::Close { trainer } => close(state, trainer),
-        Request::Stats => Ok(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize"))),
+        Request::Stats => Ok(Answer::Response(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize")))),
     }
 }
 
@@ -362,24 +374,24 @@ fn declare(state: &State, spec: TableSpec) -> Reply {
                 "declared tables differ from the ones this server holds (another model or a changed config?)".into(),
             ));
         }
-        return Ok(Response::Done);
+        return Ok(Answer::Response(Response::Done));
     }
     spec.validate().map_err(|m| (ErrorCode::Table, m))?;
     let c = &state.config;
     *slot = Some(Arc::new(Shard::new(spec, c.index, c.num_servers)));
-    Ok(Response::Done)
+    Ok(Answer::Response(Response::Done))
 }
 
 fn pull(state: &State, pull: Pull<'_>, scratch: Scratch) -> Reply {
-    let Scratch { mut dense, sparse: mut spare } = scratch;
+    let Scratch { sparse: mut spare } = scratch;
     let shard = state.shard()?;
     let c = &state.counters;
     c.pulls.fetch_add(1, Relaxed);
     let version = c.version.load(Relaxed);
-    dense.clear();
-    if pull.dense == DenseSelection::All {
-        shard.dense.lock().read(&mut dense);
-    }
+    let dense = match pull.dense {
+        DenseSelection::All => shard.dense.lock().snapshot(),
+        DenseSelection::None => Vec::new(),
+    };
     let mut sparse = Vec::with_capacity(pull.sparse.len());
     for s in &pull.sparse {
         let table = shard.table(s.table as usize).map_err(table_err)?;
@@ -390,7 +402,7 @@ fn pull(state: &State, pull: Pull<'_>, scratch: Scratch) -> Reply {
         c.keys_pulled.fetch_add(s.ids.len() as u64, Relaxed);
         sparse.push(rows);
     }
-    Ok(Response::Values { version, dense: dense.into(), sparse: sparse.into_iter().map(Into::into).collect() })
+    Ok(Answer::Values { version, dense, sparse })
 }
 
 fn table_err(e: crate::table::TableError) -> (ErrorCode, String) {
@@ -417,12 +429,12 @@ fn push_async(state: &State, push: Push<'_>) -> Reply {
     let max_lag = (state.config.lag_ratio * state.config.trainers as f64).ceil() as u64;
     if version.saturating_sub(push.base_version) > max_lag {
         c.discarded.fetch_add(1, Relaxed);
-        return Ok(Response::Pushed { outcome: PushOutcome::Discarded, version });
+        return Ok(Answer::Response(Response::Pushed { outcome: PushOutcome::Discarded, version }));
     }
     c.keys_pushed.fetch_add(push.sparse.iter().map(|s| s.ids.len() as u64).sum(), Relaxed);
     apply(&shard, &push.dense_contiguous(), &push.sparse, push.samples)?;
     let version = c.version.fetch_add(1, Relaxed) + 1;
-    Ok(Response::Pushed { outcome: PushOutcome::Applied, version })
+    Ok(Answer::Response(Response::Pushed { outcome: PushOutcome::Applied, version }))
 }
 
 async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
@@ -460,7 +472,7 @@ async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
             format!("sync step {step} timed out after {:?} waiting for trainer(s) {missing:?}", state.config.timeout),
         ));
     }
-    Ok(Response::Pushed { outcome: PushOutcome::Applied, version: step + 1 })
+    Ok(Answer::Response(Response::Pushed { outcome: PushOutcome::Applied, version: step + 1 }))
 }
 
 /// If every active trainer has pushed the pending step, merges the pushes in trainer order,
@@ -554,7 +566,7 @@ async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {
         }
     };
     match tokio::time::timeout(state.config.timeout, wait).await {
-        Ok(()) => Ok(Response::Done),
+        Ok(()) => Ok(Answer::Response(Response::Done)),
         Err(_) => Err((
             ErrorCode::Timeout,
             format!(
@@ -582,7 +594,7 @@ fn close(state: &Arc<State>, trainer: u64) -> Reply {
     if all {
         state.all_closed.send_replace(true);
     }
-    Ok(Response::Done)
+    Ok(Answer::Response(Response::Done))
 }
 
 /// Binds `addr` and serves until every trainer closes (or forever without `exit_when_done`),

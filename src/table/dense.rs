@@ -3,6 +3,12 @@
 //! The flat dense vector is cut into fixed-size blocks dealt round-robin to servers (see
 //! [`crate::layout::DenseLayout`]); on the wire a server's blocks travel concatenated in block
 //! order, so a pull or push is one contiguous array per server.
+//!
+//! Weights sit behind an `Arc` so a pull can take a snapshot of every block by reference and
+//! write it to the socket after the lock is released, without copying megabytes; an update
+//! that meets a block still being sent copies that one block first (`Arc::make_mut`).
+
+use std::sync::Arc;
 
 use super::{DenseSpec, Optimizer, TableError};
 use crate::layout::DenseLayout;
@@ -13,8 +19,8 @@ pub struct Block {
     pub index: usize,
     /// Offset of the block's first float in the flat vector.
     pub start: usize,
-    /// Weights.
-    pub weights: Vec<f32>,
+    /// Weights (shared with pull replies still being sent).
+    pub weights: Arc<[f32]>,
     /// Optimizer state (`optimizer.state_len(weights.len())` floats).
     pub state: Vec<f32>,
 }
@@ -40,7 +46,7 @@ impl DenseShard {
                 spec.init_range(range.start, &mut weights);
                 let mut state = vec![0.0; optimizer.state_len(range.len())];
                 optimizer.init_state(&mut state);
-                Block { index: b, start: range.start, weights, state }
+                Block { index: b, start: range.start, weights: Arc::from(weights), state }
             })
             .collect();
         let len = blocks.iter().map(|b| b.weights.len()).sum();
@@ -55,6 +61,12 @@ impl DenseShard {
     /// True if this server owns no dense float.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The owned blocks' weights by reference, in block order: a consistent snapshot that later
+    /// updates do not change.
+    pub fn snapshot(&self) -> Vec<Arc<[f32]>> {
+        self.blocks.iter().map(|b| b.weights.clone()).collect()
     }
 
     /// Appends the owned weights, block after block, to `out`.
@@ -77,7 +89,7 @@ impl DenseShard {
         let mut off = 0;
         for b in &mut self.blocks {
             let n = b.weights.len();
-            self.optimizer.update(&mut b.weights, &mut b.state, &grads[off..off + n], scale);
+            self.optimizer.update(Arc::make_mut(&mut b.weights), &mut b.state, &grads[off..off + n], scale);
             off += n;
         }
         Ok(())
