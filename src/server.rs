@@ -395,8 +395,8 @@ fn pull(state: &State, pull: Pull<'_>, scratch: Scratch) -> Reply {
     let mut sparse = Vec::with_capacity(pull.sparse.len());
     for s in &pull.sparse {
         let table = shard.table(s.table as usize).map_err(table_err)?;
+        // Every float is overwritten by the pull, so stale values from the last reply may stay.
         let mut rows = spare.pop().unwrap_or_default();
-        rows.clear();
         rows.resize(s.ids.len() * table.spec().dim, 0.0);
         table.pull(&s.ids, &mut rows, pull.create == RowCreation::Create).map_err(table_err)?;
         c.keys_pulled.fetch_add(s.ids.len() as u64, Relaxed);

@@ -32,10 +32,11 @@ impl Default for IdIndex {
 }
 
 impl IdIndex {
+    /// The first slot to probe for an id whose `mix64` is `hash`.
     #[inline]
-    fn home(&self, id: u64) -> usize {
+    fn home(&self, hash: u64) -> usize {
         // Bits above the 6 that pick the stripe, so ids of one stripe spread over all slots.
-        (mix64(id) >> 6) as usize & (self.slots.len() - 1)
+        (hash >> 6) as usize & (self.slots.len() - 1)
     }
 
     /// Number of ids held.
@@ -51,8 +52,14 @@ impl IdIndex {
     /// The row of `id`, if present.
     #[inline]
     pub fn get(&self, id: u64) -> Option<u32> {
+        self.get_hashed(id, mix64(id))
+    }
+
+    /// [`IdIndex::get`] with `hash = mix64(id)` already computed.
+    #[inline]
+    pub fn get_hashed(&self, id: u64, hash: u64) -> Option<u32> {
         let mask = self.slots.len() - 1;
-        let mut i = self.home(id);
+        let mut i = self.home(hash);
         loop {
             let s = self.slots[i];
             if s.row == EMPTY {
@@ -73,7 +80,7 @@ impl IdIndex {
             self.grow();
         }
         let mask = self.slots.len() - 1;
-        let mut i = self.home(id);
+        let mut i = self.home(mix64(id));
         while self.slots[i].row != EMPTY {
             i = (i + 1) & mask;
         }
@@ -86,7 +93,7 @@ impl IdIndex {
         let old = std::mem::replace(&mut self.slots, doubled);
         let mask = self.slots.len() - 1;
         for s in old.into_iter().filter(|s| s.row != EMPTY) {
-            let mut i = self.home(s.id);
+            let mut i = self.home(mix64(s.id));
             while self.slots[i].row != EMPTY {
                 i = (i + 1) & mask;
             }
@@ -94,12 +101,12 @@ impl IdIndex {
         }
     }
 
-    /// Hints the CPU to start loading the slot where `id` would be.
+    /// Hints the CPU to start loading the slot of the id whose `mix64` is `hash`.
     #[inline]
-    pub fn prefetch(&self, id: u64) {
+    pub fn prefetch(&self, hash: u64) {
         #[cfg(target_arch = "x86_64")]
         {
-            let ptr = &self.slots[self.home(id)] as *const Slot as *const i8;
+            let ptr = &self.slots[self.home(hash)] as *const Slot as *const i8;
             // SAFETY: prefetching is only a hint; the pointer is inside `slots`.
             unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr) };
         }

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use super::index::IdIndex;
 use super::{SparseSpec, TableError};
-use crate::layout::{group_positions, stripe_of, STRIPES};
+use crate::layout::{group_positions, mix64, stripe_of, STRIPES};
 
 /// Rows per slab chunk: big enough to amortize allocation, small enough to waste little.
 const CHUNK_ROWS: usize = 4096;
@@ -123,16 +123,16 @@ impl SparseTable {
         let dim = self.spec.dim;
         check_len("pulled rows", ids.len() * dim, out.len())?;
         let mut found: Vec<u32> = Vec::new();
-        self.for_each_stripe(ids, |stripe, positions| {
+        self.for_each_stripe(ids, |stripe, positions, hashes| {
             // Two phases so the cache misses of many keys overlap: first every index probe
             // (independent of each other), then the row copies with the rows prefetched ahead.
             found.clear();
             found.extend(positions.iter().enumerate().map(|(k, &p)| {
                 if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
-                    stripe.index.prefetch(ids[ahead as usize]);
+                    stripe.index.prefetch(hashes[ahead as usize]);
                 }
                 let id = ids[p as usize];
-                match stripe.index.get(id) {
+                match stripe.index.get_hashed(id, hashes[p as usize]) {
                     Some(r) => r,
                     None if create => stripe.insert(id, self.row_len, |r| self.init_full_row(id, r)),
                     None => ABSENT,
@@ -160,15 +160,15 @@ impl SparseTable {
         check_len("sparse gradient", ids.len() * dim, grads.len())?;
         let opt = self.spec.optimizer;
         let mut found: Vec<u32> = Vec::new();
-        self.for_each_stripe(ids, |stripe, positions| {
+        self.for_each_stripe(ids, |stripe, positions, hashes| {
             // Two phases with prefetching, as in `pull`.
             found.clear();
             found.extend(positions.iter().enumerate().map(|(k, &p)| {
                 if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
-                    stripe.index.prefetch(ids[ahead as usize]);
+                    stripe.index.prefetch(hashes[ahead as usize]);
                 }
                 let id = ids[p as usize];
-                match stripe.index.get(id) {
+                match stripe.index.get_hashed(id, hashes[p as usize]) {
                     Some(r) => r,
                     None => stripe.insert(id, self.row_len, |r| self.init_full_row(id, r)),
                 }
@@ -202,17 +202,27 @@ impl SparseTable {
         Ok(())
     }
 
-    /// Groups the positions of `ids` by stripe and calls `f` once per touched stripe, holding
-    /// that stripe's lock only for the call.
-    fn for_each_stripe(&self, ids: &[u64], mut f: impl FnMut(&mut Stripe, &[u32])) {
-        let (mut order, mut starts) = (Vec::new(), Vec::new());
-        group_positions(ids.len(), STRIPES, |i| stripe_of(ids[i]), &mut order, &mut starts);
-        for (s, stripe) in self.stripes.iter().enumerate() {
-            let positions = &order[starts[s]..starts[s + 1]];
-            if !positions.is_empty() {
-                f(&mut stripe.lock(), positions);
-            }
+    /// Groups the positions of `ids` by stripe and calls `f(stripe, positions, hashes)` once
+    /// per touched stripe, holding that stripe's lock only for the call; `hashes[i]` is
+    /// `mix64(ids[i])`, computed once for both the stripe and the slot.
+    fn for_each_stripe(&self, ids: &[u64], mut f: impl FnMut(&mut Stripe, &[u32], &[u64])) {
+        // The grouping buffers are per thread and reused: a server thread serves batch after batch.
+        thread_local! {
+            static GROUPING: std::cell::RefCell<(Vec<u64>, Vec<u32>, Vec<usize>)> = Default::default();
         }
+        GROUPING.with_borrow_mut(|(hashes, order, starts)| {
+            hashes.clear();
+            hashes.extend(ids.iter().map(|&id| mix64(id)));
+            // Same bits as `stripe_of`, from the precomputed hash.
+            group_positions(ids.len(), STRIPES, |i| hashes[i] as usize & (STRIPES - 1), order, starts);
+            debug_assert!(ids.first().is_none_or(|&id| stripe_of(id) == hashes[0] as usize & (STRIPES - 1)));
+            for (s, stripe) in self.stripes.iter().enumerate() {
+                let positions = &order[starts[s]..starts[s + 1]];
+                if !positions.is_empty() {
+                    f(&mut stripe.lock(), positions, hashes);
+                }
+            }
+        })
     }
 }
 
