@@ -225,7 +225,7 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
                  once: bool,
                  cpu: &dyn Fn() -> anyhow::Result<f64>| {
         let (started, cpu0, mut n, mut i) = (Instant::now(), cpu()?, 0usize, 0usize);
-        while if once { i < sets.len() } else { started.elapsed().as_secs_f64() < seconds / 2.0 || i < 3 } {
+        while if once { i < sets.len() } else { started.elapsed().as_secs_f64() < seconds / 4.0 || i < 3 } {
             let ids = &sets[i % sets.len()];
             op(ids)?;
             n += ids.len();
@@ -244,35 +244,47 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
         anyhow::Ok(())
     };
     let (net_insert, _) = timed(&mut pull, &inserts, true, &server_cpu)?;
-    let (net_drawn, core_drawn) = timed(&mut pull, &drawn, false, &server_cpu)?;
-    let (net_pull, core_pull) = timed(&mut pull, &batches, false, &server_cpu)?;
-    let (net_push, core_push) = timed(
-        &mut |ids| {
+    // Three alternating rounds of each measurement; the medians are reported.
+    let mut net: [Vec<(f64, f64)>; 3] = Default::default();
+    for _ in 0..3 {
+        net[0].push(timed(&mut pull, &drawn, false, &server_cpu)?);
+        net[1].push(timed(&mut pull, &batches, false, &server_cpu)?);
+    }
+    drop(pull);
+    for _ in 0..3 {
+        let mut push = |ids: &[u64]| {
             let g = TableGrads { table: 0, dim: 10, ids, grads: &grads[..ids.len() * 10] };
             c.push(0, 0, 1, 0, 1, None, &[g])?;
-            Ok(())
-        },
-        &batches,
-        false,
-        &server_cpu,
-    )?;
+            anyhow::Ok(())
+        };
+        net[2].push(timed(&mut push, &batches, false, &server_cpu)?);
+    }
     c.close(0)?;
     server.stop();
     let mem = crate::table::SparseTable::new(table);
     let mut rows_out = vec![0.0f32; keys * 10];
     let mut mem_pull = |ids: &[u64]| Ok(mem.pull(ids, &mut rows_out[..ids.len() * 10], true)?);
     let (mem_insert, _) = timed(&mut mem_pull, &inserts, true, &no_cpu)?;
-    let (mem_drawn, _) = timed(&mut mem_pull, &drawn, false, &no_cpu)?;
-    let (mem_pull, _) = timed(&mut mem_pull, &batches, false, &no_cpu)?;
-    let (mem_push, _) = timed(&mut |ids| Ok(mem.push(ids, &grads[..ids.len() * 10], 1.0)?), &batches, false, &no_cpu)?;
+    let mut mem_rates: [Vec<f64>; 3] = Default::default();
+    for _ in 0..3 {
+        mem_rates[0].push(timed(&mut mem_pull, &drawn, false, &no_cpu)?.0);
+        mem_rates[1].push(timed(&mut mem_pull, &batches, false, &no_cpu)?.0);
+    }
+    for _ in 0..3 {
+        let mut mem_push = |ids: &[u64]| Ok(mem.push(ids, &grads[..ids.len() * 10], 1.0)?);
+        mem_rates[2].push(timed(&mut mem_push, &batches, false, &no_cpu)?.0);
+    }
+    let wall = |k: usize| median(net[k].iter().map(|r| r.0).collect());
+    let core = |k: usize| median(net[k].iter().map(|r| r.1).collect());
+    let mem = |k: usize| median(mem_rates[k].clone());
     let unique = batches.iter().map(Vec::len).sum::<usize>() / batches.len();
     Ok(SparseRates {
         unique,
         rows: vec![
             ("insert (new ids)".into(), net_insert, mem_insert, f64::NAN),
-            (format!("pull {keys} ids as drawn"), net_drawn, mem_drawn, core_drawn),
-            (format!("pull {unique} unique ids"), net_pull, mem_pull, core_pull),
-            (format!("push {unique} unique ids"), net_push, mem_push, core_push),
+            (format!("pull {keys} ids as drawn"), wall(0), mem(0), core(0)),
+            (format!("pull {unique} unique ids"), wall(1), mem(1), core(1)),
+            (format!("push {unique} unique ids"), wall(2), mem(2), core(2)),
         ],
     })
 }
@@ -350,7 +362,7 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
     println!("    oar push + pull through a server  {oar:7.2} GB/s   = {:.0}% of raw TCP", 100.0 * oar / raw);
 
     println!(
-        "(b) sparse rows of dim 10 (Adagrad), {} rows inserted, then batches of {} Zipf-like keys, one server",
+        "(b) sparse rows of dim 10 (Adagrad), {} rows inserted, then batches of {} Zipf-like keys, one server (medians of 3)",
         config.sparse_rows, config.sparse_keys
     );
     let r = sparse_rates(&config.exe, config.sparse_rows, config.sparse_keys, config.seconds)?;
