@@ -371,7 +371,8 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         config.sparse_keys, r.unique
     );
     for (what, net, mem, core) in &r.rows {
-        let per_core = if core.is_nan() { String::new() } else { format!("; {:5.2} M per server CPU second", core / 1e6) };
+        let per_core =
+            if core.is_nan() { String::new() } else { format!("; {:5.2} M per server CPU second", core / 1e6) };
         println!(
             "    {what:24} {:6.2} M keys/s through the server (in-memory table {:6.2} M keys/s, ratio {:.2}{per_core})",
             net / 1e6,

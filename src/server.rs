@@ -26,8 +26,8 @@ use tokio::sync::watch;
 
 use crate::checkpoint::{write_shard, Manifest};
 use crate::protocol::{
-    encode_values, read_frame, write_frame, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull, Push, PushOutcome, Request,
-    Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
+    encode_values, read_frame, write_frame, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull, Push,
+    PushOutcome, Request, Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
 };
 use crate::table::{Shard, TableSpec};
 
@@ -361,7 +361,9 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
             Ok(Answer::Response(Response::Done))
         }
         Request::Close { trainer } => close(state, trainer),
-        Request::Stats => Ok(Answer::Response(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize")))),
+        Request::Stats => {
+            Ok(Answer::Response(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize"))))
+        }
     }
 }
 

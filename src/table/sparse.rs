@@ -83,9 +83,7 @@ impl SparseTable {
     pub fn new(spec: SparseSpec) -> SparseTable {
         let row_len = spec.dim + spec.optimizer.state_len(spec.dim);
         let stripes = (0..STRIPES)
-            .map(|_| {
-                Mutex::new(Stripe { index: IdIndex::default(), chunks: Vec::new(), rows: 0 })
-            })
+            .map(|_| Mutex::new(Stripe { index: IdIndex::default(), chunks: Vec::new(), rows: 0 }))
             .collect();
         SparseTable { spec, row_len, stripes }
     }
@@ -124,20 +122,7 @@ impl SparseTable {
         check_len("pulled rows", ids.len() * dim, out.len())?;
         let mut found: Vec<u32> = Vec::new();
         self.for_each_stripe(ids, |stripe, positions, hashes| {
-            // Two phases so the cache misses of many keys overlap: first every index probe
-            // (independent of each other), then the row copies with the rows prefetched ahead.
-            found.clear();
-            found.extend(positions.iter().enumerate().map(|(k, &p)| {
-                if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
-                    stripe.index.prefetch(hashes[ahead as usize]);
-                }
-                let id = ids[p as usize];
-                match stripe.index.get_hashed(id, hashes[p as usize]) {
-                    Some(r) => r,
-                    None if create => stripe.insert(id, self.row_len, |r| self.init_full_row(id, r)),
-                    None => ABSENT,
-                }
-            }));
+            self.resolve(stripe, ids, positions, hashes, create, &mut found);
             for (k, (&p, &r)) in positions.iter().zip(&found).enumerate() {
                 if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
                     stripe.prefetch(ahead, self.row_len);
@@ -161,18 +146,7 @@ impl SparseTable {
         let opt = self.spec.optimizer;
         let mut found: Vec<u32> = Vec::new();
         self.for_each_stripe(ids, |stripe, positions, hashes| {
-            // Two phases with prefetching, as in `pull`.
-            found.clear();
-            found.extend(positions.iter().enumerate().map(|(k, &p)| {
-                if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
-                    stripe.index.prefetch(hashes[ahead as usize]);
-                }
-                let id = ids[p as usize];
-                match stripe.index.get_hashed(id, hashes[p as usize]) {
-                    Some(r) => r,
-                    None => stripe.insert(id, self.row_len, |r| self.init_full_row(id, r)),
-                }
-            }));
+            self.resolve(stripe, ids, positions, hashes, true, &mut found);
             for (k, (&p, &r)) in positions.iter().zip(&found).enumerate() {
                 if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
                     stripe.prefetch(ahead, self.row_len);
@@ -200,6 +174,33 @@ impl SparseTable {
         let mut s = self.stripes[stripe_of(id)].lock();
         s.get_or_insert(id, self.row_len, |_| {}).copy_from_slice(row);
         Ok(())
+    }
+
+    /// Phase one of a batched pull or push on one stripe: the row number of every position
+    /// (created when `create`, else [`ABSENT`]) into `found`. The index probes are independent of
+    /// each other and the slots of later keys are prefetched, so their cache misses overlap; the
+    /// caller's second phase then walks the rows, prefetching them the same way.
+    fn resolve(
+        &self,
+        stripe: &mut Stripe,
+        ids: &[u64],
+        positions: &[u32],
+        hashes: &[u64],
+        create: bool,
+        found: &mut Vec<u32>,
+    ) {
+        found.clear();
+        found.extend(positions.iter().enumerate().map(|(k, &p)| {
+            if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
+                stripe.index.prefetch(hashes[ahead as usize]);
+            }
+            let id = ids[p as usize];
+            match stripe.index.get_hashed(id, hashes[p as usize]) {
+                Some(r) => r,
+                None if create => stripe.insert(id, self.row_len, |r| self.init_full_row(id, r)),
+                None => ABSENT,
+            }
+        }));
     }
 
     /// Groups the positions of `ids` by stripe and calls `f(stripe, positions, hashes)` once
