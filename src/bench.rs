@@ -250,7 +250,6 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
         net[0].push(timed(&mut pull, &drawn, false, &server_cpu)?);
         net[1].push(timed(&mut pull, &batches, false, &server_cpu)?);
     }
-    drop(pull);
     for _ in 0..3 {
         let mut push = |ids: &[u64]| {
             let g = TableGrads { table: 0, dim: 10, ids, grads: &grads[..ids.len() * 10] };
