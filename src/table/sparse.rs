@@ -131,7 +131,7 @@ impl SparseTable {
                 if r == ABSENT {
                     self.spec.init_row(ids[p as usize], dst);
                 } else {
-                    dst.copy_from_slice(&stripe.row(r, self.row_len)[..dim]);
+                    copy_small(dst, &stripe.row(r, self.row_len)[..dim]);
                 }
             }
         });
@@ -224,6 +224,27 @@ impl SparseTable {
                 }
             }
         })
+    }
+}
+
+/// Copies a row of a few floats. `copy_from_slice` of a length known only at run time becomes a
+/// call to `memcpy`, which for 40 bytes costs more than the copy (it was 12% of a server's pull
+/// time); fixed-size pieces compile to plain vector moves.
+#[inline(always)]
+fn copy_small(dst: &mut [f32], src: &[f32]) {
+    let (mut d, mut s) = (dst.chunks_exact_mut(8), src.chunks_exact(8));
+    for (a, b) in (&mut d).zip(&mut s) {
+        let a: &mut [f32; 8] = a.try_into().expect("chunks of 8");
+        *a = b.try_into().expect("chunks of 8");
+    }
+    let (d, s) = (d.into_remainder(), s.remainder());
+    let (mut d4, mut s4) = (d.chunks_exact_mut(4), s.chunks_exact(4));
+    for (a, b) in (&mut d4).zip(&mut s4) {
+        let a: &mut [f32; 4] = a.try_into().expect("chunks of 4");
+        *a = b.try_into().expect("chunks of 4");
+    }
+    for (a, b) in d4.into_remainder().iter_mut().zip(s4.remainder()) {
+        *a = *b;
     }
 }
 
