@@ -58,15 +58,19 @@ impl Stripe {
         self.row_mut(row, row_len)
     }
 
-    /// Hints the CPU to start loading row `row`.
+    /// Hints the CPU to start loading the first `len` floats of row `row`: every cache line they
+    /// touch (rows are not line-aligned, so even a 40-byte span may cross a line).
     #[inline]
-    fn prefetch(&self, row: u32, row_len: usize) {
+    fn prefetch(&self, row: u32, row_len: usize, len: usize) {
         #[cfg(target_arch = "x86_64")]
         if row != ABSENT {
             let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
-            let ptr = self.chunks[c][r * row_len..].as_ptr() as *const i8;
-            // SAFETY: prefetching is only a hint; the pointer is inside a live chunk.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr) };
+            let span = &self.chunks[c][r * row_len..r * row_len + len];
+            let (first, last) = (span.as_ptr() as usize, span.as_ptr() as usize + len * 4 - 1);
+            for line in (first & !63..=last).step_by(64) {
+                // SAFETY: prefetching is only a hint; every line holds part of the live row.
+                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.max(first) as *const i8) };
+            }
         }
     }
 }
@@ -125,7 +129,7 @@ impl SparseTable {
             self.resolve(stripe, ids, positions, hashes, create, &mut found);
             for (k, (&p, &r)) in positions.iter().zip(&found).enumerate() {
                 if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
-                    stripe.prefetch(ahead, self.row_len);
+                    stripe.prefetch(ahead, self.row_len, dim);
                 }
                 let dst = &mut out[p as usize * dim..(p as usize + 1) * dim];
                 if r == ABSENT {
@@ -149,7 +153,7 @@ impl SparseTable {
             self.resolve(stripe, ids, positions, hashes, true, &mut found);
             for (k, (&p, &r)) in positions.iter().zip(&found).enumerate() {
                 if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
-                    stripe.prefetch(ahead, self.row_len);
+                    stripe.prefetch(ahead, self.row_len, self.row_len);
                 }
                 let (w, state) = stripe.row_mut(r, self.row_len).split_at_mut(dim);
                 opt.update(w, state, &grads[p as usize * dim..(p as usize + 1) * dim], scale);
