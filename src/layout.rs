@@ -85,11 +85,12 @@ pub fn group_positions(
     order: &mut Vec<u32>,
     starts: &mut Vec<usize>,
 ) {
-    let owner: Vec<u32> = (0..len).map(|i| group_of(i) as u32).collect();
+    // `group_of` is cheap (a few bit operations on a precomputed hash), so it is called twice
+    // rather than stored: no allocation per batch.
     starts.clear();
     starts.resize(groups + 1, 0);
-    for &g in &owner {
-        starts[g as usize + 1] += 1;
+    for i in 0..len {
+        starts[group_of(i) + 1] += 1;
     }
     for g in 0..groups {
         starts[g + 1] += starts[g];
@@ -97,9 +98,10 @@ pub fn group_positions(
     let mut next: Vec<usize> = starts[..groups].to_vec();
     order.clear();
     order.resize(len, 0);
-    for (i, &g) in owner.iter().enumerate() {
-        order[next[g as usize]] = i as u32;
-        next[g as usize] += 1;
+    for i in 0..len {
+        let g = group_of(i);
+        order[next[g]] = i as u32;
+        next[g] += 1;
     }
 }
 

@@ -9,8 +9,8 @@
 //! the offline evaluator all use it directly.
 
 pub mod dense;
-pub mod index;
 pub mod optim;
+pub mod records;
 pub mod sparse;
 
 use serde::{Deserialize, Serialize};

@@ -1,75 +1,57 @@
 //! One server's rows of a sparse embedding table.
 //!
-//! Layout (chosen from the measurements in `../shared/research/deps.md`): the table is split into
-//! [`STRIPES`] stripes, each behind its own mutex; a stripe is a hashbrown index (foldhash)
-//! from id to row number plus a slab of fixed-size chunks holding rows `[weights | optimizer
-//! state]` contiguously. The slab keeps memory near the payload (no doubling copies of whole
-//! rows when the index grows) and a batch takes each stripe's lock once: positions are grouped
-//! by stripe first, so two requests touching different stripes never wait on each other.
+//! The table is split into [`STRIPES`] stripes, each behind its own mutex, and a batch takes
+//! each stripe's lock once: positions are grouped by stripe first, so two requests touching
+//! different stripes never wait on each other. A stripe holds each id's weights inline in its
+//! hash slots ([`Records`]: a pull costs one cache miss per cold id) and the optimizer state in a
+//! slab of fixed-size chunks indexed by the slot's row number (only pushes touch it). Batches are
+//! served in passes that prefetch the slots and state rows of the ids a few positions ahead, so
+//! the cache misses of a batch overlap. Layout measurements: `../shared/research/deps.md` and
+//! `oar bench`.
 
 use parking_lot::Mutex;
 
-use super::index::IdIndex;
+use super::records::Records;
 use super::{SparseSpec, TableError};
 use crate::layout::{group_positions, mix64, stripe_of, STRIPES};
 
-/// Rows per slab chunk: big enough to amortize allocation, small enough to waste little.
+/// State rows per slab chunk: big enough to amortize allocation, small enough to waste little.
 const CHUNK_ROWS: usize = 4096;
-/// Row number standing for "no such row".
-const ABSENT: u32 = u32::MAX;
-/// How many rows ahead a batched copy prefetches.
+/// Slot number standing for "no such id".
+const ABSENT: usize = usize::MAX;
+/// How many positions ahead a batch prefetches.
 const PREFETCH_DISTANCE: usize = 8;
 
 struct Stripe {
-    index: IdIndex,
-    chunks: Vec<Box<[f32]>>,
+    records: Records,
+    /// Optimizer state, `state_len` floats per row, in chunks.
+    state: Vec<Box<[f32]>>,
     rows: usize,
 }
 
 impl Stripe {
-    fn row_mut(&mut self, row: u32, row_len: usize) -> &mut [f32] {
+    fn state_mut(&mut self, row: u32, state_len: usize) -> &mut [f32] {
         let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
-        &mut self.chunks[c][r * row_len..(r + 1) * row_len]
+        &mut self.state[c][r * state_len..(r + 1) * state_len]
     }
 
-    fn row(&self, row: u32, row_len: usize) -> &[f32] {
+    fn state(&self, row: u32, state_len: usize) -> &[f32] {
         let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
-        &self.chunks[c][r * row_len..(r + 1) * row_len]
+        &self.state[c][r * state_len..(r + 1) * state_len]
     }
 
-    /// Stores a new row for `id` (absent until now), initialized by `init`; returns its number.
-    fn insert(&mut self, id: u64, row_len: usize, init: impl FnOnce(&mut [f32])) -> u32 {
-        let r = self.rows as u32;
-        if self.rows % CHUNK_ROWS == 0 {
-            self.chunks.push(vec![0.0; CHUNK_ROWS * row_len].into_boxed_slice());
-        }
-        self.rows += 1;
-        self.index.insert(id, r);
-        init(self.row_mut(r, row_len));
-        r
-    }
-
-    /// The row of `id`, created (by `init`) if absent.
-    fn get_or_insert(&mut self, id: u64, row_len: usize, init: impl FnOnce(&mut [f32])) -> &mut [f32] {
-        let row = match self.index.get(id) {
-            Some(r) => r,
-            None => self.insert(id, row_len, init),
-        };
-        self.row_mut(row, row_len)
-    }
-
-    /// Hints the CPU to start loading the first `len` floats of row `row`: every cache line they
-    /// touch (rows are not line-aligned, so even a 40-byte span may cross a line).
+    /// Hints the CPU to start loading the state of `row`, every line it spans.
     #[inline]
-    fn prefetch(&self, row: u32, row_len: usize, len: usize) {
+    fn prefetch_state(&self, row: u32, state_len: usize) {
         #[cfg(target_arch = "x86_64")]
-        if row != ABSENT {
-            let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
-            let span = &self.chunks[c][r * row_len..r * row_len + len];
-            let (first, last) = (span.as_ptr() as usize, span.as_ptr() as usize + len * 4 - 1);
+        if state_len > 0 {
+            let span = self.state(row, state_len);
+            let (first, last) = (span.as_ptr() as usize, span.as_ptr() as usize + state_len * 4 - 1);
             for line in (first & !63..=last).step_by(64) {
-                // SAFETY: prefetching is only a hint; every line holds part of the live row.
-                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.max(first) as *const i8) };
+                // SAFETY: prefetching is only a hint; every line holds part of the live state.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.max(first) as *const i8)
+                };
             }
         }
     }
@@ -78,18 +60,18 @@ impl Stripe {
 /// One server's rows of one sparse table.
 pub struct SparseTable {
     spec: SparseSpec,
-    row_len: usize,
+    state_len: usize,
     stripes: Vec<Mutex<Stripe>>,
 }
 
 impl SparseTable {
     /// An empty table.
     pub fn new(spec: SparseSpec) -> SparseTable {
-        let row_len = spec.dim + spec.optimizer.state_len(spec.dim);
+        let state_len = spec.optimizer.state_len(spec.dim);
         let stripes = (0..STRIPES)
-            .map(|_| Mutex::new(Stripe { index: IdIndex::default(), chunks: Vec::new(), rows: 0 }))
+            .map(|_| Mutex::new(Stripe { records: Records::new(spec.dim), state: Vec::new(), rows: 0 }))
             .collect();
-        SparseTable { spec, row_len, stripes }
+        SparseTable { spec, state_len, stripes }
     }
 
     /// The table's spec.
@@ -97,14 +79,14 @@ impl SparseTable {
         &self.spec
     }
 
-    /// Floats per stored row (weights plus optimizer state).
+    /// Floats per full row (weights plus optimizer state), as checkpoints store it.
     pub fn row_len(&self) -> usize {
-        self.row_len
+        self.spec.dim + self.state_len
     }
 
     /// Number of rows held.
     pub fn len(&self) -> usize {
-        self.stripes.iter().map(|s| s.lock().rows).sum()
+        self.stripes.iter().map(|s| s.lock().records.len()).sum()
     }
 
     /// True if no row is held.
@@ -112,10 +94,48 @@ impl SparseTable {
         self.len() == 0
     }
 
-    fn init_full_row(&self, id: u64, row: &mut [f32]) {
-        let dim = self.spec.dim;
-        self.spec.init_row(id, &mut row[..dim]);
-        self.spec.optimizer.init_state(&mut row[dim..]);
+    /// Adds `id` (absent) to a stripe: a slot from `find`'s `Err(at)` (after `reserve`) with its
+    /// weights initialized from the seed, and a fresh state row.
+    fn create(&self, stripe: &mut Stripe, at: usize, id: u64) -> usize {
+        let row = stripe.rows as u32;
+        if stripe.rows % CHUNK_ROWS == 0 {
+            stripe.state.push(vec![0.0; CHUNK_ROWS * self.state_len].into_boxed_slice());
+        }
+        stripe.rows += 1;
+        stripe.records.put(at, id, row);
+        self.spec.init_row(id, stripe.records.weights_mut(at));
+        self.spec.optimizer.init_state(stripe.state_mut(row, self.state_len));
+        at
+    }
+
+    /// The slot of every position (created when `create`, else [`ABSENT`]) into `found`. The
+    /// probes are independent of each other and later slots are prefetched, so their cache
+    /// misses overlap.
+    fn resolve(
+        &self,
+        stripe: &mut Stripe,
+        ids: &[u64],
+        positions: &[u32],
+        hashes: &[u64],
+        create: bool,
+        found: &mut Vec<usize>,
+    ) {
+        if create {
+            // No slot moves while the batch is resolved.
+            stripe.records.reserve(positions.len());
+        }
+        found.clear();
+        for (k, &p) in positions.iter().enumerate() {
+            if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
+                stripe.records.prefetch(hashes[ahead as usize]);
+            }
+            let id = ids[p as usize];
+            found.push(match stripe.records.find(id, hashes[p as usize]) {
+                Ok(slot) => slot,
+                Err(at) if create => self.create(stripe, at, id),
+                Err(_) => ABSENT,
+            });
+        }
     }
 
     /// Copies the weights of `ids` into `out` (`ids.len() * dim` floats). Absent rows are created
@@ -124,18 +144,16 @@ impl SparseTable {
     pub fn pull(&self, ids: &[u64], out: &mut [f32], create: bool) -> Result<(), TableError> {
         let dim = self.spec.dim;
         check_len("pulled rows", ids.len() * dim, out.len())?;
-        let mut found: Vec<u32> = Vec::new();
+        let mut found = Vec::new();
         self.for_each_stripe(ids, |stripe, positions, hashes| {
             self.resolve(stripe, ids, positions, hashes, create, &mut found);
-            for (k, (&p, &r)) in positions.iter().zip(&found).enumerate() {
-                if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
-                    stripe.prefetch(ahead, self.row_len, dim);
-                }
+            // The probes brought the slots, and with them the weights, into the cache.
+            for (&p, &slot) in positions.iter().zip(&found) {
                 let dst = &mut out[p as usize * dim..(p as usize + 1) * dim];
-                if r == ABSENT {
+                if slot == ABSENT {
                     self.spec.init_row(ids[p as usize], dst);
                 } else {
-                    copy_small(dst, &stripe.row(r, self.row_len)[..dim]);
+                    copy_small(dst, stripe.records.weights(slot));
                 }
             }
         });
@@ -148,15 +166,19 @@ impl SparseTable {
         let dim = self.spec.dim;
         check_len("sparse gradient", ids.len() * dim, grads.len())?;
         let opt = self.spec.optimizer;
-        let mut found: Vec<u32> = Vec::new();
+        let (mut found, mut rows) = (Vec::new(), Vec::new());
         self.for_each_stripe(ids, |stripe, positions, hashes| {
             self.resolve(stripe, ids, positions, hashes, true, &mut found);
-            for (k, (&p, &r)) in positions.iter().zip(&found).enumerate() {
-                if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
-                    stripe.prefetch(ahead, self.row_len, self.row_len);
+            rows.clear();
+            rows.extend(found.iter().map(|&slot| stripe.records.row(slot)));
+            for (k, (&p, &slot)) in positions.iter().zip(&found).enumerate() {
+                if let Some(&ahead) = rows.get(k + PREFETCH_DISTANCE) {
+                    stripe.prefetch_state(ahead, self.state_len);
                 }
-                let (w, state) = stripe.row_mut(r, self.row_len).split_at_mut(dim);
-                opt.update(w, state, &grads[p as usize * dim..(p as usize + 1) * dim], scale);
+                let Stripe { records, state, .. } = &mut *stripe;
+                let (c, r) = (rows[k] as usize / CHUNK_ROWS, rows[k] as usize % CHUNK_ROWS);
+                let st = &mut state[c][r * self.state_len..(r + 1) * self.state_len];
+                opt.update(records.weights_mut(slot), st, &grads[p as usize * dim..(p as usize + 1) * dim], scale);
             }
         });
         Ok(())
@@ -164,47 +186,32 @@ impl SparseTable {
 
     /// Visits every stored row `[weights | state]` with its id, stripe by stripe.
     pub fn for_each_row(&self, mut f: impl FnMut(u64, &[f32])) {
+        let mut full = Vec::with_capacity(self.row_len());
         for stripe in &self.stripes {
             let s = stripe.lock();
-            for (id, r) in s.index.iter() {
-                f(id, s.row(r, self.row_len));
+            for slot in s.records.occupied() {
+                full.clear();
+                full.extend_from_slice(s.records.weights(slot));
+                full.extend_from_slice(s.state(s.records.row(slot), self.state_len));
+                f(s.records.id(slot), &full);
             }
         }
     }
 
     /// Stores a full row `[weights | state]` for `id` (used when loading a checkpoint).
     pub fn insert_row(&self, id: u64, row: &[f32]) -> Result<(), TableError> {
-        check_len("checkpoint row", self.row_len, row.len())?;
+        check_len("checkpoint row", self.row_len(), row.len())?;
         let mut s = self.stripes[stripe_of(id)].lock();
-        s.get_or_insert(id, self.row_len, |_| {}).copy_from_slice(row);
+        s.records.reserve(1);
+        let slot = match s.records.find(id, mix64(id)) {
+            Ok(slot) => slot,
+            Err(at) => self.create(&mut s, at, id),
+        };
+        let dim = self.spec.dim;
+        s.records.weights_mut(slot).copy_from_slice(&row[..dim]);
+        let r = s.records.row(slot);
+        s.state_mut(r, self.state_len).copy_from_slice(&row[dim..]);
         Ok(())
-    }
-
-    /// Phase one of a batched pull or push on one stripe: the row number of every position
-    /// (created when `create`, else [`ABSENT`]) into `found`. The index probes are independent of
-    /// each other and the slots of later keys are prefetched, so their cache misses overlap; the
-    /// caller's second phase then walks the rows, prefetching them the same way.
-    fn resolve(
-        &self,
-        stripe: &mut Stripe,
-        ids: &[u64],
-        positions: &[u32],
-        hashes: &[u64],
-        create: bool,
-        found: &mut Vec<u32>,
-    ) {
-        found.clear();
-        found.extend(positions.iter().enumerate().map(|(k, &p)| {
-            if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
-                stripe.index.prefetch(hashes[ahead as usize]);
-            }
-            let id = ids[p as usize];
-            match stripe.index.get_hashed(id, hashes[p as usize]) {
-                Some(r) => r,
-                None if create => stripe.insert(id, self.row_len, |r| self.init_full_row(id, r)),
-                None => ABSENT,
-            }
-        }));
     }
 
     /// Groups the positions of `ids` by stripe and calls `f(stripe, positions, hashes)` once
@@ -307,6 +314,7 @@ mod tests {
 
     #[test]
     fn many_rows_span_chunks_and_survive_a_round_trip() {
+        // Enough rows for several state chunks per stripe.
         let t = table();
         let ids: Vec<u64> = (0..3 * CHUNK_ROWS as u64 * STRIPES as u64 / 16).collect();
         let mut out = vec![0.0; ids.len() * 3];
