@@ -274,7 +274,7 @@ struct BenchArgs {
     #[arg(long, default_value_t = 1_000_000)]
     lines: u64,
     /// Seconds per measurement in (a) and (b).
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 6.0)]
     seconds: f64,
     /// Skip the training runs (c).
     #[arg(long)]
