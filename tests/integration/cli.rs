@@ -141,3 +141,52 @@ fn usage_errors_exit_with_code_2() {
     let out = oar(&["train"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Processes whose command line mentions `needle` (our children carry the test's temporary
+/// paths in their arguments).
+fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(needle) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn an_interrupted_launch_stops_every_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 200_000, 10);
+    let logs = dir.path().join("logs");
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["launch", "--servers", "2", "--workers", "2", "--no-progress", "--log-every", "1"])
+        .args(["--train", train.to_str().unwrap(), "--logs", logs.to_str().unwrap()])
+        .env_remove("OAR_LAUNCHED")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until both workers are training: their logs show a progress line.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let training =
+        |w: usize| std::fs::read_to_string(logs.join(format!("worker.{w}.log"))).is_ok_and(|l| l.contains("progress"));
+    while !(training(0) && training(1)) {
+        assert!(std::time::Instant::now() < deadline, "workers did not start training");
+        assert!(launcher.try_wait().unwrap().is_none(), "the launch ended before it was interrupted");
+        std::thread::yield_now();
+    }
+    // Every child carries the launch's job id, `oar-<launcher pid>-...`, in its arguments.
+    let needle = format!("oar-{}-", launcher.id());
+    assert_eq!(processes_mentioning(&needle).len(), 4, "2 servers and 2 workers run");
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(launcher.id() as i32, libc::SIGINT) }, 0);
+    let out = launcher.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("interrupted"), "{err}");
+    assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "children left running");
+}
