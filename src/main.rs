@@ -482,6 +482,11 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
             report.wall_seconds,
             report.samples as f64 / report.train_seconds.max(1e-9)
         );
+        let t = &report.time;
+        println!(
+            "training loop time: waiting for data {:.1} s, pull {:.1} s, forward/backward {:.1} s, push {:.1} s",
+            t.data, t.pull, t.compute, t.push
+        );
         for p in &report.passes {
             let test = p.test.as_ref().map_or(String::new(), |t| {
                 format!("; test AUC {:.4} log-loss {:.4}", t.auc.unwrap_or(f64::NAN), t.log_loss)
