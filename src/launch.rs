@@ -194,7 +194,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
                 "--trainers".into(),
                 config.workers.to_string(),
                 "--mode".into(),
-                mode_name(config.mode).into(),
+                config.mode.to_string(),
                 "--job".into(),
                 job_id.clone(),
                 "--timeout".into(),
@@ -232,7 +232,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
                 "--config".into(),
                 job_file.display().to_string(),
                 "--mode".into(),
-                mode_name(config.mode).into(),
+                config.mode.to_string(),
                 "--servers".into(),
                 servers.clone(),
                 "--trainer-id".into(),
@@ -360,13 +360,4 @@ fn summarize(config: &LaunchConfig, workers: &[Proc], wall: f64) -> anyhow::Resu
     std::fs::write(&path, serde_json::to_vec_pretty(&summary)?)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(summary)
-}
-
-/// The flag value of a mode.
-pub fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Local => "local",
-        Mode::Sync => "sync",
-        Mode::Async => "async",
-    }
 }

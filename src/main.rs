@@ -355,7 +355,7 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
                 "oar launch: {} servers x {} workers ({}), {} samples in {:.1} s: {:.0} samples/s end to end, {:.0} in the training loops",
                 s.servers,
                 s.workers,
-                oar::launch::mode_name(config.mode),
+                config.mode,
                 s.samples,
                 s.wall_seconds,
                 s.samples_per_sec,

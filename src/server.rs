@@ -43,6 +43,14 @@ pub enum Mode {
     Async,
 }
 
+impl std::fmt::Display for Mode {
+    /// The flag spelling (`local`, `sync`, `async`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = clap::ValueEnum::to_possible_value(self).expect("every mode is a flag value");
+        f.write_str(name.get_name())
+    }
+}
+
 /// Everything a server needs to know, built and validated before it starts.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
