@@ -92,3 +92,39 @@ fn save_stop_and_resume_gives_the_same_model_as_an_uninterrupted_run() {
     let before = load_params(&stopped.join("pass-0001"));
     assert_ne!(before.dense, b.dense, "pass 2 must have changed the model");
 }
+
+#[test]
+fn a_mismatched_or_corrupt_checkpoint_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 2, STEPS * B as u64, 10);
+    let saved = dir.path().join("saved");
+    sync_run(2, &train, &saved, 1, None);
+
+    // Three servers cannot load a two-server checkpoint.
+    let config = oar::server::ServerConfig { resume: Some(saved.clone()), ..server_config(0, 3, 2, Mode::Sync) };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let err = rt
+        .block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            oar::server::run(listener, config, std::future::pending()).await
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("saved with 2 servers, this job has 3"), "{err}");
+
+    // A trainer whose model differs from the saved one is refused before it trains.
+    let mut c = train_config(Mode::Local, &[], 0, 1, &train);
+    c.model.hidden = vec![16];
+    c.resume = Some(saved.clone());
+    let err = oar::train::run(&c, &|_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("pass-0001") && err.contains("tables differ"), "{err}");
+
+    // A damaged shard is named.
+    let shard = saved.join("pass-0001/server-1.shard");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let err = oar::checkpoint::load_merged(&saved).err().unwrap().to_string();
+    assert!(err.contains("server-1.shard") && err.contains("CRC-32 mismatch"), "{err}");
+}
