@@ -1,0 +1,177 @@
+//! Reading and writing frames, async (server) and blocking (trainer).
+
+use std::io::IoSlice;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::codec::kind;
+use super::{Frame, ProtocolError, HEADER};
+
+/// A reusable, 8-byte aligned receive buffer.
+#[derive(Default)]
+pub struct FrameBuf {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl FrameBuf {
+    /// The payload of the last frame read.
+    pub fn payload(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+}
+
+/// Checks a frame header and returns (payload length, kind).
+fn parse_header(header: &[u8; HEADER], max: usize) -> Result<(usize, u8), ProtocolError> {
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    if header[5..] != [0, 0, 0] {
+        return Err(ProtocolError::Malformed("reserved header bytes are not zero".into()));
+    }
+    if len > max {
+        return Err(ProtocolError::TooLarge { len, max });
+    }
+    Ok((len, header[4]))
+}
+
+impl FrameBuf {
+    /// Resizes for a payload of `len` bytes and returns the bytes to fill.
+    fn prepare(&mut self, len: usize) -> &mut [u8] {
+        // Grown, never shrunk or re-zeroed: the bytes are overwritten by the read.
+        let words = len.div_ceil(8);
+        if self.words.len() < words {
+            self.words.resize(words, 0);
+        }
+        self.len = len;
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..len]
+    }
+}
+
+/// Reads one frame into `buf` and returns its kind; `Err(Closed)` if the peer closed cleanly
+/// between frames. A payload above `max` is refused before it is read.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut FrameBuf, max: usize) -> Result<u8, ProtocolError> {
+    let mut header = [0u8; HEADER];
+    let first = r.read(&mut header).await?;
+    if first == 0 {
+        return Err(ProtocolError::Closed);
+    }
+    r.read_exact(&mut header[first..]).await?;
+    let (len, kind) = parse_header(&header, max)?;
+    r.read_exact(buf.prepare(len)).await?;
+    Ok(kind)
+}
+
+/// Blocking twin of [`read_frame`], for the trainer's client.
+pub fn read_frame_blocking<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, max: usize) -> Result<u8, ProtocolError> {
+    read_reply_blocking(r, buf, max, &mut |_, _| Ok(false))
+}
+
+/// Reads one frame like [`read_frame_blocking`], except that the dense array of a `Values`
+/// response is handed to `dense_into(reader, floats)`, which may read it straight into its
+/// final place (returning true) instead of through the buffer. The buffer then holds a `Values`
+/// payload with an empty dense array, so [`Response::decode`] still applies.
+pub fn read_reply_blocking<R: std::io::Read>(
+    r: &mut R,
+    buf: &mut FrameBuf,
+    max: usize,
+    dense_into: &mut dyn FnMut(&mut R, usize) -> Result<bool, ProtocolError>,
+) -> Result<u8, ProtocolError> {
+    let mut header = [0u8; HEADER];
+    let first = r.read(&mut header)?;
+    if first == 0 {
+        return Err(ProtocolError::Closed);
+    }
+    r.read_exact(&mut header[first..])?;
+    let (len, kind) = parse_header(&header, max)?;
+    if kind == kind::VALUES && len >= 16 {
+        let mut fixed = [0u8; 16];
+        r.read_exact(&mut fixed)?;
+        let floats = u64::from_le_bytes(fixed[8..].try_into().expect("8 bytes"));
+        let dense_bytes = floats.checked_mul(4).map(|b| b.div_ceil(8) * 8).filter(|&b| b <= (len - 16) as u64);
+        let Some(dense_bytes) = dense_bytes else {
+            return Err(ProtocolError::Malformed(format!("dense array of {floats} floats does not fit")));
+        };
+        let streamed = floats > 0 && dense_into(r, floats as usize)?;
+        if streamed {
+            if floats % 2 == 1 {
+                r.read_exact(&mut [0u8; 4])?;
+            }
+            let rest = len - 16 - dense_bytes as usize;
+            let out = buf.prepare(16 + rest);
+            out[..8].copy_from_slice(&fixed[..8]);
+            out[8..16].fill(0);
+            r.read_exact(&mut out[16..])?;
+        } else {
+            let out = buf.prepare(len);
+            out[..16].copy_from_slice(&fixed);
+            r.read_exact(&mut out[16..])?;
+        }
+        return Ok(kind);
+    }
+    r.read_exact(buf.prepare(len))?;
+    Ok(kind)
+}
+
+/// Writes a frame with vectored writes.
+pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame<'_>) -> Result<(), ProtocolError> {
+    let mut slices = frame.io_slices();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = w.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
+/// Blocking twin of [`write_frame`], for the trainer's client.
+pub fn write_frame_blocking<W: std::io::Write>(w: &mut W, frame: &Frame<'_>) -> Result<(), ProtocolError> {
+    let mut slices = frame.io_slices();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = match w.write_vectored(rest) {
+            Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
+/// Splits an encoded frame into kind and payload, copying the payload into an aligned buffer
+/// (used by tests and in-process callers that have the bytes already).
+pub fn split_frame(frame: &[u8]) -> (u8, FrameBuf) {
+    let payload = &frame[HEADER..];
+    let mut buf = FrameBuf { words: vec![0; payload.len().div_ceil(8)], len: payload.len() };
+    bytemuck::cast_slice_mut::<u64, u8>(&mut buf.words)[..payload.len()].copy_from_slice(payload);
+    (frame[4], buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Push, Request, DEFAULT_MAX_FRAME};
+
+    #[tokio::test]
+    async fn oversized_frames_are_refused_before_reading() {
+        let frame = Request::Push(Push {
+            trainer: 0,
+            step: 0,
+            pass: 1,
+            base_version: 0,
+            samples: 1,
+            dense: vec![vec![0.0; 1000].into()],
+            sparse: vec![],
+        })
+        .encode()
+        .to_vec();
+        let mut buf = FrameBuf::default();
+        let err = read_frame(&mut &frame[..], &mut buf, 100).await.unwrap_err();
+        assert!(matches!(err, ProtocolError::TooLarge { max: 100, .. }), "{err}");
+        let kind = read_frame(&mut &frame[..], &mut buf, DEFAULT_MAX_FRAME).await.unwrap();
+        assert_eq!(kind, frame[4]);
+    }
+}

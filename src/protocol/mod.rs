@@ -1,0 +1,311 @@
+//! The trainer <-> server wire contract: messages, their binary encoding, and framing.
+//!
+//! A frame is an 8-byte header `[payload length: u32 LE][kind: u8][0u8; 3]` followed by the
+//! payload. Every payload field is 8-byte aligned: scalars are u64, strings and arrays are a u64
+//! count followed by raw little-endian bytes padded to 8. Nothing is encoded per element, and
+//! nothing large is copied: a [`Frame`] borrows the message's arrays and is written with one
+//! vectored write, and the receiver reads a payload into an 8-byte aligned buffer and decodes it
+//! into messages that borrow their arrays from that buffer (`Cow::Borrowed`). Frames above the
+//! receiver's maximum size are refused before their payload is read.
+//!
+//! A connection opens with [`Request::Hello`] (protocol version, job id, the client's view of the
+//! cluster); the server answers [`Response::Welcome`] or an error and closes.
+
+mod codec;
+mod io;
+
+use std::borrow::Cow;
+
+pub use codec::{encode_values, Frame};
+pub use io::{
+    read_frame, read_frame_blocking, read_reply_blocking, split_frame, write_frame, write_frame_blocking, FrameBuf,
+};
+
+#[cfg(target_endian = "big")]
+compile_error!("oar's wire format maps little-endian arrays directly onto memory");
+
+/// Version of this wire format; a server refuses clients of another version.
+pub const PROTOCOL_VERSION: u64 = 1;
+/// Magic number opening every Hello, so a stray client is recognized at once.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
+/// Default maximum payload size accepted by a receiver.
+pub const DEFAULT_MAX_FRAME: usize = 256 << 20;
+/// Bytes of a frame header.
+const HEADER: usize = 8;
+
+/// Errors of reading, writing and decoding frames.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// The socket failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer closed the connection between frames.
+    #[error("connection closed by peer")]
+    Closed,
+    /// A frame announced a payload above the limit.
+    #[error("frame of {len} bytes exceeds the maximum of {max}")]
+    TooLarge {
+        /// Announced payload length.
+        len: usize,
+        /// Configured maximum.
+        max: usize,
+    },
+    /// The bytes do not form a valid message.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+/// What a pull asks for the dense part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseSelection {
+    /// No dense values.
+    None,
+    /// All dense blocks this server owns.
+    All,
+}
+
+/// Whether a pull may create absent sparse rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowCreation {
+    /// Create absent rows (training).
+    Create,
+    /// Return initial values for absent rows without storing them (evaluation).
+    Peek,
+}
+
+/// Ids of one sparse table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparseIds<'a> {
+    /// Table index.
+    pub table: u32,
+    /// Feature ids, unique within a request.
+    pub ids: Cow<'a, [u64]>,
+}
+
+/// Gradient sums for ids of one sparse table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparseGrads<'a> {
+    /// Table index.
+    pub table: u32,
+    /// Feature ids, unique within a request.
+    pub ids: Cow<'a, [u64]>,
+    /// `dim` gradient floats per id.
+    pub grads: Cow<'a, [f32]>,
+}
+
+impl SparseGrads<'_> {
+    /// A copy that owns its arrays.
+    pub fn into_owned(self) -> SparseGrads<'static> {
+        SparseGrads {
+            table: self.table,
+            ids: Cow::Owned(self.ids.into_owned()),
+            grads: Cow::Owned(self.grads.into_owned()),
+        }
+    }
+}
+
+/// The opening message of a connection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hello {
+    /// Must equal [`PROTOCOL_VERSION`].
+    pub version: u64,
+    /// Job id; a server serves one job.
+    pub job: String,
+    /// Number of servers the client routes over.
+    pub num_servers: u64,
+    /// Index the client believes this server has.
+    pub server_index: u64,
+}
+
+/// A read of parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pull<'a> {
+    /// Dense part wanted.
+    pub dense: DenseSelection,
+    /// Row creation policy.
+    pub create: RowCreation,
+    /// Sparse ids wanted, per table.
+    pub sparse: Vec<SparseIds<'a>>,
+}
+
+/// Gradients of one trainer step for the parameters this server owns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Push<'a> {
+    /// Trainer id.
+    pub trainer: u64,
+    /// The trainer's step number (0-based), the sync barrier's key.
+    pub step: u64,
+    /// The pass (1-based) the step belongs to.
+    pub pass: u64,
+    /// Server version the gradients were computed from (async staleness control).
+    pub base_version: u64,
+    /// Samples the gradient sums cover.
+    pub samples: u64,
+    /// Dense gradient sums for this server's blocks, as consecutive chunks (the blocks of the
+    /// trainer's flat vector, sent without gathering them); empty: no dense gradient.
+    pub dense: Vec<Cow<'a, [f32]>>,
+    /// Sparse gradient sums per table.
+    pub sparse: Vec<SparseGrads<'a>>,
+}
+
+impl Push<'_> {
+    /// Number of dense floats.
+    pub fn dense_len(&self) -> usize {
+        self.dense.iter().map(|c| c.len()).sum()
+    }
+
+    /// The dense gradient as one slice (borrowed when it arrived in one piece).
+    pub fn dense_contiguous(&self) -> Cow<'_, [f32]> {
+        match &self.dense[..] {
+            [] => Cow::Borrowed(&[]),
+            [one] => Cow::Borrowed(one),
+            many => Cow::Owned(many.concat()),
+        }
+    }
+
+    /// A copy that owns its arrays (the sync barrier keeps pushes beyond their frame).
+    pub fn into_owned(self) -> Push<'static> {
+        let dense = self.dense_contiguous().into_owned();
+        Push {
+            trainer: self.trainer,
+            step: self.step,
+            pass: self.pass,
+            base_version: self.base_version,
+            samples: self.samples,
+            dense: if dense.is_empty() { vec![] } else { vec![Cow::Owned(dense)] },
+            sparse: self.sparse.into_iter().map(SparseGrads::into_owned).collect(),
+        }
+    }
+}
+
+/// A client request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request<'a> {
+    /// Open the connection.
+    Hello(Hello),
+    /// Create the tables from a spec, or check that the existing ones match it.
+    Declare(crate::table::TableSpec),
+    /// Read parameters.
+    Pull(Pull<'a>),
+    /// Apply gradients.
+    Push(Push<'a>),
+    /// Wait until every active trainer has reached `epoch`.
+    Barrier {
+        /// Trainer id.
+        trainer: u64,
+        /// Barrier number.
+        epoch: u64,
+    },
+    /// The trainer has no more steps in `pass`: sync steps of this pass stop waiting for it.
+    EndPass {
+        /// Trainer id.
+        trainer: u64,
+        /// Pass number.
+        pass: u64,
+    },
+    /// Write this server's shard into directory `dir`.
+    Save {
+        /// Checkpoint directory (on the server's file system).
+        dir: String,
+    },
+    /// The trainer is done; the server forgets it.
+    Close {
+        /// Trainer id.
+        trainer: u64,
+    },
+    /// Ask for the server's counters.
+    Stats,
+}
+
+/// Outcome of an async push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// The gradients were applied.
+    Applied,
+    /// The gradients were too stale and were dropped.
+    Discarded,
+}
+
+/// Why a server refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum ErrorCode {
+    /// The frame could not be decoded.
+    Malformed = 1,
+    /// The frame exceeded the maximum size.
+    TooLarge = 2,
+    /// Handshake mismatch (version, job, cluster layout).
+    Handshake = 3,
+    /// The request does not fit the tables (unknown table, wrong lengths, spec mismatch).
+    Table = 4,
+    /// A barrier or sync step timed out.
+    Timeout = 5,
+    /// The server could not read or write a file.
+    Io = 6,
+    /// The request is not valid in this state (e.g. before Hello or Declare).
+    State = 7,
+}
+
+impl ErrorCode {
+    pub(crate) fn from_u64(v: u64) -> Result<ErrorCode, ProtocolError> {
+        use ErrorCode::*;
+        Ok(match v {
+            1 => Malformed,
+            2 => TooLarge,
+            3 => Handshake,
+            4 => Table,
+            5 => Timeout,
+            6 => Io,
+            7 => State,
+            _ => return Err(ProtocolError::Malformed(format!("unknown error code {v}"))),
+        })
+    }
+}
+
+/// A server response.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Response<'a> {
+    /// Handshake accepted.
+    Welcome {
+        /// The server's index.
+        server_index: u64,
+        /// Number of servers in the job.
+        num_servers: u64,
+    },
+    /// The request succeeded and has nothing to return.
+    Done,
+    /// Pulled values.
+    Values {
+        /// Server version (number of applied updates) the values belong to.
+        version: u64,
+        /// Dense values of this server's blocks (empty if not asked).
+        dense: Cow<'a, [f32]>,
+        /// Rows per requested table, `dim` floats per id.
+        sparse: Vec<Cow<'a, [f32]>>,
+    },
+    /// Push result.
+    Pushed {
+        /// Applied or discarded.
+        outcome: PushOutcome,
+        /// Server version after the push.
+        version: u64,
+    },
+    /// A shard file was written.
+    Saved {
+        /// File name inside the checkpoint directory.
+        file: String,
+        /// Size in bytes.
+        bytes: u64,
+        /// CRC-32 of the file's content.
+        crc32: u32,
+    },
+    /// Counters as JSON.
+    Stats(String),
+    /// The request failed.
+    Error {
+        /// Category.
+        code: ErrorCode,
+        /// Human-readable reason.
+        message: String,
+    },
+}
