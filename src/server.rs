@@ -450,25 +450,24 @@ fn push_async(state: &State, push: Push<'_>) -> Reply {
 async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     let shard = state.shard()?;
     state.counters.pushes.fetch_add(1, Relaxed);
-    let (trainer, step) = (push.trainer, push.step);
+    let trainer = push.trainer;
     if trainer >= state.config.trainers as u64 {
         return Err((ErrorCode::State, format!("trainer {trainer} is not in 0..{}", state.config.trainers)));
     }
     let mut applied = state.applied.subscribe();
-    {
+    // The push joins the server's pending step. Trainers with fewer batches per pass than others
+    // have pushed fewer steps, so their own step counts say nothing about which step this is;
+    // a trainer cannot be a step ahead, as it waits for each push's reply.
+    let step = {
         let mut pending = state.sync.lock();
-        if step != pending.step {
-            return Err((
-                ErrorCode::State,
-                format!("trainer {trainer} pushed step {step}, the server is at step {}", pending.step),
-            ));
-        }
+        let step = pending.step;
         pending.enter_pass(push.pass);
         if pending.pushes.insert(trainer, push.into_owned()).is_some() {
             return Err((ErrorCode::State, format!("trainer {trainer} pushed step {step} twice")));
         }
         try_complete_step(state, &shard, &mut pending)?;
-    }
+        step
+    };
     let waited = tokio::time::timeout(state.config.timeout, applied.wait_for(|&n| n > step)).await;
     if waited.is_err() {
         let pending = state.sync.lock();

@@ -133,7 +133,8 @@ pub struct Pull<'a> {
 pub struct Push<'a> {
     /// Trainer id.
     pub trainer: u64,
-    /// The trainer's step number (0-based), the sync barrier's key.
+    /// The trainer's own step count (0-based), for messages; sync servers number steps
+    /// themselves, since trainers with uneven data push different numbers of steps.
     pub step: u64,
     /// The pass (1-based) the step belongs to.
     pub pass: u64,

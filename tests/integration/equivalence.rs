@@ -128,3 +128,26 @@ fn a_mismatched_or_corrupt_checkpoint_is_a_clear_error() {
     let err = oar::checkpoint::load_merged(&saved).err().unwrap().to_string();
     assert!(err.contains("server-1.shard") && err.contains("CRC-32 mismatch"), "{err}");
 }
+
+/// Regression: with 3 files over 2 trainers, trainer 1 pushes half as many steps per pass; its
+/// second pass used to be refused ("pushed step 20, the server is at step 40").
+#[test]
+fn sync_training_with_uneven_shards_runs_several_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 3, 4 * B as u64, 10);
+    let cluster = start_cluster(2, 2, Mode::Sync, None);
+    let configs = (0..2)
+        .map(|t| {
+            let mut c = train_config(Mode::Sync, &cluster, t, 2, &train);
+            c.passes = 2;
+            c
+        })
+        .collect();
+    let reports = run_trainers(configs);
+    // Trainer 0 reads parts 0 and 2, trainer 1 part 1, in each of the two passes.
+    assert_eq!(reports[0].samples, 2 * 2 * 4 * B as u64);
+    assert_eq!(reports[1].samples, 2 * 4 * B as u64);
+    for s in cluster {
+        assert_eq!(s.handle.join().unwrap().version, 2 * 8, "one update per step of the longer shard");
+    }
+}
