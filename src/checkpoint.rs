@@ -29,12 +29,12 @@ pub const FORMAT_VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A file's content is damaged or not a checkpoint.
     #[error("{path}: corrupt checkpoint: {reason}")]
@@ -55,7 +55,7 @@ pub enum CheckpointError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+    move |cause| CheckpointError::Io { path: path.to_path_buf(), cause }
 }
 
 /// The file name of server `index`'s shard.
@@ -253,9 +253,9 @@ impl Manifest {
             dir.to_path_buf()
         } else {
             let latest = dir.join("latest");
-            let name = std::fs::read_to_string(&latest).map_err(|source| CheckpointError::Io {
+            let name = std::fs::read_to_string(&latest).map_err(|e| CheckpointError::Io {
                 path: dir.to_path_buf(),
-                source: std::io::Error::new(source.kind(), "no manifest.json and no 'latest' file: not a saved model"),
+                cause: std::io::Error::new(e.kind(), "no manifest.json and no 'latest' file: not a saved model"),
             })?;
             dir.join(name.trim())
         };

@@ -36,14 +36,14 @@ pub enum ClientError {
         cause: String,
     },
     /// The connection failed mid-request (including reply timeouts).
-    #[error("server {index} at {addr}: {source}")]
+    #[error("server {index} at {addr}: {cause}")]
     Protocol {
         /// Server index.
         index: usize,
         /// Its address.
         addr: String,
         /// The cause.
-        source: ProtocolError,
+        cause: ProtocolError,
     },
     /// The server answered with an error.
     #[error("server {index} at {addr} refused {what}: {message}")]
@@ -95,8 +95,8 @@ struct Conn {
 }
 
 impl Conn {
-    fn fail(&self, source: ProtocolError) -> ClientError {
-        ClientError::Protocol { index: self.index, addr: self.addr.clone(), source }
+    fn fail(&self, cause: ProtocolError) -> ClientError {
+        ClientError::Protocol { index: self.index, addr: self.addr.clone(), cause }
     }
 
     fn send(&mut self, frame: &Frame) -> Result<(), ClientError> {

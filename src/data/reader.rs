@@ -22,12 +22,12 @@ pub enum DataError {
         reason: String,
     },
     /// A file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -127,7 +127,7 @@ fn read_file(
     batch: &mut Batch,
     tx: &std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
 ) -> Result<(), DataError> {
-    let io = |source| DataError::Io { path: path.clone(), source };
+    let io = |cause| DataError::Io { path: path.clone(), cause };
     let file = std::fs::File::open(path).map_err(io)?;
     let mut r = std::io::BufReader::with_capacity(1 << 20, file);
     let mut line = Vec::with_capacity(512);

@@ -37,7 +37,7 @@ const HEADER: usize = 8;
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
     /// The socket failed.
-    #[error("i/o: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// The peer closed the connection between frames.
     #[error("connection closed by peer")]
