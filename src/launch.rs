@@ -166,6 +166,18 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     anyhow::ensure!(config.servers > 0 || config.mode == Mode::Local, "--servers must be at least 1");
     anyhow::ensure!(config.workers > 0, "--workers must be at least 1");
     config.job.validate()?;
+    // Checked before any process starts: a worker without data would fail only after start-up.
+    let files = crate::config::resolve_files(&config.train)?;
+    for w in 0..config.workers {
+        anyhow::ensure!(
+            !crate::data::shard_files(&files, config.workers, w).is_empty(),
+            "worker {w} would get no training file: {} holds {} file(s) for {} workers (trainer k reads \
+             the files whose numeric suffix % workers == k); split the data into more parts",
+            config.train.display(),
+            files.len(),
+            config.workers
+        );
+    }
     let started = Instant::now();
     std::fs::create_dir_all(&config.logs).with_context(|| format!("cannot create {}", config.logs.display()))?;
     let job_file = std::path::absolute(config.logs.join("job.toml"))?;
@@ -257,7 +269,6 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             procs.push(spawn(&config.exe, &format!("worker {w}"), &args, log, None)?);
         }
 
-        let files = crate::config::resolve_files(&config.train)?;
         let total: u64 = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum::<u64>()
             * config.job.train.passes as u64;
         let bar =
