@@ -163,7 +163,13 @@ type Reply = Result<Answer, (ErrorCode, String)>;
 /// table (sent without copying them).
 enum Answer {
     Response(Response<'static>),
-    Values { version: u64, dense: Vec<Arc<[f32]>>, sparse: Vec<Vec<f32>> },
+    Values {
+        version: u64,
+        dense: Vec<Arc<[f32]>>,
+        sparse: Vec<Vec<f32>>,
+    },
+    /// `Done` to the close that leaves no trainer; the server stops once it is sent.
+    LastClose,
 }
 
 impl From<Response<'static>> for Answer {
@@ -309,6 +315,10 @@ async fn serve_connection(state: Arc<State>, socket: TcpStream) -> Result<(), Pr
             Answer::Values { version, dense, sparse } => {
                 write_frame(&mut wr, &encode_values(version, &dense, &sparse)).await?;
                 scratch.sparse = sparse;
+            }
+            Answer::LastClose => {
+                write_frame(&mut wr, &Response::Done.encode()).await?;
+                state.all_closed.send_replace(true);
             }
         }
         if fatal {
@@ -601,9 +611,12 @@ fn close(state: &Arc<State>, trainer: u64) -> Reply {
     }
     state.changed.send_modify(|g| *g += 1);
     if all {
-        state.all_closed.send_replace(true);
+        // Stop only after this reply is on the wire (see `serve_connection`), or the last
+        // trainer's close could be cut off by the shutdown it causes.
+        Ok(Answer::LastClose)
+    } else {
+        Ok(Answer::Response(Response::Done))
     }
-    Ok(Answer::Response(Response::Done))
 }
 
 /// Binds `addr` and serves until every trainer closes (or forever without `exit_when_done`),
