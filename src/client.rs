@@ -261,6 +261,9 @@ impl Client {
         create: RowCreation,
     ) -> Result<u64, ClientError> {
         let layout = self.layout()?;
+        if rows.len() != tables.len() {
+            return Err(ClientError::Usage(format!("{} row buffers for {} tables", rows.len(), tables.len())));
+        }
         let n = self.conns.len();
         let selection = if dense.is_some() { DenseSelection::All } else { DenseSelection::None };
         let mut per_server: Vec<Pull> =

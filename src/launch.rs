@@ -269,8 +269,13 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             procs.push(spawn(&config.exe, &format!("worker {w}"), &args, log, None)?);
         }
 
-        let total: u64 = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum::<u64>()
-            * config.job.train.passes as u64;
+        // A resumed job trains only the passes after the saved one.
+        let done = match &config.resume {
+            Some(dir) => crate::checkpoint::Manifest::find(dir)?.0.pass,
+            None => 0,
+        };
+        let passes = config.job.train.passes.saturating_sub(done) as u64;
+        let total: u64 = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum::<u64>() * passes;
         let bar =
             if config.progress_bar { indicatif::ProgressBar::new(total) } else { indicatif::ProgressBar::hidden() };
         bar.set_style(
