@@ -377,6 +377,11 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
         None => None,
     };
     let first_pass = resumed.map_or(1, |p| p + 1);
+    anyhow::ensure!(
+        first_pass <= config.passes,
+        "the saved model has {} pass(es) already: nothing to train; ask for more with --passes",
+        first_pass - 1
+    );
     let store = match config.mode {
         Mode::Local => match &config.resume {
             Some(dir) => Store::Local(Box::new(load_merged(dir)?.1)),
