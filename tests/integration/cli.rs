@@ -18,7 +18,7 @@ fn text(o: &Output) -> String {
 fn criteo_or_generated(dir: &Path) -> (PathBuf, PathBuf) {
     let Some(shared) = shared_data() else {
         eprintln!("../shared/data is absent: using generated Criteo-format data instead of real Criteo lines");
-        return gen_data(dir, 4, 2000, 2000);
+        return gen_data(dir, 4, 25_000, 10_000);
     };
     let text = std::fs::read_to_string(shared.join("criteo/criteo_train_first10k.txt")).unwrap();
     let lines: Vec<&str> = text.lines().collect();
