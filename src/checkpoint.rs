@@ -291,6 +291,14 @@ impl Manifest {
     }
 }
 
+/// Passes already in the saved model a job resumes from (0 when it starts afresh).
+pub fn passes_done(resume: Option<&Path>) -> Result<u32, CheckpointError> {
+    match resume {
+        Some(dir) => Ok(Manifest::find(dir)?.0.pass),
+        None => Ok(0),
+    }
+}
+
 /// Loads every shard of the saved model at `dir` into one shard (server 0 of 1): for offline
 /// evaluation, and for local training resumed from a distributed run.
 pub fn load_merged(dir: &Path) -> Result<(Manifest, Shard), CheckpointError> {
