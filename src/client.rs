@@ -203,11 +203,6 @@ impl Client {
         Ok(Client { conns, layout: None, order: Vec::new(), starts: Vec::new() })
     }
 
-    /// Number of servers.
-    pub fn num_servers(&self) -> usize {
-        self.conns.len()
-    }
-
     /// Sends one frame per server (all before reading, so the servers work concurrently), then
     /// hands each server's reply to `each` in server order.
     fn round(

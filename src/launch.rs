@@ -272,7 +272,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         // A resumed job trains only the passes after the saved one.
         let done = crate::checkpoint::passes_done(config.resume.as_deref())?;
         let passes = config.job.train.passes.saturating_sub(done) as u64;
-        let total: u64 = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum::<u64>() * passes;
+        let total = crate::data::files::total_bytes(&files) * passes;
         let bar =
             if config.progress_bar { indicatif::ProgressBar::new(total) } else { indicatif::ProgressBar::hidden() };
         bar.set_style(

@@ -456,7 +456,7 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
     let mine = oar::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
     // A resumed job trains only the passes after the saved one.
     let passes = config.passes.saturating_sub(oar::checkpoint::passes_done(config.resume.as_deref())?) as u64;
-    let total: u64 = mine.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum::<u64>() * passes;
+    let total = oar::data::files::total_bytes(&mine) * passes;
     let bar = if launched { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total) };
     bar.set_style(
         indicatif::ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta})")

@@ -431,14 +431,7 @@ fn table_err(e: crate::table::TableError) -> (ErrorCode, String) {
 
 /// Applies one push (or several merged) to the shard; gradients are sums over `samples`.
 fn apply(shard: &Shard, dense: &[f32], sparse: &[SparseGrads], samples: u64) -> Result<(), (ErrorCode, String)> {
-    let scale = 1.0 / samples.max(1) as f32;
-    if !dense.is_empty() {
-        shard.dense.lock().apply(dense, scale).map_err(table_err)?;
-    }
-    for s in sparse {
-        shard.table(s.table as usize).map_err(table_err)?.push(&s.ids, &s.grads, scale).map_err(table_err)?;
-    }
-    Ok(())
+    shard.apply(dense, sparse.iter().map(|s| (s.table as usize, &s.ids[..], &s.grads[..])), samples).map_err(table_err)
 }
 
 fn push_async(state: &State, push: Push<'_>) -> Reply {

@@ -31,6 +31,11 @@ pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Total size in bytes of `files` (unreadable files count 0): what progress bars measure.
+pub fn total_bytes(files: &[PathBuf]) -> u64 {
+    files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum()
+}
+
 fn numeric_suffix(path: &Path) -> Option<u64> {
     let name = path.file_name()?.to_str()?;
     let digits: String = name.chars().rev().take_while(|c| c.is_ascii_digit()).collect();

@@ -55,11 +55,6 @@ impl Frame<'_> {
         self.len == 0
     }
 
-    /// The kind byte.
-    pub fn kind(&self) -> u8 {
-        self.small[4]
-    }
-
     /// The frame's bytes in order, as slices for a vectored write.
     pub fn io_slices(&self) -> Vec<IoSlice<'_>> {
         self.parts

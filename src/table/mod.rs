@@ -197,6 +197,24 @@ impl Shard {
         Shard { spec, index, num_servers, dense: parking_lot::Mutex::new(dense), sparse }
     }
 
+    /// Applies one update: dense gradient sums for the owned blocks (empty: none) and sparse
+    /// gradient sums as (table, ids, grads), all sums over `samples` samples.
+    pub fn apply<'a>(
+        &self,
+        dense: &[f32],
+        sparse: impl IntoIterator<Item = (usize, &'a [u64], &'a [f32])>,
+        samples: u64,
+    ) -> Result<(), TableError> {
+        let scale = 1.0 / samples.max(1) as f32;
+        if !dense.is_empty() {
+            self.dense.lock().apply(dense, scale)?;
+        }
+        for (table, ids, grads) in sparse {
+            self.table(table)?.push(ids, grads, scale)?;
+        }
+        Ok(())
+    }
+
     /// The sparse table at `table`, or a typed error.
     pub fn table(&self, table: usize) -> Result<&SparseTable, TableError> {
         self.sparse.get(table).ok_or(TableError::UnknownTable { table, count: self.sparse.len() })

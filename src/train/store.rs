@@ -64,9 +64,7 @@ impl Store {
     ) -> anyhow::Result<u64> {
         match self {
             Store::Local(shard) => {
-                let scale = 1.0 / samples as f32;
-                shard.dense.lock().apply(dense, scale)?;
-                shard.sparse[0].push(ids, row_grads, scale)?;
+                shard.apply(dense, [(0, ids, row_grads)], samples as u64)?;
                 Ok(0)
             }
             Store::Remote(client) => {
