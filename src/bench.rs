@@ -48,7 +48,7 @@ impl ServerProc {
     fn start(exe: &Path) -> anyhow::Result<ServerProc> {
         use std::io::BufRead;
         let mut child = std::process::Command::new(exe)
-            .args(["pserver", "--listen", "127.0.0.1:0", "--job", "bench", "--trainers", "1", "--mode", "async"])
+            .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--job", "bench", "--trainers", "1", "--mode", "async"])
             .args(["--lag-ratio", "1e9", "--max-frame-mb", "1024"])
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
@@ -89,6 +89,8 @@ fn connect(addr: &str, spec: &TableSpec) -> anyhow::Result<Client> {
         job: "bench".into(),
         connect_timeout: Duration::from_secs(10),
         reply_timeout: Duration::from_secs(60),
+        ports_num: 1,
+        ports_num_for_sparse: 0,
     })?;
     c.declare(spec)?;
     Ok(c)
@@ -302,6 +304,8 @@ fn train_local(data: &Path, threads: usize) -> anyhow::Result<TrainRun> {
     let config = crate::train::TrainConfig {
         mode: Mode::Local,
         servers: vec![],
+        ports_num: 1,
+        ports_num_for_sparse: 0,
         trainer_id: 0,
         trainers: 1,
         train_files: crate::config::resolve_files(&data.join("train"))?,
@@ -310,6 +314,7 @@ fn train_local(data: &Path, threads: usize) -> anyhow::Result<TrainRun> {
         passes: 1,
         threads,
         model: job.model,
+        data: job.data,
         dense_optimizer: job.dense_optimizer,
         sparse_optimizer: job.sparse_optimizer,
         output: None,
@@ -348,7 +353,7 @@ fn train_cluster(data: &Path, exe: &Path, logs: &Path) -> anyhow::Result<TrainRu
         name: "2 servers x 2 workers, async".into(),
         samples_per_sec: s.samples_per_sec,
         loop_samples_per_sec: s.train_loop_samples_per_sec,
-        auc: s.test_auc,
+        auc: s.test.as_ref().and_then(|t| t.auc),
     })
 }
 

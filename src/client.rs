@@ -13,7 +13,7 @@ use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
     read_frame_blocking, read_reply_blocking, write_frame_blocking, DenseSelection, Frame, FrameBuf, Hello,
-    ProtocolError, Pull, Push, PushOutcome, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME,
+    ProtocolError, Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
 };
 use crate::server::ServerStats;
@@ -85,6 +85,31 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// How long to wait for any reply (must exceed the servers' sync/barrier timeout).
     pub reply_timeout: Duration,
+    /// Consecutive ports per server from each address's port (`--ports_num`); requests are
+    /// spread over them in turn.
+    pub ports_num: usize,
+    /// Further ports per server, after those, that carry only sparse traffic
+    /// (`--ports_num_for_sparse`): with them, pulls and pushes are split into a dense half on a
+    /// general port and a sparse half on a sparse port, sent together.
+    pub ports_num_for_sparse: usize,
+}
+
+impl ClientConfig {
+    /// One port per server, no sparse-only ports.
+    pub fn new(servers: Vec<String>, job: &str, connect_timeout: Duration, reply_timeout: Duration) -> ClientConfig {
+        ClientConfig { servers, job: job.to_string(), connect_timeout, reply_timeout, ports_num: 1, ports_num_for_sparse: 0 }
+    }
+}
+
+/// `host:port` moved `k` ports up.
+fn port_plus(addr: &str, k: usize) -> Result<String, String> {
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("server address {addr:?} has no :port"))?;
+    let port: usize = port.parse().map_err(|_| format!("server address {addr:?} has a bad port"))?;
+    let moved = port + k;
+    if moved > u16::MAX as usize {
+        return Err(format!("server address {addr:?}: port {moved} (port + {k}) is above 65535"));
+    }
+    Ok(format!("{host}:{moved}"))
 }
 
 struct Conn {
@@ -165,9 +190,12 @@ pub struct PushReport {
     pub discarded: usize,
 }
 
-/// A connection to every server of a job.
+/// Connections to every server of a job.
 pub struct Client {
-    conns: Vec<Conn>,
+    /// `conns[port][server]`: the general ports first, then the sparse-only ones.
+    conns: Vec<Vec<Conn>>,
+    general: usize,
+    turn: usize,
     layout: Option<DenseLayout>,
     order: Vec<u32>,
     starts: Vec<usize>,
@@ -179,11 +207,27 @@ impl Client {
         if config.servers.is_empty() {
             return Err(ClientError::Usage("no servers given".into()));
         }
+        if config.ports_num == 0 {
+            return Err(ClientError::Usage("--ports_num must be at least 1".into()));
+        }
         let n = config.servers.len();
-        let mut conns = Vec::with_capacity(n);
-        for (index, addr) in config.servers.iter().enumerate() {
-            let stream = connect_with_retry(index, addr, config.connect_timeout)?;
-            let mut conn = Conn { index, addr: addr.clone(), stream, buf: FrameBuf::default() };
+        let mut conns = Vec::new();
+        for port in 0..config.ports_num + config.ports_num_for_sparse {
+            let mut row = Vec::with_capacity(n);
+            for (index, base) in config.servers.iter().enumerate() {
+                let addr = port_plus(base, port).map_err(ClientError::Usage)?;
+                row.push(Self::open(config, index, addr)?);
+            }
+            conns.push(row);
+        }
+        Ok(Client { conns, general: config.ports_num, turn: 0, layout: None, order: Vec::new(), starts: Vec::new() })
+    }
+
+    fn open(config: &ClientConfig, index: usize, addr: String) -> Result<Conn, ClientError> {
+        let n = config.servers.len();
+        {
+            let stream = connect_with_retry(index, &addr, config.connect_timeout)?;
+            let mut conn = Conn { index, addr, stream, buf: FrameBuf::default() };
             conn.stream.set_read_timeout(Some(config.reply_timeout)).map_err(|e| conn.fail(e.into()))?;
             conn.stream.set_nodelay(true).map_err(|e| conn.fail(e.into()))?;
             let hello = Hello {
@@ -198,9 +242,28 @@ impl Client {
                 Response::Welcome { .. } => {}
                 other => return Err(conn.unexpected("the handshake", &other)),
             }
-            conns.push(conn);
+            Ok(conn)
         }
-        Ok(Client { conns, layout: None, order: Vec::new(), starts: Vec::new() })
+    }
+
+    fn servers(&self) -> usize {
+        self.conns[0].len()
+    }
+
+    /// The port (row of `conns`) for the next request: general ports in turn, or with
+    /// `sparse`, sparse-only ports in turn when there are any.
+    fn pick(&mut self, sparse: bool) -> usize {
+        self.turn = self.turn.wrapping_add(1);
+        let extra = self.conns.len() - self.general;
+        if sparse && extra > 0 {
+            self.general + self.turn % extra
+        } else {
+            self.turn % self.general
+        }
+    }
+
+    fn has_sparse_ports(&self) -> bool {
+        self.conns.len() > self.general
     }
 
     /// Sends one frame per server (all before reading, so the servers work concurrently), then
@@ -211,10 +274,11 @@ impl Client {
         what: &'static str,
         mut each: impl FnMut(&Conn, Response) -> Result<(), ClientError>,
     ) -> Result<(), ClientError> {
-        for (conn, frame) in self.conns.iter_mut().zip(frames) {
+        let port = self.pick(false);
+        for (conn, frame) in self.conns[port].iter_mut().zip(frames) {
             conn.send(frame)?;
         }
-        for conn in &mut self.conns {
+        for conn in &mut self.conns[port] {
             let kind = conn.read()?;
             let conn = &*conn;
             each(conn, conn.reply(kind, what)?)?;
@@ -225,10 +289,11 @@ impl Client {
     /// Sends the same request to every server and expects `Done` from each.
     fn broadcast_done(&mut self, request: &Request, what: &'static str) -> Result<(), ClientError> {
         let frame = request.encode();
-        for conn in &mut self.conns {
+        let port = self.pick(false);
+        for conn in &mut self.conns[port] {
             conn.send(&frame)?;
         }
-        for conn in &mut self.conns {
+        for conn in &mut self.conns[port] {
             conn.expect_done(what)?;
         }
         Ok(())
@@ -237,7 +302,7 @@ impl Client {
     /// Declares the model's tables on every server (creating them, or checking they match).
     pub fn declare(&mut self, spec: &TableSpec) -> Result<(), ClientError> {
         self.broadcast_done(&Request::Declare(spec.clone()), "the table declaration")?;
-        self.layout = Some(spec.dense.layout(self.conns.len()));
+        self.layout = Some(spec.dense.layout(self.servers()));
         Ok(())
     }
 
@@ -259,7 +324,8 @@ impl Client {
         if rows.len() != tables.len() {
             return Err(ClientError::Usage(format!("{} row buffers for {} tables", rows.len(), tables.len())));
         }
-        let n = self.conns.len();
+        let n = self.servers();
+        let split = dense.is_some() && !tables.is_empty() && self.has_sparse_ports();
         let selection = if dense.is_some() { DenseSelection::All } else { DenseSelection::None };
         let mut per_server: Vec<Pull> =
             (0..n).map(|_| Pull { dense: selection, create, sparse: Vec::with_capacity(tables.len()) }).collect();
@@ -274,59 +340,36 @@ impl Client {
             groupings.push((self.order.clone(), self.starts.clone()));
             rows[groupings.len() - 1].resize(t.ids.len() * t.dim, 0.0);
         }
-        let requests: Vec<Request> = per_server.into_iter().map(Request::Pull).collect();
-        for (conn, request) in self.conns.iter_mut().zip(&requests) {
-            conn.send(&request.encode())?;
+        // Split: the dense half on a general port, the rows on a sparse-only port, both sent
+        // before either reply is read.
+        let (first, second) = if split {
+            (self.pick(false), Some(self.pick(true)))
+        } else {
+            (self.pick(dense.is_none()), None)
+        };
+        for (s, pull) in per_server.into_iter().enumerate() {
+            if second.is_some() {
+                let dense_half = Pull { dense: DenseSelection::All, create, sparse: Vec::new() };
+                self.conns[first][s].send(&Request::Pull(dense_half).encode())?;
+                let rows_half = Pull { dense: DenseSelection::None, ..pull };
+                self.conns[second.unwrap_or(first)][s].send(&Request::Pull(rows_half).encode())?;
+            } else {
+                self.conns[first][s].send(&Request::Pull(pull).encode())?;
+            }
         }
         let mut version = u64::MAX;
         let mut dense = dense;
         if let Some(d) = dense.as_deref_mut() {
             d.resize(layout.total, 0.0);
         }
-        for conn in &mut self.conns {
-            let s = conn.index;
-            // The dense blocks are read from the socket straight into their places.
-            let mut placed = false;
-            let kind = {
-                let mut into_place = |r: &mut TcpStream, floats: usize| -> Result<bool, ProtocolError> {
-                    let Some(out) = dense.as_deref_mut() else { return Ok(false) };
-                    if floats != layout.len_of(s) {
-                        return Ok(false);
-                    }
-                    for b in layout.blocks_of(s) {
-                        std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[layout.block_range(b)]))?;
-                    }
-                    placed = true;
-                    Ok(true)
-                };
-                read_reply_blocking(&mut conn.stream, &mut conn.buf, DEFAULT_MAX_FRAME, &mut into_place)
-                    .map_err(|e| conn.fail(e))?
-            };
-            let conn = &*conn;
-            let reply = conn.reply(kind, "a pull")?;
-            let Response::Values { version: v, dense: d, sparse } = reply else {
-                return Err(conn.unexpected("a pull", &reply));
-            };
+        for s in 0..n {
+            let no_tables: &[TableIds] = &[];
+            let (first_tables, first_rows) = if second.is_some() { (no_tables, &mut [][..]) } else { (tables, &mut *rows) };
+            let v = receive_values(&mut self.conns[first][s], &layout, dense.as_deref_mut(), first_tables, &groupings, first_rows)?;
             version = version.min(v);
-            if let (Some(out), false) = (dense.as_deref_mut(), placed) {
-                scatter_dense(&layout, s, &d, out).map_err(|m| conn.mismatch("a dense pull", m))?;
-            }
-            if sparse.len() != tables.len() {
-                return Err(conn.mismatch("a pull", format!("{} tables instead of {}", sparse.len(), tables.len())));
-            }
-            for (t, (table, got)) in tables.iter().zip(sparse).enumerate() {
-                let (order, starts) = &groupings[t];
-                let positions = &order[starts[s]..starts[s + 1]];
-                let dim = table.dim;
-                if got.len() != positions.len() * dim {
-                    let m = format!("{} floats instead of {}", got.len(), positions.len() * dim);
-                    return Err(conn.mismatch("a sparse pull", m));
-                }
-                let out = &mut rows[t];
-                for (k, &p) in positions.iter().enumerate() {
-                    let p = p as usize;
-                    out[p * dim..(p + 1) * dim].copy_from_slice(&got[k * dim..(k + 1) * dim]);
-                }
+            if let Some(port) = second {
+                let v = receive_values(&mut self.conns[port][s], &layout, None, tables, &groupings, rows)?;
+                version = version.min(v);
             }
         }
         Ok(version)
@@ -356,7 +399,8 @@ impl Client {
                 )));
             }
         }
-        let n = self.conns.len();
+        let n = self.servers();
+        let split = dense.is_some() && !tables.is_empty() && self.has_sparse_ports();
         let mut per_server: Vec<Push> = (0..n)
             .map(|s| Push {
                 trainer: trainer as u64,
@@ -364,6 +408,7 @@ impl Client {
                 pass: pass as u64,
                 base_version,
                 samples: samples as u64,
+                part: PushPart::Whole,
                 dense: dense
                     .map(|d| layout.blocks_of(s).map(|b| Cow::Borrowed(&d[layout.block_range(b)])).collect())
                     .unwrap_or_default(),
@@ -382,22 +427,43 @@ impl Client {
                 push.sparse.push(SparseGrads { table: t.table, ids: Cow::Owned(ids), grads: Cow::Owned(grads) });
             }
         }
-        let requests: Vec<Request> = per_server.into_iter().map(Request::Push).collect();
-        let frames: Vec<Frame> = requests.iter().map(Request::encode).collect();
-        let mut discarded = 0;
-        self.round(&frames, "a push", |conn, reply| match reply {
-            Response::Pushed { outcome, .. } => {
-                discarded += (outcome == PushOutcome::Discarded) as usize;
-                Ok(())
+        // Split like a pull: the server merges the halves of a sync step before applying it.
+        let (first, second) = if split {
+            (self.pick(false), Some(self.pick(true)))
+        } else {
+            (self.pick(dense.is_none()), None)
+        };
+        for (s, push) in per_server.into_iter().enumerate() {
+            match second {
+                Some(port) => {
+                    let sparse_half = Push { part: PushPart::Sparse, dense: Vec::new(), ..push.clone() };
+                    let dense_half = Push { part: PushPart::Dense, sparse: Vec::new(), ..push };
+                    self.conns[first][s].send(&Request::Push(dense_half).encode())?;
+                    self.conns[port][s].send(&Request::Push(sparse_half).encode())?;
+                }
+                None => self.conns[first][s].send(&Request::Push(push).encode())?,
             }
-            other => Err(conn.unexpected("a push", &other)),
-        })?;
+        }
+        let mut discarded = 0;
+        for s in 0..n {
+            let mut stale = false;
+            for port in std::iter::once(first).chain(second) {
+                let conn = &mut self.conns[port][s];
+                let kind = conn.read()?;
+                match conn.reply(kind, "a push")? {
+                    Response::Pushed { outcome, .. } => stale |= outcome == PushOutcome::Discarded,
+                    other => return Err(conn.unexpected("a push", &other)),
+                }
+            }
+            discarded += stale as usize;
+        }
         Ok(PushReport { discarded })
     }
 
     /// Waits at server 0's barrier until every active trainer has reached `epoch`.
     pub fn barrier(&mut self, trainer: usize, epoch: u64) -> Result<(), ClientError> {
-        let conn = &mut self.conns[0];
+        let port = self.pick(false);
+        let conn = &mut self.conns[port][0];
         conn.send(&Request::Barrier { trainer: trainer as u64, epoch }.encode())?;
         conn.expect_done("a barrier")
     }
@@ -410,7 +476,7 @@ impl Client {
     /// Asks every server to write its shard into `dir`; returns the shard entries by server.
     pub fn save(&mut self, dir: &str) -> Result<Vec<ShardEntry>, ClientError> {
         let request = Request::Save { dir: dir.to_string() };
-        let frames: Vec<Frame> = (0..self.conns.len()).map(|_| request.encode()).collect();
+        let frames: Vec<Frame> = (0..self.servers()).map(|_| request.encode()).collect();
         let mut entries = Vec::new();
         self.round(&frames, "a save", |conn, reply| match reply {
             Response::Saved { file, bytes, crc32 } => {
@@ -429,7 +495,7 @@ impl Client {
 
     /// Every server's counters.
     pub fn stats(&mut self) -> Result<Vec<ServerStats>, ClientError> {
-        let frames: Vec<Frame> = (0..self.conns.len()).map(|_| Request::Stats.encode()).collect();
+        let frames: Vec<Frame> = (0..self.servers()).map(|_| Request::Stats.encode()).collect();
         let mut stats = Vec::new();
         self.round(&frames, "a stats request", |conn, reply| match reply {
             Response::Stats(json) => {
@@ -440,6 +506,62 @@ impl Client {
         })?;
         Ok(stats)
     }
+}
+
+/// Reads one pull reply from `conn` (server `conn.index`): dense blocks straight into their
+/// places in `dense` (when given), rows of `tables` into `rows` by the grouping positions.
+/// Returns the server's version.
+fn receive_values(
+    conn: &mut Conn,
+    layout: &DenseLayout,
+    mut dense: Option<&mut Vec<f32>>,
+    tables: &[TableIds],
+    groupings: &[(Vec<u32>, Vec<usize>)],
+    rows: &mut [Vec<f32>],
+) -> Result<u64, ClientError> {
+    let s = conn.index;
+    let mut placed = false;
+    let kind = {
+        let mut into_place = |r: &mut TcpStream, floats: usize| -> Result<bool, ProtocolError> {
+            let Some(out) = dense.as_deref_mut() else { return Ok(false) };
+            if floats != layout.len_of(s) {
+                return Ok(false);
+            }
+            for b in layout.blocks_of(s) {
+                std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[layout.block_range(b)]))?;
+            }
+            placed = true;
+            Ok(true)
+        };
+        read_reply_blocking(&mut conn.stream, &mut conn.buf, DEFAULT_MAX_FRAME, &mut into_place)
+            .map_err(|e| conn.fail(e))?
+    };
+    let conn = &*conn;
+    let reply = conn.reply(kind, "a pull")?;
+    let Response::Values { version, dense: d, sparse } = reply else {
+        return Err(conn.unexpected("a pull", &reply));
+    };
+    if let (Some(out), false) = (dense, placed) {
+        scatter_dense(layout, s, &d, out).map_err(|m| conn.mismatch("a dense pull", m))?;
+    }
+    if sparse.len() != tables.len() {
+        return Err(conn.mismatch("a pull", format!("{} tables instead of {}", sparse.len(), tables.len())));
+    }
+    for (t, (table, got)) in tables.iter().zip(sparse).enumerate() {
+        let (order, starts) = &groupings[t];
+        let positions = &order[starts[s]..starts[s + 1]];
+        let dim = table.dim;
+        if got.len() != positions.len() * dim {
+            let m = format!("{} floats instead of {}", got.len(), positions.len() * dim);
+            return Err(conn.mismatch("a sparse pull", m));
+        }
+        let out = &mut rows[t];
+        for (k, &p) in positions.iter().enumerate() {
+            let p = p as usize;
+            out[p * dim..(p + 1) * dim].copy_from_slice(&got[k * dim..(k + 1) * dim]);
+        }
+    }
+    Ok(version)
 }
 
 fn connect_with_retry(index: usize, addr: &str, timeout: Duration) -> Result<TcpStream, ClientError> {

@@ -28,6 +28,8 @@ pub struct TrainSettings {
     pub timeout_secs: u64,
     /// Async: discard pushes more than this many x trainers updates stale.
     pub lag_ratio: f64,
+    /// Train in-process without servers, whatever the command line says about servers.
+    pub is_local: bool,
 }
 
 impl Default for TrainSettings {
@@ -40,6 +42,7 @@ impl Default for TrainSettings {
             skip_bad_lines: false,
             timeout_secs: 300,
             lag_ratio: 2.5,
+            is_local: false,
         }
     }
 }
@@ -56,6 +59,8 @@ pub struct JobConfig {
     pub sparse_optimizer: Optimizer,
     /// Training settings.
     pub train: TrainSettings,
+    /// How data files are read.
+    pub data: crate::data::DataConfig,
 }
 
 impl Default for JobConfig {
@@ -65,6 +70,7 @@ impl Default for JobConfig {
             dense_optimizer: Optimizer::adam(1e-3),
             sparse_optimizer: Optimizer::adagrad(0.05),
             train: TrainSettings::default(),
+            data: crate::data::DataConfig::default(),
         }
     }
 }

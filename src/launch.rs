@@ -64,10 +64,8 @@ pub struct LaunchSummary {
     pub samples_per_sec: f64,
     /// Samples per second inside the trainers' training loops (summed over trainers).
     pub train_loop_samples_per_sec: f64,
-    /// Test AUC after the last pass (trainer 0).
-    pub test_auc: Option<f64>,
-    /// Test log-loss after the last pass.
-    pub test_log_loss: Option<f64>,
+    /// Test figures after the last pass (trainer 0).
+    pub test: Option<crate::metrics::EvalReport>,
     /// Async pushes discarded as stale.
     pub discarded_pushes: u64,
     /// Every trainer's report.
@@ -197,8 +195,10 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         for i in 0..config.servers {
             let mut args: Vec<String> = vec![
                 "pserver".into(),
-                "--listen".into(),
-                "127.0.0.1:0".into(),
+                "--host".into(),
+                "127.0.0.1".into(),
+                "--port".into(),
+                "0".into(),
                 "--index".into(),
                 i.to_string(),
                 "--num-servers".into(),
@@ -364,8 +364,7 @@ fn summarize(config: &LaunchConfig, workers: &[Proc], wall: f64) -> anyhow::Resu
         wall_seconds: wall,
         samples_per_sec: samples as f64 / wall,
         train_loop_samples_per_sec: loop_rate,
-        test_auc: test.as_ref().and_then(|t| t.auc),
-        test_log_loss: test.as_ref().map(|t| t.log_loss),
+        test,
         discarded_pushes: reports.iter().map(|r| r.discarded_pushes).sum(),
         reports,
     };

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod client;
 pub mod config;
 pub mod data;
+pub mod env;
 pub mod launch;
 pub mod layout;
 pub mod metrics;

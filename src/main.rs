@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use oar::config::{resolve_files, JobConfig};
+use oar::env::{ClusterEnv, Role};
 use oar::server::{Mode, ServerConfig};
 use oar::table::OptimizerKind;
 use oar::train::TrainConfig;
@@ -36,6 +37,45 @@ enum Command {
         #[command(subcommand)]
         what: GenCommand,
     },
+    /// Prepare public data sets for the examples.
+    Data {
+        #[command(subcommand)]
+        what: DataCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Turn a raw data set into plain-format train/test files, as PaddlePaddle prepares it.
+    Prepare(PrepareArgs),
+}
+
+#[derive(Args)]
+struct PrepareArgs {
+    /// The data set.
+    #[arg(value_enum)]
+    name: PrepareName,
+    /// The raw data: housing.data (uci-housing) or the folder holding ptb.train.txt[.gz] and
+    /// ptb.valid.txt (imikolov).
+    #[arg(long)]
+    src: PathBuf,
+    /// Output folder.
+    #[arg(long)]
+    out: PathBuf,
+    /// imikolov: keep words seen more than this many times.
+    #[arg(long, default_value_t = 50)]
+    min_count: u64,
+    /// imikolov: words per sample (n-1 context words and the next word).
+    #[arg(long, default_value_t = 5)]
+    n: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PrepareName {
+    /// UCI housing (Boston) for linear regression.
+    UciHousing,
+    /// Penn Treebank N-grams for the word model.
+    Imikolov,
 }
 
 #[derive(Subcommand)]
@@ -44,22 +84,36 @@ enum GenCommand {
     Criteo(GenCriteoArgs),
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct PserverArgs {
-    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
-    #[arg(long, env = "OAR_LISTEN", default_value = "0.0.0.0:7164")]
-    listen: String,
-    /// This server's index among all servers.
-    #[arg(long, env = "OAR_SERVER_INDEX", default_value_t = 0)]
-    index: usize,
+    /// Address to listen on (see also --nics) [default: PADDLE_CURRENT_IP, else 0.0.0.0].
+    #[arg(long, env = "OAR_HOST")]
+    host: Option<String>,
+    /// Listen on the IPv4 address of this network interface (e.g. eth0, lo).
+    #[arg(long, env = "OAR_NICS")]
+    nics: Option<String>,
+    /// First port [default: 7164; PADDLE_PORT / PADDLE_PSERVER_PORT / PADDLE_INIT_PORT]; 0 picks
+    /// a free port (printed).
+    #[arg(long, env = "OAR_PORT")]
+    port: Option<u16>,
+    /// Consecutive ports to listen on; trainers spread their requests over them [default: 1].
+    #[arg(long = "ports-num", alias = "ports_num", env = "OAR_PORTS_NUM")]
+    ports_num: Option<usize>,
+    /// Extra ports after those that carry only sparse traffic [default: 0].
+    #[arg(long = "ports-num-for-sparse", alias = "ports_num_for_sparse", env = "OAR_PORTS_NUM_FOR_SPARSE")]
+    ports_num_for_sparse: Option<usize>,
+    /// This server's index among all servers (found from the Paddle env, or learned from the
+    /// first trainer's handshake when not given).
+    #[arg(long, env = "OAR_SERVER_INDEX")]
+    index: Option<usize>,
     /// Number of servers in the job.
-    #[arg(long, env = "OAR_NUM_SERVERS", default_value_t = 1)]
-    num_servers: usize,
-    /// Number of trainers (the sync barrier's size).
-    #[arg(long, env = "OAR_TRAINERS", default_value_t = 1)]
-    trainers: usize,
+    #[arg(long, env = "OAR_NUM_SERVERS")]
+    num_servers: Option<usize>,
+    /// Number of trainers: the sync barrier's size [default: 1].
+    #[arg(long, alias = "num_gradient_servers", visible_alias = "num-gradient-servers", env = "OAR_TRAINERS")]
+    trainers: Option<usize>,
     /// sync or async.
-    #[arg(long, env = "OAR_MODE", value_enum, default_value = "async")]
+    #[arg(long, env = "OAR_MODE", value_enum, default_value = "sync")]
     mode: Mode,
     /// Job id trainers must present.
     #[arg(long, env = "OAR_JOB", default_value = "oar")]
@@ -67,8 +121,9 @@ struct PserverArgs {
     /// Seconds a sync step or barrier waits for missing trainers.
     #[arg(long, env = "OAR_TIMEOUT", default_value_t = 300)]
     timeout: u64,
-    /// Async: discard pushes more than this x trainers updates stale.
-    #[arg(long, env = "OAR_LAG_RATIO", default_value_t = 2.5)]
+    /// Async: discard pushes more than this x trainers updates stale
+    /// (PaddlePaddle's async_lagged_grad_discard_ratio).
+    #[arg(long, alias = "async_lagged_grad_discard_ratio", env = "OAR_LAG_RATIO", default_value_t = 2.5)]
     lag_ratio: f64,
     /// Load this server's shard from a saved model before serving.
     #[arg(long, env = "OAR_RESUME")]
@@ -93,8 +148,8 @@ struct JobArgs {
     /// Passes over the data.
     #[arg(long, env = "OAR_PASSES")]
     passes: Option<u32>,
-    /// Data-parallel compute threads per trainer.
-    #[arg(long, env = "OAR_THREADS")]
+    /// Compute threads per trainer (PaddlePaddle's trainer_count).
+    #[arg(long, visible_alias = "trainer-count", alias = "trainer_count", env = "OAR_THREADS")]
     threads: Option<usize>,
     /// Embedding width.
     #[arg(long, env = "OAR_EMBEDDING_DIM")]
@@ -133,8 +188,11 @@ struct JobArgs {
     #[arg(long, env = "OAR_TIMEOUT")]
     timeout: Option<u64>,
     /// Async: discard pushes more than this x trainers updates stale.
-    #[arg(long, env = "OAR_LAG_RATIO")]
+    #[arg(long, alias = "async_lagged_grad_discard_ratio", env = "OAR_LAG_RATIO")]
     lag_ratio: Option<f64>,
+    /// Train in this process, without servers, whatever else the job says.
+    #[arg(long, alias = "is_local", env = "OAR_IS_LOCAL", num_args = 0..=1, default_missing_value = "true")]
+    is_local: Option<bool>,
 }
 
 impl JobArgs {
@@ -163,6 +221,7 @@ impl JobArgs {
         set(&mut t.timeout_secs, self.timeout);
         set(&mut t.lag_ratio, self.lag_ratio);
         t.skip_bad_lines |= self.skip_bad_lines;
+        set(&mut t.is_local, self.is_local);
         job.validate()?;
         Ok(job)
     }
@@ -178,21 +237,33 @@ fn set<T>(slot: &mut T, value: Option<T>) {
 struct TrainArgs {
     #[command(flatten)]
     job: JobArgs,
-    /// local (no servers), sync or async.
-    #[arg(long, env = "OAR_MODE", value_enum, default_value = "local")]
-    mode: Mode,
-    /// Server addresses in server-index order, comma-separated.
-    #[arg(long, env = "OAR_SERVERS", value_delimiter = ',')]
+    /// local, sync or async [default: local without servers, sync with them].
+    #[arg(long, env = "OAR_MODE", value_enum)]
+    mode: Option<Mode>,
+    /// Servers in server-index order, comma-separated: host:port, or bare hosts on --port.
+    #[arg(long, alias = "pservers", env = "OAR_SERVERS", value_delimiter = ',')]
     servers: Vec<String>,
-    /// This trainer's id.
-    #[arg(long, env = "OAR_TRAINER_ID", default_value_t = 0)]
-    trainer_id: usize,
-    /// Number of trainers.
-    #[arg(long, env = "OAR_TRAINERS", default_value_t = 1)]
-    trainers: usize,
+    /// The servers' first port, for bare hosts in --servers [default: 7164].
+    #[arg(long, env = "OAR_PORT")]
+    port: Option<u16>,
+    /// Consecutive ports per server [default: 1].
+    #[arg(long = "ports-num", alias = "ports_num", env = "OAR_PORTS_NUM")]
+    ports_num: Option<usize>,
+    /// Sparse-only ports per server after those [default: 0].
+    #[arg(long = "ports-num-for-sparse", alias = "ports_num_for_sparse", env = "OAR_PORTS_NUM_FOR_SPARSE")]
+    ports_num_for_sparse: Option<usize>,
+    /// This trainer's id [default: 0].
+    #[arg(long, alias = "trainer_id", env = "OAR_TRAINER_ID")]
+    trainer_id: Option<usize>,
+    /// Number of trainers [default: 1].
+    #[arg(long, alias = "num_gradient_servers", visible_alias = "num-gradient-servers", env = "OAR_TRAINERS")]
+    trainers: Option<usize>,
+    /// Refused unless false: this is a CPU build.
+    #[arg(long, alias = "use_gpu", env = "OAR_USE_GPU", num_args = 0..=1, default_missing_value = "true")]
+    use_gpu: Option<bool>,
     /// Training data: a file or a folder of part files.
     #[arg(long, env = "OAR_TRAIN")]
-    train: PathBuf,
+    train: Option<PathBuf>,
     /// Test data evaluated after each pass (by trainer 0).
     #[arg(long, env = "OAR_TEST")]
     test: Option<PathBuf>,
@@ -205,6 +276,21 @@ struct TrainArgs {
     /// Job id (must match the servers').
     #[arg(long = "job", env = "OAR_JOB", default_value = "oar")]
     job_id: String,
+    /// Settings used when the environment says this process is a server
+    /// (TRAINING_ROLE / PADDLE_TRAINING_ROLE = PSERVER).
+    #[command(flatten)]
+    server: ServerRoleArgs,
+}
+
+/// Server settings of `oar train` started as a PSERVER by PaddlePaddle's environment.
+#[derive(Args)]
+struct ServerRoleArgs {
+    /// Server role: keep serving after every trainer has closed.
+    #[arg(long, env = "OAR_KEEP_SERVING")]
+    keep_serving: bool,
+    /// Server role: listen on this interface's address.
+    #[arg(long, env = "OAR_NICS")]
+    nics: Option<String>,
 }
 
 #[derive(Args)]
@@ -316,24 +402,7 @@ fn main() {
 
 fn run(command: Command, launched: bool) -> anyhow::Result<()> {
     match command {
-        Command::Pserver(a) => {
-            let config = ServerConfig {
-                index: a.index,
-                num_servers: a.num_servers,
-                trainers: a.trainers,
-                mode: a.mode,
-                job: a.job,
-                max_frame: a.max_frame_mb << 20,
-                timeout: Duration::from_secs(a.timeout),
-                lag_ratio: a.lag_ratio,
-                resume: a.resume,
-                exit_when_done: !a.keep_serving,
-            };
-            config.validate()?;
-            let stats = oar::server::serve_blocking(&a.listen, config)?;
-            tracing::info!(?stats, "server stopped");
-            Ok(())
-        }
+        Command::Pserver(a) => pserver(a, &ClusterEnv::from_process()?),
         Command::Train(a) => train(a, launched),
         Command::Launch(a) => {
             let job = a.job.resolve()?;
@@ -361,8 +430,8 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
                 s.samples_per_sec,
                 s.train_loop_samples_per_sec
             );
-            if let (Some(auc), Some(ll)) = (s.test_auc, s.test_log_loss) {
-                println!("test AUC {auc:.4}  log-loss {ll:.4}");
+            if let Some(t) = &s.test {
+                println!("test {t}");
             }
             if s.discarded_pushes > 0 {
                 println!("{} stale pushes discarded", s.discarded_pushes);
@@ -378,16 +447,16 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
             let (manifest, shard) = oar::checkpoint::load_merged(&a.model)?;
             let model_config: oar::model::ModelConfig = serde_json::from_value(manifest.model["model"].clone())
                 .with_context(|| format!("{}: manifest has no readable model config", a.model.display()))?;
-            let model = oar::model::CtrDnn::new(&model_config);
+            let model = oar::model::Network::new(&model_config);
+            // Models saved before `[data]` existed were Criteo models.
+            let data: oar::data::DataConfig = match manifest.model.get("data") {
+                Some(d) => serde_json::from_value(d.clone())
+                    .with_context(|| format!("{}: manifest has an unreadable data config", a.model.display()))?,
+                None => oar::data::DataConfig::default(),
+            };
             let mut store = oar::train::Store::Local(Box::new(shard));
-            let r = oar::train::evaluate(&mut store, &model, &files, a.batch_size, a.skip_bad_lines)?;
-            println!(
-                "model pass {}: {} samples, AUC {}, log-loss {:.5}",
-                manifest.pass,
-                r.samples,
-                r.auc.map_or("undefined (one class only)".into(), |a| format!("{a:.5}")),
-                r.log_loss
-            );
+            let r = oar::train::evaluate(&mut store, &model, &data, &files, a.batch_size, a.skip_bad_lines)?;
+            println!("model pass {}: {} samples, {r}", manifest.pass, r.samples);
             Ok(())
         }
         Command::Bench(a) => oar::bench::run(&oar::bench::BenchConfig {
@@ -400,6 +469,26 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
             exe: std::env::current_exe().context("cannot find the oar binary")?,
             skip_training: a.skip_training,
         }),
+        Command::Data { what: DataCommand::Prepare(a) } => {
+            let p = match a.name {
+                PrepareName::UciHousing => oar::data::prepare::uci_housing(&a.src, &a.out)?,
+                PrepareName::Imikolov => oar::data::prepare::imikolov(&a.src, &a.out, a.min_count, a.n)?,
+            };
+            println!(
+                "wrote {} ({} samples) and {} ({} samples)",
+                p.train.display(),
+                p.samples.0,
+                p.test.display(),
+                p.samples.1
+            );
+            if let Some((path, words)) = &p.dict {
+                println!("dictionary: {words} words in {} (set model.outputs = {words})", path.display());
+            }
+            for (name, value) in &p.baselines {
+                println!("baseline: {name} {value:.2}");
+            }
+            Ok(())
+        }
         Command::Gen { what: GenCommand::Criteo(a) } => {
             let started = Instant::now();
             let r = oar::data::gen::generate(&oar::data::gen::GenConfig {
@@ -424,25 +513,129 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
     }
 }
 
+/// The IPv4 address of network interface `name`.
+fn nic_address(name: &str) -> anyhow::Result<String> {
+    let all = if_addrs::get_if_addrs().context("cannot list the network interfaces")?;
+    if let Some(i) = all.iter().find(|i| i.name == name && i.ip().is_ipv4()) {
+        return Ok(i.ip().to_string());
+    }
+    let mut names: Vec<&str> = all.iter().map(|i| i.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    anyhow::bail!("--nics {name}: no network interface of that name with an IPv4 address (there are: {})", names.join(", "))
+}
+
+/// Runs a parameter server: flags, then `OAR_*`, then PaddlePaddle's variables, then defaults.
+fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
+    let host = match (&a.nics, &a.host) {
+        (Some(nic), _) => nic_address(nic)?,
+        (None, Some(host)) => host.clone(),
+        (None, None) => env.host.clone().unwrap_or_else(|| "0.0.0.0".into()),
+    };
+    let port = a.port.or(env.port).unwrap_or(oar::env::DEFAULT_PORT);
+    let ports_num = a.ports_num.or(env.ports_num).unwrap_or(1);
+    let sparse = a.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0);
+    anyhow::ensure!(ports_num >= 1, "--ports_num must be at least 1");
+    anyhow::ensure!(
+        port != 0 || ports_num + sparse == 1,
+        "--port 0 picks one free port; with --ports_num/--ports_num_for_sparse give an explicit --port"
+    );
+    anyhow::ensure!(
+        port as usize + ports_num + sparse - 1 <= u16::MAX as usize,
+        "--port {port} + {} ports goes past 65535",
+        ports_num + sparse
+    );
+    let num_servers = a.num_servers.or(env.servers.as_ref().map(Vec::len)).unwrap_or(0);
+    let index = a.index.or(env.server_index);
+    anyhow::ensure!(
+        num_servers > 0 || index.is_none(),
+        "--index needs --num-servers (or leave both out: the server then learns them from the trainers)"
+    );
+    let config = ServerConfig {
+        index: index.unwrap_or(0),
+        num_servers,
+        trainers: a.trainers.or(env.trainers).unwrap_or(1),
+        mode: a.mode,
+        job: a.job,
+        max_frame: a.max_frame_mb << 20,
+        timeout: Duration::from_secs(a.timeout),
+        lag_ratio: a.lag_ratio,
+        resume: a.resume,
+        exit_when_done: !a.keep_serving,
+        sparse_ports: sparse,
+    };
+    config.validate()?;
+    let addrs: Vec<String> = (0..ports_num + sparse).map(|k| format!("{host}:{}", port as usize + k)).collect();
+    let stats = oar::server::serve_blocking(&addrs, config)?;
+    tracing::info!(?stats, "server stopped");
+    Ok(())
+}
+
 fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
+    let env = ClusterEnv::from_process()?;
     let job = a.job.resolve()?;
-    let train_files = resolve_files(&a.train)?;
+    if env.role == Some(Role::Pserver) {
+        // One command line for both roles, as with PaddlePaddle's Fluid and Fleet launchers.
+        let server = PserverArgs {
+            host: None,
+            nics: a.server.nics,
+            port: a.port,
+            ports_num: a.ports_num,
+            ports_num_for_sparse: a.ports_num_for_sparse,
+            index: None,
+            num_servers: None,
+            trainers: a.trainers,
+            mode: a.mode.filter(|m| *m != Mode::Local).unwrap_or(Mode::Sync),
+            job: a.job_id,
+            timeout: job.train.timeout_secs,
+            lag_ratio: job.train.lag_ratio,
+            resume: a.resume,
+            keep_serving: a.server.keep_serving,
+            max_frame_mb: 256,
+        };
+        return pserver(server, &env);
+    }
+    if a.use_gpu.or(env.use_gpu) == Some(true) {
+        anyhow::bail!(
+            "use_gpu is true (--use_gpu, OAR_USE_GPU or PADDLE_INIT_USE_GPU), but oar trains on CPUs only: set it to false"
+        );
+    }
+    let port = a.port.or(env.port).unwrap_or(oar::env::DEFAULT_PORT);
+    let servers: Vec<String> = if a.servers.is_empty() {
+        env.servers.clone().unwrap_or_default()
+    } else {
+        a.servers.iter().map(|s| if s.contains(':') { s.clone() } else { format!("{s}:{port}") }).collect()
+    };
+    let mode = if job.train.is_local {
+        Mode::Local
+    } else {
+        a.mode.unwrap_or(if servers.is_empty() { Mode::Local } else { Mode::Sync })
+    };
+    let mut threads = job.train.threads;
+    if a.job.threads.is_none() {
+        threads = env.trainer_count.unwrap_or(threads);
+    }
+    let train = a.train.clone().context("no training data: give --train (or OAR_TRAIN)")?;
+    let train_files = resolve_files(&train)?;
     let test_files = match &a.test {
         Some(t) => resolve_files(t)?,
         None => Vec::new(),
     };
     let timeout = Duration::from_secs(job.train.timeout_secs);
     let config = TrainConfig {
-        mode: a.mode,
-        servers: a.servers,
-        trainer_id: a.trainer_id,
-        trainers: a.trainers,
+        mode,
+        servers: if mode == Mode::Local { Vec::new() } else { servers },
+        ports_num: a.ports_num.or(env.ports_num).unwrap_or(1),
+        ports_num_for_sparse: a.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0),
+        trainer_id: a.trainer_id.or(env.trainer_id).unwrap_or(0),
+        trainers: a.trainers.or(env.trainers).unwrap_or(1),
         train_files,
         test_files,
         batch_size: job.train.batch_size,
         passes: job.train.passes,
-        threads: job.train.threads,
+        threads,
         model: job.model.clone(),
+        data: job.data.clone(),
         dense_optimizer: job.dense_optimizer,
         sparse_optimizer: job.sparse_optimizer,
         output: a.output,
@@ -489,15 +682,8 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
             t.data, t.pull, t.compute, t.push
         );
         for p in &report.passes {
-            let test = p.test.as_ref().map_or(String::new(), |t| {
-                format!("; test AUC {:.4} log-loss {:.4}", t.auc.unwrap_or(f64::NAN), t.log_loss)
-            });
-            println!(
-                "pass {}: train AUC {:.4} log-loss {:.4}{test}",
-                p.pass,
-                p.train.auc.unwrap_or(f64::NAN),
-                p.train.log_loss
-            );
+            let test = p.test.as_ref().map_or(String::new(), |t| format!("; test {t}"));
+            println!("pass {}: train {}{test}", p.pass, p.train);
         }
     }
     Ok(())

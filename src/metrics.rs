@@ -1,4 +1,9 @@
-//! Quality metrics over a pass: exact AUC (ties get their average rank) and log-loss.
+//! Quality metrics over a pass: the mean loss, and per loss kind exact AUC (ties get their
+//! average rank), mean squared error or perplexity.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Loss;
 
 /// Exact area under the ROC curve of `scores` for binary `labels` (1.0 = positive), by the
 /// Mann-Whitney rank statistic with tied scores sharing their average rank. `None` when one
@@ -46,40 +51,90 @@ pub fn log_loss(probs: &[f32], labels: &[f32]) -> f64 {
     sum / probs.len() as f64
 }
 
-/// Predictions and labels collected over a pass, for exact metrics at its end.
-#[derive(Default, Clone, Debug)]
+/// Losses, predictions and labels collected over a pass, for exact metrics at its end.
+#[derive(Clone, Debug)]
 pub struct PassMetrics {
-    /// Predicted probabilities.
+    kind: Loss,
+    loss_sum: f64,
+    /// Predictions kept for AUC (log-loss models only).
     pub probs: Vec<f32>,
-    /// Labels.
+    /// Labels of `probs`.
     pub labels: Vec<f32>,
+    samples: usize,
 }
 
 impl PassMetrics {
-    /// Records one batch.
-    pub fn observe(&mut self, probs: &[f32], labels: &[f32]) {
-        self.probs.extend_from_slice(probs);
-        self.labels.extend_from_slice(labels);
+    /// Empty metrics of a model trained with `kind`.
+    pub fn new(kind: Loss) -> PassMetrics {
+        PassMetrics { kind, loss_sum: 0.0, probs: Vec::new(), labels: Vec::new(), samples: 0 }
     }
 
-    /// AUC over everything recorded.
-    pub fn auc(&self) -> Option<f64> {
-        auc(&self.probs, &self.labels)
-    }
-
-    /// Log-loss over everything recorded.
-    pub fn log_loss(&self) -> f64 {
-        log_loss(&self.probs, &self.labels)
+    /// Records one batch: its summed loss, predictions and labels.
+    pub fn observe(&mut self, loss: f64, probs: &[f32], labels: &[f32]) {
+        self.loss_sum += loss;
+        self.samples += labels.len();
+        if self.kind == Loss::LogLoss {
+            self.probs.extend_from_slice(probs);
+            self.labels.extend_from_slice(labels);
+        }
     }
 
     /// Number of samples recorded.
     pub fn len(&self) -> usize {
-        self.labels.len()
+        self.samples
     }
 
     /// True if nothing was recorded.
     pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
+        self.samples == 0
+    }
+
+    /// The figures over everything recorded.
+    pub fn report(&self) -> EvalReport {
+        EvalReport {
+            samples: self.samples,
+            loss_kind: self.kind,
+            loss: if self.samples == 0 { f64::NAN } else { self.loss_sum / self.samples as f64 },
+            auc: if self.kind == Loss::LogLoss { auc(&self.probs, &self.labels) } else { None },
+        }
+    }
+}
+
+/// Quality of a model on a set of samples.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct EvalReport {
+    /// Samples evaluated.
+    pub samples: usize,
+    /// The model's loss.
+    pub loss_kind: Loss,
+    /// Mean loss per sample: log-loss, squared error (= MSE) or cross-entropy in nats.
+    pub loss: f64,
+    /// Exact AUC (log-loss models; None if one class is absent).
+    pub auc: Option<f64>,
+}
+
+impl EvalReport {
+    /// Perplexity `exp(cross-entropy)` (softmax models).
+    pub fn perplexity(&self) -> Option<f64> {
+        (self.loss_kind == Loss::Softmax).then(|| self.loss.exp())
+    }
+
+    /// Mean squared error (square-loss models).
+    pub fn mse(&self) -> Option<f64> {
+        (self.loss_kind == Loss::Square).then_some(self.loss)
+    }
+}
+
+impl std::fmt::Display for EvalReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.loss_kind {
+            Loss::LogLoss => match self.auc {
+                Some(a) => write!(f, "AUC {a:.4} log-loss {:.4}", self.loss),
+                None => write!(f, "AUC undefined (one class only) log-loss {:.4}", self.loss),
+            },
+            Loss::Square => write!(f, "MSE {:.3}", self.loss),
+            Loss::Softmax => write!(f, "perplexity {:.2} (cross-entropy {:.4})", self.loss.exp(), self.loss),
+        }
     }
 }
 

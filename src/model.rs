@@ -1,18 +1,39 @@
-//! Models: which tables they need and how one batch turns into a loss and gradients.
+//! The network: which tables it needs and how one batch turns into a loss and gradients.
 //!
-//! [`CtrDnn`] is the Criteo click-through-rate network of PaddleRec's `rank/dnn`: each of the
-//! 26 categorical slots looks up an embedding row (a sparse table on the servers), the rows are
-//! concatenated with the 13 log-transformed integer features, and a ReLU MLP (400-400-400 by
-//! default) ends in one logit trained with log-loss. Built from the reusable pieces in
-//! [`crate::nn`]; knows nothing of servers or files.
+//! One architecture covers the seed examples: each of `slots` sparse ids per sample looks up a
+//! row of one shared embedding table (a sparse table on the servers), the rows are concatenated
+//! with the sample's `dense_features`, and an MLP (`hidden` widths, `activation` between them)
+//! ends in `outputs` values trained with `loss`:
+//! - Criteo CTR-DNN (PaddleRec `rank/dnn`): 26 slots x dim 10 + 13 dense, ReLU 400-400-400,
+//!   1 output, log-loss (the default);
+//! - UCI housing linear regression: 0 slots, 13 dense, no hidden layer, 1 output, square error;
+//! - PTB N-gram word model (PaddlePaddle's imikolov word2vec): 4 slots x dim 32, sigmoid 256,
+//!   one output per dictionary word, softmax cross-entropy.
+//!
+//! Built from the reusable pieces in [`crate::nn`]; knows nothing of servers or files.
 
 use serde::{Deserialize, Serialize};
 
 use crate::data::Batch;
-use crate::nn::{bce_with_logits, gather_rows, scatter_add_rows, Activation, Mlp, MlpWork};
+use crate::nn::{
+    bce_with_logits, gather_rows, scatter_add_rows, softmax_cross_entropy, square_error, Activation, Mlp, MlpWork,
+};
 use crate::table::{DenseParam, DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
 
-/// Shape and initialization of the CTR-DNN.
+/// What the network's outputs are trained against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    /// One logit per sample, binary label, log-loss; quality is AUC and log-loss.
+    LogLoss,
+    /// One prediction per sample, real label, squared error; quality is the mean squared error.
+    Square,
+    /// One logit per class, the label is the class index, softmax cross-entropy; quality is
+    /// perplexity.
+    Softmax,
+}
+
+/// Shape and initialization of the network (defaults: the Criteo CTR-DNN).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
@@ -30,6 +51,12 @@ pub struct ModelConfig {
     pub slots: usize,
     /// Dense features per sample.
     pub dense_features: usize,
+    /// Activation of the hidden layers.
+    pub activation: Activation,
+    /// Output width (the dictionary size for `softmax`).
+    pub outputs: usize,
+    /// The loss.
+    pub loss: Loss,
 }
 
 impl Default for ModelConfig {
@@ -42,6 +69,9 @@ impl Default for ModelConfig {
             block_size: 8192,
             slots: crate::data::criteo::SLOTS,
             dense_features: crate::data::criteo::DENSE,
+            activation: Activation::Relu,
+            outputs: 1,
+            loss: Loss::LogLoss,
         }
     }
 }
@@ -49,8 +79,14 @@ impl Default for ModelConfig {
 impl ModelConfig {
     /// Checks the shape; messages name the setting.
     pub fn validate(&self) -> Result<(), String> {
-        if self.embedding_dim == 0 || self.block_size == 0 || self.slots == 0 {
-            return Err("model: embedding_dim, block_size and slots must be positive".into());
+        if self.embedding_dim == 0 || self.block_size == 0 || self.outputs == 0 {
+            return Err("model: embedding_dim, block_size and outputs must be positive".into());
+        }
+        if self.slots + self.dense_features == 0 {
+            return Err("model: a sample needs at least one slot or dense feature".into());
+        }
+        if self.loss != Loss::Softmax && self.outputs != 1 {
+            return Err(format!("model: loss {:?} needs outputs = 1 (got {})", self.loss, self.outputs));
         }
         if self.hidden.contains(&0) {
             return Err("model: hidden layer widths must be positive".into());
@@ -59,34 +95,80 @@ impl ModelConfig {
     }
 }
 
-/// The CTR-DNN.
+/// The network.
 #[derive(Clone, Debug)]
-pub struct CtrDnn {
+pub struct Network {
     config: ModelConfig,
     mlp: Mlp,
     params: Vec<DenseParam>,
 }
 
-/// Per-thread buffers of a [`CtrDnn`], reused from step to step.
+/// Per-thread buffers of a [`Network`], reused from step to step.
 #[derive(Default)]
 pub struct Work {
     x: Vec<f32>,
     mlp: MlpWork,
     dlogits: Vec<f32>,
     dx: Vec<f32>,
-    /// Predicted click probabilities of the last batch.
+    /// Predictions of the last batch for per-sample metrics: click probabilities (log-loss) or
+    /// values (square); empty for softmax.
     pub probs: Vec<f32>,
 }
 
-impl CtrDnn {
+impl Network {
     /// The network for `config`.
-    pub fn new(config: &ModelConfig) -> CtrDnn {
+    pub fn new(config: &ModelConfig) -> Network {
         let input = config.slots * config.embedding_dim + config.dense_features;
         let mut widths = vec![input];
         widths.extend(&config.hidden);
-        widths.push(1);
-        let (mlp, params) = Mlp::new("fc", &widths, Activation::Relu, Activation::Identity, 0);
-        CtrDnn { config: config.clone(), mlp, params }
+        widths.push(config.outputs);
+        let (mlp, params) = Mlp::new("fc", &widths, config.activation, Activation::Identity, 0);
+        Network { config: config.clone(), mlp, params }
+    }
+
+    /// Checks that a batch has this network's shape and labels its loss accepts; the message
+    /// names the offending sample and the setting to change.
+    pub fn check_batch(&self, batch: &Batch) -> Result<(), String> {
+        let c = &self.config;
+        if batch.slots != c.slots || batch.dense_width != c.dense_features {
+            return Err(format!(
+                "the data has {} slots and {} dense features per sample but the model expects {} and {} (model.slots, model.dense_features)",
+                batch.slots, batch.dense_width, c.slots, c.dense_features
+            ));
+        }
+        if c.loss == Loss::Softmax {
+            if let Some((r, y)) =
+                batch.labels.iter().enumerate().find(|(_, &y)| !(y >= 0.0 && y.fract() == 0.0 && (y as usize) < c.outputs))
+            {
+                return Err(format!(
+                    "sample {r} of the batch has label {y}: a softmax label must be a class index below model.outputs = {}",
+                    c.outputs
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the loss to the last forward pass: summed loss, output gradients into
+    /// `work.dlogits` and per-sample predictions into `work.probs`.
+    fn loss(&self, labels: &[f32], work: &mut Work) -> f64 {
+        let (n, out) = (labels.len(), self.config.outputs);
+        work.dlogits.resize(n * out, 0.0);
+        match self.config.loss {
+            Loss::LogLoss => {
+                work.probs.resize(n, 0.0);
+                bce_with_logits(work.mlp.output(), labels, &mut work.dlogits, &mut work.probs)
+            }
+            Loss::Square => {
+                work.probs.clear();
+                work.probs.extend_from_slice(work.mlp.output());
+                square_error(work.mlp.output(), labels, &mut work.dlogits)
+            }
+            Loss::Softmax => {
+                work.probs.clear();
+                softmax_cross_entropy(work.mlp.output(), labels, out, &mut work.dlogits)
+            }
+        }
     }
 
     /// The model's configuration.
@@ -98,7 +180,8 @@ impl CtrDnn {
         self.config.slots * self.config.embedding_dim + self.config.dense_features
     }
 
-    /// The tables this model needs: the MLP's dense parameters and one embedding table.
+    /// The tables this model needs: the MLP's dense parameters and one embedding table (empty
+    /// when the model has no slots).
     pub fn table_spec(&self, dense: Optimizer, sparse: Optimizer) -> TableSpec {
         TableSpec {
             dense: DenseSpec {
@@ -146,19 +229,17 @@ impl CtrDnn {
     ) -> f64 {
         let (n, width, dim) = (batch.len(), self.input_width(), self.config.embedding_dim);
         self.forward(params, batch, rows, index, work);
-        work.dlogits.resize(n, 0.0);
-        work.probs.resize(n, 0.0);
-        let loss = bce_with_logits(work.mlp.output(), &batch.labels, &mut work.dlogits, &mut work.probs);
+        let loss = self.loss(&batch.labels, work);
         work.dx.resize(n * width, 0.0);
         self.mlp.backward(params, &work.x, &work.dlogits, n, &mut work.mlp, grads, Some(&mut work.dx));
         scatter_add_rows(&work.dx, index, self.config.slots, dim, width, row_grads);
         loss
     }
 
-    /// Predicted probabilities for one batch, left in `work.probs`.
-    pub fn predict(&self, params: &[f32], batch: &Batch, rows: &[f32], index: &[u32], work: &mut Work) {
+    /// Forward only: returns the summed loss of one batch and leaves its predictions in
+    /// `work.probs`.
+    pub fn evaluate(&self, params: &[f32], batch: &Batch, rows: &[f32], index: &[u32], work: &mut Work) -> f64 {
         self.forward(params, batch, rows, index, work);
-        work.probs.clear();
-        work.probs.extend(work.mlp.output().iter().map(|&z| crate::nn::sigmoid(z)));
+        self.loss(&batch.labels, work)
     }
 }

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::checkpoint::{write_shard, Manifest};
 use crate::protocol::{
     encode_values, read_frame, write_frame, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull, Push,
-    PushOutcome, Request, Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
+    PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
 };
 use crate::table::{Shard, TableSpec};
 
@@ -56,7 +56,8 @@ impl std::fmt::Display for Mode {
 pub struct ServerConfig {
     /// This server's index.
     pub index: usize,
-    /// Number of servers in the job.
+    /// Number of servers in the job; 0: learn index and count from the first trainer's
+    /// handshake (PaddlePaddle v2's `paddle pserver` is not told its place either).
     pub num_servers: usize,
     /// Number of trainers (the sync barrier's size).
     pub trainers: usize,
@@ -74,14 +75,20 @@ pub struct ServerConfig {
     pub resume: Option<PathBuf>,
     /// Stop serving once every trainer has closed.
     pub exit_when_done: bool,
+    /// How many of the listeners, counted from the last, carry only sparse traffic
+    /// (`--ports_num_for_sparse`).
+    pub sparse_ports: usize,
 }
 
 impl ServerConfig {
     /// Checks the configuration; messages name the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.num_servers > 0, "--num-servers must be at least 1");
         anyhow::ensure!(
-            self.index < self.num_servers,
+            self.num_servers > 0 || self.resume.is_none(),
+            "resuming needs the server's place: give --index and --num-servers"
+        );
+        anyhow::ensure!(
+            self.num_servers == 0 || self.index < self.num_servers,
             "--index {} must be below --num-servers {}",
             self.index,
             self.num_servers
@@ -110,6 +117,8 @@ pub struct ServerStats {
     pub keys_pushed: u64,
     /// Rows held per sparse table.
     pub rows: Vec<usize>,
+    /// Requests served per listening port, in port order.
+    pub port_requests: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -120,6 +129,7 @@ struct Counters {
     pushes: AtomicU64,
     keys_pulled: AtomicU64,
     keys_pushed: AtomicU64,
+    port_requests: Vec<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -129,6 +139,8 @@ struct SyncStep {
     /// The pass the pending steps belong to, and the trainers that have ended it.
     pass: u64,
     ended: BTreeSet<u64>,
+    /// First halves of split pushes (`PushPart::Dense`/`Sparse`) waiting for the other half.
+    halves: BTreeMap<u64, Push<'static>>,
 }
 
 impl SyncStep {
@@ -144,6 +156,8 @@ impl SyncStep {
 
 struct State {
     config: ServerConfig,
+    /// (index, number of servers), once known.
+    place: Mutex<Option<(usize, usize)>>,
     shard: Mutex<Option<Arc<Shard>>>,
     counters: Counters,
     sync: Mutex<SyncStep>,
@@ -198,25 +212,36 @@ impl State {
             keys_pulled: c.keys_pulled.load(Relaxed),
             keys_pushed: c.keys_pushed.load(Relaxed),
             rows: self.shard.lock().as_ref().map(|s| s.sparse.iter().map(|t| t.len()).collect()).unwrap_or_default(),
+            port_requests: c.port_requests.iter().map(|n| n.load(Relaxed)).collect(),
         }
     }
 }
 
-/// Serves `listener` until `shutdown` resolves (or, with `exit_when_done`, until every trainer
-/// has closed). Returns the final counters.
+/// Serves `listeners` (the general ports, then `config.sparse_ports` sparse-only ones) until
+/// `shutdown` resolves (or, with `exit_when_done`, until every trainer has closed). Returns the
+/// final counters.
 pub async fn run(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<ServerStats> {
     config.validate()?;
+    anyhow::ensure!(
+        listeners.len() > config.sparse_ports,
+        "{} listeners for {} sparse-only ports: at least one general port is needed",
+        listeners.len(),
+        config.sparse_ports
+    );
     let shard = match &config.resume {
         Some(dir) => Some(Arc::new(load_resume_shard(dir, &config)?)),
         None => None,
     };
+    let ports = listeners.len();
+    let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
     let state = Arc::new(State {
+        place: Mutex::new(place),
         shard: Mutex::new(shard),
-        counters: Counters::default(),
+        counters: Counters { port_requests: (0..ports).map(|_| AtomicU64::new(0)).collect(), ..Counters::default() },
         sync: Mutex::new(SyncStep::default()),
         applied: watch::channel(0).0,
         barrier: Mutex::new(BTreeMap::new()),
@@ -234,28 +259,31 @@ pub async fn run(
             std::future::pending::<()>().await;
         }
     };
-    tokio::pin!(shutdown);
-    tokio::pin!(all_closed);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((socket, peer)) => {
-                    let state = state.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = serve_connection(state, socket).await {
-                            tracing::warn!(%peer, error = %e, "connection closed on error");
-                        }
-                    });
+    let mut acceptors = tokio::task::JoinSet::new();
+    for (port, listener) in listeners.into_iter().enumerate() {
+        let state = state.clone();
+        let sparse_only = port >= ports - state.config.sparse_ports;
+        acceptors.spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((socket, peer)) => {
+                        let state = state.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = serve_connection(state, socket, port, sparse_only).await {
+                                tracing::warn!(%peer, error = %e, "connection closed on error");
+                            }
+                        });
+                    }
+                    Err(e) => tracing::warn!(error = %e, "accept failed"),
                 }
-                Err(e) => tracing::warn!(error = %e, "accept failed"),
-            },
-            _ = &mut shutdown => break,
-            _ = &mut all_closed => {
-                tracing::info!("every trainer has closed; stopping");
-                break;
             }
-        }
+        });
     }
+    tokio::select! {
+        _ = shutdown => {}
+        _ = all_closed => tracing::info!("every trainer has closed; stopping"),
+    }
+    acceptors.abort_all();
     Ok(state.stats())
 }
 
@@ -273,7 +301,21 @@ fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Re
     Ok(shard)
 }
 
-async fn serve_connection(state: Arc<State>, socket: TcpStream) -> Result<(), ProtocolError> {
+/// Why a request may not use a sparse-only port, if it may not.
+fn dense_on_sparse_port(request: &Request) -> Option<&'static str> {
+    match request {
+        Request::Pull(p) if p.dense == DenseSelection::All => Some("a dense pull"),
+        Request::Push(p) if !p.dense.is_empty() => Some("a dense push"),
+        _ => None,
+    }
+}
+
+async fn serve_connection(
+    state: Arc<State>,
+    socket: TcpStream,
+    port: usize,
+    sparse_only: bool,
+) -> Result<(), ProtocolError> {
     socket.set_nodelay(true)?;
     let (mut rd, mut wr) = socket.into_split();
     let mut buf = FrameBuf::default();
@@ -303,9 +345,17 @@ async fn serve_connection(state: Arc<State>, socket: TcpStream) -> Result<(), Pr
                 return Err(e);
             }
         };
+        state.counters.port_requests[port].fetch_add(1, Relaxed);
         let reply = match (&request, greeted) {
             (Request::Hello(_), _) => handle_hello(&state, &request),
             (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
+            (r, true) if sparse_only && dense_on_sparse_port(r).is_some() => Err((
+                ErrorCode::State,
+                format!(
+                    "{} on port #{port}, which carries only sparse traffic (--ports_num_for_sparse)",
+                    dense_on_sparse_port(r).unwrap_or("dense traffic")
+                ),
+            )),
             _ => handle(&state, request, &mut scratch).await,
         };
         let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State, _))) && !greeted;
@@ -337,13 +387,18 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
     if h.job != c.job {
         return refuse(format!("job '{}' does not match this server's job '{}'", h.job, c.job));
     }
-    if h.num_servers != c.num_servers as u64 || h.server_index != c.index as u64 {
+    let mut place = state.place.lock();
+    let (index, servers) = *place.get_or_insert_with(|| {
+        tracing::info!(index = h.server_index, servers = h.num_servers, "learned this server's place from a trainer");
+        (h.server_index as usize, h.num_servers as usize)
+    });
+    if h.num_servers != servers as u64 || h.server_index != index as u64 {
         return refuse(format!(
-            "client routes to server {} of {}, but this is server {} of {}: check the server list order",
-            h.server_index, h.num_servers, c.index, c.num_servers
+            "client routes to server {} of {}, but this is server {index} of {servers}: check the server list order",
+            h.server_index, h.num_servers
         ));
     }
-    Ok(Answer::Response(Response::Welcome { server_index: c.index as u64, num_servers: c.num_servers as u64 }))
+    Ok(Answer::Response(Response::Welcome { server_index: index as u64, num_servers: servers as u64 }))
 }
 
 /// Row buffers of a connection's last pull reply, handed back for the next one.
@@ -397,8 +452,8 @@ fn declare(state: &State, spec: TableSpec) -> Reply {
         return Ok(Answer::Response(Response::Done));
     }
     spec.validate().map_err(|m| (ErrorCode::Table, m))?;
-    let c = &state.config;
-    *slot = Some(Arc::new(Shard::new(spec, c.index, c.num_servers)));
+    let (index, servers) = state.place.lock().ok_or((ErrorCode::State, "declare before the handshake".to_string()))?;
+    *slot = Some(Arc::new(Shard::new(spec, index, servers)));
     Ok(Answer::Response(Response::Done))
 }
 
@@ -446,7 +501,8 @@ fn push_async(state: &State, push: Push<'_>) -> Reply {
     }
     c.keys_pushed.fetch_add(push.sparse.iter().map(|s| s.ids.len() as u64).sum(), Relaxed);
     apply(&shard, &push.dense_contiguous(), &push.sparse, push.samples)?;
-    let version = c.version.fetch_add(1, Relaxed) + 1;
+    // The sparse half of a split push is part of the update its dense half counts.
+    let version = if push.part == PushPart::Sparse { version } else { c.version.fetch_add(1, Relaxed) + 1 };
     Ok(Answer::Response(Response::Pushed { outcome: PushOutcome::Applied, version }))
 }
 
@@ -465,10 +521,29 @@ async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
         let mut pending = state.sync.lock();
         let step = pending.step;
         pending.enter_pass(push.pass);
-        if pending.pushes.insert(trainer, push.into_owned()).is_some() {
-            return Err((ErrorCode::State, format!("trainer {trainer} pushed step {step} twice")));
+        let push = push.into_owned();
+        let push = match push.part {
+            PushPart::Whole => Some(push),
+            part => match pending.halves.remove(&trainer) {
+                None => {
+                    pending.halves.insert(trainer, push);
+                    None
+                }
+                Some(other) if other.part == part => {
+                    return Err((ErrorCode::State, format!("trainer {trainer} sent the same half of step {step} twice")));
+                }
+                Some(other) => {
+                    let (dense, sparse) = if part == PushPart::Dense { (push, other) } else { (other, push) };
+                    Some(Push { part: PushPart::Whole, sparse: sparse.sparse, ..dense })
+                }
+            },
+        };
+        if let Some(push) = push {
+            if pending.pushes.insert(trainer, push).is_some() {
+                return Err((ErrorCode::State, format!("trainer {trainer} pushed step {step} twice")));
+            }
+            try_complete_step(state, &shard, &mut pending)?;
         }
-        try_complete_step(state, &shard, &mut pending)?;
         step
     };
     let waited = tokio::time::timeout(state.config.timeout, applied.wait_for(|&n| n > step)).await;
@@ -612,17 +687,21 @@ fn close(state: &Arc<State>, trainer: u64) -> Reply {
     }
 }
 
-/// Binds `addr` and serves until every trainer closes (or forever without `exit_when_done`),
-/// printing `OAR_READY <address>` on stdout once listening, for launchers to read.
-pub fn serve_blocking(addr: &str, config: ServerConfig) -> anyhow::Result<ServerStats> {
+/// Binds `addrs` (the general ports, then `config.sparse_ports` sparse-only ones) and serves
+/// until every trainer closes (or forever without `exit_when_done`), printing
+/// `OAR_READY <first address>` on stdout once listening, for launchers to read.
+pub fn serve_blocking(addrs: &[String], config: ServerConfig) -> anyhow::Result<ServerStats> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
-        let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        let local = listener.local_addr()?;
-        tracing::info!(address = %local, index = config.index, servers = config.num_servers, trainers = config.trainers, mode = ?config.mode, "parameter server listening");
-        println!("OAR_READY {local}");
+        let mut listeners = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            listeners.push(TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?);
+        }
+        let first = listeners.first().context("no address to listen on")?.local_addr()?;
+        tracing::info!(address = %first, ports = addrs.len(), sparse_ports = config.sparse_ports, index = config.index, servers = config.num_servers, trainers = config.trainers, mode = ?config.mode, "parameter server listening");
+        println!("OAR_READY {first}");
         use std::io::Write;
         std::io::stdout().flush()?;
-        run(listener, config, std::future::pending()).await
+        run(listeners, config, std::future::pending()).await
     })
 }

@@ -7,10 +7,41 @@
 pub mod criteo;
 pub mod files;
 pub mod gen;
+pub mod plain;
+pub mod prepare;
 pub mod reader;
 
 pub use files::{list_files, shard_files};
 pub use reader::{DataError, Reader, ReaderConfig};
+
+use serde::{Deserialize, Serialize};
+
+/// The line format of data files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// Criteo TSV: label, 13 integers, 26 hex categorical values ([`criteo`]).
+    Criteo,
+    /// Whitespace-separated label, dense values and ids ([`plain`]).
+    Plain,
+}
+
+/// How a job's data files are read: the `[data]` section of a job file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataConfig {
+    /// The line format.
+    pub format: Format,
+    /// A shell command run over each file (the file on its stdin); its output is read instead
+    /// of the file (PaddlePaddle's `pipe_command`, e.g. `"zcat"` or `"grep -v ^#"`).
+    pub pipe_command: Option<String>,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig { format: Format::Criteo, pipe_command: None }
+    }
+}
 
 /// A mini-batch in columnar form: `labels[r]`, `dense[r * dense_width ..]`, `ids[r * slots ..]`.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -21,6 +21,16 @@ pub enum DataError {
         /// What is wrong.
         reason: String,
     },
+    /// The `pipe_command` over a file failed.
+    #[error("{path}: pipe_command `{command}` {status}")]
+    Pipe {
+        /// The file.
+        path: PathBuf,
+        /// The command.
+        command: String,
+        /// How it ended.
+        status: String,
+    },
     /// A file could not be read.
     #[error("{path}: {cause}")]
     Io {
@@ -49,6 +59,8 @@ pub struct ReaderConfig {
     pub slots: usize,
     /// The line format.
     pub parse: ParseFn,
+    /// A shell command each file is piped through.
+    pub pipe_command: Option<String>,
 }
 
 impl ReaderConfig {
@@ -61,6 +73,22 @@ impl ReaderConfig {
             dense_width: super::criteo::DENSE,
             slots: super::criteo::SLOTS,
             parse: super::criteo::parse_line,
+            pipe_command: None,
+        }
+    }
+
+    /// Batches of `batch_size` samples of the given shape, read as `data` says.
+    pub fn new(data: &super::DataConfig, batch_size: usize, dense_width: usize, slots: usize) -> ReaderConfig {
+        let parse: ParseFn = match data.format {
+            super::Format::Criteo => super::criteo::parse_line,
+            super::Format::Plain => super::plain::parse_line,
+        };
+        ReaderConfig {
+            dense_width,
+            slots,
+            parse,
+            pipe_command: data.pipe_command.clone(),
+            ..ReaderConfig::criteo(batch_size)
         }
     }
 }
@@ -129,7 +157,49 @@ fn read_file(
 ) -> Result<(), DataError> {
     let io = |cause| DataError::Io { path: path.clone(), cause };
     let file = std::fs::File::open(path).map_err(io)?;
-    let mut r = std::io::BufReader::with_capacity(1 << 20, file);
+    let Some(command) = &config.pipe_command else {
+        return read_lines(path, std::io::BufReader::with_capacity(1 << 20, file), config, progress, batch, tx);
+    };
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(io)?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    // Drained on its own thread so a chatty command cannot block on a full stderr pipe.
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let read = read_lines(path, std::io::BufReader::with_capacity(1 << 20, stdout), config, progress, batch, tx);
+    if read.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait().map_err(io)?;
+    let errors = errors.join().unwrap_or_default();
+    read?;
+    if !status.success() {
+        let last = errors.lines().last().unwrap_or("").trim();
+        let status = if last.is_empty() { format!("failed ({status})") } else { format!("failed ({status}): {last}") };
+        return Err(DataError::Pipe { path: path.clone(), command: command.clone(), status });
+    }
+    Ok(())
+}
+
+fn read_lines(
+    path: &PathBuf,
+    mut r: impl BufRead,
+    config: &ReaderConfig,
+    progress: &ReadProgress,
+    batch: &mut Batch,
+    tx: &std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
+) -> Result<(), DataError> {
+    let io = |cause| DataError::Io { path: path.clone(), cause };
     let mut line = Vec::with_capacity(512);
     let mut number = 0u64;
     loop {
@@ -190,5 +260,20 @@ mod tests {
         let sizes: Vec<usize> = reader.map(|b| b.unwrap().len()).collect();
         assert_eq!(sizes, [2, 2, 1]);
         assert_eq!(progress.bad_lines.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn pipe_command_output_is_read_and_its_failure_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        std::fs::write(&a, "# comment\n1\t1\n# another\n0\t2\n").unwrap();
+        let piped = |cmd: &str| ReaderConfig { pipe_command: Some(cmd.into()), ..ReaderConfig::criteo(10) };
+        let batches: Vec<_> = Reader::spawn(vec![a.clone()], piped("grep -v '^#'")).map(|b| b.unwrap()).collect();
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].labels, [1.0, 0.0]);
+
+        let err = Reader::spawn(vec![a.clone()], piped("echo boom >&2; exit 3")).find_map(|b| b.err()).unwrap();
+        let msg = err.to_string();
+        assert!(msg.contains(&a.display().to_string()) && msg.contains("exit") && msg.contains("boom"), "{msg}");
     }
 }

@@ -163,6 +163,7 @@ mod tests {
             pass: 1,
             base_version: 0,
             samples: 1,
+            part: crate::protocol::PushPart::Whole,
             dense: vec![vec![0.0; 1000].into()],
             sparse: vec![],
         })

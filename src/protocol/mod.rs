@@ -25,7 +25,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 1;
+pub const PROTOCOL_VERSION: u64 = 2;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.
@@ -128,6 +128,17 @@ pub struct Pull<'a> {
     pub sparse: Vec<SparseIds<'a>>,
 }
 
+/// Which part of a trainer step a push carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PushPart {
+    /// Dense and sparse gradients together.
+    Whole,
+    /// Only the dense gradients; the sparse half comes on a sparse port. Counts as the update.
+    Dense,
+    /// Only the sparse gradients.
+    Sparse,
+}
+
 /// Gradients of one trainer step for the parameters this server owns.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Push<'a> {
@@ -142,6 +153,9 @@ pub struct Push<'a> {
     pub base_version: u64,
     /// Samples the gradient sums cover.
     pub samples: u64,
+    /// Whether this message is a whole step or one half of a step split over a general and a
+    /// sparse-only port (`--ports_num_for_sparse`).
+    pub part: PushPart,
     /// Dense gradient sums for this server's blocks, as consecutive chunks (the blocks of the
     /// trainer's flat vector, sent without gathering them); empty: no dense gradient.
     pub dense: Vec<Cow<'a, [f32]>>,
@@ -173,6 +187,7 @@ impl Push<'_> {
             pass: self.pass,
             base_version: self.base_version,
             samples: self.samples,
+            part: self.part,
             dense: if dense.is_empty() { vec![] } else { vec![Cow::Owned(dense)] },
             sparse: self.sparse.into_iter().map(SparseGrads::into_owned).collect(),
         }

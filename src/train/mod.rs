@@ -22,9 +22,10 @@ pub use store::{Dedup, Store};
 
 use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
 use crate::client::{Client, ClientConfig};
-use crate::data::{shard_files, Batch, Reader, ReaderConfig};
+use crate::data::{shard_files, Batch, DataConfig, Reader, ReaderConfig};
 use crate::metrics::PassMetrics;
-use crate::model::{CtrDnn, ModelConfig, Work};
+use crate::metrics::EvalReport;
+use crate::model::{ModelConfig, Network, Work};
 use crate::protocol::RowCreation;
 use crate::server::Mode;
 use crate::table::{Optimizer, Shard, TableSpec};
@@ -34,8 +35,12 @@ use crate::table::{Optimizer, Shard, TableSpec};
 pub struct TrainConfig {
     /// Local, sync or async.
     pub mode: Mode,
-    /// Server addresses by index (empty in local mode).
+    /// Server addresses by index (empty in local mode): each server's first port.
     pub servers: Vec<String>,
+    /// Consecutive general ports per server (`--ports_num`).
+    pub ports_num: usize,
+    /// Sparse-only ports per server after the general ones (`--ports_num_for_sparse`).
+    pub ports_num_for_sparse: usize,
     /// This trainer's id.
     pub trainer_id: usize,
     /// Number of trainers.
@@ -52,6 +57,8 @@ pub struct TrainConfig {
     pub threads: usize,
     /// The network.
     pub model: ModelConfig,
+    /// How the data files are read.
+    pub data: DataConfig,
     /// Optimizer of the dense parameters.
     pub dense_optimizer: Optimizer,
     /// Optimizer of the embedding table.
@@ -97,17 +104,6 @@ impl TrainConfig {
         self.sparse_optimizer.validate("sparse").map_err(anyhow::Error::msg)?;
         Ok(())
     }
-}
-
-/// Quality of the model on a set of samples.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct EvalReport {
-    /// Samples evaluated.
-    pub samples: usize,
-    /// Exact AUC (None if one class is absent).
-    pub auc: Option<f64>,
-    /// Mean log-loss.
-    pub log_loss: f64,
 }
 
 /// What one pass did.
@@ -158,7 +154,8 @@ pub struct StepTimes {
 /// Evaluates the model held by `store` on `files` (rows of unseen ids are not created).
 pub fn evaluate(
     store: &mut Store,
-    model: &CtrDnn,
+    model: &Network,
+    data: &DataConfig,
     files: &[PathBuf],
     batch_size: usize,
     skip_bad_lines: bool,
@@ -166,17 +163,23 @@ pub fn evaluate(
     let dim = model.config().embedding_dim;
     let mut params = Vec::new();
     store.pull(Some(&mut params), &[], &mut Vec::new(), dim, RowCreation::Peek)?;
-    let reader = Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..ReaderConfig::criteo(batch_size) });
-    let (mut dedup, mut rows, mut work, mut metrics) =
-        (Dedup::default(), Vec::new(), Work::default(), PassMetrics::default());
+    let reader = Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..reader_config(model, data, batch_size) });
+    let (mut dedup, mut rows, mut work) = (Dedup::default(), Vec::new(), Work::default());
+    let mut metrics = PassMetrics::new(model.config().loss);
     for batch in reader {
         let batch = batch?;
+        model.check_batch(&batch).map_err(anyhow::Error::msg)?;
         dedup.run(&batch.ids);
         store.pull(None, &dedup.unique, &mut rows, dim, RowCreation::Peek)?;
-        model.predict(&params, &batch, &rows, &dedup.index, &mut work);
-        metrics.observe(&work.probs, &batch.labels);
+        let loss = model.evaluate(&params, &batch, &rows, &dedup.index, &mut work);
+        metrics.observe(loss, &work.probs, &batch.labels);
     }
-    Ok(EvalReport { samples: metrics.len(), auc: metrics.auc(), log_loss: metrics.log_loss() })
+    Ok(metrics.report())
+}
+
+fn reader_config(model: &Network, data: &DataConfig, batch_size: usize) -> ReaderConfig {
+    let m = model.config();
+    ReaderConfig::new(data, batch_size, m.dense_features, m.slots)
 }
 
 /// Trains as configured. `on_progress(bytes, samples)` is called after every step with the
@@ -184,7 +187,7 @@ pub fn evaluate(
 pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Result<TrainReport> {
     config.validate()?;
     let started = Instant::now();
-    let model = CtrDnn::new(&config.model);
+    let model = Network::new(&config.model);
     let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
     let me = config.trainer_id;
     let (mut store, first_pass) = open_store(config, &spec)?;
@@ -211,7 +214,10 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
     for pass in first_pass..=config.passes {
         let reader = Reader::spawn(
             files.clone(),
-            ReaderConfig { skip_bad_lines: config.skip_bad_lines, ..ReaderConfig::criteo(config.batch_size) },
+            ReaderConfig {
+                skip_bad_lines: config.skip_bad_lines,
+                ..reader_config(&model, &config.data, config.batch_size)
+            },
         );
         let progress = reader.progress();
         let mut pass_loop =
@@ -222,15 +228,8 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
         step = pass_loop.step;
         bytes_before += progress.bytes.load(std::sync::atomic::Ordering::Relaxed);
         report.bad_lines += progress.bad_lines.load(std::sync::atomic::Ordering::Relaxed);
-        let train = EvalReport { samples: metrics.len(), auc: metrics.auc(), log_loss: metrics.log_loss() };
-        tracing::info!(
-            trainer = me,
-            pass,
-            samples = train.samples,
-            auc = train.auc.unwrap_or(f64::NAN),
-            log_loss = train.log_loss,
-            "pass done"
-        );
+        let train = metrics.report();
+        tracing::info!(trainer = me, pass, samples = train.samples, "pass done: {train}");
         let test = end_pass(config, &mut store, &model, &spec, pass, step)?;
         report.passes.push(PassReport { pass, train, test });
     }
@@ -258,7 +257,7 @@ fn next_prepared(reader: &mut Reader) -> anyhow::Result<Option<Prepared>> {
 /// The steps of one pass.
 struct PassLoop<'a> {
     config: &'a TrainConfig,
-    model: &'a CtrDnn,
+    model: &'a Network,
     pass: u32,
     step: u64,
     replicas: &'a mut [Replica],
@@ -278,7 +277,8 @@ impl PassLoop<'_> {
             } else {
                 (None, Some(store))
             };
-            let (mut metrics, mut window) = (PassMetrics::default(), (0.0f64, 0usize, Instant::now()));
+            let mut metrics = PassMetrics::new(self.model.config().loss);
+            let mut window = (0.0f64, 0usize, Instant::now());
             let (mut params, mut rows, mut spare) = (Vec::new(), Vec::new(), (Vec::new(), Vec::new()));
             let mut current = next_prepared(&mut reader)?;
             if let (Some(a), Some(c)) = (&mut ahead, &current) {
@@ -304,6 +304,7 @@ impl PassLoop<'_> {
                 }
                 let t2 = Instant::now();
                 let (batch, ids) = (&cur.batch, &cur.ids);
+                self.model.check_batch(batch).map_err(anyhow::Error::msg)?;
                 let (loss, probs) =
                     compute(self.model, &params, batch, &rows, &ids.index, self.replicas, ids.unique.len());
                 let t3 = Instant::now();
@@ -332,14 +333,14 @@ impl PassLoop<'_> {
                 times.compute += (t3 - t2).as_secs_f64();
                 times.push += (t4 - t3).as_secs_f64();
                 self.report.train_seconds += (t4 - t0).as_secs_f64();
-                metrics.observe(&probs, &batch.labels);
+                metrics.observe(loss, &probs, &batch.labels);
                 self.report.samples += n as u64;
                 self.step += 1;
                 window.0 += loss;
                 window.1 += n;
                 if self.config.log_every > 0 && self.step % self.config.log_every == 0 {
                     let rate = window.1 as f64 / window.2.elapsed().as_secs_f64();
-                    let tail = metrics.probs.len() - window.1;
+                    let tail = metrics.probs.len().saturating_sub(window.1);
                     let auc = crate::metrics::auc(&metrics.probs[tail..], &metrics.labels[tail..]);
                     tracing::info!(
                         trainer = me,
@@ -393,6 +394,8 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
                 job: config.job.clone(),
                 connect_timeout: config.connect_timeout,
                 reply_timeout: config.reply_timeout,
+                ports_num: config.ports_num,
+                ports_num_for_sparse: config.ports_num_for_sparse,
             })?;
             client.declare(spec)?;
             Store::Remote(Box::new(client))
@@ -405,7 +408,7 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
 fn end_pass(
     config: &TrainConfig,
     store: &mut Store,
-    model: &CtrDnn,
+    model: &Network,
     spec: &TableSpec,
     pass: u32,
     step: u64,
@@ -426,15 +429,15 @@ fn end_pass(
                 pass,
                 num_servers: shards.len(),
                 spec: spec.clone(),
-                model: serde_json::json!({ "model": config.model, "batch_size": config.batch_size, "mode": config.mode, "steps": step }),
+                model: serde_json::json!({ "model": config.model, "data": config.data, "batch_size": config.batch_size, "mode": config.mode, "steps": step }),
                 shards,
             };
             manifest.write(&dir)?;
             tracing::info!(pass, dir = %dir.display(), "model saved");
         }
         if !config.test_files.is_empty() {
-            let r = evaluate(store, model, &config.test_files, config.batch_size.max(1024), config.skip_bad_lines)?;
-            tracing::info!(pass, samples = r.samples, auc = r.auc.unwrap_or(f64::NAN), log_loss = r.log_loss, "test");
+            let r = evaluate(store, model, &config.data, &config.test_files, config.batch_size.max(1024), config.skip_bad_lines)?;
+            tracing::info!(pass, samples = r.samples, "test: {r}");
             test = Some(r);
         }
     }

@@ -1,7 +1,7 @@
 //! One step's forward/backward, split over data-parallel replicas (`--threads`).
 
 use crate::data::Batch;
-use crate::model::{CtrDnn, Work};
+use crate::model::{Network, Work};
 
 /// One data-parallel replica's buffers.
 #[derive(Default)]
@@ -16,7 +16,7 @@ pub struct Replica {
 /// Forward/backward of `batch` split over the replicas; leaves the summed gradients in
 /// replica 0 and returns (summed loss, predictions in batch order).
 pub fn compute(
-    model: &CtrDnn,
+    model: &Network,
     params: &[f32],
     batch: &Batch,
     rows: &[f32],

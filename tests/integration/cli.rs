@@ -138,8 +138,11 @@ fn the_launcher_stops_everyone_when_a_worker_fails_and_names_it() {
 
 #[test]
 fn usage_errors_exit_with_code_2() {
-    let out = oar(&["train"]);
+    let out = oar(&["train", "--batch-size", "many"]);
     assert_eq!(out.status.code(), Some(2));
+    let out = oar(&["train"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("give --train"), "{}", text(&out));
 }
 
 /// Processes whose command line mentions `needle` (our children carry the test's temporary

@@ -106,7 +106,7 @@ fn a_mismatched_or_corrupt_checkpoint_is_a_clear_error() {
     let err = rt
         .block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            oar::server::run(listener, config, std::future::pending()).await
+            oar::server::run(vec![listener], config, std::future::pending()).await
         })
         .unwrap_err()
         .to_string();

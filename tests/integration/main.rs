@@ -3,5 +3,6 @@
 
 mod cli;
 mod equivalence;
+mod paddle;
 mod robustness;
 mod util;

@@ -15,12 +15,14 @@ fn client(addrs: &[String]) -> Client {
         job: "test".into(),
         connect_timeout: Duration::from_secs(5),
         reply_timeout: Duration::from_secs(30),
+        ports_num: 1,
+        ports_num_for_sparse: 0,
     })
     .unwrap()
 }
 
 fn spec() -> oar::table::TableSpec {
-    oar::model::CtrDnn::new(&oar::model::ModelConfig { hidden: vec![8], ..Default::default() })
+    oar::model::Network::new(&oar::model::ModelConfig { hidden: vec![8], ..Default::default() })
         .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.1))
 }
 
@@ -68,12 +70,13 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
         pass: 1,
         base_version: 0,
         samples: 1,
+        part: oar::protocol::PushPart::Whole,
         dense: vec![vec![1.0; 4].into()],
         sparse: vec![],
     })
     .encode()
     .to_vec();
-    push[8 + 40..8 + 48].copy_from_slice(&1_000_000u64.to_le_bytes());
+    push[8 + 48..8 + 56].copy_from_slice(&1_000_000u64.to_le_bytes());
     s.write_all(&push).unwrap();
     let m = expect_error_then_close(s, "lying length");
     assert!(m.contains("does not fit"), "{m}");
@@ -107,6 +110,8 @@ fn a_handshake_for_another_job_or_layout_is_refused() {
         job: "another".into(),
         connect_timeout: Duration::from_secs(5),
         reply_timeout: Duration::from_secs(5),
+        ports_num: 1,
+        ports_num_for_sparse: 0,
     })
     .err()
     .unwrap()
@@ -117,6 +122,8 @@ fn a_handshake_for_another_job_or_layout_is_refused() {
         job: "test".into(),
         connect_timeout: Duration::from_secs(5),
         reply_timeout: Duration::from_secs(5),
+        ports_num: 1,
+        ports_num_for_sparse: 0,
     })
     .err()
     .unwrap()
@@ -148,6 +155,8 @@ fn an_unreachable_server_is_named_after_the_timeout() {
         job: "test".into(),
         connect_timeout: Duration::from_millis(500),
         reply_timeout: Duration::from_secs(5),
+        ports_num: 1,
+        ports_num_for_sparse: 0,
     })
     .err()
     .unwrap()

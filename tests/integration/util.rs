@@ -47,6 +47,7 @@ pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mo
         lag_ratio: 1.5,
         resume: None,
         exit_when_done: true,
+        sparse_ports: 0,
     }
 }
 
@@ -58,7 +59,7 @@ pub fn start_server(config: ServerConfig) -> TestServer {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap().to_string()).unwrap();
-            oar::server::run(listener, config, std::future::pending()).await.unwrap()
+            oar::server::run(vec![listener], config, std::future::pending()).await.unwrap()
         })
     });
     let addr = rx.recv().expect("the server thread reports its address");
@@ -85,6 +86,8 @@ pub fn train_config(
     TrainConfig {
         mode,
         servers: servers.iter().map(|s| s.addr.clone()).collect(),
+        ports_num: 1,
+        ports_num_for_sparse: 0,
         trainer_id,
         trainers,
         train_files: oar::config::resolve_files(train).unwrap(),
@@ -93,6 +96,7 @@ pub fn train_config(
         passes: 1,
         threads: 1,
         model: oar::model::ModelConfig { hidden: vec![64, 32], block_size: 1000, ..Default::default() },
+        data: Default::default(),
         dense_optimizer: Optimizer::adam(1e-3),
         // A positive initial accumulator (TensorFlow's default 0.1) keeps Adagrad's first step
         // lr * g / sqrt(g^2) from amplifying the rounding of near-zero gradients, so results

@@ -1,0 +1,305 @@
+//! PaddlePaddle's pserver/trainer interfaces: every environment contract starts real `oar`
+//! processes configured only by environment variables; multi-port servers, sparse-only ports,
+//! `--nics`, stale-push discard with a deliberately slow trainer.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use oar::client::{Client, ClientConfig, TableGrads, TableIds};
+use oar::protocol::RowCreation;
+use oar::server::Mode;
+
+use crate::util::*;
+
+/// `oar` with `args` and exactly the environment `vars` (plus PATH), nothing inherited.
+fn command(args: &[&str], vars: &[(&str, String)]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_oar"));
+    c.args(args).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).env("RUST_LOG", "warn");
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    c
+}
+
+fn spawn(args: &[&str], vars: &[(&str, String)]) -> Child {
+    command(args, vars).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("oar starts")
+}
+
+fn finish(child: Child) -> Output {
+    child.wait_with_output().expect("oar ends")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A base port with `n` consecutive free ports on 127.0.0.1 (checked by binding them; another
+/// process could still take one before the server does, which would fail the test loudly).
+fn free_ports(n: usize) -> u16 {
+    for _ in 0..50 {
+        let base = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if base as usize + n >= u16::MAX as usize {
+            continue;
+        }
+        let held: Vec<_> = (0..n).map_while(|k| std::net::TcpListener::bind(("127.0.0.1", base + k as u16)).ok()).collect();
+        if held.len() == n {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// A small generated Criteo job described by `OAR_*` variables (data and a tiny model).
+fn job_vars(data: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("OAR_TRAIN", data.join("train").display().to_string()),
+        ("OAR_HIDDEN", "16".into()),
+        ("OAR_BATCH_SIZE", "200".into()),
+        ("OAR_TIMEOUT", "60".into()),
+    ]
+}
+
+fn with(mut base: Vec<(&'static str, String)>, more: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    base.extend(more.iter().map(|(k, v)| (*k, v.to_string())));
+    base
+}
+
+/// Every process of a job ran to a clean exit; returns the trainers' outputs.
+fn all_succeed(servers: Vec<Child>, trainers: Vec<Child>) -> Vec<String> {
+    let outs: Vec<String> = trainers
+        .into_iter()
+        .map(|t| {
+            let o = finish(t);
+            assert!(o.status.success(), "a trainer failed:\n{}", text(&o));
+            text(&o)
+        })
+        .collect();
+    for s in servers {
+        // Servers exit by themselves once every trainer has closed.
+        let o = finish(s);
+        assert!(o.status.success(), "a server failed:\n{}", text(&o));
+    }
+    outs
+}
+
+#[test]
+fn fleet_contract_runs_two_servers_and_two_trainers_from_one_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_data(dir.path(), 2, 1500, 0);
+    let (p0, p1) = (free_ports(1), free_ports(1));
+    let list = format!("127.0.0.1:{p0},127.0.0.1:{p1}");
+    let common = with(job_vars(dir.path()), &[("PADDLE_PSERVERS_IP_PORT_LIST", &list), ("PADDLE_TRAINERS_NUM", "2")]);
+    let servers: Vec<Child> = [p0, p1]
+        .iter()
+        .map(|p| {
+            let port = p.to_string();
+            let vars = with(common.clone(), &[("TRAINING_ROLE", "PSERVER"), ("POD_IP", "127.0.0.1"), ("PADDLE_PORT", &port)]);
+            spawn(&["train"], &vars)
+        })
+        .collect();
+    let trainers: Vec<Child> = ["0", "1"]
+        .iter()
+        .map(|id| spawn(&["train"], &with(common.clone(), &[("TRAINING_ROLE", "TRAINER"), ("PADDLE_TRAINER_ID", id)])))
+        .collect();
+    for out in all_succeed(servers, trainers) {
+        assert!(out.contains("trained 1500 samples"), "{out}");
+    }
+}
+
+#[test]
+fn fluid_contract_runs_servers_on_their_own_loopback_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_data(dir.path(), 2, 1500, 0);
+    // Fluid gives every server the same port on its own IP: 127.0.0.1 and 127.0.0.2.
+    let port = free_ports(1).to_string();
+    let common = with(
+        job_vars(dir.path()),
+        &[("PADDLE_PSERVER_IPS", "127.0.0.1,127.0.0.2"), ("PADDLE_PSERVER_PORT", &port), ("PADDLE_TRAINERS", "2")],
+    );
+    let servers: Vec<Child> = ["127.0.0.1", "127.0.0.2"]
+        .iter()
+        .map(|ip| spawn(&["train"], &with(common.clone(), &[("PADDLE_TRAINING_ROLE", "PSERVER"), ("PADDLE_CURRENT_IP", ip)])))
+        .collect();
+    let trainers: Vec<Child> = ["0", "1"]
+        .iter()
+        .map(|id| {
+            spawn(&["train"], &with(common.clone(), &[("PADDLE_TRAINING_ROLE", "TRAINER"), ("PADDLE_TRAINER_ID", id)]))
+        })
+        .collect();
+    for out in all_succeed(servers, trainers) {
+        assert!(out.contains("trained 1500 samples"), "{out}");
+    }
+}
+
+#[test]
+fn v2_contract_with_mpi_rank_trainer_count_and_several_ports() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_data(dir.path(), 2, 1500, 0);
+    let port = free_ports(3);
+    let p = port.to_string();
+    let v2 = with(
+        job_vars(dir.path()),
+        &[
+            ("PADDLE_INIT_PORT", &p),
+            ("PADDLE_INIT_PORTS_NUM", "2"),
+            ("PADDLE_INIT_PORTS_NUM_FOR_SPARSE", "1"),
+            ("PADDLE_INIT_NUM_GRADIENT_SERVERS", "2"),
+            ("PADDLE_INIT_PSERVERS", "127.0.0.1"),
+            ("PADDLE_INIT_TRAINER_COUNT", "2"),
+            ("PADDLE_INIT_USE_GPU", "0"),
+        ],
+    );
+    // The v2 pserver is told neither its index nor the server count: it learns them from the
+    // trainers' handshake.
+    let server = spawn(&["pserver", "--host", "127.0.0.1"], &v2);
+    let trainers = vec![
+        spawn(&["train"], &with(v2.clone(), &[("PADDLE_INIT_TRAINER_ID", "0")])),
+        // Open MPI's rank is the node id when the v2 id is absent.
+        spawn(&["train"], &with(v2.clone(), &[("OMPI_COMM_WORLD_RANK", "1")])),
+    ];
+    for out in all_succeed(vec![server], trainers) {
+        assert!(out.contains("trained 1500 samples"), "{out}");
+    }
+
+    let gpu = command(&["train"], &with(v2.clone(), &[("PADDLE_INIT_USE_GPU", "true")])).output().unwrap();
+    assert_eq!(gpu.status.code(), Some(1));
+    assert!(text(&gpu).contains("use_gpu") && text(&gpu).contains("CPU"), "{}", text(&gpu));
+    let bad = command(&["train"], &with(v2, &[("PADDLE_INIT_NUM_GRADIENT_SERVERS", "two")])).output().unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad).contains("PADDLE_INIT_NUM_GRADIENT_SERVERS"), "{}", text(&bad));
+    let lines = String::from_utf8_lossy(&bad.stderr).lines().count();
+    assert_eq!(lines, 1, "one clear line: {}", text(&bad));
+}
+
+#[test]
+fn a_malformed_fleet_variable_is_named() {
+    let out = command(
+        &["train"],
+        &[
+            ("TRAINING_ROLE", "TRAINER".into()),
+            ("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:1".into()),
+            ("PADDLE_TRAINERS_NUM", "2".into()),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("PADDLE_TRAINER_ID: missing"), "{}", text(&out));
+}
+
+/// Reads the `OAR_READY <addr>` line of a server started by hand.
+fn ready_addr(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    line.trim().strip_prefix("OAR_READY ").unwrap_or_else(|| panic!("not ready: {line:?}")).to_string()
+}
+
+#[test]
+fn three_ports_and_a_sparse_port_all_carry_traffic_and_the_sparse_port_only_sparse() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_data(dir.path(), 1, 3000, 0);
+    let port = free_ports(4);
+    let p = port.to_string();
+    let mut server = spawn(
+        &["pserver", "--host", "127.0.0.1", "--port", &p, "--ports_num", "3", "--ports-num-for-sparse", "1", "--keep-serving"],
+        &[],
+    );
+    let addr = ready_addr(&mut server);
+    assert_eq!(addr, format!("127.0.0.1:{port}"));
+    let train = dir.path().join("train");
+    let out = command(
+        &[
+            "train",
+            "--servers",
+            "127.0.0.1",
+            "--port",
+            &p,
+            "--ports_num",
+            "3",
+            "--ports_num_for_sparse",
+            "1",
+            "--hidden",
+            "16",
+            "--train",
+            train.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+
+    let mut c = Client::connect(&ClientConfig::new(vec![addr], "oar", Duration::from_secs(5), Duration::from_secs(5))).unwrap();
+    let stats = c.stats().unwrap().remove(0);
+    assert_eq!(stats.port_requests.len(), 4);
+    assert!(stats.port_requests.iter().all(|&n| n > 5), "every port served the trainer: {:?}", stats.port_requests);
+
+    // The sparse port refuses dense traffic.
+    let sparse_port = format!("127.0.0.1:{}", port + 3);
+    let mut s = Client::connect(&ClientConfig::new(vec![sparse_port], "oar", Duration::from_secs(5), Duration::from_secs(5)))
+        .unwrap();
+    let spec = oar::model::Network::new(&oar::model::ModelConfig { hidden: vec![16], ..Default::default() })
+        .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.05));
+    s.declare(&spec).unwrap();
+    let err = s.pull(Some(&mut Vec::new()), &[], &mut [], RowCreation::Peek).unwrap_err().to_string();
+    assert!(err.contains("carries only sparse traffic"), "{err}");
+    let mut rows = [Vec::new()];
+    s.pull(None, &[TableIds { table: 0, dim: 10, ids: &[1, 2] }], &mut rows, RowCreation::Peek).unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+#[test]
+fn nics_binds_the_interface_address_or_names_a_missing_one() {
+    let mut server = spawn(&["pserver", "--nics", "lo", "--port", "0", "--keep-serving"], &[]);
+    let addr = ready_addr(&mut server);
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = command(&["pserver", "--nics", "nosuch0"], &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("--nics nosuch0") && text(&out).contains("lo"), "{}", text(&out));
+}
+
+/// A slow trainer's push computed from parameters older than `lag_ratio x trainers` updates
+/// is discarded and counted; a fresh one is applied.
+#[test]
+fn a_slow_trainers_stale_push_is_discarded_and_counted() {
+    let mut config = server_config(0, 1, 2, Mode::Async);
+    config.lag_ratio = 1.0; // at most 2 updates behind with 2 trainers
+    let server = start_server(config);
+    let spec = oar::model::Network::new(&oar::model::ModelConfig { hidden: vec![4], ..Default::default() })
+        .table_spec(oar::table::Optimizer::sgd(0.1), oar::table::Optimizer::sgd(0.1));
+    let connect = || {
+        let mut c = Client::connect(&ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(5)))
+            .unwrap();
+        c.declare(&spec).unwrap();
+        c
+    };
+    let (mut slow, mut fast) = (connect(), connect());
+    let ids = [7u64];
+    let pull = |c: &mut Client, dense: &mut Vec<f32>| {
+        let mut rows = [Vec::new()];
+        c.pull(Some(dense), &[TableIds { table: 0, dim: 10, ids: &ids }], &mut rows, RowCreation::Create).unwrap()
+    };
+    let mut dense = Vec::new();
+    let slow_version = pull(&mut slow, &mut dense);
+    let grads = vec![0.01f32; dense.len()];
+    let rows = [0.01f32; 10];
+    let push = |c: &mut Client, trainer: usize, step: u64, version: u64| {
+        c.push(trainer, step, 1, version, 1, Some(&grads), &[TableGrads { table: 0, dim: 10, ids: &ids, grads: &rows }])
+            .unwrap()
+            .discarded
+    };
+    for step in 0..3 {
+        let v = pull(&mut fast, &mut dense);
+        assert_eq!(push(&mut fast, 1, step, v), 0);
+    }
+    assert_eq!(push(&mut slow, 0, 0, slow_version), 1, "3 updates behind with a limit of 2: discarded");
+    let v = pull(&mut slow, &mut dense);
+    assert_eq!(push(&mut slow, 0, 1, v), 0, "a fresh push is applied");
+    let stats = slow.stats().unwrap().remove(0);
+    assert_eq!((stats.discarded, stats.version), (1, 4));
+}
