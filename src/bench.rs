@@ -48,7 +48,19 @@ impl ServerProc {
     fn start(exe: &Path) -> anyhow::Result<ServerProc> {
         use std::io::BufRead;
         let mut child = std::process::Command::new(exe)
-            .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--job", "bench", "--trainers", "1", "--mode", "async"])
+            .args([
+                "pserver",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--job",
+                "bench",
+                "--trainers",
+                "1",
+                "--mode",
+                "async",
+            ])
             .args(["--lag-ratio", "1e9", "--max-frame-mb", "1024"])
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())

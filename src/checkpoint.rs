@@ -329,6 +329,42 @@ pub fn load_merged(dir: &Path) -> Result<(Manifest, Shard), CheckpointError> {
     Ok((manifest, merged))
 }
 
+/// Saves one server's shard into `dir` when training ends, without any trainer's help: the
+/// shard file, then an entry file beside it; whichever server finds every entry present writes
+/// the manifest (two may both write it, atomically and identically). `dir` must be shared by
+/// all servers (one machine, or a shared file system).
+pub fn save_server_final(
+    shard: &Shard,
+    dir: &Path,
+    job: &str,
+    pass: u32,
+    model: &serde_json::Value,
+) -> Result<bool, CheckpointError> {
+    let (file, bytes, crc32) = write_shard(shard, dir)?;
+    let entry = ShardEntry { file, bytes, crc32 };
+    let entry_path = |i: usize| dir.join(format!("server-{i}.entry.json"));
+    write_atomic(&entry_path(shard.index), &serde_json::to_vec(&entry).expect("an entry always serializes"))?;
+    let mut shards = Vec::with_capacity(shard.num_servers);
+    for i in 0..shard.num_servers {
+        let Ok(bytes) = std::fs::read(entry_path(i)) else { return Ok(false) };
+        let path = entry_path(i);
+        shards.push(
+            serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt { path, reason: e.to_string() })?,
+        );
+    }
+    let manifest = Manifest {
+        format: FORMAT_VERSION,
+        job: job.to_string(),
+        pass,
+        num_servers: shard.num_servers,
+        spec: shard.spec.clone(),
+        model: model.clone(),
+        shards,
+    };
+    manifest.write(dir)?;
+    Ok(true)
+}
+
 /// Writes `bytes` to `path` through a synced temporary file and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let tmp = path.with_extension("tmp");

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
-    read_frame_blocking, read_reply_blocking, write_frame_blocking, DenseSelection, Frame, FrameBuf, Hello,
-    ProtocolError, Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME,
-    PROTOCOL_VERSION,
+    read_frame_blocking, read_reply_blocking, write_frame_blocking, Declaration, DenseSelection, Frame, FrameBuf,
+    Hello, ProtocolError, Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds,
+    DEFAULT_MAX_FRAME, PROTOCOL_VERSION,
 };
 use crate::server::ServerStats;
 use crate::table::TableSpec;
@@ -97,7 +97,14 @@ pub struct ClientConfig {
 impl ClientConfig {
     /// One port per server, no sparse-only ports.
     pub fn new(servers: Vec<String>, job: &str, connect_timeout: Duration, reply_timeout: Duration) -> ClientConfig {
-        ClientConfig { servers, job: job.to_string(), connect_timeout, reply_timeout, ports_num: 1, ports_num_for_sparse: 0 }
+        ClientConfig {
+            servers,
+            job: job.to_string(),
+            connect_timeout,
+            reply_timeout,
+            ports_num: 1,
+            ports_num_for_sparse: 0,
+        }
     }
 }
 
@@ -301,7 +308,14 @@ impl Client {
 
     /// Declares the model's tables on every server (creating them, or checking they match).
     pub fn declare(&mut self, spec: &TableSpec) -> Result<(), ClientError> {
-        self.broadcast_done(&Request::Declare(spec.clone()), "the table declaration")?;
+        self.declare_model(spec, serde_json::Value::Null)
+    }
+
+    /// [`Client::declare`], also telling the servers what the model is (written into the
+    /// manifest of the model they save when every trainer has closed).
+    pub fn declare_model(&mut self, spec: &TableSpec, model: serde_json::Value) -> Result<(), ClientError> {
+        let declaration = Declaration { spec: spec.clone(), model };
+        self.broadcast_done(&Request::Declare(declaration), "the table declaration")?;
         self.layout = Some(spec.dense.layout(self.servers()));
         Ok(())
     }
@@ -342,11 +356,8 @@ impl Client {
         }
         // Split: the dense half on a general port, the rows on a sparse-only port, both sent
         // before either reply is read.
-        let (first, second) = if split {
-            (self.pick(false), Some(self.pick(true)))
-        } else {
-            (self.pick(dense.is_none()), None)
-        };
+        let (first, second) =
+            if split { (self.pick(false), Some(self.pick(true))) } else { (self.pick(dense.is_none()), None) };
         for (s, pull) in per_server.into_iter().enumerate() {
             if second.is_some() {
                 let dense_half = Pull { dense: DenseSelection::All, create, sparse: Vec::new() };
@@ -364,8 +375,16 @@ impl Client {
         }
         for s in 0..n {
             let no_tables: &[TableIds] = &[];
-            let (first_tables, first_rows) = if second.is_some() { (no_tables, &mut [][..]) } else { (tables, &mut *rows) };
-            let v = receive_values(&mut self.conns[first][s], &layout, dense.as_deref_mut(), first_tables, &groupings, first_rows)?;
+            let (first_tables, first_rows) =
+                if second.is_some() { (no_tables, &mut [][..]) } else { (tables, &mut *rows) };
+            let v = receive_values(
+                &mut self.conns[first][s],
+                &layout,
+                dense.as_deref_mut(),
+                first_tables,
+                &groupings,
+                first_rows,
+            )?;
             version = version.min(v);
             if let Some(port) = second {
                 let v = receive_values(&mut self.conns[port][s], &layout, None, tables, &groupings, rows)?;
@@ -428,11 +447,8 @@ impl Client {
             }
         }
         // Split like a pull: the server merges the halves of a sync step before applying it.
-        let (first, second) = if split {
-            (self.pick(false), Some(self.pick(true)))
-        } else {
-            (self.pick(dense.is_none()), None)
-        };
+        let (first, second) =
+            if split { (self.pick(false), Some(self.pick(true))) } else { (self.pick(dense.is_none()), None) };
         for (s, push) in per_server.into_iter().enumerate() {
             match second {
                 Some(port) => {

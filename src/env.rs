@@ -196,14 +196,12 @@ fn fleet(v: &Vars) -> Result<ClusterEnv, EnvError> {
 
 fn fluid(v: &Vars) -> Result<ClusterEnv, EnvError> {
     let role = v.role("PADDLE_TRAINING_ROLE")?;
-    let ips = v.list("PADDLE_PSERVER_IPS").ok_or(EnvError {
-        var: "PADDLE_PSERVER_IPS",
-        reason: "missing (the servers' IPs, comma-separated)".into(),
-    })?;
-    let port: u16 = v.parse("PADDLE_PSERVER_PORT", "a port number")?.ok_or(EnvError {
-        var: "PADDLE_PSERVER_PORT",
-        reason: "missing (the servers' port)".into(),
-    })?;
+    let ips = v
+        .list("PADDLE_PSERVER_IPS")
+        .ok_or(EnvError { var: "PADDLE_PSERVER_IPS", reason: "missing (the servers' IPs, comma-separated)".into() })?;
+    let port: u16 = v
+        .parse("PADDLE_PSERVER_PORT", "a port number")?
+        .ok_or(EnvError { var: "PADDLE_PSERVER_PORT", reason: "missing (the servers' port)".into() })?;
     let trainers = v
         .parse("PADDLE_TRAINERS", "a number of trainers")?
         .ok_or(EnvError { var: "PADDLE_TRAINERS", reason: "missing (the number of trainers)".into() })?;
@@ -309,10 +307,18 @@ mod tests {
         assert!(e.contains("PADDLE_TRAINERS_NUM: \"two\" is not"), "{e}");
         let e = err(&[("TRAINING_ROLE", "TRAINER"), ("PADDLE_PSERVERS_IP_PORT_LIST", "10.0.0.1")]);
         assert!(e.contains("not an ip:port"), "{e}");
-        let e = err(&[("TRAINING_ROLE", "PSERVER"), list, ("PADDLE_TRAINERS_NUM", "1"), ("POD_IP", "10.9.9.9"), ("PADDLE_PORT", "6170")]);
+        let e = err(&[
+            ("TRAINING_ROLE", "PSERVER"),
+            list,
+            ("PADDLE_TRAINERS_NUM", "1"),
+            ("POD_IP", "10.9.9.9"),
+            ("PADDLE_PORT", "6170"),
+        ]);
         assert!(e.contains("10.9.9.9:6170 is not in"), "{e}");
         assert!(err(&[("PADDLE_INIT_USE_GPU", "maybe")]).contains("PADDLE_INIT_USE_GPU"));
-        assert!(err(&[("PADDLE_TRAINING_ROLE", "TRAINER"), ("PADDLE_PSERVER_IPS", "a")]).contains("PADDLE_PSERVER_PORT"));
+        assert!(
+            err(&[("PADDLE_TRAINING_ROLE", "TRAINER"), ("PADDLE_PSERVER_IPS", "a")]).contains("PADDLE_PSERVER_PORT")
+        );
         assert!(err(&[("OMPI_COMM_WORLD_RANK", "-1")]).contains("OMPI_COMM_WORLD_RANK"));
     }
 
@@ -336,7 +342,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(v.servers.unwrap(), ["10.0.0.1:7164", "10.0.0.2:7164"]);
-        assert_eq!((v.trainer_count, v.trainers, v.ports_num_for_sparse, v.use_gpu), (Some(4), Some(2), Some(1), Some(false)));
+        assert_eq!(
+            (v.trainer_count, v.trainers, v.ports_num_for_sparse, v.use_gpu),
+            (Some(4), Some(2), Some(1), Some(false))
+        );
         assert_eq!(read(&[("OMPI_COMM_WORLD_RANK", "3")]).unwrap().trainer_id, Some(3));
         let explicit = read(&[("PADDLE_INIT_TRAINER_ID", "1"), ("OMPI_COMM_WORLD_RANK", "3")]).unwrap();
         assert_eq!(explicit.trainer_id, Some(1));

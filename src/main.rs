@@ -37,11 +37,22 @@ enum Command {
         #[command(subcommand)]
         what: GenCommand,
     },
+    /// Split a file by line into N balanced parts FILE-00000 .. (for sharding over trainers).
+    Split(SplitArgs),
     /// Prepare public data sets for the examples.
     Data {
         #[command(subcommand)]
         what: DataCommand,
     },
+}
+
+#[derive(Args)]
+struct SplitArgs {
+    /// Number of parts.
+    #[arg(long)]
+    parts: usize,
+    /// The file.
+    file: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -131,6 +142,10 @@ struct PserverArgs {
     /// Keep serving after every trainer has closed.
     #[arg(long, env = "OAR_KEEP_SERVING")]
     keep_serving: bool,
+    /// When every trainer has closed, save the model into this folder (every server its
+    /// shard, plus the manifest); shared by all servers.
+    #[arg(long, alias = "save_dir", env = "OAR_SAVE_DIR")]
+    save_dir: Option<PathBuf>,
     /// Largest accepted frame, in MiB.
     #[arg(long, env = "OAR_MAX_FRAME_MB", default_value_t = 256)]
     max_frame_mb: usize,
@@ -469,6 +484,18 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
             exe: std::env::current_exe().context("cannot find the oar binary")?,
             skip_training: a.skip_training,
         }),
+        Command::Split(a) => {
+            let (files, lines) = oar::data::files::split_file(&a.file, a.parts)?;
+            println!(
+                "split {} lines of {} into {} parts: {} .. {}",
+                lines,
+                a.file.display(),
+                files.len(),
+                files.first().map_or(String::new(), |f| f.display().to_string()),
+                files.last().map_or(String::new(), |f| f.display().to_string())
+            );
+            Ok(())
+        }
         Command::Data { what: DataCommand::Prepare(a) } => {
             let p = match a.name {
                 PrepareName::UciHousing => oar::data::prepare::uci_housing(&a.src, &a.out)?,
@@ -522,7 +549,10 @@ fn nic_address(name: &str) -> anyhow::Result<String> {
     let mut names: Vec<&str> = all.iter().map(|i| i.name.as_str()).collect();
     names.sort_unstable();
     names.dedup();
-    anyhow::bail!("--nics {name}: no network interface of that name with an IPv4 address (there are: {})", names.join(", "))
+    anyhow::bail!(
+        "--nics {name}: no network interface of that name with an IPv4 address (there are: {})",
+        names.join(", ")
+    )
 }
 
 /// Runs a parameter server: flags, then `OAR_*`, then PaddlePaddle's variables, then defaults.
@@ -563,6 +593,7 @@ fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
         resume: a.resume,
         exit_when_done: !a.keep_serving,
         sparse_ports: sparse,
+        save_dir: a.save_dir,
     };
     config.validate()?;
     let addrs: Vec<String> = (0..ports_num + sparse).map(|k| format!("{host}:{}", port as usize + k)).collect();
@@ -591,6 +622,8 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
             lag_ratio: job.train.lag_ratio,
             resume: a.resume,
             keep_serving: a.server.keep_serving,
+            // The model's folder: trainers save into it after each pass, servers at the end.
+            save_dir: a.output.map(|o| o.join("final")),
             max_frame_mb: 256,
         };
         return pserver(server, &env);

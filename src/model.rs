@@ -137,8 +137,11 @@ impl Network {
             ));
         }
         if c.loss == Loss::Softmax {
-            if let Some((r, y)) =
-                batch.labels.iter().enumerate().find(|(_, &y)| !(y >= 0.0 && y.fract() == 0.0 && (y as usize) < c.outputs))
+            if let Some((r, y)) = batch
+                .labels
+                .iter()
+                .enumerate()
+                .find(|(_, &y)| !(y >= 0.0 && y.fract() == 0.0 && (y as usize) < c.outputs))
             {
                 return Err(format!(
                     "sample {r} of the batch has label {y}: a softmax label must be a class index below model.outputs = {}",

@@ -26,10 +26,10 @@ use tokio::sync::watch;
 
 use crate::checkpoint::{write_shard, Manifest};
 use crate::protocol::{
-    encode_values, read_frame, write_frame, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull, Push,
-    PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
+    encode_values, read_frame, write_frame, Declaration, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull,
+    Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
 };
-use crate::table::{Shard, TableSpec};
+use crate::table::Shard;
 
 /// How pushes from several trainers are combined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -78,6 +78,9 @@ pub struct ServerConfig {
     /// How many of the listeners, counted from the last, carry only sparse traffic
     /// (`--ports_num_for_sparse`).
     pub sparse_ports: usize,
+    /// When every trainer has closed, save the model here (each server its shard; the manifest
+    /// by whichever server completes the set).
+    pub save_dir: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -158,6 +161,8 @@ struct State {
     config: ServerConfig,
     /// (index, number of servers), once known.
     place: Mutex<Option<(usize, usize)>>,
+    /// The model description of the first declaration, for the final manifest.
+    model: Mutex<serde_json::Value>,
     shard: Mutex<Option<Arc<Shard>>>,
     counters: Counters,
     sync: Mutex<SyncStep>,
@@ -240,6 +245,7 @@ pub async fn run(
     let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
     let state = Arc::new(State {
         place: Mutex::new(place),
+        model: Mutex::new(serde_json::Value::Null),
         shard: Mutex::new(shard),
         counters: Counters { port_requests: (0..ports).map(|_| AtomicU64::new(0)).collect(), ..Counters::default() },
         sync: Mutex::new(SyncStep::default()),
@@ -410,7 +416,7 @@ struct Scratch {
 async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch) -> Reply {
     match request {
         Request::Hello(_) => unreachable!("handled by handle_hello"),
-        Request::Declare(spec) => declare(state, spec),
+        Request::Declare(declaration) => declare(state, declaration),
         Request::Pull(pull) => self::pull(state, pull, std::mem::take(scratch)),
         Request::Push(push) => match state.config.mode {
             Mode::Sync => push_sync(state, push).await,
@@ -440,7 +446,14 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
     }
 }
 
-fn declare(state: &State, spec: TableSpec) -> Reply {
+fn declare(state: &State, declaration: Declaration) -> Reply {
+    let Declaration { spec, model } = declaration;
+    if !model.is_null() {
+        let mut kept = state.model.lock();
+        if kept.is_null() {
+            *kept = model;
+        }
+    }
     let mut slot = state.shard.lock();
     if let Some(existing) = slot.as_ref() {
         if existing.spec != spec {
@@ -530,7 +543,10 @@ async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
                     None
                 }
                 Some(other) if other.part == part => {
-                    return Err((ErrorCode::State, format!("trainer {trainer} sent the same half of step {step} twice")));
+                    return Err((
+                        ErrorCode::State,
+                        format!("trainer {trainer} sent the same half of step {step} twice"),
+                    ));
                 }
                 Some(other) => {
                     let (dense, sparse) = if part == PushPart::Dense { (push, other) } else { (other, push) };
@@ -672,6 +688,9 @@ fn close(state: &Arc<State>, trainer: u64) -> Reply {
         closed.len() >= state.config.trainers
     };
     tracing::info!(trainer, "trainer closed");
+    // Its barrier position and any half-sent push are released with it.
+    state.barrier.lock().remove(&trainer);
+    state.sync.lock().halves.remove(&trainer);
     // A closed trainer no longer holds back a sync step or a barrier.
     if let Ok(shard) = state.shard() {
         let mut pending = state.sync.lock();
@@ -679,12 +698,27 @@ fn close(state: &Arc<State>, trainer: u64) -> Reply {
     }
     state.changed.send_modify(|g| *g += 1);
     if all {
+        if let Some(dir) = &state.config.save_dir {
+            save_final(state, dir)?;
+        }
         // Stop only after this reply is on the wire (see `serve_connection`), or the last
         // trainer's close could be cut off by the shutdown it causes.
         Ok(Answer::LastClose)
     } else {
         Ok(Answer::Response(Response::Done))
     }
+}
+
+/// Saves this server's shard into `dir` once every trainer has closed (see
+/// [`crate::checkpoint::save_server_final`]).
+fn save_final(state: &State, dir: &std::path::Path) -> Result<(), (ErrorCode, String)> {
+    let shard = state.shard()?;
+    let pass = state.sync.lock().pass as u32;
+    let model = state.model.lock().clone();
+    let complete = crate::checkpoint::save_server_final(&shard, dir, &state.config.job, pass, &model)
+        .map_err(|e| (ErrorCode::Io, format!("saving the final model: {e}")))?;
+    tracing::info!(dir = %dir.display(), pass, manifest_written = complete, "every trainer has closed: model saved");
+    Ok(())
 }
 
 /// Binds `addrs` (the general ports, then `config.sparse_ports` sparse-only ones) and serves

@@ -2,9 +2,34 @@
 
 use std::path::{Path, PathBuf};
 
-/// The data files named by `path`: the file itself, or the regular files of a folder in name
-/// order (hidden files and `.json` metadata skipped).
+/// The data files named by `path`: the file itself, the regular files of a folder in name
+/// order (hidden files and `.json` metadata skipped), or the files a `*` pattern in the last
+/// component matches (as `oar split` writes them: `train.txt-*`).
 pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if let Some((prefix, suffix)) = name.split_once('*') {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?
+            .flatten()
+            .filter(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.len() >= prefix.len() + suffix.len()
+                    && n.starts_with(prefix)
+                    && n.ends_with(suffix)
+                    && e.file_type().is_ok_and(|t| t.is_file())
+            })
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{}: no file matches", path.display()),
+            ));
+        }
+        return Ok(files);
+    }
     let meta =
         std::fs::metadata(path).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     if meta.is_file() {
@@ -29,6 +54,42 @@ pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
         ));
     }
     Ok(files)
+}
+
+/// Splits `path` by line into `parts` files `path-00000 ..`, balanced (sizes differ by at
+/// most one line), keeping line order within and across parts. Returns the files and lines.
+pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u64)> {
+    use std::io::{BufRead, Write};
+    let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+    if parts == 0 {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "--parts must be at least 1"));
+    }
+    // Two passes over the file (count, then write) keep memory flat for files of any size.
+    let lines = std::io::BufReader::new(std::fs::File::open(path).map_err(named)?)
+        .split(b'\n')
+        .try_fold(0u64, |n, l| l.map(|_| n + 1))
+        .map_err(named)?;
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(named)?);
+    let mut files = Vec::with_capacity(parts);
+    let mut line = Vec::new();
+    for k in 0..parts as u64 {
+        let out = PathBuf::from(format!("{}-{k:05}", path.display()));
+        let file = std::fs::File::create(&out)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", out.display())))?;
+        let mut w = std::io::BufWriter::new(file);
+        let count = lines / parts as u64 + u64::from(k < lines % parts as u64);
+        for _ in 0..count {
+            line.clear();
+            reader.read_until(b'\n', &mut line).map_err(named)?;
+            w.write_all(&line)?;
+            if !line.ends_with(b"\n") {
+                w.write_all(b"\n")?;
+            }
+        }
+        w.flush()?;
+        files.push(out);
+    }
+    Ok((files, lines))
 }
 
 /// Total size in bytes of `files` (unreadable files count 0): what progress bars measure.
@@ -64,6 +125,20 @@ pub fn shard_files(files: &[PathBuf], trainers: usize, id: usize) -> Vec<PathBuf
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_balances_lines_and_a_pattern_lists_the_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("big.txt");
+        std::fs::write(&f, "a\nb\nc\nd\ne").unwrap();
+        let (parts, lines) = split_file(&f, 3).unwrap();
+        assert_eq!(lines, 5);
+        let texts: Vec<String> = parts.iter().map(|p| std::fs::read_to_string(p).unwrap()).collect();
+        assert_eq!(texts, ["a\nb\n", "c\nd\n", "e\n"]);
+        assert_eq!(list_files(&dir.path().join("big.txt-*")).unwrap(), parts);
+        assert_eq!(shard_files(&parts, 2, 1), [parts[1].clone()]);
+        assert!(list_files(&dir.path().join("nothing-*")).unwrap_err().to_string().contains("no file matches"));
+    }
 
     #[test]
     fn files_are_dealt_by_suffix() {

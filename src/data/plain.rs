@@ -13,7 +13,9 @@ pub fn parse_line(line: &[u8], batch: &mut Batch) -> Result<(), String> {
     let (d, s) = (batch.dense_width, batch.slots);
     let mut fields = text.split_ascii_whitespace();
     let number = |f: Option<&str>, what: &dyn Fn() -> String| -> Result<f32, String> {
-        let f = f.ok_or_else(|| format!("{} columns expected (label, {d} dense, {s} ids): {} is missing", 1 + d + s, what()))?;
+        let f = f.ok_or_else(|| {
+            format!("{} columns expected (label, {d} dense, {s} ids): {} is missing", 1 + d + s, what())
+        })?;
         match f.parse::<f32>() {
             Ok(v) if v.is_finite() => Ok(v),
             _ => Err(format!("{} is not a finite number: {f:?}", what())),

@@ -58,7 +58,9 @@ pub fn uci_housing(src: &Path, out: &Path) -> anyhow::Result<Prepared> {
         let mut fields = line.split_ascii_whitespace();
         for (c, v) in row.iter_mut().enumerate() {
             let f = fields.next().with_context(|| format!("{}:{}: {COLS} columns expected", src.display(), n + 1))?;
-            *v = f.parse().with_context(|| format!("{}:{}: column {} is not a number: {f:?}", src.display(), n + 1, c + 1))?;
+            *v = f
+                .parse()
+                .with_context(|| format!("{}:{}: column {} is not a number: {f:?}", src.display(), n + 1, c + 1))?;
         }
         anyhow::ensure!(fields.next().is_none(), "{}:{}: more than {COLS} columns", src.display(), n + 1);
         rows.push(row);
@@ -107,6 +109,7 @@ pub fn uci_housing(src: &Path, out: &Path) -> anyhow::Result<Prepared> {
 
 /// Least-squares weights (13 features then the bias) by the normal equations, solved by
 /// Gaussian elimination with partial pivoting.
+#[allow(clippy::needless_range_loop)] // row operations read two rows of the same matrix
 fn least_squares(rows: &[[f64; 14]]) -> [f64; 14] {
     const K: usize = 14;
     let mut a = [[0.0f64; K + 1]; K];

@@ -192,14 +192,14 @@ fn read_file(
 }
 
 fn read_lines(
-    path: &PathBuf,
+    path: &std::path::Path,
     mut r: impl BufRead,
     config: &ReaderConfig,
     progress: &ReadProgress,
     batch: &mut Batch,
     tx: &std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
 ) -> Result<(), DataError> {
-    let io = |cause| DataError::Io { path: path.clone(), cause };
+    let io = |cause| DataError::Io { path: path.to_path_buf(), cause };
     let mut line = Vec::with_capacity(512);
     let mut number = 0u64;
     loop {
@@ -222,7 +222,7 @@ fn read_lines(
                 progress.bad_lines.fetch_add(1, Relaxed);
                 continue;
             }
-            Err(reason) => return Err(DataError::BadLine { path: path.clone(), line: number, reason }),
+            Err(reason) => return Err(DataError::BadLine { path: path.to_path_buf(), line: number, reason }),
         }
         if batch.len() == config.batch_size {
             let full = std::mem::replace(batch, Batch::new(config.dense_width, config.slots));

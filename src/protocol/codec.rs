@@ -233,8 +233,8 @@ impl<'a> Request<'a> {
                 e.u64(MAGIC).u64(h.version).u64(h.num_servers).u64(h.server_index).bytes(h.job.as_bytes());
                 e.finish()
             }
-            Request::Declare(spec) => {
-                let json = serde_json::to_vec(spec).expect("a TableSpec always serializes");
+            Request::Declare(declaration) => {
+                let json = serde_json::to_vec(declaration).expect("a declaration always serializes");
                 let mut e = Encoder::new(kind::DECLARE);
                 e.u64(json.len() as u64);
                 e.raw(&json);
@@ -299,9 +299,9 @@ impl<'a> Request<'a> {
             }
             kind::DECLARE => {
                 let json = d.bytes()?;
-                let spec =
-                    serde_json::from_slice(json).map_err(|e| ProtocolError::Malformed(format!("table spec: {e}")))?;
-                Request::Declare(spec)
+                let declaration =
+                    serde_json::from_slice(json).map_err(|e| ProtocolError::Malformed(format!("declaration: {e}")))?;
+                Request::Declare(declaration)
             }
             kind::PULL => {
                 let dense = enum_field(d.u64()?, &[DenseSelection::None, DenseSelection::All], "dense selection")?;
@@ -447,14 +447,17 @@ mod tests {
     #[test]
     fn every_request_round_trips() {
         round_trip_request(Request::Hello(Hello { version: 1, job: "job-é".into(), num_servers: 3, server_index: 2 }));
-        round_trip_request(Request::Declare(TableSpec {
-            dense: DenseSpec {
-                params: vec![DenseParam { name: "w".into(), len: 5, init: Init::Uniform { scale: 0.1 } }],
-                block_size: 8,
-                seed: 1,
-                optimizer: Optimizer::adam(1e-3),
+        round_trip_request(Request::Declare(Declaration {
+            spec: TableSpec {
+                dense: DenseSpec {
+                    params: vec![DenseParam { name: "w".into(), len: 5, init: Init::Uniform { scale: 0.1 } }],
+                    block_size: 8,
+                    seed: 1,
+                    optimizer: Optimizer::adam(1e-3),
+                },
+                sparse: vec![],
             },
-            sparse: vec![],
+            model: serde_json::json!({"model": {"slots": 2}}),
         }));
         round_trip_request(Request::Pull(Pull {
             dense: DenseSelection::All,

@@ -194,13 +194,24 @@ impl Push<'_> {
     }
 }
 
+/// The tables a trainer's model needs, and what the model is (kept by servers for the
+/// manifest of the model they save when every trainer has closed).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Declaration {
+    /// The tables.
+    pub spec: crate::table::TableSpec,
+    /// The model and data description written into manifests (opaque to servers).
+    #[serde(default)]
+    pub model: serde_json::Value,
+}
+
 /// A client request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Request<'a> {
     /// Open the connection.
     Hello(Hello),
     /// Create the tables from a spec, or check that the existing ones match it.
-    Declare(crate::table::TableSpec),
+    Declare(Declaration),
     /// Read parameters.
     Pull(Pull<'a>),
     /// Apply gradients.

@@ -23,8 +23,8 @@ pub use store::{Dedup, Store};
 use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
 use crate::client::{Client, ClientConfig};
 use crate::data::{shard_files, Batch, DataConfig, Reader, ReaderConfig};
-use crate::metrics::PassMetrics;
 use crate::metrics::EvalReport;
+use crate::metrics::PassMetrics;
 use crate::model::{ModelConfig, Network, Work};
 use crate::protocol::RowCreation;
 use crate::server::Mode;
@@ -163,7 +163,8 @@ pub fn evaluate(
     let dim = model.config().embedding_dim;
     let mut params = Vec::new();
     store.pull(Some(&mut params), &[], &mut Vec::new(), dim, RowCreation::Peek)?;
-    let reader = Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..reader_config(model, data, batch_size) });
+    let reader =
+        Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..reader_config(model, data, batch_size) });
     let (mut dedup, mut rows, mut work) = (Dedup::default(), Vec::new(), Work::default());
     let mut metrics = PassMetrics::new(model.config().loss);
     for batch in reader {
@@ -397,11 +398,25 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
                 ports_num: config.ports_num,
                 ports_num_for_sparse: config.ports_num_for_sparse,
             })?;
-            client.declare(spec)?;
+            client.declare_model(spec, description(config, None))?;
             Store::Remote(Box::new(client))
         }
     };
     Ok((store, first_pass))
+}
+
+/// What a saved model's manifest says about the model and how it was trained.
+fn description(config: &TrainConfig, steps: Option<u64>) -> serde_json::Value {
+    let mut d = serde_json::json!({
+        "model": config.model,
+        "data": config.data,
+        "batch_size": config.batch_size,
+        "mode": config.mode,
+    });
+    if let Some(steps) = steps {
+        d["steps"] = steps.into();
+    }
+    d
 }
 
 /// Barrier, save and evaluation (trainer 0), barrier.
@@ -429,14 +444,21 @@ fn end_pass(
                 pass,
                 num_servers: shards.len(),
                 spec: spec.clone(),
-                model: serde_json::json!({ "model": config.model, "data": config.data, "batch_size": config.batch_size, "mode": config.mode, "steps": step }),
+                model: description(config, Some(step)),
                 shards,
             };
             manifest.write(&dir)?;
             tracing::info!(pass, dir = %dir.display(), "model saved");
         }
         if !config.test_files.is_empty() {
-            let r = evaluate(store, model, &config.data, &config.test_files, config.batch_size.max(1024), config.skip_bad_lines)?;
+            let r = evaluate(
+                store,
+                model,
+                &config.data,
+                &config.test_files,
+                config.batch_size.max(1024),
+                config.skip_bad_lines,
+            )?;
             tracing::info!(pass, samples = r.samples, "test: {r}");
             test = Some(r);
         }

@@ -42,8 +42,12 @@ fn launch_trains_criteo_on_two_servers_and_two_workers_and_eval_reads_the_model(
     let dir = tempfile::tempdir().unwrap();
     let (train, test) = criteo_or_generated(&dir.path().join("data"));
     let (logs, model) = (dir.path().join("logs"), dir.path().join("model"));
+    // The CTR-DNN seed example's job file, as the README runs it.
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml");
     let out = oar(&[
         "launch",
+        "--config",
+        config.to_str().unwrap(),
         "--servers",
         "2",
         "--workers",

@@ -3,6 +3,7 @@
 
 mod cli;
 mod equivalence;
+mod examples;
 mod paddle;
 mod robustness;
 mod util;

@@ -43,7 +43,8 @@ fn free_ports(n: usize) -> u16 {
         if base as usize + n >= u16::MAX as usize {
             continue;
         }
-        let held: Vec<_> = (0..n).map_while(|k| std::net::TcpListener::bind(("127.0.0.1", base + k as u16)).ok()).collect();
+        let held: Vec<_> =
+            (0..n).map_while(|k| std::net::TcpListener::bind(("127.0.0.1", base + k as u16)).ok()).collect();
         if held.len() == n {
             return base;
         }
@@ -84,10 +85,13 @@ fn all_succeed(servers: Vec<Child>, trainers: Vec<Child>) -> Vec<String> {
     outs
 }
 
+/// Also: the servers exit by themselves after the last trainer closes, having saved the model.
 #[test]
 fn fleet_contract_runs_two_servers_and_two_trainers_from_one_command_line() {
     let dir = tempfile::tempdir().unwrap();
-    gen_data(dir.path(), 2, 1500, 0);
+    gen_data(dir.path(), 2, 1500, 500);
+    let model = dir.path().join("model");
+    let model_dir = model.display().to_string();
     let (p0, p1) = (free_ports(1), free_ports(1));
     let list = format!("127.0.0.1:{p0},127.0.0.1:{p1}");
     let common = with(job_vars(dir.path()), &[("PADDLE_PSERVERS_IP_PORT_LIST", &list), ("PADDLE_TRAINERS_NUM", "2")]);
@@ -95,7 +99,15 @@ fn fleet_contract_runs_two_servers_and_two_trainers_from_one_command_line() {
         .iter()
         .map(|p| {
             let port = p.to_string();
-            let vars = with(common.clone(), &[("TRAINING_ROLE", "PSERVER"), ("POD_IP", "127.0.0.1"), ("PADDLE_PORT", &port)]);
+            let vars = with(
+                common.clone(),
+                &[
+                    ("TRAINING_ROLE", "PSERVER"),
+                    ("POD_IP", "127.0.0.1"),
+                    ("PADDLE_PORT", &port),
+                    ("OAR_OUTPUT", &model_dir),
+                ],
+            );
             spawn(&["train"], &vars)
         })
         .collect();
@@ -106,6 +118,11 @@ fn fleet_contract_runs_two_servers_and_two_trainers_from_one_command_line() {
     for out in all_succeed(servers, trainers) {
         assert!(out.contains("trained 1500 samples"), "{out}");
     }
+    let manifest = std::fs::read_to_string(model.join("final/manifest.json")).unwrap();
+    assert!(manifest.contains("\"pass\": 1") && manifest.contains("hidden"), "{manifest}");
+    let test = dir.path().join("test");
+    let out = command(&["eval", "--model", &model_dir, "--data", test.to_str().unwrap()], &[]).output().unwrap();
+    assert!(out.status.success() && text(&out).contains("500 samples, AUC"), "{}", text(&out));
 }
 
 #[test]
@@ -120,7 +137,9 @@ fn fluid_contract_runs_servers_on_their_own_loopback_addresses() {
     );
     let servers: Vec<Child> = ["127.0.0.1", "127.0.0.2"]
         .iter()
-        .map(|ip| spawn(&["train"], &with(common.clone(), &[("PADDLE_TRAINING_ROLE", "PSERVER"), ("PADDLE_CURRENT_IP", ip)])))
+        .map(|ip| {
+            spawn(&["train"], &with(common.clone(), &[("PADDLE_TRAINING_ROLE", "PSERVER"), ("PADDLE_CURRENT_IP", ip)]))
+        })
         .collect();
     let trainers: Vec<Child> = ["0", "1"]
         .iter()
@@ -203,7 +222,18 @@ fn three_ports_and_a_sparse_port_all_carry_traffic_and_the_sparse_port_only_spar
     let port = free_ports(4);
     let p = port.to_string();
     let mut server = spawn(
-        &["pserver", "--host", "127.0.0.1", "--port", &p, "--ports_num", "3", "--ports-num-for-sparse", "1", "--keep-serving"],
+        &[
+            "pserver",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &p,
+            "--ports_num",
+            "3",
+            "--ports-num-for-sparse",
+            "1",
+            "--keep-serving",
+        ],
         &[],
     );
     let addr = ready_addr(&mut server);
@@ -231,15 +261,17 @@ fn three_ports_and_a_sparse_port_all_carry_traffic_and_the_sparse_port_only_spar
     .unwrap();
     assert!(out.status.success(), "{}", text(&out));
 
-    let mut c = Client::connect(&ClientConfig::new(vec![addr], "oar", Duration::from_secs(5), Duration::from_secs(5))).unwrap();
+    let mut c =
+        Client::connect(&ClientConfig::new(vec![addr], "oar", Duration::from_secs(5), Duration::from_secs(5))).unwrap();
     let stats = c.stats().unwrap().remove(0);
     assert_eq!(stats.port_requests.len(), 4);
     assert!(stats.port_requests.iter().all(|&n| n > 5), "every port served the trainer: {:?}", stats.port_requests);
 
     // The sparse port refuses dense traffic.
     let sparse_port = format!("127.0.0.1:{}", port + 3);
-    let mut s = Client::connect(&ClientConfig::new(vec![sparse_port], "oar", Duration::from_secs(5), Duration::from_secs(5)))
-        .unwrap();
+    let mut s =
+        Client::connect(&ClientConfig::new(vec![sparse_port], "oar", Duration::from_secs(5), Duration::from_secs(5)))
+            .unwrap();
     let spec = oar::model::Network::new(&oar::model::ModelConfig { hidden: vec![16], ..Default::default() })
         .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.05));
     s.declare(&spec).unwrap();
@@ -273,8 +305,13 @@ fn a_slow_trainers_stale_push_is_discarded_and_counted() {
     let spec = oar::model::Network::new(&oar::model::ModelConfig { hidden: vec![4], ..Default::default() })
         .table_spec(oar::table::Optimizer::sgd(0.1), oar::table::Optimizer::sgd(0.1));
     let connect = || {
-        let mut c = Client::connect(&ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(5)))
-            .unwrap();
+        let mut c = Client::connect(&ClientConfig::new(
+            vec![server.addr.clone()],
+            "test",
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        ))
+        .unwrap();
         c.declare(&spec).unwrap();
         c
     };

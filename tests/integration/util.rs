@@ -48,6 +48,7 @@ pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mo
         resume: None,
         exit_when_done: true,
         sparse_ports: 0,
+        save_dir: None,
     }
 }
 
