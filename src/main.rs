@@ -57,8 +57,22 @@ struct SplitArgs {
 
 #[derive(Subcommand)]
 enum DataCommand {
+    /// Download a public data set (uci_housing, ptb) into the cache, checking checksums.
+    Get(GetArgs),
     /// Turn a raw data set into plain-format train/test files, as PaddlePaddle prepares it.
     Prepare(PrepareArgs),
+}
+
+#[derive(Args)]
+struct GetArgs {
+    /// The data set.
+    name: String,
+    /// Cache folder [default: $OAR_DATA_HOME, else ~/.cache/oar/data].
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Fetch from this mirror (URL/<set>/<file>) instead of the canonical hosts.
+    #[arg(long, env = "OAR_DATA_MIRROR")]
+    mirror: Option<String>,
 }
 
 #[derive(Args)]
@@ -493,6 +507,28 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
                 files.len(),
                 files.first().map_or(String::new(), |f| f.display().to_string()),
                 files.last().map_or(String::new(), |f| f.display().to_string())
+            );
+            Ok(())
+        }
+        Command::Data { what: DataCommand::Get(a) } => {
+            let cache = a.cache.unwrap_or_else(oar::data::fetch::default_cache);
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {msg} {bytes} ({bytes_per_sec})")
+                    .expect("valid template"),
+            );
+            let f = oar::data::fetch::fetch(&a.name, &cache, a.mirror.as_deref(), &|file, bytes| {
+                bar.set_message(file.to_string());
+                bar.set_position(bytes);
+            });
+            bar.finish_and_clear();
+            let f = f?;
+            println!(
+                "{}: {} file(s) downloaded, {} already cached, checksums verified, in {}",
+                a.name,
+                f.downloaded,
+                f.cached,
+                f.dir.display()
             );
             Ok(())
         }

@@ -84,6 +84,14 @@ impl PassMetrics {
         self.samples
     }
 
+    /// Adds everything `other` recorded (another thread's share of the same pass).
+    pub fn merge(&mut self, other: &PassMetrics) {
+        self.loss_sum += other.loss_sum;
+        self.samples += other.samples;
+        self.probs.extend_from_slice(&other.probs);
+        self.labels.extend_from_slice(&other.labels);
+    }
+
     /// True if nothing was recorded.
     pub fn is_empty(&self) -> bool {
         self.samples == 0

@@ -5,6 +5,7 @@
 //! training thread only ever waits on a ready batch. Errors name the file and line.
 
 pub mod criteo;
+pub mod fetch;
 pub mod files;
 pub mod gen;
 pub mod plain;

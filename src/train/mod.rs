@@ -21,7 +21,7 @@ use step::{compute, Replica};
 pub use store::{Dedup, Store};
 
 use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
-use crate::client::{Client, ClientConfig};
+use crate::client::{Client, ClientConfig, TableGrads, TableIds};
 use crate::data::{shard_files, Batch, DataConfig, Reader, ReaderConfig};
 use crate::metrics::EvalReport;
 use crate::metrics::PassMetrics;
@@ -269,6 +269,9 @@ impl PassLoop<'_> {
     /// Trains on every batch of `reader`; returns the pass's training metrics. In async mode
     /// against servers, communication runs one batch ahead on its own thread ([`Ahead`]).
     fn run(&mut self, store: &mut Store, mut reader: Reader, on_progress: &dyn Fn(u64)) -> anyhow::Result<PassMetrics> {
+        if let (Mode::Async, Store::Remote(client), true) = (self.config.mode, &mut *store, self.config.threads > 1) {
+            return self.run_hogwild(client, reader, on_progress);
+        }
         let (me, dim) = (self.config.trainer_id, self.config.model.embedding_dim);
         std::thread::scope(|scope| {
             let use_ahead = self.config.mode == Mode::Async && matches!(store, Store::Remote(_));
@@ -361,6 +364,115 @@ impl PassLoop<'_> {
             }
             Ok(metrics)
         })
+    }
+}
+
+impl PassLoop<'_> {
+    /// Async mode with several threads, Hogwild-style: every thread takes the next batch, pulls,
+    /// computes and pushes on its own, sharing the trainer's reader and connections (each
+    /// request holds the connections only while it is on the wire and being answered), so one
+    /// thread computes while another talks to the servers.
+    fn run_hogwild(
+        &mut self,
+        client: &mut Client,
+        reader: Reader,
+        on_progress: &dyn Fn(u64),
+    ) -> anyhow::Result<PassMetrics> {
+        use parking_lot::Mutex;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+        let (me, dim, pass) = (self.config.trainer_id, self.config.model.embedding_dim, self.pass);
+        let model = self.model;
+        let reader = Mutex::new(reader);
+        let client = Mutex::new(client);
+        let (step, samples, discarded) =
+            (AtomicU64::new(self.step), AtomicU64::new(self.report.samples), AtomicU64::new(0));
+        let failed = AtomicBool::new(false);
+        let started = Instant::now();
+        let results: Vec<anyhow::Result<(PassMetrics, StepTimes)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..self.config.threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut metrics = PassMetrics::new(model.config().loss);
+                        let mut times = StepTimes::default();
+                        let (mut params, mut rows, mut replica) = (Vec::new(), Vec::new(), [Replica::default()]);
+                        let mut work = || -> anyhow::Result<()> {
+                            loop {
+                                if failed.load(Relaxed) {
+                                    return Ok(());
+                                }
+                                let t0 = Instant::now();
+                                let next = next_prepared(&mut reader.lock())?;
+                                let Some(Prepared { batch, ids }) = next else { return Ok(()) };
+                                model.check_batch(&batch).map_err(anyhow::Error::msg)?;
+                                let t1 = Instant::now();
+                                let table = TableIds { table: 0, dim, ids: &ids.unique };
+                                let mut out = [std::mem::take(&mut rows)];
+                                let version = client.lock().pull(
+                                    Some(&mut params),
+                                    std::slice::from_ref(&table),
+                                    &mut out,
+                                    RowCreation::Create,
+                                )?;
+                                rows = std::mem::take(&mut out[0]);
+                                let t2 = Instant::now();
+                                let (loss, probs) =
+                                    compute(model, &params, &batch, &rows, &ids.index, &mut replica, ids.unique.len());
+                                let t3 = Instant::now();
+                                let r0 = &replica[0];
+                                let grads = TableGrads { table: 0, dim, ids: &ids.unique, grads: &r0.row_grads };
+                                let n = batch.len();
+                                let s = step.fetch_add(1, Relaxed);
+                                let pushed = client.lock().push(
+                                    me,
+                                    s,
+                                    pass,
+                                    version,
+                                    n,
+                                    Some(&r0.grads),
+                                    std::slice::from_ref(&grads),
+                                )?;
+                                discarded.fetch_add(pushed.discarded as u64, Relaxed);
+                                let t4 = Instant::now();
+                                times.data += (t1 - t0).as_secs_f64();
+                                times.pull += (t2 - t1).as_secs_f64();
+                                times.compute += (t3 - t2).as_secs_f64();
+                                times.push += (t4 - t3).as_secs_f64();
+                                metrics.observe(loss, &probs, &batch.labels);
+                                samples.fetch_add(n as u64, Relaxed);
+                            }
+                        };
+                        let result = work();
+                        if result.is_err() {
+                            failed.store(true, Relaxed);
+                        }
+                        result.map(|()| (metrics, times))
+                    })
+                })
+                .collect();
+            // Progress is reported from this thread: the callback need not be thread-safe.
+            while !workers.iter().all(|w| w.is_finished()) {
+                on_progress(samples.load(Relaxed));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            workers.into_iter().map(|w| w.join().expect("a trainer thread panicked")).collect()
+        });
+        let mut merged = PassMetrics::new(self.model.config().loss);
+        for r in results {
+            let (metrics, times) = r?;
+            merged.merge(&metrics);
+            let t = &mut self.report.time;
+            t.data += times.data;
+            t.pull += times.pull;
+            t.compute += times.compute;
+            t.push += times.push;
+        }
+        self.step = step.load(Relaxed);
+        self.report.samples = samples.load(Relaxed);
+        self.report.discarded_pushes += discarded.load(Relaxed);
+        self.report.train_seconds += started.elapsed().as_secs_f64();
+        on_progress(self.report.samples);
+        tracing::info!(trainer = me, pass, threads = self.config.threads, "pass trained Hogwild-style");
+        Ok(merged)
     }
 }
 

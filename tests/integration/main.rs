@@ -4,6 +4,7 @@
 mod cli;
 mod equivalence;
 mod examples;
+mod fetch;
 mod paddle;
 mod robustness;
 mod util;

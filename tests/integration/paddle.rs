@@ -340,3 +340,23 @@ fn a_slow_trainers_stale_push_is_discarded_and_counted() {
     let stats = slow.stats().unwrap().remove(0);
     assert_eq!((stats.discarded, stats.version), (1, 4));
 }
+
+/// `trainer_count` threads in async mode train Hogwild-style over the trainer's shared
+/// connections: every sample is trained once, every thread's pushes reach the server, and the
+/// model learns.
+#[test]
+fn trainer_count_threads_train_hogwild_in_async_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = gen_data(dir.path(), 2, 10_000, 4_000);
+    let server = start_server(server_config(0, 1, 1, Mode::Async));
+    let mut config = train_config(Mode::Async, std::slice::from_ref(&server), 0, 1, &train);
+    config.threads = 3;
+    config.test_files = oar::config::resolve_files(&test).unwrap();
+    let report = run_trainers(vec![config]).remove(0);
+    assert_eq!(report.samples, 20_000);
+    let stats = server.handle.join().unwrap();
+    // One update per batch of 32 (625 batches), whichever thread pushed it.
+    assert_eq!(stats.version + stats.discarded, 625);
+    let auc = report.passes[0].test.as_ref().unwrap().auc.unwrap();
+    assert!(auc > 0.65, "test AUC {auc}");
+}

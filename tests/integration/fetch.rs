@@ -1,0 +1,105 @@
+//! `oar data get` against a local HTTP server on loopback that serves files from
+//! `../shared/data/` (skipped with a note when that folder is absent).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::util::shared_data;
+
+/// Serves the files under `root` over HTTP/1.1 on 127.0.0.1 (404 for anything else) on a
+/// background thread; returns the base URL and a request counter.
+fn serve(root: PathBuf) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counter = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            counter.fetch_add(1, Ordering::SeqCst);
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            // Skip the headers.
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/').to_string();
+            let file = root.join(&path);
+            let _ = match (path.contains(".."), std::fs::read(&file)) {
+                (false, Ok(body)) => stream
+                    .write_all(
+                        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len())
+                            .as_bytes(),
+                    )
+                    .and_then(|_| stream.write_all(&body)),
+                _ => stream.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+            };
+        }
+    });
+    (url, requests)
+}
+
+fn oar(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oar")).args(args).output().expect("oar runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn get(name: &str, cache: &Path, mirror: &str) -> Output {
+    oar(&["data", "get", name, "--cache", cache.to_str().unwrap(), "--mirror", mirror])
+}
+
+#[test]
+fn data_get_downloads_verifies_caches_and_rejects_a_tampered_file() {
+    let Some(shared) = shared_data() else {
+        eprintln!("skipped: ../shared/data is absent, nothing to serve");
+        return;
+    };
+    let (mirror, requests) = serve(shared.clone());
+    let cache = tempfile::tempdir().unwrap();
+
+    // ptb.train.txt exists on this mirror only gzipped: it is fetched as .gz and unpacked.
+    for name in ["uci_housing", "ptb"] {
+        let out = get(name, cache.path(), &mirror);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(text(&out).contains("downloaded, 0 already cached, checksums verified"), "{}", text(&out));
+    }
+    assert_eq!(
+        std::fs::read(cache.path().join("uci_housing/housing.data")).unwrap(),
+        std::fs::read(shared.join("uci_housing/housing.data")).unwrap()
+    );
+    assert_eq!(std::fs::metadata(cache.path().join("ptb/ptb.train.txt")).unwrap().len(), 5_101_618);
+
+    // A second get finds everything cached and asks the server nothing.
+    let before = requests.load(Ordering::SeqCst);
+    let out = get("ptb", cache.path(), &mirror);
+    assert!(text(&out).contains("0 file(s) downloaded, 3 already cached"), "{}", text(&out));
+    assert_eq!(requests.load(Ordering::SeqCst), before);
+
+    // A mirror serving a changed file: the checksum error names the URL; nothing is kept.
+    let bad_root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(bad_root.path().join("uci_housing")).unwrap();
+    let mut tampered = std::fs::read(shared.join("uci_housing/housing.data")).unwrap();
+    tampered[10] ^= 1;
+    std::fs::write(bad_root.path().join("uci_housing/housing.data"), tampered).unwrap();
+    let (bad_mirror, _) = serve(bad_root.path().to_path_buf());
+    let fresh = tempfile::tempdir().unwrap();
+    let out = get("uci_housing", fresh.path(), &bad_mirror);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("checksum mismatch") && text(&out).contains(&bad_mirror), "{}", text(&out));
+    let left: Vec<_> = std::fs::read_dir(fresh.path().join("uci_housing")).unwrap().collect();
+    assert!(left.is_empty(), "a rejected download leaves no file");
+
+    let out = get("criteo", fresh.path(), &mirror);
+    assert!(text(&out).contains("forbid redistributing"), "{}", text(&out));
+}
