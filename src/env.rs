@@ -128,6 +128,30 @@ impl ClusterEnv {
         ClusterEnv::read(&|k| std::env::var(k).ok())
     }
 
+    /// `paddle.init(**kwargs)` for oar: the process environment, with each `(name, value)`
+    /// argument overriding the variable `PADDLE_INIT_<NAME>` (as `paddle.init(trainer_count=4)`
+    /// overrides `PADDLE_INIT_TRAINER_COUNT`). Unknown names are errors.
+    pub fn init(args: &[(&str, &str)]) -> Result<ClusterEnv, EnvError> {
+        let process = |k: &str| std::env::var(k).ok();
+        ClusterEnv::init_with(args, &process)
+    }
+
+    /// [`ClusterEnv::init`] over the variables `get` returns.
+    pub fn init_with(args: &[(&str, &str)], get: &dyn Fn(&str) -> Option<String>) -> Result<ClusterEnv, EnvError> {
+        let mut overrides = Vec::with_capacity(args.len());
+        for (name, value) in args {
+            let var = format!("PADDLE_INIT_{}", name.to_ascii_uppercase());
+            let Some(known) = V2_VARS.iter().find(|v| **v == var) else {
+                return Err(EnvError {
+                    var: "PADDLE_INIT_*",
+                    reason: format!("init argument {name:?} is not one of oar's"),
+                });
+            };
+            overrides.push((*known, value.to_string()));
+        }
+        ClusterEnv::read(&|k| overrides.iter().find(|(v, _)| *v == k).map(|(_, x)| x.clone()).or_else(|| get(k)))
+    }
+
     /// Reads the variables `get` returns. The first generation present wins: Fleet, then Fluid,
     /// then v2; `OMPI_COMM_WORLD_RANK` gives the trainer id when none of them does.
     pub fn read(get: &dyn Fn(&str) -> Option<String>) -> Result<ClusterEnv, EnvError> {
@@ -320,6 +344,18 @@ mod tests {
             err(&[("PADDLE_TRAINING_ROLE", "TRAINER"), ("PADDLE_PSERVER_IPS", "a")]).contains("PADDLE_PSERVER_PORT")
         );
         assert!(err(&[("OMPI_COMM_WORLD_RANK", "-1")]).contains("OMPI_COMM_WORLD_RANK"));
+    }
+
+    #[test]
+    fn init_arguments_override_the_environment() {
+        let env = |k: &str| match k {
+            "PADDLE_INIT_TRAINER_COUNT" => Some("4".to_string()),
+            "PADDLE_INIT_TRAINER_ID" => Some("1".to_string()),
+            _ => None,
+        };
+        let e = ClusterEnv::init_with(&[("trainer_count", "2")], &env).unwrap();
+        assert_eq!((e.trainer_count, e.trainer_id), (Some(2), Some(1)));
+        assert!(ClusterEnv::init_with(&[("gpus", "2")], &env).unwrap_err().to_string().contains("\"gpus\""));
     }
 
     #[test]

@@ -16,3 +16,9 @@ pub mod protocol;
 pub mod server;
 pub mod table;
 pub mod train;
+
+/// `paddle.init(**kwargs)` for oar: the cluster settings of the environment, with the
+/// arguments overriding `PADDLE_INIT_*` (see [`env::ClusterEnv::init`]).
+pub fn init(args: &[(&str, &str)]) -> Result<env::ClusterEnv, env::EnvError> {
+    env::ClusterEnv::init(args)
+}

@@ -219,6 +219,9 @@ struct JobArgs {
     /// Async: discard pushes more than this x trainers updates stale.
     #[arg(long, alias = "async_lagged_grad_discard_ratio", env = "OAR_LAG_RATIO")]
     lag_ratio: Option<f64>,
+    /// Shell command each data file is piped through (the file on its stdin), e.g. zcat.
+    #[arg(long, alias = "pipe_command", env = "OAR_PIPE_COMMAND")]
+    pipe_command: Option<String>,
     /// Train in this process, without servers, whatever else the job says.
     #[arg(long, alias = "is_local", env = "OAR_IS_LOCAL", num_args = 0..=1, default_missing_value = "true")]
     is_local: Option<bool>,
@@ -251,6 +254,9 @@ impl JobArgs {
         set(&mut t.lag_ratio, self.lag_ratio);
         t.skip_bad_lines |= self.skip_bad_lines;
         set(&mut t.is_local, self.is_local);
+        if let Some(command) = &self.pipe_command {
+            job.data.pipe_command = Some(command.clone());
+        }
         job.validate()?;
         Ok(job)
     }
