@@ -403,6 +403,6 @@ fn flags_override_the_environment_and_is_local_and_pipe_command_work() {
     .output()
     .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    let last = |t: &str| t.lines().filter(|l| l.starts_with("pass 1:")).last().unwrap().to_string();
+    let last = |t: &str| t.lines().rfind(|l| l.starts_with("pass 1:")).unwrap().to_string();
     assert_eq!(last(&text(&out)), last(&plain), "the same model from the gzipped file");
 }
