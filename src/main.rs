@@ -117,16 +117,8 @@ struct PserverArgs {
     /// Listen on the IPv4 address of this network interface (e.g. eth0, lo).
     #[arg(long, env = "OAR_NICS")]
     nics: Option<String>,
-    /// First port [default: 7164; PADDLE_PORT / PADDLE_PSERVER_PORT / PADDLE_INIT_PORT]; 0 picks
-    /// a free port (printed).
-    #[arg(long, env = "OAR_PORT")]
-    port: Option<u16>,
-    /// Consecutive ports to listen on; trainers spread their requests over them [default: 1].
-    #[arg(long = "ports-num", alias = "ports_num", env = "OAR_PORTS_NUM")]
-    ports_num: Option<usize>,
-    /// Extra ports after those that carry only sparse traffic [default: 0].
-    #[arg(long = "ports-num-for-sparse", alias = "ports_num_for_sparse", env = "OAR_PORTS_NUM_FOR_SPARSE")]
-    ports_num_for_sparse: Option<usize>,
+    #[command(flatten)]
+    ports: PortArgs,
     /// This server's index among all servers (found from the Paddle env, or learned from the
     /// first trainer's handshake when not given).
     #[arg(long, env = "OAR_SERVER_INDEX")]
@@ -163,6 +155,21 @@ struct PserverArgs {
     /// Largest accepted frame, in MiB.
     #[arg(long, env = "OAR_MAX_FRAME_MB", default_value_t = 256)]
     max_frame_mb: usize,
+}
+
+/// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
+#[derive(Args, Clone)]
+struct PortArgs {
+    /// First port of every server (for bare hosts in --servers) [default: 7164, or PADDLE_PORT /
+    /// PADDLE_PSERVER_PORT / PADDLE_INIT_PORT]; 0 makes a server pick a free port (printed).
+    #[arg(long, env = "OAR_PORT")]
+    port: Option<u16>,
+    /// Consecutive general ports per server; requests are spread over them [default: 1].
+    #[arg(long = "ports-num", alias = "ports_num", env = "OAR_PORTS_NUM")]
+    ports_num: Option<usize>,
+    /// Further ports per server, after those, that carry only sparse traffic [default: 0].
+    #[arg(long = "ports-num-for-sparse", alias = "ports_num_for_sparse", env = "OAR_PORTS_NUM_FOR_SPARSE")]
+    ports_num_for_sparse: Option<usize>,
 }
 
 /// Job settings shared by `train` and `launch`: flag > env > --config file > default.
@@ -278,15 +285,8 @@ struct TrainArgs {
     /// Servers in server-index order, comma-separated: host:port, or bare hosts on --port.
     #[arg(long, alias = "pservers", env = "OAR_SERVERS", value_delimiter = ',')]
     servers: Vec<String>,
-    /// The servers' first port, for bare hosts in --servers [default: 7164].
-    #[arg(long, env = "OAR_PORT")]
-    port: Option<u16>,
-    /// Consecutive ports per server [default: 1].
-    #[arg(long = "ports-num", alias = "ports_num", env = "OAR_PORTS_NUM")]
-    ports_num: Option<usize>,
-    /// Sparse-only ports per server after those [default: 0].
-    #[arg(long = "ports-num-for-sparse", alias = "ports_num_for_sparse", env = "OAR_PORTS_NUM_FOR_SPARSE")]
-    ports_num_for_sparse: Option<usize>,
+    #[command(flatten)]
+    ports: PortArgs,
     /// This trainer's id [default: 0].
     #[arg(long, alias = "trainer_id", env = "OAR_TRAINER_ID")]
     trainer_id: Option<usize>,
@@ -604,9 +604,9 @@ fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
         (None, Some(host)) => host.clone(),
         (None, None) => env.host.clone().unwrap_or_else(|| "0.0.0.0".into()),
     };
-    let port = a.port.or(env.port).unwrap_or(oar::env::DEFAULT_PORT);
-    let ports_num = a.ports_num.or(env.ports_num).unwrap_or(1);
-    let sparse = a.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0);
+    let port = a.ports.port.or(env.port).unwrap_or(oar::env::DEFAULT_PORT);
+    let ports_num = a.ports.ports_num.or(env.ports_num).unwrap_or(1);
+    let sparse = a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0);
     anyhow::ensure!(ports_num >= 1, "--ports_num must be at least 1");
     anyhow::ensure!(
         port != 0 || ports_num + sparse == 1,
@@ -652,9 +652,7 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
         let server = PserverArgs {
             host: None,
             nics: a.server.nics,
-            port: a.port,
-            ports_num: a.ports_num,
-            ports_num_for_sparse: a.ports_num_for_sparse,
+            ports: a.ports.clone(),
             index: None,
             num_servers: None,
             trainers: a.trainers,
@@ -675,7 +673,7 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
             "use_gpu is true (--use_gpu, OAR_USE_GPU or PADDLE_INIT_USE_GPU), but oar trains on CPUs only: set it to false"
         );
     }
-    let port = a.port.or(env.port).unwrap_or(oar::env::DEFAULT_PORT);
+    let port = a.ports.port.or(env.port).unwrap_or(oar::env::DEFAULT_PORT);
     let servers: Vec<String> = if a.servers.is_empty() {
         env.servers.clone().unwrap_or_default()
     } else {
@@ -700,8 +698,8 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
     let config = TrainConfig {
         mode,
         servers: if mode == Mode::Local { Vec::new() } else { servers },
-        ports_num: a.ports_num.or(env.ports_num).unwrap_or(1),
-        ports_num_for_sparse: a.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0),
+        ports_num: a.ports.ports_num.or(env.ports_num).unwrap_or(1),
+        ports_num_for_sparse: a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0),
         trainer_id: a.trainer_id.or(env.trainer_id).unwrap_or(0),
         trainers: a.trainers.or(env.trainers).unwrap_or(1),
         train_files,
