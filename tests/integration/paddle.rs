@@ -232,6 +232,8 @@ fn three_ports_and_a_sparse_port_all_carry_traffic_and_the_sparse_port_only_spar
             "3",
             "--ports-num-for-sparse",
             "1",
+            "--num_gradient_servers",
+            "1",
             "--keep-serving",
         ],
         &[],
