@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod model;
 pub mod nn;
 pub mod protocol;
+pub mod rendezvous;
 pub mod server;
 pub mod table;
 pub mod train;

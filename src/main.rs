@@ -293,6 +293,14 @@ struct TrainArgs {
     /// Number of trainers [default: 1].
     #[arg(long, alias = "num_gradient_servers", visible_alias = "num-gradient-servers", env = "OAR_TRAINERS")]
     trainers: Option<usize>,
+    /// Under an engine (mpirun, srun): ranks 0..N-1 become servers, the others trainers; they
+    /// meet at --rendezvous.
+    #[arg(long, env = "OAR_NUM_SERVERS")]
+    num_servers: Option<usize>,
+    /// Under an engine: rank 0's host and a free port there, where every rank registers
+    /// [default under Slurm: the step's first node, port 7163].
+    #[arg(long, env = "OAR_RENDEZVOUS")]
+    rendezvous: Option<String>,
     /// Refused unless false: this is a CPU build.
     #[arg(long, alias = "use_gpu", env = "OAR_USE_GPU", num_args = 0..=1, default_missing_value = "true")]
     use_gpu: Option<bool>,
@@ -644,6 +652,87 @@ fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The first host of a Slurm node list (`n[1-3,5]` -> `n1`, `a,b` -> `a`).
+fn first_slurm_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let (name, rest) = match list.find(['[', ',']) {
+        Some(i) if list.as_bytes()[i] == b'[' => (&list[..i], &list[i + 1..]),
+        Some(i) => return Some(list[..i].to_string()).filter(|h| !h.is_empty()),
+        None => return Some(list.to_string()).filter(|h| !h.is_empty()),
+    };
+    let first = rest.split([',', '-', ']']).next()?;
+    Some(format!("{name}{first}"))
+}
+
+/// Under an engine: registers at the rendezvous. A server rank serves until the trainers are
+/// done and returns `None`; a trainer rank returns (servers, its trainer id, trainers).
+fn engine_rank(
+    a: &TrainArgs,
+    job: &JobConfig,
+    num_servers: usize,
+) -> anyhow::Result<Option<(Vec<String>, usize, usize)>> {
+    let rank = oar::rendezvous::rank_from(&|k| std::env::var(k).ok())?.context(
+        "--num-servers makes ranks 0..N-1 servers, but no rank was found: run under mpirun or srun \
+         (OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)",
+    )?;
+    anyhow::ensure!(
+        num_servers >= 1 && num_servers < rank.size,
+        "--num-servers {num_servers} with {} ranks leaves no trainer (or no server)",
+        rank.size
+    );
+    let slurm = || {
+        let nodes = std::env::var("SLURM_STEP_NODELIST").or_else(|_| std::env::var("SLURM_JOB_NODELIST")).ok()?;
+        Some(format!("{}:7163", first_slurm_host(&nodes)?))
+    };
+    let rendezvous =
+        a.rendezvous.clone().or_else(slurm).context(
+            "give --rendezvous HOST:PORT (rank 0's host and a free port there): this engine gives no addresses",
+        )?;
+    let timeout = Duration::from_secs(job.train.timeout_secs);
+    tracing::info!(rank = rank.rank, size = rank.size, source = rank.source, %rendezvous, "joining the job");
+    if rank.rank >= num_servers {
+        let servers = oar::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout)?;
+        return Ok(Some((servers, rank.rank - num_servers, rank.size - num_servers)));
+    }
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").context("cannot listen")?;
+    let port = listener.local_addr()?.port();
+    let hosting = if rank.rank == 0 {
+        let rport = rendezvous
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .with_context(|| format!("--rendezvous {rendezvous}: expected HOST:PORT"))?;
+        let l = std::net::TcpListener::bind(("0.0.0.0", rport))
+            .with_context(|| format!("rank 0 cannot listen on the rendezvous port {rport}"))?;
+        let size = rank.size;
+        Some(std::thread::spawn(move || oar::rendezvous::host(l, size, num_servers, timeout)))
+    } else {
+        None
+    };
+    let servers = oar::rendezvous::register(&rendezvous, rank, &|ip| format!("{ip}:{port}"), timeout)?;
+    if let Some(h) = hosting {
+        h.join().map_err(|_| anyhow::anyhow!("the rendezvous thread panicked"))??;
+    }
+    tracing::info!(servers = ?servers, "rendezvous complete");
+    let config = ServerConfig {
+        index: rank.rank,
+        num_servers,
+        trainers: rank.size - num_servers,
+        mode: a.mode.filter(|m| *m != Mode::Local).unwrap_or(Mode::Sync),
+        job: a.job_id.clone(),
+        max_frame: 256 << 20,
+        timeout,
+        lag_ratio: job.train.lag_ratio,
+        resume: a.resume.clone(),
+        exit_when_done: !a.server.keep_serving,
+        sparse_ports: 0,
+        save_dir: a.output.as_ref().map(|o| o.join("final")),
+    };
+    config.validate()?;
+    let stats = oar::server::serve_bound(vec![listener], config)?;
+    tracing::info!(?stats, "server stopped");
+    Ok(None)
+}
+
 fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
     let env = ClusterEnv::from_process()?;
     let job = a.job.resolve()?;
@@ -673,8 +762,20 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
             "use_gpu is true (--use_gpu, OAR_USE_GPU or PADDLE_INIT_USE_GPU), but oar trains on CPUs only: set it to false"
         );
     }
+    // Under mpirun/srun with --num-servers: the rendezvous decides the role.
+    let (mut engine_servers, mut engine_trainer, mut engine_trainers) = (None, None, None);
+    if let (Some(n), true) = (a.num_servers, a.servers.is_empty() && env.servers.is_none()) {
+        match engine_rank(&a, &job, n)? {
+            None => return Ok(()), // a server rank, done serving
+            Some((servers, id, trainers)) => {
+                (engine_servers, engine_trainer, engine_trainers) = (Some(servers), Some(id), Some(trainers))
+            }
+        }
+    }
     let port = a.ports.port.or(env.port).unwrap_or(oar::env::DEFAULT_PORT);
-    let servers: Vec<String> = if a.servers.is_empty() {
+    let servers: Vec<String> = if let Some(list) = engine_servers {
+        list
+    } else if a.servers.is_empty() {
         env.servers.clone().unwrap_or_default()
     } else {
         a.servers.iter().map(|s| if s.contains(':') { s.clone() } else { format!("{s}:{port}") }).collect()
@@ -700,8 +801,8 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
         servers: if mode == Mode::Local { Vec::new() } else { servers },
         ports_num: a.ports.ports_num.or(env.ports_num).unwrap_or(1),
         ports_num_for_sparse: a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0),
-        trainer_id: a.trainer_id.or(env.trainer_id).unwrap_or(0),
-        trainers: a.trainers.or(env.trainers).unwrap_or(1),
+        trainer_id: engine_trainer.or(a.trainer_id).or(env.trainer_id).unwrap_or(0),
+        trainers: engine_trainers.or(a.trainers).or(env.trainers).unwrap_or(1),
         train_files,
         test_files,
         batch_size: job.train.batch_size,
@@ -760,4 +861,15 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_first_slurm_host_of_compressed_lists() {
+        assert_eq!(super::first_slurm_host("n[1-3,5]").as_deref(), Some("n1"));
+        assert_eq!(super::first_slurm_host("node07,node09").as_deref(), Some("node07"));
+        assert_eq!(super::first_slurm_host("solo").as_deref(), Some("solo"));
+        assert_eq!(super::first_slurm_host("").as_deref(), None);
+    }
 }

@@ -722,20 +722,32 @@ fn save_final(state: &State, dir: &std::path::Path) -> Result<(), (ErrorCode, St
 }
 
 /// Binds `addrs` (the general ports, then `config.sparse_ports` sparse-only ones) and serves
-/// until every trainer closes (or forever without `exit_when_done`), printing
-/// `OAR_READY <first address>` on stdout once listening, for launchers to read.
+/// them with [`serve_bound`].
 pub fn serve_blocking(addrs: &[String], config: ServerConfig) -> anyhow::Result<ServerStats> {
+    let mut listeners = Vec::with_capacity(addrs.len());
+    for addr in addrs {
+        listeners.push(std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?);
+    }
+    serve_bound(listeners, config)
+}
+
+/// Serves already bound listeners until every trainer closes (or forever without
+/// `exit_when_done`), printing `OAR_READY <first address>` on stdout once listening, for
+/// launchers to read.
+pub fn serve_bound(listeners: Vec<std::net::TcpListener>, config: ServerConfig) -> anyhow::Result<ServerStats> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
-        let mut listeners = Vec::with_capacity(addrs.len());
-        for addr in addrs {
-            listeners.push(TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?);
+        let ports = listeners.len();
+        let mut bound = Vec::with_capacity(ports);
+        for l in listeners {
+            l.set_nonblocking(true)?;
+            bound.push(TcpListener::from_std(l)?);
         }
-        let first = listeners.first().context("no address to listen on")?.local_addr()?;
-        tracing::info!(address = %first, ports = addrs.len(), sparse_ports = config.sparse_ports, index = config.index, servers = config.num_servers, trainers = config.trainers, mode = ?config.mode, "parameter server listening");
+        let first = bound.first().context("no address to listen on")?.local_addr()?;
+        tracing::info!(address = %first, ports, sparse_ports = config.sparse_ports, index = config.index, servers = config.num_servers, trainers = config.trainers, mode = ?config.mode, "parameter server listening");
         println!("OAR_READY {first}");
         use std::io::Write;
         std::io::stdout().flush()?;
-        run(listeners, config, std::future::pending()).await
+        run(bound, config, std::future::pending()).await
     })
 }

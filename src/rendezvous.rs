@@ -1,0 +1,213 @@
+//! One rendezvous for every cluster engine. An engine (mpirun, srun, ...) tells a process only
+//! its rank and the world size; ranks `0..S-1` become servers and the rest trainers. Rank 0
+//! listens on the rendezvous address; every process (rank 0 included) registers its own
+//! server address there, and once all `size` ranks are present each receives the full layout.
+//! A wait that times out names the ranks that never registered.
+//!
+//! The protocol is one JSON line each way over TCP: `{"rank":r,"size":n,"addr":"host:port"}`
+//! in, `{"servers":["host:port",...]}` (by server index) or `{"error":"..."}` out.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+/// This process's place as its engine gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rank {
+    /// 0-based rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// The variables it came from.
+    pub source: &'static str,
+}
+
+/// Reads the rank and world size of Open MPI (`OMPI_COMM_WORLD_RANK/SIZE`), MPICH/PMI
+/// (`PMI_RANK/PMI_SIZE`) or Slurm (`SLURM_PROCID/SLURM_NTASKS`), first found first.
+pub fn rank_from(get: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Option<Rank>> {
+    for (rank_var, size_var, source) in [
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"),
+        ("PMI_RANK", "PMI_SIZE", "PMI"),
+        ("SLURM_PROCID", "SLURM_NTASKS", "Slurm"),
+    ] {
+        let (Some(r), Some(s)) = (get(rank_var), get(size_var)) else { continue };
+        let rank: usize =
+            r.trim().parse().with_context(|| format!("environment variable {rank_var}: {r:?} is not a rank"))?;
+        let size: usize =
+            s.trim().parse().with_context(|| format!("environment variable {size_var}: {s:?} is not a size"))?;
+        anyhow::ensure!(
+            rank < size,
+            "environment variables {rank_var}={rank} and {size_var}={size}: the rank must be below the size"
+        );
+        return Ok(Some(Rank { rank, size, source }));
+    }
+    Ok(None)
+}
+
+#[derive(Serialize, Deserialize)]
+struct Register {
+    rank: usize,
+    size: usize,
+    addr: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Layout {
+    #[serde(default)]
+    servers: Vec<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// Rank 0's side: accepts the registrations of all `size` ranks on `listener` (its own
+/// included, made by [`register`] like everyone's), then sends everyone the server list.
+/// Ranks `0..servers` are servers. Returns the list.
+pub fn host(listener: TcpListener, size: usize, servers: usize, timeout: Duration) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + timeout;
+    listener.set_nonblocking(true)?;
+    let mut joined: Vec<Option<(TcpStream, String)>> = (0..size).map(|_| None).collect();
+    while joined.iter().any(Option::is_none) {
+        if Instant::now() >= deadline {
+            let missing: Vec<usize> = (0..size).filter(|&r| joined[r].is_none()).collect();
+            let message = format!("rendezvous timed out after {timeout:?} waiting for rank(s) {missing:?} of {size}");
+            for (stream, _) in joined.iter_mut().flatten() {
+                let _ = send(stream, &Layout { servers: vec![], error: Some(message.clone()) });
+            }
+            anyhow::bail!(message);
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false)?;
+                stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+                let mut line = String::new();
+                BufReader::new(&stream).read_line(&mut line)?;
+                let r: Register = serde_json::from_str(&line).context("a malformed rendezvous registration")?;
+                let mut stream = stream;
+                if r.size != size || r.rank >= size || joined[r.rank].is_some() {
+                    let error = format!(
+                        "rank {} of {} does not fit this job of {size} ranks (or registered twice)",
+                        r.rank, r.size
+                    );
+                    let _ = send(&mut stream, &Layout { servers: vec![], error: Some(error) });
+                    continue;
+                }
+                joined[r.rank] = Some((stream, r.addr));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let list: Vec<String> = joined[..servers].iter().flatten().map(|(_, a)| a.clone()).collect();
+    for (stream, _) in joined.iter_mut().flatten() {
+        send(stream, &Layout { servers: list.clone(), error: None })?;
+    }
+    Ok(list)
+}
+
+fn send(stream: &mut TcpStream, layout: &Layout) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(layout).expect("a layout always serializes");
+    line.push(b'\n');
+    stream.write_all(&line)
+}
+
+/// Registers `rank` (with its server address, or "" for a trainer) at `rendezvous` and waits
+/// for the server list. `addr` may be a function of the address this process reaches the
+/// rendezvous from (so servers advertise the interface that routes to the others).
+pub fn register(
+    rendezvous: &str,
+    rank: Rank,
+    addr: &dyn Fn(std::net::IpAddr) -> String,
+    timeout: Duration,
+) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + timeout;
+    let stream = loop {
+        let attempt = rendezvous
+            .to_socket_addrs()
+            .with_context(|| format!("rendezvous address {rendezvous}"))?
+            .next()
+            .with_context(|| format!("rendezvous address {rendezvous} resolves to nothing"))
+            .and_then(|sa| TcpStream::connect_timeout(&sa, Duration::from_secs(2)).map_err(anyhow::Error::from));
+        match attempt {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                anyhow::bail!(
+                    "rank {}: the rendezvous at {rendezvous} (rank 0) was not reachable within {timeout:?}: {e}",
+                    rank.rank
+                )
+            }
+            // Rank 0 may not be listening yet.
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let own = addr(stream.local_addr()?.ip());
+    let mut writer = stream.try_clone()?;
+    let mut line = serde_json::to_vec(&Register { rank: rank.rank, size: rank.size, addr: own })?;
+    line.push(b'\n');
+    writer.write_all(&line)?;
+    stream.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1))))?;
+    let mut reply = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut reply)
+        .with_context(|| format!("rank {}: no layout from the rendezvous at {rendezvous}", rank.rank))?;
+    let layout: Layout =
+        serde_json::from_str(&reply).with_context(|| format!("rank {}: a malformed layout", rank.rank))?;
+    if let Some(e) = layout.error {
+        anyhow::bail!("rendezvous at {rendezvous}: {e}");
+    }
+    Ok(layout.servers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_come_from_mpi_pmi_or_slurm() {
+        let get = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let r = rank_from(&get(&[("PMI_RANK", "2"), ("PMI_SIZE", "4")])).unwrap().unwrap();
+        assert_eq!((r.rank, r.size, r.source), (2, 4, "PMI"));
+        let r = rank_from(&get(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3")])).unwrap().unwrap();
+        assert_eq!((r.rank, r.size), (0, 3));
+        assert!(rank_from(&get(&[])).unwrap().is_none());
+        let e = rank_from(&get(&[("OMPI_COMM_WORLD_RANK", "4"), ("OMPI_COMM_WORLD_SIZE", "4")])).unwrap_err();
+        assert!(e.to_string().contains("below the size"), "{e}");
+    }
+
+    #[test]
+    fn everyone_gets_the_servers_in_rank_order_and_a_missing_rank_is_named() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let hosting = std::thread::spawn(move || host(listener, 3, 2, Duration::from_secs(10)));
+        let joins: Vec<_> = (0..3)
+            .map(|r| {
+                let at = at.clone();
+                std::thread::spawn(move || {
+                    let me = Rank { rank: r, size: 3, source: "test" };
+                    register(
+                        &at,
+                        me,
+                        &|ip| if r < 2 { format!("{ip}:{}", 7000 + r) } else { String::new() },
+                        Duration::from_secs(10),
+                    )
+                })
+            })
+            .collect();
+        for j in joins {
+            assert_eq!(j.join().unwrap().unwrap(), ["127.0.0.1:7000", "127.0.0.1:7001"]);
+        }
+        assert_eq!(hosting.join().unwrap().unwrap().len(), 2);
+
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let hosting = std::thread::spawn(move || host(listener, 3, 1, Duration::from_millis(500)));
+        let me = Rank { rank: 0, size: 3, source: "test" };
+        let err = register(&at, me, &|ip| format!("{ip}:1"), Duration::from_secs(5)).unwrap_err().to_string();
+        assert!(err.contains("waiting for rank(s) [1, 2] of 3"), "{err}");
+        assert!(hosting.join().unwrap().is_err());
+    }
+}

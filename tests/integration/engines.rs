@@ -1,0 +1,91 @@
+//! Cluster engines: processes that know only their rank and the world size (as mpirun and srun
+//! start them) meet at rank 0's rendezvous and train 2 servers x 2 trainers to a saved model.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::util::gen_data;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn args<'a>(train: &'a str, model: &'a str, rendezvous: &'a str) -> Vec<&'a str> {
+    vec![
+        "train",
+        "--num-servers",
+        "2",
+        "--rendezvous",
+        rendezvous,
+        "--hidden",
+        "16",
+        "--batch-size",
+        "200",
+        "--timeout",
+        "60",
+        "--train",
+        train,
+        "--output",
+        model,
+    ]
+}
+
+fn check_model(model: &Path) {
+    let manifest = std::fs::read_to_string(model.join("final/manifest.json")).unwrap();
+    assert!(manifest.contains("\"num_servers\": 2"), "{manifest}");
+    assert!(model.join("pass-0001/manifest.json").exists(), "trainer 0 saved the pass too");
+}
+
+/// Four ranks given only `OMPI_COMM_WORLD_RANK/SIZE`, as `mpirun -n 4` starts them.
+#[test]
+fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 1500, 0);
+    let model = dir.path().join("model");
+    let rendezvous = format!("127.0.0.1:{}", free_port());
+    let (train, model_s) = (train.display().to_string(), model.display().to_string());
+    let children: Vec<_> = (0..4)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_oar"))
+                .args(args(&train, &model_s, &rendezvous))
+                .env("OMPI_COMM_WORLD_RANK", rank.to_string())
+                .env("OMPI_COMM_WORLD_SIZE", "4")
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "rank {rank}:\n{text}");
+        if rank >= 2 {
+            assert!(text.contains("trained 1500 samples"), "rank {rank}:\n{text}");
+        }
+    }
+    check_model(&model);
+}
+
+/// The same job under a real `mpirun` (Open MPI, installed by `.ci/run`).
+#[test]
+fn mpirun_trains_two_servers_and_two_trainers() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        eprintln!("skipped: mpirun is not installed (.ci/run installs Debian's openmpi-bin)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 1500, 0);
+    let model = dir.path().join("model");
+    let rendezvous = format!("127.0.0.1:{}", free_port());
+    let (train, model_s) = (train.display().to_string(), model.display().to_string());
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", "4", env!("CARGO_BIN_EXE_oar")]);
+    cmd.args(args(&train, &model_s, &rendezvous)).env("RUST_LOG", "warn");
+    let out = cmd.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches("trained 1500 samples").count(), 2, "{text}");
+    check_model(&model);
+}
