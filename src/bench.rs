@@ -96,14 +96,12 @@ impl ServerProc {
 }
 
 fn connect(addr: &str, spec: &TableSpec) -> anyhow::Result<Client> {
-    let mut c = Client::connect(&ClientConfig {
-        servers: vec![addr.to_string()],
-        job: "bench".into(),
-        connect_timeout: Duration::from_secs(10),
-        reply_timeout: Duration::from_secs(60),
-        ports_num: 1,
-        ports_num_for_sparse: 0,
-    })?;
+    let mut c = Client::connect(&ClientConfig::new(
+        vec![addr.to_string()],
+        "bench",
+        Duration::from_secs(10),
+        Duration::from_secs(60),
+    ))?;
     c.declare(spec)?;
     Ok(c)
 }

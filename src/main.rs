@@ -607,6 +607,14 @@ fn nic_address(name: &str) -> anyhow::Result<String> {
 
 /// Runs a parameter server: flags, then `OAR_*`, then PaddlePaddle's variables, then defaults.
 fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
+    let (config, addrs) = server_config(a, env)?;
+    let stats = oar::server::serve_blocking(&addrs, config)?;
+    tracing::info!(?stats, "server stopped");
+    Ok(())
+}
+
+/// A server's configuration and listen addresses from its arguments and the environment.
+fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConfig, Vec<String>)> {
     let host = match (&a.nics, &a.host) {
         (Some(nic), _) => nic_address(nic)?,
         (None, Some(host)) => host.clone(),
@@ -647,9 +655,29 @@ fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
     };
     config.validate()?;
     let addrs: Vec<String> = (0..ports_num + sparse).map(|k| format!("{host}:{}", port as usize + k)).collect();
-    let stats = oar::server::serve_blocking(&addrs, config)?;
-    tracing::info!(?stats, "server stopped");
-    Ok(())
+    Ok((config, addrs))
+}
+
+/// The server settings of an `oar train` command line whose process turns out to be a server
+/// (a PSERVER role, or a server rank under an engine).
+fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
+    PserverArgs {
+        host: None,
+        nics: a.server.nics.clone(),
+        ports: a.ports.clone(),
+        index: None,
+        num_servers: None,
+        trainers: a.trainers,
+        mode: a.mode.filter(|m| *m != Mode::Local).unwrap_or(Mode::Sync),
+        job: a.job_id.clone(),
+        timeout: job.train.timeout_secs,
+        lag_ratio: job.train.lag_ratio,
+        resume: a.resume.clone(),
+        keep_serving: a.server.keep_serving,
+        // The model's folder: trainers save into it after each pass, servers at the end.
+        save_dir: a.output.as_ref().map(|o| o.join("final")),
+        max_frame_mb: 256,
+    }
 }
 
 /// The first host of a Slurm node list (`n[1-3,5]` -> `n1`, `a,b` -> `a`).
@@ -713,21 +741,13 @@ fn engine_rank(
         h.join().map_err(|_| anyhow::anyhow!("the rendezvous thread panicked"))??;
     }
     tracing::info!(servers = ?servers, "rendezvous complete");
-    let config = ServerConfig {
-        index: rank.rank,
-        num_servers,
-        trainers: rank.size - num_servers,
-        mode: a.mode.filter(|m| *m != Mode::Local).unwrap_or(Mode::Sync),
-        job: a.job_id.clone(),
-        max_frame: 256 << 20,
-        timeout,
-        lag_ratio: job.train.lag_ratio,
-        resume: a.resume.clone(),
-        exit_when_done: !a.server.keep_serving,
-        sparse_ports: 0,
-        save_dir: a.output.as_ref().map(|o| o.join("final")),
+    let args = PserverArgs {
+        index: Some(rank.rank),
+        num_servers: Some(num_servers),
+        trainers: Some(rank.size - num_servers),
+        ..server_role_args(a, job)
     };
-    config.validate()?;
+    let (config, _) = server_config(args, &ClusterEnv::default())?;
     let stats = oar::server::serve_bound(vec![listener], config)?;
     tracing::info!(?stats, "server stopped");
     Ok(None)
@@ -738,24 +758,7 @@ fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
     let job = a.job.resolve()?;
     if env.role == Some(Role::Pserver) {
         // One command line for both roles, as with PaddlePaddle's Fluid and Fleet launchers.
-        let server = PserverArgs {
-            host: None,
-            nics: a.server.nics,
-            ports: a.ports.clone(),
-            index: None,
-            num_servers: None,
-            trainers: a.trainers,
-            mode: a.mode.filter(|m| *m != Mode::Local).unwrap_or(Mode::Sync),
-            job: a.job_id,
-            timeout: job.train.timeout_secs,
-            lag_ratio: job.train.lag_ratio,
-            resume: a.resume,
-            keep_serving: a.server.keep_serving,
-            // The model's folder: trainers save into it after each pass, servers at the end.
-            save_dir: a.output.map(|o| o.join("final")),
-            max_frame_mb: 256,
-        };
-        return pserver(server, &env);
+        return pserver(server_role_args(&a, &job), &env);
     }
     if a.use_gpu.or(env.use_gpu) == Some(true) {
         anyhow::bail!(

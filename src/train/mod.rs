@@ -21,7 +21,7 @@ use step::{compute, Replica};
 pub use store::{Dedup, Store};
 
 use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
-use crate::client::{Client, ClientConfig, TableGrads, TableIds};
+use crate::client::{Client, ClientConfig};
 use crate::data::{shard_files, Batch, DataConfig, Reader, ReaderConfig};
 use crate::metrics::EvalReport;
 use crate::metrics::PassMetrics;
@@ -269,8 +269,8 @@ impl PassLoop<'_> {
     /// Trains on every batch of `reader`; returns the pass's training metrics. In async mode
     /// against servers, communication runs one batch ahead on its own thread ([`Ahead`]).
     fn run(&mut self, store: &mut Store, mut reader: Reader, on_progress: &dyn Fn(u64)) -> anyhow::Result<PassMetrics> {
-        if let (Mode::Async, Store::Remote(client), true) = (self.config.mode, &mut *store, self.config.threads > 1) {
-            return self.run_hogwild(client, reader, on_progress);
+        if self.config.mode == Mode::Async && matches!(store, Store::Remote(_)) && self.config.threads > 1 {
+            return self.run_hogwild(store, reader, on_progress);
         }
         let (me, dim) = (self.config.trainer_id, self.config.model.embedding_dim);
         std::thread::scope(|scope| {
@@ -374,7 +374,7 @@ impl PassLoop<'_> {
     /// thread computes while another talks to the servers.
     fn run_hogwild(
         &mut self,
-        client: &mut Client,
+        store: &mut Store,
         reader: Reader,
         on_progress: &dyn Fn(u64),
     ) -> anyhow::Result<PassMetrics> {
@@ -383,7 +383,7 @@ impl PassLoop<'_> {
         let (me, dim, pass) = (self.config.trainer_id, self.config.model.embedding_dim, self.pass);
         let model = self.model;
         let reader = Mutex::new(reader);
-        let client = Mutex::new(client);
+        let store = Mutex::new(store);
         let (step, samples, discarded) =
             (AtomicU64::new(self.step), AtomicU64::new(self.report.samples), AtomicU64::new(0));
         let failed = AtomicBool::new(false);
@@ -405,33 +405,32 @@ impl PassLoop<'_> {
                                 let Some(Prepared { batch, ids }) = next else { return Ok(()) };
                                 model.check_batch(&batch).map_err(anyhow::Error::msg)?;
                                 let t1 = Instant::now();
-                                let table = TableIds { table: 0, dim, ids: &ids.unique };
-                                let mut out = [std::mem::take(&mut rows)];
-                                let version = client.lock().pull(
+                                let version = store.lock().pull(
                                     Some(&mut params),
-                                    std::slice::from_ref(&table),
-                                    &mut out,
+                                    &ids.unique,
+                                    &mut rows,
+                                    dim,
                                     RowCreation::Create,
                                 )?;
-                                rows = std::mem::take(&mut out[0]);
                                 let t2 = Instant::now();
                                 let (loss, probs) =
                                     compute(model, &params, &batch, &rows, &ids.index, &mut replica, ids.unique.len());
                                 let t3 = Instant::now();
                                 let r0 = &replica[0];
-                                let grads = TableGrads { table: 0, dim, ids: &ids.unique, grads: &r0.row_grads };
                                 let n = batch.len();
                                 let s = step.fetch_add(1, Relaxed);
-                                let pushed = client.lock().push(
+                                let stale = store.lock().push(
                                     me,
                                     s,
                                     pass,
                                     version,
                                     n,
-                                    Some(&r0.grads),
-                                    std::slice::from_ref(&grads),
+                                    &r0.grads,
+                                    &ids.unique,
+                                    &r0.row_grads,
+                                    dim,
                                 )?;
-                                discarded.fetch_add(pushed.discarded as u64, Relaxed);
+                                discarded.fetch_add(stale, Relaxed);
                                 let t4 = Instant::now();
                                 times.data += (t1 - t0).as_secs_f64();
                                 times.pull += (t2 - t1).as_secs_f64();

@@ -10,15 +10,8 @@ use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Push, Request, Respons
 use oar::server::{Mode, ServerConfig};
 
 fn client(addrs: &[String]) -> Client {
-    Client::connect(&ClientConfig {
-        servers: addrs.to_vec(),
-        job: "test".into(),
-        connect_timeout: Duration::from_secs(5),
-        reply_timeout: Duration::from_secs(30),
-        ports_num: 1,
-        ports_num_for_sparse: 0,
-    })
-    .unwrap()
+    Client::connect(&ClientConfig::new(addrs.to_vec(), "test", Duration::from_secs(5), Duration::from_secs(30)))
+        .unwrap()
 }
 
 fn spec() -> oar::table::TableSpec {
@@ -105,26 +98,22 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
 #[test]
 fn a_handshake_for_another_job_or_layout_is_refused() {
     let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) });
-    let err = Client::connect(&ClientConfig {
-        servers: vec![server.addr.clone()],
-        job: "another".into(),
-        connect_timeout: Duration::from_secs(5),
-        reply_timeout: Duration::from_secs(5),
-        ports_num: 1,
-        ports_num_for_sparse: 0,
-    })
+    let err = Client::connect(&ClientConfig::new(
+        vec![server.addr.clone()],
+        "another",
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    ))
     .err()
     .unwrap()
     .to_string();
     assert!(err.contains("job 'another' does not match"), "{err}");
-    let err = Client::connect(&ClientConfig {
-        servers: vec![server.addr.clone(), server.addr.clone()],
-        job: "test".into(),
-        connect_timeout: Duration::from_secs(5),
-        reply_timeout: Duration::from_secs(5),
-        ports_num: 1,
-        ports_num_for_sparse: 0,
-    })
+    let err = Client::connect(&ClientConfig::new(
+        vec![server.addr.clone(), server.addr.clone()],
+        "test",
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    ))
     .err()
     .unwrap()
     .to_string();
@@ -150,14 +139,12 @@ fn an_unreachable_server_is_named_after_the_timeout() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
     let started = std::time::Instant::now();
-    let err = Client::connect(&ClientConfig {
-        servers: vec![addr.clone()],
-        job: "test".into(),
-        connect_timeout: Duration::from_millis(500),
-        reply_timeout: Duration::from_secs(5),
-        ports_num: 1,
-        ports_num_for_sparse: 0,
-    })
+    let err = Client::connect(&ClientConfig::new(
+        vec![addr.clone()],
+        "test",
+        Duration::from_millis(500),
+        Duration::from_secs(5),
+    ))
     .err()
     .unwrap()
     .to_string();
