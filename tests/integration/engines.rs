@@ -4,11 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::util::gen_data;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use crate::util::{free_ports, gen_data};
 
 fn args<'a>(train: &'a str, model: &'a str, rendezvous: &'a str) -> Vec<&'a str> {
     vec![
@@ -42,7 +38,7 @@ fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = gen_data(dir.path(), 2, 1500, 0);
     let model = dir.path().join("model");
-    let rendezvous = format!("127.0.0.1:{}", free_port());
+    let rendezvous = format!("127.0.0.1:{}", free_ports(1));
     let (train, model_s) = (train.display().to_string(), model.display().to_string());
     let children: Vec<_> = (0..4)
         .map(|rank| {
@@ -57,10 +53,23 @@ fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
                 .unwrap()
         })
         .collect();
-    for (rank, c) in children.into_iter().enumerate() {
+    // Trainers first: they end on their own (done, or failed at the bounded rendezvous); servers
+    // end once the trainers have closed, so after a failed trainer they are stopped here.
+    let mut children: Vec<_> = children.into_iter().map(Some).collect();
+    let output = |c: std::process::Child| {
         let out = c.wait_with_output().unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "rank {rank}:\n{text}");
+        (out.status.success(), text)
+    };
+    let trainers: Vec<_> = (2..4).map(|rank| output(children[rank].take().unwrap())).collect();
+    if trainers.iter().any(|(ok, _)| !ok) {
+        for c in children.iter_mut().flatten() {
+            let _ = c.kill();
+        }
+    }
+    let servers: Vec<_> = (0..2).map(|rank| output(children[rank].take().unwrap())).collect();
+    for (rank, (ok, text)) in servers.iter().chain(&trainers).enumerate() {
+        assert!(ok, "rank {rank}:\n{text}");
         if rank >= 2 {
             assert!(text.contains("trained 1500 samples"), "rank {rank}:\n{text}");
         }
@@ -78,7 +87,7 @@ fn mpirun_trains_two_servers_and_two_trainers() {
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = gen_data(dir.path(), 2, 1500, 0);
     let model = dir.path().join("model");
-    let rendezvous = format!("127.0.0.1:{}", free_port());
+    let rendezvous = format!("127.0.0.1:{}", free_ports(1));
     let (train, model_s) = (train.display().to_string(), model.display().to_string());
     let mut cmd = Command::new("mpirun");
     cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", "4", env!("CARGO_BIN_EXE_oar")]);

@@ -35,23 +35,6 @@ fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-/// A base port with `n` consecutive free ports on 127.0.0.1 (checked by binding them; another
-/// process could still take one before the server does, which would fail the test loudly).
-fn free_ports(n: usize) -> u16 {
-    for _ in 0..50 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        if base as usize + n >= u16::MAX as usize {
-            continue;
-        }
-        let held: Vec<_> =
-            (0..n).map_while(|k| std::net::TcpListener::bind(("127.0.0.1", base + k as u16)).ok()).collect();
-        if held.len() == n {
-            return base;
-        }
-    }
-    panic!("no {n} consecutive free ports");
-}
-
 /// A small generated Criteo job described by `OAR_*` variables (data and a tiny model).
 fn job_vars(data: &Path) -> Vec<(&'static str, String)> {
     vec![

@@ -167,3 +167,22 @@ pub fn assert_same_params(a: &Params, b: &Params, rel: f32) {
         }
     }
 }
+
+/// A base of `n` consecutive ports free on 127.0.0.1 (checked by binding them), taken below
+/// Linux's ephemeral range (32768 and up) so that listeners bound to port 0 by tests running
+/// at the same time can never take them, and a fresh block per call.
+pub fn free_ports(n: usize) -> u16 {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let (low, span) = (20_000usize, 12_000usize);
+    let start = std::process::id() as usize * 97 % span;
+    for _ in 0..500 {
+        let base = low + (start + NEXT.fetch_add(n, Ordering::SeqCst)) % (span - n);
+        let held: Vec<_> =
+            (0..n).map_while(|k| std::net::TcpListener::bind(("127.0.0.1", (base + k) as u16)).ok()).collect();
+        if held.len() == n {
+            return base as u16;
+        }
+    }
+    panic!("no {n} consecutive free ports between {low} and {}", low + span);
+}
