@@ -14,7 +14,7 @@ use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
     read_frame_blocking, read_reply_blocking, write_frame_blocking, Declaration, DenseSelection, Frame, FrameBuf,
     Hello, ProtocolError, Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds,
-    DEFAULT_MAX_FRAME, PROTOCOL_VERSION,
+    DEFAULT_MAX_FRAME, NOT_A_TRAINER, PROTOCOL_VERSION,
 };
 use crate::server::ServerStats;
 use crate::table::TableSpec;
@@ -92,6 +92,8 @@ pub struct ClientConfig {
     /// (`--ports_num_for_sparse`): with them, pulls and pushes are split into a dense half on a
     /// general port and a sparse half on a sparse port, sent together.
     pub ports_num_for_sparse: usize,
+    /// This client's trainer id, told to servers in the handshake (`None` for tools).
+    pub trainer: Option<u64>,
 }
 
 impl ClientConfig {
@@ -104,6 +106,7 @@ impl ClientConfig {
             reply_timeout,
             ports_num: 1,
             ports_num_for_sparse: 0,
+            trainer: None,
         }
     }
 }
@@ -242,6 +245,7 @@ impl Client {
                 job: config.job.clone(),
                 num_servers: n as u64,
                 server_index: index as u64,
+                trainer: config.trainer.unwrap_or(NOT_A_TRAINER),
             };
             conn.send(&Request::Hello(hello).encode())?;
             let kind = conn.read()?;

@@ -174,6 +174,8 @@ struct State {
     changed: watch::Sender<u64>,
     closed: Mutex<BTreeSet<u64>>,
     all_closed: watch::Sender<bool>,
+    /// Trainers that have said hello or sent anything naming themselves.
+    arrived: Mutex<BTreeSet<u64>>,
 }
 
 type Reply = Result<Answer, (ErrorCode, String)>;
@@ -205,6 +207,18 @@ impl State {
     fn active(&self) -> Vec<u64> {
         let closed = self.closed.lock();
         (0..self.config.trainers as u64).filter(|t| !closed.contains(t)).collect()
+    }
+
+    fn arrive(&self, trainer: u64) {
+        if trainer < self.config.trainers as u64 {
+            self.arrived.lock().insert(trainer);
+        }
+    }
+
+    /// Expected trainers never heard from.
+    fn never_arrived(&self) -> Vec<u64> {
+        let arrived = self.arrived.lock();
+        (0..self.config.trainers as u64).filter(|t| !arrived.contains(t)).collect()
     }
 
     fn stats(&self) -> ServerStats {
@@ -254,6 +268,7 @@ pub async fn run(
         changed: watch::channel(0).0,
         closed: Mutex::new(BTreeSet::new()),
         all_closed: watch::channel(false).0,
+        arrived: Mutex::new(BTreeSet::new()),
         config,
     });
     let mut done = state.all_closed.subscribe();
@@ -264,6 +279,19 @@ pub async fn run(
         } else {
             std::future::pending::<()>().await;
         }
+    };
+    // A server told to exit when its trainers are done must not wait forever for trainers that
+    // never come (a failed launch, a wrong address): after --timeout it names them and fails.
+    let watched = state.clone();
+    let arrival_deadline = async move {
+        if exit_when_done {
+            tokio::time::sleep(watched.config.timeout).await;
+            let missing = watched.never_arrived();
+            if !missing.is_empty() {
+                return missing;
+            }
+        }
+        std::future::pending().await
     };
     let mut acceptors = tokio::task::JoinSet::new();
     for (port, listener) in listeners.into_iter().enumerate() {
@@ -288,6 +316,15 @@ pub async fn run(
     tokio::select! {
         _ = shutdown => {}
         _ = all_closed => tracing::info!("every trainer has closed; stopping"),
+        missing = arrival_deadline => {
+            acceptors.abort_all();
+            anyhow::bail!(
+                "trainer(s) {missing:?} of {} never connected within {:?} of this server starting (--timeout): \
+                 check that they were started and can reach this server",
+                state.config.trainers,
+                state.config.timeout
+            );
+        }
     }
     acceptors.abort_all();
     Ok(state.stats())
@@ -394,6 +431,7 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
         return refuse(format!("job '{}' does not match this server's job '{}'", h.job, c.job));
     }
     let mut place = state.place.lock();
+    state.arrive(h.trainer);
     let (index, servers) = *place.get_or_insert_with(|| {
         tracing::info!(index = h.server_index, servers = h.num_servers, "learned this server's place from a trainer");
         (h.server_index as usize, h.num_servers as usize)
@@ -414,6 +452,13 @@ struct Scratch {
 }
 
 async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch) -> Reply {
+    match &request {
+        Request::Push(Push { trainer, .. })
+        | Request::Barrier { trainer, .. }
+        | Request::EndPass { trainer, .. }
+        | Request::Close { trainer } => state.arrive(*trainer),
+        _ => {}
+    }
     match request {
         Request::Hello(_) => unreachable!("handled by handle_hello"),
         Request::Declare(declaration) => declare(state, declaration),

@@ -230,7 +230,12 @@ impl<'a> Request<'a> {
         match self {
             Request::Hello(h) => {
                 let mut e = Encoder::new(kind::HELLO);
-                e.u64(MAGIC).u64(h.version).u64(h.num_servers).u64(h.server_index).bytes(h.job.as_bytes());
+                e.u64(MAGIC)
+                    .u64(h.version)
+                    .u64(h.num_servers)
+                    .u64(h.server_index)
+                    .u64(h.trainer)
+                    .bytes(h.job.as_bytes());
                 e.finish()
             }
             Request::Declare(declaration) => {
@@ -294,8 +299,9 @@ impl<'a> Request<'a> {
                 let version = d.u64()?;
                 let num_servers = d.u64()?;
                 let server_index = d.u64()?;
+                let trainer = d.u64()?;
                 let job = d.string()?;
-                Request::Hello(Hello { version, job, num_servers, server_index })
+                Request::Hello(Hello { version, job, num_servers, server_index, trainer })
             }
             kind::DECLARE => {
                 let json = d.bytes()?;
@@ -446,7 +452,13 @@ mod tests {
 
     #[test]
     fn every_request_round_trips() {
-        round_trip_request(Request::Hello(Hello { version: 1, job: "job-é".into(), num_servers: 3, server_index: 2 }));
+        round_trip_request(Request::Hello(Hello {
+            version: 1,
+            job: "job-é".into(),
+            num_servers: 3,
+            server_index: 2,
+            trainer: 1,
+        }));
         round_trip_request(Request::Declare(Declaration {
             spec: TableSpec {
                 dense: DenseSpec {

@@ -25,7 +25,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 2;
+pub const PROTOCOL_VERSION: u64 = 3;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.
@@ -115,7 +115,13 @@ pub struct Hello {
     pub num_servers: u64,
     /// Index the client believes this server has.
     pub server_index: u64,
+    /// The trainer this connection belongs to, or [`NOT_A_TRAINER`] (benchmarks, tools): servers
+    /// use it to name trainers that never arrived.
+    pub trainer: u64,
 }
+
+/// [`Hello::trainer`] of a client that is not one of the job's trainers.
+pub const NOT_A_TRAINER: u64 = u64::MAX;
 
 /// A read of parameters.
 #[derive(Clone, Debug, PartialEq)]

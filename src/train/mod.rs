@@ -508,6 +508,7 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
                 reply_timeout: config.reply_timeout,
                 ports_num: config.ports_num,
                 ports_num_for_sparse: config.ports_num_for_sparse,
+                trainer: Some(config.trainer_id as u64),
             })?;
             client.declare_model(spec, description(config, None))?;
             Store::Remote(Box::new(client))

@@ -149,21 +149,6 @@ fn usage_errors_exit_with_code_2() {
     assert!(text(&out).contains("give --train"), "{}", text(&out));
 }
 
-/// Processes whose command line mentions `needle` (our children carry the test's temporary
-/// paths in their arguments).
-fn processes_mentioning(needle: &str) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
-            if String::from_utf8_lossy(&cmd).contains(needle) {
-                found.push(pid);
-            }
-        }
-    }
-    found
-}
-
 #[test]
 fn an_interrupted_launch_stops_every_child() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::util::{free_ports, gen_data};
+use crate::util::{free_ports, gen_data, processes_mentioning};
 
 fn args<'a>(train: &'a str, model: &'a str, rendezvous: &'a str) -> Vec<&'a str> {
     vec![
@@ -80,8 +80,7 @@ fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
 /// The same job under a real `mpirun` (Open MPI, installed by `.ci/run`).
 #[test]
 fn mpirun_trains_two_servers_and_two_trainers() {
-    if Command::new("mpirun").arg("--version").output().is_err() {
-        eprintln!("skipped: mpirun is not installed (.ci/run installs Debian's openmpi-bin)");
+    if !has_mpirun() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -97,4 +96,43 @@ fn mpirun_trains_two_servers_and_two_trainers() {
     assert!(out.status.success(), "{text}");
     assert_eq!(text.matches("trained 1500 samples").count(), 2, "{text}");
     check_model(&model);
+}
+
+fn has_mpirun() -> bool {
+    let found = Command::new("mpirun").arg("--version").output().is_ok();
+    if !found {
+        eprintln!("skipped: mpirun is not installed (.ci/run installs Debian's openmpi-bin)");
+    }
+    found
+}
+
+/// A trainer rank failing mid-run (a malformed line deep in its shard) fails the whole mpirun
+/// job: its one-line error names the file and line, mpirun stops the other ranks (servers
+/// included, which would otherwise wait for that trainer) and exits non-zero.
+#[test]
+fn a_failing_rank_fails_the_mpirun_job_clearly() {
+    if !has_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 1500, 0);
+    let file = train.join("part-00001");
+    let mut lines: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(String::from).collect();
+    lines[999] = "1\tnot-a-number".into();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let model = dir.path().join("model");
+    let rendezvous = format!("127.0.0.1:{}", free_ports(1));
+    let (train, model_s) = (train.display().to_string(), model.display().to_string());
+    // `timeout` bounds the test should mpirun ever fail to stop the ranks.
+    let mut cmd = Command::new("timeout");
+    cmd.args(["120", "mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "4", env!("CARGO_BIN_EXE_oar")]);
+    cmd.args(args(&train, &model_s, &rendezvous)).env("RUST_LOG", "warn");
+    let out = cmd.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_ne!(out.status.code(), Some(124), "mpirun did not stop within 120 s:\n{text}");
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("{}:1000: I1 is not an integer", file.display())), "{text}");
+    assert!(text.contains("exited with non-zero status"), "mpirun names the failure:\n{text}");
+    assert!(!model.join("final/manifest.json").exists(), "no final model from a failed job");
+    assert_eq!(processes_mentioning(&model_s), Vec::<u32>::new(), "ranks left running");
 }

@@ -53,7 +53,7 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
 
     // A valid handshake followed by a push whose payload lies about its array length.
     let mut s = TcpStream::connect(&addr).unwrap();
-    let hello = Hello { version: PROTOCOL_VERSION, job: "test".into(), num_servers: 1, server_index: 0 };
+    let hello = Hello { version: PROTOCOL_VERSION, job: "test".into(), num_servers: 1, server_index: 0, trainer: 0 };
     s.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
     let mut buf = FrameBuf::default();
     read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
@@ -122,8 +122,12 @@ fn a_handshake_for_another_job_or_layout_is_refused() {
 
 #[test]
 fn a_sync_step_missing_a_trainer_times_out_naming_it() {
-    let server =
-        start_server(ServerConfig { timeout: Duration::from_millis(300), ..server_config(0, 1, 2, Mode::Sync) });
+    let server = start_server(ServerConfig {
+        timeout: Duration::from_millis(300),
+        // Not the never-arrived limit (it would stop the server first): the step's own timeout.
+        exit_when_done: false,
+        ..server_config(0, 1, 2, Mode::Sync)
+    });
     let mut c = client(std::slice::from_ref(&server.addr));
     c.declare(&spec()).unwrap();
     let dense = vec![0.0; spec().dense.total()];
@@ -150,4 +154,29 @@ fn an_unreachable_server_is_named_after_the_timeout() {
     .to_string();
     assert!(err.contains(&format!("cannot reach server 0 at {addr}")), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30), "the timeout must bound the wait");
+}
+
+/// A server told to exit when its trainers are done does not wait forever for one that never
+/// comes: after --timeout it fails, naming it (trainer 0 arrived through its handshake).
+#[test]
+fn a_server_names_the_trainer_that_never_connected_and_exits() {
+    use std::io::BufRead;
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--num_gradient_servers", "2", "--timeout", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
+    let config = ClientConfig {
+        trainer: Some(0),
+        ..ClientConfig::new(vec![addr], "oar", Duration::from_secs(5), Duration::from_secs(30))
+    };
+    let _trainer0 = Client::connect(&config).unwrap();
+    let out = server.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("trainer(s) [1] of 2 never connected within 2s"), "{err}");
 }

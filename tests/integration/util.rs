@@ -186,3 +186,18 @@ pub fn free_ports(n: usize) -> u16 {
     }
     panic!("no {n} consecutive free ports between {low} and {}", low + span);
 }
+
+/// Processes whose command line mentions `needle` (our children carry the test's temporary
+/// paths in their arguments).
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(needle) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
