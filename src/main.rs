@@ -298,7 +298,7 @@ struct TrainArgs {
     #[arg(long, env = "OAR_NUM_SERVERS")]
     num_servers: Option<usize>,
     /// Under an engine: rank 0's host and a free port there, where every rank registers
-    /// [default under Slurm: the step's first node, port 7163].
+    /// [default under Slurm: the step's first node, port 15000 + SLURM_JOB_ID % 10000].
     #[arg(long, env = "OAR_RENDEZVOUS")]
     rendezvous: Option<String>,
     /// Refused unless false: this is a CPU build.
@@ -692,6 +692,14 @@ fn first_slurm_host(list: &str) -> Option<String> {
     Some(format!("{name}{first}"))
 }
 
+/// Slurm's default rendezvous: the step's first node (where block distribution puts rank 0) and
+/// a port from the job id, so two jobs sharing a first node do not collide (as Lightning does).
+fn slurm_rendezvous(var: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let nodes = var("SLURM_STEP_NODELIST").or_else(|| var("SLURM_JOB_NODELIST"))?;
+    let job: u64 = var("SLURM_JOB_ID").and_then(|j| j.parse().ok()).unwrap_or(0);
+    Some(format!("{}:{}", first_slurm_host(&nodes)?, 15_000 + job % 10_000))
+}
+
 /// Under an engine: registers at the rendezvous. A server rank serves until the trainers are
 /// done and returns `None`; a trainer rank returns (servers, its trainer id, trainers).
 fn engine_rank(
@@ -708,18 +716,26 @@ fn engine_rank(
         "--num-servers {num_servers} with {} ranks leaves no trainer (or no server)",
         rank.size
     );
-    let slurm = || {
-        let nodes = std::env::var("SLURM_STEP_NODELIST").or_else(|_| std::env::var("SLURM_JOB_NODELIST")).ok()?;
-        Some(format!("{}:7163", first_slurm_host(&nodes)?))
-    };
+    let var = |k: &str| std::env::var(k).ok();
+    let from_slurm = a.rendezvous.is_none();
     let rendezvous =
-        a.rendezvous.clone().or_else(slurm).context(
+        a.rendezvous.clone().or_else(|| slurm_rendezvous(&var)).context(
             "give --rendezvous HOST:PORT (rank 0's host and a free port there): this engine gives no addresses",
         )?;
+    let at = rendezvous.clone();
+    let hint = move |e: anyhow::Error| {
+        if from_slurm {
+            e.context(format!(
+                "the rendezvous defaults to Slurm's first node, {at}; give --rendezvous HOST:PORT if node names do not resolve"
+            ))
+        } else {
+            e
+        }
+    };
     let timeout = Duration::from_secs(job.train.timeout_secs);
     tracing::info!(rank = rank.rank, size = rank.size, source = rank.source, %rendezvous, "joining the job");
     if rank.rank >= num_servers {
-        let servers = oar::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout)?;
+        let servers = oar::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout).map_err(hint)?;
         return Ok(Some((servers, rank.rank - num_servers, rank.size - num_servers)));
     }
     let listener = std::net::TcpListener::bind("0.0.0.0:0").context("cannot listen")?;
@@ -736,7 +752,7 @@ fn engine_rank(
     } else {
         None
     };
-    let servers = oar::rendezvous::register(&rendezvous, rank, &|ip| format!("{ip}:{port}"), timeout)?;
+    let servers = oar::rendezvous::register(&rendezvous, rank, &|ip| format!("{ip}:{port}"), timeout).map_err(hint)?;
     if let Some(h) = hosting {
         h.join().map_err(|_| anyhow::anyhow!("the rendezvous thread panicked"))??;
     }
@@ -874,5 +890,18 @@ mod tests {
         assert_eq!(super::first_slurm_host("node07,node09").as_deref(), Some("node07"));
         assert_eq!(super::first_slurm_host("solo").as_deref(), Some("solo"));
         assert_eq!(super::first_slurm_host("").as_deref(), None);
+    }
+
+    #[test]
+    fn the_slurm_rendezvous_is_the_first_node_and_a_port_from_the_job_id() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let step =
+            env(&[("SLURM_STEP_NODELIST", "gpu[07-09]"), ("SLURM_JOB_NODELIST", "x"), ("SLURM_JOB_ID", "123456")]);
+        assert_eq!(super::slurm_rendezvous(&step).as_deref(), Some("gpu07:18456"));
+        let job = env(&[("SLURM_JOB_NODELIST", "a,b")]);
+        assert_eq!(super::slurm_rendezvous(&job).as_deref(), Some("a:15000"));
+        assert_eq!(super::slurm_rendezvous(&env(&[])), None);
     }
 }

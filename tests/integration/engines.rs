@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::util::{free_ports, gen_data, processes_mentioning};
+use crate::util::*;
 
 fn args<'a>(train: &'a str, model: &'a str, rendezvous: &'a str) -> Vec<&'a str> {
     vec![
@@ -135,4 +135,126 @@ fn a_failing_rank_fails_the_mpirun_job_clearly() {
     assert!(text.contains("exited with non-zero status"), "mpirun names the failure:\n{text}");
     assert!(!model.join("final/manifest.json").exists(), "no final model from a failed job");
     assert_eq!(processes_mentioning(&model_s), Vec::<u32>::new(), "ranks left running");
+}
+
+/// A single-node Slurm (munged, slurmctld and slurmd started here with their configuration, key
+/// and state in a temporary folder, on loopback ports) runs `srun -n 4 oar train` and the
+/// example `sbatch` script to saved models.
+#[test]
+fn slurm_srun_and_the_sbatch_example_train_two_by_two() {
+    let missing: Vec<_> =
+        ["munged", "slurmctld", "slurmd", "srun", "sbatch", "sinfo"].into_iter().filter(|p| !installed(p)).collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "skipped: {missing:?} not installed (.ci/run installs Debian's slurmctld, slurmd, slurm-client, munge)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut daemons = Daemons::default();
+
+    let key: Vec<u8> = (0..1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(d.join("munge.key"), key).unwrap();
+    std::fs::set_permissions(d.join("munge.key"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let socket = d.join("munge.sock");
+    let mut munged = Command::new("munged");
+    munged.arg("--foreground").arg("--force");
+    for (flag, file) in [("key-file", "munge.key"), ("socket", "munge.sock"), ("pid-file", "munged.pid")] {
+        munged.arg(format!("--{flag}={}", d.join(file).display()));
+    }
+    munged.arg(format!("--seed-file={}", d.join("munged.seed").display()));
+    munged.arg(format!("--log-file={}", d.join("munged.log").display()));
+    daemons.start("munged", &mut munged, &d.join("munged.out")).unwrap();
+    wait_until(30, "munged's socket", || {
+        daemons.check_running();
+        socket.exists()
+    });
+
+    // The node is named after this host, so Slurm's node list resolves (to the default
+    // rendezvous on the first node).
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    let ports = free_ports(2);
+    std::fs::create_dir_all(d.join("state")).unwrap();
+    std::fs::create_dir_all(d.join("spool")).unwrap();
+    let p = |f: &str| d.join(f).display().to_string();
+    let conf = format!(
+        "ClusterName=oartest\nSlurmctldHost={host}(127.0.0.1)\nSlurmUser=root\nSlurmdUser=root\n\
+         AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={}\nStateSaveLocation={}\nSlurmdSpoolDir={}\n\
+         SlurmctldPidFile={}\nSlurmdPidFile={}\nSlurmctldPort={}\nSlurmdPort={}\nSlurmctldLogFile={}\n\
+         SlurmdLogFile={}\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\n\
+         SelectTypeParameters=CR_CPU\nReturnToService=2\nMpiDefault=none\nJobAcctGatherType=jobacct_gather/none\n\
+         AccountingStorageType=accounting_storage/none\nSchedulerType=sched/backfill\n\
+         SlurmdParameters=config_overrides\n\
+         NodeName={host} NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN\n\
+         PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n",
+        p("munge.sock"),
+        p("state"),
+        p("spool"),
+        p("slurmctld.pid"),
+        p("slurmd.pid"),
+        ports,
+        ports + 1,
+        p("slurmctld.log"),
+        p("slurmd.log"),
+    );
+    let conf_file = d.join("slurm.conf");
+    std::fs::write(&conf_file, conf).unwrap();
+    let slurm = |program: &str| {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &conf_file);
+        c
+    };
+    daemons.start("slurmctld", slurm("slurmctld").args(["-D", "-f"]).arg(&conf_file), &d.join("ctld.out")).unwrap();
+    daemons
+        .start("slurmd", slurm("slurmd").args(["-D", "-N", &host, "-f"]).arg(&conf_file), &d.join("slurmd.out"))
+        .unwrap();
+    wait_until(60, "the Slurm node to be idle", || {
+        daemons.check_running();
+        slurm("sinfo")
+            .args(["-h", "-o", "%t"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("idle"))
+    });
+
+    let (train, _) = gen_data(d, 2, 1500, 0);
+    let train = train.display().to_string();
+    let model = d.join("model-srun");
+    let model_s = model.display().to_string();
+    let out = slurm("timeout")
+        .args(["120", "srun", "-K", "-n", "4", env!("CARGO_BIN_EXE_oar"), "train", "--num-servers", "2"])
+        .args(["--hidden", "16", "--batch-size", "200", "--timeout", "60", "--train", &train, "--output", &model_s])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "srun:\n{text}");
+    assert_eq!(text.matches("trained 1500 samples").count(), 2, "{text}");
+    check_model(&model);
+
+    let model = d.join("model-sbatch");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/slurm.sbatch");
+    let out = slurm("timeout")
+        .args(["180", "sbatch", "--wait", "--output"])
+        .arg(d.join("sbatch-%j.log"))
+        .arg(format!(
+            "--export=ALL,OAR={},DATA={train},MODEL={},RUST_LOG=warn",
+            env!("CARGO_BIN_EXE_oar"),
+            model.display()
+        ))
+        .arg(&script)
+        .args(["--hidden", "16", "--batch-size", "200", "--timeout", "60"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let logs: String = std::fs::read_dir(d)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("sbatch-"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    let text = format!("{}{}{logs}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "sbatch:\n{text}");
+    assert_eq!(logs.matches("trained 1500 samples").count(), 2, "{text}");
+    check_model(&model);
 }

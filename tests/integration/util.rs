@@ -201,3 +201,62 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     }
     found
 }
+
+/// Daemons a test started, killed and reaped by PID when the guard drops (test passed or not).
+#[derive(Default)]
+pub struct Daemons(pub Vec<(String, std::process::Child)>);
+
+impl Daemons {
+    /// Starts `cmd` with its output in `log`.
+    pub fn start(&mut self, name: &str, cmd: &mut std::process::Command, log: &Path) -> std::io::Result<()> {
+        let out = std::fs::File::create(log)?;
+        let child = cmd.stdout(out.try_clone()?).stderr(out).stdin(std::process::Stdio::null()).spawn()?;
+        self.0.push((name.to_string(), child));
+        Ok(())
+    }
+
+    /// Panics naming a daemon that has exited (its log says why).
+    pub fn check_running(&mut self) {
+        for (name, child) in &mut self.0 {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{name} exited early with {status}");
+            }
+        }
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        // SIGTERM first so daemons stop their own helpers (slurmctld's slurmscriptd), then SIGKILL
+        // whatever is still there after a few seconds.
+        for (_, child) in &mut self.0 {
+            // SAFETY: signalling our own child process.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        for (_, child) in self.0.iter_mut().rev() {
+            while child.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Waits until `ready` holds, at most `secs` seconds, failing with `what`.
+pub fn wait_until(secs: u64, what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether `program` can be run (found on PATH or at that path).
+pub fn installed(program: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
