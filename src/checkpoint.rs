@@ -365,9 +365,13 @@ pub fn save_server_final(
     Ok(true)
 }
 
-/// Writes `bytes` to `path` through a synced temporary file and a rename.
+/// Writes `bytes` to `path` through a synced temporary file and a rename. The temporary name
+/// is unique to the writer: servers sharing a folder may write the same manifest at once.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let tmp = path.with_extension("tmp");
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!("{name}.{}.{n}.tmp", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod env;
@@ -15,6 +16,7 @@ pub mod nn;
 pub mod protocol;
 pub mod rendezvous;
 pub mod server;
+pub mod supervise;
 pub mod table;
 pub mod train;
 

@@ -44,6 +44,96 @@ enum Command {
         #[command(subcommand)]
         what: DataCommand,
     },
+    /// Run on a cluster: over ssh, or print Kubernetes manifests (mpirun and srun need no
+    /// launcher: see `oar train --num-servers`).
+    Cluster {
+        #[command(subcommand)]
+        engine: ClusterCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Start servers and trainers on the hosts of a hosts file over ssh; logs under each host's
+    /// workspace log/; every remote process is stopped on Ctrl-C or any failure.
+    Ssh(SshArgs),
+    /// Print Kubernetes manifests (headless Service, server StatefulSet, trainer Indexed Job; or
+    /// a Kubeflow PaddleJob) that run `oar train` with the given arguments.
+    K8s(K8sArgs),
+}
+
+#[derive(Args)]
+struct SshArgs {
+    /// Hosts file: one ssh destination (host or user@host) per line, # comments.
+    #[arg(long)]
+    hosts: PathBuf,
+    /// The job's folder (data, job files); the same path on the hosts unless --remote-workspace.
+    #[arg(long)]
+    workspace: PathBuf,
+    /// The workspace's path on the hosts [default: the --workspace path].
+    #[arg(long)]
+    remote_workspace: Option<String>,
+    /// Copy the workspace (without log/) and this oar binary to every host first.
+    #[arg(long)]
+    dispatch: bool,
+    /// Parameter servers per host.
+    #[arg(long, default_value_t = 1)]
+    servers_per_host: usize,
+    /// Trainers per host.
+    #[arg(long, default_value_t = 1)]
+    trainers_per_host: usize,
+    /// First server port on each host (more servers per host take the next ports).
+    #[arg(long, default_value_t = oar::env::DEFAULT_PORT)]
+    port: u16,
+    /// ssh client configuration file (ssh -F): ports, users, keys.
+    #[arg(long)]
+    ssh_config: Option<PathBuf>,
+    /// The oar binary on the hosts [default: the dispatched copy with --dispatch, else oar].
+    #[arg(long)]
+    oar_bin: Option<String>,
+    /// Local copies of every process's log [default: WORKSPACE/log/launcher].
+    #[arg(long)]
+    logs: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+    /// Arguments of `oar train` for every server and trainer (after --).
+    #[arg(last = true)]
+    train_args: Vec<String>,
+}
+
+#[derive(Args)]
+struct K8sArgs {
+    /// Job name (a DNS-1035 label): objects are named after it.
+    #[arg(long)]
+    name: String,
+    /// Number of parameter servers.
+    #[arg(long)]
+    servers: usize,
+    /// Number of trainers.
+    #[arg(long)]
+    workers: usize,
+    /// Container image with `oar` on its PATH.
+    #[arg(long)]
+    image: String,
+    /// Servers' port.
+    #[arg(long, default_value_t = oar::env::DEFAULT_PORT)]
+    port: u16,
+    /// A PersistentVolumeClaim (data and model) mounted in every pod, also the working folder.
+    #[arg(long)]
+    volume_claim: Option<String>,
+    /// Where --volume-claim is mounted.
+    #[arg(long, default_value = "/oar")]
+    mount_path: String,
+    /// CPU request and limit per pod (e.g. 2).
+    #[arg(long)]
+    cpus: Option<String>,
+    /// Print a Kubeflow training-operator PaddleJob (Master = servers, Worker = trainers).
+    #[arg(long)]
+    paddlejob: bool,
+    /// Arguments of `oar train` for every pod (after --).
+    #[arg(last = true)]
+    train_args: Vec<String>,
 }
 
 #[derive(Args)]
@@ -334,6 +424,9 @@ struct ServerRoleArgs {
     /// Server role: listen on this interface's address.
     #[arg(long, env = "OAR_NICS")]
     nics: Option<String>,
+    /// Server role: listen on this address [default: PADDLE_CURRENT_IP, else all].
+    #[arg(long, env = "OAR_HOST")]
+    host: Option<String>,
 }
 
 #[derive(Args)]
@@ -447,6 +540,48 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
     match command {
         Command::Pserver(a) => pserver(a, &ClusterEnv::from_process()?),
         Command::Train(a) => train(a, launched),
+        Command::Cluster { engine: ClusterCommand::Ssh(a) } => {
+            let text = std::fs::read_to_string(&a.hosts)
+                .with_context(|| format!("cannot read the hosts file {}", a.hosts.display()))?;
+            let config = oar::cluster::ssh::SshConfig {
+                hosts: oar::cluster::ssh::parse_hosts(&text, &a.hosts)?,
+                logs: a.logs.unwrap_or_else(|| a.workspace.join("log/launcher")),
+                workspace: a.workspace,
+                remote_workspace: a.remote_workspace,
+                dispatch: a.dispatch,
+                servers_per_host: a.servers_per_host,
+                trainers_per_host: a.trainers_per_host,
+                port: a.port,
+                ssh_config: a.ssh_config,
+                oar_bin: a.oar_bin,
+                train_args: a.train_args,
+                progress_bar: !a.no_progress,
+            };
+            let s = oar::cluster::ssh::run(&config)?;
+            print_summary(&format!("oar cluster ssh on {} hosts", config.hosts.len()), &s);
+            println!(
+                "logs on each host under {}/log; local copies and summary.json in {}",
+                config.remote_workspace.clone().unwrap_or_else(|| config.workspace.display().to_string()),
+                config.logs.display()
+            );
+            Ok(())
+        }
+        Command::Cluster { engine: ClusterCommand::K8s(a) } => {
+            let config = oar::cluster::k8s::K8sConfig {
+                name: a.name,
+                servers: a.servers,
+                workers: a.workers,
+                image: a.image,
+                port: a.port,
+                train_args: a.train_args,
+                volume_claim: a.volume_claim,
+                mount_path: a.mount_path,
+                cpus: a.cpus,
+                paddlejob: a.paddlejob,
+            };
+            print!("{}", oar::cluster::k8s::render(&config)?);
+            Ok(())
+        }
         Command::Launch(a) => {
             let job = a.job.resolve()?;
             let config = oar::launch::LaunchConfig {
@@ -463,22 +598,7 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
                 progress_bar: !a.no_progress,
             };
             let s = oar::launch::run(&config)?;
-            println!(
-                "oar launch: {} servers x {} workers ({}), {} samples in {:.1} s: {:.0} samples/s end to end, {:.0} in the training loops",
-                s.servers,
-                s.workers,
-                config.mode,
-                s.samples,
-                s.wall_seconds,
-                s.samples_per_sec,
-                s.train_loop_samples_per_sec
-            );
-            if let Some(t) = &s.test {
-                println!("test {t}");
-            }
-            if s.discarded_pushes > 0 {
-                println!("{} stale pushes discarded", s.discarded_pushes);
-            }
+            print_summary(&format!("oar launch ({})", config.mode), &s);
             println!("logs and summary.json in {}", config.logs.display());
             Ok(())
         }
@@ -605,6 +725,20 @@ fn nic_address(name: &str) -> anyhow::Result<String> {
     )
 }
 
+/// The end-of-job lines both launchers print.
+fn print_summary(label: &str, s: &oar::launch::LaunchSummary) {
+    println!(
+        "{label}: {} servers x {} workers, {} samples in {:.1} s: {:.0} samples/s end to end, {:.0} in the training loops",
+        s.servers, s.workers, s.samples, s.wall_seconds, s.samples_per_sec, s.train_loop_samples_per_sec
+    );
+    if let Some(t) = &s.test {
+        println!("test {t}");
+    }
+    if s.discarded_pushes > 0 {
+        println!("{} stale pushes discarded", s.discarded_pushes);
+    }
+}
+
 /// Runs a parameter server: flags, then `OAR_*`, then PaddlePaddle's variables, then defaults.
 fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
     let (config, addrs) = server_config(a, env)?;
@@ -662,7 +796,7 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
 /// (a PSERVER role, or a server rank under an engine).
 fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
     PserverArgs {
-        host: None,
+        host: a.server.host.clone(),
         nics: a.server.nics.clone(),
         ports: a.ports.clone(),
         index: None,

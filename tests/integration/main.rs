@@ -2,6 +2,7 @@
 //! real TCP, and end-to-end runs of the `oar` binary.
 
 mod cli;
+mod cluster;
 mod engines;
 mod equivalence;
 mod examples;

@@ -187,16 +187,15 @@ pub fn free_ports(n: usize) -> u16 {
     panic!("no {n} consecutive free ports between {low} and {}", low + span);
 }
 
-/// Processes whose command line mentions `needle` (our children carry the test's temporary
-/// paths in their arguments).
+/// Processes whose command line or environment mentions `needle` (our children carry the
+/// test's temporary paths in their arguments, remote ones their job id in their environment).
 pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
-            if String::from_utf8_lossy(&cmd).contains(needle) {
-                found.push(pid);
-            }
+        let read = |f: &str| std::fs::read(entry.path().join(f)).map(|b| String::from_utf8_lossy(&b).into_owned());
+        if read("cmdline").is_ok_and(|c| c.contains(needle)) || read("environ").is_ok_and(|e| e.contains(needle)) {
+            found.push(pid);
         }
     }
     found

@@ -1,0 +1,263 @@
+//! `oar cluster k8s`: Kubernetes manifests for a job, configured through PaddlePaddle's Fleet
+//! variables (`TRAINING_ROLE`, `PADDLE_PSERVERS_IP_PORT_LIST`, `PADDLE_TRAINERS_NUM`,
+//! `PADDLE_TRAINER_ID`, `POD_IP` + `PADDLE_PORT`), so every pod runs the same `oar train`
+//! command line and needs no rendezvous.
+//!
+//! Plain Kubernetes (no operator): a headless Service that gives servers stable names
+//! (`<job>-ps-<i>.<job>-ps`, resolvable before readiness), a server StatefulSet whose pods find
+//! their index by matching `POD_IP` (set to that name) in the server list, and an Indexed Job
+//! of trainers whose id is the completion index. Servers keep serving after the trainers are
+//! done (a StatefulSet restarts pods that exit) and save the model when the last trainer closes.
+//!
+//! With `paddlejob`, a Kubeflow training-operator `PaddleJob` (`kubeflow.org/v1`) instead:
+//! `Master` replicas are the servers and `Worker` replicas the trainers (its parameter-server
+//! mode); the operator gives every replica a Service named `<job>-master-<i>` /
+//! `<job>-worker-<i>` and labels it with its index, which the env turns into Fleet variables.
+//! Servers exit once the trainers are done, which completes the PaddleJob.
+
+use serde_json::{json, Value};
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct K8sConfig {
+    /// Job name: a DNS-1035 label (lower-case letters, digits, '-').
+    pub name: String,
+    /// Number of servers.
+    pub servers: usize,
+    /// Number of trainers.
+    pub workers: usize,
+    /// Container image holding `oar`.
+    pub image: String,
+    /// Servers' port.
+    pub port: u16,
+    /// Arguments of `oar train` after the command, for every pod.
+    pub train_args: Vec<String>,
+    /// A PersistentVolumeClaim mounted in every pod (data and model).
+    pub volume_claim: Option<String>,
+    /// Where the claim is mounted.
+    pub mount_path: String,
+    /// CPU request and limit of each pod (e.g. "2").
+    pub cpus: Option<String>,
+    /// Generate a Kubeflow PaddleJob instead of the plain manifests.
+    pub paddlejob: bool,
+}
+
+/// Checks the name is a DNS-1035 label Kubernetes accepts for every object derived from it.
+pub fn check_name(name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 40
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    anyhow::ensure!(
+        ok,
+        "--name {name:?}: use 1-40 lower-case letters, digits and '-', starting with a letter (a DNS-1035 label)"
+    );
+    Ok(())
+}
+
+fn env(name: &str, value: impl ToString) -> Value {
+    json!({"name": name, "value": value.to_string()})
+}
+
+fn env_from(name: &str, field: &str) -> Value {
+    json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": field}}})
+}
+
+/// A pod spec running `oar train` with `env`.
+fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, server: bool) -> Value {
+    let mut container = json!({
+        "name": container,
+        "image": c.image,
+        "command": ["oar", "train"],
+        "args": c.train_args,
+        "env": env,
+    });
+    if server {
+        container["ports"] = json!([{"name": if c.paddlejob { "master" } else { "ps" }, "containerPort": c.port}]);
+        container["readinessProbe"] = json!({"tcpSocket": {"port": c.port}, "periodSeconds": 5});
+    }
+    if let Some(cpus) = &c.cpus {
+        container["resources"] = json!({"requests": {"cpu": cpus}, "limits": {"cpu": cpus}});
+    }
+    let mut spec = json!({"restartPolicy": restart, "containers": [container]});
+    if let Some(claim) = &c.volume_claim {
+        spec["containers"][0]["volumeMounts"] = json!([{"name": "work", "mountPath": c.mount_path}]);
+        spec["containers"][0]["workingDir"] = json!(c.mount_path);
+        spec["volumes"] = json!([{"name": "work", "persistentVolumeClaim": {"claimName": claim}}]);
+    }
+    spec
+}
+
+/// The manifests, as Kubernetes objects in apply order.
+pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
+    check_name(&c.name)?;
+    anyhow::ensure!(c.servers >= 1 && c.workers >= 1, "--servers and --workers must be at least 1");
+    let name = &c.name;
+    let common = |role: &str| {
+        vec![
+            env("TRAINING_ROLE", role),
+            env("PADDLE_TRAINERS_NUM", c.workers),
+            env("PADDLE_PORT", c.port),
+            env("OAR_JOB", name),
+        ]
+    };
+    if c.paddlejob {
+        let list: Vec<String> = (0..c.servers).map(|i| format!("{name}-master-{i}:{}", c.port)).collect();
+        let index = "metadata.labels['training.kubeflow.org/replica-index']";
+        let mut server_env = common("PSERVER");
+        server_env.push(env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")));
+        server_env.push(env_from("REPLICA_INDEX", index));
+        server_env.push(env("POD_IP", format!("{name}-master-$(REPLICA_INDEX)")));
+        let mut trainer_env = common("TRAINER");
+        trainer_env.push(env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")));
+        trainer_env.push(env_from("PADDLE_TRAINER_ID", index));
+        let replica = |replicas: usize, spec: Value| json!({"replicas": replicas, "restartPolicy": "Never", "template": {"spec": spec}});
+        return Ok(vec![json!({
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PaddleJob",
+            "metadata": {"name": name},
+            "spec": {
+                "runPolicy": {"cleanPodPolicy": "None"},
+                "paddleReplicaSpecs": {
+                    "Master": replica(c.servers, pod_spec(c, "paddle", server_env, "Never", true)),
+                    "Worker": replica(c.workers, pod_spec(c, "paddle", trainer_env, "Never", false)),
+                }
+            }
+        })]);
+    }
+    let svc = format!("{name}-ps");
+    let list: Vec<String> = (0..c.servers).map(|i| format!("{svc}-{i}.{svc}:{}", c.port)).collect();
+    let labels = |role: &str| json!({"app": name, "role": role});
+    let mut server_env = common("PSERVER");
+    server_env.push(env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")));
+    server_env.push(env_from("POD_NAME", "metadata.name"));
+    // Dependent expansion: the server's own name in the list, which is how it finds its index.
+    server_env.push(env("POD_IP", format!("$(POD_NAME).{svc}")));
+    server_env.push(env("OAR_KEEP_SERVING", "true"));
+    let mut trainer_env = common("TRAINER");
+    trainer_env.push(env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")));
+    trainer_env.push(env_from("PADDLE_TRAINER_ID", "metadata.annotations['batch.kubernetes.io/job-completion-index']"));
+    Ok(vec![
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": svc, "labels": labels("pserver")},
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": true,
+                "selector": labels("pserver"),
+                "ports": [{"name": "ps", "port": c.port}],
+            }
+        }),
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": svc, "labels": labels("pserver")},
+            "spec": {
+                "serviceName": svc,
+                "replicas": c.servers,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": labels("pserver")},
+                "template": {
+                    "metadata": {"labels": labels("pserver")},
+                    "spec": pod_spec(c, "oar", server_env, "Always", true),
+                }
+            }
+        }),
+        json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": format!("{name}-trainer"), "labels": labels("trainer")},
+            "spec": {
+                "completionMode": "Indexed",
+                "completions": c.workers,
+                "parallelism": c.workers,
+                "backoffLimit": 0,
+                "template": {
+                    "metadata": {"labels": labels("trainer")},
+                    "spec": pod_spec(c, "oar", trainer_env, "Never", false),
+                }
+            }
+        }),
+    ])
+}
+
+/// The manifests as one multi-document YAML text.
+pub fn render(c: &K8sConfig) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for m in manifests(c)? {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml_ng::to_string(&m)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> K8sConfig {
+        K8sConfig {
+            name: "ctr".into(),
+            servers: 2,
+            workers: 3,
+            image: "registry.example/oar:1".into(),
+            port: 7164,
+            train_args: vec!["--train".into(), "data/train".into()],
+            volume_claim: None,
+            mount_path: "/oar".into(),
+            cpus: None,
+            paddlejob: false,
+        }
+    }
+
+    fn env_of(pod: &Value) -> Vec<(String, String)> {
+        pod["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let v = e.get("value").map(|v| v.as_str().unwrap().to_string());
+                (e["name"].as_str().unwrap().to_string(), v.unwrap_or_else(|| e["valueFrom"].to_string()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn servers_find_their_name_in_the_list_and_trainers_their_index() {
+        let m = manifests(&config()).unwrap();
+        let kinds: Vec<_> = m.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["Service", "StatefulSet", "Job"]);
+        let server = env_of(&m[1]["spec"]["template"]["spec"]);
+        let get = |e: &[(String, String)], k: &str| e.iter().find(|(n, _)| n == k).unwrap().1.clone();
+        assert_eq!(get(&server, "PADDLE_PSERVERS_IP_PORT_LIST"), "ctr-ps-0.ctr-ps:7164,ctr-ps-1.ctr-ps:7164");
+        assert_eq!(get(&server, "POD_IP"), "$(POD_NAME).ctr-ps");
+        let trainer = env_of(&m[2]["spec"]["template"]["spec"]);
+        assert!(get(&trainer, "PADDLE_TRAINER_ID").contains("job-completion-index"));
+        assert_eq!(get(&trainer, "PADDLE_TRAINERS_NUM"), "3");
+        // The pod names the StatefulSet gives are the list's names.
+        assert_eq!(m[1]["metadata"]["name"], m[0]["metadata"]["name"]);
+    }
+
+    #[test]
+    fn a_paddlejob_maps_masters_to_servers_and_workers_to_trainers() {
+        let m = manifests(&K8sConfig { paddlejob: true, ..config() }).unwrap();
+        let spec = &m[0]["spec"]["paddleReplicaSpecs"];
+        assert_eq!(spec["Master"]["replicas"], 2);
+        assert_eq!(spec["Worker"]["replicas"], 3);
+        let master = &spec["Master"]["template"]["spec"]["containers"][0];
+        assert_eq!(master["name"], "paddle");
+        assert_eq!(master["ports"][0]["name"], "master");
+        let server = env_of(&spec["Master"]["template"]["spec"]);
+        assert!(server.contains(&("POD_IP".into(), "ctr-master-$(REPLICA_INDEX)".into())));
+        assert!(server.contains(&("PADDLE_PSERVERS_IP_PORT_LIST".into(), "ctr-master-0:7164,ctr-master-1:7164".into())));
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        for bad in ["", "Ctr", "1ctr", "ctr-", "c_tr"] {
+            assert!(manifests(&K8sConfig { name: bad.into(), ..config() }).is_err(), "{bad}");
+        }
+    }
+}

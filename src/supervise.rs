@@ -1,0 +1,247 @@
+//! Supervising the processes of a launcher (`oar launch`'s local children, `oar cluster ssh`'s
+//! ssh clients): one log file each, the protocol lines children print on stdout, fail-fast
+//! checks, Ctrl-C, and the end-of-job summary both launchers print.
+//!
+//! Children talk to their launcher through stdout: `OAR_READY <addr>` when a server listens,
+//! `OAR_PROGRESS <bytes> <samples>` from trainers, `OAR_RESULT <json>` when a trainer ends, and
+//! `OAR_PID <pid>` from the wrapper that starts a process on a remote host. Everything else goes
+//! to the log.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::train::TrainReport;
+
+/// The end-of-job summary.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LaunchSummary {
+    /// Servers run.
+    pub servers: usize,
+    /// Trainers run.
+    pub workers: usize,
+    /// Samples trained on by all trainers.
+    pub samples: u64,
+    /// Whole job, start-up and evaluation included.
+    pub wall_seconds: f64,
+    /// `samples / wall_seconds`.
+    pub samples_per_sec: f64,
+    /// Samples per second inside the trainers' training loops (summed over trainers).
+    pub train_loop_samples_per_sec: f64,
+    /// Test figures after the last pass (trainer 0).
+    pub test: Option<crate::metrics::EvalReport>,
+    /// Async pushes discarded as stale.
+    pub discarded_pushes: u64,
+    /// Every trainer's report.
+    pub reports: Vec<TrainReport>,
+}
+
+/// What a child has said so far.
+#[derive(Default)]
+pub(crate) struct ChildState {
+    pub last_line: String,
+    pub bytes: u64,
+    pub samples: u64,
+    pub result: Option<String>,
+    /// The process id on the remote host, from a remote wrapper's `OAR_PID` line.
+    pub remote_pid: Option<u32>,
+}
+
+/// A supervised child process.
+pub(crate) struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub state: Arc<Mutex<ChildState>>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// A snapshot of what the child has said.
+    pub fn with_state<T>(&self, f: impl FnOnce(&ChildState) -> T) -> T {
+        f(&self.state.lock().expect("no panics under this lock"))
+    }
+}
+
+/// A server's `OAR_READY` line: (the server's index, its address).
+pub(crate) struct Ready(pub usize, pub String);
+
+/// Starts `cmd` with its output parsed for protocol lines and the rest written to `log`.
+pub(crate) fn spawn(
+    mut cmd: Command,
+    name: &str,
+    log: PathBuf,
+    ready: Option<(usize, mpsc::Sender<Ready>)>,
+) -> anyhow::Result<Proc> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {name} ({:?})", cmd.get_program()))?;
+    let state = Arc::new(Mutex::new(ChildState::default()));
+    let file = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+    let file = Arc::new(Mutex::new(std::io::LineWriter::new(file)));
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    for stream in [Box::new(stdout) as Box<dyn std::io::Read + Send>, Box::new(stderr)] {
+        let (state, file, ready) = (state.clone(), file.clone(), ready.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { break };
+                let mut st = state.lock().expect("no panics under this lock");
+                if let Some(addr) = line.strip_prefix("OAR_READY ") {
+                    if let Some((i, tx)) = &ready {
+                        let _ = tx.send(Ready(*i, addr.trim().to_string()));
+                    }
+                } else if let Some(p) = line.strip_prefix("OAR_PROGRESS ") {
+                    let mut n = p.split_whitespace().map(|x| x.parse::<u64>().ok());
+                    if let (Some(Some(b)), Some(Some(s))) = (n.next(), n.next()) {
+                        (st.bytes, st.samples) = (b, s);
+                    }
+                } else if let Some(r) = line.strip_prefix("OAR_RESULT ") {
+                    st.result = Some(r.to_string());
+                } else if let Some(pid) = line.strip_prefix("OAR_PID ") {
+                    st.remote_pid = pid.trim().parse().ok();
+                } else {
+                    let _ = writeln!(file.lock().expect("no panics under this lock"), "{line}");
+                    if !line.trim().is_empty() {
+                        st.last_line = line;
+                    }
+                }
+            }
+        });
+    }
+    Ok(Proc { name: name.to_string(), child, state, log })
+}
+
+/// Kills (SIGKILL) and reaps every child.
+pub(crate) fn kill_all(procs: &mut [Proc]) {
+    for p in procs.iter_mut() {
+        let _ = p.child.kill();
+    }
+    for p in procs.iter_mut() {
+        let _ = p.child.wait();
+    }
+}
+
+fn failure(p: &Proc, status: std::process::ExitStatus) -> anyhow::Error {
+    // Give the pipe readers a moment to flush the child's last words into its state.
+    std::thread::sleep(Duration::from_millis(100));
+    let last = p.with_state(|s| s.last_line.clone());
+    anyhow::anyhow!("{} failed ({status}); last log line: {last} (full log: {})", p.name, p.log.display())
+}
+
+/// A flag set by Ctrl-C.
+pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let flag = interrupted.clone();
+    // Fails only if a handler is already set (a second launch in one process): keep that one.
+    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+    interrupted
+}
+
+/// Returns the indices of children that exited successfully; fails (after stopping nothing:
+/// the caller stops everyone) when one failed or Ctrl-C was pressed.
+pub(crate) fn check_children(procs: &mut [Proc], interrupted: &AtomicBool) -> anyhow::Result<Vec<usize>> {
+    if interrupted.load(Ordering::SeqCst) {
+        anyhow::bail!("interrupted (Ctrl-C): stopping every server and worker");
+    }
+    let mut done = Vec::new();
+    for (i, p) in procs.iter_mut().enumerate() {
+        if let Some(status) = p.child.try_wait().with_context(|| format!("cannot wait for {}", p.name))? {
+            if !status.success() {
+                return Err(failure(p, status));
+            }
+            done.push(i);
+        }
+    }
+    Ok(done)
+}
+
+/// Waits until every trainer in `procs[first_worker..]` has exited successfully, showing their
+/// summed progress on `bar`; fails as soon as any child fails or Ctrl-C is pressed.
+pub(crate) fn wait_for_trainers(
+    procs: &mut [Proc],
+    first_worker: usize,
+    interrupted: &AtomicBool,
+    bar: &indicatif::ProgressBar,
+    show: impl Fn(u64, u64) -> u64,
+) -> anyhow::Result<()> {
+    let mut workers_done = vec![false; procs.len() - first_worker];
+    loop {
+        let done = check_children(procs, interrupted)?;
+        for (w, d) in workers_done.iter_mut().enumerate() {
+            *d |= done.contains(&(first_worker + w));
+        }
+        let (bytes, samples) = procs[first_worker..]
+            .iter()
+            .map(|p| p.with_state(|s| (s.bytes, s.samples)))
+            .fold((0, 0), |(b, s), (b1, s1)| (b + b1, s + s1));
+        bar.set_position(show(bytes, samples));
+        if workers_done.iter().all(|d| *d) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Servers stop by themselves once every trainer has closed: waits up to 30 s for
+/// `procs[..servers]` to exit (failing if one fails).
+pub(crate) fn wait_for_servers(procs: &mut [Proc], servers: usize, interrupted: &AtomicBool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while procs[..servers].iter_mut().any(|p| matches!(p.child.try_wait(), Ok(None))) && Instant::now() < deadline {
+        check_children(procs, interrupted)?;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// The trainers' reports and the job's figures, also written to `logs/summary.json`.
+pub(crate) fn summarize(servers: usize, workers: &[Proc], wall: f64, logs: &Path) -> anyhow::Result<LaunchSummary> {
+    // The pipe readers may still be draining the last lines of an exited child.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut reports = Vec::new();
+    for p in workers {
+        let json = loop {
+            if let Some(r) = p.with_state(|s| s.result.clone()) {
+                break r;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{} ended without reporting a result (see {})",
+                p.name,
+                p.log.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        reports.push(
+            serde_json::from_str::<TrainReport>(&json)
+                .with_context(|| format!("{} reported a malformed result", p.name))?,
+        );
+    }
+    let samples = reports.iter().map(|r| r.samples).sum();
+    let loop_rate = reports.iter().map(|r| r.samples as f64 / r.train_seconds.max(1e-9)).sum();
+    let test = reports.first().and_then(|r| r.passes.last()).and_then(|p| p.test.clone());
+    let summary = LaunchSummary {
+        servers,
+        workers: workers.len(),
+        samples,
+        wall_seconds: wall,
+        samples_per_sec: samples as f64 / wall,
+        train_loop_samples_per_sec: loop_rate,
+        test,
+        discarded_pushes: reports.iter().map(|r| r.discarded_pushes).sum(),
+        reports,
+    };
+    let path = logs.join("summary.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&summary)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(summary)
+}

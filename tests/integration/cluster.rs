@@ -1,0 +1,246 @@
+//! `oar cluster ssh` against a real sshd serving two "hosts" (127.0.0.2 and 127.0.0.3, with
+//! keys and configuration generated in a temporary folder), and `oar cluster k8s` manifests
+//! checked by a real Kubernetes schema validator.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use crate::util::*;
+
+/// An sshd listening on 127.0.0.2 and 127.0.0.3 (same port), and the client configuration
+/// that reaches it; stopped by PID when dropped.
+struct Hosts {
+    dir: PathBuf,
+    _sshd: Daemons,
+}
+
+impl Hosts {
+    /// `None` (with the reason printed) when sshd cannot run here.
+    fn start(dir: &Path) -> Option<Hosts> {
+        let missing: Vec<_> = ["/usr/sbin/sshd", "ssh", "ssh-keygen"].into_iter().filter(|p| !installed(p)).collect();
+        if !missing.is_empty() {
+            eprintln!("skipped: {missing:?} not installed (.ci/run installs Debian's openssh-server)");
+            return None;
+        }
+        // sshd insists on its privilege-separation folder.
+        if let Err(e) = std::fs::create_dir_all("/run/sshd") {
+            eprintln!("skipped: cannot create /run/sshd for sshd: {e}");
+            return None;
+        }
+        let user = String::from_utf8(Command::new("id").arg("-un").output().unwrap().stdout).unwrap();
+        for key in ["hostkey", "clientkey"] {
+            let ok = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                .arg(dir.join(key))
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "ssh-keygen failed");
+        }
+        std::fs::copy(dir.join("clientkey.pub"), dir.join("authorized_keys")).unwrap();
+        let port = free_ports(1);
+        let d = dir.display();
+        std::fs::write(
+            dir.join("sshd_config"),
+            format!(
+                "ListenAddress 127.0.0.2:{port}\nListenAddress 127.0.0.3:{port}\nHostKey {d}/hostkey\n\
+                 PidFile {d}/sshd.pid\nAuthorizedKeysFile {d}/authorized_keys\nPermitRootLogin prohibit-password\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("ssh_config"),
+            format!(
+                "Host 127.0.0.*\n  Port {port}\n  User {}\n  IdentityFile {d}/clientkey\n  IdentitiesOnly yes\n  \
+                 StrictHostKeyChecking no\n  UserKnownHostsFile {d}/known_hosts\n  BatchMode yes\n  LogLevel ERROR\n",
+                user.trim()
+            ),
+        )
+        .unwrap();
+        let mut sshd = Daemons::default();
+        let mut cmd = Command::new("/usr/sbin/sshd");
+        cmd.arg("-D").arg("-f").arg(dir.join("sshd_config")).arg("-E").arg(dir.join("sshd.log"));
+        sshd.start("sshd", &mut cmd, &dir.join("sshd.out")).unwrap();
+        wait_until(30, "sshd to listen on 127.0.0.2 and 127.0.0.3", || {
+            sshd.check_running();
+            ["127.0.0.2", "127.0.0.3"].iter().all(|h| std::net::TcpStream::connect((*h, port)).is_ok())
+        });
+        std::fs::write(dir.join("hosts"), "# two hosts on loopback\n127.0.0.2\n127.0.0.3\n").unwrap();
+        Some(Hosts { dir: dir.to_path_buf(), _sshd: sshd })
+    }
+
+    /// `oar cluster ssh` over these hosts with the workspace `ws` dispatched to `rws`.
+    fn launch(&self, ws: &Path, rws: &Path, train_args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_oar"));
+        cmd.args(["cluster", "ssh", "--dispatch", "--no-progress", "--port", &free_ports(1).to_string()])
+            .arg("--hosts")
+            .arg(self.dir.join("hosts"))
+            .arg("--ssh-config")
+            .arg(self.dir.join("ssh_config"))
+            .arg("--workspace")
+            .arg(ws)
+            .arg("--remote-workspace")
+            .arg(rws)
+            .arg("--")
+            .args(train_args)
+            .env("RUST_LOG", "warn");
+        cmd
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A workspace with `parts` training files of `lines` lines each and a test file.
+fn workspace(dir: &Path, parts: usize, lines: u64) -> PathBuf {
+    let ws = dir.join("ws");
+    gen_data(&ws.join("data"), parts, lines, 1000);
+    ws
+}
+
+#[test]
+fn cluster_ssh_runs_servers_and_trainers_on_two_hosts_to_a_saved_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hosts) = Hosts::start(dir.path()) else { return };
+    let ws = workspace(dir.path(), 2, 3000);
+    let rws = dir.path().join("remote-ws");
+    let args = ["--mode", "async", "--hidden", "16", "--batch-size", "200", "--timeout", "60"];
+    let out = hosts
+        .launch(&ws, &rws, &args)
+        .args(["--train", "data/train", "--test", "data/test", "--output", "model"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("oar cluster ssh on 2 hosts: 2 servers x 2 workers, 6000 samples"), "{stdout}");
+    assert!(stdout.contains("test AUC"), "{stdout}");
+    // Each server listened on its own host's address; every log is in the remote workspace.
+    for (i, host) in ["127.0.0.2", "127.0.0.3"].iter().enumerate() {
+        let log = std::fs::read_to_string(rws.join(format!("log/server.{i}.log"))).unwrap();
+        assert!(log.contains(&format!("OAR_READY {host}:")), "server {i}:\n{log}");
+        assert!(rws.join(format!("log/trainer.{i}.log")).exists());
+    }
+    // The workspace and the binary were dispatched; the servers saved the final model there.
+    assert!(rws.join("data/train/part-00001").exists() && rws.join(".oar/oar").exists());
+    let manifest = std::fs::read_to_string(rws.join("model/final/manifest.json")).unwrap();
+    assert!(manifest.contains("\"num_servers\": 2"), "{manifest}");
+    assert!(ws.join("log/launcher/summary.json").exists(), "local copies of the logs and the summary");
+}
+
+/// Trainer 1 is killed (SIGKILL) on its host mid-run: the launcher fails naming it, and stops
+/// every other remote process by PID; afterwards nothing of the job runs any more.
+#[test]
+fn killing_a_remote_trainer_fails_the_job_and_stops_every_remote_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hosts) = Hosts::start(dir.path()) else { return };
+    let ws = workspace(dir.path(), 2, 20_000);
+    let rws = dir.path().join("remote-ws");
+    let args = ["--mode", "async", "--hidden", "16", "--batch-size", "100", "--passes", "500", "--timeout", "60"];
+    let launcher = hosts
+        .launch(&ws, &rws, &args)
+        .args(["--train", "data/train", "--output", "model"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The remote processes carry the launcher's job id, `oar-ssh-<launcher pid>-...`.
+    let needle = format!("OAR_JOB=oar-ssh-{}-", launcher.id());
+    let mut launcher = Some(launcher);
+    let training = |t: usize| {
+        std::fs::read_to_string(rws.join(format!("log/trainer.{t}.log"))).is_ok_and(|l| l.contains("OAR_PROGRESS"))
+    };
+    wait_until(120, "both remote trainers to train", || {
+        let l = launcher.as_mut().unwrap();
+        if let Ok(Some(_)) = l.try_wait() {
+            panic!("the launcher ended early:\n{}", text(&launcher.take().unwrap().wait_with_output().unwrap()));
+        }
+        training(0) && training(1)
+    });
+    let trainer1: Vec<u32> = processes_mentioning(&needle)
+        .into_iter()
+        .filter(|pid| {
+            let read = |f: &str| std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
+            let environ = String::from_utf8_lossy(&read("environ")).into_owned();
+            read("cmdline").starts_with(b"./.oar/oar\0train")
+                && environ.split('\0').any(|v| v == "TRAINING_ROLE=TRAINER")
+                && environ.split('\0').any(|v| v == "PADDLE_TRAINER_ID=1")
+        })
+        .collect();
+    assert_eq!(trainer1.len(), 1, "one remote trainer 1: {trainer1:?}");
+    assert!(processes_mentioning(&needle).len() >= 4, "2 servers and 2 trainers run remotely");
+    // SAFETY: signalling a process this test's job started.
+    assert_eq!(unsafe { libc::kill(trainer1[0] as i32, libc::SIGKILL) }, 0);
+
+    let out = launcher.take().unwrap().wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("trainer 1 on 127.0.0.3 failed"), "{err}");
+    assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "remote processes left running");
+}
+
+/// The validator from PyPI (`kubernetes-validate`, installed by `.ci/run`), if present.
+fn validator() -> Option<String> {
+    let found = installed("kubernetes-validate");
+    if !found {
+        eprintln!("skipped: kubernetes-validate is not installed (.ci/run installs it from PyPI)");
+    }
+    found.then(|| "kubernetes-validate".to_string())
+}
+
+fn validate(validator: &str, file: &Path, version: &str) -> Output {
+    Command::new(validator).args(["--strict", "-k", version]).arg(file).output().unwrap()
+}
+
+#[test]
+fn k8s_manifests_pass_strict_schema_validation() {
+    let Some(validator) = validator() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let k8s = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_oar"))
+            .args(["cluster", "k8s", "--name", "ctr", "--servers", "2", "--workers", "3"])
+            .args(["--image", "registry.example/oar:1", "--volume-claim", "oar-data", "--cpus", "2"])
+            .args(extra)
+            .args(["--", "--mode", "async", "--train", "data/train", "--output", "model"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let plain = k8s(&[]);
+    let file = dir.path().join("plain.yaml");
+    std::fs::write(&file, &plain).unwrap();
+    for version in ["1.28.0", "1.33.0"] {
+        let out = validate(&validator, &file, version);
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(text(&out).matches("passed for resource").count(), 3, "{}", text(&out));
+    }
+    // The check can fail: a misspelt field is refused.
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(&broken, plain.replace("parallelism:", "parallelizm:")).unwrap();
+    let out = validate(&validator, &broken, "1.28.0");
+    assert!(!out.status.success() && text(&out).contains("parallelizm"), "{}", text(&out));
+
+    // The PaddleJob is a custom resource the validator has no schema for: its pod templates
+    // are checked strictly as PodTemplates.
+    let job: serde_json::Value = serde_yaml_ng::from_str(k8s(&["--paddlejob"]).trim_start_matches("---\n")).unwrap();
+    assert_eq!(job["kind"], "PaddleJob");
+    let mut docs = String::new();
+    for role in ["Master", "Worker"] {
+        let spec = &job["spec"]["paddleReplicaSpecs"][role];
+        assert_eq!(spec["template"]["spec"]["containers"][0]["name"], "paddle", "the operator's container name");
+        let pod = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": format!("ctr-{}", role.to_lowercase())},
+            "template": spec["template"],
+        });
+        docs.push_str(&format!("---\n{}", serde_yaml_ng::to_string(&pod).unwrap()));
+    }
+    let file = dir.path().join("paddlejob-pods.yaml");
+    std::fs::write(&file, docs).unwrap();
+    let out = validate(&validator, &file, "1.28.0");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(text(&out).matches("passed for resource").count(), 2, "{}", text(&out));
+}
