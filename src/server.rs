@@ -176,6 +176,8 @@ struct State {
     all_closed: watch::Sender<bool>,
     /// Trainers that have said hello or sent anything naming themselves.
     arrived: Mutex<BTreeSet<u64>>,
+    /// A trainer whose connection ended before it closed (it failed or was killed).
+    lost: watch::Sender<Option<u64>>,
 }
 
 type Reply = Result<Answer, (ErrorCode, String)>;
@@ -269,6 +271,7 @@ pub async fn run(
         closed: Mutex::new(BTreeSet::new()),
         all_closed: watch::channel(false).0,
         arrived: Mutex::new(BTreeSet::new()),
+        lost: watch::channel(None).0,
         config,
     });
     let mut done = state.all_closed.subscribe();
@@ -289,6 +292,18 @@ pub async fn run(
             let missing = watched.never_arrived();
             if !missing.is_empty() {
                 return missing;
+            }
+        }
+        std::future::pending().await
+    };
+    // A trainer that disconnects without closing can never finish the job (its close, its
+    // share of the data, the final save): a server that would exit when its trainers are done
+    // fails instead of waiting for it forever.
+    let mut lost = state.lost.subscribe();
+    let lost_trainer = async move {
+        if exit_when_done {
+            if let Ok(t) = lost.wait_for(Option::is_some).await {
+                return *t;
             }
         }
         std::future::pending().await
@@ -316,6 +331,12 @@ pub async fn run(
     tokio::select! {
         _ = shutdown => {}
         _ = all_closed => tracing::info!("every trainer has closed; stopping"),
+        Some(trainer) = lost_trainer => {
+            acceptors.abort_all();
+            anyhow::bail!(
+                "trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"
+            );
+        }
         missing = arrival_deadline => {
             acceptors.abort_all();
             anyhow::bail!(
@@ -359,6 +380,25 @@ async fn serve_connection(
     port: usize,
     sparse_only: bool,
 ) -> Result<(), ProtocolError> {
+    let mut trainer = None;
+    let result = serve_requests(&state, socket, port, sparse_only, &mut trainer).await;
+    if let Some(t) = trainer.filter(|t| *t < state.config.trainers as u64) {
+        if !state.closed.lock().contains(&t) {
+            tracing::error!(trainer = t, "trainer disconnected without closing");
+            state.lost.send_replace(Some(t));
+        }
+    }
+    result
+}
+
+/// Serves one connection's requests; `trainer` is set once a trainer's handshake succeeds.
+async fn serve_requests(
+    state: &Arc<State>,
+    socket: TcpStream,
+    port: usize,
+    sparse_only: bool,
+    trainer: &mut Option<u64>,
+) -> Result<(), ProtocolError> {
     socket.set_nodelay(true)?;
     let (mut rd, mut wr) = socket.into_split();
     let mut buf = FrameBuf::default();
@@ -389,8 +429,9 @@ async fn serve_connection(
             }
         };
         state.counters.port_requests[port].fetch_add(1, Relaxed);
+        let hello_from = if let Request::Hello(h) = &request { Some(h.trainer) } else { None };
         let reply = match (&request, greeted) {
-            (Request::Hello(_), _) => handle_hello(&state, &request),
+            (Request::Hello(_), _) => handle_hello(state, &request),
             (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
             (r, true) if sparse_only && dense_on_sparse_port(r).is_some() => Err((
                 ErrorCode::State,
@@ -399,10 +440,13 @@ async fn serve_connection(
                     dense_on_sparse_port(r).unwrap_or("dense traffic")
                 ),
             )),
-            _ => handle(&state, request, &mut scratch).await,
+            _ => handle(state, request, &mut scratch).await,
         };
         let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State, _))) && !greeted;
         greeted |= reply.is_ok();
+        if reply.is_ok() && hello_from.is_some() {
+            *trainer = hello_from;
+        }
         match reply.unwrap_or_else(|(code, message)| Answer::Response(Response::Error { code, message })) {
             Answer::Response(response) => write_frame(&mut wr, &response.encode()).await?,
             Answer::Values { version, dense, sparse } => {

@@ -77,64 +77,74 @@ fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
     check_model(&model);
 }
 
-/// The same job under a real `mpirun` (Open MPI, installed by `.ci/run`).
-#[test]
-fn mpirun_trains_two_servers_and_two_trainers() {
-    if !has_mpirun() {
-        return;
+/// The MPI launchers installed here (`.ci/run` installs Debian's openmpi-bin and mpich):
+/// Open MPI's `mpirun` and MPICH's `mpiexec.hydra`, each starting 4 ranks.
+fn mpi_launchers() -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut found = Vec::new();
+    let open_mpi = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("Open MPI"));
+    if open_mpi {
+        found.push(("Open MPI", vec!["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "4"]));
+    } else {
+        eprintln!("skipped Open MPI: its mpirun is not installed (.ci/run installs Debian's openmpi-bin)");
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (train, _) = gen_data(dir.path(), 2, 1500, 0);
-    let model = dir.path().join("model");
-    let rendezvous = format!("127.0.0.1:{}", free_ports(1));
-    let (train, model_s) = (train.display().to_string(), model.display().to_string());
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", "4", env!("CARGO_BIN_EXE_oar")]);
-    cmd.args(args(&train, &model_s, &rendezvous)).env("RUST_LOG", "warn");
-    let out = cmd.output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{text}");
-    assert_eq!(text.matches("trained 1500 samples").count(), 2, "{text}");
-    check_model(&model);
-}
-
-fn has_mpirun() -> bool {
-    let found = Command::new("mpirun").arg("--version").output().is_ok();
-    if !found {
-        eprintln!("skipped: mpirun is not installed (.ci/run installs Debian's openmpi-bin)");
+    if installed("mpiexec.hydra") {
+        found.push(("MPICH", vec!["mpiexec.hydra", "-n", "4"]));
+    } else {
+        eprintln!("skipped MPICH: mpiexec.hydra is not installed (.ci/run installs Debian's mpich)");
     }
     found
 }
 
-/// A trainer rank failing mid-run (a malformed line deep in its shard) fails the whole mpirun
-/// job: its one-line error names the file and line, mpirun stops the other ranks (servers
-/// included, which would otherwise wait for that trainer) and exits non-zero.
-#[test]
-fn a_failing_rank_fails_the_mpirun_job_clearly() {
-    if !has_mpirun() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (train, _) = gen_data(dir.path(), 2, 1500, 0);
-    let file = train.join("part-00001");
-    let mut lines: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(String::from).collect();
-    lines[999] = "1\tnot-a-number".into();
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let model = dir.path().join("model");
+/// Runs the job under `launcher`, bounded by `timeout` should the launcher fail to end it.
+fn run_mpi(launcher: &[&str], train: &str, model: &str) -> (std::process::ExitStatus, String) {
     let rendezvous = format!("127.0.0.1:{}", free_ports(1));
-    let (train, model_s) = (train.display().to_string(), model.display().to_string());
-    // `timeout` bounds the test should mpirun ever fail to stop the ranks.
     let mut cmd = Command::new("timeout");
-    cmd.args(["120", "mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "4", env!("CARGO_BIN_EXE_oar")]);
-    cmd.args(args(&train, &model_s, &rendezvous)).env("RUST_LOG", "warn");
+    cmd.arg("120").args(launcher).arg(env!("CARGO_BIN_EXE_oar"));
+    cmd.args(args(train, model, &rendezvous)).env("RUST_LOG", "warn");
     let out = cmd.output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert_ne!(out.status.code(), Some(124), "mpirun did not stop within 120 s:\n{text}");
-    assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains(&format!("{}:1000: I1 is not an integer", file.display())), "{text}");
-    assert!(text.contains("exited with non-zero status"), "mpirun names the failure:\n{text}");
-    assert!(!model.join("final/manifest.json").exists(), "no final model from a failed job");
-    assert_eq!(processes_mentioning(&model_s), Vec::<u32>::new(), "ranks left running");
+    assert_ne!(out.status.code(), Some(124), "{launcher:?} did not end within 120 s:\n{text}");
+    (out.status, text)
+}
+
+/// The same job under real MPI launchers: Open MPI's mpirun and MPICH's Hydra.
+#[test]
+fn mpi_launchers_train_two_servers_and_two_trainers() {
+    for (name, launcher) in mpi_launchers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (train, _) = gen_data(dir.path(), 2, 1500, 0);
+        let model = dir.path().join("model");
+        let (status, text) = run_mpi(&launcher, &train.display().to_string(), &model.display().to_string());
+        assert!(status.success(), "{name}:\n{text}");
+        assert_eq!(text.matches("trained 1500 samples").count(), 2, "{name}:\n{text}");
+        check_model(&model);
+    }
+}
+
+/// A trainer rank failing mid-run (a malformed line deep in its shard) fails the whole MPI job:
+/// its one-line error names the file and line, the servers fail at once naming the lost trainer
+/// (instead of waiting for it), the launcher stops the rest and exits non-zero.
+#[test]
+fn a_failing_rank_fails_the_mpi_job_clearly() {
+    for (name, launcher) in mpi_launchers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (train, _) = gen_data(dir.path(), 2, 1500, 0);
+        let file = train.join("part-00001");
+        let mut lines: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(String::from).collect();
+        lines[999] = "1\tnot-a-number".into();
+        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+        let model = dir.path().join("model");
+        let model_s = model.display().to_string();
+        let (status, text) = run_mpi(&launcher, &train.display().to_string(), &model_s);
+        assert!(!status.success(), "{name}:\n{text}");
+        assert!(text.contains(&format!("{}:1000: I1 is not an integer", file.display())), "{name}:\n{text}");
+        assert!(text.contains("trainer 1 disconnected without closing"), "{name}:\n{text}");
+        assert!(!model.join("final/manifest.json").exists(), "{name}: no final model from a failed job");
+        assert_eq!(processes_mentioning(&model_s), Vec::<u32>::new(), "{name}: ranks left running");
+    }
 }
 
 /// A single-node Slurm (munged, slurmctld and slurmd started here with their configuration, key

@@ -156,13 +156,12 @@ fn an_unreachable_server_is_named_after_the_timeout() {
     assert!(started.elapsed() < Duration::from_secs(30), "the timeout must bound the wait");
 }
 
-/// A server told to exit when its trainers are done does not wait forever for one that never
-/// comes: after --timeout it fails, naming it (trainer 0 arrived through its handshake).
-#[test]
-fn a_server_names_the_trainer_that_never_connected_and_exits() {
+/// Starts `oar pserver` for 2 trainers with a 2 s timeout; returns it and its address.
+fn pserver_for_two(mode: &str) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
         .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--num_gradient_servers", "2", "--timeout", "2"])
+        .args(["--mode", mode])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -170,13 +169,40 @@ fn a_server_names_the_trainer_that_never_connected_and_exits() {
     let mut line = String::new();
     std::io::BufReader::new(server.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
     let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
+    (server, addr)
+}
+
+fn trainer(id: u64, addr: &str) -> Client {
     let config = ClientConfig {
-        trainer: Some(0),
-        ..ClientConfig::new(vec![addr], "oar", Duration::from_secs(5), Duration::from_secs(30))
+        trainer: Some(id),
+        ..ClientConfig::new(vec![addr.to_string()], "oar", Duration::from_secs(5), Duration::from_secs(30))
     };
-    let _trainer0 = Client::connect(&config).unwrap();
+    Client::connect(&config).unwrap()
+}
+
+/// A server told to exit when its trainers are done does not wait forever for one that never
+/// comes: after --timeout it fails, naming it (trainer 0 arrived through its handshake).
+#[test]
+fn a_server_names_the_trainer_that_never_connected_and_exits() {
+    let (server, addr) = pserver_for_two("async");
+    let _trainer0 = trainer(0, &addr);
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("trainer(s) [1] of 2 never connected within 2s"), "{err}");
+}
+
+/// A trainer that disconnects without closing (crashed, killed) fails the server at once
+/// instead of leaving it waiting for that trainer's close.
+#[test]
+fn a_trainer_lost_without_closing_fails_the_server() {
+    let (server, addr) = pserver_for_two("async");
+    let mut t0 = trainer(0, &addr);
+    t0.declare(&spec()).unwrap();
+    let t1 = trainer(1, &addr);
+    drop(t1);
+    let out = server.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("trainer 1 disconnected without closing"), "{err}");
 }
