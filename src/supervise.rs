@@ -131,11 +131,9 @@ pub(crate) fn kill_all(procs: &mut [Proc]) {
     }
 }
 
-fn failure(p: &Proc, status: std::process::ExitStatus) -> anyhow::Error {
-    // Give the pipe readers a moment to flush the child's last words into its state.
-    std::thread::sleep(Duration::from_millis(100));
+fn failure(p: &Proc, status: std::process::ExitStatus) -> String {
     let last = p.with_state(|s| s.last_line.clone());
-    anyhow::anyhow!("{} failed ({status}); last log line: {last} (full log: {})", p.name, p.log.display())
+    format!("{} failed ({status}); last log line: {last} (full log: {})", p.name, p.log.display())
 }
 
 /// A flag set by Ctrl-C.
@@ -154,15 +152,32 @@ pub(crate) fn check_children(procs: &mut [Proc], interrupted: &AtomicBool) -> an
         anyhow::bail!("interrupted (Ctrl-C): stopping every server and worker");
     }
     let mut done = Vec::new();
+    let mut failed = Vec::new();
     for (i, p) in procs.iter_mut().enumerate() {
         if let Some(status) = p.child.try_wait().with_context(|| format!("cannot wait for {}", p.name))? {
-            if !status.success() {
-                return Err(failure(p, status));
+            if status.success() {
+                done.push(i);
+            } else {
+                failed.push((i, status));
             }
-            done.push(i);
         }
     }
-    Ok(done)
+    if failed.is_empty() {
+        return Ok(done);
+    }
+    // Children that fail together are all named: a trainer's error and the servers' report of
+    // losing it come within milliseconds (through different ssh sessions, in either order), so
+    // the others get a moment to end too. It also lets the pipe readers flush last words.
+    std::thread::sleep(Duration::from_millis(300));
+    for (i, p) in procs.iter_mut().enumerate() {
+        if let (false, Ok(Some(status))) = (failed.iter().any(|f| f.0 == i), p.child.try_wait()) {
+            if !status.success() {
+                failed.push((i, status));
+            }
+        }
+    }
+    let all: Vec<String> = failed.iter().map(|&(i, status)| failure(&procs[i], status)).collect();
+    anyhow::bail!("{}", all.join("; also "))
 }
 
 /// Waits until every trainer in `procs[first_worker..]` has exited successfully, showing their

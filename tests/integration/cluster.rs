@@ -129,16 +129,13 @@ fn cluster_ssh_runs_servers_and_trainers_on_two_hosts_to_a_saved_model() {
     assert!(ws.join("log/launcher/summary.json").exists(), "local copies of the logs and the summary");
 }
 
-/// Trainer 1 is killed (SIGKILL) on its host mid-run: the launcher fails naming it, and stops
-/// every other remote process by PID; afterwards nothing of the job runs any more.
-#[test]
-fn killing_a_remote_trainer_fails_the_job_and_stops_every_remote_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(hosts) = Hosts::start(dir.path()) else { return };
-    let ws = workspace(dir.path(), 2, 20_000);
-    let rws = dir.path().join("remote-ws");
+/// A long job (500 passes) under `oar cluster ssh`, returned once both remote trainers train,
+/// with the text that its remote processes carry in their environment.
+fn start_long_job(hosts: &Hosts, dir: &Path) -> (std::process::Child, String) {
+    let ws = workspace(dir, 2, 20_000);
+    let rws = dir.join("remote-ws");
     let args = ["--mode", "async", "--hidden", "16", "--batch-size", "100", "--passes", "500", "--timeout", "60"];
-    let launcher = hosts
+    let mut launcher = hosts
         .launch(&ws, &rws, &args)
         .args(["--train", "data/train", "--output", "model"])
         .stdout(Stdio::piped())
@@ -147,17 +144,28 @@ fn killing_a_remote_trainer_fails_the_job_and_stops_every_remote_process() {
         .unwrap();
     // The remote processes carry the launcher's job id, `oar-ssh-<launcher pid>-...`.
     let needle = format!("OAR_JOB=oar-ssh-{}-", launcher.id());
-    let mut launcher = Some(launcher);
     let training = |t: usize| {
         std::fs::read_to_string(rws.join(format!("log/trainer.{t}.log"))).is_ok_and(|l| l.contains("OAR_PROGRESS"))
     };
+    let mut ended = None;
     wait_until(120, "both remote trainers to train", || {
-        let l = launcher.as_mut().unwrap();
-        if let Ok(Some(_)) = l.try_wait() {
-            panic!("the launcher ended early:\n{}", text(&launcher.take().unwrap().wait_with_output().unwrap()));
-        }
-        training(0) && training(1)
+        ended = launcher.try_wait().unwrap();
+        ended.is_some() || (training(0) && training(1))
     });
+    if ended.is_some() {
+        panic!("the launcher ended early:\n{}", text(&launcher.wait_with_output().unwrap()));
+    }
+    assert!(processes_mentioning(&needle).len() >= 4, "2 servers and 2 trainers run remotely");
+    (launcher, needle)
+}
+
+/// Trainer 1 is killed (SIGKILL) on its host mid-run: the job fails naming it, and afterwards
+/// nothing of the job runs on either host.
+#[test]
+fn killing_a_remote_trainer_fails_the_job_and_stops_every_remote_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hosts) = Hosts::start(dir.path()) else { return };
+    let (launcher, needle) = start_long_job(&hosts, dir.path());
     let trainer1: Vec<u32> = processes_mentioning(&needle)
         .into_iter()
         .filter(|pid| {
@@ -169,14 +177,28 @@ fn killing_a_remote_trainer_fails_the_job_and_stops_every_remote_process() {
         })
         .collect();
     assert_eq!(trainer1.len(), 1, "one remote trainer 1: {trainer1:?}");
-    assert!(processes_mentioning(&needle).len() >= 4, "2 servers and 2 trainers run remotely");
     // SAFETY: signalling a process this test's job started.
     assert_eq!(unsafe { libc::kill(trainer1[0] as i32, libc::SIGKILL) }, 0);
 
-    let out = launcher.take().unwrap().wait_with_output().unwrap();
+    let out = launcher.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("trainer 1 on 127.0.0.3 failed"), "{err}");
+    assert!(err.contains("trainer 1 on 127.0.0.3 failed (exit status: 137)"), "{err}");
+    assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "remote processes left running");
+}
+
+/// Ctrl-C to the launcher stops every remote process: nothing else would (a remote process
+/// outlives its ssh client), so this shows the stop by remote PID.
+#[test]
+fn interrupting_cluster_ssh_stops_every_remote_process_by_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hosts) = Hosts::start(dir.path()) else { return };
+    let (launcher, needle) = start_long_job(&hosts, dir.path());
+    // SAFETY: signalling our own child process.
+    assert_eq!(unsafe { libc::kill(launcher.id() as i32, libc::SIGINT) }, 0);
+    let out = launcher.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"), "{}", text(&out));
     assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "remote processes left running");
 }
 
