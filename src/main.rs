@@ -372,7 +372,8 @@ struct TrainArgs {
     /// local, sync or async [default: local without servers, sync with them].
     #[arg(long, env = "OAR_MODE", value_enum)]
     mode: Option<Mode>,
-    /// Servers in server-index order, comma-separated: host:port, or bare hosts on --port.
+    /// Servers in server-index order, comma-separated: host:port, or bare hosts on --port; a
+    /// single number S means --num-servers S.
     #[arg(long, alias = "pservers", env = "OAR_SERVERS", value_delimiter = ',')]
     servers: Vec<String>,
     #[command(flatten)]
@@ -384,7 +385,7 @@ struct TrainArgs {
     #[arg(long, alias = "num_gradient_servers", visible_alias = "num-gradient-servers", env = "OAR_TRAINERS")]
     trainers: Option<usize>,
     /// Under an engine (mpirun, srun): ranks 0..N-1 become servers, the others trainers; they
-    /// meet at --rendezvous.
+    /// meet at --rendezvous (`--servers N` says the same).
     #[arg(long, env = "OAR_NUM_SERVERS")]
     num_servers: Option<usize>,
     /// Under an engine: rank 0's host and a free port there, where every rank registers
@@ -903,8 +904,15 @@ fn engine_rank(
     Ok(None)
 }
 
-fn train(a: TrainArgs, launched: bool) -> anyhow::Result<()> {
+fn train(mut a: TrainArgs, launched: bool) -> anyhow::Result<()> {
     let env = ClusterEnv::from_process()?;
+    // `--servers S`, a count rather than addresses, means `--num-servers S` (engine ranks).
+    if let [count] = a.servers.as_slice() {
+        if let (Ok(n), None) = (count.parse::<usize>(), a.num_servers) {
+            a.num_servers = Some(n);
+            a.servers.clear();
+        }
+    }
     let job = a.job.resolve()?;
     if env.role == Some(Role::Pserver) {
         // One command line for both roles, as with PaddlePaddle's Fluid and Fleet launchers.

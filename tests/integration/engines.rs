@@ -232,7 +232,7 @@ fn slurm_srun_and_the_sbatch_example_train_two_by_two() {
     let model = d.join("model-srun");
     let model_s = model.display().to_string();
     let out = slurm("timeout")
-        .args(["120", "srun", "-K", "-n", "4", env!("CARGO_BIN_EXE_oar"), "train", "--num-servers", "2"])
+        .args(["120", "srun", "-K", "-n", "4", env!("CARGO_BIN_EXE_oar"), "train", "--servers", "2"])
         .args(["--hidden", "16", "--batch-size", "200", "--timeout", "60", "--train", &train, "--output", &model_s])
         .env("RUST_LOG", "warn")
         .output()
