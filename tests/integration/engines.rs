@@ -227,6 +227,13 @@ fn slurm_srun_and_the_sbatch_example_train_two_by_two() {
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("idle"))
     });
 
+    // The default rendezvous is the first node by name; where this host's name does not resolve
+    // (some containers), the test says so and gives it explicitly.
+    let mut extra: Vec<String> = Vec::new();
+    if std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), 0)).is_err() {
+        eprintln!("note: host name {host:?} does not resolve here: passing --rendezvous 127.0.0.1:PORT");
+        extra = vec!["--rendezvous".into(), format!("127.0.0.1:{}", free_ports(1))];
+    }
     let (train, _) = gen_data(d, 2, 1500, 0);
     let train = train.display().to_string();
     let model = d.join("model-srun");
@@ -234,6 +241,7 @@ fn slurm_srun_and_the_sbatch_example_train_two_by_two() {
     let out = slurm("timeout")
         .args(["120", "srun", "-K", "-n", "4", env!("CARGO_BIN_EXE_oar"), "train", "--servers", "2"])
         .args(["--hidden", "16", "--batch-size", "200", "--timeout", "60", "--train", &train, "--output", &model_s])
+        .args(&extra)
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
@@ -254,6 +262,7 @@ fn slurm_srun_and_the_sbatch_example_train_two_by_two() {
         ))
         .arg(&script)
         .args(["--hidden", "16", "--batch-size", "200", "--timeout", "60"])
+        .args(&extra)
         .current_dir(d)
         .output()
         .unwrap();
