@@ -70,10 +70,11 @@ impl Hosts {
         Some(Hosts { dir: dir.to_path_buf(), _sshd: sshd })
     }
 
-    /// `oar cluster ssh` over these hosts with the workspace `ws` dispatched to `rws`.
-    fn launch(&self, ws: &Path, rws: &Path, train_args: &[&str]) -> Command {
+    /// `oar cluster ssh` over these hosts with the workspace `ws` at `rws` on the hosts.
+    fn launch(&self, ws: &Path, rws: &Path, options: &[&str], train_args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_oar"));
-        cmd.args(["cluster", "ssh", "--dispatch", "--no-progress", "--port", &free_ports(1).to_string()])
+        cmd.args(["cluster", "ssh", "--no-progress", "--port", &free_ports(1).to_string()])
+            .args(options)
             .arg("--hosts")
             .arg(self.dir.join("hosts"))
             .arg("--ssh-config")
@@ -108,7 +109,7 @@ fn cluster_ssh_runs_servers_and_trainers_on_two_hosts_to_a_saved_model() {
     let rws = dir.path().join("remote-ws");
     let args = ["--mode", "async", "--hidden", "16", "--batch-size", "200", "--timeout", "60"];
     let out = hosts
-        .launch(&ws, &rws, &args)
+        .launch(&ws, &rws, &["--dispatch"], &args)
         .args(["--train", "data/train", "--test", "data/test", "--output", "model"])
         .output()
         .unwrap();
@@ -127,6 +128,16 @@ fn cluster_ssh_runs_servers_and_trainers_on_two_hosts_to_a_saved_model() {
     let manifest = std::fs::read_to_string(rws.join("model/final/manifest.json")).unwrap();
     assert!(manifest.contains("\"num_servers\": 2"), "{manifest}");
     assert!(ws.join("log/launcher/summary.json").exists(), "local copies of the logs and the summary");
+
+    // Without --dispatch the deployed workspace and binary are used: the local data is gone.
+    std::fs::remove_dir_all(ws.join("data")).unwrap();
+    let out = hosts
+        .launch(&ws, &rws, &["--oar-bin", "./.oar/oar"], &args)
+        .args(["--train", "data/train", "--output", "model-again"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(rws.join("model-again/final/manifest.json").exists());
 }
 
 /// A long job (500 passes) under `oar cluster ssh`, returned once both remote trainers train,
@@ -136,7 +147,7 @@ fn start_long_job(hosts: &Hosts, dir: &Path) -> (std::process::Child, String) {
     let rws = dir.join("remote-ws");
     let args = ["--mode", "async", "--hidden", "16", "--batch-size", "100", "--passes", "500", "--timeout", "60"];
     let mut launcher = hosts
-        .launch(&ws, &rws, &args)
+        .launch(&ws, &rws, &["--dispatch"], &args)
         .args(["--train", "data/train", "--output", "model"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

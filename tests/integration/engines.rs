@@ -149,9 +149,9 @@ fn a_failing_rank_fails_the_mpi_job_clearly() {
 
 /// A single-node Slurm (munged, slurmctld and slurmd started here with their configuration, key
 /// and state in a temporary folder, on loopback ports) runs `srun -n 4 oar train` and the
-/// example `sbatch` script to saved models.
+/// example `sbatch` script to saved models; with a bad line in trainer 1's data the step fails.
 #[test]
-fn slurm_srun_and_the_sbatch_example_train_two_by_two() {
+fn slurm_srun_and_sbatch_train_two_by_two_and_a_failing_rank_fails_the_step() {
     let missing: Vec<_> =
         ["munged", "slurmctld", "slurmd", "srun", "sbatch", "sinfo"].into_iter().filter(|p| !installed(p)).collect();
     if !missing.is_empty() {
@@ -276,4 +276,22 @@ fn slurm_srun_and_the_sbatch_example_train_two_by_two() {
     assert!(out.status.success(), "sbatch:\n{text}");
     assert_eq!(logs.matches("trained 1500 samples").count(), 2, "{text}");
     check_model(&model);
+
+    // A rank failing mid-run fails the step (srun -K), with its error line.
+    let file = Path::new(&train).join("part-00001");
+    let mut lines: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(String::from).collect();
+    lines[999] = "1\tnot-a-number".into();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let model = d.join("model-failed");
+    let out = slurm("timeout")
+        .args(["120", "srun", "-K", "-n", "4", env!("CARGO_BIN_EXE_oar"), "train", "--servers", "2"])
+        .args(["--hidden", "16", "--timeout", "60", "--train", &train, "--output", &model.display().to_string()])
+        .args(&extra)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success() && out.status.code() != Some(124), "srun:\n{text}");
+    assert!(text.contains(&format!("{}:1000: I1 is not an integer", file.display())), "{text}");
+    assert!(!model.join("final/manifest.json").exists(), "no final model from a failed job");
 }
