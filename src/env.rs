@@ -212,6 +212,11 @@ fn fleet(v: &Vars) -> Result<ClusterEnv, EnvError> {
                 var: "POD_IP",
                 reason: format!("POD_IP:PADDLE_PORT = {me} is not in PADDLE_PSERVERS_IP_PORT_LIST {list}"),
             })?);
+            // Listen on POD_IP when it is an address, as PaddlePaddle's servers do; a name (a
+            // Kubernetes DNS name that may not resolve yet at start) means every interface.
+            if ip.parse::<std::net::IpAddr>().is_ok() {
+                env.host = Some(ip.to_string());
+            }
         }
     }
     env.servers = Some(servers);
@@ -315,6 +320,16 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((s.role, s.server_index, s.trainers, s.port), (Some(Role::Pserver), Some(1), Some(3), Some(6170)));
+        assert_eq!(s.host.as_deref(), Some("10.0.0.2"), "an address POD_IP is where the server listens");
+        let named = read(&[
+            ("TRAINING_ROLE", "PSERVER"),
+            ("PADDLE_PSERVERS_IP_PORT_LIST", "ps-0.ps:6170"),
+            ("PADDLE_TRAINERS_NUM", "1"),
+            ("POD_IP", "ps-0.ps"),
+            ("PADDLE_PORT", "6170"),
+        ])
+        .unwrap();
+        assert_eq!((named.server_index, named.host), (Some(0), None), "a DNS name: every interface");
         let t = read(&[("TRAINING_ROLE", "TRAINER"), list, ("PADDLE_TRAINERS_NUM", "3"), ("PADDLE_TRAINER_ID", "2")])
             .unwrap();
         assert_eq!((t.role, t.trainer_id), (Some(Role::Trainer), Some(2)));

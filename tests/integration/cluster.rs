@@ -277,3 +277,137 @@ fn k8s_manifests_pass_strict_schema_validation() {
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(text(&out).matches("passed for resource").count(), 2, "{}", text(&out));
 }
+
+/// The environment a kubelet would give one container of `pod` (a pod template spec): plain
+/// values, the downward-API fields in `fields`, then `$(VAR)` references to earlier variables
+/// expanded, as Kubernetes does; finally every DNS name in `names` replaced by its address.
+fn kubelet_env(
+    pod: &serde_json::Value,
+    fields: &[(&str, String)],
+    names: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    for e in pod["containers"][0]["env"].as_array().unwrap() {
+        let name = e["name"].as_str().unwrap().to_string();
+        let mut value = match e.get("value") {
+            Some(v) => v.as_str().unwrap().to_string(),
+            None => {
+                let path = e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap();
+                fields.iter().find(|(f, _)| *f == path).unwrap_or_else(|| panic!("no field {path}")).1.clone()
+            }
+        };
+        for (k, v) in &env {
+            value = value.replace(&format!("$({k})"), v);
+        }
+        env.push((name, value));
+    }
+    for (_, value) in env.iter_mut() {
+        for (dns, addr) in names {
+            *value = value.replace(dns.as_str(), addr);
+        }
+    }
+    env
+}
+
+/// Starts a pod's container: its command (`oar` -> this binary) with the kubelet's environment.
+fn run_pod(pod: &serde_json::Value, env: &[(String, String)], log: &Path, daemons: &mut Daemons, name: &str) {
+    let args: Vec<String> =
+        pod["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().into()).collect();
+    let command = pod["containers"][0]["command"].as_array().unwrap();
+    assert_eq!(command[0], "oar");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_oar"));
+    cmd.args(command[1..].iter().map(|c| c.as_str().unwrap())).args(args).env_clear().env("RUST_LOG", "warn");
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    daemons.start(name, &mut cmd, log).unwrap();
+}
+
+/// No Kubernetes cluster is available here, so the manifests' own pod specs are run as a
+/// kubelet would run them: each pod's environment as the manifest defines it (downward-API
+/// fields filled in, `$(VAR)` expanded), its command and arguments; only the cluster DNS names
+/// are mapped to loopback addresses (one per pod, 127.0.0.2 ...). Plain manifests and the
+/// PaddleJob both train 2 servers x 2 trainers to a saved model that way.
+#[test]
+fn k8s_manifests_configure_a_working_job_when_their_pods_are_emulated() {
+    for paddlejob in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (train, _) = gen_data(d, 2, 1500, 0);
+        let model = d.join("model");
+        let port = free_ports(1).to_string();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_oar"));
+        cmd.args([
+            "cluster",
+            "k8s",
+            "--name",
+            "emu",
+            "--servers",
+            "2",
+            "--workers",
+            "2",
+            "--image",
+            "x",
+            "--port",
+            &port,
+        ]);
+        if paddlejob {
+            cmd.arg("--paddlejob");
+        }
+        cmd.args(["--", "--mode", "async", "--hidden", "16", "--batch-size", "200", "--timeout", "60"]);
+        let out = cmd.arg("--train").arg(&train).arg("--output").arg(&model).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_slice(&out.stdout)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect();
+
+        let (server_pod, trainer_pod, server_name): (_, _, fn(usize) -> String) = if paddlejob {
+            let spec = &docs[0]["spec"]["paddleReplicaSpecs"];
+            (spec["Master"]["template"]["spec"].clone(), spec["Worker"]["template"]["spec"].clone(), |i| {
+                format!("emu-master-{i}")
+            })
+        } else {
+            (docs[1]["spec"]["template"]["spec"].clone(), docs[2]["spec"]["template"]["spec"].clone(), |i| {
+                format!("emu-ps-{i}.emu-ps")
+            })
+        };
+        // Longest names first, so `emu-ps-1.emu-ps` is mapped before any shorter prefix.
+        let names: Vec<(String, String)> =
+            (0..2).rev().map(|i| (server_name(i), format!("127.0.0.{}", i + 2))).collect();
+        let mut pods = Daemons::default();
+        for i in 0..2 {
+            let fields = [
+                ("metadata.name", format!("emu-ps-{i}")),
+                ("metadata.labels['training.kubeflow.org/replica-index']", i.to_string()),
+            ];
+            let env = kubelet_env(&server_pod, &fields, &names);
+            run_pod(&server_pod, &env, &d.join(format!("server.{i}.log")), &mut pods, &format!("server {i}"));
+        }
+        let trainers: Vec<_> = (0..2)
+            .map(|i| {
+                let fields = [
+                    ("metadata.annotations['batch.kubernetes.io/job-completion-index']", i.to_string()),
+                    ("metadata.labels['training.kubeflow.org/replica-index']", i.to_string()),
+                ];
+                let env = kubelet_env(&trainer_pod, &fields, &names);
+                let mut trainer = Daemons::default();
+                run_pod(&trainer_pod, &env, &d.join(format!("trainer.{i}.log")), &mut trainer, &format!("trainer {i}"));
+                trainer
+            })
+            .collect();
+        for (i, mut t) in trainers.into_iter().enumerate() {
+            let status = t.0[0].1.wait().unwrap();
+            let log = std::fs::read_to_string(d.join(format!("trainer.{i}.log"))).unwrap();
+            assert!(status.success(), "paddlejob={paddlejob} trainer {i}:\n{log}");
+            assert!(log.contains("trained 1500 samples"), "{log}");
+        }
+        if paddlejob {
+            // PaddleJob servers exit when the trainers are done (completing the job).
+            for (name, server) in &mut pods.0 {
+                assert!(server.wait().unwrap().success(), "{name}");
+            }
+        }
+        // Plain servers keep serving (a StatefulSet would restart them) but saved the model
+        // when the last trainer closed: written before that close was answered.
+        let manifest = std::fs::read_to_string(model.join("final/manifest.json")).unwrap();
+        assert!(manifest.contains("\"num_servers\": 2"), "paddlejob={paddlejob}: {manifest}");
+    }
+}
