@@ -61,7 +61,8 @@ impl ServerProc {
                 "--mode",
                 "async",
             ])
-            .args(["--lag-ratio", "1e9", "--max-frame-mb", "1024"])
+            // Stopped by the bench itself: no waiting for (or failing on) trainers.
+            .args(["--lag-ratio", "1e9", "--max-frame-mb", "1024", "--keep-serving"])
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .spawn()?;
