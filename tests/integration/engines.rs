@@ -183,7 +183,9 @@ fn slurm_srun_and_sbatch_train_two_by_two_and_a_failing_rank_fails_the_step() {
 
     // The node is named after this host, so Slurm's node list resolves (to the default
     // rendezvous on the first node).
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    // slurmctld compares its short host name with SlurmctldHost.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host.trim().split('.').next().unwrap().to_string();
     let ports = free_ports(2);
     std::fs::create_dir_all(d.join("state")).unwrap();
     std::fs::create_dir_all(d.join("spool")).unwrap();
