@@ -180,6 +180,6 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
 /// A child running this same binary.
 fn child(exe: &Path, args: &[String]) -> Command {
     let mut cmd = Command::new(exe);
-    cmd.args(args).env("OAR_LAUNCHED", "1");
+    cmd.args(args).env("OAR_LAUNCHED", "1").stdin(std::process::Stdio::null());
     cmd
 }

@@ -72,7 +72,8 @@ impl Proc {
 /// A server's `OAR_READY` line: (the server's index, its address).
 pub(crate) struct Ready(pub usize, pub String);
 
-/// Starts `cmd` with its output parsed for protocol lines and the rest written to `log`.
+/// Starts `cmd` with its output parsed for protocol lines and the rest written to `log` (its
+/// stdin is the caller's choice, and a piped stdin stays open as long as the `Proc`).
 pub(crate) fn spawn(
     mut cmd: Command,
     name: &str,
@@ -80,7 +81,6 @@ pub(crate) fn spawn(
     ready: Option<(usize, mpsc::Sender<Ready>)>,
 ) -> anyhow::Result<Proc> {
     let mut child = cmd
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -12,7 +12,9 @@
 //! the trainers' progress lines feed one merged progress bar), waits for the process and exits
 //! with its status. On Ctrl-C or any failure the launcher kills every remote process group by
 //! that PID over fresh ssh connections (SIGTERM, then SIGKILL after a grace period): killing a
-//! local ssh client alone would leave the remote process running.
+//! local ssh client alone would leave the remote process running. Should the launcher itself be
+//! killed, a watchdog in the wrapper sees the ssh session's stdin (held open by the launcher)
+//! end, and stops the process group.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -143,12 +145,16 @@ pub fn wrapper(workspace: &str, oar: &str, p: &Placement, args: &[String]) -> St
     format!(
         "cd {ws} && mkdir -p log && : > {log} || exit 1\n\
          export {exports}\n\
-         setsid {oar} train {args} >> {log} 2>&1 < /dev/null &\n\
+         exec 3<&0\n\
+         setsid {oar} train {args} >> {log} 2>&1 < /dev/null 3<&- &\n\
          pid=$!\n\
          echo \"OAR_PID $pid\"\n\
-         tail -n +1 -s 0.2 -f --pid=$pid {log} &\n\
+         (cat <&3 >/dev/null 2>&1; kill -TERM -- -$pid) >/dev/null 2>&1 &\n\
+         w=$!\n\
+         tail -n +1 -s 0.2 -f --pid=$pid {log} 3<&- &\n\
          t=$!\n\
          wait $pid; rc=$?\n\
+         kill $w 2>/dev/null\n\
          wait $t\n\
          exit $rc\n",
         ws = sh_quote(workspace),
@@ -281,7 +287,9 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
         for p in &placements {
             let host = &config.hosts[p.host];
             let mut cmd = ssh(config, host);
-            cmd.arg(wrapper(&remote, &oar, p, &config.train_args));
+            // Held open and never written: if this launcher dies, the remote wrapper sees its
+            // stdin end and stops the process (the watchdog in `wrapper`).
+            cmd.arg(wrapper(&remote, &oar, p, &config.train_args)).stdin(Stdio::piped());
             let name = format!("{} on {host}", p.name.replace('.', " "));
             procs.push(spawn(cmd, &name, config.logs.join(format!("{}.log", p.name)), None)?);
         }

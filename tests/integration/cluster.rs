@@ -213,6 +213,18 @@ fn interrupting_cluster_ssh_stops_every_remote_process_by_pid() {
     assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "remote processes left running");
 }
 
+/// Should the launcher itself be killed (SIGKILL: no chance to clean up), the remote wrappers
+/// see their ssh session's stdin end and stop their processes.
+#[test]
+fn killing_the_launcher_itself_stops_every_remote_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hosts) = Hosts::start(dir.path()) else { return };
+    let (mut launcher, needle) = start_long_job(&hosts, dir.path());
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    wait_until(60, "the remote processes to stop", || processes_mentioning(&needle).is_empty());
+}
+
 /// The validator from PyPI (`kubernetes-validate`, installed by `.ci/run`), if present.
 fn validator() -> Option<String> {
     let found = installed("kubernetes-validate");
