@@ -174,7 +174,7 @@ struct State {
     changed: watch::Sender<u64>,
     closed: Mutex<BTreeSet<u64>>,
     all_closed: watch::Sender<bool>,
-    /// Trainers that have said hello or sent anything naming themselves.
+    /// Trainers whose handshake named them (`Hello::trainer`).
     arrived: Mutex<BTreeSet<u64>>,
     /// A trainer whose connection ended before it closed (it failed or was killed).
     lost: watch::Sender<Option<u64>>,
@@ -496,13 +496,6 @@ struct Scratch {
 }
 
 async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch) -> Reply {
-    match &request {
-        Request::Push(Push { trainer, .. })
-        | Request::Barrier { trainer, .. }
-        | Request::EndPass { trainer, .. }
-        | Request::Close { trainer } => state.arrive(*trainer),
-        _ => {}
-    }
     match request {
         Request::Hello(_) => unreachable!("handled by handle_hello"),
         Request::Declare(declaration) => declare(state, declaration),

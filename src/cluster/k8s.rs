@@ -94,23 +94,25 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     check_name(&c.name)?;
     anyhow::ensure!(c.servers >= 1 && c.workers >= 1, "--servers and --workers must be at least 1");
     let name = &c.name;
+    let svc = format!("{name}-ps");
+    // Servers' names: the operator's per-replica Services, or the StatefulSet's pods.
+    let server_name = |i: usize| if c.paddlejob { format!("{name}-master-{i}") } else { format!("{svc}-{i}.{svc}") };
+    let list: Vec<String> = (0..c.servers).map(|i| format!("{}:{}", server_name(i), c.port)).collect();
     let common = |role: &str| {
         vec![
             env("TRAINING_ROLE", role),
             env("PADDLE_TRAINERS_NUM", c.workers),
             env("PADDLE_PORT", c.port),
             env("OAR_JOB", name),
+            env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")),
         ]
     };
     if c.paddlejob {
-        let list: Vec<String> = (0..c.servers).map(|i| format!("{name}-master-{i}:{}", c.port)).collect();
         let index = "metadata.labels['training.kubeflow.org/replica-index']";
         let mut server_env = common("PSERVER");
-        server_env.push(env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")));
         server_env.push(env_from("REPLICA_INDEX", index));
         server_env.push(env("POD_IP", format!("{name}-master-$(REPLICA_INDEX)")));
         let mut trainer_env = common("TRAINER");
-        trainer_env.push(env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")));
         trainer_env.push(env_from("PADDLE_TRAINER_ID", index));
         let replica = |replicas: usize, spec: Value| json!({"replicas": replicas, "restartPolicy": "Never", "template": {"spec": spec}});
         return Ok(vec![json!({
@@ -126,17 +128,13 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
             }
         })]);
     }
-    let svc = format!("{name}-ps");
-    let list: Vec<String> = (0..c.servers).map(|i| format!("{svc}-{i}.{svc}:{}", c.port)).collect();
     let labels = |role: &str| json!({"app": name, "role": role});
     let mut server_env = common("PSERVER");
-    server_env.push(env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")));
     server_env.push(env_from("POD_NAME", "metadata.name"));
     // Dependent expansion: the server's own name in the list, which is how it finds its index.
     server_env.push(env("POD_IP", format!("$(POD_NAME).{svc}")));
     server_env.push(env("OAR_KEEP_SERVING", "true"));
     let mut trainer_env = common("TRAINER");
-    trainer_env.push(env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")));
     trainer_env.push(env_from("PADDLE_TRAINER_ID", "metadata.annotations['batch.kubernetes.io/job-completion-index']"));
     Ok(vec![
         json!({

@@ -26,6 +26,15 @@ fn args<'a>(train: &'a str, model: &'a str, rendezvous: &'a str) -> Vec<&'a str>
     ]
 }
 
+/// Makes line 1000 of trainer 1's shard (`part-00001` of 2) malformed; returns that file.
+fn break_line_1000(train: &Path) -> std::path::PathBuf {
+    let file = train.join("part-00001");
+    let mut lines: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(String::from).collect();
+    lines[999] = "1\tnot-a-number".into();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    file
+}
+
 fn check_model(model: &Path) {
     let manifest = std::fs::read_to_string(model.join("final/manifest.json")).unwrap();
     assert!(manifest.contains("\"num_servers\": 2"), "{manifest}");
@@ -132,10 +141,7 @@ fn a_failing_rank_fails_the_mpi_job_clearly() {
     for (name, launcher) in mpi_launchers() {
         let dir = tempfile::tempdir().unwrap();
         let (train, _) = gen_data(dir.path(), 2, 1500, 0);
-        let file = train.join("part-00001");
-        let mut lines: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(String::from).collect();
-        lines[999] = "1\tnot-a-number".into();
-        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+        let file = break_line_1000(&train);
         let model = dir.path().join("model");
         let model_s = model.display().to_string();
         let (status, text) = run_mpi(&launcher, &train.display().to_string(), &model_s);
@@ -238,17 +244,20 @@ fn slurm_srun_and_sbatch_train_two_by_two_and_a_failing_rank_fails_the_step() {
     }
     let (train, _) = gen_data(d, 2, 1500, 0);
     let train = train.display().to_string();
+    let srun = |model: &Path| {
+        let out = slurm("timeout")
+            .args(["120", "srun", "-K", "-n", "4", env!("CARGO_BIN_EXE_oar"), "train", "--servers", "2"])
+            .args(["--hidden", "16", "--batch-size", "200", "--timeout", "60", "--train", &train, "--output"])
+            .arg(model)
+            .args(&extra)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        (out.status, format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    };
     let model = d.join("model-srun");
-    let model_s = model.display().to_string();
-    let out = slurm("timeout")
-        .args(["120", "srun", "-K", "-n", "4", env!("CARGO_BIN_EXE_oar"), "train", "--servers", "2"])
-        .args(["--hidden", "16", "--batch-size", "200", "--timeout", "60", "--train", &train, "--output", &model_s])
-        .args(&extra)
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "srun:\n{text}");
+    let (status, text) = srun(&model);
+    assert!(status.success(), "srun:\n{text}");
     assert_eq!(text.matches("trained 1500 samples").count(), 2, "{text}");
     check_model(&model);
 
@@ -280,20 +289,10 @@ fn slurm_srun_and_sbatch_train_two_by_two_and_a_failing_rank_fails_the_step() {
     check_model(&model);
 
     // A rank failing mid-run fails the step (srun -K), with its error line.
-    let file = Path::new(&train).join("part-00001");
-    let mut lines: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(String::from).collect();
-    lines[999] = "1\tnot-a-number".into();
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let file = break_line_1000(Path::new(&train));
     let model = d.join("model-failed");
-    let out = slurm("timeout")
-        .args(["120", "srun", "-K", "-n", "4", env!("CARGO_BIN_EXE_oar"), "train", "--servers", "2"])
-        .args(["--hidden", "16", "--timeout", "60", "--train", &train, "--output", &model.display().to_string()])
-        .args(&extra)
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(!out.status.success() && out.status.code() != Some(124), "srun:\n{text}");
+    let (status, text) = srun(&model);
+    assert!(!status.success() && status.code() != Some(124), "srun:\n{text}");
     assert!(text.contains(&format!("{}:1000: I1 is not an integer", file.display())), "{text}");
     assert!(!model.join("final/manifest.json").exists(), "no final model from a failed job");
 }
