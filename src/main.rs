@@ -532,7 +532,10 @@ fn main() {
         .with_ansi(!launched && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Err(e) = run(cli.command, launched) {
-        eprintln!("oar: error: {e:#}");
+        // One write: ranks under mpirun or srun share a stderr, and a line written in pieces
+        // can be interleaved with another rank's.
+        let line = format!("oar: error: {e:#}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         std::process::exit(1);
     }
 }
