@@ -233,6 +233,7 @@ impl Network {
         let (n, width, dim) = (batch.len(), self.input_width(), self.config.embedding_dim);
         self.forward(params, batch, rows, index, work);
         let loss = self.loss(&batch.labels, work);
+        work.dx.clear();
         work.dx.resize(n * width, 0.0);
         self.mlp.backward(params, &work.x, &work.dlogits, n, &mut work.mlp, grads, Some(&mut work.dx));
         scatter_add_rows(&work.dx, index, self.config.slots, dim, width, row_grads);

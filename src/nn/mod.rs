@@ -1,5 +1,6 @@
-//! Reusable network pieces on flat f32 slices: matrix multiply, a linear layer, activations,
-//! a stack of layers (MLP), embedding gather/scatter and losses. Pure math: no I/O, no tables.
+//! Reusable network pieces on flat f32 slices: matrix multiply, a linear layer, activations and
+//! losses, the [`Layer`](layer::Layer) trait with its finite-difference check, and the layer
+//! catalogue ([`layers`]). Pure math: no I/O, no tables.
 //!
 //! Parameters live in one flat vector (the dense vector the servers hold) and every layer knows
 //! its offsets into it, so a pull lands straight in the model and the gradient vector pushes
@@ -9,6 +10,11 @@
 //!
 //! Gradients are sums over the batch (losses return sums too); the server divides by the
 //! number of samples, so several trainers' pushes add up exactly like one larger batch.
+
+pub mod layer;
+pub mod layers;
+mod legacy;
+pub use legacy::*;
 
 use crate::table::{DenseParam, Init};
 
@@ -111,7 +117,7 @@ impl Linear {
         matmul(rows, o, i, y, true, x, (i, 1), &params[self.w..self.w + i * o], (o, 1));
     }
 
-    /// Adds `dW = x^T dy` and `db = sum dy` into `grads`; writes `dx = dy W^T` if asked.
+    /// Adds `dW = x^T dy` and `db = sum dy` into `grads`, and `dx = dy W^T` into `dx` if asked.
     pub fn backward(
         &self,
         params: &[f32],
@@ -128,7 +134,7 @@ impl Linear {
             db.iter_mut().zip(&dy[r * o..(r + 1) * o]).for_each(|(g, d)| *g += d);
         }
         if let Some(dx) = dx {
-            matmul(rows, i, o, dx, false, dy, (o, 1), &params[self.w..self.w + i * o], (1, o));
+            matmul(rows, i, o, dx, true, dy, (o, 1), &params[self.w..self.w + i * o], (1, o));
         }
     }
 }
@@ -141,6 +147,8 @@ pub enum Activation {
     Relu,
     /// 1 / (1 + e^-z).
     Sigmoid,
+    /// tanh(z).
+    Tanh,
     /// z.
     Identity,
 }
@@ -151,7 +159,19 @@ impl Activation {
         match self {
             Activation::Relu => z.iter_mut().for_each(|v| *v = v.max(0.0)),
             Activation::Sigmoid => z.iter_mut().for_each(|v| *v = sigmoid(*v)),
+            Activation::Tanh => z.iter_mut().for_each(|v| *v = v.tanh()),
             Activation::Identity => {}
+        }
+    }
+
+    /// The activation named `name` in a job file.
+    pub fn parse(name: &str) -> Result<Activation, String> {
+        match name {
+            "relu" => Ok(Activation::Relu),
+            "sigmoid" => Ok(Activation::Sigmoid),
+            "tanh" => Ok(Activation::Tanh),
+            "identity" | "none" => Ok(Activation::Identity),
+            other => Err(format!("unknown activation {other:?} (relu, sigmoid, tanh, identity)")),
         }
     }
 
@@ -164,6 +184,7 @@ impl Activation {
                 }
             }),
             Activation::Sigmoid => dy.iter_mut().zip(y).for_each(|(d, &y)| *d *= y * (1.0 - y)),
+            Activation::Tanh => dy.iter_mut().zip(y).for_each(|(d, &y)| *d *= 1.0 - y * y),
             Activation::Identity => {}
         }
     }
@@ -177,122 +198,6 @@ pub fn sigmoid(z: f32) -> f32 {
     } else {
         let e = z.exp();
         e / (1.0 + e)
-    }
-}
-
-/// A stack of linear layers, each followed by its activation.
-#[derive(Clone, Debug)]
-pub struct Mlp {
-    /// The layers.
-    pub layers: Vec<Linear>,
-    /// One activation per layer.
-    pub activations: Vec<Activation>,
-}
-
-/// Buffers an [`Mlp`] reuses from step to step.
-#[derive(Default)]
-pub struct MlpWork {
-    /// Output of every layer (after its activation).
-    outs: Vec<Vec<f32>>,
-    grad: Vec<f32>,
-    grad_in: Vec<f32>,
-}
-
-impl Mlp {
-    /// Layers of `widths[0] -> widths[1] -> ...`, named `name.0`, `name.1`, ..., parameters
-    /// starting at `offset`; hidden layers use `hidden`, the last one `last`.
-    pub fn new(
-        name: &str,
-        widths: &[usize],
-        hidden: Activation,
-        last: Activation,
-        offset: usize,
-    ) -> (Mlp, Vec<DenseParam>) {
-        let (mut layers, mut activations, mut params) = (Vec::new(), Vec::new(), Vec::new());
-        let mut at = offset;
-        for (l, w) in widths.windows(2).enumerate() {
-            let (layer, p) = Linear::new(&format!("{name}.{l}"), w[0], w[1], at);
-            at += layer.len();
-            layers.push(layer);
-            activations.push(if l + 2 == widths.len() { last } else { hidden });
-            params.extend(p);
-        }
-        (Mlp { layers, activations }, params)
-    }
-
-    /// Output width.
-    pub fn output(&self) -> usize {
-        self.layers.last().map_or(0, |l| l.output)
-    }
-
-    /// Runs the stack on `x` (rows x input); the result is `work.output()`.
-    pub fn forward(&self, params: &[f32], x: &[f32], rows: usize, work: &mut MlpWork) {
-        work.outs.resize_with(self.layers.len(), Vec::new);
-        for (l, layer) in self.layers.iter().enumerate() {
-            let (before, after) = work.outs.split_at_mut(l);
-            let input = if l == 0 { x } else { &before[l - 1][..] };
-            let out = &mut after[0];
-            out.resize(rows * layer.output, 0.0);
-            layer.forward(params, input, rows, out);
-            self.activations[l].forward(out);
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    /// Back-propagates `dy` (gradient w.r.t. the final output, after its activation), adding
-    /// parameter gradients into `grads`; writes the gradient w.r.t. `x` into `dx` if asked.
-    pub fn backward(
-        &self,
-        params: &[f32],
-        x: &[f32],
-        dy: &[f32],
-        rows: usize,
-        work: &mut MlpWork,
-        grads: &mut [f32],
-        dx: Option<&mut [f32]>,
-    ) {
-        work.grad.clear();
-        work.grad.extend_from_slice(dy);
-        let mut dx = dx;
-        for l in (0..self.layers.len()).rev() {
-            let layer = &self.layers[l];
-            self.activations[l].backward(&work.outs[l], &mut work.grad);
-            let input = if l == 0 { x } else { &work.outs[l - 1][..] };
-            if l == 0 {
-                layer.backward(params, input, &work.grad, rows, grads, dx.as_deref_mut());
-            } else {
-                work.grad_in.resize(rows * layer.input, 0.0);
-                layer.backward(params, input, &work.grad, rows, grads, Some(&mut work.grad_in));
-                std::mem::swap(&mut work.grad, &mut work.grad_in);
-            }
-        }
-    }
-}
-
-impl MlpWork {
-    /// The last forward pass's output.
-    pub fn output(&self) -> &[f32] {
-        self.outs.last().map_or(&[], |v| &v[..])
-    }
-}
-
-/// Copies embedding rows into an input matrix: for sample `r` and slot `s`, the `dim` floats of
-/// row `index[r * slots + s]` of `rows` go to columns `s*dim..` of row `r` of `x` (width `stride`).
-pub fn gather_rows(rows: &[f32], index: &[u32], slots: usize, dim: usize, x: &mut [f32], stride: usize) {
-    for (k, &u) in index.iter().enumerate() {
-        let (r, s) = (k / slots, k % slots);
-        let u = u as usize;
-        x[r * stride + s * dim..r * stride + (s + 1) * dim].copy_from_slice(&rows[u * dim..(u + 1) * dim]);
-    }
-}
-
-/// The reverse of [`gather_rows`]: adds the input-gradient columns back onto their rows.
-pub fn scatter_add_rows(dx: &[f32], index: &[u32], slots: usize, dim: usize, stride: usize, row_grads: &mut [f32]) {
-    for (k, &u) in index.iter().enumerate() {
-        let (r, s) = (k / slots, k % slots);
-        let u = u as usize;
-        let src = &dx[r * stride + s * dim..r * stride + (s + 1) * dim];
-        row_grads[u * dim..(u + 1) * dim].iter_mut().zip(src).for_each(|(g, d)| *g += d);
     }
 }
 
@@ -348,73 +253,6 @@ pub fn softmax_cross_entropy(logits: &[f32], labels: &[f32], classes: usize, dlo
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn init(params: &[DenseParam]) -> Vec<f32> {
-        let spec = crate::table::DenseSpec {
-            params: params.to_vec(),
-            block_size: 64,
-            seed: 11,
-            optimizer: crate::table::Optimizer::sgd(0.1),
-        };
-        let mut v = vec![0.0; spec.total()];
-        spec.init_range(0, &mut v);
-        v
-    }
-
-    fn loss(mlp: &Mlp, params: &[f32], x: &[f32], labels: &[f32], rows: usize) -> f64 {
-        let mut work = MlpWork::default();
-        mlp.forward(params, x, rows, &mut work);
-        let out = work.output().to_vec();
-        let (mut d, mut p) = (vec![0.0; rows], vec![0.0; rows]);
-        bce_with_logits(&out, labels, &mut d, &mut p)
-    }
-
-    /// Analytic gradients of a small ReLU/sigmoid MLP with log-loss match central finite
-    /// differences (in f64 terms, within f32 noise).
-    #[test]
-    fn mlp_gradients_match_finite_differences() {
-        let (mlp, specs) = Mlp::new("t", &[5, 7, 6, 1], Activation::Relu, Activation::Identity, 0);
-        let mut mlp = mlp;
-        mlp.activations[1] = Activation::Sigmoid;
-        let params = init(&specs);
-        let rows = 4;
-        let x: Vec<f32> = (0..rows * 5).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
-        let labels = [1.0, 0.0, 0.0, 1.0];
-        let mut work = MlpWork::default();
-        mlp.forward(&params, &x, rows, &mut work);
-        let out = work.output().to_vec();
-        let (mut d, mut p) = (vec![0.0; rows], vec![0.0; rows]);
-        bce_with_logits(&out, &labels, &mut d, &mut p);
-        let mut grads = vec![0.0; params.len()];
-        let mut dx = vec![0.0; rows * 5];
-        mlp.backward(&params, &x, &d, rows, &mut work, &mut grads, Some(&mut dx));
-
-        let eps = 1e-2f32;
-        for k in (0..params.len()).step_by(3) {
-            let (mut hi, mut lo) = (params.clone(), params.clone());
-            hi[k] += eps;
-            lo[k] -= eps;
-            let numeric =
-                (loss(&mlp, &hi, &x, &labels, rows) - loss(&mlp, &lo, &x, &labels, rows)) / (2.0 * eps as f64);
-            assert!(
-                (numeric - grads[k] as f64).abs() < 2e-3 + 2e-2 * numeric.abs(),
-                "param {k}: numeric {numeric}, analytic {}",
-                grads[k]
-            );
-        }
-        for k in 0..x.len() {
-            let (mut hi, mut lo) = (x.clone(), x.clone());
-            hi[k] += eps;
-            lo[k] -= eps;
-            let numeric = (loss(&mlp, &params, &hi, &labels, rows) - loss(&mlp, &params, &lo, &labels, rows))
-                / (2.0 * eps as f64);
-            assert!(
-                (numeric - dx[k] as f64).abs() < 2e-3 + 2e-2 * numeric.abs(),
-                "input {k}: numeric {numeric}, analytic {}",
-                dx[k]
-            );
-        }
-    }
 
     #[test]
     fn matmul_handles_transposed_views() {

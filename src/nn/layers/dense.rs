@@ -1,0 +1,315 @@
+//! Fully connected layers: `linear` (one matrix, optional bias and activation) and `mlp` (a stack
+//! of them with activations and dropout between, the deep part of most CTR models).
+
+use super::{dropout_backward, dropout_forward};
+use crate::nn::layer::{Ctx, Layer, LayerArgs, Shape};
+use crate::nn::{Activation, Linear};
+use crate::table::{DenseParam, Init};
+
+/// `y = act(x W + b)`.
+#[derive(Debug)]
+pub struct LinearLayer {
+    linear: Linear,
+    bias: bool,
+    activation: Activation,
+}
+
+/// `linear`: `out` (required), `bias = true`, `activation = "identity"`.
+pub fn linear(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
+    let [input] = inputs else { return Err("takes one input".into()) };
+    let out = args.required_usize("out")?;
+    let bias = args.bool("bias")?.unwrap_or(true);
+    let activation = args.activation("activation")?.unwrap_or(Activation::Identity);
+    args.finish()?;
+    if out == 0 {
+        return Err("out must be positive".into());
+    }
+    let (linear, _) = Linear::new("", input.size(), out, 0);
+    Ok(Box::new(LinearLayer { linear, bias, activation }))
+}
+
+impl Layer for LinearLayer {
+    fn output(&self) -> Shape {
+        Shape::flat(self.linear.output)
+    }
+
+    fn params(&self) -> Vec<DenseParam> {
+        let (i, o) = (self.linear.input, self.linear.output);
+        let init = Init::Uniform { scale: 1.0 / (i as f32).sqrt() };
+        let mut p = vec![DenseParam { name: "w".into(), len: i * o, init }];
+        if self.bias {
+            p.push(DenseParam { name: "b".into(), len: o, init });
+        }
+        p
+    }
+
+    fn scratch(&self) -> usize {
+        self.linear.output
+    }
+
+    fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], _: &mut [f32]) {
+        if self.bias {
+            self.linear.forward(params, x[0], ctx.rows, y);
+        } else {
+            let (i, o) = (self.linear.input, self.linear.output);
+            crate::nn::matmul(ctx.rows, o, i, y, false, x[0], (i, 1), &params[..i * o], (o, 1));
+        }
+        self.activation.forward(y);
+    }
+
+    fn backward(
+        &self,
+        ctx: &Ctx,
+        params: &[f32],
+        x: &[&[f32]],
+        y: &[f32],
+        dy: &[f32],
+        scratch: &mut [f32],
+        grads: &mut [f32],
+        dx: &mut [Option<&mut [f32]>],
+    ) {
+        let (i, o, rows) = (self.linear.input, self.linear.output, ctx.rows);
+        let dz = &mut scratch[..rows * o];
+        dz.copy_from_slice(dy);
+        self.activation.backward(y, dz);
+        if self.bias {
+            self.linear.backward(params, x[0], dz, rows, grads, dx[0].as_deref_mut());
+        } else {
+            crate::nn::matmul(i, o, rows, &mut grads[..i * o], true, x[0], (1, i), dz, (o, 1));
+            if let Some(dx) = dx[0].as_deref_mut() {
+                crate::nn::matmul(rows, i, o, dx, true, dz, (o, 1), &params[..i * o], (1, o));
+            }
+        }
+    }
+}
+
+/// A stack of fully connected layers: hidden layers with `activation` (and dropout after it in
+/// training), then an optional output layer with `out_activation` and no dropout.
+#[derive(Debug)]
+pub struct MlpLayer {
+    layers: Vec<Linear>,
+    activations: Vec<Activation>,
+    /// Whether the last layer is an output layer (else the last hidden output is the output).
+    has_out: bool,
+    dropout: f32,
+    salt: u64,
+    /// Where each hidden layer's activated output starts in a sample's scratch (its dropped
+    /// copy, with dropout, follows it).
+    saved_at: Vec<usize>,
+    saved: usize,
+    widest: usize,
+}
+
+/// `mlp`: `hidden = [..]`, `activation = "relu"`, `dropout = 0`, `out` (optional final width),
+/// `out_activation = "identity"`. Parameters are named `0.w`, `0.b`, `1.w`, ... by layer.
+pub fn mlp(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
+    let [input] = inputs else { return Err("takes one input".into()) };
+    let hidden = args.usize_list("hidden")?.unwrap_or_default();
+    let activation = args.activation("activation")?.unwrap_or(Activation::Relu);
+    let dropout = args.f32("dropout")?.unwrap_or(0.0);
+    let out = args.usize("out")?;
+    let out_activation = args.activation("out_activation")?.unwrap_or(Activation::Identity);
+    args.finish()?;
+    if hidden.contains(&0) || out == Some(0) {
+        return Err("layer widths must be positive".into());
+    }
+    if hidden.is_empty() && out.is_none() {
+        return Err("needs hidden widths, out, or both".into());
+    }
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(format!("dropout must be in [0, 1), got {dropout}"));
+    }
+    Ok(Box::new(MlpLayer::new(input.size(), &hidden, activation, dropout, out, out_activation, args.salt())))
+}
+
+impl MlpLayer {
+    /// The stack `input -> hidden.. -> out`.
+    pub fn new(
+        input: usize,
+        hidden: &[usize],
+        activation: Activation,
+        dropout: f32,
+        out: Option<usize>,
+        out_activation: Activation,
+        salt: u64,
+    ) -> MlpLayer {
+        let mut widths = vec![input];
+        widths.extend(hidden);
+        widths.extend(out);
+        let (mut layers, mut activations, mut at) = (Vec::new(), Vec::new(), 0);
+        for (l, w) in widths.windows(2).enumerate() {
+            let (layer, _) = Linear::new("", w[0], w[1], at);
+            at += layer.len();
+            layers.push(layer);
+            activations.push(if out.is_some() && l + 2 == widths.len() { out_activation } else { activation });
+        }
+        let copies = if dropout > 0.0 { 2 } else { 1 };
+        let (mut saved_at, mut saved) = (Vec::new(), 0);
+        for &h in hidden {
+            saved_at.push(saved);
+            saved += copies * h;
+        }
+        let widest = *widths.iter().max().expect("at least input and one layer");
+        MlpLayer { layers, activations, has_out: out.is_some(), dropout, salt, saved_at, saved, widest }
+    }
+
+    fn hidden(&self) -> usize {
+        self.layers.len() - self.has_out as usize
+    }
+
+    /// Hidden layer `l`'s activated output and, with dropout, its dropped copy (the next
+    /// layer's input), in the scratch of all rows.
+    fn spans(&self, l: usize, rows: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let w = self.layers[l].output;
+        let at = rows * self.saved_at[l];
+        let act = at..at + rows * w;
+        let next = if self.dropout > 0.0 { act.end..act.end + rows * w } else { act.clone() };
+        (act, next)
+    }
+}
+
+impl Layer for MlpLayer {
+    fn output(&self) -> Shape {
+        Shape::flat(self.layers.last().expect("an mlp has a layer").output)
+    }
+
+    fn params(&self) -> Vec<DenseParam> {
+        let mut p = Vec::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let init = Init::Uniform { scale: 1.0 / (layer.input as f32).sqrt() };
+            p.push(DenseParam { name: format!("{l}.w"), len: layer.input * layer.output, init });
+            p.push(DenseParam { name: format!("{l}.b"), len: layer.output, init });
+        }
+        p
+    }
+
+    fn scratch(&self) -> usize {
+        self.saved + 2 * self.widest
+    }
+
+    fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], scratch: &mut [f32]) {
+        let rows = ctx.rows;
+        let (saved, _) = scratch.split_at_mut(rows * self.saved);
+        for l in 0..self.layers.len() {
+            let layer = &self.layers[l];
+            let input_span = if l == 0 { None } else { Some(self.spans(l - 1, rows).1) };
+            if l < self.hidden() {
+                let (act, next) = self.spans(l, rows);
+                let (before, after) = saved.split_at_mut(act.start);
+                let input = match &input_span {
+                    None => x[0],
+                    Some(r) => &before[r.clone()],
+                };
+                let out = &mut after[..act.len()];
+                layer.forward(params, input, rows, out);
+                self.activations[l].forward(out);
+                if self.dropout > 0.0 {
+                    let (a, d) = after.split_at_mut(act.len());
+                    d[..next.len()].copy_from_slice(a);
+                    dropout_forward(ctx, self.salt ^ l as u64, self.dropout, layer.output, &mut d[..next.len()]);
+                }
+            } else {
+                let input = match &input_span {
+                    None => x[0],
+                    Some(r) => &saved[r.clone()],
+                };
+                layer.forward(params, input, rows, y);
+                self.activations[l].forward(y);
+            }
+        }
+        if !self.has_out {
+            let (_, next) = self.spans(self.hidden() - 1, rows);
+            y.copy_from_slice(&saved[next]);
+        }
+    }
+
+    fn backward(
+        &self,
+        ctx: &Ctx,
+        params: &[f32],
+        x: &[&[f32]],
+        y: &[f32],
+        dy: &[f32],
+        scratch: &mut [f32],
+        grads: &mut [f32],
+        dx: &mut [Option<&mut [f32]>],
+    ) {
+        let rows = ctx.rows;
+        let (saved, work) = scratch.split_at_mut(rows * self.saved);
+        let (grad, grad_in) = work.split_at_mut(rows * self.widest);
+        let n = self.layers.len();
+        // `grad` holds the gradient w.r.t. the current layer's output (after its activation).
+        let top = self.layers[n - 1].output;
+        grad[..rows * top].copy_from_slice(dy);
+        if !self.has_out && self.dropout > 0.0 {
+            dropout_backward(ctx, self.salt ^ (n - 1) as u64, self.dropout, top, &mut grad[..rows * top]);
+        }
+        for l in (0..n).rev() {
+            let layer = &self.layers[l];
+            let g = &mut grad[..rows * layer.output];
+            if l < self.hidden() {
+                self.activations[l].backward(&saved[self.spans(l, rows).0], g);
+            } else {
+                self.activations[l].backward(y, g);
+            }
+            if l == 0 {
+                layer.backward(params, x[0], g, rows, grads, dx[0].as_deref_mut());
+            } else {
+                let (_, input) = self.spans(l - 1, rows);
+                let gi = &mut grad_in[..rows * layer.input];
+                gi.fill(0.0);
+                layer.backward(params, &saved[input], g, rows, grads, Some(gi));
+                if self.dropout > 0.0 {
+                    dropout_backward(ctx, self.salt ^ (l - 1) as u64, self.dropout, layer.input, gi);
+                }
+                grad[..rows * layer.input].copy_from_slice(gi);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::layer::check_layer;
+
+    fn args(json: &str) -> LayerArgs {
+        LayerArgs::new("t", serde_json::from_str(json).unwrap())
+    }
+
+    #[test]
+    fn linear_gradients_match_finite_differences() {
+        for json in [
+            r#"{"out": 3}"#,
+            r#"{"out": 2, "bias": false, "activation": "tanh"}"#,
+            r#"{"out": 4, "activation": "sigmoid"}"#,
+        ] {
+            let layer = linear(&mut args(json), &[Shape { fields: 2, dim: 3 }]).unwrap();
+            check_layer(layer.as_ref(), &[Shape { fields: 2, dim: 3 }], 4, 7).unwrap_or_else(|e| panic!("{json}: {e}"));
+        }
+    }
+
+    #[test]
+    fn mlp_gradients_match_finite_differences() {
+        for json in [
+            r#"{"hidden": [7, 6], "out": 1}"#,
+            r#"{"hidden": [5], "activation": "sigmoid", "out": 3, "out_activation": "tanh"}"#,
+            r#"{"hidden": [6, 5], "dropout": 0.3, "out": 2}"#,
+            r#"{"hidden": [6, 4], "dropout": 0.25}"#,
+            r#"{"out": 2}"#,
+        ] {
+            let layer = mlp(&mut args(json), &[Shape::flat(5)]).unwrap();
+            check_layer(layer.as_ref(), &[Shape::flat(5)], 4, 3).unwrap_or_else(|e| panic!("{json}: {e}"));
+        }
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        assert!(mlp(&mut args(r#"{"hidden": [4], "widht": 3}"#), &[Shape::flat(5)]).unwrap_err().contains("widht"));
+        assert!(mlp(&mut args(r#"{"hidden": [4, 0]}"#), &[Shape::flat(5)]).unwrap_err().contains("positive"));
+        assert!(linear(&mut args(r#"{}"#), &[Shape::flat(5)]).unwrap_err().contains("needs out"));
+        assert!(linear(&mut args(r#"{"out": 1, "activation": "swish"}"#), &[Shape::flat(5)])
+            .unwrap_err()
+            .contains("swish"));
+    }
+}
