@@ -15,11 +15,21 @@
 //! | `dot_interaction` | D + (F, D) -> D + (F+1)F/2: DLRM pairwise dots | |
 //! | `weight_multiply` | K -> (K, `dim`): each value times its own vector | `dim` |
 
+mod cross;
 mod dense;
+mod dot;
+mod fm;
+mod reduce;
 mod shape;
+mod weight_multiply;
 
+pub use cross::{cross, CrossKind, CrossLayer};
 pub use dense::{linear, mlp, LinearLayer, MlpLayer};
+pub use dot::{dot_interaction, DotInteractionLayer};
+pub use fm::{fm, FmLayer};
+pub use reduce::{reduce_sum, ReduceSumLayer};
 pub use shape::{activation_layer, add, concat, dropout};
+pub use weight_multiply::{weight_multiply, WeightMultiplyLayer};
 
 use super::layer::{Ctx, Factory, Layer, Shape};
 
@@ -34,6 +44,11 @@ pub fn builtin() -> Vec<(&'static str, Factory)> {
         ("dropout", dropout),
         ("concat", concat),
         ("add", add),
+        ("reduce_sum", reduce_sum),
+        ("fm", fm),
+        ("cross", cross),
+        ("dot_interaction", dot_interaction),
+        ("weight_multiply", weight_multiply),
     ]
 }
 
