@@ -196,7 +196,10 @@ enum PrepareName {
 #[derive(Subcommand)]
 enum GenCommand {
     /// Criteo-format lines from a planted logistic model.
-    Criteo(GenCriteoArgs),
+    Criteo(GenArgs),
+    /// Multi-hot lines in the slots format (one-hot, multi-valued and weighted slots) from a
+    /// planted model with per-slot pooling; meta.json has the `[data]` section to read them.
+    Slots(GenArgs),
 }
 
 #[derive(Args, Clone)]
@@ -505,7 +508,7 @@ struct BenchArgs {
 }
 
 #[derive(Args)]
-struct GenCriteoArgs {
+struct GenArgs {
     /// Training lines.
     #[arg(long)]
     lines: u64,
@@ -692,26 +695,47 @@ fn run(command: Command, launched: bool) -> anyhow::Result<()> {
         }
         Command::Gen { what: GenCommand::Criteo(a) } => {
             let started = Instant::now();
-            let r = oar::data::gen::generate(&oar::data::gen::GenConfig {
-                lines: a.lines,
-                test_lines: a.test_lines,
-                seed: a.seed,
-                parts: a.parts,
-                out: a.out.clone(),
-            })?;
-            println!(
-                "generated {} train lines in {} part(s) + {} test lines into {} in {:.1} s; train CTR {:.4}; oracle test AUC {:.4}",
-                r.train_lines,
-                r.parts,
-                r.test_lines,
-                a.out.display(),
-                started.elapsed().as_secs_f64(),
-                r.train_ctr,
-                r.oracle_test_auc.unwrap_or(f64::NAN)
-            );
+            let r = oar::data::gen::generate(&gen_config(&a))?;
+            print_generated(&a, &r, started);
+            Ok(())
+        }
+        Command::Gen { what: GenCommand::Slots(a) } => {
+            let started = Instant::now();
+            let r = oar::data::gen_slots::generate(&gen_config(&a))?;
+            print_generated(&a, &r.report, started);
+            #[derive(serde::Serialize)]
+            struct Job<'a> {
+                data: &'a oar::data::DataConfig,
+            }
+            let pooling: Vec<String> = r.slots.iter().map(|s| format!("{} {}", s.name, s.pooling.name())).collect();
+            println!("slots and their pooling: {}", pooling.join(", "));
+            println!("read it with:\n{}", toml::to_string(&Job { data: &r.data })?.trim_end());
             Ok(())
         }
     }
+}
+
+fn gen_config(a: &GenArgs) -> oar::data::gen::GenConfig {
+    oar::data::gen::GenConfig {
+        lines: a.lines,
+        test_lines: a.test_lines,
+        seed: a.seed,
+        parts: a.parts,
+        out: a.out.clone(),
+    }
+}
+
+fn print_generated(a: &GenArgs, r: &oar::data::gen::GenReport, started: Instant) {
+    println!(
+        "generated {} train lines in {} part(s) + {} test lines into {} in {:.1} s; train CTR {:.4}; oracle test AUC {:.4}",
+        r.train_lines,
+        r.parts,
+        r.test_lines,
+        a.out.display(),
+        started.elapsed().as_secs_f64(),
+        r.train_ctr,
+        r.oracle_test_auc.unwrap_or(f64::NAN)
+    );
 }
 
 /// The IPv4 address of network interface `name`.

@@ -4,8 +4,11 @@
 //! Integer features become `ln(1 + max(x, 0))` (missing and negative values give 0: Criteo's
 //! few negatives are -1/-2 sentinels). Each categorical value is hashed together with its slot
 //! into a u64 id; a missing value gets its own id per slot, so "missing" is learned too.
+//!
+//! Its [`Schema`](super::Schema) is [`Schema::criteo`](super::Schema::criteo): label `label`,
+//! dense column `I` of width 13, slots `C1`..`C26`; every bag holds one id (one-hot).
 
-use super::Batch;
+use super::{Batch, LineParser};
 use crate::layout::mix64;
 
 /// Integer features per line.
@@ -70,8 +73,18 @@ pub fn dense_value(x: i64) -> f32 {
     (x.max(0) as f64).ln_1p() as f32
 }
 
-/// Parses one line (without its newline) and appends it to `batch`. On error nothing is
-/// appended and the reason names the field.
+/// The Criteo [`LineParser`] (stateless: [`parse_line`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CriteoParser;
+
+impl LineParser for CriteoParser {
+    fn parse(&mut self, line: &[u8], batch: &mut Batch) -> Result<(), String> {
+        parse_line(line, batch)
+    }
+}
+
+/// Parses one line (without its newline) and appends it to `batch` (label width 1, 13 dense,
+/// 26 slots). On error nothing is appended and the reason names the field.
 pub fn parse_line(line: &[u8], batch: &mut Batch) -> Result<(), String> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let mut fields = [&b""[..]; FIELDS];
@@ -95,10 +108,16 @@ pub fn parse_line(line: &[u8], batch: &mut Batch) -> Result<(), String> {
             *d = dense_value(x);
         }
     }
+    let ids: [u64; SLOTS] = std::array::from_fn(|s| feature_id(s, fields[1 + DENSE + s]));
     batch.labels.push(label);
     batch.dense.extend_from_slice(&dense);
-    for s in 0..SLOTS {
-        batch.ids.push(feature_id(s, fields[1 + DENSE + s]));
+    if batch.offsets.is_empty() && batch.weights.is_empty() {
+        // One-hot so far (always, unless other batches were appended): one id per bag.
+        batch.ids.extend_from_slice(&ids);
+    } else {
+        for id in ids {
+            batch.push_bag(&[id], None);
+        }
     }
     Ok(())
 }
@@ -110,7 +129,7 @@ mod tests {
     #[test]
     fn parses_a_real_line_with_missing_fields() {
         let line = b"0\t1\t1\t5\t0\t1382\t4\t15\t2\t181\t1\t2\t\t2\t68fd1e64\t80e26c9b\tfb936136\t7b4723c4\t25c83c98\t7e0ccccf\tde7995b8\t1f89b562\ta73ee510\ta8cd5504\tb2cb9c98\t37c9c164\t2824a5f6\t1adce6ef\t8ba8b39a\t891b62e7\te5ba7672\tf54016b9\t21ddcdc9\tb1252a9d\t07b5194c\t\t3a171ecb\tc5c50484\te8b83407\t9727dd16";
-        let mut b = Batch::new(DENSE, SLOTS);
+        let mut b = Batch::new(1, DENSE, SLOTS);
         parse_line(line, &mut b).unwrap();
         assert_eq!(b.labels, [0.0]);
         assert_eq!(b.dense[0], 2f32.ln());
@@ -118,11 +137,12 @@ mod tests {
         assert_eq!(b.ids[0], feature_id(0, b"68fd1e64"));
         assert_eq!(b.ids[21], feature_id(21, b""));
         assert_ne!(feature_id(0, b"68fd1e64"), feature_id(1, b"68fd1e64"));
+        assert!(b.offsets.is_empty() && b.weights.is_empty(), "criteo bags are one-hot");
     }
 
     #[test]
     fn short_lines_are_padded_and_negatives_accepted() {
-        let mut b = Batch::new(DENSE, SLOTS);
+        let mut b = Batch::new(1, DENSE, SLOTS);
         parse_line(b"1\t-1\t-2", &mut b).unwrap();
         assert_eq!(b.labels, [1.0]);
         assert_eq!(&b.dense[..2], &[0.0, 0.0]);
@@ -132,11 +152,11 @@ mod tests {
 
     #[test]
     fn bad_fields_name_themselves() {
-        let mut b = Batch::new(DENSE, SLOTS);
+        let mut b = Batch::new(1, DENSE, SLOTS);
         assert!(parse_line(b"2\t1", &mut b).unwrap_err().contains("label"));
         assert!(parse_line(b"1\t1\tx7", &mut b).unwrap_err().contains("I2"));
         let long = vec![b'0'; 0].into_iter().chain("1\t".repeat(41).bytes()).collect::<Vec<u8>>();
         assert!(parse_line(&long, &mut b).unwrap_err().contains("more than 40"));
-        assert!(b.is_empty(), "a bad line appends nothing");
+        assert_eq!(b, Batch::new(1, DENSE, SLOTS), "a bad line appends nothing");
     }
 }

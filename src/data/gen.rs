@@ -69,19 +69,21 @@ pub struct GenReport {
 
 /// Counter-based random numbers: draw `k` of line `line` in `stream`.
 #[derive(Clone, Copy)]
-struct Draws {
-    base: u64,
+pub(crate) struct Draws {
+    pub(crate) base: u64,
 }
 
 impl Draws {
-    fn new(seed: u64, stream: u64, line: u64) -> Draws {
+    pub(crate) fn new(seed: u64, stream: u64, line: u64) -> Draws {
         Draws { base: mix64(mix64(seed ^ 0x5eed) ^ mix64(stream << 40 ^ line)) }
     }
-    fn uniform(&self, k: u64) -> f64 {
+    /// Uniform in [0, 1).
+    pub(crate) fn uniform(&self, k: u64) -> f64 {
         ((mix64(self.base.wrapping_add(k.wrapping_mul(0x9e37_79b9_7f4a_7c15))) >> 11) as f64)
             * (1.0 / (1u64 << 53) as f64)
     }
-    fn normal(&self, k: u64) -> f64 {
+    /// Standard normal (uses uniform draws `2k` and `2k + 1`).
+    pub(crate) fn normal(&self, k: u64) -> f64 {
         let u1 = self.uniform(2 * k).max(1e-300);
         let u2 = self.uniform(2 * k + 1);
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
@@ -97,7 +99,11 @@ fn cat_weight(seed: u64, s: usize, r: u32) -> f64 {
 /// Zipf-like rank in 0..v by inverting the continuous power-law CDF (exponent 1.1 for big
 /// vocabularies, 0.8 for small ones, as the Python reference).
 fn zipf_rank(u: f64, v: u32) -> u32 {
-    let a = if v >= 1000 { 1.1 } else { 0.8 };
+    zipf(u, v, if v >= 1000 { 1.1 } else { 0.8 })
+}
+
+/// Rank in 0..v of uniform `u` under the continuous power law of exponent `a` (not 1).
+pub(crate) fn zipf(u: f64, v: u32, a: f64) -> u32 {
     let n = v as f64 + 1.0;
     let x = (((n.powf(1.0 - a) - 1.0) * u + 1.0).powf(1.0 / (1.0 - a))) - 1.0;
     (x as u32).min(v - 1)
@@ -161,8 +167,12 @@ fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64
 /// Labels and planted probabilities of one written part.
 type PartResult = std::io::Result<(Vec<f32>, Vec<f32>)>;
 
+/// A line writer: line `line` of `stream` for `seed` into the buffer; returns (label, planted
+/// probability).
+pub(crate) type WriteLine = fn(u64, u64, u64, &mut Vec<u8>) -> (f32, f64);
+
 /// Writes lines `range` of `stream` to `path`; returns labels and planted probabilities.
-fn write_part(seed: u64, stream: u64, range: std::ops::Range<u64>, path: &Path) -> PartResult {
+fn write_part(write_line: WriteLine, seed: u64, stream: u64, range: std::ops::Range<u64>, path: &Path) -> PartResult {
     let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
     let (mut labels, mut probs) = (Vec::new(), Vec::new());
     let mut buf = Vec::with_capacity(1 << 16);
@@ -182,6 +192,21 @@ fn write_part(seed: u64, stream: u64, range: std::ops::Range<u64>, path: &Path) 
 
 /// Generates the data set described by `config`.
 pub fn generate(config: &GenConfig) -> anyhow::Result<GenReport> {
+    let report = write_parts(config, write_line)?;
+    write_meta(config, &report)?;
+    Ok(report)
+}
+
+/// Writes `config.out/meta.json`.
+pub(crate) fn write_meta(config: &GenConfig, meta: &impl serde::Serialize) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let path = config.out.join("meta.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(meta)?).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Writes the train parts (stream 1) and the test part (stream 2) of `config` with
+/// `write_line`, parts in parallel, and measures the planted model on the test part.
+pub(crate) fn write_parts(config: &GenConfig, write_line: WriteLine) -> anyhow::Result<GenReport> {
     use anyhow::Context;
     anyhow::ensure!(config.parts > 0, "--parts must be at least 1");
     let train_dir = config.out.join("train");
@@ -207,7 +232,7 @@ pub fn generate(config: &GenConfig) -> anyhow::Result<GenReport> {
             scope.spawn(|| loop {
                 let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some((stream, range, path)) = jobs.get(k) else { return };
-                let r = write_part(config.seed, *stream, range.clone(), path);
+                let r = write_part(write_line, config.seed, *stream, range.clone(), path);
                 *results[k].lock().expect("no panics while holding this lock") = Some(r);
             });
         }
@@ -232,9 +257,6 @@ pub fn generate(config: &GenConfig) -> anyhow::Result<GenReport> {
         oracle_test_auc: metrics::auc(&test.1, &test.0),
         oracle_test_logloss: metrics::log_loss(&test.1, &test.0),
     };
-    let meta = config.out.join("meta.json");
-    std::fs::write(&meta, serde_json::to_vec_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", meta.display()))?;
     Ok(report)
 }
 
@@ -251,7 +273,7 @@ mod tests {
             write_line(1, 1, line, &mut b);
         }
         assert_eq!(a, b);
-        let mut batch = crate::data::Batch::new(DENSE, SLOTS);
+        let mut batch = crate::data::Batch::new(1, DENSE, SLOTS);
         for line in a.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
             crate::data::criteo::parse_line(line, &mut batch).unwrap();
         }

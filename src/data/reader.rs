@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
-use super::Batch;
+use super::{Batch, LineParser, Schema};
 
 /// A bad input: the file, the 1-based line, and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +41,6 @@ pub enum DataError {
     },
 }
 
-/// A line parser: appends one sample to the batch or says what is wrong.
-pub type ParseFn = fn(&[u8], &mut Batch) -> Result<(), String>;
-
 /// How a reader batches and what it does with bad lines.
 #[derive(Clone, Debug)]
 pub struct ReaderConfig {
@@ -53,42 +50,26 @@ pub struct ReaderConfig {
     pub skip_bad_lines: bool,
     /// Batches parsed ahead of the trainer.
     pub prefetch: usize,
-    /// Dense features per sample.
-    pub dense_width: usize,
-    /// Sparse slots per sample.
-    pub slots: usize,
-    /// The line format.
-    pub parse: ParseFn,
-    /// A shell command each file is piped through.
+    /// The data layout: line format and batch shape (the reader thread builds its parser).
+    pub schema: Arc<Schema>,
+    /// A shell command each file is piped through (the schema's, unless overridden).
     pub pipe_command: Option<String>,
 }
 
 impl ReaderConfig {
     /// Criteo TSV lines in batches of `batch_size`.
     pub fn criteo(batch_size: usize) -> ReaderConfig {
+        ReaderConfig::new(&Schema::criteo(), batch_size)
+    }
+
+    /// Batches of `batch_size` samples read as `schema` says.
+    pub fn new(schema: &Schema, batch_size: usize) -> ReaderConfig {
         ReaderConfig {
             batch_size,
             skip_bad_lines: false,
             prefetch: 8,
-            dense_width: super::criteo::DENSE,
-            slots: super::criteo::SLOTS,
-            parse: super::criteo::parse_line,
-            pipe_command: None,
-        }
-    }
-
-    /// Batches of `batch_size` samples of the given shape, read as `data` says.
-    pub fn new(data: &super::DataConfig, batch_size: usize, dense_width: usize, slots: usize) -> ReaderConfig {
-        let parse: ParseFn = match data.format {
-            super::Format::Criteo => super::criteo::parse_line,
-            super::Format::Plain => super::plain::parse_line,
-        };
-        ReaderConfig {
-            dense_width,
-            slots,
-            parse,
-            pipe_command: data.pipe_command.clone(),
-            ..ReaderConfig::criteo(batch_size)
+            schema: Arc::new(schema.clone()),
+            pipe_command: schema.pipe_command.clone(),
         }
     }
 }
@@ -119,9 +100,10 @@ impl Reader {
         std::thread::Builder::new()
             .name("oar-reader".into())
             .spawn(move || {
-                let mut batch = Batch::new(config.dense_width, config.slots);
+                let mut parser = super::parser(&config.schema);
+                let mut batch = config.schema.new_batch();
                 for path in files {
-                    if let Err(e) = read_file(&path, &config, &p, &mut batch, &tx) {
+                    if let Err(e) = read_file(&path, &config, &mut *parser, &p, &mut batch, &tx) {
                         let _ = tx.send(Err(e));
                         return;
                     }
@@ -151,6 +133,7 @@ impl Iterator for Reader {
 fn read_file(
     path: &PathBuf,
     config: &ReaderConfig,
+    parser: &mut dyn LineParser,
     progress: &ReadProgress,
     batch: &mut Batch,
     tx: &std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
@@ -158,7 +141,7 @@ fn read_file(
     let io = |cause| DataError::Io { path: path.clone(), cause };
     let file = std::fs::File::open(path).map_err(io)?;
     let Some(command) = &config.pipe_command else {
-        return read_lines(path, std::io::BufReader::with_capacity(1 << 20, file), config, progress, batch, tx);
+        return read_lines(path, std::io::BufReader::with_capacity(1 << 20, file), config, parser, progress, batch, tx);
     };
     let mut child = std::process::Command::new("sh")
         .arg("-c")
@@ -176,7 +159,8 @@ fn read_file(
         let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
         text
     });
-    let read = read_lines(path, std::io::BufReader::with_capacity(1 << 20, stdout), config, progress, batch, tx);
+    let read =
+        read_lines(path, std::io::BufReader::with_capacity(1 << 20, stdout), config, parser, progress, batch, tx);
     if read.is_err() {
         let _ = child.kill();
     }
@@ -195,6 +179,7 @@ fn read_lines(
     path: &std::path::Path,
     mut r: impl BufRead,
     config: &ReaderConfig,
+    parser: &mut dyn LineParser,
     progress: &ReadProgress,
     batch: &mut Batch,
     tx: &std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
@@ -214,7 +199,7 @@ fn read_lines(
         if text.is_empty() {
             continue;
         }
-        match (config.parse)(text, batch) {
+        match parser.parse(text, batch) {
             Ok(()) => {
                 progress.samples.fetch_add(1, Relaxed);
             }
@@ -225,7 +210,7 @@ fn read_lines(
             Err(reason) => return Err(DataError::BadLine { path: path.to_path_buf(), line: number, reason }),
         }
         if batch.len() == config.batch_size {
-            let full = std::mem::replace(batch, Batch::new(config.dense_width, config.slots));
+            let full = std::mem::replace(batch, config.schema.new_batch());
             if tx.send(Ok(full)).is_err() {
                 // The consumer is gone: stop reading.
                 return Ok(());
@@ -260,6 +245,54 @@ mod tests {
         let sizes: Vec<usize> = reader.map(|b| b.unwrap().len()).collect();
         assert_eq!(sizes, [2, 2, 1]);
         assert_eq!(progress.bad_lines.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn multi_hot_batches_split_at_batch_boundaries_across_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = [
+            "click:1 d:0.5 a:1 b:2 b:3",
+            "click:0 a:4 b:5:0.5",
+            "click:1 a:6",
+            "click:0 d:1 b:7 b:8 b:9 a:10",
+            "click:1 a:11 b:12",
+        ];
+        let a = dir.path().join("a");
+        let b = dir.path().join("b");
+        std::fs::write(&a, lines[..3].join("\n")).unwrap();
+        std::fs::write(&b, lines[3..].join("\n") + "\n").unwrap();
+        let data = crate::data::DataConfig {
+            format: crate::data::Format::Slots,
+            dense: Some(vec![crate::data::DenseColumn { name: "d".into(), width: 1 }]),
+            slots: Some(vec!["a".into(), "b".into()]),
+            hash_slots: Some(false),
+            ..Default::default()
+        };
+        let schema = Schema::resolve(&data, None).unwrap();
+        let batches: Vec<Batch> =
+            Reader::spawn(vec![a, b], ReaderConfig::new(&schema, 2)).map(|b| b.unwrap()).collect();
+        assert_eq!(batches.iter().map(Batch::len).collect::<Vec<_>>(), [2, 2, 1]);
+        assert_eq!(batches[0].ids, [1, 2, 3, 4, 5]);
+        assert_eq!(batches[0].offsets, [0, 1, 3, 4, 5]);
+        assert_eq!(batches[0].weights, [1.0, 1.0, 1.0, 1.0, 0.5]);
+        assert_eq!(batches[1].ids, [6, 10, 7, 8, 9]);
+        assert_eq!(batches[1].offsets, [0, 1, 1, 2, 5], "each batch's offsets start at 0");
+        assert!(batches[1].weights.is_empty(), "a batch without weighted ids has no weights");
+        assert!(batches[2].offsets.is_empty(), "a batch of one id per bag stays one-hot");
+        assert_eq!((batches[2].labels.clone(), batches[2].dense.clone()), (vec![1.0], vec![0.0]));
+
+        let mut all = schema.new_batch();
+        let mut parser = crate::data::parser(&schema);
+        for line in lines {
+            parser.parse(line.as_bytes(), &mut all).unwrap();
+        }
+        let mut joined = schema.new_batch();
+        for b in &batches {
+            joined.extend(b);
+        }
+        assert_eq!(joined, all);
+        let mid = all.slice(2..4);
+        assert_eq!((mid.ids, mid.offsets), (batches[1].ids.clone(), batches[1].offsets.clone()));
     }
 
     #[test]

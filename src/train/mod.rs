@@ -22,7 +22,7 @@ pub use store::{Dedup, Store};
 
 use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
 use crate::client::{Client, ClientConfig};
-use crate::data::{shard_files, Batch, DataConfig, Reader, ReaderConfig};
+use crate::data::{shard_files, Batch, DataConfig, Reader, ReaderConfig, Schema};
 use crate::metrics::EvalReport;
 use crate::metrics::PassMetrics;
 use crate::model::{ModelConfig, Network, Work};
@@ -164,7 +164,7 @@ pub fn evaluate(
     let mut params = Vec::new();
     store.pull(Some(&mut params), &[], &mut Vec::new(), dim, RowCreation::Peek)?;
     let reader =
-        Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..reader_config(model, data, batch_size) });
+        Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..reader_config(model, data, batch_size)? });
     let (mut dedup, mut rows, mut work) = (Dedup::default(), Vec::new(), Work::default());
     let mut metrics = PassMetrics::new(model.config().loss);
     for batch in reader {
@@ -178,9 +178,10 @@ pub fn evaluate(
     Ok(metrics.report())
 }
 
-fn reader_config(model: &Network, data: &DataConfig, batch_size: usize) -> ReaderConfig {
+fn reader_config(model: &Network, data: &DataConfig, batch_size: usize) -> anyhow::Result<ReaderConfig> {
     let m = model.config();
-    ReaderConfig::new(data, batch_size, m.dense_features, m.slots)
+    let schema = Schema::resolve(data, Some((m.slots, m.dense_features))).map_err(anyhow::Error::msg)?;
+    Ok(ReaderConfig::new(&schema, batch_size))
 }
 
 /// Trains as configured. `on_progress(bytes, samples)` is called after every step with the
@@ -217,7 +218,7 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
             files.clone(),
             ReaderConfig {
                 skip_bad_lines: config.skip_bad_lines,
-                ..reader_config(&model, &config.data, config.batch_size)
+                ..reader_config(&model, &config.data, config.batch_size)?
             },
         );
         let progress = reader.progress();
