@@ -349,7 +349,7 @@ impl Client {
             (0..n).map(|_| Pull { dense: selection, create, sparse: Vec::with_capacity(tables.len()) }).collect();
         let mut groupings = Vec::with_capacity(tables.len());
         for t in tables {
-            group_by_server(t.ids, n, &mut self.order, &mut self.starts);
+            group_by_server(t.table, t.ids, n, &mut self.order, &mut self.starts);
             for (s, pull) in per_server.iter_mut().enumerate() {
                 let ids: Vec<u64> =
                     self.order[self.starts[s]..self.starts[s + 1]].iter().map(|&p| t.ids[p as usize]).collect();
@@ -439,7 +439,7 @@ impl Client {
             })
             .collect();
         for t in tables {
-            group_by_server(t.ids, n, &mut self.order, &mut self.starts);
+            group_by_server(t.table, t.ids, n, &mut self.order, &mut self.starts);
             for (s, push) in per_server.iter_mut().enumerate() {
                 let positions = &self.order[self.starts[s]..self.starts[s + 1]];
                 let ids: Vec<u64> = positions.iter().map(|&p| t.ids[p as usize]).collect();

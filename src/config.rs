@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::ModelConfig;
+use crate::data::{DataConfig, Schema};
+use crate::model::{Input, Model, ModelConfig, Registry};
 use crate::table::Optimizer;
 
 /// Training settings of a job.
@@ -60,7 +61,7 @@ pub struct JobConfig {
     /// Training settings.
     pub train: TrainSettings,
     /// How data files are read.
-    pub data: crate::data::DataConfig,
+    pub data: DataConfig,
 }
 
 impl Default for JobConfig {
@@ -70,7 +71,7 @@ impl Default for JobConfig {
             dense_optimizer: Optimizer::adam(1e-3),
             sparse_optimizer: Optimizer::adagrad(0.05),
             train: TrainSettings::default(),
-            data: crate::data::DataConfig::default(),
+            data: DataConfig::default(),
         }
     }
 }
@@ -88,9 +89,16 @@ impl JobConfig {
         std::fs::write(path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
 
-    /// Checks everything; messages name the setting.
+    /// Checks everything with the built-in layer types; messages name the setting.
     pub fn validate(&self) -> anyhow::Result<()> {
-        self.model.validate().map_err(anyhow::Error::msg)?;
+        self.validate_with(&Registry::default())
+    }
+
+    /// Checks everything, the model graph with `registry`'s layer types; messages name the
+    /// setting (or layer).
+    pub fn validate_with(&self, registry: &Registry) -> anyhow::Result<()> {
+        let (model, _) = build_model(&self.model, &self.data, registry)?;
+        model.table_spec(self.dense_optimizer, self.sparse_optimizer).validate().map_err(anyhow::Error::msg)?;
         self.dense_optimizer.validate("dense").map_err(anyhow::Error::msg)?;
         self.sparse_optimizer.validate("sparse").map_err(anyhow::Error::msg)?;
         anyhow::ensure!(self.train.batch_size > 0, "batch_size must be at least 1");
@@ -100,6 +108,15 @@ impl JobConfig {
         anyhow::ensure!(self.train.lag_ratio > 0.0, "lag_ratio must be positive");
         Ok(())
     }
+}
+
+/// The model `model` describes for data read as `data` says, with `registry`'s layer types, and
+/// that data's resolved schema.
+pub fn build_model(model: &ModelConfig, data: &DataConfig, registry: &Registry) -> anyhow::Result<(Model, Schema)> {
+    let schema = Schema::resolve(data, model.shorthand_shape()).map_err(anyhow::Error::msg)?;
+    let input = Input { labels: schema.labels.clone(), dense_width: schema.dense_width, slots: schema.slots.clone() };
+    let model = Model::build(model, &input, registry).map_err(anyhow::Error::msg)?;
+    Ok((model, schema))
 }
 
 /// The data files a `--train`/`--test` path names, as absolute paths.

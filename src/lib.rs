@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod bench;
 pub mod checkpoint;
+pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod config;

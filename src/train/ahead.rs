@@ -10,6 +10,7 @@
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 use std::thread::{Scope, ScopedJoinHandle};
 
+use super::store::StepHeader;
 use crate::client::{Client, TableGrads, TableIds};
 use crate::protocol::RowCreation;
 
@@ -19,30 +20,22 @@ pub struct Pulled {
     pub version: u64,
     /// The dense vector.
     pub dense: Vec<f32>,
-    /// Rows of the batch's unique ids.
-    pub rows: Vec<f32>,
+    /// Per table, the rows of the batch's unique ids.
+    pub rows: Vec<Vec<f32>>,
 }
 
 /// A push's content, owned so it can cross to the communication thread.
 pub struct PushJob {
-    /// Step number.
-    pub step: u64,
-    /// Pass number.
-    pub pass: u32,
-    /// Version the gradients were computed from.
-    pub version: u64,
-    /// Samples covered.
-    pub samples: usize,
+    /// Who pushes which step.
+    pub header: StepHeader,
     /// Dense gradient sums.
     pub dense: Vec<f32>,
-    /// Unique ids.
-    pub ids: Vec<u64>,
-    /// Their gradient sums.
-    pub row_grads: Vec<f32>,
+    /// Per table, the unique ids and their gradient sums.
+    pub tables: Vec<(Vec<u64>, Vec<f32>)>,
 }
 
 enum Job {
-    Pull { ids: Vec<u64>, dense: Vec<f32>, rows: Vec<f32> },
+    Pull { ids: Vec<Vec<u64>>, dense: Vec<f32>, rows: Vec<Vec<f32>> },
     Push(PushJob),
 }
 
@@ -54,12 +47,12 @@ pub struct Ahead<'scope> {
 }
 
 impl<'scope> Ahead<'scope> {
-    /// Starts the thread in `scope`; it uses `client` until [`Ahead::finish`].
+    /// Starts the thread in `scope`; it uses `client` until [`Ahead::finish`]. `dims[t]` is
+    /// table `t`'s row width.
     pub fn start<'env>(
         scope: &'scope Scope<'scope, 'env>,
         client: &'scope mut Client,
-        trainer: usize,
-        dim: usize,
+        dims: Vec<usize>,
     ) -> Ahead<'scope> {
         // Two jobs in flight at most: the next pull and the last push.
         let (jobs, rx) = sync_channel::<Job>(2);
@@ -71,20 +64,27 @@ impl<'scope> Ahead<'scope> {
                 for job in rx {
                     let result: Result<(), crate::client::ClientError> = match job {
                         Job::Pull { ids, mut dense, mut rows } => {
-                            let table = TableIds { table: 0, dim, ids: &ids };
-                            let mut out = [std::mem::take(&mut rows)];
-                            client
-                                .pull(Some(&mut dense), std::slice::from_ref(&table), &mut out, RowCreation::Create)
-                                .map(|version| {
-                                    let rows = std::mem::take(&mut out[0]);
-                                    // The trainer may have stopped waiting: nothing to do then.
-                                    let _ = tx.send(Pulled { version, dense, rows });
-                                })
+                            let tables: Vec<TableIds> = ids
+                                .iter()
+                                .enumerate()
+                                .map(|(t, ids)| TableIds { table: t as u32, dim: dims[t], ids })
+                                .collect();
+                            rows.resize_with(ids.len(), Vec::new);
+                            client.pull(Some(&mut dense), &tables, &mut rows, RowCreation::Create).map(|version| {
+                                // The trainer may have stopped waiting: nothing to do then.
+                                let _ = tx.send(Pulled { version, dense, rows });
+                            })
                         }
                         Job::Push(p) => {
-                            let grads = TableGrads { table: 0, dim, ids: &p.ids, grads: &p.row_grads };
+                            let h = p.header;
+                            let tables: Vec<TableGrads> = p
+                                .tables
+                                .iter()
+                                .enumerate()
+                                .map(|(t, (ids, grads))| TableGrads { table: t as u32, dim: dims[t], ids, grads })
+                                .collect();
                             client
-                                .push(trainer, p.step, p.pass, p.version, p.samples, Some(&p.dense), &[grads])
+                                .push(h.trainer, h.step, h.pass, h.base_version, h.samples, Some(&p.dense), &tables)
                                 .map(|r| discarded += r.discarded as u64)
                         }
                     };
@@ -114,8 +114,9 @@ impl<'scope> Ahead<'scope> {
         }
     }
 
-    /// Starts pulling the parameters of `ids`, reusing `dense` and `rows` as buffers.
-    pub fn pull(&mut self, ids: Vec<u64>, dense: Vec<f32>, rows: Vec<f32>) -> anyhow::Result<()> {
+    /// Starts pulling the parameters of every table's `ids`, reusing `dense` and `rows` as
+    /// buffers.
+    pub fn pull(&mut self, ids: Vec<Vec<u64>>, dense: Vec<f32>, rows: Vec<Vec<f32>>) -> anyhow::Result<()> {
         self.send(Job::Pull { ids, dense, rows })
     }
 

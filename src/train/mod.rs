@@ -7,9 +7,11 @@
 //! servers (through a [`Client`]); only [`Store`] differs.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 mod ahead;
@@ -18,14 +20,15 @@ mod store;
 
 use ahead::{Ahead, PushJob};
 use step::{compute, Replica};
-pub use store::{Dedup, Store};
+pub use store::{Lookups, StepHeader, Store, TableLookup};
 
+use crate::batch::Batch;
 use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
 use crate::client::{Client, ClientConfig};
-use crate::data::{shard_files, Batch, DataConfig, Reader, ReaderConfig, Schema};
+use crate::data::{shard_files, DataConfig, Reader, ReaderConfig, Schema};
 use crate::metrics::EvalReport;
 use crate::metrics::PassMetrics;
-use crate::model::{ModelConfig, Network, Work};
+use crate::model::{Model, ModelConfig, Registry, Work};
 use crate::protocol::RowCreation;
 use crate::server::Mode;
 use crate::table::{Optimizer, Shard, TableSpec};
@@ -99,7 +102,6 @@ impl TrainConfig {
             }
             _ => anyhow::ensure!(!self.servers.is_empty(), "{:?} mode needs --servers", self.mode),
         }
-        self.model.validate().map_err(anyhow::Error::msg)?;
         self.dense_optimizer.validate("dense").map_err(anyhow::Error::msg)?;
         self.sparse_optimizer.validate("sparse").map_err(anyhow::Error::msg)?;
         Ok(())
@@ -139,7 +141,7 @@ pub struct TrainReport {
 }
 
 /// Seconds spent in each phase of the training loop, summed over steps.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct StepTimes {
     /// Waiting for the reader's next batch.
     pub data: f64,
@@ -151,46 +153,70 @@ pub struct StepTimes {
     pub push: f64,
 }
 
+impl std::ops::AddAssign for StepTimes {
+    fn add_assign(&mut self, o: StepTimes) {
+        self.data += o.data;
+        self.pull += o.pull;
+        self.compute += o.compute;
+        self.push += o.push;
+    }
+}
+
+/// The model a trainer config describes, built for its data's shape with `registry`'s layer
+/// types; errors name the setting.
+pub fn build_model(config: &TrainConfig, registry: &Registry) -> anyhow::Result<(Model, Schema)> {
+    crate::config::build_model(&config.model, &config.data, registry)
+}
+
 /// Evaluates the model held by `store` on `files` (rows of unseen ids are not created).
 pub fn evaluate(
     store: &mut Store,
-    model: &Network,
-    data: &DataConfig,
+    model: &Model,
+    schema: &Schema,
     files: &[PathBuf],
     batch_size: usize,
     skip_bad_lines: bool,
 ) -> anyhow::Result<EvalReport> {
-    let dim = model.config().embedding_dim;
+    let dims = dims(model);
     let mut params = Vec::new();
-    store.pull(Some(&mut params), &[], &mut Vec::new(), dim, RowCreation::Peek)?;
+    store.pull(Some(&mut params), &[], &mut [], RowCreation::Peek)?;
     let reader =
-        Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..reader_config(model, data, batch_size)? });
-    let (mut dedup, mut rows, mut work) = (Dedup::default(), Vec::new(), Work::default());
-    let mut metrics = PassMetrics::new(model.config().loss);
+        Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..ReaderConfig::new(schema, batch_size) });
+    let (mut lookups, mut rows, mut work) = (Lookups::default(), Vec::new(), Work::default());
+    rows.resize_with(dims.len(), Vec::new);
+    let mut metrics = PassMetrics::new(model.loss());
     for batch in reader {
         let batch = batch?;
         model.check_batch(&batch).map_err(anyhow::Error::msg)?;
-        dedup.run(&batch.ids);
-        store.pull(None, &dedup.unique, &mut rows, dim, RowCreation::Peek)?;
-        let loss = model.evaluate(&params, &batch, &rows, &dedup.index, &mut work);
-        metrics.observe(loss, &work.probs, &batch.labels);
+        lookups.run(&batch, model.table_slots());
+        store.pull(None, &lookups.ids(&dims), &mut rows, RowCreation::Peek)?;
+        let loss = model.evaluate(&params, &batch, &lookups.rows(&rows), &mut work);
+        metrics.observe(loss, work.probs(), &model.labels(&batch));
     }
     Ok(metrics.report())
 }
 
-fn reader_config(model: &Network, data: &DataConfig, batch_size: usize) -> anyhow::Result<ReaderConfig> {
-    let m = model.config();
-    let schema = Schema::resolve(data, Some((m.slots, m.dense_features))).map_err(anyhow::Error::msg)?;
-    Ok(ReaderConfig::new(&schema, batch_size))
+fn dims(model: &Model) -> Vec<usize> {
+    model.tables().iter().map(|t| t.dim).collect()
 }
 
-/// Trains as configured. `on_progress(bytes, samples)` is called after every step with the
-/// totals so far (for progress bars).
+/// Trains as configured, with the built-in layer types. `on_progress(bytes, samples)` is called
+/// with the totals so far (for progress bars).
 pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Result<TrainReport> {
+    run_with(config, &Registry::default(), on_progress)
+}
+
+/// Trains as configured, with the layer types of `registry` (a program's own layers).
+pub fn run_with(
+    config: &TrainConfig,
+    registry: &Registry,
+    on_progress: &dyn Fn(u64, u64),
+) -> anyhow::Result<TrainReport> {
     config.validate()?;
     let started = Instant::now();
-    let model = Network::new(&config.model);
+    let (model, schema) = build_model(config, registry)?;
     let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
+    spec.validate().map_err(anyhow::Error::msg)?;
     let me = config.trainer_id;
     let (mut store, first_pass) = open_store(config, &spec)?;
     let files = shard_files(&config.train_files, config.trainers, me);
@@ -199,9 +225,8 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
         "trainer {me} of {} has no training file: give at least as many files as trainers",
         config.trainers
     );
-    tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, first_pass, "training");
+    tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, first_pass, model = %model.summary(), "training");
 
-    let mut replicas: Vec<Replica> = (0..config.threads).map(|_| Replica::default()).collect();
     let mut report = TrainReport {
         trainer: me,
         samples: 0,
@@ -216,23 +241,19 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
     for pass in first_pass..=config.passes {
         let reader = Reader::spawn(
             files.clone(),
-            ReaderConfig {
-                skip_bad_lines: config.skip_bad_lines,
-                ..reader_config(&model, &config.data, config.batch_size)?
-            },
+            ReaderConfig { skip_bad_lines: config.skip_bad_lines, ..ReaderConfig::new(&schema, config.batch_size) },
         );
         let progress = reader.progress();
-        let mut pass_loop =
-            PassLoop { config, model: &model, pass, step, replicas: &mut replicas, report: &mut report };
-        let metrics = pass_loop.run(&mut store, reader, &|samples| {
-            on_progress(bytes_before + progress.bytes.load(std::sync::atomic::Ordering::Relaxed), samples)
+        let pass_loop = PassLoop { config, model: &model, pass, step: AtomicU64::new(step) };
+        let metrics = pass_loop.run(&mut store, reader, &mut report, &|samples| {
+            on_progress(bytes_before + progress.bytes.load(Relaxed), samples)
         })?;
-        step = pass_loop.step;
-        bytes_before += progress.bytes.load(std::sync::atomic::Ordering::Relaxed);
-        report.bad_lines += progress.bad_lines.load(std::sync::atomic::Ordering::Relaxed);
+        step = pass_loop.step.load(Relaxed);
+        bytes_before += progress.bytes.load(Relaxed);
+        report.bad_lines += progress.bad_lines.load(Relaxed);
         let train = metrics.report();
         tracing::info!(trainer = me, pass, samples = train.samples, "pass done: {train}");
-        let test = end_pass(config, &mut store, &model, &spec, pass, step)?;
+        let test = end_pass(config, &mut store, &model, &schema, &spec, pass, step)?;
         report.passes.push(PassReport { pass, train, test });
     }
     if let Store::Remote(client) = &mut store {
@@ -242,237 +263,270 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
     Ok(report)
 }
 
-/// A batch with its ids deduplicated.
+/// A batch with its ids deduplicated per table.
 struct Prepared {
     batch: Batch,
-    ids: Dedup,
+    lookups: Lookups,
 }
 
-fn next_prepared(reader: &mut Reader) -> anyhow::Result<Option<Prepared>> {
+fn next_prepared(reader: &mut Reader, model: &Model) -> anyhow::Result<Option<Prepared>> {
     let Some(batch) = reader.next() else { return Ok(None) };
     let batch = batch?;
-    let mut ids = Dedup::default();
-    ids.run(&batch.ids);
-    Ok(Some(Prepared { batch, ids }))
+    model.check_batch(&batch).map_err(anyhow::Error::msg)?;
+    let mut lookups = Lookups::default();
+    lookups.run(&batch, model.table_slots());
+    Ok(Some(Prepared { batch, lookups }))
+}
+
+/// How a worker gets its next batch with parameters and sends its gradients.
+enum Comms<'a, 'b> {
+    /// Pull and push in line, the reader and the store shared by the pass's workers (sync,
+    /// local, and async with several threads: Hogwild).
+    Direct { reader: &'a Mutex<Reader>, store: &'a Mutex<&'b mut Store>, params: Vec<f32>, rows: Vec<Vec<f32>> },
+    /// Async with one thread: the next batch's pull runs while this one computes.
+    Ahead {
+        reader: &'a Mutex<Reader>,
+        ahead: Ahead<'a>,
+        next: Option<Box<Prepared>>,
+        params: Vec<f32>,
+        rows: Vec<Vec<f32>>,
+    },
+}
+
+impl Comms<'_, '_> {
+    /// The next batch and the version of its parameters (now in `params`/`rows`); `None` at the
+    /// end of the pass.
+    fn next(
+        &mut self,
+        model: &Model,
+        dims: &[usize],
+        times: &mut StepTimes,
+    ) -> anyhow::Result<Option<(Prepared, u64)>> {
+        let t0 = Instant::now();
+        match self {
+            Comms::Direct { reader, store, params, rows } => {
+                let Some(p) = next_prepared(&mut reader.lock(), model)? else { return Ok(None) };
+                let t1 = Instant::now();
+                rows.resize_with(dims.len(), Vec::new);
+                let version = store.lock().pull(Some(params), &p.lookups.ids(dims), rows, RowCreation::Create)?;
+                times.data += (t1 - t0).as_secs_f64();
+                times.pull += t1.elapsed().as_secs_f64();
+                Ok(Some((p, version)))
+            }
+            Comms::Ahead { reader, ahead, next, params, rows } => {
+                let Some(current) = next.take() else { return Ok(None) };
+                let pulled = ahead.pulled()?;
+                let spare = (std::mem::replace(params, pulled.dense), std::mem::replace(rows, pulled.rows));
+                let t1 = Instant::now();
+                *next = next_prepared(&mut reader.lock(), model)?.map(Box::new);
+                if let Some(n) = next {
+                    ahead.pull(n.lookups.unique_ids(), spare.0, spare.1)?;
+                }
+                times.pull += (t1 - t0).as_secs_f64();
+                times.data += t1.elapsed().as_secs_f64();
+                Ok(Some((*current, pulled.version)))
+            }
+        }
+    }
+
+    fn params(&self) -> (&[f32], &[Vec<f32>]) {
+        match self {
+            Comms::Direct { params, rows, .. } | Comms::Ahead { params, rows, .. } => (params, rows),
+        }
+    }
+
+    /// Sends one step's gradients; returns the number of servers that discarded them.
+    fn push(&mut self, header: StepHeader, r: &Replica, lookups: &Lookups, dims: &[usize]) -> anyhow::Result<u64> {
+        match self {
+            Comms::Direct { store, .. } => store.lock().push(&header, &r.grads, &lookups.grads(dims, &r.row_grads)),
+            Comms::Ahead { ahead, .. } => {
+                let tables = lookups.tables.iter().zip(&r.row_grads).map(|(l, g)| (l.unique.clone(), g.clone()));
+                ahead.push(PushJob { header, dense: r.grads.clone(), tables: tables.collect() })?;
+                Ok(0)
+            }
+        }
+    }
+
+    /// Ends the pass's communication; returns pushes discarded that were not counted yet.
+    fn finish(self) -> anyhow::Result<u64> {
+        match self {
+            Comms::Direct { .. } => Ok(0),
+            Comms::Ahead { ahead, .. } => ahead.finish(),
+        }
+    }
+}
+
+/// What one worker did in a pass.
+struct WorkerReport {
+    metrics: PassMetrics,
+    times: StepTimes,
+    samples: u64,
+    discarded: u64,
+    train_seconds: f64,
 }
 
 /// The steps of one pass.
 struct PassLoop<'a> {
     config: &'a TrainConfig,
-    model: &'a Network,
+    model: &'a Model,
     pass: u32,
-    step: u64,
-    replicas: &'a mut [Replica],
-    report: &'a mut TrainReport,
+    step: AtomicU64,
 }
 
 impl PassLoop<'_> {
-    /// Trains on every batch of `reader`; returns the pass's training metrics. In async mode
-    /// against servers, communication runs one batch ahead on its own thread ([`Ahead`]).
-    fn run(&mut self, store: &mut Store, mut reader: Reader, on_progress: &dyn Fn(u64)) -> anyhow::Result<PassMetrics> {
-        if self.config.mode == Mode::Async && matches!(store, Store::Remote(_)) && self.config.threads > 1 {
-            return self.run_hogwild(store, reader, on_progress);
-        }
-        let (me, dim) = (self.config.trainer_id, self.config.model.embedding_dim);
-        std::thread::scope(|scope| {
-            let use_ahead = self.config.mode == Mode::Async && matches!(store, Store::Remote(_));
-            let (mut ahead, mut direct) = if use_ahead {
-                let Store::Remote(client) = store else { unreachable!("checked by use_ahead") };
-                (Some(Ahead::start(scope, client, me, dim)), None)
-            } else {
-                (None, Some(store))
-            };
-            let mut metrics = PassMetrics::new(self.model.config().loss);
-            let mut window = (0.0f64, 0usize, Instant::now());
-            let (mut params, mut rows, mut spare) = (Vec::new(), Vec::new(), (Vec::new(), Vec::new()));
-            let mut current = next_prepared(&mut reader)?;
-            if let (Some(a), Some(c)) = (&mut ahead, &current) {
-                a.pull(c.ids.unique.clone(), Vec::new(), Vec::new())?;
+    /// Trains on every batch of `reader`; returns the pass's training metrics. One worker
+    /// splits each batch over `threads` replicas, except in async mode against servers: one
+    /// thread pulls ahead ([`Ahead`]), several train Hogwild-style, each its own batches,
+    /// sharing the reader and the connections (held only while a request is on the wire).
+    fn run(
+        &self,
+        store: &mut Store,
+        reader: Reader,
+        report: &mut TrainReport,
+        on_progress: &dyn Fn(u64),
+    ) -> anyhow::Result<PassMetrics> {
+        let c = self.config;
+        let remote_async = c.mode == Mode::Async && matches!(store, Store::Remote(_));
+        let workers = if remote_async { c.threads } else { 1 };
+        let replicas = if remote_async { 1 } else { c.threads };
+        let dims = dims(self.model);
+        let samples_before = report.samples;
+        let samples = AtomicU64::new(samples_before);
+        let failed = AtomicBool::new(false);
+        let reader = Mutex::new(reader);
+        let (client, shared) = match store {
+            Store::Remote(client) if remote_async && workers == 1 => (Some(&mut **client), None),
+            other => (None, Some(Mutex::new(other))),
+        };
+        let results: Vec<anyhow::Result<WorkerReport>> = std::thread::scope(|scope| {
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let mut all_comms = Vec::new();
+            match (client, &shared) {
+                (Some(client), _) => {
+                    let mut ahead = Ahead::start(scope, client, dims.clone());
+                    all_comms.push(next_prepared(&mut reader.lock(), self.model).and_then(|next| {
+                        if let Some(n) = &next {
+                            ahead.pull(n.lookups.unique_ids(), Vec::new(), Vec::new())?;
+                        }
+                        Ok(Comms::Ahead {
+                            reader: &reader,
+                            ahead,
+                            next: next.map(Box::new),
+                            params: Vec::new(),
+                            rows: Vec::new(),
+                        })
+                    }))
+                }
+                (None, Some(store)) => all_comms.extend(
+                    (0..workers)
+                        .map(|_| Ok(Comms::Direct { reader: &reader, store, params: Vec::new(), rows: Vec::new() })),
+                ),
+                (None, None) => unreachable!("the store is either shared or the client's"),
             }
-            while let Some(cur) = current.take() {
+            let handles: Vec<_> = all_comms
+                .into_iter()
+                .map(|comms| {
+                    let (dims, samples, failed, done) = (&dims, &samples, &failed, done_tx.clone());
+                    scope.spawn(move || {
+                        let r = comms.and_then(|comms| self.worker(comms, dims, replicas, samples, failed));
+                        let _ = done.send(());
+                        r
+                    })
+                })
+                .collect();
+            drop(done_tx);
+            // Progress is reported from this thread: the callback need not be thread-safe.
+            let mut finished = 0;
+            while finished < handles.len() {
+                match done_rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(()) => finished += 1,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+                on_progress(samples.load(Relaxed));
+            }
+            handles.into_iter().map(|h| h.join().expect("a trainer thread panicked")).collect()
+        });
+        let mut merged = PassMetrics::new(self.model.loss());
+        for r in results {
+            let r = r?;
+            merged.merge(&r.metrics);
+            report.time += r.times;
+            report.samples += r.samples;
+            report.discarded_pushes += r.discarded;
+            report.train_seconds += r.train_seconds / workers as f64;
+        }
+        on_progress(report.samples);
+        if workers > 1 {
+            tracing::info!(trainer = c.trainer_id, pass = self.pass, threads = workers, "pass trained Hogwild-style");
+        }
+        Ok(merged)
+    }
+
+    /// One worker's share of the pass: batch after batch, pull, compute, push.
+    fn worker(
+        &self,
+        mut comms: Comms,
+        dims: &[usize],
+        replicas: usize,
+        samples: &AtomicU64,
+        failed: &AtomicBool,
+    ) -> anyhow::Result<WorkerReport> {
+        let (c, model, me) = (self.config, self.model, self.config.trainer_id);
+        let mut replicas: Vec<Replica> = (0..replicas).map(|_| Replica::default()).collect();
+        let mut report = WorkerReport {
+            metrics: PassMetrics::new(model.loss()),
+            times: StepTimes::default(),
+            samples: 0,
+            discarded: 0,
+            train_seconds: 0.0,
+        };
+        let mut window = (0.0f64, 0usize, Instant::now());
+        let result = (|| -> anyhow::Result<()> {
+            while !failed.load(Relaxed) {
                 let t0 = Instant::now();
-                let version = match (&mut ahead, &mut direct) {
-                    (Some(a), _) => {
-                        let p = a.pulled()?;
-                        spare = (std::mem::replace(&mut params, p.dense), std::mem::replace(&mut rows, p.rows));
-                        p.version
-                    }
-                    (None, Some(s)) => {
-                        s.pull(Some(&mut params), &cur.ids.unique, &mut rows, dim, RowCreation::Create)?
-                    }
-                    (None, None) => unreachable!("one of the two is always set"),
-                };
+                let Some((p, version)) = comms.next(model, dims, &mut report.times)? else { break };
+                let step = self.step.fetch_add(1, Relaxed);
                 let t1 = Instant::now();
-                current = next_prepared(&mut reader)?;
-                if let (Some(a), Some(n)) = (&mut ahead, &current) {
-                    a.pull(n.ids.unique.clone(), std::mem::take(&mut spare.0), std::mem::take(&mut spare.1))?;
-                }
+                let (params, rows) = comms.params();
+                let (loss, probs) = compute(model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
                 let t2 = Instant::now();
-                let (batch, ids) = (&cur.batch, &cur.ids);
-                self.model.check_batch(batch).map_err(anyhow::Error::msg)?;
-                let (loss, probs) =
-                    compute(self.model, &params, batch, &rows, &ids.index, self.replicas, ids.unique.len());
+                let n = p.batch.len();
+                let header = StepHeader { trainer: me, step, pass: self.pass, base_version: version, samples: n };
+                report.discarded += comms.push(header, &replicas[0], &p.lookups, dims)?;
                 let t3 = Instant::now();
-                let r0 = &self.replicas[0];
-                let (step, pass, n) = (self.step, self.pass, batch.len());
-                match (&mut ahead, &mut direct) {
-                    (Some(a), _) => a.push(PushJob {
-                        step,
-                        pass,
-                        version,
-                        samples: n,
-                        dense: r0.grads.clone(),
-                        ids: ids.unique.clone(),
-                        row_grads: r0.row_grads.clone(),
-                    })?,
-                    (None, Some(s)) => {
-                        self.report.discarded_pushes +=
-                            s.push(me, step, pass, version, n, &r0.grads, &ids.unique, &r0.row_grads, dim)?
-                    }
-                    (None, None) => unreachable!("one of the two is always set"),
-                }
-                let t4 = Instant::now();
-                let times = &mut self.report.time;
-                times.pull += (t1 - t0).as_secs_f64();
-                times.data += (t2 - t1).as_secs_f64();
-                times.compute += (t3 - t2).as_secs_f64();
-                times.push += (t4 - t3).as_secs_f64();
-                self.report.train_seconds += (t4 - t0).as_secs_f64();
-                metrics.observe(loss, &probs, &batch.labels);
-                self.report.samples += n as u64;
-                self.step += 1;
+                report.times.compute += (t2 - t1).as_secs_f64();
+                report.times.push += (t3 - t2).as_secs_f64();
+                report.train_seconds += (t3 - t0).as_secs_f64();
+                report.metrics.observe(loss, &probs, &model.labels(&p.batch));
+                report.samples += n as u64;
+                samples.fetch_add(n as u64, Relaxed);
                 window.0 += loss;
                 window.1 += n;
-                if self.config.log_every > 0 && self.step % self.config.log_every == 0 {
-                    let rate = window.1 as f64 / window.2.elapsed().as_secs_f64();
-                    let tail = metrics.probs.len().saturating_sub(window.1);
-                    let auc = crate::metrics::auc(&metrics.probs[tail..], &metrics.labels[tail..]);
+                if c.log_every > 0 && (step + 1) % c.log_every == 0 {
+                    let m = &report.metrics;
+                    let tail = m.probs.len().saturating_sub(window.1);
+                    let auc = crate::metrics::auc(&m.probs[tail..], &m.labels[tail..]);
                     tracing::info!(
                         trainer = me,
-                        pass,
-                        step = self.step,
+                        pass = self.pass,
+                        step = step + 1,
                         loss = window.0 / window.1 as f64,
                         auc = auc.unwrap_or(f64::NAN),
-                        samples_per_sec = rate as u64,
+                        samples_per_sec = (window.1 as f64 / window.2.elapsed().as_secs_f64()) as u64,
                         "progress"
                     );
                     window = (0.0, 0, Instant::now());
                 }
-                on_progress(self.report.samples);
             }
-            if let Some(a) = ahead {
-                self.report.discarded_pushes += a.finish()?;
-            }
-            Ok(metrics)
-        })
-    }
-}
-
-impl PassLoop<'_> {
-    /// Async mode with several threads, Hogwild-style: every thread takes the next batch, pulls,
-    /// computes and pushes on its own, sharing the trainer's reader and connections (each
-    /// request holds the connections only while it is on the wire and being answered), so one
-    /// thread computes while another talks to the servers.
-    fn run_hogwild(
-        &mut self,
-        store: &mut Store,
-        reader: Reader,
-        on_progress: &dyn Fn(u64),
-    ) -> anyhow::Result<PassMetrics> {
-        use parking_lot::Mutex;
-        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-        let (me, dim, pass) = (self.config.trainer_id, self.config.model.embedding_dim, self.pass);
-        let model = self.model;
-        let reader = Mutex::new(reader);
-        let store = Mutex::new(store);
-        let (step, samples, discarded) =
-            (AtomicU64::new(self.step), AtomicU64::new(self.report.samples), AtomicU64::new(0));
-        let failed = AtomicBool::new(false);
-        let started = Instant::now();
-        let results: Vec<anyhow::Result<(PassMetrics, StepTimes)>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..self.config.threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut metrics = PassMetrics::new(model.config().loss);
-                        let mut times = StepTimes::default();
-                        let (mut params, mut rows, mut replica) = (Vec::new(), Vec::new(), [Replica::default()]);
-                        let mut work = || -> anyhow::Result<()> {
-                            loop {
-                                if failed.load(Relaxed) {
-                                    return Ok(());
-                                }
-                                let t0 = Instant::now();
-                                let next = next_prepared(&mut reader.lock())?;
-                                let Some(Prepared { batch, ids }) = next else { return Ok(()) };
-                                model.check_batch(&batch).map_err(anyhow::Error::msg)?;
-                                let t1 = Instant::now();
-                                let version = store.lock().pull(
-                                    Some(&mut params),
-                                    &ids.unique,
-                                    &mut rows,
-                                    dim,
-                                    RowCreation::Create,
-                                )?;
-                                let t2 = Instant::now();
-                                let (loss, probs) =
-                                    compute(model, &params, &batch, &rows, &ids.index, &mut replica, ids.unique.len());
-                                let t3 = Instant::now();
-                                let r0 = &replica[0];
-                                let n = batch.len();
-                                let s = step.fetch_add(1, Relaxed);
-                                let stale = store.lock().push(
-                                    me,
-                                    s,
-                                    pass,
-                                    version,
-                                    n,
-                                    &r0.grads,
-                                    &ids.unique,
-                                    &r0.row_grads,
-                                    dim,
-                                )?;
-                                discarded.fetch_add(stale, Relaxed);
-                                let t4 = Instant::now();
-                                times.data += (t1 - t0).as_secs_f64();
-                                times.pull += (t2 - t1).as_secs_f64();
-                                times.compute += (t3 - t2).as_secs_f64();
-                                times.push += (t4 - t3).as_secs_f64();
-                                metrics.observe(loss, &probs, &batch.labels);
-                                samples.fetch_add(n as u64, Relaxed);
-                            }
-                        };
-                        let result = work();
-                        if result.is_err() {
-                            failed.store(true, Relaxed);
-                        }
-                        result.map(|()| (metrics, times))
-                    })
-                })
-                .collect();
-            // Progress is reported from this thread: the callback need not be thread-safe.
-            while !workers.iter().all(|w| w.is_finished()) {
-                on_progress(samples.load(Relaxed));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            workers.into_iter().map(|w| w.join().expect("a trainer thread panicked")).collect()
-        });
-        let mut merged = PassMetrics::new(self.model.config().loss);
-        for r in results {
-            let (metrics, times) = r?;
-            merged.merge(&metrics);
-            let t = &mut self.report.time;
-            t.data += times.data;
-            t.pull += times.pull;
-            t.compute += times.compute;
-            t.push += times.push;
+            Ok(())
+        })();
+        if result.is_err() {
+            failed.store(true, Relaxed);
         }
-        self.step = step.load(Relaxed);
-        self.report.samples = samples.load(Relaxed);
-        self.report.discarded_pushes += discarded.load(Relaxed);
-        self.report.train_seconds += started.elapsed().as_secs_f64();
-        on_progress(self.report.samples);
-        tracing::info!(trainer = me, pass, threads = self.config.threads, "pass trained Hogwild-style");
-        Ok(merged)
+        result?;
+        report.discarded += comms.finish()?;
+        Ok(report)
     }
 }
 
@@ -536,7 +590,8 @@ fn description(config: &TrainConfig, steps: Option<u64>) -> serde_json::Value {
 fn end_pass(
     config: &TrainConfig,
     store: &mut Store,
-    model: &Network,
+    model: &Model,
+    schema: &Schema,
     spec: &TableSpec,
     pass: u32,
     step: u64,
@@ -564,14 +619,8 @@ fn end_pass(
             tracing::info!(pass, dir = %dir.display(), "model saved");
         }
         if !config.test_files.is_empty() {
-            let r = evaluate(
-                store,
-                model,
-                &config.data,
-                &config.test_files,
-                config.batch_size.max(1024),
-                config.skip_bad_lines,
-            )?;
+            let r =
+                evaluate(store, model, schema, &config.test_files, config.batch_size.max(1024), config.skip_bad_lines)?;
             tracing::info!(pass, samples = r.samples, "test: {r}");
             test = Some(r);
         }

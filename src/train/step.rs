@@ -1,7 +1,8 @@
 //! One step's forward/backward, split over data-parallel replicas (`--threads`).
 
-use crate::data::Batch;
-use crate::model::{Network, Work};
+use super::store::Lookups;
+use crate::batch::Batch;
+use crate::model::{Grads, Model, Work};
 
 /// One data-parallel replica's buffers.
 #[derive(Default)]
@@ -9,35 +10,60 @@ pub struct Replica {
     work: Work,
     /// Dense gradient sums.
     pub grads: Vec<f32>,
-    /// Gradient sums of the batch's unique rows.
-    pub row_grads: Vec<f32>,
+    /// Per table, the gradient sums of the batch's unique rows.
+    pub row_grads: Vec<Vec<f32>>,
 }
 
-/// Forward/backward of `batch` split over the replicas; leaves the summed gradients in
-/// replica 0 and returns (summed loss, predictions in batch order).
+impl Replica {
+    fn prepare(&mut self, dense: usize, lookups: &Lookups, dims: &[usize]) {
+        self.grads.clear();
+        self.grads.resize(dense, 0.0);
+        self.row_grads.resize_with(dims.len(), Vec::new);
+        for ((g, l), d) in self.row_grads.iter_mut().zip(&lookups.tables).zip(dims) {
+            g.clear();
+            g.resize(l.unique.len() * d, 0.0);
+        }
+    }
+}
+
+/// Forward/backward of `batch` (step `step`) split over the replicas; `rows[t]` holds table
+/// `t`'s rows of the batch's unique ids. Leaves the summed gradients in replica 0 and returns
+/// (summed loss, first head's predictions in batch order).
 pub fn compute(
-    model: &Network,
+    model: &Model,
     params: &[f32],
     batch: &Batch,
-    rows: &[f32],
-    index: &[u32],
+    lookups: &Lookups,
+    rows: &[Vec<f32>],
+    step: u64,
     replicas: &mut [Replica],
-    unique: usize,
 ) -> (f64, Vec<f32>) {
-    let dim = model.config().embedding_dim;
-    let slots = batch.slots;
+    let dims: Vec<usize> = model.tables().iter().map(|t| t.dim).collect();
     let parts = replicas.len().min(batch.len()).max(1);
     let chunk = batch.len().div_ceil(parts);
-    let prepare = |r: &mut Replica| {
-        r.grads.clear();
-        r.grads.resize(params.len(), 0.0);
-        r.row_grads.clear();
-        r.row_grads.resize(unique * dim, 0.0);
+    let run = |r: &mut Replica, part: &Batch, ids: std::ops::Range<usize>| {
+        r.prepare(params.len(), lookups, &dims);
+        let tables: Vec<_> = lookups
+            .rows(rows)
+            .into_iter()
+            .map(|mut t| {
+                if !t.index.is_empty() {
+                    t.index = &t.index[ids.clone()];
+                }
+                t
+            })
+            .collect();
+        model.train_step(
+            params,
+            part,
+            &tables,
+            step,
+            &mut r.work,
+            Grads { dense: &mut r.grads, rows: &mut r.row_grads },
+        )
     };
     let losses: Vec<f64> = if parts == 1 {
-        let r = &mut replicas[0];
-        prepare(r);
-        vec![model.train_step(params, batch, rows, index, &mut r.work, &mut r.grads, &mut r.row_grads)]
+        vec![run(&mut replicas[0], batch, 0..batch.ids.len())]
     } else {
         std::thread::scope(|s| {
             let handles: Vec<_> = replicas[..parts]
@@ -45,23 +71,21 @@ pub fn compute(
                 .enumerate()
                 .map(|(k, r)| {
                     let range = k * chunk..((k + 1) * chunk).min(batch.len());
-                    s.spawn(move || {
-                        prepare(r);
-                        let part = batch.slice(range.clone());
-                        let idx = &index[range.start * slots..range.end * slots];
-                        model.train_step(params, &part, rows, idx, &mut r.work, &mut r.grads, &mut r.row_grads)
-                    })
+                    let run = &run;
+                    s.spawn(move || run(r, &batch.slice(range.clone()), batch.id_range(range)))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().expect("a compute thread panicked")).collect()
         })
     };
     let (first, rest) = replicas.split_at_mut(1);
-    let mut probs = first[0].work.probs.clone();
+    let mut probs = first[0].work.probs().to_vec();
     for r in &rest[..parts - 1] {
         first[0].grads.iter_mut().zip(&r.grads).for_each(|(a, b)| *a += b);
-        first[0].row_grads.iter_mut().zip(&r.row_grads).for_each(|(a, b)| *a += b);
-        probs.extend_from_slice(&r.work.probs);
+        for (mine, theirs) in first[0].row_grads.iter_mut().zip(&r.row_grads) {
+            mine.iter_mut().zip(theirs).for_each(|(a, b)| *a += b);
+        }
+        probs.extend_from_slice(r.work.probs());
     }
     (losses.iter().sum(), probs)
 }

@@ -1,12 +1,14 @@
-//! Where a trainer's parameters live ([`Store`]: in-process or on servers) and the per-batch
-//! id deduplication that decides what to pull and push.
+//! Where a trainer's parameters live ([`Store`]: in-process or on servers) and the per-batch,
+//! per-table id deduplication that decides what to pull and push ([`Lookups`]).
 
 use std::path::Path;
 
 use hashbrown::HashMap;
 
+use crate::batch::Batch;
 use crate::checkpoint::{write_shard, ShardEntry};
 use crate::client::{Client, TableGrads, TableIds};
+use crate::model::TableRows;
 use crate::protocol::RowCreation;
 use crate::table::Shard;
 
@@ -18,14 +20,29 @@ pub enum Store {
     Remote(Box<Client>),
 }
 
+/// Who pushes which step: the numbers every push carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepHeader {
+    /// Trainer id.
+    pub trainer: usize,
+    /// Step number (sync steps are matched by it).
+    pub step: u64,
+    /// Pass number.
+    pub pass: u32,
+    /// Server version the gradients were computed from (the staleness check).
+    pub base_version: u64,
+    /// Samples the gradient sums cover.
+    pub samples: usize,
+}
+
 impl Store {
-    /// Pulls the dense vector (if asked) and the rows of `ids`; returns the parameter version.
+    /// Pulls the dense vector (if asked) and the rows of every table's `ids` into `rows[table]`;
+    /// returns the parameter version.
     pub fn pull(
         &mut self,
         dense: Option<&mut Vec<f32>>,
-        ids: &[u64],
-        rows: &mut Vec<f32>,
-        dim: usize,
+        tables: &[TableIds],
+        rows: &mut [Vec<f32>],
         create: RowCreation,
     ) -> anyhow::Result<u64> {
         match self {
@@ -34,43 +51,27 @@ impl Store {
                     d.clear();
                     shard.dense.lock().read(d);
                 }
-                rows.resize(ids.len() * dim, 0.0);
-                shard.sparse[0].pull(ids, rows, create == RowCreation::Create)?;
+                for (t, out) in tables.iter().zip(rows.iter_mut()) {
+                    out.resize(t.ids.len() * t.dim, 0.0);
+                    shard.table(t.table as usize)?.pull(t.ids, out, create == RowCreation::Create)?;
+                }
                 Ok(0)
             }
-            Store::Remote(client) => {
-                let table = TableIds { table: 0, dim, ids };
-                let mut out = [std::mem::take(rows)];
-                let v = client.pull(dense, std::slice::from_ref(&table), &mut out, create)?;
-                *rows = std::mem::take(&mut out[0]);
-                Ok(v)
-            }
+            Store::Remote(client) => Ok(client.pull(dense, tables, rows, create)?),
         }
     }
 
     /// Pushes one step's gradient sums; returns the number of servers that discarded it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn push(
-        &mut self,
-        trainer: usize,
-        step: u64,
-        pass: u32,
-        version: u64,
-        samples: usize,
-        dense: &[f32],
-        ids: &[u64],
-        row_grads: &[f32],
-        dim: usize,
-    ) -> anyhow::Result<u64> {
+    pub fn push(&mut self, header: &StepHeader, dense: &[f32], tables: &[TableGrads]) -> anyhow::Result<u64> {
         match self {
             Store::Local(shard) => {
-                shard.apply(dense, [(0, ids, row_grads)], samples as u64)?;
+                let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.grads));
+                shard.apply(dense, sparse, header.samples as u64)?;
                 Ok(0)
             }
             Store::Remote(client) => {
-                let grads = TableGrads { table: 0, dim, ids, grads: row_grads };
-                let r =
-                    client.push(trainer, step, pass, version, samples, Some(dense), std::slice::from_ref(&grads))?;
+                let h = header;
+                let r = client.push(h.trainer, h.step, h.pass, h.base_version, h.samples, Some(dense), tables)?;
                 Ok(r.discarded as u64)
             }
         }
@@ -88,29 +89,110 @@ impl Store {
     }
 }
 
-/// Ids of a batch made unique, with each (sample, slot) mapped to its unique position.
-#[derive(Default)]
-pub struct Dedup {
-    map: HashMap<u64, u32, foldhash::fast::FixedState>,
+/// One table's ids of a batch made unique.
+#[derive(Clone, Debug, Default)]
+pub struct TableLookup {
     /// Unique ids in first-seen order.
     pub unique: Vec<u64>,
-    /// Position in `unique` of every id of the batch.
+    /// For every position of `batch.ids`, its position in `unique` (`u32::MAX` where the id's
+    /// slot is not looked up in this table); empty when no slot is.
     pub index: Vec<u32>,
 }
 
-impl Dedup {
-    /// Deduplicates `ids`.
-    pub fn run(&mut self, ids: &[u64]) {
-        self.map.clear();
-        self.unique.clear();
-        self.index.clear();
-        for &id in ids {
-            let next = self.unique.len() as u32;
-            let at = *self.map.entry(id).or_insert(next);
-            if at == next {
-                self.unique.push(id);
+/// A batch's ids made unique per table: the same id in two tables is two rows.
+#[derive(Default)]
+pub struct Lookups {
+    map: HashMap<u64, u32, foldhash::fast::FixedState>,
+    /// One per model table.
+    pub tables: Vec<TableLookup>,
+}
+
+impl Lookups {
+    /// Deduplicates the ids of `batch` for each table; `table_slots[t][s]` says whether slot
+    /// `s` is looked up in table `t`.
+    pub fn run(&mut self, batch: &Batch, table_slots: &[Vec<bool>]) {
+        self.tables.resize_with(table_slots.len(), TableLookup::default);
+        for (t, slots) in self.tables.iter_mut().zip(table_slots) {
+            t.unique.clear();
+            t.index.clear();
+            if !slots.iter().any(|&s| s) {
+                continue;
             }
-            self.index.push(at);
+            self.map.clear();
+            let map = &mut self.map;
+            let mut add = |id: u64, unique: &mut Vec<u64>| {
+                let next = unique.len() as u32;
+                let at = *map.entry(id).or_insert(next);
+                if at == next {
+                    unique.push(id);
+                }
+                at
+            };
+            if slots.iter().all(|&s| s) {
+                for &id in &batch.ids {
+                    let at = add(id, &mut t.unique);
+                    t.index.push(at);
+                }
+                continue;
+            }
+            t.index.resize(batch.ids.len(), u32::MAX);
+            for k in 0..batch.len() * batch.slots {
+                if slots[k % batch.slots] {
+                    for i in batch.bag(k) {
+                        t.index[i] = add(batch.ids[i], &mut t.unique);
+                    }
+                }
+            }
         }
+    }
+
+    /// Every table's unique ids, as a pull names them (`dims[t]` floats per row).
+    pub fn ids<'a>(&'a self, dims: &[usize]) -> Vec<TableIds<'a>> {
+        self.tables
+            .iter()
+            .enumerate()
+            .map(|(t, l)| TableIds { table: t as u32, dim: dims[t], ids: &l.unique })
+            .collect()
+    }
+
+    /// Every table's unique ids, owned (for the communication thread).
+    pub fn unique_ids(&self) -> Vec<Vec<u64>> {
+        self.tables.iter().map(|t| t.unique.clone()).collect()
+    }
+
+    /// Every table's index with its pulled `rows`, as the model reads them.
+    pub fn rows<'a>(&'a self, rows: &'a [Vec<f32>]) -> Vec<TableRows<'a>> {
+        self.tables.iter().zip(rows).map(|(l, r)| TableRows { index: &l.index, rows: r }).collect()
+    }
+
+    /// Every table's unique ids with their gradient sums, as a push sends them.
+    pub fn grads<'a>(&'a self, dims: &[usize], grads: &'a [Vec<f32>]) -> Vec<TableGrads<'a>> {
+        self.tables
+            .iter()
+            .zip(grads)
+            .enumerate()
+            .map(|(t, (l, g))| TableGrads { table: t as u32, dim: dims[t], ids: &l.unique, grads: g })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_table_dedups_only_its_slots_and_keeps_first_seen_order() {
+        let mut b = Batch::new(1, 0, 2);
+        b.labels.extend([1.0, 0.0]);
+        b.push_bag(&[5], None);
+        b.push_bag(&[7, 5], None);
+        b.push_bag(&[7], None);
+        b.push_bag(&[], None);
+        let mut l = Lookups::default();
+        l.run(&b, &[vec![true, true], vec![false, true], vec![false, false]]);
+        assert_eq!((l.tables[0].unique.clone(), l.tables[0].index.clone()), (vec![5, 7], vec![0, 1, 0, 1]));
+        assert_eq!(l.tables[1].unique, [7, 5], "slot 1's ids only");
+        assert_eq!(l.tables[1].index, [u32::MAX, 0, 1, u32::MAX]);
+        assert!(l.tables[2].unique.is_empty() && l.tables[2].index.is_empty());
     }
 }

@@ -30,10 +30,22 @@ fn sync_run(
     passes: u32,
     resume: Option<&std::path::Path>,
 ) {
+    sync_run_model(servers, train, out, passes, resume, &|_| {})
+}
+
+fn sync_run_model(
+    servers: usize,
+    train: &std::path::Path,
+    out: &std::path::Path,
+    passes: u32,
+    resume: Option<&std::path::Path>,
+    model: &dyn Fn(&mut oar::train::TrainConfig),
+) {
     let cluster = start_cluster(servers, 2, Mode::Sync, resume);
     let configs = (0..2)
         .map(|t| {
             let mut c = train_config(Mode::Sync, &cluster, t, 2, train);
+            model(&mut c);
             c.output = Some(out.to_path_buf());
             c.passes = passes;
             c.resume = resume.map(|r| r.to_path_buf());
@@ -49,19 +61,56 @@ fn sync_run(
 
 #[test]
 fn two_sync_trainers_of_batch_b_equal_local_training_with_batch_2b() {
+    sync_equals_local(&|_| {});
+}
+
+/// Sync 2 x B against local 2B for a model set by `model` (on generated data).
+fn sync_equals_local(model: &dyn Fn(&mut oar::train::TrainConfig)) {
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = gen_data(&dir.path().join("data"), 2, STEPS * B as u64, 10);
-    sync_run(2, &train, &dir.path().join("dist"), 1, None);
+    sync_run_model(2, &train, &dir.path().join("dist"), 1, None, model);
 
     let local_train = dir.path().join("local-data");
     interleave(&train, &local_train);
     let mut c = train_config(Mode::Local, &[], 0, 1, &local_train);
+    model(&mut c);
     c.batch_size = 2 * B;
     c.output = Some(dir.path().join("local"));
     let report = oar::train::run(&c, &|_, _| {}).unwrap();
     assert_eq!(report.samples, 2 * STEPS * B as u64);
 
     assert_same_params(&load_params(&dir.path().join("dist")), &load_params(&dir.path().join("local")), 1e-5);
+}
+
+/// The zoo's job file `name`'s model (with its own optimizers' kinds, the sparse one given the
+/// positive initial accumulator of `train_config`, see there).
+fn zoo_model(name: &'static str) -> impl Fn(&mut oar::train::TrainConfig) {
+    move |c| {
+        let job = oar::config::JobConfig::from_file(&zoo_job(name)).unwrap();
+        c.model = job.model;
+        c.data = job.data;
+        c.dense_optimizer = job.dense_optimizer;
+        c.sparse_optimizer = oar::table::Optimizer { initial_accumulator: 0.1, ..job.sparse_optimizer };
+    }
+}
+
+#[test]
+fn deepfm_and_dcn_train_the_same_in_sync_2x2_as_locally_at_the_doubled_batch() {
+    sync_equals_local(&zoo_model("deepfm"));
+    sync_equals_local(&zoo_model("dcn"));
+}
+
+#[test]
+fn deepfm_and_dcn_train_the_same_model_on_one_and_three_servers() {
+    for name in ["deepfm", "dcn"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (train, _) = gen_data(&dir.path().join("data"), 2, STEPS * B as u64, 10);
+        sync_run_model(1, &train, &dir.path().join("one"), 1, None, &zoo_model(name));
+        sync_run_model(3, &train, &dir.path().join("three"), 1, None, &zoo_model(name));
+        let (one, three) = (load_params(&dir.path().join("one")), load_params(&dir.path().join("three")));
+        assert!(one.rows.iter().any(|r| r.0 == 1) || name == "dcn", "{name}: the second table was saved");
+        assert_same_params(&one, &three, 0.0);
+    }
 }
 
 #[test]
@@ -114,7 +163,7 @@ fn a_mismatched_or_corrupt_checkpoint_is_a_clear_error() {
 
     // A trainer whose model differs from the saved one is refused before it trains.
     let mut c = train_config(Mode::Local, &[], 0, 1, &train);
-    c.model.hidden = vec![16];
+    c.model.hidden = Some(vec![16]);
     c.resume = Some(saved.clone());
     let err = oar::train::run(&c, &|_, _| {}).unwrap_err().to_string();
     assert!(err.contains("pass-0001") && err.contains("tables differ"), "{err}");

@@ -10,3 +10,4 @@ mod fetch;
 mod paddle;
 mod robustness;
 mod util;
+mod zoo;

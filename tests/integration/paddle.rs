@@ -257,7 +257,7 @@ fn three_ports_and_a_sparse_port_all_carry_traffic_and_the_sparse_port_only_spar
     let mut s =
         Client::connect(&ClientConfig::new(vec![sparse_port], "oar", Duration::from_secs(5), Duration::from_secs(5)))
             .unwrap();
-    let spec = oar::model::Network::new(&oar::model::ModelConfig { hidden: vec![16], ..Default::default() })
+    let spec = crate::util::criteo_model(&oar::model::ModelConfig { hidden: Some(vec![16]), ..Default::default() })
         .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.05));
     s.declare(&spec).unwrap();
     let err = s.pull(Some(&mut Vec::new()), &[], &mut [], RowCreation::Peek).unwrap_err().to_string();
@@ -287,7 +287,7 @@ fn a_slow_trainers_stale_push_is_discarded_and_counted() {
     let mut config = server_config(0, 1, 2, Mode::Async);
     config.lag_ratio = 1.0; // at most 2 updates behind with 2 trainers
     let server = start_server(config);
-    let spec = oar::model::Network::new(&oar::model::ModelConfig { hidden: vec![4], ..Default::default() })
+    let spec = crate::util::criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
         .table_spec(oar::table::Optimizer::sgd(0.1), oar::table::Optimizer::sgd(0.1));
     let connect = || {
         let mut c = Client::connect(&ClientConfig::new(

@@ -15,7 +15,7 @@ fn client(addrs: &[String]) -> Client {
 }
 
 fn spec() -> oar::table::TableSpec {
-    oar::model::Network::new(&oar::model::ModelConfig { hidden: vec![8], ..Default::default() })
+    crate::util::criteo_model(&oar::model::ModelConfig { hidden: Some(vec![8]), ..Default::default() })
         .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.1))
 }
 

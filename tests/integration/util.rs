@@ -96,7 +96,7 @@ pub fn train_config(
         batch_size: 32,
         passes: 1,
         threads: 1,
-        model: oar::model::ModelConfig { hidden: vec![64, 32], block_size: 1000, ..Default::default() },
+        model: oar::model::ModelConfig { hidden: Some(vec![64, 32]), block_size: 1000, ..Default::default() },
         data: Default::default(),
         dense_optimizer: Optimizer::adam(1e-3),
         // A positive initial accumulator (TensorFlow's default 0.1) keeps Adagrad's first step
@@ -120,20 +120,22 @@ pub fn run_trainers(configs: Vec<TrainConfig>) -> Vec<oar::train::TrainReport> {
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
-/// A saved model's parameters: the flat dense vector and every sparse row, sorted by id.
+/// A saved model's parameters: the flat dense vector and every table's rows, sorted by id.
 pub struct Params {
     pub dense: Vec<f32>,
-    pub rows: Vec<(u64, Vec<f32>)>,
+    pub rows: Vec<(usize, u64, Vec<f32>)>,
 }
 
 pub fn load_params(dir: &Path) -> Params {
     let (_, shard) = oar::checkpoint::load_merged(dir).unwrap();
     let mut dense = Vec::new();
     shard.dense.lock().read(&mut dense);
-    let dim = shard.sparse[0].spec().dim;
     let mut rows = Vec::new();
-    shard.sparse[0].for_each_row(|id, row| rows.push((id, row[..dim].to_vec())));
-    rows.sort_by_key(|r| r.0);
+    for (t, table) in shard.sparse.iter().enumerate() {
+        let dim = table.spec().dim;
+        table.for_each_row(|id, row| rows.push((t, id, row[..dim].to_vec())));
+    }
+    rows.sort_by_key(|r| (r.0, r.1));
     Params { dense, rows }
 }
 
@@ -147,7 +149,7 @@ pub fn assert_same_params(a: &Params, b: &Params, rel: f32) {
         (s / n.max(1) as f64).sqrt() as f32
     };
     let dense_scale = rms(&mut a.dense.iter().copied());
-    let row_scale = rms(&mut a.rows.iter().flat_map(|r| r.1.iter().copied()));
+    let row_scale = rms(&mut a.rows.iter().flat_map(|r| r.2.iter().copied()));
     let close = |x: f32, y: f32, scale: f32| (x - y).abs() <= rel * x.abs().max(y.abs()).max(scale);
     assert_eq!(a.dense.len(), b.dense.len());
     let differ: Vec<(f32, f32)> =
@@ -160,10 +162,10 @@ pub fn assert_same_params(a: &Params, b: &Params, rel: f32) {
         &differ[..differ.len().min(8)]
     );
     assert_eq!(a.rows.len(), b.rows.len(), "different numbers of embedding rows");
-    for ((ia, ra), (ib, rb)) in a.rows.iter().zip(&b.rows) {
-        assert_eq!(ia, ib);
+    for ((ta, ia, ra), (tb, ib, rb)) in a.rows.iter().zip(&b.rows) {
+        assert_eq!((ta, ia), (tb, ib));
         for (x, y) in ra.iter().zip(rb) {
-            assert!(close(*x, *y, row_scale), "row {ia}: {ra:?} vs {rb:?}");
+            assert!(close(*x, *y, row_scale), "table {ta} row {ia}: {ra:?} vs {rb:?}");
         }
     }
 }
@@ -258,4 +260,14 @@ pub fn installed(program: &str) -> bool {
         .args(["-c", &format!("command -v {program}")])
         .output()
         .is_ok_and(|o| o.status.success())
+}
+
+/// A model built for Criteo-format data with the built-in layer types.
+pub fn criteo_model(config: &oar::model::ModelConfig) -> oar::model::Model {
+    oar::config::build_model(config, &oar::data::DataConfig::default(), &oar::model::Registry::default()).unwrap().0
+}
+
+/// The job file of zoo model `name` (`examples/zoo/NAME.toml`).
+pub fn zoo_job(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/zoo").join(format!("{name}.toml"))
 }

@@ -1,0 +1,1097 @@
+//! The `oar` command line: parses and validates flags, builds configs, and calls the library's
+//! role functions. Errors are printed once, on one line, with exit code 1 (2 for usage errors).
+//!
+//! It lives in the library so a program can run it with layer types of its own:
+//! [`main_with`] takes the [`Registry`] every job file is checked and trained with, and
+//! `oar launch` starts its servers and trainers from the running binary, so they know those
+//! types too (`examples/custom_layer.rs`). `src/main.rs` is `main_with` with the built-ins.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{resolve_files, JobConfig};
+use crate::env::{ClusterEnv, Role};
+use crate::model::Registry;
+use crate::server::{Mode, ServerConfig};
+use crate::table::OptimizerKind;
+use crate::train::TrainConfig;
+
+#[derive(Parser)]
+#[command(name = "oar", version, about = "A parameter-server system for distributed training")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a parameter server.
+    Pserver(PserverArgs),
+    /// Run one trainer (local mode, or against running servers).
+    Train(TrainArgs),
+    /// Run a whole cluster on this machine: N servers and M trainers as child processes.
+    Launch(LaunchArgs),
+    /// Evaluate a saved model on data files: prints AUC and log-loss.
+    Eval(EvalArgs),
+    /// Measure throughput against baselines, side by side (see README for recorded figures).
+    Bench(BenchArgs),
+    /// Generate data sets.
+    Gen {
+        #[command(subcommand)]
+        what: GenCommand,
+    },
+    /// Split a file by line into N balanced parts FILE-00000 .. (for sharding over trainers).
+    Split(SplitArgs),
+    /// Prepare public data sets for the examples.
+    Data {
+        #[command(subcommand)]
+        what: DataCommand,
+    },
+    /// Run on a cluster: over ssh, or print Kubernetes manifests (mpirun and srun need no
+    /// launcher: see `oar train --num-servers`).
+    Cluster {
+        #[command(subcommand)]
+        engine: ClusterCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Start servers and trainers on the hosts of a hosts file over ssh; logs under each host's
+    /// workspace log/; every remote process is stopped on Ctrl-C or any failure.
+    Ssh(SshArgs),
+    /// Print Kubernetes manifests (headless Service, server StatefulSet, trainer Indexed Job; or
+    /// a Kubeflow PaddleJob) that run `oar train` with the given arguments.
+    K8s(K8sArgs),
+}
+
+#[derive(Args)]
+struct SshArgs {
+    /// Hosts file: one ssh destination (host or user@host) per line, # comments.
+    #[arg(long)]
+    hosts: PathBuf,
+    /// The job's folder (data, job files); the same path on the hosts unless --remote-workspace.
+    #[arg(long)]
+    workspace: PathBuf,
+    /// The workspace's path on the hosts [default: the --workspace path].
+    #[arg(long)]
+    remote_workspace: Option<String>,
+    /// Copy the workspace (without log/) and this oar binary to every host first.
+    #[arg(long)]
+    dispatch: bool,
+    /// Parameter servers per host.
+    #[arg(long, default_value_t = 1)]
+    servers_per_host: usize,
+    /// Trainers per host.
+    #[arg(long, default_value_t = 1)]
+    trainers_per_host: usize,
+    /// First server port on each host (more servers per host take the next ports).
+    #[arg(long, default_value_t = crate::env::DEFAULT_PORT)]
+    port: u16,
+    /// ssh client configuration file (ssh -F): ports, users, keys.
+    #[arg(long)]
+    ssh_config: Option<PathBuf>,
+    /// The oar binary on the hosts [default: the dispatched copy with --dispatch, else oar].
+    #[arg(long)]
+    oar_bin: Option<String>,
+    /// Local copies of every process's log [default: WORKSPACE/log/launcher].
+    #[arg(long)]
+    logs: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+    /// Arguments of `oar train` for every server and trainer (after --).
+    #[arg(last = true)]
+    train_args: Vec<String>,
+}
+
+#[derive(Args)]
+struct K8sArgs {
+    /// Job name (a DNS-1035 label): objects are named after it.
+    #[arg(long)]
+    name: String,
+    /// Number of parameter servers.
+    #[arg(long)]
+    servers: usize,
+    /// Number of trainers.
+    #[arg(long)]
+    workers: usize,
+    /// Container image with `oar` on its PATH.
+    #[arg(long)]
+    image: String,
+    /// Servers' port.
+    #[arg(long, default_value_t = crate::env::DEFAULT_PORT)]
+    port: u16,
+    /// A PersistentVolumeClaim (data and model) mounted in every pod, also the working folder.
+    #[arg(long)]
+    volume_claim: Option<String>,
+    /// Where --volume-claim is mounted.
+    #[arg(long, default_value = "/oar")]
+    mount_path: String,
+    /// CPU request and limit per pod (e.g. 2).
+    #[arg(long)]
+    cpus: Option<String>,
+    /// Print a Kubeflow training-operator PaddleJob (Master = servers, Worker = trainers).
+    #[arg(long)]
+    paddlejob: bool,
+    /// Arguments of `oar train` for every pod (after --).
+    #[arg(last = true)]
+    train_args: Vec<String>,
+}
+
+#[derive(Args)]
+struct SplitArgs {
+    /// Number of parts.
+    #[arg(long)]
+    parts: usize,
+    /// The file.
+    file: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Download a public data set (uci_housing, ptb) into the cache, checking checksums.
+    Get(GetArgs),
+    /// Turn a raw data set into plain-format train/test files, as PaddlePaddle prepares it.
+    Prepare(PrepareArgs),
+}
+
+#[derive(Args)]
+struct GetArgs {
+    /// The data set.
+    name: String,
+    /// Cache folder [default: $OAR_DATA_HOME, else ~/.cache/oar/data].
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Fetch from this mirror (URL/<set>/<file>) instead of the canonical hosts.
+    #[arg(long, env = "OAR_DATA_MIRROR")]
+    mirror: Option<String>,
+}
+
+#[derive(Args)]
+struct PrepareArgs {
+    /// The data set.
+    #[arg(value_enum)]
+    name: PrepareName,
+    /// The raw data: housing.data (uci-housing) or the folder holding ptb.train.txt[.gz] and
+    /// ptb.valid.txt (imikolov).
+    #[arg(long)]
+    src: PathBuf,
+    /// Output folder.
+    #[arg(long)]
+    out: PathBuf,
+    /// imikolov: keep words seen more than this many times.
+    #[arg(long, default_value_t = 50)]
+    min_count: u64,
+    /// imikolov: words per sample (n-1 context words and the next word).
+    #[arg(long, default_value_t = 5)]
+    n: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PrepareName {
+    /// UCI housing (Boston) for linear regression.
+    UciHousing,
+    /// Penn Treebank N-grams for the word model.
+    Imikolov,
+}
+
+#[derive(Subcommand)]
+enum GenCommand {
+    /// Criteo-format lines from a planted logistic model.
+    Criteo(GenArgs),
+    /// Multi-hot lines in the slots format (one-hot, multi-valued and weighted slots) from a
+    /// planted model with per-slot pooling; meta.json has the `[data]` section to read them.
+    Slots(GenArgs),
+}
+
+#[derive(Args, Clone)]
+struct PserverArgs {
+    /// Address to listen on (see also --nics) [default: PADDLE_CURRENT_IP, else 0.0.0.0].
+    #[arg(long, env = "OAR_HOST")]
+    host: Option<String>,
+    /// Listen on the IPv4 address of this network interface (e.g. eth0, lo).
+    #[arg(long, env = "OAR_NICS")]
+    nics: Option<String>,
+    #[command(flatten)]
+    ports: PortArgs,
+    /// This server's index among all servers (found from the Paddle env, or learned from the
+    /// first trainer's handshake when not given).
+    #[arg(long, env = "OAR_SERVER_INDEX")]
+    index: Option<usize>,
+    /// Number of servers in the job.
+    #[arg(long, env = "OAR_NUM_SERVERS")]
+    num_servers: Option<usize>,
+    /// Number of trainers: the sync barrier's size [default: 1].
+    #[arg(long, alias = "num_gradient_servers", visible_alias = "num-gradient-servers", env = "OAR_TRAINERS")]
+    trainers: Option<usize>,
+    /// sync or async.
+    #[arg(long, env = "OAR_MODE", value_enum, default_value = "sync")]
+    mode: Mode,
+    /// Job id trainers must present.
+    #[arg(long, env = "OAR_JOB", default_value = "oar")]
+    job: String,
+    /// Seconds a sync step or barrier waits for missing trainers.
+    #[arg(long, env = "OAR_TIMEOUT", default_value_t = 300)]
+    timeout: u64,
+    /// Async: discard pushes more than this x trainers updates stale
+    /// (PaddlePaddle's async_lagged_grad_discard_ratio).
+    #[arg(long, alias = "async_lagged_grad_discard_ratio", env = "OAR_LAG_RATIO", default_value_t = 2.5)]
+    lag_ratio: f64,
+    /// Load this server's shard from a saved model before serving.
+    #[arg(long, env = "OAR_RESUME")]
+    resume: Option<PathBuf>,
+    /// Keep serving after every trainer has closed.
+    #[arg(long, env = "OAR_KEEP_SERVING")]
+    keep_serving: bool,
+    /// When every trainer has closed, save the model into this folder (every server its
+    /// shard, plus the manifest); shared by all servers.
+    #[arg(long, alias = "save_dir", env = "OAR_SAVE_DIR")]
+    save_dir: Option<PathBuf>,
+    /// Largest accepted frame, in MiB.
+    #[arg(long, env = "OAR_MAX_FRAME_MB", default_value_t = 256)]
+    max_frame_mb: usize,
+}
+
+/// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
+#[derive(Args, Clone)]
+struct PortArgs {
+    /// First port of every server (for bare hosts in --servers) [default: 7164, or PADDLE_PORT /
+    /// PADDLE_PSERVER_PORT / PADDLE_INIT_PORT]; 0 makes a server pick a free port (printed).
+    #[arg(long, env = "OAR_PORT")]
+    port: Option<u16>,
+    /// Consecutive general ports per server; requests are spread over them [default: 1].
+    #[arg(long = "ports-num", alias = "ports_num", env = "OAR_PORTS_NUM")]
+    ports_num: Option<usize>,
+    /// Further ports per server, after those, that carry only sparse traffic [default: 0].
+    #[arg(long = "ports-num-for-sparse", alias = "ports_num_for_sparse", env = "OAR_PORTS_NUM_FOR_SPARSE")]
+    ports_num_for_sparse: Option<usize>,
+}
+
+/// Job settings shared by `train` and `launch`: flag > env > --config file > default.
+#[derive(Args, Clone)]
+struct JobArgs {
+    /// TOML job file ([model], [dense_optimizer], [sparse_optimizer], [train]).
+    #[arg(long, env = "OAR_CONFIG")]
+    config: Option<PathBuf>,
+    /// Samples per step per trainer.
+    #[arg(long, env = "OAR_BATCH_SIZE")]
+    batch_size: Option<usize>,
+    /// Passes over the data.
+    #[arg(long, env = "OAR_PASSES")]
+    passes: Option<u32>,
+    /// Compute threads per trainer (PaddlePaddle's trainer_count).
+    #[arg(long, visible_alias = "trainer-count", alias = "trainer_count", env = "OAR_THREADS")]
+    threads: Option<usize>,
+    /// Embedding width.
+    #[arg(long, env = "OAR_EMBEDDING_DIM")]
+    embedding_dim: Option<usize>,
+    /// Hidden layer widths, comma-separated.
+    #[arg(long, env = "OAR_HIDDEN", value_delimiter = ',')]
+    hidden: Option<Vec<usize>>,
+    /// Dense optimizer.
+    #[arg(long, env = "OAR_DENSE_OPTIMIZER", value_enum)]
+    dense_optimizer: Option<OptimizerKind>,
+    /// Dense learning rate.
+    #[arg(long, env = "OAR_DENSE_LR")]
+    dense_lr: Option<f32>,
+    /// Dense L2 regularization.
+    #[arg(long, env = "OAR_DENSE_L2")]
+    dense_l2: Option<f32>,
+    /// Embedding optimizer.
+    #[arg(long, env = "OAR_SPARSE_OPTIMIZER", value_enum)]
+    sparse_optimizer: Option<OptimizerKind>,
+    /// Embedding learning rate.
+    #[arg(long, env = "OAR_SPARSE_LR")]
+    sparse_lr: Option<f32>,
+    /// Embedding L2 regularization.
+    #[arg(long, env = "OAR_SPARSE_L2")]
+    sparse_l2: Option<f32>,
+    /// Seed of the initializers.
+    #[arg(long, env = "OAR_SEED")]
+    seed: Option<u64>,
+    /// Log metrics every this many steps.
+    #[arg(long, env = "OAR_LOG_EVERY")]
+    log_every: Option<u64>,
+    /// Skip and count bad data lines instead of failing.
+    #[arg(long, env = "OAR_SKIP_BAD_LINES")]
+    skip_bad_lines: bool,
+    /// Seconds to wait for servers, sync steps and barriers.
+    #[arg(long, env = "OAR_TIMEOUT")]
+    timeout: Option<u64>,
+    /// Async: discard pushes more than this x trainers updates stale.
+    #[arg(long, alias = "async_lagged_grad_discard_ratio", env = "OAR_LAG_RATIO")]
+    lag_ratio: Option<f64>,
+    /// Shell command each data file is piped through (the file on its stdin), e.g. zcat.
+    #[arg(long, alias = "pipe_command", env = "OAR_PIPE_COMMAND")]
+    pipe_command: Option<String>,
+    /// Train in this process, without servers, whatever else the job says.
+    #[arg(long, alias = "is_local", env = "OAR_IS_LOCAL", num_args = 0..=1, default_missing_value = "true")]
+    is_local: Option<bool>,
+}
+
+impl JobArgs {
+    fn resolve(&self, registry: &Registry) -> anyhow::Result<JobConfig> {
+        let mut job = match &self.config {
+            Some(path) => JobConfig::from_file(path)?,
+            None => JobConfig::default(),
+        };
+        let m = &mut job.model;
+        if self.embedding_dim.is_some() {
+            m.embedding_dim = self.embedding_dim;
+        }
+        if self.hidden.is_some() {
+            m.hidden = self.hidden.clone();
+        }
+        set(&mut m.seed, self.seed);
+        for (opt, kind, lr, l2) in [
+            (&mut job.dense_optimizer, self.dense_optimizer, self.dense_lr, self.dense_l2),
+            (&mut job.sparse_optimizer, self.sparse_optimizer, self.sparse_lr, self.sparse_l2),
+        ] {
+            set(&mut opt.kind, kind);
+            set(&mut opt.lr, lr);
+            set(&mut opt.l2, l2);
+        }
+        let t = &mut job.train;
+        set(&mut t.batch_size, self.batch_size);
+        set(&mut t.passes, self.passes);
+        set(&mut t.threads, self.threads);
+        set(&mut t.log_every, self.log_every);
+        set(&mut t.timeout_secs, self.timeout);
+        set(&mut t.lag_ratio, self.lag_ratio);
+        t.skip_bad_lines |= self.skip_bad_lines;
+        set(&mut t.is_local, self.is_local);
+        if let Some(command) = &self.pipe_command {
+            job.data.pipe_command = Some(command.clone());
+        }
+        job.validate_with(registry)?;
+        Ok(job)
+    }
+}
+
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *slot = v;
+    }
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// local, sync or async [default: local without servers, sync with them].
+    #[arg(long, env = "OAR_MODE", value_enum)]
+    mode: Option<Mode>,
+    /// Servers in server-index order, comma-separated: host:port, or bare hosts on --port; a
+    /// single number S means --num-servers S.
+    #[arg(long, alias = "pservers", env = "OAR_SERVERS", value_delimiter = ',')]
+    servers: Vec<String>,
+    #[command(flatten)]
+    ports: PortArgs,
+    /// This trainer's id [default: 0].
+    #[arg(long, alias = "trainer_id", env = "OAR_TRAINER_ID")]
+    trainer_id: Option<usize>,
+    /// Number of trainers [default: 1].
+    #[arg(long, alias = "num_gradient_servers", visible_alias = "num-gradient-servers", env = "OAR_TRAINERS")]
+    trainers: Option<usize>,
+    /// Under an engine (mpirun, srun): ranks 0..N-1 become servers, the others trainers; they
+    /// meet at --rendezvous (`--servers N` says the same).
+    #[arg(long, env = "OAR_NUM_SERVERS")]
+    num_servers: Option<usize>,
+    /// Under an engine: rank 0's host and a free port there, where every rank registers
+    /// [default under Slurm: the step's first node, port 15000 + SLURM_JOB_ID % 10000].
+    #[arg(long, env = "OAR_RENDEZVOUS")]
+    rendezvous: Option<String>,
+    /// Refused unless false: this is a CPU build.
+    #[arg(long, alias = "use_gpu", env = "OAR_USE_GPU", num_args = 0..=1, default_missing_value = "true")]
+    use_gpu: Option<bool>,
+    /// Training data: a file or a folder of part files.
+    #[arg(long, env = "OAR_TRAIN")]
+    train: Option<PathBuf>,
+    /// Test data evaluated after each pass (by trainer 0).
+    #[arg(long, env = "OAR_TEST")]
+    test: Option<PathBuf>,
+    /// Save the model here after each pass.
+    #[arg(long, env = "OAR_OUTPUT")]
+    output: Option<PathBuf>,
+    /// Continue from this saved model.
+    #[arg(long, env = "OAR_RESUME")]
+    resume: Option<PathBuf>,
+    /// Job id (must match the servers').
+    #[arg(long = "job", env = "OAR_JOB", default_value = "oar")]
+    job_id: String,
+    /// Settings used when the environment says this process is a server
+    /// (TRAINING_ROLE / PADDLE_TRAINING_ROLE = PSERVER).
+    #[command(flatten)]
+    server: ServerRoleArgs,
+}
+
+/// Server settings of `oar train` started as a PSERVER by PaddlePaddle's environment.
+#[derive(Args)]
+struct ServerRoleArgs {
+    /// Server role: keep serving after every trainer has closed.
+    #[arg(long, env = "OAR_KEEP_SERVING")]
+    keep_serving: bool,
+    /// Server role: listen on this interface's address.
+    #[arg(long, env = "OAR_NICS")]
+    nics: Option<String>,
+    /// Server role: listen on this address [default: PADDLE_CURRENT_IP, else all].
+    #[arg(long, env = "OAR_HOST")]
+    host: Option<String>,
+}
+
+#[derive(Args)]
+struct LaunchArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// Number of parameter servers.
+    #[arg(long, default_value_t = 2)]
+    servers: usize,
+    /// Number of trainers.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// sync or async.
+    #[arg(long, env = "OAR_MODE", value_enum, default_value = "async")]
+    mode: Mode,
+    /// Training data: a file or a folder of part files.
+    #[arg(long)]
+    train: PathBuf,
+    /// Test data evaluated after each pass.
+    #[arg(long)]
+    test: Option<PathBuf>,
+    /// Save the model here after each pass.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Continue from this saved model.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Folder for the log files.
+    #[arg(long, default_value = "logs")]
+    logs: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// A saved model (output folder or one of its pass folders).
+    #[arg(long)]
+    model: PathBuf,
+    /// Data files or folders.
+    #[arg(long, required = true, num_args = 1..)]
+    data: Vec<PathBuf>,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 4096)]
+    batch_size: usize,
+    /// Skip and count bad data lines instead of failing.
+    #[arg(long)]
+    skip_bad_lines: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Dense floats per push and pull in (a).
+    #[arg(long, default_value_t = 4 << 20)]
+    dense_floats: usize,
+    /// Keys per sparse request in (b).
+    #[arg(long, default_value_t = 50_000)]
+    sparse_keys: usize,
+    /// Rows inserted into the sparse table before (b) measures.
+    #[arg(long, default_value_t = 10_000_000)]
+    sparse_rows: usize,
+    /// Data set for (c): a folder with train/ and test/ (e.g. from gen_criteo_synth.py).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Lines to generate for (c) when --data is not given.
+    #[arg(long, default_value_t = 1_000_000)]
+    lines: u64,
+    /// Seconds per measurement in (a) and (b).
+    #[arg(long, default_value_t = 6.0)]
+    seconds: f64,
+    /// Skip the training runs (c).
+    #[arg(long)]
+    skip_training: bool,
+}
+
+#[derive(Args)]
+struct GenArgs {
+    /// Training lines.
+    #[arg(long)]
+    lines: u64,
+    /// Test lines.
+    #[arg(long, default_value_t = 100_000)]
+    test_lines: u64,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Training part files.
+    #[arg(long, default_value_t = 4)]
+    parts: usize,
+    /// Output folder.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Runs the `oar` command line with the layer types of `registry`, then exits the process.
+pub fn main_with(registry: Registry) {
+    let cli = Cli::parse();
+    let launched = std::env::var_os("OAR_LAUNCHED").is_some();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(!launched && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    if let Err(e) = run(cli.command, launched, &registry) {
+        // One write: ranks under mpirun or srun share a stderr, and a line written in pieces
+        // can be interleaved with another rank's.
+        let line = format!("oar: error: {e:#}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        std::process::exit(1);
+    }
+}
+
+fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<()> {
+    match command {
+        Command::Pserver(a) => pserver(a, &ClusterEnv::from_process()?),
+        Command::Train(a) => train(a, launched, registry),
+        Command::Cluster { engine: ClusterCommand::Ssh(a) } => {
+            let text = std::fs::read_to_string(&a.hosts)
+                .with_context(|| format!("cannot read the hosts file {}", a.hosts.display()))?;
+            let config = crate::cluster::ssh::SshConfig {
+                hosts: crate::cluster::ssh::parse_hosts(&text, &a.hosts)?,
+                logs: a.logs.unwrap_or_else(|| a.workspace.join("log/launcher")),
+                workspace: a.workspace,
+                remote_workspace: a.remote_workspace,
+                dispatch: a.dispatch,
+                servers_per_host: a.servers_per_host,
+                trainers_per_host: a.trainers_per_host,
+                port: a.port,
+                ssh_config: a.ssh_config,
+                oar_bin: a.oar_bin,
+                train_args: a.train_args,
+                progress_bar: !a.no_progress,
+            };
+            let s = crate::cluster::ssh::run(&config)?;
+            print_summary(&format!("oar cluster ssh on {} hosts", config.hosts.len()), &s);
+            println!(
+                "logs on each host under {}/log; local copies and summary.json in {}",
+                config.remote_workspace.clone().unwrap_or_else(|| config.workspace.display().to_string()),
+                config.logs.display()
+            );
+            Ok(())
+        }
+        Command::Cluster { engine: ClusterCommand::K8s(a) } => {
+            let config = crate::cluster::k8s::K8sConfig {
+                name: a.name,
+                servers: a.servers,
+                workers: a.workers,
+                image: a.image,
+                port: a.port,
+                train_args: a.train_args,
+                volume_claim: a.volume_claim,
+                mount_path: a.mount_path,
+                cpus: a.cpus,
+                paddlejob: a.paddlejob,
+            };
+            print!("{}", crate::cluster::k8s::render(&config)?);
+            Ok(())
+        }
+        Command::Launch(a) => {
+            let job = a.job.resolve(registry)?;
+            let config = crate::launch::LaunchConfig {
+                servers: a.servers,
+                workers: a.workers,
+                mode: a.mode,
+                job,
+                train: a.train,
+                test: a.test,
+                output: a.output,
+                resume: a.resume,
+                logs: a.logs,
+                exe: std::env::current_exe().context("cannot find the oar binary")?,
+                progress_bar: !a.no_progress,
+            };
+            let s = crate::launch::run(&config)?;
+            print_summary(&format!("oar launch ({})", config.mode), &s);
+            println!("logs and summary.json in {}", config.logs.display());
+            Ok(())
+        }
+        Command::Eval(a) => {
+            let mut files = Vec::new();
+            for d in &a.data {
+                files.extend(resolve_files(d)?);
+            }
+            let (manifest, shard) = crate::checkpoint::load_merged(&a.model)?;
+            let model_config: crate::model::ModelConfig = serde_json::from_value(manifest.model["model"].clone())
+                .with_context(|| {
+                    format!("{}: the manifest's model description is not one this oar reads", a.model.display())
+                })?;
+            // Models saved before `[data]` existed were Criteo models.
+            let data: crate::data::DataConfig = match manifest.model.get("data") {
+                Some(d) => serde_json::from_value(d.clone())
+                    .with_context(|| format!("{}: manifest has an unreadable data config", a.model.display()))?,
+                None => crate::data::DataConfig::default(),
+            };
+            let (model, schema) = crate::config::build_model(&model_config, &data, registry)
+                .with_context(|| format!("{}: the saved model", a.model.display()))?;
+            anyhow::ensure!(
+                model.table_spec(shard.spec.dense.optimizer, shard.spec.dense.optimizer).dense == shard.spec.dense
+                    && model.tables().len() == shard.spec.sparse.len(),
+                "{}: the saved parameters do not fit the saved model description",
+                a.model.display()
+            );
+            let mut store = crate::train::Store::Local(Box::new(shard));
+            let r = crate::train::evaluate(&mut store, &model, &schema, &files, a.batch_size, a.skip_bad_lines)?;
+            println!("model pass {}: {} samples, {r}", manifest.pass, r.samples);
+            Ok(())
+        }
+        Command::Bench(a) => crate::bench::run(&crate::bench::BenchConfig {
+            dense_floats: a.dense_floats,
+            sparse_keys: a.sparse_keys,
+            sparse_rows: a.sparse_rows,
+            data: a.data,
+            lines: a.lines,
+            seconds: a.seconds,
+            exe: std::env::current_exe().context("cannot find the oar binary")?,
+            skip_training: a.skip_training,
+        }),
+        Command::Split(a) => {
+            let (files, lines) = crate::data::files::split_file(&a.file, a.parts)?;
+            println!(
+                "split {} lines of {} into {} parts: {} .. {}",
+                lines,
+                a.file.display(),
+                files.len(),
+                files.first().map_or(String::new(), |f| f.display().to_string()),
+                files.last().map_or(String::new(), |f| f.display().to_string())
+            );
+            Ok(())
+        }
+        Command::Data { what: DataCommand::Get(a) } => {
+            let cache = a.cache.unwrap_or_else(crate::data::fetch::default_cache);
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {msg} {bytes} ({bytes_per_sec})")
+                    .expect("valid template"),
+            );
+            let f = crate::data::fetch::fetch(&a.name, &cache, a.mirror.as_deref(), &|file, bytes| {
+                bar.set_message(file.to_string());
+                bar.set_position(bytes);
+            });
+            bar.finish_and_clear();
+            let f = f?;
+            println!(
+                "{}: {} file(s) downloaded, {} already cached, checksums verified, in {}",
+                a.name,
+                f.downloaded,
+                f.cached,
+                f.dir.display()
+            );
+            Ok(())
+        }
+        Command::Data { what: DataCommand::Prepare(a) } => {
+            let p = match a.name {
+                PrepareName::UciHousing => crate::data::prepare::uci_housing(&a.src, &a.out)?,
+                PrepareName::Imikolov => crate::data::prepare::imikolov(&a.src, &a.out, a.min_count, a.n)?,
+            };
+            println!(
+                "wrote {} ({} samples) and {} ({} samples)",
+                p.train.display(),
+                p.samples.0,
+                p.test.display(),
+                p.samples.1
+            );
+            if let Some((path, words)) = &p.dict {
+                println!("dictionary: {words} words in {} (set model.outputs = {words})", path.display());
+            }
+            for (name, value) in &p.baselines {
+                println!("baseline: {name} {value:.2}");
+            }
+            Ok(())
+        }
+        Command::Gen { what: GenCommand::Criteo(a) } => {
+            let started = Instant::now();
+            let r = crate::data::gen::generate(&gen_config(&a))?;
+            print_generated(&a, &r, started);
+            Ok(())
+        }
+        Command::Gen { what: GenCommand::Slots(a) } => {
+            let started = Instant::now();
+            let r = crate::data::gen_slots::generate(&gen_config(&a))?;
+            print_generated(&a, &r.report, started);
+            #[derive(serde::Serialize)]
+            struct Job<'a> {
+                data: &'a crate::data::DataConfig,
+            }
+            let pooling: Vec<String> = r.slots.iter().map(|s| format!("{} {}", s.name, s.pooling.name())).collect();
+            println!("slots and their pooling: {}", pooling.join(", "));
+            println!("read it with:\n{}", toml::to_string(&Job { data: &r.data })?.trim_end());
+            Ok(())
+        }
+    }
+}
+
+fn gen_config(a: &GenArgs) -> crate::data::gen::GenConfig {
+    crate::data::gen::GenConfig {
+        lines: a.lines,
+        test_lines: a.test_lines,
+        seed: a.seed,
+        parts: a.parts,
+        out: a.out.clone(),
+    }
+}
+
+fn print_generated(a: &GenArgs, r: &crate::data::gen::GenReport, started: Instant) {
+    println!(
+        "generated {} train lines in {} part(s) + {} test lines into {} in {:.1} s; train CTR {:.4}; oracle test AUC {:.4}",
+        r.train_lines,
+        r.parts,
+        r.test_lines,
+        a.out.display(),
+        started.elapsed().as_secs_f64(),
+        r.train_ctr,
+        r.oracle_test_auc.unwrap_or(f64::NAN)
+    );
+}
+
+/// The IPv4 address of network interface `name`.
+fn nic_address(name: &str) -> anyhow::Result<String> {
+    let all = if_addrs::get_if_addrs().context("cannot list the network interfaces")?;
+    if let Some(i) = all.iter().find(|i| i.name == name && i.ip().is_ipv4()) {
+        return Ok(i.ip().to_string());
+    }
+    let mut names: Vec<&str> = all.iter().map(|i| i.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    anyhow::bail!(
+        "--nics {name}: no network interface of that name with an IPv4 address (there are: {})",
+        names.join(", ")
+    )
+}
+
+/// The end-of-job lines both launchers print.
+fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
+    println!(
+        "{label}: {} servers x {} workers, {} samples in {:.1} s: {:.0} samples/s end to end, {:.0} in the training loops",
+        s.servers, s.workers, s.samples, s.wall_seconds, s.samples_per_sec, s.train_loop_samples_per_sec
+    );
+    if let Some(t) = &s.test {
+        println!("test {t}");
+    }
+    if s.discarded_pushes > 0 {
+        println!("{} stale pushes discarded", s.discarded_pushes);
+    }
+}
+
+/// Runs a parameter server: flags, then `OAR_*`, then PaddlePaddle's variables, then defaults.
+fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
+    let (config, addrs) = server_config(a, env)?;
+    let stats = crate::server::serve_blocking(&addrs, config)?;
+    tracing::info!(?stats, "server stopped");
+    Ok(())
+}
+
+/// A server's configuration and listen addresses from its arguments and the environment.
+fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConfig, Vec<String>)> {
+    let host = match (&a.nics, &a.host) {
+        (Some(nic), _) => nic_address(nic)?,
+        (None, Some(host)) => host.clone(),
+        (None, None) => env.host.clone().unwrap_or_else(|| "0.0.0.0".into()),
+    };
+    let port = a.ports.port.or(env.port).unwrap_or(crate::env::DEFAULT_PORT);
+    let ports_num = a.ports.ports_num.or(env.ports_num).unwrap_or(1);
+    let sparse = a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0);
+    anyhow::ensure!(ports_num >= 1, "--ports_num must be at least 1");
+    anyhow::ensure!(
+        port != 0 || ports_num + sparse == 1,
+        "--port 0 picks one free port; with --ports_num/--ports_num_for_sparse give an explicit --port"
+    );
+    anyhow::ensure!(
+        port as usize + ports_num + sparse - 1 <= u16::MAX as usize,
+        "--port {port} + {} ports goes past 65535",
+        ports_num + sparse
+    );
+    let num_servers = a.num_servers.or(env.servers.as_ref().map(Vec::len)).unwrap_or(0);
+    let index = a.index.or(env.server_index);
+    anyhow::ensure!(
+        num_servers > 0 || index.is_none(),
+        "--index needs --num-servers (or leave both out: the server then learns them from the trainers)"
+    );
+    let config = ServerConfig {
+        index: index.unwrap_or(0),
+        num_servers,
+        trainers: a.trainers.or(env.trainers).unwrap_or(1),
+        mode: a.mode,
+        job: a.job,
+        max_frame: a.max_frame_mb << 20,
+        timeout: Duration::from_secs(a.timeout),
+        lag_ratio: a.lag_ratio,
+        resume: a.resume,
+        exit_when_done: !a.keep_serving,
+        sparse_ports: sparse,
+        save_dir: a.save_dir,
+    };
+    config.validate()?;
+    let addrs: Vec<String> = (0..ports_num + sparse).map(|k| format!("{host}:{}", port as usize + k)).collect();
+    Ok((config, addrs))
+}
+
+/// The server settings of an `oar train` command line whose process turns out to be a server
+/// (a PSERVER role, or a server rank under an engine).
+fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
+    PserverArgs {
+        host: a.server.host.clone(),
+        nics: a.server.nics.clone(),
+        ports: a.ports.clone(),
+        index: None,
+        num_servers: None,
+        trainers: a.trainers,
+        mode: a.mode.filter(|m| *m != Mode::Local).unwrap_or(Mode::Sync),
+        job: a.job_id.clone(),
+        timeout: job.train.timeout_secs,
+        lag_ratio: job.train.lag_ratio,
+        resume: a.resume.clone(),
+        keep_serving: a.server.keep_serving,
+        // The model's folder: trainers save into it after each pass, servers at the end.
+        save_dir: a.output.as_ref().map(|o| o.join("final")),
+        max_frame_mb: 256,
+    }
+}
+
+/// The first host of a Slurm node list (`n[1-3,5]` -> `n1`, `a,b` -> `a`).
+fn first_slurm_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let (name, rest) = match list.find(['[', ',']) {
+        Some(i) if list.as_bytes()[i] == b'[' => (&list[..i], &list[i + 1..]),
+        Some(i) => return Some(list[..i].to_string()).filter(|h| !h.is_empty()),
+        None => return Some(list.to_string()).filter(|h| !h.is_empty()),
+    };
+    let first = rest.split([',', '-', ']']).next()?;
+    Some(format!("{name}{first}"))
+}
+
+/// Slurm's default rendezvous: the step's first node (where block distribution puts rank 0) and
+/// a port from the job id, so two jobs sharing a first node do not collide (as Lightning does).
+fn slurm_rendezvous(var: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let nodes = var("SLURM_STEP_NODELIST").or_else(|| var("SLURM_JOB_NODELIST"))?;
+    let job: u64 = var("SLURM_JOB_ID").and_then(|j| j.parse().ok()).unwrap_or(0);
+    Some(format!("{}:{}", first_slurm_host(&nodes)?, 15_000 + job % 10_000))
+}
+
+/// Under an engine: registers at the rendezvous. A server rank serves until the trainers are
+/// done and returns `None`; a trainer rank returns (servers, its trainer id, trainers).
+fn engine_rank(
+    a: &TrainArgs,
+    job: &JobConfig,
+    num_servers: usize,
+) -> anyhow::Result<Option<(Vec<String>, usize, usize)>> {
+    let rank = crate::rendezvous::rank_from(&|k| std::env::var(k).ok())?.context(
+        "--num-servers makes ranks 0..N-1 servers, but no rank was found: run under mpirun or srun \
+         (OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)",
+    )?;
+    anyhow::ensure!(
+        num_servers >= 1 && num_servers < rank.size,
+        "--num-servers {num_servers} with {} ranks leaves no trainer (or no server)",
+        rank.size
+    );
+    let var = |k: &str| std::env::var(k).ok();
+    let from_slurm = a.rendezvous.is_none();
+    let rendezvous =
+        a.rendezvous.clone().or_else(|| slurm_rendezvous(&var)).context(
+            "give --rendezvous HOST:PORT (rank 0's host and a free port there): this engine gives no addresses",
+        )?;
+    let at = rendezvous.clone();
+    let hint = move |e: anyhow::Error| {
+        if from_slurm {
+            e.context(format!(
+                "the rendezvous defaults to Slurm's first node, {at}; give --rendezvous HOST:PORT if node names do not resolve"
+            ))
+        } else {
+            e
+        }
+    };
+    let timeout = Duration::from_secs(job.train.timeout_secs);
+    tracing::info!(rank = rank.rank, size = rank.size, source = rank.source, %rendezvous, "joining the job");
+    if rank.rank >= num_servers {
+        let servers = crate::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout).map_err(hint)?;
+        return Ok(Some((servers, rank.rank - num_servers, rank.size - num_servers)));
+    }
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").context("cannot listen")?;
+    let port = listener.local_addr()?.port();
+    let hosting = if rank.rank == 0 {
+        let rport = rendezvous
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .with_context(|| format!("--rendezvous {rendezvous}: expected HOST:PORT"))?;
+        let l = std::net::TcpListener::bind(("0.0.0.0", rport))
+            .with_context(|| format!("rank 0 cannot listen on the rendezvous port {rport}"))?;
+        let size = rank.size;
+        Some(std::thread::spawn(move || crate::rendezvous::host(l, size, num_servers, timeout)))
+    } else {
+        None
+    };
+    let servers =
+        crate::rendezvous::register(&rendezvous, rank, &|ip| format!("{ip}:{port}"), timeout).map_err(hint)?;
+    if let Some(h) = hosting {
+        h.join().map_err(|_| anyhow::anyhow!("the rendezvous thread panicked"))??;
+    }
+    tracing::info!(servers = ?servers, "rendezvous complete");
+    let args = PserverArgs {
+        index: Some(rank.rank),
+        num_servers: Some(num_servers),
+        trainers: Some(rank.size - num_servers),
+        ..server_role_args(a, job)
+    };
+    let (config, _) = server_config(args, &ClusterEnv::default())?;
+    let stats = crate::server::serve_bound(vec![listener], config)?;
+    tracing::info!(?stats, "server stopped");
+    Ok(None)
+}
+
+fn train(mut a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()> {
+    let env = ClusterEnv::from_process()?;
+    // `--servers S`, a count rather than addresses, means `--num-servers S` (engine ranks).
+    if let [count] = a.servers.as_slice() {
+        if let (Ok(n), None) = (count.parse::<usize>(), a.num_servers) {
+            a.num_servers = Some(n);
+            a.servers.clear();
+        }
+    }
+    let job = a.job.resolve(registry)?;
+    if env.role == Some(Role::Pserver) {
+        // One command line for both roles, as with PaddlePaddle's Fluid and Fleet launchers.
+        return pserver(server_role_args(&a, &job), &env);
+    }
+    if a.use_gpu.or(env.use_gpu) == Some(true) {
+        anyhow::bail!(
+            "use_gpu is true (--use_gpu, OAR_USE_GPU or PADDLE_INIT_USE_GPU), but oar trains on CPUs only: set it to false"
+        );
+    }
+    // Under mpirun/srun with --num-servers: the rendezvous decides the role.
+    let (mut engine_servers, mut engine_trainer, mut engine_trainers) = (None, None, None);
+    if let (Some(n), true) = (a.num_servers, a.servers.is_empty() && env.servers.is_none()) {
+        match engine_rank(&a, &job, n)? {
+            None => return Ok(()), // a server rank, done serving
+            Some((servers, id, trainers)) => {
+                (engine_servers, engine_trainer, engine_trainers) = (Some(servers), Some(id), Some(trainers))
+            }
+        }
+    }
+    let port = a.ports.port.or(env.port).unwrap_or(crate::env::DEFAULT_PORT);
+    let servers: Vec<String> = if let Some(list) = engine_servers {
+        list
+    } else if a.servers.is_empty() {
+        env.servers.clone().unwrap_or_default()
+    } else {
+        a.servers.iter().map(|s| if s.contains(':') { s.clone() } else { format!("{s}:{port}") }).collect()
+    };
+    let mode = if job.train.is_local {
+        Mode::Local
+    } else {
+        a.mode.unwrap_or(if servers.is_empty() { Mode::Local } else { Mode::Sync })
+    };
+    let mut threads = job.train.threads;
+    if a.job.threads.is_none() {
+        threads = env.trainer_count.unwrap_or(threads);
+    }
+    let train = a.train.clone().context("no training data: give --train (or OAR_TRAIN)")?;
+    let train_files = resolve_files(&train)?;
+    let test_files = match &a.test {
+        Some(t) => resolve_files(t)?,
+        None => Vec::new(),
+    };
+    let timeout = Duration::from_secs(job.train.timeout_secs);
+    let config = TrainConfig {
+        mode,
+        servers: if mode == Mode::Local { Vec::new() } else { servers },
+        ports_num: a.ports.ports_num.or(env.ports_num).unwrap_or(1),
+        ports_num_for_sparse: a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0),
+        trainer_id: engine_trainer.or(a.trainer_id).or(env.trainer_id).unwrap_or(0),
+        trainers: engine_trainers.or(a.trainers).or(env.trainers).unwrap_or(1),
+        train_files,
+        test_files,
+        batch_size: job.train.batch_size,
+        passes: job.train.passes,
+        threads,
+        model: job.model.clone(),
+        data: job.data.clone(),
+        dense_optimizer: job.dense_optimizer,
+        sparse_optimizer: job.sparse_optimizer,
+        output: a.output,
+        resume: a.resume,
+        log_every: job.train.log_every,
+        job: a.job_id,
+        skip_bad_lines: job.train.skip_bad_lines,
+        connect_timeout: timeout.min(Duration::from_secs(60)),
+        reply_timeout: timeout + Duration::from_secs(30),
+    };
+    let mine = crate::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
+    // A resumed job trains only the passes after the saved one.
+    let passes = config.passes.saturating_sub(crate::checkpoint::passes_done(config.resume.as_deref())?) as u64;
+    let total = crate::data::files::total_bytes(&mine) * passes;
+    let bar = if launched { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total) };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta})")
+            .expect("valid template"),
+    );
+    let last = std::cell::Cell::new(Instant::now());
+    let report = crate::train::run_with(&config, registry, &|bytes, samples| {
+        if launched {
+            if last.get().elapsed() > Duration::from_millis(200) {
+                println!("OAR_PROGRESS {bytes} {samples}");
+                last.set(Instant::now());
+            }
+        } else {
+            bar.set_position(bytes.min(total));
+        }
+    })?;
+    bar.finish_and_clear();
+    if launched {
+        println!("OAR_RESULT {}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "trained {} samples in {:.1} s ({:.0} samples/s in the training loop)",
+            report.samples,
+            report.wall_seconds,
+            report.samples as f64 / report.train_seconds.max(1e-9)
+        );
+        let t = &report.time;
+        println!(
+            "training loop time: waiting for data {:.1} s, pull {:.1} s, forward/backward {:.1} s, push {:.1} s",
+            t.data, t.pull, t.compute, t.push
+        );
+        for p in &report.passes {
+            let test = p.test.as_ref().map_or(String::new(), |t| format!("; test {t}"));
+            println!("pass {}: train {}{test}", p.pass, p.train);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_first_slurm_host_of_compressed_lists() {
+        assert_eq!(super::first_slurm_host("n[1-3,5]").as_deref(), Some("n1"));
+        assert_eq!(super::first_slurm_host("node07,node09").as_deref(), Some("node07"));
+        assert_eq!(super::first_slurm_host("solo").as_deref(), Some("solo"));
+        assert_eq!(super::first_slurm_host("").as_deref(), None);
+    }
+
+    #[test]
+    fn the_slurm_rendezvous_is_the_first_node_and_a_port_from_the_job_id() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let step =
+            env(&[("SLURM_STEP_NODELIST", "gpu[07-09]"), ("SLURM_JOB_NODELIST", "x"), ("SLURM_JOB_ID", "123456")]);
+        assert_eq!(super::slurm_rendezvous(&step).as_deref(), Some("gpu07:18456"));
+        let job = env(&[("SLURM_JOB_NODELIST", "a,b")]);
+        assert_eq!(super::slurm_rendezvous(&job).as_deref(), Some("a:15000"));
+        assert_eq!(super::slurm_rendezvous(&env(&[])), None);
+    }
+}

@@ -1,0 +1,307 @@
+//! Building a [`Model`] from its config: tensors named after layers, sorted so every layer runs
+//! after its inputs, shapes checked, parameters placed in the flat dense vector. Every error
+//! names the layer (or head, or table) at fault and is reported before any process starts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+
+use super::config::{LayerConfig, Loss, ModelConfig, TableConfig};
+use super::embedding::{Embedding, Pooling};
+use super::{Input, Registry};
+use crate::nn::layer::{Layer, LayerArgs, Shape};
+use crate::table::DenseParam;
+
+/// The tensor of the batch's dense features.
+pub(super) const DENSE: usize = 0;
+
+/// What a node computes.
+#[derive(Debug)]
+pub(super) enum Op {
+    /// A pooled lookup in a sparse table.
+    Embedding(Embedding),
+    /// A dense layer.
+    Layer(Box<dyn Layer>),
+}
+
+/// One layer placed in the graph.
+#[derive(Debug)]
+pub(super) struct Node {
+    pub name: String,
+    pub op: Op,
+    pub inputs: Vec<usize>,
+    pub output: usize,
+    /// Its slice of the flat dense parameters.
+    pub params: Range<usize>,
+}
+
+/// A loss head, resolved.
+#[derive(Clone, Debug)]
+pub(super) struct Head {
+    pub tensor: usize,
+    pub loss: Loss,
+    /// Label column.
+    pub label: usize,
+    pub weight: f32,
+    /// Width of the head's tensor (classes for softmax).
+    pub width: usize,
+}
+
+/// A model: its tables, its layer graph in running order and its heads.
+#[derive(Debug)]
+pub struct Model {
+    pub(super) config: ModelConfig,
+    pub(super) input: Input,
+    pub(super) tables: Vec<TableConfig>,
+    pub(super) shapes: Vec<Shape>,
+    pub(super) nodes: Vec<Node>,
+    pub(super) heads: Vec<Head>,
+    pub(super) params: Vec<DenseParam>,
+    /// Per tensor: whether it depends on parameters (so its gradient is needed).
+    pub(super) needs_grad: Vec<bool>,
+    /// Per table: which of the batch's slots any embedding layer looks up in it.
+    pub(super) table_slots: Vec<Vec<bool>>,
+}
+
+impl Model {
+    /// Builds `config` for data shaped as `input`, with the layer types of `registry`.
+    pub fn build(config: &ModelConfig, input: &Input, registry: &Registry) -> Result<Model, String> {
+        if config.block_size == 0 {
+            return Err("model: block_size must be positive".into());
+        }
+        let g = config.graph()?;
+        let heads = g.head_list()?;
+        let mut table_index = HashMap::new();
+        for (i, t) in g.tables.iter().enumerate() {
+            if t.dim == 0 {
+                return Err(format!("model: table {:?} has dim 0", t.name));
+            }
+            if table_index.insert(t.name.clone(), i).is_some() {
+                return Err(format!("model: two tables are named {:?}", t.name));
+            }
+        }
+        // Tensor 0 is the dense features; then one per layer, in file order.
+        let mut tensor_of: HashMap<&str, usize> = HashMap::from([("dense", DENSE)]);
+        for (i, l) in g.layers.iter().enumerate() {
+            if l.name == "dense" || tensor_of.insert(&l.name, i + 1).is_some() {
+                return Err(format!("model: the layer name {:?} is taken (by `dense` or another layer)", l.name));
+            }
+            if l.kind != "embedding" && !registry.contains(&l.kind) {
+                return Err(format!(
+                    "model: layer {:?} has unknown type {:?} (known: embedding, {})",
+                    l.name,
+                    l.kind,
+                    registry.names().join(", ")
+                ));
+            }
+        }
+        let mut inputs_of = Vec::new();
+        for l in &g.layers {
+            let mut ids = Vec::new();
+            for name in l.all_inputs() {
+                let t = *tensor_of.get(name.as_str()).ok_or_else(|| {
+                    let mut known: Vec<&str> = tensor_of.keys().copied().collect();
+                    known.sort_unstable();
+                    format!("model: layer {:?}: unknown input {name:?} (tensors: {})", l.name, known.join(", "))
+                })?;
+                if t == DENSE && input.dense_width == 0 {
+                    return Err(format!("model: layer {:?} reads `dense` but the data has no dense features", l.name));
+                }
+                if ids.contains(&t) {
+                    return Err(format!("model: layer {:?} takes {name:?} twice", l.name));
+                }
+                ids.push(t);
+            }
+            if l.kind == "embedding" && !ids.is_empty() {
+                return Err(format!("model: layer {:?}: an embedding reads slots, not tensors (no input)", l.name));
+            }
+            if l.kind != "embedding" && ids.is_empty() {
+                return Err(format!("model: layer {:?} has no input (`input` or `inputs`)", l.name));
+            }
+            inputs_of.push(ids);
+        }
+        let order = running_order(&g.layers, &inputs_of)?;
+
+        let n_tensors = g.layers.len() + 1;
+        let mut shapes = vec![Shape::flat(0); n_tensors];
+        shapes[DENSE] = Shape::flat(input.dense_width);
+        let mut needs_grad = vec![false; n_tensors];
+        let (mut nodes, mut params) = (Vec::new(), Vec::new());
+        let mut table_slots = vec![vec![false; input.slots.len()]; g.tables.len()];
+        for &i in &order {
+            let l = &g.layers[i];
+            let at = |e: String| format!("model: layer {:?} ({}): {e}", l.name, l.kind);
+            let ins = &inputs_of[i];
+            let op = if l.kind == "embedding" {
+                let e = embedding(l, &g.tables, &table_index, input).map_err(at)?;
+                for &s in &e.slots {
+                    table_slots[e.table][s] = true;
+                }
+                Op::Embedding(e)
+            } else {
+                let shapes_in: Vec<Shape> = ins.iter().map(|&t| shapes[t]).collect();
+                let mut args = LayerArgs::new(&l.name, l.settings.clone());
+                Op::Layer(registry.build(&l.kind, &mut args, &shapes_in).map_err(at)?)
+            };
+            let (shape, own) = match &op {
+                Op::Embedding(e) => (Shape { fields: e.slots.len(), dim: e.dim }, Vec::new()),
+                Op::Layer(layer) => (layer.output(), layer.params()),
+            };
+            if shape.size() == 0 {
+                return Err(at("its output is empty".into()));
+            }
+            let start: usize = params.iter().map(|p: &DenseParam| p.len).sum();
+            let len: usize = own.iter().map(|p| p.len).sum();
+            params.extend(own.into_iter().map(|p| DenseParam { name: format!("{}.{}", l.name, p.name), ..p }));
+            shapes[i + 1] = shape;
+            needs_grad[i + 1] = matches!(op, Op::Embedding(_)) || len > 0 || ins.iter().any(|&t| needs_grad[t]);
+            nodes.push(Node {
+                name: l.name.clone(),
+                op,
+                inputs: ins.clone(),
+                output: i + 1,
+                params: start..start + len,
+            });
+        }
+
+        let mut resolved = Vec::new();
+        for (h, head) in heads.iter().enumerate() {
+            let what = format!("model: head {:?}", head.output);
+            let &tensor = tensor_of.get(head.output.as_str()).ok_or_else(|| format!("{what}: no such tensor"))?;
+            let width = shapes[tensor].size();
+            match head.loss {
+                Loss::LogLoss | Loss::Square if width != 1 => {
+                    return Err(format!("{what}: {:?} needs an output of width 1, it has {width}", head.loss))
+                }
+                Loss::Softmax if width < 2 => {
+                    return Err(format!("{what}: softmax needs 2 or more classes, it has {width}"))
+                }
+                _ => {}
+            }
+            let label = match &head.label {
+                Some(name) => input.labels.iter().position(|l| l == name).ok_or_else(|| {
+                    format!("{what}: no label {name:?} in the data (labels: {})", input.labels.join(", "))
+                })?,
+                None => h,
+            };
+            if label >= input.labels.len() {
+                return Err(format!(
+                    "{what}: the data has {} label column(s); name the head's `label`",
+                    input.labels.len()
+                ));
+            }
+            if !head.weight.is_finite() || head.weight <= 0.0 {
+                return Err(format!("{what}: weight must be positive"));
+            }
+            resolved.push(Head { tensor, loss: head.loss, label, weight: head.weight, width });
+        }
+        // Every layer must lead to a head: a dangling one is almost always a typo.
+        let mut used = vec![false; n_tensors];
+        resolved.iter().for_each(|h| used[h.tensor] = true);
+        for node in nodes.iter().rev() {
+            if used[node.output] {
+                node.inputs.iter().for_each(|&t| used[t] = true);
+            }
+        }
+        if let Some(node) = nodes.iter().find(|n| !used[n.output]) {
+            return Err(format!("model: layer {:?} feeds no head", node.name));
+        }
+        Ok(Model {
+            config: config.clone(),
+            input: input.clone(),
+            tables: g.tables.clone(),
+            shapes,
+            nodes,
+            heads: resolved,
+            params,
+            needs_grad,
+            table_slots,
+        })
+    }
+}
+
+/// The layers in an order where each comes after its inputs (file order among the ready ones),
+/// or an error naming the layers caught in a cycle.
+fn running_order(layers: &[LayerConfig], inputs_of: &[Vec<usize>]) -> Result<Vec<usize>, String> {
+    let mut done = vec![false; layers.len() + 1];
+    done[DENSE] = true;
+    let mut order = Vec::new();
+    while order.len() < layers.len() {
+        let ready = (0..layers.len()).find(|&i| !done[i + 1] && inputs_of[i].iter().all(|&t| done[t]));
+        match ready {
+            Some(i) => {
+                done[i + 1] = true;
+                order.push(i);
+            }
+            None => {
+                // The stuck layers are the cycles and what depends on them: peel off those that
+                // no stuck layer reads until only the cycles remain.
+                let mut stuck: Vec<usize> = (0..layers.len()).filter(|&i| !done[i + 1]).collect();
+                while let Some(p) = stuck.iter().position(|&i| !stuck.iter().any(|&j| inputs_of[j].contains(&(i + 1))))
+                {
+                    stuck.remove(p);
+                }
+                let names: Vec<&str> = stuck.iter().map(|&i| layers[i].name.as_str()).collect();
+                return Err(format!("model: the layers {} depend on each other in a cycle", names.join(", ")));
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// An `embedding` layer's settings: `table` (optional when the model has one table), `slots`
+/// (a name, a range like `C1..C26`, or a list of them; default every slot) and `pooling`.
+fn embedding(
+    l: &LayerConfig,
+    tables: &[TableConfig],
+    table_index: &HashMap<String, usize>,
+    input: &Input,
+) -> Result<Embedding, String> {
+    let mut args = LayerArgs::new(&l.name, l.settings.clone());
+    let table = match args.string("table")? {
+        Some(name) => *table_index.get(&name).ok_or_else(|| {
+            let known: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+            format!("unknown table {name:?} (tables: {})", known.join(", "))
+        })?,
+        None if tables.len() == 1 => 0,
+        None => return Err("name its `table` (the model has several)".into()),
+    };
+    let pooling = Pooling::parse(&args.string("pooling")?.unwrap_or_else(|| "sum".into()))?;
+    let specs: Vec<String> = match l.settings.get("slots") {
+        None => vec!["*".into()],
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| format!("slots must be names, got {v}")))
+            .collect::<Result<_, _>>()?,
+        Some(v) => return Err(format!("slots must be a name, a range or a list of them, got {v}")),
+    };
+    args.string("slots").ok();
+    args.finish()?;
+    let by_name: BTreeMap<&str, usize> = input.slots.iter().enumerate().map(|(i, s)| (s.as_str(), i)).collect();
+    let mut slots = Vec::new();
+    for spec in specs {
+        let names = if spec == "*" { input.slots.clone() } else { crate::data::schema::expand_names(&spec)? };
+        for name in names {
+            let s = *by_name
+                .get(name.as_str())
+                .ok_or_else(|| format!("unknown slot {name:?} (the data's slots: {})", summarize(&input.slots)))?;
+            if slots.contains(&s) {
+                return Err(format!("slot {name:?} is listed twice"));
+            }
+            slots.push(s);
+        }
+    }
+    if slots.is_empty() {
+        return Err("looks up no slot (the data has none)".into());
+    }
+    Ok(Embedding { table, dim: tables[table].dim, slots, pooling })
+}
+
+/// A short list of names for messages: all of them, or the first few and the last.
+fn summarize(names: &[String]) -> String {
+    match names.len() {
+        0 => "none".into(),
+        n if n <= 8 => names.join(", "),
+        n => format!("{}, ... {} ({n} slots)", names[..3].join(", "), names[n - 1]),
+    }
+}

@@ -1,0 +1,203 @@
+//! Models: what a job's `[model]` describes, built into a graph that turns a batch into losses
+//! and gradients. Knows nothing of servers or files.
+//!
+//! A model is sparse tables ([`TableConfig`]), named layers whose outputs are named tensors
+//! ([`LayerConfig`]: the built-in `embedding` pooled lookup, or any type of the [`Registry`],
+//! whose built-ins are [`crate::nn::layers`]) and loss heads ([`HeadConfig`]). The tensor
+//! `dense` holds the batch's dense features. [`Model::build`] checks the whole graph (unknown
+//! tensors and types, cycles, width mismatches, dangling layers) before anything runs; a
+//! [`Model`] then runs forward/backward on a batch ([`Model::train_step`]).
+//!
+//! The shorthand of earlier job files (`slots`, `embedding_dim`, `hidden`, `outputs`, `loss`)
+//! expands into `embedding -> concat(dense) -> mlp -> loss` ([`ModelConfig::graph`]): the
+//! three seed examples (CTR-DNN, UCI housing, PTB N-gram) and models saved before layer graphs
+//! run on the same code path as any graph.
+
+mod builder;
+mod config;
+mod embedding;
+mod exec;
+mod graph;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+pub use builder::GraphBuilder;
+pub use config::{HeadConfig, LayerConfig, Loss, ModelConfig, TableConfig, SHORTHAND_TABLE};
+pub use embedding::{Embedding, Pooling};
+pub use exec::{Grads, TableRows, Work};
+pub use graph::Model;
+
+use crate::batch::Batch;
+use crate::nn::layer::{Factory, Layer, LayerArgs, Shape};
+use crate::table::{DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
+
+/// What a model reads from the data: label columns, dense width, slot names (in batch order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Input {
+    /// Label column names.
+    pub labels: Vec<String>,
+    /// Dense features per sample (the `dense` tensor's width).
+    pub dense_width: usize,
+    /// Slot names, in the order of a batch's bags.
+    pub slots: Vec<String>,
+}
+
+/// The layer types a job file may name: the built-ins of [`crate::nn::layers`] plus any a
+/// program registers (see `examples/custom_layer.rs`).
+#[derive(Clone)]
+pub struct Registry {
+    factories: BTreeMap<String, Factory>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::with_builtin()
+    }
+}
+
+impl Registry {
+    /// The built-in layer types.
+    pub fn with_builtin() -> Registry {
+        let factories = crate::nn::layers::builtin().into_iter().map(|(n, f)| (n.to_string(), f)).collect();
+        Registry { factories }
+    }
+
+    /// Adds (or replaces) layer type `name`.
+    pub fn register(mut self, name: &str, factory: Factory) -> Registry {
+        self.factories.insert(name.to_string(), factory);
+        self
+    }
+
+    /// Whether type `name` is known.
+    pub fn contains(&self, name: &str) -> bool {
+        self.factories.contains_key(name)
+    }
+
+    /// Every known type.
+    pub fn names(&self) -> Vec<&str> {
+        self.factories.keys().map(String::as_str).collect()
+    }
+
+    /// Builds a layer of type `name`.
+    pub fn build(&self, name: &str, args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
+        let factory = self.factories.get(name).ok_or_else(|| format!("unknown layer type {name:?}"))?;
+        factory(args, inputs)
+    }
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.factories.keys()).finish()
+    }
+}
+
+impl Model {
+    /// The configuration the model was built from (as written, shorthand or not).
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The data shape it was built for.
+    pub fn input(&self) -> &Input {
+        &self.input
+    }
+
+    /// Its sparse tables, in table-index order.
+    pub fn tables(&self) -> &[TableConfig] {
+        &self.tables
+    }
+
+    /// Per table: which of the batch's slots are looked up in it.
+    pub fn table_slots(&self) -> &[Vec<bool>] {
+        &self.table_slots
+    }
+
+    /// The loss of each head, in order.
+    pub fn losses(&self) -> Vec<Loss> {
+        self.heads.iter().map(|h| h.loss).collect()
+    }
+
+    /// The loss of the first head (the one progress and reports follow).
+    pub fn loss(&self) -> Loss {
+        self.heads[0].loss
+    }
+
+    /// The first head's labels of `batch`.
+    pub fn labels<'a>(&self, batch: &'a Batch) -> std::borrow::Cow<'a, [f32]> {
+        if batch.label_width == 1 {
+            std::borrow::Cow::Borrowed(&batch.labels)
+        } else {
+            std::borrow::Cow::Owned(batch.label_column(self.heads[0].label).collect())
+        }
+    }
+
+    /// Number of dense floats.
+    pub fn dense_len(&self) -> usize {
+        self.params.iter().map(|p| p.len).sum()
+    }
+
+    /// A one-line description of the layers in running order, with their output shapes.
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = self.nodes.iter().map(|n| format!("{} ({})", n.name, self.shapes[n.output])).collect();
+        format!("{}; {} dense parameters", parts.join(" -> "), self.dense_len())
+    }
+
+    /// Every parameter the model needs: the dense ones of its layers and one sparse table per
+    /// table, with the job's optimizers as defaults. Table `i`'s rows are seeded from
+    /// `seed + i`, so the shorthand's one table keeps the seed of models saved before.
+    pub fn table_spec(&self, dense: Optimizer, sparse: Optimizer) -> TableSpec {
+        let c = &self.config;
+        TableSpec {
+            dense: DenseSpec { params: self.params.clone(), block_size: c.block_size, seed: c.seed, optimizer: dense },
+            sparse: self
+                .tables
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let mut optimizer = t.optimizer.unwrap_or(sparse);
+                    if let Some(lr) = t.lr {
+                        optimizer.lr = lr;
+                    }
+                    SparseSpec {
+                        name: t.name.clone(),
+                        dim: t.dim,
+                        seed: c.seed.wrapping_add(i as u64),
+                        init: t.init.unwrap_or(Init::Uniform { scale: c.embedding_init }),
+                        optimizer,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Checks labels the heads' losses accept; the message names the sample and the setting.
+    pub fn check_batch(&self, batch: &Batch) -> Result<(), String> {
+        if batch.slots != self.input.slots.len() || batch.dense_width != self.input.dense_width {
+            return Err(format!(
+                "the data has {} slots and {} dense features per sample but the model was built for {} and {}",
+                batch.slots,
+                batch.dense_width,
+                self.input.slots.len(),
+                self.input.dense_width
+            ));
+        }
+        for head in &self.heads {
+            if head.loss != Loss::Softmax {
+                continue;
+            }
+            let bad = batch
+                .label_column(head.label)
+                .enumerate()
+                .find(|(_, y)| !(*y >= 0.0 && y.fract() == 0.0 && (*y as usize) < head.width));
+            if let Some((r, y)) = bad {
+                return Err(format!(
+                    "sample {r} of the batch has label {y}: a softmax label must be a class index below the output width {}",
+                    head.width
+                ));
+            }
+        }
+        Ok(())
+    }
+}

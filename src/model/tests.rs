@@ -1,0 +1,183 @@
+//! Graph building errors, the shorthand's expansion, and whole-model gradients against finite
+//! differences (embedding lookups, fan-out, several tables and heads together).
+
+use super::*;
+use crate::train::Lookups;
+
+fn input(slots: usize, dense: usize, labels: &[&str]) -> Input {
+    Input {
+        labels: labels.iter().map(|s| s.to_string()).collect(),
+        dense_width: dense,
+        slots: (1..=slots).map(|s| format!("C{s}")).collect(),
+    }
+}
+
+fn parse(text: &str) -> ModelConfig {
+    #[derive(serde::Deserialize)]
+    struct Job {
+        model: ModelConfig,
+    }
+    toml::from_str::<Job>(text).unwrap_or_else(|e| panic!("{e}")).model
+}
+
+fn build_err(text: &str) -> String {
+    Model::build(&parse(text), &input(3, 2, &["click"]), &Registry::default()).unwrap_err()
+}
+
+#[test]
+fn bad_graphs_are_one_clear_error_naming_the_layer() {
+    let head = "[model]\noutput = \"out\"\ntables = [{ name = \"v\", dim = 4 }]\n";
+    let cases = [
+        ("layers = [{ name = \"out\", type = \"linear\", input = \"nope\", out = 1 }]", "layer \"out\": unknown input \"nope\""),
+        (
+            "layers = [{ name = \"a\", type = \"relu\", input = \"b\" }, { name = \"b\", type = \"relu\", input = \"a\" }, { name = \"out\", type = \"linear\", input = \"a\", out = 1 }]",
+            "the layers a, b depend on each other in a cycle",
+        ),
+        (
+            "layers = [{ name = \"e\", type = \"embedding\", table = \"v\" }, { name = \"out\", type = \"add\", inputs = [\"e\", \"dense\"] }]",
+            "layer \"out\" (add): inputs must have one size",
+        ),
+        ("layers = [{ name = \"out\", type = \"convolution\", input = \"dense\" }]", "unknown type \"convolution\""),
+        ("layers = [{ name = \"out\", type = \"linear\", input = \"dense\", out = 1, widht = 3 }]", "layer \"out\" (linear): unknown setting(s) widht"),
+        (
+            "layers = [{ name = \"x\", type = \"relu\", input = \"dense\" }, { name = \"out\", type = \"linear\", input = \"dense\", out = 1 }]",
+            "layer \"x\" feeds no head",
+        ),
+        ("layers = [{ name = \"out\", type = \"linear\", input = \"dense\", out = 3 }]", "head \"out\": LogLoss needs an output of width 1, it has 3"),
+        (
+            "layers = [{ name = \"e\", type = \"embedding\", table = \"v\", slots = \"C9\" }, { name = \"out\", type = \"linear\", input = \"e\", out = 1 }]",
+            "layer \"e\" (embedding): unknown slot \"C9\" (the data's slots: C1, C2, C3)",
+        ),
+        (
+            "layers = [{ name = \"e\", type = \"embedding\", table = \"w\" }, { name = \"out\", type = \"linear\", input = \"e\", out = 1 }]",
+            "unknown table \"w\" (tables: v)",
+        ),
+        ("hidden = [4]\nlayers = [{ name = \"out\", type = \"linear\", input = \"dense\", out = 1 }]", "`hidden` belongs to the shorthand form"),
+        ("layers = [{ name = \"dense\", type = \"relu\", input = \"dense\" }]", "the layer name \"dense\" is taken"),
+        ("layers = [{ name = \"out\", type = \"fm\", input = \"dense\" }]", "layer \"out\" (fm)"),
+    ];
+    for (layers, expected) in cases {
+        let err = build_err(&format!("{head}{layers}\n"));
+        assert!(err.contains(expected), "expected {expected:?} in: {err}");
+        assert!(!err.contains('\n'), "one line: {err}");
+    }
+}
+
+#[test]
+fn the_shorthand_expands_to_the_graph_of_models_saved_before() {
+    let c = ModelConfig::default();
+    let model = Model::build(&c, &input(26, 13, &["label"]), &Registry::default()).unwrap();
+    let spec = model.table_spec(crate::table::Optimizer::adam(1e-3), crate::table::Optimizer::adagrad(0.05));
+    let names: Vec<&str> = spec.dense.params.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["fc.0.w", "fc.0.b", "fc.1.w", "fc.1.b", "fc.2.w", "fc.2.b", "fc.3.w", "fc.3.b"]);
+    assert_eq!(spec.dense.params[0].len, 273 * 400);
+    assert_eq!((spec.sparse.len(), spec.sparse[0].name.as_str(), spec.sparse[0].dim), (1, "embedding", 10));
+    let graph = parse(include_str!("../../examples/ctr_dnn_graph.toml"));
+    let same = Model::build(&graph, &input(26, 13, &["label"]), &Registry::default()).unwrap();
+    assert_eq!(
+        same.table_spec(Default::default(), Default::default()),
+        model.table_spec(Default::default(), Default::default())
+    );
+    // UCI housing: no slots, no hidden layer; the table is still declared (as it was).
+    let uci = ModelConfig { slots: Some(0), hidden: Some(vec![]), loss: Some(Loss::Square), ..Default::default() };
+    let m = Model::build(&uci, &input(0, 13, &["label"]), &Registry::default()).unwrap();
+    assert_eq!(m.summary(), "fc (1); 14 dense parameters");
+}
+
+/// A batch of 3 samples over 3 slots, multi-hot with weights and an empty bag.
+fn batch() -> Batch {
+    let mut b = Batch::new(2, 2, 3);
+    type Sample<'a> = (&'a [f32], &'a [f32], [&'a [u64]; 3]);
+    let samples: [Sample; 3] = [
+        (&[1.0, 0.0], &[0.5, -1.0], [&[1], &[2, 3], &[4]]),
+        (&[0.0, 1.0], &[1.5, 0.25], [&[2], &[], &[1, 1]]),
+        (&[1.0, 1.0], &[-0.5, 2.0], [&[5], &[3], &[6, 2, 7]]),
+    ];
+    for (labels, dense, bags) in samples {
+        b.labels.extend_from_slice(labels);
+        b.dense.extend_from_slice(dense);
+        for (k, bag) in bags.iter().enumerate() {
+            let weights: Vec<f32> = (0..bag.len()).map(|i| 0.5 + i as f32).collect();
+            b.push_bag(bag, (k == 2).then_some(&weights[..]));
+        }
+    }
+    b
+}
+
+#[test]
+fn whole_model_gradients_match_finite_differences() {
+    let text = r#"
+[model]
+heads = [{ output = "ctr", loss = "log_loss", label = "click" }, { output = "cvr", loss = "log_loss", label = "buy", weight = 0.5 }]
+tables = [{ name = "v", dim = 3 }, { name = "w", dim = 1 }]
+layers = [
+  { name = "emb", type = "embedding", table = "v", slots = "C1..C3", pooling = "mean" },
+  { name = "tags", type = "embedding", table = "v", slots = ["C3", "C2"], pooling = "sqrt_n" },
+  { name = "wide", type = "embedding", table = "w", slots = "C1..C3" },
+  { name = "lr", type = "reduce_sum", input = "wide", over = "all" },
+  { name = "fm", type = "fm", input = "emb" },
+  { name = "x", type = "concat", inputs = ["emb", "tags", "dense"] },
+  { name = "deep", type = "mlp", input = "x", hidden = [5], activation = "tanh", out = 1 },
+  { name = "ctr", type = "add", inputs = ["lr", "fm", "deep"] },
+  { name = "cvr", type = "linear", input = "x", out = 1 },
+]
+"#;
+    let model = Model::build(&parse(text), &input(3, 2, &["click", "buy"]), &Registry::default()).unwrap();
+    let b = batch();
+    let mut lookups = Lookups::default();
+    lookups.run(&b, model.table_slots());
+    let spec = model.table_spec(Default::default(), Default::default());
+    let mut params = vec![0.0; spec.dense.total()];
+    spec.dense.init_range(0, &mut params);
+    let mut rows: Vec<Vec<f32>> = spec
+        .sparse
+        .iter()
+        .zip(&lookups.tables)
+        .map(|(t, l)| {
+            let mut r = vec![0.0; l.unique.len() * t.dim];
+            l.unique.iter().enumerate().for_each(|(i, &id)| t.init_row(id, &mut r[i * t.dim..(i + 1) * t.dim]));
+            r.iter_mut().for_each(|v| *v *= 20.0);
+            r
+        })
+        .collect();
+    let mut work = Work::default();
+    let mut grads = vec![0.0; params.len()];
+    let mut row_grads: Vec<Vec<f32>> = rows.iter().map(|r| vec![0.0; r.len()]).collect();
+    model.train_step(
+        &params,
+        &b,
+        &lookups.rows(&rows),
+        0,
+        &mut work,
+        Grads { dense: &mut grads, rows: &mut row_grads },
+    );
+    let loss =
+        |params: &[f32], rows: &[Vec<f32>]| model.evaluate(params, &b, &lookups.rows(rows), &mut Work::default());
+    let eps = 1e-2f32;
+    let close = |n: f64, a: f32| (n - a as f64).abs() <= 2e-3 + 1e-2 * n.abs();
+    for k in 0..params.len() {
+        let (mut hi, mut lo) = (params.clone(), params.clone());
+        hi[k] += eps;
+        lo[k] -= eps;
+        let n = (loss(&hi, &rows) - loss(&lo, &rows)) / (2.0 * eps as f64);
+        assert!(
+            close(n, grads[k]),
+            "dense {k} ({:?}): {n} vs {}",
+            spec.dense.params.iter().map(|p| &p.name).collect::<Vec<_>>(),
+            grads[k]
+        );
+    }
+    for t in 0..rows.len() {
+        for k in 0..rows[t].len() {
+            let keep = rows[t][k];
+            rows[t][k] = keep + eps;
+            let hi = loss(&params, &rows);
+            rows[t][k] = keep - eps;
+            let lo = loss(&params, &rows);
+            rows[t][k] = keep;
+            let n = (hi - lo) / (2.0 * eps as f64);
+            assert!(close(n, row_grads[t][k]), "table {t} float {k}: {n} vs {}", row_grads[t][k]);
+        }
+    }
+    assert_eq!(work.head_probs.len(), 2);
+}
