@@ -370,6 +370,7 @@ fn train_cluster(
         logs: logs.to_path_buf(),
         exe: exe.to_path_buf(),
         progress_bar: false,
+        registry: Default::default(),
     })?;
     Ok(TrainRun {
         name: format!("2 servers x 2 workers, async, {form}"),

@@ -43,6 +43,8 @@ pub struct LaunchConfig {
     pub exe: PathBuf,
     /// Show a progress bar.
     pub progress_bar: bool,
+    /// Layer types the job may name (children are this same binary, so they have them too).
+    pub registry: crate::model::Registry,
 }
 
 pub use crate::supervise::LaunchSummary;
@@ -51,7 +53,7 @@ pub use crate::supervise::LaunchSummary;
 pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     anyhow::ensure!(config.servers > 0 || config.mode == Mode::Local, "--servers must be at least 1");
     anyhow::ensure!(config.workers > 0, "--workers must be at least 1");
-    config.job.validate()?;
+    config.job.validate_with(&config.registry)?;
     // Checked before any process starts: a worker without data would fail only after start-up.
     let files = crate::config::resolve_files(&config.train)?;
     for w in 0..config.workers {

@@ -614,6 +614,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 logs: a.logs,
                 exe: std::env::current_exe().context("cannot find the oar binary")?,
                 progress_bar: !a.no_progress,
+                registry: registry.clone(),
             };
             let s = crate::launch::run(&config)?;
             print_summary(&format!("oar launch ({})", config.mode), &s);

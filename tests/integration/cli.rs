@@ -1,17 +1,9 @@
 //! End-to-end runs of the `oar` binary: real processes over loopback TCP.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use crate::util::*;
-
-fn oar(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oar")).args(args).env_remove("OAR_LAUNCHED").output().expect("oar runs")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
 
 /// Real Criteo lines from `../shared/data/criteo/` (first 8,000 train in 4 parts, last 2,000
 /// test), or generated lines when that folder is absent.
@@ -30,11 +22,6 @@ fn criteo_or_generated(dir: &Path) -> (PathBuf, PathBuf) {
     }
     std::fs::write(test.join("part-00000"), lines[8000..].join("\n") + "\n").unwrap();
     (train, test)
-}
-
-fn number_after(haystack: &str, key: &str) -> f64 {
-    let at = haystack.find(key).unwrap_or_else(|| panic!("'{key}' not in output:\n{haystack}")) + key.len();
-    haystack[at..].split_whitespace().next().unwrap().trim_end_matches(',').parse().unwrap()
 }
 
 #[test]

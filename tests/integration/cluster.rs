@@ -90,10 +90,6 @@ impl Hosts {
     }
 }
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
 /// A workspace with `parts` training files of `lines` lines each and a test file.
 fn workspace(dir: &Path, parts: usize, lines: u64) -> PathBuf {
     let ws = dir.join("ws");

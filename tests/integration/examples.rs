@@ -3,24 +3,14 @@
 //! 2 x 2). They need the real data sets in `../shared/data`: without it they say so and skip.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-use crate::util::shared_data;
-
-fn oar(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oar")).args(args).env_remove("OAR_LAUNCHED").output().expect("oar runs")
-}
+use crate::util::{number_after, oar, shared_data};
 
 fn ok(args: &[&str]) -> String {
     let out = oar(args);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "oar {}:\n{text}", args.join(" "));
     text
-}
-
-fn number_after(haystack: &str, key: &str) -> f64 {
-    let at = haystack.rfind(key).unwrap_or_else(|| panic!("'{key}' not in output:\n{haystack}")) + key.len();
-    haystack[at..].split_whitespace().next().unwrap().trim_end_matches(',').parse().unwrap()
 }
 
 fn example(name: &str) -> String {

@@ -7,6 +7,7 @@ mod engines;
 mod equivalence;
 mod examples;
 mod fetch;
+mod models;
 mod paddle;
 mod robustness;
 mod util;

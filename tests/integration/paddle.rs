@@ -31,10 +31,6 @@ fn finish(child: Child) -> Output {
     child.wait_with_output().expect("oar ends")
 }
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
 /// A small generated Criteo job described by `OAR_*` variables (data and a tiny model).
 fn job_vars(data: &Path) -> Vec<(&'static str, String)> {
     vec![

@@ -271,3 +271,23 @@ pub fn criteo_model(config: &oar::model::ModelConfig) -> oar::model::Model {
 pub fn zoo_job(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/zoo").join(format!("{name}.toml"))
 }
+
+/// Runs the `oar` binary to its end (not as a launched child).
+pub fn oar(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(args)
+        .env_remove("OAR_LAUNCHED")
+        .output()
+        .expect("oar runs")
+}
+
+/// A process's stdout and stderr, as text.
+pub fn text(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The number after the last `key` in `haystack`.
+pub fn number_after(haystack: &str, key: &str) -> f64 {
+    let at = haystack.rfind(key).unwrap_or_else(|| panic!("'{key}' not in output:\n{haystack}")) + key.len();
+    haystack[at..].split_whitespace().next().unwrap().trim_end_matches(',').parse().unwrap()
+}

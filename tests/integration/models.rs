@@ -1,0 +1,161 @@
+//! User-defined models end to end: multi-hot data in PaddleRec's slot format (the real sample
+//! file as it is, and generated data with a planted model), a program's own layer type trained
+//! on 2 servers x 2 trainers, and the seed examples written as layer graphs.
+
+use std::path::{Path, PathBuf};
+
+use crate::util::*;
+use oar::server::Mode;
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name)
+}
+
+fn job_config(
+    job: &Path,
+    mode: Mode,
+    servers: &[TestServer],
+    id: usize,
+    trainers: usize,
+    train: &Path,
+) -> oar::train::TrainConfig {
+    let job = oar::config::JobConfig::from_file(job).unwrap();
+    let mut c = train_config(mode, servers, id, trainers, train);
+    c.model = job.model;
+    c.data = job.data;
+    c.dense_optimizer = job.dense_optimizer;
+    c.sparse_optimizer = job.sparse_optimizer;
+    c.batch_size = job.train.batch_size;
+    c.passes = job.train.passes;
+    c
+}
+
+#[test]
+fn the_paddlerec_slot_sample_file_trains_as_it_is() {
+    let Some(shared) = shared_data() else {
+        eprintln!("skipped: ../shared/data is absent (this test reads PaddleRec's slot sample file)");
+        return;
+    };
+    let file = shared.join("criteo/paddlerec_slot_sample_train.txt");
+    let job = example("paddlerec_slots.toml");
+    // Locally, many passes over its 80 lines: the model fits them.
+    let mut c = job_config(&job, Mode::Local, &[], 0, 1, &file);
+    c.passes = 30;
+    c.test_files = vec![file.clone()];
+    let r = oar::train::run(&c, &|_, _| {}).unwrap();
+    assert_eq!(r.samples, 30 * 80);
+    let fit = r.passes.last().unwrap().test.as_ref().unwrap().auc.unwrap();
+    assert!(fit > 0.9, "AUC on the training lines after 30 passes: {fit}");
+    // On 2 servers x 2 trainers (async): every line is trained on once.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    for (k, half) in lines.chunks(40).enumerate() {
+        std::fs::write(dir.path().join(format!("part-{k:05}")), half.join("\n") + "\n").unwrap();
+    }
+    let cluster = start_cluster(2, 2, Mode::Async, None);
+    let configs = (0..2).map(|t| job_config(&job, Mode::Async, &cluster, t, 2, dir.path())).collect();
+    let reports = run_trainers(configs);
+    for s in cluster {
+        s.handle.join().unwrap();
+    }
+    assert_eq!(reports.iter().map(|r| r.samples).sum::<u64>(), 80);
+}
+
+#[test]
+fn multi_hot_data_with_a_planted_model_trains_to_within_0_02_auc_of_its_oracle() {
+    let dir = tempfile::tempdir().unwrap();
+    let gen = oar::data::gen_slots::generate(&oar::data::gen::GenConfig {
+        lines: 1_000_000,
+        test_lines: 50_000,
+        seed: 1,
+        parts: 4,
+        out: dir.path().to_path_buf(),
+    })
+    .unwrap();
+    let oracle = gen.report.oracle_test_auc.unwrap();
+    let mut c = job_config(&example("multi_hot.toml"), Mode::Local, &[], 0, 1, &dir.path().join("train"));
+    c.test_files = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+    let r = oar::train::run(&c, &|_, _| {}).unwrap();
+    let auc = r.passes.last().unwrap().test.as_ref().unwrap().auc.unwrap();
+    eprintln!("multi-hot planted model: oracle test AUC {oracle:.4}, trained {auc:.4}");
+    assert!(oracle - auc < 0.02, "test AUC {auc:.4} is not within 0.02 of the oracle's {oracle:.4}");
+}
+
+#[test]
+fn a_programs_own_layer_trains_on_two_servers_and_two_trainers_and_oar_names_it_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = gen_data(&dir.path().join("data"), 2, 50_000, 10_000);
+    let job = example("custom_layer.toml");
+    let args = |logs: &str| -> Vec<String> {
+        let mut a = vec!["launch", "--servers", "2", "--workers", "2", "--no-progress", "--logs", logs];
+        a.extend([
+            "--config",
+            job.to_str().unwrap(),
+            "--train",
+            train.to_str().unwrap(),
+            "--test",
+            test.to_str().unwrap(),
+        ]);
+        a.into_iter().map(String::from).collect()
+    };
+    // The plain binary refuses the job before starting anything, naming the layer and type.
+    let logs = dir.path().join("logs-oar").display().to_string();
+    let a = args(&logs);
+    let out = oar(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("layer \"gated\" has unknown type \"gate\""), "{}", text(&out));
+    assert!(!Path::new(&logs).join("server.0.log").exists(), "nothing was started");
+    // The example program, built on the library with `gate` registered, trains it.
+    let exe = Path::new(env!("CARGO_BIN_EXE_oar")).parent().unwrap().join("examples/custom_layer");
+    let logs = dir.path().join("logs").display().to_string();
+    let out = std::process::Command::new(exe).args(args(&logs)).env_remove("OAR_LAUNCHED").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let auc = number_after(&text(&out), "test AUC");
+    assert!(auc > 0.6, "{}", text(&out));
+    let log = std::fs::read_to_string(Path::new(&logs).join("worker.0.log")).unwrap();
+    assert!(log.contains("gated (273)"), "the trainer ran the gate layer: {log}");
+}
+
+#[test]
+fn the_seed_examples_as_layer_graphs_train_like_their_shorthand() {
+    let Some(shared) = shared_data() else {
+        eprintln!("skipped: ../shared/data is absent (UCI housing and PTB come from there)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ok = |args: &[&str]| {
+        let out = oar(args);
+        assert!(out.status.success(), "oar {}:\n{}", args.join(" "), text(&out));
+        text(&out)
+    };
+    let s = |p: &Path| p.display().to_string();
+    // UCI housing: the graph (one linear unit) and the shorthand (an mlp without hidden layers)
+    // are the same model under other parameter names: the same test MSE.
+    let uci = dir.path().join("uci");
+    ok(&["data", "prepare", "uci-housing", "--src", &s(&shared.join("uci_housing/housing.data")), "--out", &s(&uci)]);
+    let (train, test) = (s(&uci.join("train.txt")), s(&uci.join("test.txt")));
+    let mse = |config: &str| {
+        number_after(&ok(&["train", "--config", &s(&example(config)), "--train", &train, "--test", &test]), "MSE")
+    };
+    let (graph, shorthand) = (mse("uci_housing_graph.toml"), mse("uci_housing.toml"));
+    assert!((graph - shorthand).abs() < 1e-3 * shorthand, "graph {graph} vs shorthand {shorthand}");
+    assert!(graph < 45.0, "{graph}");
+    // PTB on its first 30,000 5-grams: the N-gram model as a graph, and CBOW (one multi-hot
+    // slot of the 4 context words, through a pipe_command) both learn far below uniform (2,073).
+    let ptb = dir.path().join("ptb");
+    ok(&["data", "prepare", "imikolov", "--src", &s(&shared.join("ptb")), "--out", &s(&ptb)]);
+    let all = std::fs::read_to_string(ptb.join("train.txt")).unwrap();
+    let head: Vec<&str> = all.lines().take(30_000).collect();
+    let small = ptb.join("small.txt");
+    std::fs::write(&small, head.join("\n") + "\n").unwrap();
+    let test_head: Vec<String> =
+        std::fs::read_to_string(ptb.join("test.txt")).unwrap().lines().take(5_000).map(String::from).collect();
+    let small_test = ptb.join("small_test.txt");
+    std::fs::write(&small_test, test_head.join("\n") + "\n").unwrap();
+    for config in ["imikolov_graph.toml", "cbow.toml"] {
+        let out = ok(&["train", "--config", &s(&example(config)), "--train", &s(&small), "--test", &s(&small_test)]);
+        let ppl = number_after(&out, "perplexity");
+        assert!(ppl < 400.0, "{config}: test perplexity {ppl}");
+    }
+}
