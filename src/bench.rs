@@ -36,7 +36,21 @@ pub struct BenchConfig {
     pub exe: PathBuf,
     /// Skip (c).
     pub skip_training: bool,
+    /// Instead of (a) to (c): every zoo model, locally and on 2 servers x 2 workers.
+    pub models: bool,
 }
+
+/// The model zoo's job files (`examples/zoo/`, and the CTR-DNN), built in.
+pub const ZOO: [(&str, &str); 8] = [
+    ("LR", include_str!("../examples/zoo/lr.toml")),
+    ("FM", include_str!("../examples/zoo/fm.toml")),
+    ("Wide&Deep", include_str!("../examples/zoo/wide_deep.toml")),
+    ("DeepFM", include_str!("../examples/zoo/deepfm.toml")),
+    ("DCN", include_str!("../examples/zoo/dcn.toml")),
+    ("DCN-V2", include_str!("../examples/zoo/dcn_v2.toml")),
+    ("DLRM", include_str!("../examples/zoo/dlrm.toml")),
+    ("CTR-DNN", include_str!("../examples/ctr_dnn.toml")),
+];
 
 /// An `oar pserver` child process, so its CPU time can be read from `/proc`.
 struct ServerProc {
@@ -307,6 +321,7 @@ struct TrainRun {
     samples_per_sec: f64,
     loop_samples_per_sec: f64,
     auc: Option<f64>,
+    log_loss: f64,
 }
 
 /// The CTR-DNN of `examples/ctr_dnn_graph.toml`: the default job's model written as a layer
@@ -348,6 +363,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         samples_per_sec: r.samples as f64 / wall,
         loop_samples_per_sec: r.samples as f64 / r.train_seconds,
         auc: r.passes.last().and_then(|p| p.test.as_ref()).and_then(|t| t.auc),
+        log_loss: r.passes.last().and_then(|p| p.test.as_ref()).map_or(f64::NAN, |t| t.loss),
     })
 }
 
@@ -377,11 +393,43 @@ fn train_cluster(
         samples_per_sec: s.samples_per_sec,
         loop_samples_per_sec: s.train_loop_samples_per_sec,
         auc: s.test.as_ref().and_then(|t| t.auc),
+        log_loss: s.test.as_ref().map_or(f64::NAN, |t| t.loss),
     })
+}
+
+/// Every zoo model on `data` (a folder with `train/` and `test/`), 1 pass, locally (1 thread)
+/// and on 2 servers x 2 workers (async): a markdown table of test AUC, log-loss and samples/s.
+fn models(data: &Path, exe: &Path) -> anyhow::Result<()> {
+    let logs = std::env::temp_dir().join(format!("oar-bench-models-{}", std::process::id()));
+    println!("models on {}, 1 pass, batch 512, test set after the pass", data.display());
+    println!("| model | local AUC | local log-loss | local samples/s | 2x2 AUC | 2x2 log-loss | 2x2 samples/s |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, text) in ZOO {
+        let job: crate::config::JobConfig = toml::from_str(text)?;
+        let local = train_local(data, 1, job.clone(), name)?;
+        let dist = train_cluster(data, exe, &logs, job, name)?;
+        let auc = |r: &TrainRun| r.auc.map_or("-".into(), |a| format!("{a:.4}"));
+        println!(
+            "| {name} | {} | {:.4} | {:.0} | {} | {:.4} | {:.0} |",
+            auc(&local),
+            local.log_loss,
+            local.samples_per_sec,
+            auc(&dist),
+            dist.log_loss,
+            dist.samples_per_sec
+        );
+    }
+    let _ = std::fs::remove_dir_all(&logs);
+    Ok(())
 }
 
 /// Runs every measurement and prints the table.
 pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
+    if config.models {
+        let data =
+            config.data.as_deref().ok_or_else(|| anyhow::anyhow!("--models needs --data DIR (train/ and test/)"))?;
+        return models(data, &config.exe);
+    }
     let bytes = config.dense_floats * 4;
     println!("(a) dense push+pull of {:.1} MiB each way, loopback TCP", bytes as f64 / (1 << 20) as f64);
     let (raw, oar) = dense_gbps(&config.exe, config.dense_floats, config.seconds)?;

@@ -515,6 +515,10 @@ struct BenchArgs {
     /// Skip the training runs (c).
     #[arg(long)]
     skip_training: bool,
+    /// Instead: every zoo model (examples/zoo, the CTR-DNN) on --data, locally and on 2 servers
+    /// x 2 workers, as a markdown table of test AUC, log-loss and samples/s.
+    #[arg(long)]
+    models: bool,
 }
 
 #[derive(Args)]
@@ -659,6 +663,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             seconds: a.seconds,
             exe: std::env::current_exe().context("cannot find the oar binary")?,
             skip_training: a.skip_training,
+            models: a.models,
         }),
         Command::Split(a) => {
             let (files, lines) = crate::data::files::split_file(&a.file, a.parts)?;

@@ -13,8 +13,6 @@
 
 pub mod layer;
 pub mod layers;
-mod legacy;
-pub use legacy::*;
 
 use crate::table::{DenseParam, Init};
 

@@ -159,3 +159,75 @@ fn the_seed_examples_as_layer_graphs_train_like_their_shorthand() {
         assert!(ppl < 400.0, "{config}: test perplexity {ppl}");
     }
 }
+
+#[test]
+fn a_checkpoint_saved_before_layer_graphs_evaluates_and_resumes_and_an_unknown_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    oar::data::gen::generate(&oar::data::gen::GenConfig {
+        lines: 400,
+        test_lines: 300,
+        seed: 5,
+        parts: 1,
+        out: data.clone(),
+    })
+    .unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/checkpoint-v1");
+    let s = |p: &Path| p.display().to_string();
+    // The figures the saving build printed (tests/fixtures/checkpoint-v1/README.md).
+    let out = oar(&["eval", "--model", &s(&fixture), "--data", &s(&data.join("test"))]);
+    assert!(text(&out).contains("model pass 1: 300 samples, AUC 0.3903 log-loss 0.7642"), "{}", text(&out));
+    // Resumed with the same shorthand job, for a second pass.
+    let model = dir.path().join("model");
+    let copy = |from: &Path, to: &Path| {
+        for entry in walk(from) {
+            let target = to.join(entry.strip_prefix(from).unwrap());
+            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+            std::fs::copy(&entry, target).unwrap();
+        }
+    };
+    copy(&fixture, &model);
+    let out = oar(&[
+        "train",
+        "--resume",
+        &s(&model),
+        "--output",
+        &s(&model),
+        "--passes",
+        "2",
+        "--hidden",
+        "8",
+        "--embedding-dim",
+        "4",
+        "--batch-size",
+        "50",
+        "--train",
+        &s(&data.join("train")),
+        "--test",
+        &s(&data.join("test")),
+    ]);
+    assert!(out.status.success() && text(&out).contains("pass 2: train"), "{}", text(&out));
+    assert!(model.join("pass-0002/manifest.json").exists());
+    // A manifest whose model this build cannot read is refused, naming the folder.
+    let manifest = model.join("pass-0002/manifest.json");
+    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    m["model"]["model"] = serde_json::json!({ "layers": "one big layer" });
+    std::fs::write(&manifest, m.to_string()).unwrap();
+    let out = oar(&["eval", "--model", &s(&model), "--data", &s(&data.join("test"))]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("the manifest's model description is not one this oar reads"), "{}", text(&out));
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            files.extend(walk(&p));
+        } else {
+            files.push(p);
+        }
+    }
+    files
+}

@@ -88,6 +88,13 @@ fn every_zoo_model_trains_locally_and_on_two_servers_above_chance() {
         let offline = oar::train::evaluate(&mut store, &model, &schema, &files, 1024, false).unwrap();
         assert!((offline.auc.unwrap() - local_auc).abs() < 1e-6, "{name}: offline {offline} vs online {local_auc}");
 
+        // Resumed from the saved pass for a second one.
+        let mut more = job_config(job, Mode::Local, &[], 0, 1, &train, &test);
+        more.resume = local.output.clone();
+        more.passes = 2;
+        let r = oar::train::run(&more, &|_, _| {}).unwrap();
+        assert_eq!((r.passes.len(), r.passes[0].pass, r.samples), (1, 2, 9000), "{name}: resumed for pass 2 only");
+
         table.push((name.clone(), local_auc, async_auc));
     }
     for (name, local, dist) in &table {
