@@ -132,8 +132,14 @@ impl Linear {
             db.iter_mut().zip(&dy[r * o..(r + 1) * o]).for_each(|(g, d)| *g += d);
         }
         if let Some(dx) = dx {
-            matmul(rows, i, o, dx, true, dy, (o, 1), &params[self.w..self.w + i * o], (1, o));
+            self.input_grad(params, dy, rows, dx, true);
         }
+    }
+
+    /// `dx = dy W^T`, added into `dx` or (`accumulate` false) written over it.
+    pub fn input_grad(&self, params: &[f32], dy: &[f32], rows: usize, dx: &mut [f32], accumulate: bool) {
+        let (i, o) = (self.input, self.output);
+        matmul(rows, i, o, dx, accumulate, dy, (o, 1), &params[self.w..self.w + i * o], (1, o));
     }
 }
 

@@ -236,9 +236,10 @@ impl Layer for MlpLayer {
     ) {
         let rows = ctx.rows;
         let (saved, work) = scratch.split_at_mut(rows * self.saved);
-        let (grad, grad_in) = work.split_at_mut(rows * self.widest);
+        // Two gradient buffers in turn: the current layer's output gradient is read from one
+        // while its input gradient is written over the other, so nothing is zeroed or copied.
+        let (mut grad, mut next) = work.split_at_mut(rows * self.widest);
         let n = self.layers.len();
-        // `grad` holds the gradient w.r.t. the current layer's output (after its activation).
         let top = self.layers[n - 1].output;
         grad[..rows * top].copy_from_slice(dy);
         if !self.has_out && self.dropout > 0.0 {
@@ -256,13 +257,13 @@ impl Layer for MlpLayer {
                 layer.backward(params, x[0], g, rows, grads, dx[0].as_deref_mut());
             } else {
                 let (_, input) = self.spans(l - 1, rows);
-                let gi = &mut grad_in[..rows * layer.input];
-                gi.fill(0.0);
-                layer.backward(params, &saved[input], g, rows, grads, Some(gi));
+                layer.backward(params, &saved[input], g, rows, grads, None);
+                let gi = &mut next[..rows * layer.input];
+                layer.input_grad(params, g, rows, gi, false);
                 if self.dropout > 0.0 {
                     dropout_backward(ctx, self.salt ^ (l - 1) as u64, self.dropout, layer.input, gi);
                 }
-                grad[..rows * layer.input].copy_from_slice(gi);
+                std::mem::swap(&mut grad, &mut next);
             }
         }
     }
