@@ -482,7 +482,14 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         "(c) CTR-DNN training, 1 pass over {}, batch 512, end to end (start-up and test included)",
         data.display()
     );
-    let (shorthand, graph) = (crate::config::JobConfig::default(), ctr_dnn_graph());
+    let shorthand = crate::config::JobConfig::default();
+    // The same optimizers as the default job's, to the last hyper-parameter, so both forms are
+    // the very same model (a job file's `kind = "adagrad"` keeps Adam's default epsilon).
+    let graph = crate::config::JobConfig {
+        dense_optimizer: shorthand.dense_optimizer,
+        sparse_optimizer: shorthand.sparse_optimizer,
+        ..ctr_dnn_graph()
+    };
     let logs = tmp.join("logs");
     let runs = [
         train_local(&data, 1, shorthand.clone(), "shorthand")?,

@@ -650,8 +650,14 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 a.model.display()
             );
             let mut store = crate::train::Store::Local(Box::new(shard));
-            let r = crate::train::evaluate(&mut store, &model, &schema, &files, a.batch_size, a.skip_bad_lines)?;
-            println!("model pass {}: {} samples, {r}", manifest.pass, r.samples);
+            let heads =
+                crate::train::evaluate_heads(&mut store, &model, &schema, &files, a.batch_size, a.skip_bad_lines)?;
+            println!("model pass {}: {} samples, {}", manifest.pass, heads[0].samples, heads[0]);
+            if heads.len() > 1 {
+                for (name, r) in model.head_names().iter().zip(&heads) {
+                    println!("  head {name}: {r}");
+                }
+            }
             Ok(())
         }
         Command::Bench(a) => crate::bench::run(&crate::bench::BenchConfig {
@@ -1073,6 +1079,10 @@ fn train(mut a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Resul
         for p in &report.passes {
             let test = p.test.as_ref().map_or(String::new(), |t| format!("; test {t}"));
             println!("pass {}: train {}{test}", p.pass, p.train);
+            for h in &p.heads {
+                let test = h.test.as_ref().map_or(String::new(), |t| format!("; test {t}"));
+                println!("  head {}: train {}{test}", h.output, h.train);
+            }
         }
     }
     Ok(())

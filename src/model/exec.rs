@@ -38,6 +38,8 @@ pub struct Work {
     /// Per head, the last batch's predictions for per-sample metrics: click probabilities
     /// (log-loss) or values (square); empty for softmax.
     pub head_probs: Vec<Vec<f32>>,
+    /// Per head, the last batch's summed loss (not weighted).
+    pub head_losses: Vec<f64>,
 }
 
 impl Work {
@@ -141,6 +143,7 @@ impl Model {
             }
         }
         work.head_probs.resize_with(self.heads.len(), Vec::new);
+        work.head_losses.resize(self.heads.len(), 0.0);
         let mut total = 0.0;
         for (h, head) in self.heads.iter().enumerate() {
             let out = &work.values[head.tensor];
@@ -168,6 +171,7 @@ impl Model {
                     softmax_cross_entropy(out, labels, head.width, &mut work.dloss)
                 }
             };
+            work.head_losses[h] = loss;
             total += head.weight as f64 * loss;
             if self.needs_grad[head.tensor] {
                 let w = head.weight;

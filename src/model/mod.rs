@@ -124,12 +124,20 @@ impl Model {
         self.heads[0].loss
     }
 
-    /// The first head's labels of `batch`.
-    pub fn labels<'a>(&self, batch: &'a Batch) -> std::borrow::Cow<'a, [f32]> {
+    /// The output tensor of each head, in order.
+    pub fn head_names(&self) -> Vec<String> {
+        self.heads
+            .iter()
+            .map(|h| self.nodes.iter().find(|n| n.output == h.tensor).map_or(String::new(), |n| n.name.clone()))
+            .collect()
+    }
+
+    /// Head `head`'s labels of `batch`.
+    pub fn labels<'a>(&self, batch: &'a Batch, head: usize) -> std::borrow::Cow<'a, [f32]> {
         if batch.label_width == 1 {
             std::borrow::Cow::Borrowed(&batch.labels)
         } else {
-            std::borrow::Cow::Owned(batch.label_column(self.heads[0].label).collect())
+            std::borrow::Cow::Owned(batch.label_column(self.heads[head].label).collect())
         }
     }
 

@@ -117,6 +117,20 @@ pub struct PassReport {
     pub train: EvalReport,
     /// Test metrics after the pass (trainer 0 only, when test files are given).
     pub test: Option<EvalReport>,
+    /// With several heads: every head's figures, the first one's being `train` and `test`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub heads: Vec<HeadReport>,
+}
+
+/// One head's figures over a pass.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeadReport {
+    /// The head's output tensor.
+    pub output: String,
+    /// Training metrics over the pass.
+    pub train: EvalReport,
+    /// Test metrics after the pass.
+    pub test: Option<EvalReport>,
 }
 
 /// What a trainer did.
@@ -168,7 +182,8 @@ pub fn build_model(config: &TrainConfig, registry: &Registry) -> anyhow::Result<
     crate::config::build_model(&config.model, &config.data, registry)
 }
 
-/// Evaluates the model held by `store` on `files` (rows of unseen ids are not created).
+/// Evaluates the model held by `store` on `files` (rows of unseen ids are not created): the
+/// first head's figures.
 pub fn evaluate(
     store: &mut Store,
     model: &Model,
@@ -177,6 +192,18 @@ pub fn evaluate(
     batch_size: usize,
     skip_bad_lines: bool,
 ) -> anyhow::Result<EvalReport> {
+    Ok(evaluate_heads(store, model, schema, files, batch_size, skip_bad_lines)?.swap_remove(0))
+}
+
+/// Evaluates every head of the model held by `store` on `files`.
+pub fn evaluate_heads(
+    store: &mut Store,
+    model: &Model,
+    schema: &Schema,
+    files: &[PathBuf],
+    batch_size: usize,
+    skip_bad_lines: bool,
+) -> anyhow::Result<Vec<EvalReport>> {
     let dims = dims(model);
     let mut params = Vec::new();
     store.pull(Some(&mut params), &[], &mut [], RowCreation::Peek)?;
@@ -184,16 +211,37 @@ pub fn evaluate(
         Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..ReaderConfig::new(schema, batch_size) });
     let (mut lookups, mut rows, mut work) = (Lookups::default(), Vec::new(), Work::default());
     rows.resize_with(dims.len(), Vec::new);
-    let mut metrics = PassMetrics::new(model.loss());
+    let mut metrics = HeadMetrics::new(model);
     for batch in reader {
         let batch = batch?;
         model.check_batch(&batch).map_err(anyhow::Error::msg)?;
         lookups.run(&batch, model.table_slots());
         store.pull(None, &lookups.ids(&dims), &mut rows, RowCreation::Peek)?;
-        let loss = model.evaluate(&params, &batch, &lookups.rows(&rows), &mut work);
-        metrics.observe(loss, work.probs(), &model.labels(&batch));
+        model.evaluate(&params, &batch, &lookups.rows(&rows), &mut work);
+        let heads: Vec<(f64, Vec<f32>)> =
+            work.head_losses.iter().zip(&work.head_probs).map(|(l, p)| (*l, p.clone())).collect();
+        metrics.observe(model, &batch, &heads);
     }
-    Ok(metrics.report())
+    Ok(metrics.0.iter().map(PassMetrics::report).collect())
+}
+
+/// One [`PassMetrics`] per head.
+struct HeadMetrics(Vec<PassMetrics>);
+
+impl HeadMetrics {
+    fn new(model: &Model) -> HeadMetrics {
+        HeadMetrics(model.losses().into_iter().map(PassMetrics::new).collect())
+    }
+
+    fn observe(&mut self, model: &Model, batch: &Batch, heads: &[(f64, Vec<f32>)]) {
+        for (h, (m, (loss, probs))) in self.0.iter_mut().zip(heads).enumerate() {
+            m.observe(*loss, probs, &model.labels(batch, h));
+        }
+    }
+
+    fn merge(&mut self, other: &HeadMetrics) {
+        self.0.iter_mut().zip(&other.0).for_each(|(a, b)| a.merge(b));
+    }
 }
 
 fn dims(model: &Model) -> Vec<usize> {
@@ -251,10 +299,20 @@ pub fn run_with(
         step = pass_loop.step.load(Relaxed);
         bytes_before += progress.bytes.load(Relaxed);
         report.bad_lines += progress.bad_lines.load(Relaxed);
-        let train = metrics.report();
-        tracing::info!(trainer = me, pass, samples = train.samples, "pass done: {train}");
-        let test = end_pass(config, &mut store, &model, &schema, &spec, pass, step)?;
-        report.passes.push(PassReport { pass, train, test });
+        let trains: Vec<EvalReport> = metrics.0.iter().map(PassMetrics::report).collect();
+        for (name, t) in model.head_names().iter().zip(&trains) {
+            tracing::info!(trainer = me, pass, samples = t.samples, head = %name, "pass done: {t}");
+        }
+        let tests = end_pass(config, &mut store, &model, &schema, &spec, pass, step)?;
+        let heads = if trains.len() > 1 {
+            let names = model.head_names();
+            (0..trains.len())
+                .map(|h| HeadReport { output: names[h].clone(), train: trains[h].clone(), test: tests.get(h).cloned() })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        report.passes.push(PassReport { pass, train: trains[0].clone(), test: tests.first().cloned(), heads });
     }
     if let Store::Remote(client) = &mut store {
         client.close(me)?;
@@ -358,7 +416,7 @@ impl Comms<'_, '_> {
 
 /// What one worker did in a pass.
 struct WorkerReport {
-    metrics: PassMetrics,
+    metrics: HeadMetrics,
     times: StepTimes,
     samples: u64,
     discarded: u64,
@@ -384,7 +442,7 @@ impl PassLoop<'_> {
         reader: Reader,
         report: &mut TrainReport,
         on_progress: &dyn Fn(u64),
-    ) -> anyhow::Result<PassMetrics> {
+    ) -> anyhow::Result<HeadMetrics> {
         let c = self.config;
         let remote_async = c.mode == Mode::Async && matches!(store, Store::Remote(_));
         let workers = if remote_async { c.threads } else { 1 };
@@ -447,7 +505,7 @@ impl PassLoop<'_> {
             }
             handles.into_iter().map(|h| h.join().expect("a trainer thread panicked")).collect()
         });
-        let mut merged = PassMetrics::new(self.model.loss());
+        let mut merged = HeadMetrics::new(self.model);
         for r in results {
             let r = r?;
             merged.merge(&r.metrics);
@@ -475,7 +533,7 @@ impl PassLoop<'_> {
         let (c, model, me) = (self.config, self.model, self.config.trainer_id);
         let mut replicas: Vec<Replica> = (0..replicas).map(|_| Replica::default()).collect();
         let mut report = WorkerReport {
-            metrics: PassMetrics::new(model.loss()),
+            metrics: HeadMetrics::new(model),
             times: StepTimes::default(),
             samples: 0,
             discarded: 0,
@@ -489,7 +547,7 @@ impl PassLoop<'_> {
                 let step = self.step.fetch_add(1, Relaxed);
                 let t1 = Instant::now();
                 let (params, rows) = comms.params();
-                let (loss, probs) = compute(model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
+                let (loss, heads) = compute(model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
                 let t2 = Instant::now();
                 let n = p.batch.len();
                 let header = StepHeader { trainer: me, step, pass: self.pass, base_version: version, samples: n };
@@ -498,13 +556,13 @@ impl PassLoop<'_> {
                 report.times.compute += (t2 - t1).as_secs_f64();
                 report.times.push += (t3 - t2).as_secs_f64();
                 report.train_seconds += (t3 - t0).as_secs_f64();
-                report.metrics.observe(loss, &probs, &model.labels(&p.batch));
+                report.metrics.observe(model, &p.batch, &heads);
                 report.samples += n as u64;
                 samples.fetch_add(n as u64, Relaxed);
                 window.0 += loss;
                 window.1 += n;
                 if c.log_every > 0 && (step + 1) % c.log_every == 0 {
-                    let m = &report.metrics;
+                    let m = &report.metrics.0[0];
                     let tail = m.probs.len().saturating_sub(window.1);
                     let auc = crate::metrics::auc(&m.probs[tail..], &m.labels[tail..]);
                     tracing::info!(
@@ -595,13 +653,13 @@ fn end_pass(
     spec: &TableSpec,
     pass: u32,
     step: u64,
-) -> anyhow::Result<Option<EvalReport>> {
+) -> anyhow::Result<Vec<EvalReport>> {
     let me = config.trainer_id;
     if let Store::Remote(client) = store {
         client.end_pass(me, pass)?;
         client.barrier(me, 2 * pass as u64 - 1).with_context(|| format!("end of pass {pass}"))?;
     }
-    let mut test = None;
+    let mut tests = Vec::new();
     if me == 0 {
         if let Some(out) = &config.output {
             let dir = out.join(pass_dir_name(pass));
@@ -619,14 +677,15 @@ fn end_pass(
             tracing::info!(pass, dir = %dir.display(), "model saved");
         }
         if !config.test_files.is_empty() {
-            let r =
-                evaluate(store, model, schema, &config.test_files, config.batch_size.max(1024), config.skip_bad_lines)?;
-            tracing::info!(pass, samples = r.samples, "test: {r}");
-            test = Some(r);
+            let batch = config.batch_size.max(1024);
+            tests = evaluate_heads(store, model, schema, &config.test_files, batch, config.skip_bad_lines)?;
+            for (name, r) in model.head_names().iter().zip(&tests) {
+                tracing::info!(pass, samples = r.samples, head = %name, "test: {r}");
+            }
         }
     }
     if let Store::Remote(client) = store {
         client.barrier(me, 2 * pass as u64).with_context(|| format!("after saving pass {pass}"))?;
     }
-    Ok(test)
+    Ok(tests)
 }

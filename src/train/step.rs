@@ -26,9 +26,12 @@ impl Replica {
     }
 }
 
+/// Per head, a step's summed loss and predictions in batch order.
+pub type HeadOutputs = Vec<(f64, Vec<f32>)>;
+
 /// Forward/backward of `batch` (step `step`) split over the replicas; `rows[t]` holds table
 /// `t`'s rows of the batch's unique ids. Leaves the summed gradients in replica 0 and returns
-/// (summed loss, first head's predictions in batch order).
+/// the summed (head-weighted) loss and each head's loss and predictions.
 pub fn compute(
     model: &Model,
     params: &[f32],
@@ -37,7 +40,7 @@ pub fn compute(
     rows: &[Vec<f32>],
     step: u64,
     replicas: &mut [Replica],
-) -> (f64, Vec<f32>) {
+) -> (f64, HeadOutputs) {
     let dims: Vec<usize> = model.tables().iter().map(|t| t.dim).collect();
     let parts = replicas.len().min(batch.len()).max(1);
     let chunk = batch.len().div_ceil(parts);
@@ -79,13 +82,17 @@ pub fn compute(
         })
     };
     let (first, rest) = replicas.split_at_mut(1);
-    let mut probs = first[0].work.probs().to_vec();
+    let w = &first[0].work;
+    let mut heads: HeadOutputs = w.head_losses.iter().zip(&w.head_probs).map(|(l, p)| (*l, p.clone())).collect();
     for r in &rest[..parts - 1] {
         first[0].grads.iter_mut().zip(&r.grads).for_each(|(a, b)| *a += b);
         for (mine, theirs) in first[0].row_grads.iter_mut().zip(&r.row_grads) {
             mine.iter_mut().zip(theirs).for_each(|(a, b)| *a += b);
         }
-        probs.extend_from_slice(r.work.probs());
+        for ((loss, probs), (l, p)) in heads.iter_mut().zip(r.work.head_losses.iter().zip(&r.work.head_probs)) {
+            *loss += l;
+            probs.extend_from_slice(p);
+        }
     }
-    (losses.iter().sum(), probs)
+    (losses.iter().sum(), heads)
 }

@@ -11,25 +11,6 @@ fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name)
 }
 
-fn job_config(
-    job: &Path,
-    mode: Mode,
-    servers: &[TestServer],
-    id: usize,
-    trainers: usize,
-    train: &Path,
-) -> oar::train::TrainConfig {
-    let job = oar::config::JobConfig::from_file(job).unwrap();
-    let mut c = train_config(mode, servers, id, trainers, train);
-    c.model = job.model;
-    c.data = job.data;
-    c.dense_optimizer = job.dense_optimizer;
-    c.sparse_optimizer = job.sparse_optimizer;
-    c.batch_size = job.train.batch_size;
-    c.passes = job.train.passes;
-    c
-}
-
 #[test]
 fn the_paddlerec_slot_sample_file_trains_as_it_is() {
     let Some(shared) = shared_data() else {
@@ -230,4 +211,37 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     files
+}
+
+#[test]
+fn a_two_headed_model_trains_both_heads_and_reports_each() {
+    let dir = tempfile::tempdir().unwrap();
+    oar::data::gen_slots::generate(&oar::data::gen::GenConfig {
+        lines: 100_000,
+        test_lines: 20_000,
+        seed: 2,
+        parts: 2,
+        out: dir.path().to_path_buf(),
+    })
+    .unwrap();
+    let mut c = job_config(&example("multi_task.toml"), Mode::Local, &[], 0, 1, &dir.path().join("train"));
+    c.test_files = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+    c.output = Some(dir.path().join("model"));
+    let r = oar::train::run(&c, &|_, _| {}).unwrap();
+    let heads = &r.passes[0].heads;
+    assert_eq!(heads.iter().map(|h| h.output.as_str()).collect::<Vec<_>>(), ["ctr", "cvr"]);
+    for h in heads {
+        let auc = h.test.as_ref().unwrap().auc.unwrap();
+        assert!(auc > 0.7, "head {}: test AUC {auc}", h.output);
+    }
+    assert_eq!(r.passes[0].test, heads[0].test, "the pass's figures are the first head's");
+    // oar eval reports both heads of the saved model.
+    let out = oar(&[
+        "eval",
+        "--model",
+        &dir.path().join("model").display().to_string(),
+        "--data",
+        &dir.path().join("test").display().to_string(),
+    ]);
+    assert!(text(&out).contains("head ctr: AUC") && text(&out).contains("head cvr: AUC"), "{}", text(&out));
 }

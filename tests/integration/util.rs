@@ -291,3 +291,23 @@ pub fn number_after(haystack: &str, key: &str) -> f64 {
     let at = haystack.rfind(key).unwrap_or_else(|| panic!("'{key}' not in output:\n{haystack}")) + key.len();
     haystack[at..].split_whitespace().next().unwrap().trim_end_matches(',').parse().unwrap()
 }
+
+/// A trainer config for job file `job`'s model, data, optimizers, batch size and passes.
+pub fn job_config(
+    job: &Path,
+    mode: Mode,
+    servers: &[TestServer],
+    id: usize,
+    trainers: usize,
+    train: &Path,
+) -> TrainConfig {
+    let job = oar::config::JobConfig::from_file(job).unwrap();
+    let mut c = train_config(mode, servers, id, trainers, train);
+    c.model = job.model;
+    c.data = job.data;
+    c.dense_optimizer = job.dense_optimizer;
+    c.sparse_optimizer = job.sparse_optimizer;
+    c.batch_size = job.train.batch_size;
+    c.passes = job.train.passes;
+    c
+}

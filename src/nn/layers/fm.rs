@@ -83,9 +83,7 @@ mod tests {
     use super::*;
     use crate::nn::layer::check_layer;
 
-    fn args(json: &str) -> LayerArgs {
-        LayerArgs::new("t", serde_json::from_str(json).unwrap())
-    }
+    use super::super::test_args as args;
 
     #[test]
     fn fm_matches_finite_differences() {

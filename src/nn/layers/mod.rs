@@ -31,7 +31,7 @@ pub use reduce::{reduce_sum, ReduceSumLayer};
 pub use shape::{activation_layer, add, concat, dropout};
 pub use weight_multiply::{weight_multiply, WeightMultiplyLayer};
 
-use super::layer::{Ctx, Factory, Layer, Shape};
+use super::layer::{Ctx, Factory, Shape};
 
 /// Every built-in layer type with its factory.
 pub fn builtin() -> Vec<(&'static str, Factory)> {
@@ -87,5 +87,8 @@ pub(crate) fn one_input(inputs: &[Shape]) -> Result<Shape, String> {
     }
 }
 
-#[allow(dead_code)]
-fn _assert_object_safe(_: &dyn Layer) {}
+/// A layer's settings from JSON text, for tests.
+#[cfg(test)]
+pub(crate) fn test_args(json: &str) -> super::layer::LayerArgs {
+    super::layer::LayerArgs::new("t", serde_json::from_str(json).unwrap())
+}
