@@ -68,7 +68,7 @@ pub fn read_frame_blocking<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, max:
 /// Reads one frame like [`read_frame_blocking`], except that the dense array of a `Values`
 /// response is handed to `dense_into(reader, floats)`, which may read it straight into its
 /// final place (returning true) instead of through the buffer. The buffer then holds a `Values`
-/// payload with an empty dense array, so [`Response::decode`] still applies.
+/// payload with an empty dense array, so [`Response::decode`](super::Response::decode) still applies.
 pub fn read_reply_blocking<R: std::io::Read>(
     r: &mut R,
     buf: &mut FrameBuf,

@@ -1,5 +1,5 @@
 //! The layer catalogue: every `type` a job file's `[model] layers` may name (besides the
-//! built-in `embedding`), each a [`Factory`] building a [`Layer`] for its input shapes.
+//! built-in `embedding`), each a [`Factory`] building a [`Layer`](super::layer::Layer) for its input shapes.
 //!
 //! | type | inputs -> output | settings |
 //! |---|---|---|
