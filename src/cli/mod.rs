@@ -4,7 +4,7 @@
 //! It lives in the library so a program can run it with layer types of its own:
 //! [`main_with`] takes the [`Registry`] every job file is checked and trained with, and
 //! `oar launch` starts its servers and trainers from the running binary, so they know those
-//! types too (`examples/custom_layer.rs`). `src/main.rs` is `main_with` with the built-ins.
+//! types too (`examples/custom_layer/`). `src/main.rs` is `main_with` with the built-ins.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -340,6 +340,12 @@ impl JobArgs {
             None => JobConfig::default(),
         };
         let m = &mut job.model;
+        if (self.embedding_dim.is_some() || self.hidden.is_some()) && !m.is_shorthand() {
+            anyhow::bail!(
+                "--embedding-dim and --hidden (OAR_EMBEDDING_DIM, OAR_HIDDEN) shape the shorthand model; this job's \
+                 model is a layer graph: set its widths in the job file's layers"
+            );
+        }
         if self.embedding_dim.is_some() {
             m.embedding_dim = self.embedding_dim;
         }
@@ -643,10 +649,12 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             };
             let (model, schema) = crate::config::build_model(&model_config, &data, registry)
                 .with_context(|| format!("{}: the saved model", a.model.display()))?;
+            let dims = |tables: &mut dyn Iterator<Item = (String, usize)>| tables.collect::<Vec<_>>();
             anyhow::ensure!(
                 model.table_spec(shard.spec.dense.optimizer, shard.spec.dense.optimizer).dense == shard.spec.dense
-                    && model.tables().len() == shard.spec.sparse.len(),
-                "{}: the saved parameters do not fit the saved model description",
+                    && dims(&mut model.tables().iter().map(|t| (t.name.clone(), t.dim)))
+                        == dims(&mut shard.spec.sparse.iter().map(|t| (t.name.clone(), t.dim))),
+                "{}: the saved parameters do not fit the saved model description (layers or tables differ)",
                 a.model.display()
             );
             let mut store = crate::train::Store::Local(Box::new(shard));

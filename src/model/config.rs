@@ -176,6 +176,22 @@ impl ModelConfig {
         })
     }
 
+    /// The config with the shorthand's defaults written out (for manifests, so a saved model's
+    /// description does not depend on a later version's defaults); a layer graph unchanged.
+    pub fn with_shorthand_defaults(&self) -> ModelConfig {
+        let Some((slots, dense)) = self.shorthand_shape() else { return self.clone() };
+        ModelConfig {
+            slots: Some(slots),
+            dense_features: Some(dense),
+            embedding_dim: Some(self.embedding_dim.unwrap_or(10)),
+            hidden: Some(self.hidden.clone().unwrap_or_else(|| vec![400, 400, 400])),
+            activation: Some(self.activation.unwrap_or(Activation::Relu)),
+            outputs: Some(self.outputs.unwrap_or(1)),
+            loss: Some(self.loss.unwrap_or(Loss::LogLoss)),
+            ..self.clone()
+        }
+    }
+
     /// The model as tables, layers and heads: itself, or the shorthand expanded to
     /// `embedding(all slots) -> concat(with dense) -> mlp -> loss` with the names of models
     /// saved before layer graphs (table `embedding`, parameters `fc.0.w`, ...), so those load.
@@ -199,10 +215,11 @@ impl ModelConfig {
         if !self.tables.is_empty() || !self.heads.is_empty() || self.output.is_some() {
             return Err("model: `tables`, `heads` and `output` need `layers` (the shorthand has its own)".into());
         }
-        let (slots, dense) = self.shorthand_shape().expect("shorthand");
-        let dim = self.embedding_dim.unwrap_or(10);
-        let hidden = self.hidden.clone().unwrap_or_else(|| vec![400, 400, 400]);
-        let outputs = self.outputs.unwrap_or(1);
+        let full = self.with_shorthand_defaults();
+        let (slots, dense) = (full.slots.unwrap_or_default(), full.dense_features.unwrap_or_default());
+        let dim = full.embedding_dim.unwrap_or_default();
+        let hidden = full.hidden.clone().unwrap_or_default();
+        let outputs = full.outputs.unwrap_or_default();
         if slots + dense == 0 {
             return Err("model: a sample needs at least one slot or dense feature".into());
         }
@@ -225,7 +242,7 @@ impl ModelConfig {
         if slots > 0 && dense > 0 {
             layers.push(layer("x", "concat", &["emb", "dense"], serde_json::json!({})));
         }
-        let activation = self.activation.unwrap_or(Activation::Relu);
+        let activation = full.activation.unwrap_or(Activation::Relu);
         layers.push(layer(
             "fc",
             "mlp",
@@ -237,7 +254,7 @@ impl ModelConfig {
             layers,
             heads: Vec::new(),
             output: Some("fc".into()),
-            loss: Some(self.loss.unwrap_or(Loss::LogLoss)),
+            loss: full.loss,
             slots: None,
             embedding_dim: None,
             dense_features: None,

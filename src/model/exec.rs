@@ -33,7 +33,6 @@ pub struct Work {
     grads: Vec<Vec<f32>>,
     scratch: Vec<Vec<f32>>,
     seeds: Vec<u64>,
-    labels: Vec<f32>,
     dloss: Vec<f32>,
     /// Per head, the last batch's predictions for per-sample metrics: click probabilities
     /// (log-loss) or values (square); empty for softmax.
@@ -43,9 +42,9 @@ pub struct Work {
 }
 
 impl Work {
-    /// Predictions of the first head (see `head_probs`).
-    pub fn probs(&self) -> &[f32] {
-        self.head_probs.first().map_or(&[], |p| &p[..])
+    /// Per head, the last batch's summed loss and predictions.
+    pub fn heads(&self) -> Vec<(f64, Vec<f32>)> {
+        self.head_losses.iter().zip(&self.head_probs).map(|(l, p)| (*l, p.clone())).collect()
     }
 }
 
@@ -64,7 +63,7 @@ impl Model {
         grads: Grads,
     ) -> f64 {
         self.forward(params, batch, tables, Some(step), work);
-        let loss = self.apply_losses(batch, work);
+        let loss = self.apply_losses(batch, work, true);
         self.backward(params, batch, tables, work, grads.dense, grads.rows);
         loss
     }
@@ -73,12 +72,12 @@ impl Model {
     /// its predictions in `work`.
     pub fn evaluate(&self, params: &[f32], batch: &Batch, tables: &[TableRows], work: &mut Work) -> f64 {
         self.forward(params, batch, tables, None, work);
-        self.apply_losses(batch, work)
+        self.apply_losses(batch, work, false)
     }
 
     fn ctx<'a>(&self, batch: &Batch, step: Option<u64>, seeds: &'a mut Vec<u64>) -> Ctx<'a> {
         seeds.clear();
-        if let Some(step) = step {
+        if let (Some(step), true) = (step, self.random) {
             // A sample's seed depends on its content and the step only, so it draws the same
             // dropout mask whichever trainer or thread computes it (sync equals local).
             let salt = mix64(step ^ 0x5eed_d509);
@@ -131,14 +130,15 @@ impl Model {
         work.seeds = seeds;
     }
 
-    /// Every head's loss on the last forward pass: the weighted sum is returned, each head's
-    /// output gradient (times its weight) starts the backward pass, predictions are kept.
-    fn apply_losses(&self, batch: &Batch, work: &mut Work) -> f64 {
+    /// Every head's loss on the last forward pass: the weighted sum is returned, predictions
+    /// are kept, and in `training` each head's output gradient (times its weight) starts the
+    /// backward pass on zeroed gradient buffers.
+    fn apply_losses(&self, batch: &Batch, work: &mut Work, training: bool) -> f64 {
         let rows = batch.len();
         work.grads.resize_with(self.shapes.len(), Vec::new);
         for (t, g) in work.grads.iter_mut().enumerate() {
             g.clear();
-            if self.needs_grad[t] {
+            if training && self.needs_grad[t] {
                 g.resize(rows * self.shapes[t].size(), 0.0);
             }
         }
@@ -147,33 +147,27 @@ impl Model {
         let mut total = 0.0;
         for (h, head) in self.heads.iter().enumerate() {
             let out = &work.values[head.tensor];
-            let labels: &[f32] = if batch.label_width == 1 {
-                &batch.labels
-            } else {
-                work.labels.clear();
-                work.labels.extend(batch.label_column(head.label));
-                &work.labels
-            };
+            let labels = self.labels(batch, h);
             work.dloss.resize(out.len(), 0.0);
             let probs = &mut work.head_probs[h];
             let loss = match head.loss {
                 Loss::LogLoss => {
                     probs.resize(rows, 0.0);
-                    bce_with_logits(out, labels, &mut work.dloss, probs)
+                    bce_with_logits(out, &labels, &mut work.dloss, probs)
                 }
                 Loss::Square => {
                     probs.clear();
                     probs.extend_from_slice(out);
-                    square_error(out, labels, &mut work.dloss)
+                    square_error(out, &labels, &mut work.dloss)
                 }
                 Loss::Softmax => {
                     probs.clear();
-                    softmax_cross_entropy(out, labels, head.width, &mut work.dloss)
+                    softmax_cross_entropy(out, &labels, head.width, &mut work.dloss)
                 }
             };
             work.head_losses[h] = loss;
             total += head.weight as f64 * loss;
-            if self.needs_grad[head.tensor] {
+            if training && self.needs_grad[head.tensor] {
                 let w = head.weight;
                 work.grads[head.tensor].iter_mut().zip(&work.dloss).for_each(|(g, d)| *g += w * d);
             }

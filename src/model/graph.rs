@@ -60,6 +60,8 @@ pub struct Model {
     pub(super) needs_grad: Vec<bool>,
     /// Per table: which of the batch's slots any embedding layer looks up in it.
     pub(super) table_slots: Vec<Vec<bool>>,
+    /// Whether a layer draws random numbers (per-sample seeds are computed only then).
+    pub(super) random: bool,
 }
 
 impl Model {
@@ -205,7 +207,9 @@ impl Model {
         if let Some(node) = nodes.iter().find(|n| !used[n.output]) {
             return Err(format!("model: layer {:?} feeds no head", node.name));
         }
+        let random = nodes.iter().any(|n| matches!(&n.op, Op::Layer(l) if l.uses_seeds()));
         Ok(Model {
+            random,
             config: config.clone(),
             input: input.clone(),
             tables: g.tables.clone(),

@@ -45,7 +45,7 @@ pub struct Input {
 }
 
 /// The layer types a job file may name: the built-ins of [`crate::nn::layers`] plus any a
-/// program registers (see `examples/custom_layer.rs`).
+/// program registers (see `examples/custom_layer/`).
 #[derive(Clone)]
 pub struct Registry {
     factories: BTreeMap<String, Factory>,

@@ -50,8 +50,9 @@ pub struct Ctx<'a> {
     pub rows: usize,
     /// Training (dropout active) or evaluation.
     pub train: bool,
-    /// One random seed per sample, a function of the sample's content and the step: random
-    /// layers (dropout) draw from it, so a sample gets the same mask whichever trainer, thread or
+    /// One random seed per sample (in training, for models with a layer that
+    /// [`uses_seeds`](Layer::uses_seeds); else empty), a function of the sample's content and
+    /// the step: random layers (dropout) draw from it, so a sample gets the same mask whichever trainer, thread or
     /// batch position computes it, and sync training stays equal to local training.
     pub seeds: &'a [u64],
 }
@@ -70,6 +71,12 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     /// Floats per sample the layer keeps from forward to backward, or needs as workspace.
     fn scratch(&self) -> usize {
         0
+    }
+
+    /// Whether the layer draws from [`Ctx::seeds`] in training (dropout): the seeds are only
+    /// computed for models that have such a layer.
+    fn uses_seeds(&self) -> bool {
+        false
     }
 
     /// Computes `y` (rows x output size) from the inputs `x` (rows x each input's size).

@@ -1,6 +1,7 @@
-//! The trainer: reads its share of the data, and per batch deduplicates ids, pulls parameters,
-//! runs forward/backward (split over `threads` data-parallel replicas), pushes gradient sums,
-//! and records metrics. After each pass it meets the other trainers at a barrier, trainer 0
+//! The trainer: reads its share of the data, and per batch deduplicates ids per table, pulls
+//! parameters, runs forward/backward (split over `threads` data-parallel replicas; in async mode
+//! against servers the threads are Hogwild workers instead, each on its own batches), pushes
+//! gradient sums, and records every head's metrics. After each pass it meets the other trainers at a barrier, trainer 0
 //! saves the model and evaluates it on the test files, and everyone meets again.
 //!
 //! The same loop runs locally (parameters in an in-process [`Shard`], no sockets) or against
@@ -64,7 +65,7 @@ pub struct TrainConfig {
     pub data: DataConfig,
     /// Optimizer of the dense parameters.
     pub dense_optimizer: Optimizer,
-    /// Optimizer of the embedding table.
+    /// Optimizer of the sparse tables (a table of the model may set its own).
     pub sparse_optimizer: Optimizer,
     /// Save the model here after every pass.
     pub output: Option<PathBuf>,
@@ -176,12 +177,6 @@ impl std::ops::AddAssign for StepTimes {
     }
 }
 
-/// The model a trainer config describes, built for its data's shape with `registry`'s layer
-/// types; errors name the setting.
-pub fn build_model(config: &TrainConfig, registry: &Registry) -> anyhow::Result<(Model, Schema)> {
-    crate::config::build_model(&config.model, &config.data, registry)
-}
-
 /// Evaluates the model held by `store` on `files` (rows of unseen ids are not created): the
 /// first head's figures.
 pub fn evaluate(
@@ -218,9 +213,7 @@ pub fn evaluate_heads(
         lookups.run(&batch, model.table_slots());
         store.pull(None, &lookups.ids(&dims), &mut rows, RowCreation::Peek)?;
         model.evaluate(&params, &batch, &lookups.rows(&rows), &mut work);
-        let heads: Vec<(f64, Vec<f32>)> =
-            work.head_losses.iter().zip(&work.head_probs).map(|(l, p)| (*l, p.clone())).collect();
-        metrics.observe(model, &batch, &heads);
+        metrics.observe(model, &batch, &work.heads());
     }
     Ok(metrics.0.iter().map(PassMetrics::report).collect())
 }
@@ -262,7 +255,7 @@ pub fn run_with(
 ) -> anyhow::Result<TrainReport> {
     config.validate()?;
     let started = Instant::now();
-    let (model, schema) = build_model(config, registry)?;
+    let (model, schema) = crate::config::build_model(&config.model, &config.data, registry)?;
     let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
     spec.validate().map_err(anyhow::Error::msg)?;
     let me = config.trainer_id;
@@ -451,6 +444,7 @@ impl PassLoop<'_> {
         let samples_before = report.samples;
         let samples = AtomicU64::new(samples_before);
         let failed = AtomicBool::new(false);
+        let started = Instant::now();
         let reader = Mutex::new(reader);
         let (client, shared) = match store {
             Store::Remote(client) if remote_async && workers == 1 => (Some(&mut **client), None),
@@ -512,10 +506,14 @@ impl PassLoop<'_> {
             report.time += r.times;
             report.samples += r.samples;
             report.discarded_pushes += r.discarded;
-            report.train_seconds += r.train_seconds / workers as f64;
+            if workers == 1 {
+                report.train_seconds += r.train_seconds;
+            }
         }
         on_progress(report.samples);
         if workers > 1 {
+            // The workers' steps overlap: the pass's wall time is the time spent training.
+            report.train_seconds += started.elapsed().as_secs_f64();
             tracing::info!(trainer = c.trainer_id, pass = self.pass, threads = workers, "pass trained Hogwild-style");
         }
         Ok(merged)
@@ -561,7 +559,9 @@ impl PassLoop<'_> {
                 samples.fetch_add(n as u64, Relaxed);
                 window.0 += loss;
                 window.1 += n;
-                if c.log_every > 0 && (step + 1) % c.log_every == 0 {
+                // Hogwild workers do not log: each sees only its own share of the pass.
+                let hogwild = c.mode == Mode::Async && c.threads > 1;
+                if c.log_every > 0 && (step + 1) % c.log_every == 0 && !hogwild {
                     let m = &report.metrics.0[0];
                     let tail = m.probs.len().saturating_sub(window.1);
                     let auc = crate::metrics::auc(&m.probs[tail..], &m.labels[tail..]);
@@ -633,7 +633,7 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
 /// What a saved model's manifest says about the model and how it was trained.
 fn description(config: &TrainConfig, steps: Option<u64>) -> serde_json::Value {
     let mut d = serde_json::json!({
-        "model": config.model,
+        "model": config.model.with_shorthand_defaults(),
         "data": config.data,
         "batch_size": config.batch_size,
         "mode": config.mode,

@@ -42,8 +42,10 @@ pub fn compute(
     replicas: &mut [Replica],
 ) -> (f64, HeadOutputs) {
     let dims: Vec<usize> = model.tables().iter().map(|t| t.dim).collect();
-    let parts = replicas.len().min(batch.len()).max(1);
-    let chunk = batch.len().div_ceil(parts);
+    // Equal chunks of `chunk` rows; fewer parts than replicas when the batch is short (5 rows
+    // over 4 replicas are 2 + 2 + 1, not a fourth, empty chunk).
+    let chunk = batch.len().div_ceil(replicas.len().min(batch.len()).max(1)).max(1);
+    let parts = batch.len().div_ceil(chunk).max(1);
     let run = |r: &mut Replica, part: &Batch, ids: std::ops::Range<usize>| {
         r.prepare(params.len(), lookups, &dims);
         let tables: Vec<_> = lookups
@@ -82,8 +84,7 @@ pub fn compute(
         })
     };
     let (first, rest) = replicas.split_at_mut(1);
-    let w = &first[0].work;
-    let mut heads: HeadOutputs = w.head_losses.iter().zip(&w.head_probs).map(|(l, p)| (*l, p.clone())).collect();
+    let mut heads: HeadOutputs = first[0].work.heads();
     for r in &rest[..parts - 1] {
         first[0].grads.iter_mut().zip(&r.grads).for_each(|(a, b)| *a += b);
         for (mine, theirs) in first[0].row_grads.iter_mut().zip(&r.row_grads) {

@@ -200,3 +200,22 @@ fn sync_training_with_uneven_shards_runs_several_passes() {
         assert_eq!(s.handle.join().unwrap().version, 2 * 8, "one update per step of the longer shard");
     }
 }
+
+/// `--threads` splits each batch over replicas and sums their gradients: the model is the one
+/// trained with one thread (within float summation order), and a last batch shorter than twice
+/// the threads (5 samples over 4 threads) is split into fewer parts instead of panicking.
+#[test]
+fn threads_split_batches_without_changing_the_model_even_a_short_last_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 1, 3 * B as u64 + 5, 10);
+    let run = |threads: usize| {
+        let mut c = train_config(Mode::Local, &[], 0, 1, &train);
+        c.threads = threads;
+        c.output = Some(dir.path().join(format!("t{threads}")));
+        assert_eq!(oar::train::run(&c, &|_, _| {}).unwrap().samples, 3 * B as u64 + 5);
+        load_params(&dir.path().join(format!("t{threads}")))
+    };
+    let one = run(1);
+    assert_same_params(&run(4), &one, 1e-5);
+    assert_same_params(&run(3), &one, 1e-5);
+}

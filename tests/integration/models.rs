@@ -7,6 +7,18 @@ use std::path::{Path, PathBuf};
 use crate::util::*;
 use oar::server::Mode;
 
+/// The example program's own layer, compiled here too so its backward pass can be checked.
+#[path = "../../examples/custom_layer/gate.rs"]
+mod gate;
+
+#[test]
+fn the_example_programs_gate_layer_passes_the_finite_difference_check() {
+    let mut args = oar::nn::layer::LayerArgs::new("g", Default::default());
+    let shape = oar::nn::layer::Shape { fields: 2, dim: 3 };
+    let layer = gate::gate(&mut args, &[shape]).unwrap();
+    oar::nn::layer::check_layer(layer.as_ref(), &[shape], 4, 9).unwrap();
+}
+
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name)
 }

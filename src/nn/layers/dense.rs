@@ -187,6 +187,10 @@ impl Layer for MlpLayer {
         self.saved + 2 * self.widest
     }
 
+    fn uses_seeds(&self) -> bool {
+        self.dropout > 0.0
+    }
+
     fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], scratch: &mut [f32]) {
         let rows = ctx.rows;
         let (saved, _) = scratch.split_at_mut(rows * self.saved);

@@ -79,6 +79,10 @@ impl Layer for DropoutLayer {
         self.shape
     }
 
+    fn uses_seeds(&self) -> bool {
+        true
+    }
+
     fn scratch(&self) -> usize {
         self.shape.size()
     }

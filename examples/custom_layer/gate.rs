@@ -1,17 +1,6 @@
-//! A program with a layer of its own: oar's whole command line (`launch`, `train`, `pserver`,
-//! `eval`, the cluster engines) with one more layer type, `gate`, that a job file can name.
-//!
-//! `gate` is a learned feature gate (as in GLU or FiBiNET's SENet): `y = x * sigmoid(x Wg + bg)`,
-//! each input value scaled by a gate computed from the whole input. It is not in oar's
-//! catalogue; this file is everything it takes to add it.
-//!
-//! ```sh
-//! cargo build --release --example custom_layer
-//! target/release/examples/custom_layer launch --servers 2 --workers 2 \
-//!     --config examples/custom_layer.toml --train data/synth/train --test data/synth/test
-//! ```
-//! `launch` starts its servers and trainers from this same binary, so every process knows
-//! `gate`.
+//! The `gate` layer of `examples/custom_layer`: `y = x * sigmoid(x Wg + bg)`, each input value
+//! scaled by a gate computed from the whole input. `tests/integration/models.rs` includes this
+//! file to check its backward pass against finite differences.
 
 use oar::nn::layer::{Ctx, Layer, LayerArgs, Shape};
 use oar::nn::{matmul, sigmoid};
@@ -24,7 +13,7 @@ struct Gate {
 }
 
 /// The factory a job file's `type = "gate"` calls: no settings, one input of any shape.
-fn gate(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
+pub fn gate(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     args.finish()?;
     match inputs {
         [x] => Ok(Box::new(Gate { w: x.size() })),
@@ -88,21 +77,5 @@ impl Layer for Gate {
             dx.iter_mut().zip(dy.iter().zip(gates.iter())).for_each(|(d, (dy, g))| *d += dy * g);
             matmul(n, w, w, dx, true, dz, (w, 1), &p[..w * w], (1, w));
         }
-    }
-}
-
-fn main() {
-    let registry = oar::model::Registry::with_builtin().register("gate", gate);
-    oar::cli::main_with(registry)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn gate_gradients_match_finite_differences() {
-        let mut args = oar::nn::layer::LayerArgs::new("g", Default::default());
-        let shape = oar::nn::layer::Shape { fields: 2, dim: 3 };
-        let layer = super::gate(&mut args, &[shape]).unwrap();
-        oar::nn::layer::check_layer(layer.as_ref(), &[shape], 4, 9).unwrap();
     }
 }
