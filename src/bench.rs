@@ -355,6 +355,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         skip_bad_lines: false,
         connect_timeout: Duration::from_secs(10),
         reply_timeout: Duration::from_secs(600),
+        delay: 0,
     };
     let r = crate::train::run(&config, &|_, _| {})?;
     let wall = started.elapsed().as_secs_f64();

@@ -31,6 +31,9 @@ pub struct TrainSettings {
     pub lag_ratio: f64,
     /// Train in-process without servers, whatever the command line says about servers.
     pub is_local: bool,
+    /// Local mode only: apply each update this many steps after it was computed (a
+    /// deterministic stand-in for async staleness).
+    pub delay: usize,
 }
 
 impl Default for TrainSettings {
@@ -44,6 +47,7 @@ impl Default for TrainSettings {
             timeout_secs: 300,
             lag_ratio: 2.5,
             is_local: false,
+            delay: 0,
         }
     }
 }

@@ -328,6 +328,10 @@ struct JobArgs {
     /// Shell command each data file is piped through (the file on its stdin), e.g. zcat.
     #[arg(long, alias = "pipe_command", env = "OAR_PIPE_COMMAND")]
     pipe_command: Option<String>,
+    /// Local mode: apply each update this many steps after it was computed (measures the
+    /// effect of async staleness without a network, deterministically).
+    #[arg(long, env = "OAR_DELAY")]
+    delay: Option<usize>,
     /// Train in this process, without servers, whatever else the job says.
     #[arg(long, alias = "is_local", env = "OAR_IS_LOCAL", num_args = 0..=1, default_missing_value = "true")]
     is_local: Option<bool>,
@@ -368,6 +372,7 @@ impl JobArgs {
         set(&mut t.log_every, self.log_every);
         set(&mut t.timeout_secs, self.timeout);
         set(&mut t.lag_ratio, self.lag_ratio);
+        set(&mut t.delay, self.delay);
         t.skip_bad_lines |= self.skip_bad_lines;
         set(&mut t.is_local, self.is_local);
         if let Some(command) = &self.pipe_command {
@@ -1048,6 +1053,7 @@ fn train(mut a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Resul
         skip_bad_lines: job.train.skip_bad_lines,
         connect_timeout: timeout.min(Duration::from_secs(60)),
         reply_timeout: timeout + Duration::from_secs(30),
+        delay: job.train.delay,
     };
     let mine = crate::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
     // A resumed job trains only the passes after the saved one.

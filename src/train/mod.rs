@@ -81,6 +81,10 @@ pub struct TrainConfig {
     pub connect_timeout: Duration,
     /// Longest wait for any reply (covers sync steps and barriers).
     pub reply_timeout: Duration,
+    /// Local mode: apply each update this many steps after it was computed (0: at once), so
+    /// the effect of staleness is measured without a network, deterministically.
+    #[serde(default)]
+    pub delay: usize,
 }
 
 impl TrainConfig {
@@ -97,6 +101,11 @@ impl TrainConfig {
             self.trainers
         );
         anyhow::ensure!(!self.train_files.is_empty(), "no training files (--train)");
+        anyhow::ensure!(
+            self.delay == 0 || self.mode == Mode::Local,
+            "--delay (delayed updates) is a local-mode measurement; {:?} mode has real staleness",
+            self.mode
+        );
         match self.mode {
             Mode::Local => {
                 anyhow::ensure!(self.trainers == 1, "local mode runs one trainer; use --threads for parallelism")
@@ -333,7 +342,15 @@ fn next_prepared(reader: &mut Reader, model: &Model) -> anyhow::Result<Option<Pr
 enum Comms<'a, 'b> {
     /// Pull and push in line, the reader and the store shared by the pass's workers (sync,
     /// local, and async with several threads: Hogwild).
-    Direct { reader: &'a Mutex<Reader>, store: &'a Mutex<&'b mut Store>, params: Vec<f32>, rows: Vec<Vec<f32>> },
+    Direct {
+        reader: &'a Mutex<Reader>,
+        store: &'a Mutex<&'b mut Store>,
+        params: Vec<f32>,
+        rows: Vec<Vec<f32>>,
+        /// Updates computed but not applied yet (local mode's `delay`), oldest first.
+        delayed: std::collections::VecDeque<PushJob>,
+        delay: usize,
+    },
     /// Async with one thread: the next batch's pull runs while this one computes.
     Ahead {
         reader: &'a Mutex<Reader>,
@@ -355,7 +372,7 @@ impl Comms<'_, '_> {
     ) -> anyhow::Result<Option<(Prepared, u64)>> {
         let t0 = Instant::now();
         match self {
-            Comms::Direct { reader, store, params, rows } => {
+            Comms::Direct { reader, store, params, rows, .. } => {
                 let Some(p) = next_prepared(&mut reader.lock(), model)? else { return Ok(None) };
                 let t1 = Instant::now();
                 rows.resize_with(dims.len(), Vec::new);
@@ -389,22 +406,49 @@ impl Comms<'_, '_> {
     /// Sends one step's gradients; returns the number of servers that discarded them.
     fn push(&mut self, header: StepHeader, r: &Replica, lookups: &Lookups, dims: &[usize]) -> anyhow::Result<u64> {
         match self {
-            Comms::Direct { store, .. } => store.lock().push(&header, &r.grads, &lookups.grads(dims, &r.row_grads)),
+            Comms::Direct { store, delay: 0, .. } => {
+                store.lock().push(&header, &r.grads, &lookups.grads(dims, &r.row_grads))
+            }
+            Comms::Direct { store, delayed, delay, .. } => {
+                delayed.push_back(push_job(header, r, lookups));
+                while delayed.len() > *delay {
+                    let job = delayed.pop_front().expect("longer than the delay");
+                    store.lock().push(&job.header, &job.dense, &job_grads(&job, dims))?;
+                }
+                Ok(0)
+            }
             Comms::Ahead { ahead, .. } => {
-                let tables = lookups.tables.iter().zip(&r.row_grads).map(|(l, g)| (l.unique.clone(), g.clone()));
-                ahead.push(PushJob { header, dense: r.grads.clone(), tables: tables.collect() })?;
+                ahead.push(push_job(header, r, lookups))?;
                 Ok(0)
             }
         }
     }
 
     /// Ends the pass's communication; returns pushes discarded that were not counted yet.
-    fn finish(self) -> anyhow::Result<u64> {
+    fn finish(self, dims: &[usize]) -> anyhow::Result<u64> {
         match self {
-            Comms::Direct { .. } => Ok(0),
+            Comms::Direct { store, delayed, .. } => {
+                // The pass ends with every computed update applied.
+                for job in delayed {
+                    store.lock().push(&job.header, &job.dense, &job_grads(&job, dims))?;
+                }
+                Ok(0)
+            }
             Comms::Ahead { ahead, .. } => ahead.finish(),
         }
     }
+}
+
+/// One step's gradients, owned (for the communication thread or a delayed update).
+fn push_job(header: StepHeader, r: &Replica, lookups: &Lookups) -> PushJob {
+    let tables = lookups.tables.iter().zip(&r.row_grads).map(|(l, g)| (l.unique.clone(), g.clone()));
+    PushJob { header, dense: r.grads.clone(), tables: tables.collect() }
+}
+
+/// A job's sparse gradients as a push sends them.
+fn job_grads<'a>(job: &'a PushJob, dims: &[usize]) -> Vec<crate::client::TableGrads<'a>> {
+    let tables = job.tables.iter().enumerate();
+    tables.map(|(t, (ids, grads))| crate::client::TableGrads { table: t as u32, dim: dims[t], ids, grads }).collect()
 }
 
 /// What one worker did in a pass.
@@ -469,10 +513,16 @@ impl PassLoop<'_> {
                         })
                     }))
                 }
-                (None, Some(store)) => all_comms.extend(
-                    (0..workers)
-                        .map(|_| Ok(Comms::Direct { reader: &reader, store, params: Vec::new(), rows: Vec::new() })),
-                ),
+                (None, Some(store)) => all_comms.extend((0..workers).map(|_| {
+                    Ok(Comms::Direct {
+                        reader: &reader,
+                        store,
+                        params: Vec::new(),
+                        rows: Vec::new(),
+                        delayed: Default::default(),
+                        delay: c.delay,
+                    })
+                })),
                 (None, None) => unreachable!("the store is either shared or the client's"),
             }
             let handles: Vec<_> = all_comms
@@ -583,7 +633,7 @@ impl PassLoop<'_> {
             failed.store(true, Relaxed);
         }
         result?;
-        report.discarded += comms.finish()?;
+        report.discarded += comms.finish(dims)?;
         Ok(report)
     }
 }

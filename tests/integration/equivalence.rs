@@ -219,3 +219,27 @@ fn threads_split_batches_without_changing_the_model_even_a_short_last_batch() {
     assert_same_params(&run(4), &one, 1e-5);
     assert_same_params(&run(3), &one, 1e-5);
 }
+
+/// Local training with updates applied `delay` steps late (a stand-in for async staleness) is
+/// deterministic: two runs give the same model bit for bit, it differs from undelayed training,
+/// and other modes refuse the setting.
+#[test]
+fn delayed_local_updates_are_deterministic_and_only_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 1, 8 * B as u64, 10);
+    let run = |name: &str, delay: usize| {
+        let mut c = train_config(Mode::Local, &[], 0, 1, &train);
+        c.delay = delay;
+        c.output = Some(dir.path().join(name));
+        oar::train::run(&c, &|_, _| {}).unwrap();
+        load_params(&dir.path().join(name))
+    };
+    let (a, b, none) = (run("a", 3), run("b", 3), run("none", 0));
+    assert_same_params(&a, &b, 0.0);
+    assert_ne!(a.dense, none.dense, "a delay changes the training");
+    let mut c = train_config(Mode::Sync, &[], 0, 1, &train);
+    c.servers = vec!["127.0.0.1:1".into()];
+    c.delay = 2;
+    let err = oar::train::run(&c, &|_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("--delay") && err.contains("local-mode"), "{err}");
+}

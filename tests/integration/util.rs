@@ -110,6 +110,7 @@ pub fn train_config(
         skip_bad_lines: false,
         connect_timeout: Duration::from_secs(10),
         reply_timeout: Duration::from_secs(90),
+        delay: 0,
     }
 }
 
