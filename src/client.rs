@@ -198,6 +198,9 @@ pub struct TableGrads<'a> {
 pub struct PushReport {
     /// Servers that discarded the push as stale.
     pub discarded: usize,
+    /// How many updates the parameters behind the push were old when it arrived (the most over
+    /// servers; 0 in sync mode).
+    pub staleness: u64,
 }
 
 /// Connections to every server of a job.
@@ -464,20 +467,26 @@ impl Client {
                 None => self.conns[first][s].send(&Request::Push(push).encode())?,
             }
         }
-        let mut discarded = 0;
+        let (mut discarded, mut staleness) = (0, 0);
         for s in 0..n {
             let mut stale = false;
             for port in std::iter::once(first).chain(second) {
                 let conn = &mut self.conns[port][s];
                 let kind = conn.read()?;
                 match conn.reply(kind, "a push")? {
-                    Response::Pushed { outcome, .. } => stale |= outcome == PushOutcome::Discarded,
+                    Response::Pushed { outcome, version } => {
+                        stale |= outcome == PushOutcome::Discarded;
+                        // An applied push answers the version it made, a discarded one the
+                        // version it found.
+                        let found = if outcome == PushOutcome::Applied { version.saturating_sub(1) } else { version };
+                        staleness = staleness.max(found.saturating_sub(base_version));
+                    }
                     other => return Err(conn.unexpected("a push", &other)),
                 }
             }
             discarded += stale as usize;
         }
-        Ok(PushReport { discarded })
+        Ok(PushReport { discarded, staleness })
     }
 
     /// Waits at server 0's barrier until every active trainer has reached `epoch`.

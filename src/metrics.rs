@@ -108,6 +108,72 @@ impl PassMetrics {
     }
 }
 
+/// How many updates old the parameters behind each push were when the push arrived (async
+/// staleness), counted per value; the last bucket holds everything from `BUCKETS - 1` up.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Staleness(pub Vec<u64>);
+
+impl Staleness {
+    /// Buckets kept.
+    pub const BUCKETS: usize = 32;
+
+    /// Counts one push `updates` behind.
+    pub fn add(&mut self, updates: u64) {
+        let b = (updates as usize).min(Self::BUCKETS - 1);
+        if self.0.len() <= b {
+            self.0.resize(b + 1, 0);
+        }
+        self.0[b] += 1;
+    }
+
+    /// Adds another histogram's counts.
+    pub fn merge(&mut self, other: &Staleness) {
+        if self.0.len() < other.0.len() {
+            self.0.resize(other.0.len(), 0);
+        }
+        self.0.iter_mut().zip(&other.0).for_each(|(a, b)| *a += b);
+    }
+
+    /// Pushes counted.
+    pub fn count(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// The smallest staleness at or below which a share `q` of the pushes lie.
+    fn quantile(&self, q: f64) -> usize {
+        let target = (q * self.count() as f64).ceil() as u64;
+        let mut seen = 0;
+        for (b, n) in self.0.iter().enumerate() {
+            seen += n;
+            if seen >= target.max(1) {
+                return b;
+            }
+        }
+        self.0.len().saturating_sub(1)
+    }
+}
+
+impl std::fmt::Display for Staleness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.count();
+        if n == 0 {
+            return write!(f, "no pushes");
+        }
+        let mean = self.0.iter().enumerate().map(|(b, c)| b as f64 * *c as f64).sum::<f64>() / n as f64;
+        let max = self.0.iter().rposition(|c| *c > 0).unwrap_or(0);
+        let plus = if max == Self::BUCKETS - 1 { "+" } else { "" };
+        let counts: Vec<String> =
+            self.0.iter().enumerate().filter(|(_, c)| **c > 0).map(|(b, c)| format!("{b}:{c}")).collect();
+        write!(
+            f,
+            "mean {mean:.2}, median {}, p90 {}, max {max}{plus} updates behind over {n} pushes ({})",
+            self.quantile(0.5),
+            self.quantile(0.9),
+            counts.join(" ")
+        )
+    }
+}
+
 /// Quality of a model on a set of samples.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct EvalReport {
@@ -157,6 +223,22 @@ mod tests {
         // A tie counts one half.
         assert_eq!(auc(&[0.5, 0.5], &[0.0, 1.0]), Some(0.5));
         assert_eq!(auc(&[0.5, 0.7], &[1.0, 1.0]), None);
+    }
+
+    #[test]
+    fn staleness_histograms_count_merge_and_summarize() {
+        let mut a = Staleness::default();
+        [0, 2, 2, 3, 40].iter().for_each(|&t| a.add(t));
+        let mut b = Staleness::default();
+        b.add(1);
+        a.merge(&b);
+        assert_eq!(a.count(), 6);
+        assert_eq!(a.0[31], 1, "40 lands in the last bucket");
+        assert_eq!(
+            a.to_string(),
+            "mean 6.50, median 2, p90 31, max 31+ updates behind over 6 pushes (0:1 1:1 2:2 3:1 31:1)"
+        );
+        assert_eq!(Staleness::default().to_string(), "no pushes");
     }
 
     #[test]

@@ -122,6 +122,9 @@ pub struct ServerStats {
     pub rows: Vec<usize>,
     /// Requests served per listening port, in port order.
     pub port_requests: Vec<u64>,
+    /// Async: how many updates behind each push arrived.
+    #[serde(default)]
+    pub staleness: crate::metrics::Staleness,
 }
 
 #[derive(Default)]
@@ -133,6 +136,7 @@ struct Counters {
     keys_pulled: AtomicU64,
     keys_pushed: AtomicU64,
     port_requests: Vec<AtomicU64>,
+    staleness: [AtomicU64; crate::metrics::Staleness::BUCKETS],
 }
 
 #[derive(Default)]
@@ -234,6 +238,11 @@ impl State {
             keys_pushed: c.keys_pushed.load(Relaxed),
             rows: self.shard.lock().as_ref().map(|s| s.sparse.iter().map(|t| t.len()).collect()).unwrap_or_default(),
             port_requests: c.port_requests.iter().map(|n| n.load(Relaxed)).collect(),
+            staleness: {
+                let counts: Vec<u64> = c.staleness.iter().map(|n| n.load(Relaxed)).collect();
+                let used = counts.iter().rposition(|n| *n > 0).map_or(0, |b| b + 1);
+                crate::metrics::Staleness(counts[..used].to_vec())
+            },
         }
     }
 }
@@ -591,7 +600,11 @@ fn push_async(state: &State, push: Push<'_>) -> Reply {
     c.pushes.fetch_add(1, Relaxed);
     let version = c.version.load(Relaxed);
     let max_lag = (state.config.lag_ratio * state.config.trainers as f64).ceil() as u64;
-    if version.saturating_sub(push.base_version) > max_lag {
+    let behind = version.saturating_sub(push.base_version);
+    if push.part != PushPart::Sparse {
+        c.staleness[(behind as usize).min(crate::metrics::Staleness::BUCKETS - 1)].fetch_add(1, Relaxed);
+    }
+    if behind > max_lag {
         c.discarded.fetch_add(1, Relaxed);
         return Ok(Answer::Response(Response::Pushed { outcome: PushOutcome::Discarded, version }));
     }

@@ -39,6 +39,8 @@ pub struct LaunchSummary {
     pub test: Option<crate::metrics::EvalReport>,
     /// Async pushes discarded as stale.
     pub discarded_pushes: u64,
+    /// How many updates behind the trainers' pushes arrived (async).
+    pub staleness: crate::metrics::Staleness,
     /// Every trainer's report.
     pub reports: Vec<TrainReport>,
 }
@@ -253,6 +255,10 @@ pub(crate) fn summarize(servers: usize, workers: &[Proc], wall: f64, logs: &Path
         train_loop_samples_per_sec: loop_rate,
         test,
         discarded_pushes: reports.iter().map(|r| r.discarded_pushes).sum(),
+        staleness: reports.iter().fold(Default::default(), |mut all: crate::metrics::Staleness, r| {
+            all.merge(&r.staleness);
+            all
+        }),
         reports,
     };
     let path = logs.join("summary.json");

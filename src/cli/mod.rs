@@ -807,6 +807,9 @@ fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
     if let Some(t) = &s.test {
         println!("test {t}");
     }
+    if s.staleness.count() > 0 {
+        println!("push staleness (updates between a trainer's pull and the server applying its push): {}", s.staleness);
+    }
     if s.discarded_pushes > 0 {
         println!("{} stale pushes discarded", s.discarded_pushes);
     }
@@ -816,8 +819,16 @@ fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
 fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
     let (config, addrs) = server_config(a, env)?;
     let stats = crate::server::serve_blocking(&addrs, config)?;
-    tracing::info!(?stats, "server stopped");
+    log_stopped(&stats);
     Ok(())
+}
+
+/// The server's last log lines: its counters, and how stale async pushes arrived.
+fn log_stopped(stats: &crate::server::ServerStats) {
+    if stats.staleness.count() > 0 {
+        tracing::info!("push staleness: {}", stats.staleness);
+    }
+    tracing::info!(?stats, "server stopped");
 }
 
 /// A server's configuration and listen addresses from its arguments and the environment.
@@ -973,7 +984,7 @@ fn engine_rank(
     };
     let (config, _) = server_config(args, &ClusterEnv::default())?;
     let stats = crate::server::serve_bound(vec![listener], config)?;
-    tracing::info!(?stats, "server stopped");
+    log_stopped(&stats);
     Ok(None)
 }
 

@@ -12,6 +12,7 @@ use std::thread::{Scope, ScopedJoinHandle};
 
 use super::store::StepHeader;
 use crate::client::{Client, TableGrads, TableIds};
+use crate::metrics::Staleness;
 use crate::protocol::RowCreation;
 
 /// Parameters pulled for one batch.
@@ -43,7 +44,7 @@ enum Job {
 pub struct Ahead<'scope> {
     jobs: Option<SyncSender<Job>>,
     pulled: Receiver<Pulled>,
-    thread: Option<ScopedJoinHandle<'scope, anyhow::Result<u64>>>,
+    thread: Option<ScopedJoinHandle<'scope, anyhow::Result<(u64, Staleness)>>>,
 }
 
 impl<'scope> Ahead<'scope> {
@@ -60,7 +61,7 @@ impl<'scope> Ahead<'scope> {
         let thread = std::thread::Builder::new()
             .name("oar-comm".into())
             .spawn_scoped(scope, move || {
-                let mut discarded = 0u64;
+                let (mut discarded, mut staleness) = (0u64, Staleness::default());
                 for job in rx {
                     let result: Result<(), crate::client::ClientError> = match job {
                         Job::Pull { ids, mut dense, mut rows } => {
@@ -85,12 +86,15 @@ impl<'scope> Ahead<'scope> {
                                 .collect();
                             client
                                 .push(h.trainer, h.step, h.pass, h.base_version, h.samples, Some(&p.dense), &tables)
-                                .map(|r| discarded += r.discarded as u64)
+                                .map(|r| {
+                                    discarded += r.discarded as u64;
+                                    staleness.add(r.staleness);
+                                })
                         }
                     };
                     result?;
                 }
-                Ok(discarded)
+                Ok((discarded, staleness))
             })
             .expect("spawning a thread only fails when the OS is out of resources");
         Ahead { jobs: Some(jobs), pulled, thread: Some(thread) }
@@ -133,8 +137,9 @@ impl<'scope> Ahead<'scope> {
         self.send(Job::Push(job))
     }
 
-    /// Waits for every queued job; returns the number of discarded pushes.
-    pub fn finish(mut self) -> anyhow::Result<u64> {
+    /// Waits for every queued job; returns the number of discarded pushes and how stale the
+    /// pushes arrived.
+    pub fn finish(mut self) -> anyhow::Result<(u64, Staleness)> {
         self.jobs = None;
         match self.thread.take().expect("finish is called once").join() {
             Ok(result) => result,

@@ -25,10 +25,10 @@ pub use store::{Lookups, StepHeader, Store, TableLookup};
 
 use crate::batch::Batch;
 use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
-use crate::client::{Client, ClientConfig};
+use crate::client::{Client, ClientConfig, PushReport};
 use crate::data::{shard_files, DataConfig, Reader, ReaderConfig, Schema};
 use crate::metrics::EvalReport;
-use crate::metrics::PassMetrics;
+use crate::metrics::{PassMetrics, Staleness};
 use crate::model::{Model, ModelConfig, Registry, Work};
 use crate::protocol::RowCreation;
 use crate::server::Mode;
@@ -160,6 +160,9 @@ pub struct TrainReport {
     pub time: StepTimes,
     /// Pushes the servers discarded as stale (async mode).
     pub discarded_pushes: u64,
+    /// How many updates behind this trainer's pushes arrived (async; local with a delay).
+    #[serde(default)]
+    pub staleness: Staleness,
     /// Data lines skipped as bad.
     pub bad_lines: u64,
 }
@@ -285,6 +288,7 @@ pub fn run_with(
         passes: Vec::new(),
         time: StepTimes::default(),
         discarded_pushes: 0,
+        staleness: Staleness::default(),
         bad_lines: 0,
     };
     let (mut step, mut bytes_before) = (0u64, 0u64);
@@ -304,6 +308,9 @@ pub fn run_with(
         let trains: Vec<EvalReport> = metrics.0.iter().map(PassMetrics::report).collect();
         for (name, t) in model.head_names().iter().zip(&trains) {
             tracing::info!(trainer = me, pass, samples = t.samples, head = %name, "pass done: {t}");
+        }
+        if report.staleness.count() > 0 {
+            tracing::info!(trainer = me, pass, "push staleness so far: {}", report.staleness);
         }
         let tests = end_pass(config, &mut store, &model, &schema, &spec, pass, step)?;
         let heads = if trains.len() > 1 {
@@ -403,36 +410,47 @@ impl Comms<'_, '_> {
         }
     }
 
-    /// Sends one step's gradients; returns the number of servers that discarded them.
-    fn push(&mut self, header: StepHeader, r: &Replica, lookups: &Lookups, dims: &[usize]) -> anyhow::Result<u64> {
+    /// Sends one step's gradients; says how many servers discarded them and how stale they
+    /// arrived (`None`: not known yet, the communication thread counts it).
+    fn push(
+        &mut self,
+        header: StepHeader,
+        r: &Replica,
+        lookups: &Lookups,
+        dims: &[usize],
+    ) -> anyhow::Result<Option<PushReport>> {
         match self {
             Comms::Direct { store, delay: 0, .. } => {
-                store.lock().push(&header, &r.grads, &lookups.grads(dims, &r.row_grads))
+                Ok(Some(store.lock().push(&header, &r.grads, &lookups.grads(dims, &r.row_grads))?))
             }
             Comms::Direct { store, delayed, delay, .. } => {
                 delayed.push_back(push_job(header, r, lookups));
-                while delayed.len() > *delay {
-                    let job = delayed.pop_front().expect("longer than the delay");
-                    store.lock().push(&job.header, &job.dense, &job_grads(&job, dims))?;
+                if delayed.len() <= *delay {
+                    return Ok(None); // applied later: counted when it is
                 }
-                Ok(0)
+                let job = delayed.pop_front().expect("longer than the delay");
+                let report = store.lock().push(&job.header, &job.dense, &job_grads(&job, dims))?;
+                Ok(Some(PushReport { staleness: *delay as u64, ..report }))
             }
             Comms::Ahead { ahead, .. } => {
                 ahead.push(push_job(header, r, lookups))?;
-                Ok(0)
+                Ok(None)
             }
         }
     }
 
-    /// Ends the pass's communication; returns pushes discarded that were not counted yet.
-    fn finish(self, dims: &[usize]) -> anyhow::Result<u64> {
+    /// Ends the pass's communication; returns what was not counted yet: discarded pushes and
+    /// the staleness of pushes.
+    fn finish(self, dims: &[usize]) -> anyhow::Result<(u64, Staleness)> {
         match self {
-            Comms::Direct { store, delayed, .. } => {
+            Comms::Direct { store, delayed, delay, .. } => {
                 // The pass ends with every computed update applied.
+                let mut staleness = Staleness::default();
                 for job in delayed {
                     store.lock().push(&job.header, &job.dense, &job_grads(&job, dims))?;
+                    staleness.add(delay as u64);
                 }
-                Ok(0)
+                Ok((0, staleness))
             }
             Comms::Ahead { ahead, .. } => ahead.finish(),
         }
@@ -454,6 +472,7 @@ fn job_grads<'a>(job: &'a PushJob, dims: &[usize]) -> Vec<crate::client::TableGr
 /// What one worker did in a pass.
 struct WorkerReport {
     metrics: HeadMetrics,
+    staleness: Staleness,
     times: StepTimes,
     samples: u64,
     discarded: u64,
@@ -556,6 +575,7 @@ impl PassLoop<'_> {
             report.time += r.times;
             report.samples += r.samples;
             report.discarded_pushes += r.discarded;
+            report.staleness.merge(&r.staleness);
             if workers == 1 {
                 report.train_seconds += r.train_seconds;
             }
@@ -582,6 +602,7 @@ impl PassLoop<'_> {
         let mut replicas: Vec<Replica> = (0..replicas).map(|_| Replica::default()).collect();
         let mut report = WorkerReport {
             metrics: HeadMetrics::new(model),
+            staleness: Staleness::default(),
             times: StepTimes::default(),
             samples: 0,
             discarded: 0,
@@ -599,7 +620,12 @@ impl PassLoop<'_> {
                 let t2 = Instant::now();
                 let n = p.batch.len();
                 let header = StepHeader { trainer: me, step, pass: self.pass, base_version: version, samples: n };
-                report.discarded += comms.push(header, &replicas[0], &p.lookups, dims)?;
+                if let Some(pushed) = comms.push(header, &replicas[0], &p.lookups, dims)? {
+                    report.discarded += pushed.discarded as u64;
+                    if c.mode == Mode::Async || c.delay > 0 {
+                        report.staleness.add(pushed.staleness);
+                    }
+                }
                 let t3 = Instant::now();
                 report.times.compute += (t2 - t1).as_secs_f64();
                 report.times.push += (t3 - t2).as_secs_f64();
@@ -633,7 +659,9 @@ impl PassLoop<'_> {
             failed.store(true, Relaxed);
         }
         result?;
-        report.discarded += comms.finish(dims)?;
+        let (discarded, staleness) = comms.finish(dims)?;
+        report.discarded += discarded;
+        report.staleness.merge(&staleness);
         Ok(report)
     }
 }

@@ -7,7 +7,7 @@ use hashbrown::HashMap;
 
 use crate::batch::Batch;
 use crate::checkpoint::{write_shard, ShardEntry};
-use crate::client::{Client, TableGrads, TableIds};
+use crate::client::{Client, PushReport, TableGrads, TableIds};
 use crate::model::TableRows;
 use crate::protocol::RowCreation;
 use crate::table::Shard;
@@ -61,18 +61,18 @@ impl Store {
         }
     }
 
-    /// Pushes one step's gradient sums; returns the number of servers that discarded it.
-    pub fn push(&mut self, header: &StepHeader, dense: &[f32], tables: &[TableGrads]) -> anyhow::Result<u64> {
+    /// Pushes one step's gradient sums; says how many servers discarded it and how stale it
+    /// arrived.
+    pub fn push(&mut self, header: &StepHeader, dense: &[f32], tables: &[TableGrads]) -> anyhow::Result<PushReport> {
         match self {
             Store::Local(shard) => {
                 let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.grads));
                 shard.apply(dense, sparse, header.samples as u64)?;
-                Ok(0)
+                Ok(PushReport { discarded: 0, staleness: 0 })
             }
             Store::Remote(client) => {
                 let h = header;
-                let r = client.push(h.trainer, h.step, h.pass, h.base_version, h.samples, Some(dense), tables)?;
-                Ok(r.discarded as u64)
+                Ok(client.push(h.trainer, h.step, h.pass, h.base_version, h.samples, Some(dense), tables)?)
             }
         }
     }

@@ -231,7 +231,11 @@ fn delayed_local_updates_are_deterministic_and_only_local() {
         let mut c = train_config(Mode::Local, &[], 0, 1, &train);
         c.delay = delay;
         c.output = Some(dir.path().join(name));
-        oar::train::run(&c, &|_, _| {}).unwrap();
+        let r = oar::train::run(&c, &|_, _| {}).unwrap();
+        // Every one of the 8 updates is applied (the last ones at the end of the pass), each
+        // `delay` updates late.
+        let expected = if delay == 0 { vec![] } else { [vec![0; delay], vec![8]].concat() };
+        assert_eq!(r.staleness.0, expected);
         load_params(&dir.path().join(name))
     };
     let (a, b, none) = (run("a", 3), run("b", 3), run("none", 0));

@@ -307,19 +307,30 @@ fn a_slow_trainers_stale_push_is_discarded_and_counted() {
     let grads = vec![0.01f32; dense.len()];
     let rows = [0.01f32; 10];
     let push = |c: &mut Client, trainer: usize, step: u64, version: u64| {
-        c.push(trainer, step, 1, version, 1, Some(&grads), &[TableGrads { table: 0, dim: 10, ids: &ids, grads: &rows }])
-            .unwrap()
-            .discarded
+        let r = c
+            .push(
+                trainer,
+                step,
+                1,
+                version,
+                1,
+                Some(&grads),
+                &[TableGrads { table: 0, dim: 10, ids: &ids, grads: &rows }],
+            )
+            .unwrap();
+        (r.discarded, r.staleness)
     };
     for step in 0..3 {
         let v = pull(&mut fast, &mut dense);
-        assert_eq!(push(&mut fast, 1, step, v), 0);
+        assert_eq!(push(&mut fast, 1, step, v), (0, 0));
     }
-    assert_eq!(push(&mut slow, 0, 0, slow_version), 1, "3 updates behind with a limit of 2: discarded");
+    assert_eq!(push(&mut slow, 0, 0, slow_version), (1, 3), "3 updates behind with a limit of 2: discarded");
     let v = pull(&mut slow, &mut dense);
-    assert_eq!(push(&mut slow, 0, 1, v), 0, "a fresh push is applied");
+    assert_eq!(push(&mut slow, 0, 1, v), (0, 0), "a fresh push is applied");
     let stats = slow.stats().unwrap().remove(0);
     assert_eq!((stats.discarded, stats.version), (1, 4));
+    // The server counted how stale each push arrived: four fresh ones, one 3 updates behind.
+    assert_eq!(stats.staleness.0, [4, 0, 0, 1]);
 }
 
 /// `trainer_count` threads in async mode train Hogwild-style over the trainer's shared
