@@ -104,6 +104,10 @@ impl PassMetrics {
             loss_kind: self.kind,
             loss: if self.samples == 0 { f64::NAN } else { self.loss_sum / self.samples as f64 },
             auc: if self.kind == Loss::LogLoss { auc(&self.probs, &self.labels) } else { None },
+            ctr: (self.kind == Loss::LogLoss && !self.probs.is_empty()).then(|| {
+                let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+                (mean(&self.probs), mean(&self.labels))
+            }),
         }
     }
 }
@@ -185,6 +189,10 @@ pub struct EvalReport {
     pub loss: f64,
     /// Exact AUC (log-loss models; None if one class is absent).
     pub auc: Option<f64>,
+    /// Log-loss models: the mean predicted click probability and the actual click rate
+    /// (calibration: a model whose mean prediction is off the actual rate is biased).
+    #[serde(default)]
+    pub ctr: Option<(f64, f64)>,
 }
 
 impl EvalReport {
@@ -202,10 +210,16 @@ impl EvalReport {
 impl std::fmt::Display for EvalReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.loss_kind {
-            Loss::LogLoss => match self.auc {
-                Some(a) => write!(f, "AUC {a:.4} log-loss {:.4}", self.loss),
-                None => write!(f, "AUC undefined (one class only) log-loss {:.4}", self.loss),
-            },
+            Loss::LogLoss => {
+                match self.auc {
+                    Some(a) => write!(f, "AUC {a:.4} log-loss {:.4}", self.loss)?,
+                    None => write!(f, "AUC undefined (one class only) log-loss {:.4}", self.loss)?,
+                }
+                match self.ctr {
+                    Some((predicted, actual)) => write!(f, " predicted CTR {predicted:.4} (actual {actual:.4})"),
+                    None => Ok(()),
+                }
+            }
             Loss::Square => write!(f, "MSE {:.3}", self.loss),
             Loss::Softmax => write!(f, "perplexity {:.2} (cross-entropy {:.4})", self.loss.exp(), self.loss),
         }

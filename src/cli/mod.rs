@@ -530,6 +530,25 @@ struct BenchArgs {
     /// x 2 workers, as a markdown table of test AUC, log-loss and samples/s.
     #[arg(long)]
     models: bool,
+    /// Instead: local vs sync vs async 2x2 quality of the CTR-DNN on --real (rotated through
+    /// --folds) and generated sets of --sizes lines under --seeds seeds, as paired differences.
+    #[arg(long)]
+    quality: bool,
+    /// --quality: the real Criteo sample (TSV) to rotate through folds.
+    #[arg(long)]
+    real: Option<PathBuf>,
+    /// --quality: folds of the real sample.
+    #[arg(long, default_value_t = 10)]
+    folds: usize,
+    /// --quality: generated set sizes in training lines.
+    #[arg(long, value_delimiter = ',', default_value = "200000,1000000")]
+    sizes: Vec<u64>,
+    /// --quality: seeds per generated size.
+    #[arg(long, default_value_t = 3)]
+    seeds: u64,
+    /// --quality: samples per update.
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
 }
 
 #[derive(Args)]
@@ -673,6 +692,14 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             }
             Ok(())
         }
+        Command::Bench(a) if a.quality => crate::bench::quality::run(&crate::bench::quality::QualityConfig {
+            real: a.real,
+            folds: a.folds,
+            sizes: a.sizes,
+            seeds: a.seeds,
+            batch: a.batch,
+            exe: std::env::current_exe().context("cannot find the oar binary")?,
+        }),
         Command::Bench(a) => crate::bench::run(&crate::bench::BenchConfig {
             dense_floats: a.dense_floats,
             sparse_keys: a.sparse_keys,

@@ -42,14 +42,14 @@ pub struct BenchConfig {
 
 /// The model zoo's job files (`examples/zoo/`, and the CTR-DNN), built in.
 pub const ZOO: [(&str, &str); 8] = [
-    ("LR", include_str!("../examples/zoo/lr.toml")),
-    ("FM", include_str!("../examples/zoo/fm.toml")),
-    ("Wide&Deep", include_str!("../examples/zoo/wide_deep.toml")),
-    ("DeepFM", include_str!("../examples/zoo/deepfm.toml")),
-    ("DCN", include_str!("../examples/zoo/dcn.toml")),
-    ("DCN-V2", include_str!("../examples/zoo/dcn_v2.toml")),
-    ("DLRM", include_str!("../examples/zoo/dlrm.toml")),
-    ("CTR-DNN", include_str!("../examples/ctr_dnn.toml")),
+    ("LR", include_str!("../../examples/zoo/lr.toml")),
+    ("FM", include_str!("../../examples/zoo/fm.toml")),
+    ("Wide&Deep", include_str!("../../examples/zoo/wide_deep.toml")),
+    ("DeepFM", include_str!("../../examples/zoo/deepfm.toml")),
+    ("DCN", include_str!("../../examples/zoo/dcn.toml")),
+    ("DCN-V2", include_str!("../../examples/zoo/dcn_v2.toml")),
+    ("DLRM", include_str!("../../examples/zoo/dlrm.toml")),
+    ("CTR-DNN", include_str!("../../examples/ctr_dnn.toml")),
 ];
 
 /// An `oar pserver` child process, so its CPU time can be read from `/proc`.
@@ -315,6 +315,8 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
     })
 }
 
+pub mod quality;
+
 /// One training measurement.
 struct TrainRun {
     name: String,
@@ -322,12 +324,14 @@ struct TrainRun {
     loop_samples_per_sec: f64,
     auc: Option<f64>,
     log_loss: f64,
+    /// Mean predicted and actual click rate on the test set.
+    ctr: Option<(f64, f64)>,
 }
 
 /// The CTR-DNN of `examples/ctr_dnn_graph.toml`: the default job's model written as a layer
 /// graph.
 pub fn ctr_dnn_graph() -> crate::config::JobConfig {
-    toml::from_str(include_str!("../examples/ctr_dnn_graph.toml")).expect("the example job file parses")
+    toml::from_str(include_str!("../../examples/ctr_dnn_graph.toml")).expect("the example job file parses")
 }
 
 fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form: &str) -> anyhow::Result<TrainRun> {
@@ -365,6 +369,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         loop_samples_per_sec: r.samples as f64 / r.train_seconds,
         auc: r.passes.last().and_then(|p| p.test.as_ref()).and_then(|t| t.auc),
         log_loss: r.passes.last().and_then(|p| p.test.as_ref()).map_or(f64::NAN, |t| t.loss),
+        ctr: r.passes.last().and_then(|p| p.test.as_ref()).and_then(|t| t.ctr),
     })
 }
 
@@ -375,10 +380,22 @@ fn train_cluster(
     job: crate::config::JobConfig,
     form: &str,
 ) -> anyhow::Result<TrainRun> {
+    train_cluster_in(Mode::Async, data, exe, logs, job, form)
+}
+
+/// 2 servers x 2 workers in `mode`, as processes.
+fn train_cluster_in(
+    mode: Mode,
+    data: &Path,
+    exe: &Path,
+    logs: &Path,
+    job: crate::config::JobConfig,
+    form: &str,
+) -> anyhow::Result<TrainRun> {
     let s = crate::launch::run(&crate::launch::LaunchConfig {
         servers: 2,
         workers: 2,
-        mode: Mode::Async,
+        mode,
         job,
         train: data.join("train"),
         test: Some(data.join("test")),
@@ -390,11 +407,12 @@ fn train_cluster(
         registry: Default::default(),
     })?;
     Ok(TrainRun {
-        name: format!("2 servers x 2 workers, async, {form}"),
+        name: format!("2 servers x 2 workers, {mode}, {form}"),
         samples_per_sec: s.samples_per_sec,
         loop_samples_per_sec: s.train_loop_samples_per_sec,
         auc: s.test.as_ref().and_then(|t| t.auc),
         log_loss: s.test.as_ref().map_or(f64::NAN, |t| t.loss),
+        ctr: s.test.as_ref().and_then(|t| t.ctr),
     })
 }
 

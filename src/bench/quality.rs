@@ -1,0 +1,148 @@
+//! `oar bench --quality`: does distributed training learn as well as local training, at every
+//! data size? Local (1 thread), sync and async 2 servers x 2 workers (real processes, as
+//! `oar launch`) train the CTR-DNN on the same data: the real Criteo sample rotated through
+//! folds, and generated sets of the given sizes under several seeds. Each distributed run is
+//! paired with the local run on the same fold or seed, and the table gives the mean and the
+//! standard deviation of the paired AUC differences, so the gap is read beside its spread.
+//!
+//! Samples per update match: local and async take `batch` samples per update; sync trainers
+//! take `batch / 2` each, merged into one update of `batch`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{train_cluster_in, train_local, TrainRun};
+use crate::config::JobConfig;
+use crate::server::Mode;
+
+/// What `oar bench --quality` runs.
+#[derive(Clone, Debug)]
+pub struct QualityConfig {
+    /// The real Criteo sample (a TSV file), rotated through `folds` folds; skipped if absent.
+    pub real: Option<PathBuf>,
+    /// Folds of the real sample (each the test set once, the rest the training set).
+    pub folds: usize,
+    /// Generated data set sizes (training lines; the test set is a tenth of it).
+    pub sizes: Vec<u64>,
+    /// Seeds per generated size (data and model initialization).
+    pub seeds: u64,
+    /// Samples per update.
+    pub batch: usize,
+    /// The `oar` binary, for the launched clusters.
+    pub exe: PathBuf,
+}
+
+/// One pairing of local, sync and async runs.
+struct Trio {
+    local: TrainRun,
+    sync: TrainRun,
+    async_: TrainRun,
+}
+
+/// Mean and sample standard deviation.
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+fn trio(data: &Path, exe: &Path, logs: &Path, batch: usize, seed: u64) -> anyhow::Result<Trio> {
+    let mut job = JobConfig::default();
+    job.model.seed = seed;
+    job.train.log_every = 0;
+    job.train.batch_size = batch;
+    let local = train_local(data, 1, job.clone(), "quality")?;
+    let async_ = train_cluster_in(Mode::Async, data, exe, logs, job.clone(), "quality")?;
+    job.train.batch_size = batch / 2;
+    let sync = train_cluster_in(Mode::Sync, data, exe, logs, job, "quality")?;
+    Ok(Trio { local, sync, async_ })
+}
+
+/// Writes fold `k` of `lines` as `dir/train/part-00000..1` (the other folds, halved) and
+/// `dir/test/part-00000`.
+fn write_fold(lines: &[&str], folds: usize, k: usize, dir: &Path) -> anyhow::Result<()> {
+    let (start, end) = (k * lines.len() / folds, (k + 1) * lines.len() / folds);
+    let train: Vec<&str> = lines[..start].iter().chain(&lines[end..]).copied().collect();
+    for sub in ["train", "test"] {
+        std::fs::create_dir_all(dir.join(sub))?;
+    }
+    let write = |path: PathBuf, part: &[&str]| -> anyhow::Result<()> {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+        part.iter().try_for_each(|l| writeln!(f, "{l}"))?;
+        Ok(())
+    };
+    let half = train.len() / 2;
+    write(dir.join("train/part-00000"), &train[..half])?;
+    write(dir.join("train/part-00001"), &train[half..])?;
+    write(dir.join("test/part-00000"), &lines[start..end])
+}
+
+/// Runs the comparison and prints one row per data set.
+pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        config.batch >= 2 && config.folds >= 2 && config.seeds >= 1,
+        "--quality needs batch >= 2, folds >= 2, seeds >= 1"
+    );
+    let tmp = std::env::temp_dir().join(format!("oar-quality-{}", std::process::id()));
+    let logs = tmp.join("logs");
+    let mut rows: Vec<(String, Vec<Trio>)> = Vec::new();
+    if let Some(real) = config.real.as_deref().filter(|p| p.is_file()) {
+        let text = std::fs::read_to_string(real)?;
+        let lines: Vec<&str> = text.lines().collect();
+        let mut trios = Vec::new();
+        for k in 0..config.folds {
+            let dir = tmp.join(format!("fold-{k}"));
+            write_fold(&lines, config.folds, k, &dir)?;
+            trios.push(trio(&dir, &config.exe, &logs, config.batch, k as u64 + 1)?);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        rows.push((format!("real Criteo, {} lines, {} folds", lines.len(), config.folds), trios));
+    }
+    for &size in &config.sizes {
+        let mut trios = Vec::new();
+        for seed in 1..=config.seeds {
+            let dir = tmp.join(format!("gen-{size}-{seed}"));
+            crate::data::gen::generate(&crate::data::gen::GenConfig {
+                lines: size,
+                test_lines: (size / 10).max(1000),
+                seed,
+                parts: 2,
+                out: dir.clone(),
+            })?;
+            trios.push(trio(&dir, &config.exe, &logs, config.batch, seed)?);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        rows.push((format!("generated, {size} lines, {} seeds", config.seeds), trios));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!(
+        "CTR-DNN, 1 pass, {} samples per update; sync 2x2 and async 2x2 against local, paired by fold or seed (mean +- sd)",
+        config.batch
+    );
+    println!(
+        "| data | local AUC | sync - local | async - local | async predicted / actual CTR | async log-loss - local |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (name, trios) in &rows {
+        let auc = |r: &TrainRun| r.auc.unwrap_or(f64::NAN);
+        let local: Vec<f64> = trios.iter().map(|t| auc(&t.local)).collect();
+        let sync: Vec<f64> = trios.iter().map(|t| auc(&t.sync) - auc(&t.local)).collect();
+        let asy: Vec<f64> = trios.iter().map(|t| auc(&t.async_) - auc(&t.local)).collect();
+        let ctr: Vec<f64> = trios.iter().filter_map(|t| t.async_.ctr.map(|(p, a)| p / a)).collect();
+        let ll: Vec<f64> = trios.iter().map(|t| t.async_.log_loss - t.local.log_loss).collect();
+        let f = |v: &[f64], d: usize| {
+            let (m, s) = mean_sd(v);
+            format!("{m:+.d$} +- {s:.d$}")
+        };
+        let (lm, ls) = mean_sd(&local);
+        println!(
+            "| {name} | {lm:.4} +- {ls:.4} | {} | {} | {} | {} |",
+            f(&sync, 4),
+            f(&asy, 4),
+            f(&ctr, 3).trim_start_matches('+'),
+            f(&ll, 4)
+        );
+    }
+    Ok(())
+}
