@@ -34,6 +34,9 @@ pub struct TrainSettings {
     /// Local mode only: apply each update this many steps after it was computed (a
     /// deterministic stand-in for async staleness).
     pub delay: usize,
+    /// Async mode with one thread: pull the next batch's parameters while this one computes
+    /// (hides the network, adds about one step of staleness per trainer).
+    pub pull_ahead: bool,
 }
 
 impl Default for TrainSettings {
@@ -48,6 +51,7 @@ impl Default for TrainSettings {
             lag_ratio: 2.5,
             is_local: false,
             delay: 0,
+            pull_ahead: true,
         }
     }
 }

@@ -359,7 +359,8 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         skip_bad_lines: false,
         connect_timeout: Duration::from_secs(10),
         reply_timeout: Duration::from_secs(600),
-        delay: 0,
+        delay: job.train.delay,
+        pull_ahead: job.train.pull_ahead,
     };
     let r = crate::train::run(&config, &|_, _| {})?;
     let wall = started.elapsed().as_secs_f64();

@@ -28,6 +28,8 @@ pub struct QualityConfig {
     pub seeds: u64,
     /// Samples per update.
     pub batch: usize,
+    /// Training settings of every run (batch size and log interval are set here).
+    pub train: crate::config::TrainSettings,
     /// The `oar` binary, for the launched clusters.
     pub exe: PathBuf,
 }
@@ -47,8 +49,9 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-fn trio(data: &Path, exe: &Path, logs: &Path, batch: usize, seed: u64) -> anyhow::Result<Trio> {
-    let mut job = JobConfig::default();
+fn trio(config: &QualityConfig, data: &Path, logs: &Path, seed: u64) -> anyhow::Result<Trio> {
+    let (exe, batch) = (&config.exe, config.batch);
+    let mut job = JobConfig { train: config.train.clone(), ..JobConfig::default() };
     job.model.seed = seed;
     job.train.log_every = 0;
     job.train.batch_size = batch;
@@ -94,7 +97,7 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
         for k in 0..config.folds {
             let dir = tmp.join(format!("fold-{k}"));
             write_fold(&lines, config.folds, k, &dir)?;
-            trios.push(trio(&dir, &config.exe, &logs, config.batch, k as u64 + 1)?);
+            trios.push(trio(config, &dir, &logs, k as u64 + 1)?);
             let _ = std::fs::remove_dir_all(&dir);
         }
         rows.push((format!("real Criteo, {} lines, {} folds", lines.len(), config.folds), trios));
@@ -110,15 +113,15 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
                 parts: 2,
                 out: dir.clone(),
             })?;
-            trios.push(trio(&dir, &config.exe, &logs, config.batch, seed)?);
+            trios.push(trio(config, &dir, &logs, seed)?);
             let _ = std::fs::remove_dir_all(&dir);
         }
         rows.push((format!("generated, {size} lines, {} seeds", config.seeds), trios));
     }
     let _ = std::fs::remove_dir_all(&tmp);
     println!(
-        "CTR-DNN, 1 pass, {} samples per update; sync 2x2 and async 2x2 against local, paired by fold or seed (mean +- sd)",
-        config.batch
+        "CTR-DNN, 1 pass, {} samples per update, pull_ahead {}; sync 2x2 and async 2x2 against local, paired by fold or seed (mean +- sd)",
+        config.batch, config.train.pull_ahead
     );
     println!(
         "| data | local AUC | sync - local | async - local | async predicted / actual CTR | async log-loss - local |"

@@ -332,6 +332,10 @@ struct JobArgs {
     /// effect of async staleness without a network, deterministically).
     #[arg(long, env = "OAR_DELAY")]
     delay: Option<usize>,
+    /// Async mode with one thread: pull the next batch's parameters while this one computes
+    /// [default: true].
+    #[arg(long, env = "OAR_PULL_AHEAD")]
+    pull_ahead: Option<bool>,
     /// Train in this process, without servers, whatever else the job says.
     #[arg(long, alias = "is_local", env = "OAR_IS_LOCAL", num_args = 0..=1, default_missing_value = "true")]
     is_local: Option<bool>,
@@ -373,6 +377,7 @@ impl JobArgs {
         set(&mut t.timeout_secs, self.timeout);
         set(&mut t.lag_ratio, self.lag_ratio);
         set(&mut t.delay, self.delay);
+        set(&mut t.pull_ahead, self.pull_ahead);
         t.skip_bad_lines |= self.skip_bad_lines;
         set(&mut t.is_local, self.is_local);
         if let Some(command) = &self.pipe_command {
@@ -549,6 +554,9 @@ struct BenchArgs {
     /// --quality: samples per update.
     #[arg(long, default_value_t = 512)]
     batch: usize,
+    /// --quality: a job file whose [train] settings (e.g. pull_ahead) every run uses.
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -698,6 +706,10 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             sizes: a.sizes,
             seeds: a.seeds,
             batch: a.batch,
+            train: match &a.config {
+                Some(path) => JobConfig::from_file(path)?.train,
+                None => Default::default(),
+            },
             exe: std::env::current_exe().context("cannot find the oar binary")?,
         }),
         Command::Bench(a) => crate::bench::run(&crate::bench::BenchConfig {
@@ -1092,6 +1104,7 @@ fn train(mut a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Resul
         connect_timeout: timeout.min(Duration::from_secs(60)),
         reply_timeout: timeout + Duration::from_secs(30),
         delay: job.train.delay,
+        pull_ahead: job.train.pull_ahead,
     };
     let mine = crate::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
     // A resumed job trains only the passes after the saved one.

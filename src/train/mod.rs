@@ -85,6 +85,13 @@ pub struct TrainConfig {
     /// the effect of staleness is measured without a network, deterministically.
     #[serde(default)]
     pub delay: usize,
+    /// Async mode with one thread: pull the next batch's parameters while this one computes.
+    #[serde(default = "yes")]
+    pub pull_ahead: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl TrainConfig {
@@ -510,7 +517,7 @@ impl PassLoop<'_> {
         let started = Instant::now();
         let reader = Mutex::new(reader);
         let (client, shared) = match store {
-            Store::Remote(client) if remote_async && workers == 1 => (Some(&mut **client), None),
+            Store::Remote(client) if remote_async && workers == 1 && c.pull_ahead => (Some(&mut **client), None),
             other => (None, Some(Mutex::new(other))),
         };
         let results: Vec<anyhow::Result<WorkerReport>> = std::thread::scope(|scope| {

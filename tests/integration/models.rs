@@ -257,3 +257,31 @@ fn a_two_headed_model_trains_both_heads_and_reports_each() {
     ]);
     assert!(text(&out).contains("head ctr: AUC") && text(&out).contains("head cvr: AUC"), "{}", text(&out));
 }
+
+/// Async training with and without pulling ahead: every sample is trained once and every push
+/// is counted in the trainer's staleness histogram (the comparison of their quality is `oar
+/// bench --quality`).
+#[test]
+fn async_training_pulls_ahead_or_not_and_counts_every_pushs_staleness() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 2, 2000, 100);
+    for pull_ahead in [true, false] {
+        let cluster = start_cluster(2, 2, Mode::Async, None);
+        let configs = (0..2)
+            .map(|t| {
+                let mut c = train_config(Mode::Async, &cluster, t, 2, &train);
+                c.pull_ahead = pull_ahead;
+                c
+            })
+            .collect();
+        let reports = run_trainers(configs);
+        for s in cluster {
+            let stats = s.handle.join().unwrap();
+            assert_eq!(stats.staleness.count(), 2 * 2000u64.div_ceil(32), "the server counted every push");
+        }
+        for r in &reports {
+            assert_eq!(r.samples, 2000, "pull_ahead {pull_ahead}");
+            assert_eq!(r.staleness.count(), 2000u64.div_ceil(32), "pull_ahead {pull_ahead}: every push counted");
+        }
+    }
+}

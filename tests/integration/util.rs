@@ -111,6 +111,7 @@ pub fn train_config(
         connect_timeout: Duration::from_secs(10),
         reply_timeout: Duration::from_secs(90),
         delay: 0,
+        pull_ahead: true,
     }
 }
 
