@@ -363,29 +363,20 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         pull_ahead: job.train.pull_ahead,
     };
     let r = crate::train::run(&config, &|_, _| {})?;
+    let test = r.passes.last().and_then(|p| p.test.as_ref());
     let wall = started.elapsed().as_secs_f64();
     Ok(TrainRun {
         name: format!("local, {threads} thread(s), {form}"),
         samples_per_sec: r.samples as f64 / wall,
         loop_samples_per_sec: r.samples as f64 / r.train_seconds,
-        auc: r.passes.last().and_then(|p| p.test.as_ref()).and_then(|t| t.auc),
-        log_loss: r.passes.last().and_then(|p| p.test.as_ref()).map_or(f64::NAN, |t| t.loss),
-        ctr: r.passes.last().and_then(|p| p.test.as_ref()).and_then(|t| t.ctr),
+        auc: test.and_then(|t| t.auc),
+        log_loss: test.map_or(f64::NAN, |t| t.loss),
+        ctr: test.and_then(|t| t.ctr),
     })
 }
 
-fn train_cluster(
-    data: &Path,
-    exe: &Path,
-    logs: &Path,
-    job: crate::config::JobConfig,
-    form: &str,
-) -> anyhow::Result<TrainRun> {
-    train_cluster_in(Mode::Async, data, exe, logs, job, form)
-}
-
 /// 2 servers x 2 workers in `mode`, as processes.
-fn train_cluster_in(
+fn train_cluster(
     mode: Mode,
     data: &Path,
     exe: &Path,
@@ -427,7 +418,7 @@ fn models(data: &Path, exe: &Path) -> anyhow::Result<()> {
     for (name, text) in ZOO {
         let job: crate::config::JobConfig = toml::from_str(text)?;
         let local = train_local(data, 1, job.clone(), name)?;
-        let dist = train_cluster(data, exe, &logs, job, name)?;
+        let dist = train_cluster(Mode::Async, data, exe, &logs, job, name)?;
         let auc = |r: &TrainRun| r.auc.map_or("-".into(), |a| format!("{a:.4}"));
         println!(
             "| {name} | {} | {:.4} | {:.0} | {} | {:.4} | {:.0} |",
@@ -515,8 +506,8 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         train_local(&data, 1, shorthand.clone(), "shorthand")?,
         train_local(&data, 1, graph.clone(), "layer graph")?,
         train_local(&data, 2, shorthand.clone(), "shorthand")?,
-        train_cluster(&data, &config.exe, &logs, shorthand, "shorthand")?,
-        train_cluster(&data, &config.exe, &logs, graph, "layer graph")?,
+        train_cluster(Mode::Async, &data, &config.exe, &logs, shorthand, "shorthand")?,
+        train_cluster(Mode::Async, &data, &config.exe, &logs, graph, "layer graph")?,
     ];
     let base = runs[0].samples_per_sec;
     for r in &runs {

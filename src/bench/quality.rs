@@ -11,7 +11,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{train_cluster_in, train_local, TrainRun};
+use super::{train_cluster, train_local, TrainRun};
 use crate::config::JobConfig;
 use crate::server::Mode;
 
@@ -56,9 +56,9 @@ fn trio(config: &QualityConfig, data: &Path, logs: &Path, seed: u64) -> anyhow::
     job.train.log_every = 0;
     job.train.batch_size = batch;
     let local = train_local(data, 1, job.clone(), "quality")?;
-    let async_ = train_cluster_in(Mode::Async, data, exe, logs, job.clone(), "quality")?;
+    let async_ = train_cluster(Mode::Async, data, exe, logs, job.clone(), "quality")?;
     job.train.batch_size = batch / 2;
-    let sync = train_cluster_in(Mode::Sync, data, exe, logs, job, "quality")?;
+    let sync = train_cluster(Mode::Sync, data, exe, logs, job, "quality")?;
     Ok(Trio { local, sync, async_ })
 }
 

@@ -4,6 +4,17 @@ use super::{dropout_backward, dropout_forward, one_input};
 use crate::nn::layer::{Ctx, Layer, LayerArgs, Shape};
 use crate::nn::Activation;
 
+/// The backward of an element-wise layer: `dy` transformed by `map` (in `scratch`), added into
+/// the one input's gradient if it is asked for.
+fn add_mapped(dx: &mut [Option<&mut [f32]>], dy: &[f32], scratch: &mut [f32], map: impl FnOnce(&mut [f32])) {
+    if let Some(dx) = dx[0].as_deref_mut() {
+        let g = &mut scratch[..dy.len()];
+        g.copy_from_slice(dy);
+        map(g);
+        dx.iter_mut().zip(g.iter()).for_each(|(d, g)| *d += g);
+    }
+}
+
 /// An activation as a layer of its own (`relu`, `sigmoid`, `tanh`).
 #[derive(Debug)]
 pub struct ActivationLayer {
@@ -37,7 +48,7 @@ impl Layer for ActivationLayer {
 
     fn backward(
         &self,
-        ctx: &Ctx,
+        _: &Ctx,
         _: &[f32],
         _: &[&[f32]],
         y: &[f32],
@@ -46,12 +57,7 @@ impl Layer for ActivationLayer {
         _: &mut [f32],
         dx: &mut [Option<&mut [f32]>],
     ) {
-        if let Some(dx) = dx[0].as_deref_mut() {
-            let g = &mut scratch[..ctx.rows * self.shape.size()];
-            g.copy_from_slice(dy);
-            self.activation.backward(y, g);
-            dx.iter_mut().zip(g.iter()).for_each(|(d, g)| *d += g);
-        }
+        add_mapped(dx, dy, scratch, |g| self.activation.backward(y, g));
     }
 }
 
@@ -103,12 +109,7 @@ impl Layer for DropoutLayer {
         _: &mut [f32],
         dx: &mut [Option<&mut [f32]>],
     ) {
-        if let Some(dx) = dx[0].as_deref_mut() {
-            let g = &mut scratch[..ctx.rows * self.shape.size()];
-            g.copy_from_slice(dy);
-            dropout_backward(ctx, self.salt, self.rate, self.shape.size(), g);
-            dx.iter_mut().zip(g.iter()).for_each(|(d, g)| *d += g);
-        }
+        add_mapped(dx, dy, scratch, |g| dropout_backward(ctx, self.salt, self.rate, self.shape.size(), g));
     }
 }
 
