@@ -413,7 +413,7 @@ mod tests {
         shard.sparse[0].pull(&ids, &mut rows, true).unwrap();
         shard.sparse[0].push(&ids, &[0.5; 12], 1.0).unwrap();
         let n = shard.dense.lock().len();
-        shard.dense.lock().apply(&vec![1.0; n], 1.0).unwrap();
+        shard.dense.lock().apply(&vec![1.0; n], 1.0, 1.0).unwrap();
 
         let (name, bytes, crc) = write_shard(&shard, dir.path()).unwrap();
         let path = dir.path().join(&name);

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
-    read_frame_blocking, read_reply_blocking, write_frame_blocking, Declaration, DenseSelection, Frame, FrameBuf,
-    Hello, ProtocolError, Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds,
-    DEFAULT_MAX_FRAME, NOT_A_TRAINER, PROTOCOL_VERSION,
+    read_frame_blocking, read_reply_blocking, write_frame_blocking, Apply, Declaration, DenseSelection, Frame,
+    FrameBuf, Hello, ProtocolError, Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads,
+    SparseIds, DEFAULT_MAX_FRAME, NOT_A_TRAINER, PROTOCOL_VERSION,
 };
 use crate::server::ServerStats;
 use crate::table::TableSpec;
@@ -191,6 +191,23 @@ pub struct TableGrads<'a> {
     pub ids: &'a [u64],
     /// `dim` floats per id.
     pub grads: &'a [f32],
+}
+
+/// Who pushes which step: the numbers every push carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepHeader {
+    /// Trainer id.
+    pub trainer: usize,
+    /// The trainer's step number (for messages; sync servers number steps themselves).
+    pub step: u64,
+    /// Pass number.
+    pub pass: u32,
+    /// Server version the gradients were computed from (the staleness check).
+    pub base_version: u64,
+    /// Samples the gradient sums cover.
+    pub samples: usize,
+    /// How async servers apply it.
+    pub apply: Apply,
 }
 
 /// What a push reports back.
@@ -404,17 +421,13 @@ impl Client {
     /// Pushes one step's gradient sums over `samples` samples: the dense gradient (full flat
     /// vector, optional; each server's blocks are sent from where they lie, not gathered) and
     /// sparse gradients per table, each split by owner.
-    #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
-        trainer: usize,
-        step: u64,
-        pass: u32,
-        base_version: u64,
-        samples: usize,
+        header: &StepHeader,
         dense: Option<&[f32]>,
         tables: &[TableGrads],
     ) -> Result<PushReport, ClientError> {
+        let StepHeader { trainer, step, pass, base_version, samples, apply } = *header;
         let layout = self.layout()?;
         if let Some(d) = dense {
             if d.len() != layout.total {
@@ -435,6 +448,7 @@ impl Client {
                 base_version,
                 samples: samples as u64,
                 part: PushPart::Whole,
+                apply,
                 dense: dense
                     .map(|d| layout.blocks_of(s).map(|b| Cow::Borrowed(&d[layout.block_range(b)])).collect())
                     .unwrap_or_default(),

@@ -37,6 +37,11 @@ pub struct TrainSettings {
     /// Async mode with one thread: pull the next batch's parameters while this one computes
     /// (hides the network, adds about one step of staleness per trainer).
     pub pull_ahead: bool,
+    /// Async mode: the first this many updates are synchronous steps at the per-trainer batch
+    /// / trainers, i.e. local training's updates, before the pushes go async.
+    pub sync_warmup: u64,
+    /// Async mode: divide the dense learning rate of a push `k > 1` updates stale by `k`.
+    pub scale_stale_steps: bool,
 }
 
 impl Default for TrainSettings {
@@ -52,6 +57,8 @@ impl Default for TrainSettings {
             is_local: false,
             delay: 0,
             pull_ahead: true,
+            sync_warmup: crate::train::DEFAULT_SYNC_WARMUP,
+            scale_stale_steps: crate::train::DEFAULT_SCALE_STALE_STEPS,
         }
     }
 }

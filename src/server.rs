@@ -10,7 +10,8 @@
 //! last arrival merges the gradients in trainer order (so the sum is the same whatever the
 //! arrival order), applies one update, and every parked push is answered. Async mode: a push is
 //! applied at once, unless it was computed from parameters more than `lag_ratio x trainers`
-//! updates old, in which case it is discarded and counted.
+//! updates old, in which case it is discarded and counted; pushes marked `sync` (the warm-up's
+//! steps) take the sync path there too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -26,8 +27,8 @@ use tokio::sync::watch;
 
 use crate::checkpoint::{write_shard, Manifest};
 use crate::protocol::{
-    encode_values, read_frame, write_frame, Declaration, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Pull,
-    Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
+    encode_values, read_frame, write_frame, Apply, Declaration, DenseSelection, ErrorCode, FrameBuf, ProtocolError,
+    Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
 };
 use crate::table::Shard;
 
@@ -510,10 +511,12 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         Request::Hello(_) => unreachable!("handled by handle_hello"),
         Request::Declare(declaration) => declare(state, declaration),
         Request::Pull(pull) => self::pull(state, pull, std::mem::take(scratch)),
-        Request::Push(push) => match state.config.mode {
-            Mode::Sync => push_sync(state, push).await,
-            _ => push_async(state, push),
-        },
+        // An async server merges the steps trainers mark synchronous: the warm-up, which every
+        // trainer ends at the same step (see `TrainConfig::sync_warmup`), before any async push.
+        Request::Push(push) if state.config.mode == Mode::Sync || push.apply == Apply::Merged => {
+            push_sync(state, push).await
+        }
+        Request::Push(push) => push_async(state, push),
         Request::Barrier { trainer, epoch } => barrier(state, trainer, epoch).await,
         Request::Save { dir } => {
             let shard = state.shard()?;
@@ -589,9 +592,17 @@ fn table_err(e: crate::table::TableError) -> (ErrorCode, String) {
     (ErrorCode::Table, e.to_string())
 }
 
-/// Applies one push (or several merged) to the shard; gradients are sums over `samples`.
-fn apply(shard: &Shard, dense: &[f32], sparse: &[SparseGrads], samples: u64) -> Result<(), (ErrorCode, String)> {
-    shard.apply(dense, sparse.iter().map(|s| (s.table as usize, &s.ids[..], &s.grads[..])), samples).map_err(table_err)
+/// Applies one push (or several merged) to the shard; gradients are sums over `samples`, the
+/// dense learning rate times `dense_lr_factor`.
+fn apply(
+    shard: &Shard,
+    dense: &[f32],
+    sparse: &[SparseGrads],
+    samples: u64,
+    dense_lr_factor: f32,
+) -> Result<(), (ErrorCode, String)> {
+    let sparse = sparse.iter().map(|s| (s.table as usize, &s.ids[..], &s.grads[..]));
+    shard.apply(dense, sparse, samples, dense_lr_factor).map_err(table_err)
 }
 
 fn push_async(state: &State, push: Push<'_>) -> Reply {
@@ -609,7 +620,9 @@ fn push_async(state: &State, push: Push<'_>) -> Reply {
         return Ok(Answer::Response(Response::Pushed { outcome: PushOutcome::Discarded, version }));
     }
     c.keys_pushed.fetch_add(push.sparse.iter().map(|s| s.ids.len() as u64).sum(), Relaxed);
-    apply(&shard, &push.dense_contiguous(), &push.sparse, push.samples)?;
+    // Sparse rows keep their step: a row's own staleness is not the server's version count.
+    let factor = push.apply.dense_lr_factor(behind);
+    apply(&shard, &push.dense_contiguous(), &push.sparse, push.samples, factor)?;
     // The sparse half of a split push is part of the update its dense half counts.
     let version = if push.part == PushPart::Sparse { version } else { c.version.fetch_add(1, Relaxed) + 1 };
     Ok(Answer::Response(Response::Pushed { outcome: PushOutcome::Applied, version }))
@@ -698,7 +711,7 @@ fn try_complete_step(state: &State, shard: &Shard, pending: &mut SyncStep) -> Re
     }
     let sparse = merge_sparse(shard, pushes.values())?;
     let keys: u64 = sparse.iter().map(|s| s.ids.len() as u64).sum();
-    let result = apply(shard, &dense, &sparse, samples);
+    let result = apply(shard, &dense, &sparse, samples, 1.0);
     state.counters.keys_pushed.fetch_add(keys, Relaxed);
     state.counters.version.fetch_add(1, Relaxed);
     pending.step += 1;

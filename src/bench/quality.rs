@@ -102,7 +102,7 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
         }
         rows.push((format!("real Criteo, {} lines, {} folds", lines.len(), config.folds), trios));
     }
-    for &size in &config.sizes {
+    for &size in config.sizes.iter().filter(|&&s| s > 0) {
         let mut trios = Vec::new();
         for seed in 1..=config.seeds {
             let dir = tmp.join(format!("gen-{size}-{seed}"));

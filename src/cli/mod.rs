@@ -336,6 +336,14 @@ struct JobArgs {
     /// [default: true].
     #[arg(long, env = "OAR_PULL_AHEAD")]
     pull_ahead: Option<bool>,
+    /// Async mode: make the first N updates synchronous steps (each trainer's batch split in
+    /// as many parts as trainers, so an update covers the batch size), then go async.
+    #[arg(long, env = "OAR_SYNC_WARMUP")]
+    sync_warmup: Option<u64>,
+    /// Async mode: a push computed from parameters k > 1 updates old moves the dense weights
+    /// with the learning rate / k.
+    #[arg(long, env = "OAR_SCALE_STALE_STEPS")]
+    scale_stale_steps: Option<bool>,
     /// Train in this process, without servers, whatever else the job says.
     #[arg(long, alias = "is_local", env = "OAR_IS_LOCAL", num_args = 0..=1, default_missing_value = "true")]
     is_local: Option<bool>,
@@ -378,6 +386,8 @@ impl JobArgs {
         set(&mut t.lag_ratio, self.lag_ratio);
         set(&mut t.delay, self.delay);
         set(&mut t.pull_ahead, self.pull_ahead);
+        set(&mut t.sync_warmup, self.sync_warmup);
+        set(&mut t.scale_stale_steps, self.scale_stale_steps);
         t.skip_bad_lines |= self.skip_bad_lines;
         set(&mut t.is_local, self.is_local);
         if let Some(command) = &self.pipe_command {
@@ -545,7 +555,7 @@ struct BenchArgs {
     /// --quality: folds of the real sample.
     #[arg(long, default_value_t = 10)]
     folds: usize,
-    /// --quality: generated set sizes in training lines.
+    /// --quality: generated set sizes in training lines (0: none).
     #[arg(long, value_delimiter = ',', default_value = "200000,1000000")]
     sizes: Vec<u64>,
     /// --quality: seeds per generated size.
@@ -1105,6 +1115,8 @@ fn train(mut a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Resul
         reply_timeout: timeout + Duration::from_secs(30),
         delay: job.train.delay,
         pull_ahead: job.train.pull_ahead,
+        sync_warmup: job.train.sync_warmup,
+        scale_stale_steps: job.train.scale_stale_steps,
     };
     let mine = crate::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
     // A resumed job trains only the passes after the saved one.

@@ -257,6 +257,7 @@ impl<'a> Request<'a> {
             Request::Push(p) => {
                 let mut e = Encoder::new(kind::PUSH);
                 e.u64(p.trainer).u64(p.step).u64(p.pass).u64(p.base_version).u64(p.samples).u64(p.part as u64);
+                e.u64(p.apply as u64);
                 e.f32_chunks(&p.dense);
                 e.u64(p.sparse.len() as u64);
                 for s in &p.sparse {
@@ -327,6 +328,8 @@ impl<'a> Request<'a> {
                 let base_version = d.u64()?;
                 let samples = d.u64()?;
                 let part = enum_field(d.u64()?, &[PushPart::Whole, PushPart::Dense, PushPart::Sparse], "push part")?;
+                let apply =
+                    enum_field(d.u64()?, &[Apply::Now, Apply::Merged, Apply::StalenessScaled], "push apply rule")?;
                 let dense: Cow<'a, [f32]> = d.array()?;
                 let dense = if dense.is_empty() { vec![] } else { vec![dense] };
                 let n = d.count(24)?;
@@ -337,7 +340,7 @@ impl<'a> Request<'a> {
                     let grads = d.array()?;
                     sparse.push(SparseGrads { table, ids, grads });
                 }
-                Request::Push(Push { trainer, step, pass, base_version, samples, part, dense, sparse })
+                Request::Push(Push { trainer, step, pass, base_version, samples, part, apply, dense, sparse })
             }
             kind::BARRIER => Request::Barrier { trainer: d.u64()?, epoch: d.u64()? },
             kind::END_PASS => Request::EndPass { trainer: d.u64()?, pass: d.u64()? },
@@ -486,6 +489,7 @@ mod tests {
             base_version: 3,
             samples: 512,
             part: PushPart::Whole,
+            apply: Apply::StalenessScaled,
             dense: vec![vec![1.0, 2.0, 3.0].into()],
             sparse: vec![SparseGrads { table: 0, ids: vec![9].into(), grads: vec![0.5; 3].into() }],
         }));
@@ -520,6 +524,7 @@ mod tests {
             base_version: 0,
             samples: 1,
             part: PushPart::Whole,
+            apply: Apply::Now,
             dense: vec![vec![1.0; 10].into()],
             sparse: vec![],
         })

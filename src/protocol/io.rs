@@ -164,6 +164,7 @@ mod tests {
             base_version: 0,
             samples: 1,
             part: crate::protocol::PushPart::Whole,
+            apply: crate::protocol::Apply::Now,
             dense: vec![vec![0.0; 1000].into()],
             sparse: vec![],
         })

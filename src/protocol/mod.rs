@@ -25,7 +25,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 3;
+pub const PROTOCOL_VERSION: u64 = 4;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.
@@ -145,6 +145,30 @@ pub enum PushPart {
     Sparse,
 }
 
+/// How an async server applies a push (a sync server merges every push).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Apply {
+    /// At once, with the optimizer's own step.
+    #[default]
+    Now,
+    /// Merged with every active trainer's push of the same step into one update, answered once
+    /// it is applied: async mode's synchronous warm-up.
+    Merged,
+    /// At once, the dense step (the learning rate) divided by the push's staleness when that is
+    /// above 1: a push computed from parameters `k` updates old moves the weights `1/k` as far.
+    StalenessScaled,
+}
+
+impl Apply {
+    /// The factor on the dense learning rate for a push `staleness` updates old.
+    pub fn dense_lr_factor(self, staleness: u64) -> f32 {
+        match self {
+            Apply::StalenessScaled if staleness > 1 => 1.0 / staleness as f32,
+            _ => 1.0,
+        }
+    }
+}
+
 /// Gradients of one trainer step for the parameters this server owns.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Push<'a> {
@@ -162,6 +186,8 @@ pub struct Push<'a> {
     /// Whether this message is a whole step or one half of a step split over a general and a
     /// sparse-only port (`--ports_num_for_sparse`).
     pub part: PushPart,
+    /// How an async server applies it.
+    pub apply: Apply,
     /// Dense gradient sums for this server's blocks, as consecutive chunks (the blocks of the
     /// trainer's flat vector, sent without gathering them); empty: no dense gradient.
     pub dense: Vec<Cow<'a, [f32]>>,
@@ -194,6 +220,7 @@ impl Push<'_> {
             base_version: self.base_version,
             samples: self.samples,
             part: self.part,
+            apply: self.apply,
             dense: if dense.is_empty() { vec![] } else { vec![Cow::Owned(dense)] },
             sparse: self.sparse.into_iter().map(SparseGrads::into_owned).collect(),
         }

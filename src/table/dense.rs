@@ -78,7 +78,8 @@ impl DenseShard {
 
     /// Applies the optimizer to every owned block; `grads` holds gradient sums for the owned
     /// floats in wire order, `scale` turns them into means.
-    pub fn apply(&mut self, grads: &[f32], scale: f32) -> Result<(), TableError> {
+    /// The optimizer's learning rate is multiplied by `lr_factor` for this update.
+    pub fn apply(&mut self, grads: &[f32], scale: f32, lr_factor: f32) -> Result<(), TableError> {
         if grads.len() != self.len {
             return Err(TableError::LengthMismatch {
                 what: "dense gradient".into(),
@@ -86,10 +87,11 @@ impl DenseShard {
                 got: grads.len(),
             });
         }
+        let optimizer = Optimizer { lr: self.optimizer.lr * lr_factor, ..self.optimizer };
         let mut off = 0;
         for b in &mut self.blocks {
             let n = b.weights.len();
-            self.optimizer.update(Arc::make_mut(&mut b.weights), &mut b.state, &grads[off..off + n], scale);
+            optimizer.update(Arc::make_mut(&mut b.weights), &mut b.state, &grads[off..off + n], scale);
             off += n;
         }
         Ok(())

@@ -198,16 +198,18 @@ impl Shard {
     }
 
     /// Applies one update: dense gradient sums for the owned blocks (empty: none) and sparse
-    /// gradient sums as (table, ids, grads), all sums over `samples` samples.
+    /// gradient sums as (table, ids, grads), all sums over `samples` samples. The dense
+    /// optimizer's learning rate is multiplied by `dense_lr_factor` (staleness-scaled steps).
     pub fn apply<'a>(
         &self,
         dense: &[f32],
         sparse: impl IntoIterator<Item = (usize, &'a [u64], &'a [f32])>,
         samples: u64,
+        dense_lr_factor: f32,
     ) -> Result<(), TableError> {
         let scale = 1.0 / samples.max(1) as f32;
         if !dense.is_empty() {
-            self.dense.lock().apply(dense, scale)?;
+            self.dense.lock().apply(dense, scale, dense_lr_factor)?;
         }
         for (table, ids, grads) in sparse {
             self.table(table)?.push(ids, grads, scale)?;

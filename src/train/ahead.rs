@@ -77,19 +77,16 @@ impl<'scope> Ahead<'scope> {
                             })
                         }
                         Job::Push(p) => {
-                            let h = p.header;
                             let tables: Vec<TableGrads> = p
                                 .tables
                                 .iter()
                                 .enumerate()
                                 .map(|(t, (ids, grads))| TableGrads { table: t as u32, dim: dims[t], ids, grads })
                                 .collect();
-                            client
-                                .push(h.trainer, h.step, h.pass, h.base_version, h.samples, Some(&p.dense), &tables)
-                                .map(|r| {
-                                    discarded += r.discarded as u64;
-                                    staleness.add(r.staleness);
-                                })
+                            client.push(&p.header, Some(&p.dense), &tables).map(|r| {
+                                discarded += r.discarded as u64;
+                                staleness.add(r.staleness);
+                            })
                         }
                     };
                     result?;

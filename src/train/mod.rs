@@ -30,7 +30,7 @@ use crate::data::{shard_files, DataConfig, Reader, ReaderConfig, Schema};
 use crate::metrics::EvalReport;
 use crate::metrics::{PassMetrics, Staleness};
 use crate::model::{Model, ModelConfig, Registry, Work};
-use crate::protocol::RowCreation;
+use crate::protocol::{Apply, RowCreation};
 use crate::server::Mode;
 use crate::table::{Optimizer, Shard, TableSpec};
 
@@ -88,10 +88,34 @@ pub struct TrainConfig {
     /// Async mode with one thread: pull the next batch's parameters while this one computes.
     #[serde(default = "yes")]
     pub pull_ahead: bool,
+    /// Async mode: the first this many updates of a run are synchronous steps, each trainer's
+    /// batch split in `trainers` parts so that an update covers `batch_size` samples as a local
+    /// one does; then the pushes go async. Staleness hurts most while Adam's first steps are
+    /// large: a short synchronous start keeps small data sets on local training's path.
+    #[serde(default = "default_sync_warmup")]
+    pub sync_warmup: u64,
+    /// Async mode: a push computed from parameters `k > 1` updates old moves the dense weights
+    /// with the learning rate divided by `k` (sparse rows keep their step: a row's staleness is
+    /// not the server's update count). In local mode with `delay`, the same on delayed updates.
+    #[serde(default = "default_scale_stale_steps")]
+    pub scale_stale_steps: bool,
 }
+
+/// The default of [`TrainConfig::sync_warmup`].
+pub const DEFAULT_SYNC_WARMUP: u64 = 100;
+/// The default of [`TrainConfig::scale_stale_steps`].
+pub const DEFAULT_SCALE_STALE_STEPS: bool = true;
 
 fn yes() -> bool {
     true
+}
+
+fn default_sync_warmup() -> u64 {
+    DEFAULT_SYNC_WARMUP
+}
+
+fn default_scale_stale_steps() -> bool {
+    DEFAULT_SCALE_STALE_STEPS
 }
 
 impl TrainConfig {
@@ -305,7 +329,8 @@ pub fn run_with(
             ReaderConfig { skip_bad_lines: config.skip_bad_lines, ..ReaderConfig::new(&schema, config.batch_size) },
         );
         let progress = reader.progress();
-        let pass_loop = PassLoop { config, model: &model, pass, step: AtomicU64::new(step) };
+        let warmup = if pass == first_pass { config.sync_warmup } else { 0 };
+        let pass_loop = PassLoop { config, model: &model, pass, step: AtomicU64::new(step), warmup };
         let metrics = pass_loop.run(&mut store, reader, &mut report, &|samples| {
             on_progress(bytes_before + progress.bytes.load(Relaxed), samples)
         })?;
@@ -345,11 +370,40 @@ struct Prepared {
 
 fn next_prepared(reader: &mut Reader, model: &Model) -> anyhow::Result<Option<Prepared>> {
     let Some(batch) = reader.next() else { return Ok(None) };
-    let batch = batch?;
+    prepare(batch?, model).map(Some)
+}
+
+fn prepare(batch: Batch, model: &Model) -> anyhow::Result<Prepared> {
     model.check_batch(&batch).map_err(anyhow::Error::msg)?;
     let mut lookups = Lookups::default();
     lookups.run(&batch, model.table_slots());
-    Ok(Some(Prepared { batch, lookups }))
+    Ok(Prepared { batch, lookups })
+}
+
+/// Async mode's synchronous start: each reader batch is split in `parts` (one per trainer),
+/// and each part is one synchronous step, so a merged update covers one batch of samples.
+struct Warmup {
+    /// Reader batches still to split.
+    batches: u64,
+    parts: usize,
+    /// Parts of the current batch not trained yet.
+    queue: std::collections::VecDeque<Batch>,
+}
+
+impl Warmup {
+    /// The next part, or `None` once the warm-up's batches (or the reader's) are used up.
+    fn next(&mut self, reader: &mut Reader) -> anyhow::Result<Option<Batch>> {
+        if self.queue.is_empty() && self.batches > 0 {
+            let Some(batch) = reader.next() else { return Ok(None) };
+            let batch = batch?;
+            self.batches -= 1;
+            let n = batch.len();
+            // Only a shard's last batch can be shorter than `parts`: its empty parts are skipped.
+            let ranges = (0..self.parts).map(|k| k * n / self.parts..(k + 1) * n / self.parts);
+            self.queue.extend(ranges.filter(|r| !r.is_empty()).map(|r| batch.slice(r)));
+        }
+        Ok(self.queue.pop_front())
+    }
 }
 
 /// How a worker gets its next batch with parameters and sends its gradients.
@@ -364,6 +418,10 @@ enum Comms<'a, 'b> {
         /// Updates computed but not applied yet (local mode's `delay`), oldest first.
         delayed: std::collections::VecDeque<PushJob>,
         delay: usize,
+        /// Steps before this one are applied at once despite `delay` (the warm-up).
+        delay_from: u64,
+        /// Set while async mode's synchronous warm-up lasts: its steps are pushed as sync.
+        warmup: Option<Warmup>,
     },
     /// Async with one thread: the next batch's pull runs while this one computes.
     Ahead {
@@ -386,8 +444,12 @@ impl Comms<'_, '_> {
     ) -> anyhow::Result<Option<(Prepared, u64)>> {
         let t0 = Instant::now();
         match self {
-            Comms::Direct { reader, store, params, rows, .. } => {
-                let Some(p) = next_prepared(&mut reader.lock(), model)? else { return Ok(None) };
+            Comms::Direct { reader, store, params, rows, warmup, .. } => {
+                let p = match warmup {
+                    Some(w) => w.next(&mut reader.lock())?.map(|b| prepare(b, model)).transpose()?,
+                    None => next_prepared(&mut reader.lock(), model)?,
+                };
+                let Some(p) = p else { return Ok(None) };
                 let t1 = Instant::now();
                 rows.resize_with(dims.len(), Vec::new);
                 let version = store.lock().pull(Some(params), &p.lookups.ids(dims), rows, RowCreation::Create)?;
@@ -427,8 +489,17 @@ impl Comms<'_, '_> {
         dims: &[usize],
     ) -> anyhow::Result<Option<PushReport>> {
         match self {
+            Comms::Direct { store, warmup: Some(_), .. } => {
+                let header = StepHeader { apply: Apply::Merged, ..header };
+                store.lock().push(&header, &r.grads, &lookups.grads(dims, &r.row_grads))?;
+                Ok(None) // a merged step: never stale, not part of the async histogram
+            }
             Comms::Direct { store, delay: 0, .. } => {
                 Ok(Some(store.lock().push(&header, &r.grads, &lookups.grads(dims, &r.row_grads))?))
+            }
+            Comms::Direct { store, delay_from, .. } if header.step < *delay_from => {
+                store.lock().push(&header, &r.grads, &lookups.grads(dims, &r.row_grads))?;
+                Ok(None) // the delayed mode's stand-in for the warm-up: not stale
             }
             Comms::Direct { store, delayed, delay, .. } => {
                 delayed.push_back(push_job(header, r, lookups));
@@ -436,8 +507,7 @@ impl Comms<'_, '_> {
                     return Ok(None); // applied later: counted when it is
                 }
                 let job = delayed.pop_front().expect("longer than the delay");
-                let report = store.lock().push(&job.header, &job.dense, &job_grads(&job, dims))?;
-                Ok(Some(PushReport { staleness: *delay as u64, ..report }))
+                Ok(Some(store.lock().push_late(&job.header, &job.dense, &job_grads(&job, dims), *delay as u64)?))
             }
             Comms::Ahead { ahead, .. } => {
                 ahead.push(push_job(header, r, lookups))?;
@@ -454,7 +524,7 @@ impl Comms<'_, '_> {
                 // The pass ends with every computed update applied.
                 let mut staleness = Staleness::default();
                 for job in delayed {
-                    store.lock().push(&job.header, &job.dense, &job_grads(&job, dims))?;
+                    store.lock().push_late(&job.header, &job.dense, &job_grads(&job, dims), delay as u64)?;
                     staleness.add(delay as u64);
                 }
                 Ok((0, staleness))
@@ -492,6 +562,8 @@ struct PassLoop<'a> {
     model: &'a Model,
     pass: u32,
     step: AtomicU64,
+    /// Synchronous updates to make before going async (async mode against servers).
+    warmup: u64,
 }
 
 impl PassLoop<'_> {
@@ -507,7 +579,37 @@ impl PassLoop<'_> {
         on_progress: &dyn Fn(u64),
     ) -> anyhow::Result<HeadMetrics> {
         let c = self.config;
-        let remote_async = c.mode == Mode::Async && matches!(store, Store::Remote(_));
+        let reader = Mutex::new(reader);
+        let mut metrics = HeadMetrics::new(self.model);
+        if c.mode == Mode::Async && matches!(store, Store::Remote(_)) && self.warmup > 0 {
+            let warmup = Warmup {
+                batches: self.warmup.div_ceil(c.trainers as u64),
+                parts: c.trainers,
+                queue: Default::default(),
+            };
+            metrics.merge(&self.segment(store, &reader, Some(warmup), report, on_progress)?);
+            tracing::info!(
+                trainer = c.trainer_id,
+                pass = self.pass,
+                updates = self.warmup,
+                "synchronous warm-up done: going async"
+            );
+        }
+        metrics.merge(&self.segment(store, &reader, None, report, on_progress)?);
+        Ok(metrics)
+    }
+
+    /// Trains on the batches of `reader` (with `warmup`: the warm-up's only).
+    fn segment(
+        &self,
+        store: &mut Store,
+        reader: &Mutex<Reader>,
+        warmup: Option<Warmup>,
+        report: &mut TrainReport,
+        on_progress: &dyn Fn(u64),
+    ) -> anyhow::Result<HeadMetrics> {
+        let c = self.config;
+        let remote_async = c.mode == Mode::Async && matches!(store, Store::Remote(_)) && warmup.is_none();
         let workers = if remote_async { c.threads } else { 1 };
         let replicas = if remote_async { 1 } else { c.threads };
         let dims = dims(self.model);
@@ -515,7 +617,7 @@ impl PassLoop<'_> {
         let samples = AtomicU64::new(samples_before);
         let failed = AtomicBool::new(false);
         let started = Instant::now();
-        let reader = Mutex::new(reader);
+        let mut warmup = warmup;
         let (client, shared) = match store {
             Store::Remote(client) if remote_async && workers == 1 && c.pull_ahead => (Some(&mut **client), None),
             other => (None, Some(Mutex::new(other))),
@@ -531,7 +633,7 @@ impl PassLoop<'_> {
                             ahead.pull(n.lookups.unique_ids(), Vec::new(), Vec::new())?;
                         }
                         Ok(Comms::Ahead {
-                            reader: &reader,
+                            reader,
                             ahead,
                             next: next.map(Box::new),
                             params: Vec::new(),
@@ -541,12 +643,14 @@ impl PassLoop<'_> {
                 }
                 (None, Some(store)) => all_comms.extend((0..workers).map(|_| {
                     Ok(Comms::Direct {
-                        reader: &reader,
+                        reader,
                         store,
                         params: Vec::new(),
                         rows: Vec::new(),
                         delayed: Default::default(),
                         delay: c.delay,
+                        delay_from: self.warmup,
+                        warmup: warmup.take(),
                     })
                 })),
                 (None, None) => unreachable!("the store is either shared or the client's"),
@@ -616,6 +720,7 @@ impl PassLoop<'_> {
             train_seconds: 0.0,
         };
         let mut window = (0.0f64, 0usize, Instant::now());
+        let apply = if c.scale_stale_steps { Apply::StalenessScaled } else { Apply::Now };
         let result = (|| -> anyhow::Result<()> {
             while !failed.load(Relaxed) {
                 let t0 = Instant::now();
@@ -626,7 +731,8 @@ impl PassLoop<'_> {
                 let (loss, heads) = compute(model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
                 let t2 = Instant::now();
                 let n = p.batch.len();
-                let header = StepHeader { trainer: me, step, pass: self.pass, base_version: version, samples: n };
+                let header =
+                    StepHeader { trainer: me, step, pass: self.pass, base_version: version, samples: n, apply };
                 if let Some(pushed) = comms.push(header, &replicas[0], &p.lookups, dims)? {
                     report.discarded += pushed.discarded as u64;
                     if c.mode == Mode::Async || c.delay > 0 {

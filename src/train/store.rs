@@ -7,6 +7,7 @@ use hashbrown::HashMap;
 
 use crate::batch::Batch;
 use crate::checkpoint::{write_shard, ShardEntry};
+pub use crate::client::StepHeader;
 use crate::client::{Client, PushReport, TableGrads, TableIds};
 use crate::model::TableRows;
 use crate::protocol::RowCreation;
@@ -18,21 +19,6 @@ pub enum Store {
     Local(Box<Shard>),
     /// Tables on servers.
     Remote(Box<Client>),
-}
-
-/// Who pushes which step: the numbers every push carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StepHeader {
-    /// Trainer id.
-    pub trainer: usize,
-    /// Step number (sync steps are matched by it).
-    pub step: u64,
-    /// Pass number.
-    pub pass: u32,
-    /// Server version the gradients were computed from (the staleness check).
-    pub base_version: u64,
-    /// Samples the gradient sums cover.
-    pub samples: usize,
 }
 
 impl Store {
@@ -67,14 +53,26 @@ impl Store {
         match self {
             Store::Local(shard) => {
                 let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.grads));
-                shard.apply(dense, sparse, header.samples as u64)?;
+                shard.apply(dense, sparse, header.samples as u64, 1.0)?;
                 Ok(PushReport { discarded: 0, staleness: 0 })
             }
-            Store::Remote(client) => {
-                let h = header;
-                Ok(client.push(h.trainer, h.step, h.pass, h.base_version, h.samples, Some(dense), tables)?)
-            }
+            Store::Remote(client) => Ok(client.push(header, Some(dense), tables)?),
         }
+    }
+
+    /// Local mode's delayed update: applies a push computed `staleness` updates ago, its dense
+    /// step scaled as an async server would scale it (see [`crate::protocol::Apply`]).
+    pub fn push_late(
+        &mut self,
+        header: &StepHeader,
+        dense: &[f32],
+        tables: &[TableGrads],
+        staleness: u64,
+    ) -> anyhow::Result<PushReport> {
+        let Store::Local(shard) = self else { anyhow::bail!("delayed updates are a local-mode measurement") };
+        let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.grads));
+        shard.apply(dense, sparse, header.samples as u64, header.apply.dense_lr_factor(staleness))?;
+        Ok(PushReport { discarded: 0, staleness })
     }
 
     /// Saves every shard into `dir`.

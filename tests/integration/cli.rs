@@ -41,6 +41,9 @@ fn launch_trains_criteo_on_two_servers_and_two_workers_and_eval_reads_the_model(
         "2",
         "--batch-size",
         "128",
+        // 20 synchronous updates: each trainer's first 10 batches, split in halves.
+        "--sync-warmup",
+        "20",
         "--no-progress",
         "--train",
         train.to_str().unwrap(),
@@ -58,13 +61,16 @@ fn launch_trains_criteo_on_two_servers_and_two_workers_and_eval_reads_the_model(
     for log in ["server.0.log", "server.1.log", "worker.0.log", "worker.1.log", "summary.json"] {
         assert!(logs.join(log).exists(), "{log} missing");
     }
-    // Async staleness is reported: in the summary, and in the servers' and trainers' logs.
-    let pushes = 2 * 4000usize.div_ceil(128); // 2 trainers, each 4,000 lines in batches of 128
+    // Async staleness is reported: in the summary, and in the servers' and trainers' logs, for
+    // the pushes after the warm-up (2 trainers, each 4,000 lines in batches of 128).
+    let pushes = 2 * (4000usize.div_ceil(128) - 10);
     assert!(all.contains(&format!("updates behind over {pushes} pushes")), "{all}");
     for log in ["server.0.log", "worker.1.log"] {
         let text = std::fs::read_to_string(logs.join(log)).unwrap();
         assert!(text.contains("staleness") && text.contains("updates behind"), "{log}: {text}");
     }
+    let worker = std::fs::read_to_string(logs.join("worker.0.log")).unwrap();
+    assert!(worker.contains("synchronous warm-up done"), "{worker}");
     assert!(model.join("pass-0001/manifest.json").exists());
 
     // The saved model evaluated offline scores what trainer 0 measured after the pass.

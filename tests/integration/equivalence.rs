@@ -230,6 +230,7 @@ fn delayed_local_updates_are_deterministic_and_only_local() {
     let run = |name: &str, delay: usize| {
         let mut c = train_config(Mode::Local, &[], 0, 1, &train);
         c.delay = delay;
+        c.sync_warmup = 0; // every update delayed
         c.output = Some(dir.path().join(name));
         let r = oar::train::run(&c, &|_, _| {}).unwrap();
         // Every one of the 8 updates is applied (the last ones at the end of the pass), each

@@ -10,5 +10,6 @@ mod fetch;
 mod models;
 mod paddle;
 mod robustness;
+mod staleness;
 mod util;
 mod zoo;

@@ -271,6 +271,7 @@ fn async_training_pulls_ahead_or_not_and_counts_every_pushs_staleness() {
             .map(|t| {
                 let mut c = train_config(Mode::Async, &cluster, t, 2, &train);
                 c.pull_ahead = pull_ahead;
+                c.sync_warmup = 0; // every push async
                 c
             })
             .collect();

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use oar::client::{Client, ClientConfig, TableGrads, TableIds};
-use oar::protocol::RowCreation;
+use oar::client::{Client, ClientConfig, StepHeader, TableGrads, TableIds};
+use oar::protocol::{Apply, RowCreation};
 use oar::server::Mode;
 
 use crate::util::*;
@@ -307,17 +307,8 @@ fn a_slow_trainers_stale_push_is_discarded_and_counted() {
     let grads = vec![0.01f32; dense.len()];
     let rows = [0.01f32; 10];
     let push = |c: &mut Client, trainer: usize, step: u64, version: u64| {
-        let r = c
-            .push(
-                trainer,
-                step,
-                1,
-                version,
-                1,
-                Some(&grads),
-                &[TableGrads { table: 0, dim: 10, ids: &ids, grads: &rows }],
-            )
-            .unwrap();
+        let header = StepHeader { trainer, step, pass: 1, base_version: version, samples: 1, apply: Apply::Now };
+        let r = c.push(&header, Some(&grads), &[TableGrads { table: 0, dim: 10, ids: &ids, grads: &rows }]).unwrap();
         (r.discarded, r.staleness)
     };
     for step in 0..3 {

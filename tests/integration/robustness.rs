@@ -5,9 +5,14 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::util::*;
-use oar::client::{Client, ClientConfig, TableIds};
+use oar::client::{Client, ClientConfig, StepHeader, TableIds};
 use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Push, Request, Response, RowCreation, PROTOCOL_VERSION};
 use oar::server::{Mode, ServerConfig};
+
+/// Trainer `trainer`'s first push of one sample.
+fn header(trainer: usize) -> StepHeader {
+    StepHeader { trainer, step: 0, pass: 1, base_version: 0, samples: 1, apply: Default::default() }
+}
 
 fn client(addrs: &[String]) -> Client {
     Client::connect(&ClientConfig::new(addrs.to_vec(), "test", Duration::from_secs(5), Duration::from_secs(30)))
@@ -64,12 +69,14 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
         base_version: 0,
         samples: 1,
         part: oar::protocol::PushPart::Whole,
+        apply: oar::protocol::Apply::Now,
         dense: vec![vec![1.0; 4].into()],
         sparse: vec![],
     })
     .encode()
     .to_vec();
-    push[8 + 48..8 + 56].copy_from_slice(&1_000_000u64.to_le_bytes());
+    // The dense array's length follows seven u64 fields.
+    push[8 + 56..8 + 64].copy_from_slice(&1_000_000u64.to_le_bytes());
     s.write_all(&push).unwrap();
     let m = expect_error_then_close(s, "lying length");
     assert!(m.contains("does not fit"), "{m}");
@@ -131,7 +138,7 @@ fn a_sync_step_missing_a_trainer_times_out_naming_it() {
     let mut c = client(std::slice::from_ref(&server.addr));
     c.declare(&spec()).unwrap();
     let dense = vec![0.0; spec().dense.total()];
-    let err = c.push(0, 0, 1, 0, 1, Some(&dense), &[]).unwrap_err().to_string();
+    let err = c.push(&header(0), Some(&dense), &[]).unwrap_err().to_string();
     assert!(err.contains("waiting for trainer(s) [1]"), "{err}");
     let err = c.barrier(0, 1).unwrap_err().to_string();
     assert!(err.contains("barrier 1") && err.contains("[1]"), "{err}");

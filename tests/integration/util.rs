@@ -112,6 +112,8 @@ pub fn train_config(
         reply_timeout: Duration::from_secs(90),
         delay: 0,
         pull_ahead: true,
+        sync_warmup: oar::train::DEFAULT_SYNC_WARMUP,
+        scale_stale_steps: oar::train::DEFAULT_SCALE_STALE_STEPS,
     }
 }
 

@@ -1,0 +1,148 @@
+//! Async mode's staleness controls: the synchronous warm-up and staleness-scaled steps, on
+//! real servers through real TCP.
+
+use std::time::Duration;
+
+use crate::util::*;
+use oar::client::{Client, ClientConfig, StepHeader};
+use oar::protocol::{Apply, RowCreation};
+use oar::server::{Mode, ServerConfig};
+
+const B: usize = 32;
+const STEPS: u64 = 6;
+
+/// Two trainers against two servers on `train`, one pass, saving into `out`.
+fn two_by_two(mode: Mode, train: &std::path::Path, out: &std::path::Path, set: &dyn Fn(&mut oar::train::TrainConfig)) {
+    let cluster = start_cluster(2, 2, mode, None);
+    let configs = (0..2)
+        .map(|t| {
+            let mut c = train_config(mode, &cluster, t, 2, train);
+            c.output = Some(out.to_path_buf());
+            set(&mut c);
+            c
+        })
+        .collect();
+    let reports = run_trainers(configs);
+    for r in &reports {
+        assert_eq!(r.samples, STEPS * B as u64, "trainer {}: every sample trained once", r.trainer);
+    }
+    for s in cluster {
+        s.handle.join().unwrap();
+    }
+}
+
+/// The warm-up is sync training at the same samples per update: two async trainers of batch
+/// 2B whose warm-up covers the pass split each batch into the two halves that sync trainers of
+/// batch B read, and give their model bit for bit.
+#[test]
+fn an_async_warm_up_covering_the_pass_trains_as_sync_trainers_of_half_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 2, STEPS * B as u64, 10);
+    two_by_two(Mode::Sync, &train, &dir.path().join("sync"), &|c| c.batch_size = B);
+    two_by_two(Mode::Async, &train, &dir.path().join("warm"), &|c| {
+        c.batch_size = 2 * B;
+        c.sync_warmup = STEPS;
+    });
+    two_by_two(Mode::Async, &train, &dir.path().join("cold"), &|c| {
+        c.batch_size = 2 * B;
+        c.sync_warmup = 0;
+    });
+    let (sync, warm) = (load_params(&dir.path().join("sync")), load_params(&dir.path().join("warm")));
+    assert_same_params(&sync, &warm, 0.0);
+    assert_ne!(load_params(&dir.path().join("cold")).dense, sync.dense, "without the warm-up async differs");
+}
+
+/// A warm-up shorter than the pass hands over to async pushes: every sample is still trained
+/// once, and only the pushes after the warm-up are counted as async (with their staleness).
+#[test]
+fn a_short_warm_up_hands_over_to_async_pushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 2, STEPS * B as u64, 10);
+    let cluster = start_cluster(2, 2, Mode::Async, None);
+    let configs = (0..2)
+        .map(|t| {
+            let mut c = train_config(Mode::Async, &cluster, t, 2, &train);
+            c.batch_size = 2 * B;
+            // Two merged updates: each trainer's first batch of 2B, in halves.
+            c.sync_warmup = 2;
+            c
+        })
+        .collect();
+    let reports = run_trainers(configs);
+    for r in &reports {
+        assert_eq!(r.samples, STEPS * B as u64);
+        // 3 batches of 2B per trainer: 1 split for the warm-up, 2 pushed async.
+        assert_eq!(r.staleness.count(), 2, "trainer {}: {}", r.trainer, r.staleness);
+    }
+    for s in cluster {
+        s.handle.join().unwrap();
+    }
+}
+
+/// A push marked `StalenessScaled` that arrives `k > 1` updates stale moves the dense weights
+/// `1/k` as far as a fresh one; `Now` pushes are never scaled.
+#[test]
+fn a_stale_push_takes_a_dense_step_divided_by_its_staleness() {
+    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) });
+    let mut c = Client::connect(&ClientConfig::new(
+        vec![server.addr.clone()],
+        "test",
+        Duration::from_secs(5),
+        Duration::from_secs(30),
+    ))
+    .unwrap();
+    let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
+        .table_spec(oar::table::Optimizer::sgd(1.0), oar::table::Optimizer::sgd(1.0));
+    c.declare(&spec).unwrap();
+    let ones = vec![1.0f32; spec.dense.total()];
+    let mut dense = Vec::new();
+    let mut pull = |c: &mut Client| {
+        c.pull(Some(&mut dense), &[], &mut [], RowCreation::Create).unwrap();
+        dense[0]
+    };
+    // SGD with lr 1 on a gradient of ones over one sample: each full step subtracts 1.
+    // (lag_ratio 1.5 x 1 trainer: pushes up to 2 updates stale are applied.)
+    let mut steps = Vec::new();
+    let mut before = pull(&mut c);
+    for (base_version, apply) in
+        [(0, Apply::Now), (0, Apply::StalenessScaled), (0, Apply::StalenessScaled), (3, Apply::StalenessScaled)]
+    {
+        let header = StepHeader { trainer: 0, step: 0, pass: 1, base_version, samples: 1, apply };
+        let report = c.push(&header, Some(&ones), &[]).unwrap();
+        let after = pull(&mut c);
+        steps.push((report.staleness, before - after));
+        before = after;
+    }
+    // Staleness 0, 1, 2, 0: only the push 2 updates stale is scaled.
+    let want = [(0, 1.0), (1, 1.0), (2, 0.5), (0, 1.0)];
+    for ((got_stale, got_step), (stale, step)) in steps.iter().zip(want) {
+        assert_eq!(*got_stale, stale, "{steps:?}");
+        assert!((got_step - step).abs() < 1e-6, "{steps:?}");
+    }
+    c.close(0).unwrap();
+}
+
+/// The delayed local mode measures the warm-up and the scaled steps too: with both, the first
+/// steps are applied at once and later ones late with smaller dense steps, deterministically.
+#[test]
+fn delayed_local_updates_honour_the_warm_up_and_the_scaled_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 1, 8 * B as u64, 10);
+    let run = |name: &str, warmup: u64, scaled: bool| {
+        let mut c = train_config(Mode::Local, &[], 0, 1, &train);
+        c.delay = 2;
+        c.sync_warmup = warmup;
+        c.scale_stale_steps = scaled;
+        c.output = Some(dir.path().join(name));
+        let r = oar::train::run(&c, &|_, _| {}).unwrap();
+        (r.staleness.count(), load_params(&dir.path().join(name)))
+    };
+    let (n_plain, plain) = run("plain", 0, false);
+    let (n_warm, warm) = run("warm", 3, false);
+    let (_, scaled) = run("scaled", 0, true);
+    let (_, scaled_again) = run("scaled-again", 0, true);
+    assert_eq!((n_plain, n_warm), (8, 5), "the 3 warm-up steps are not delayed");
+    assert_ne!(plain.dense, warm.dense);
+    assert_ne!(plain.dense, scaled.dense);
+    assert_same_params(&scaled, &scaled_again, 0.0);
+}
