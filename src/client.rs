@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
-    read_frame_blocking, read_reply_blocking, write_frame_blocking, Apply, Declaration, DenseSelection, Frame,
-    FrameBuf, Hello, ProtocolError, Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads,
-    SparseIds, DEFAULT_MAX_FRAME, NOT_A_TRAINER, PROTOCOL_VERSION,
+    read_frame_blocking, read_reply_blocking, write_frame_blocking, Apply, Declaration, DenseSelection, ErrorCode,
+    Frame, FrameBuf, Hello, ProtocolError, Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation,
+    SparseGrads, SparseIds, DEFAULT_MAX_FRAME, NOT_A_TRAINER, PROTOCOL_VERSION,
 };
 use crate::server::ServerStats;
 use crate::table::TableSpec;
@@ -54,6 +54,8 @@ pub enum ClientError {
         addr: String,
         /// The request.
         what: &'static str,
+        /// The server's error class (a `Timeout` may be retried, a `Table` error not).
+        code: ErrorCode,
         /// The server's message.
         message: String,
     },
@@ -146,8 +148,8 @@ impl Conn {
     /// Decodes the frame just read (borrowing from the buffer); a server error becomes `Refused`.
     fn reply(&self, kind: u8, what: &'static str) -> Result<Response<'_>, ClientError> {
         match Response::decode(kind, self.buf.payload()).map_err(|e| self.fail(e))? {
-            Response::Error { message, .. } => {
-                Err(ClientError::Refused { index: self.index, addr: self.addr.clone(), what, message })
+            Response::Error { code, message } => {
+                Err(ClientError::Refused { index: self.index, addr: self.addr.clone(), what, code, message })
             }
             r => Ok(r),
         }

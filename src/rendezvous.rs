@@ -7,7 +7,7 @@
 //! The protocol is one JSON line each way over TCP: `{"rank":r,"size":n,"addr":"host:port"}`
 //! in, `{"servers":["host:port",...]}` (by server index) or `{"error":"..."}` out.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -79,13 +79,13 @@ pub fn host(listener: TcpListener, size: usize, servers: usize, timeout: Duratio
             anyhow::bail!(message);
         }
         match listener.accept() {
-            Ok((stream, _)) => {
-                stream.set_nonblocking(false)?;
-                stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-                let mut line = String::new();
-                BufReader::new(&stream).read_line(&mut line)?;
-                let r: Register = serde_json::from_str(&line).context("a malformed rendezvous registration")?;
-                let mut stream = stream;
+            Ok((stream, peer)) => {
+                // One bad caller (a port scanner, a stray client, a rank that died mid-line)
+                // must not fail everyone's rendezvous: it is answered, logged and skipped.
+                let Some((mut stream, r)) = read_registration(stream, deadline) else {
+                    tracing::warn!(%peer, "ignored a connection to the rendezvous that sent no registration");
+                    continue;
+                };
                 if r.size != size || r.rank >= size || joined[r.rank].is_some() {
                     let error = format!(
                         "rank {} of {} does not fit this job of {size} ranks (or registered twice)",
@@ -105,6 +105,27 @@ pub fn host(listener: TcpListener, size: usize, servers: usize, timeout: Duratio
         send(stream, &Layout { servers: list.clone(), error: None })?;
     }
     Ok(list)
+}
+
+/// Reads one registration line, waiting at most a few seconds (a rank writes it as soon as it
+/// connects); a malformed one is answered with an error. `None`: nothing usable came.
+fn read_registration(stream: TcpStream, deadline: Instant) -> Option<(TcpStream, Register)> {
+    stream.set_nonblocking(false).ok()?;
+    let wait =
+        deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    stream.set_read_timeout(Some(wait)).ok()?;
+    let mut line = String::new();
+    // A registration is one short line: a caller that streams bytes cannot hold the host.
+    BufReader::new((&stream).take(64 << 10)).read_line(&mut line).ok()?;
+    let mut stream = stream;
+    match serde_json::from_str(&line) {
+        Ok(r) => Some((stream, r)),
+        Err(e) => {
+            let error = format!("a malformed rendezvous registration: {e}");
+            let _ = send(&mut stream, &Layout { servers: vec![], error: Some(error) });
+            None
+        }
+    }
 }
 
 fn send(stream: &mut TcpStream, layout: &Layout) -> std::io::Result<()> {
@@ -209,5 +230,37 @@ mod tests {
         let err = register(&at, me, &|ip| format!("{ip}:1"), Duration::from_secs(5)).unwrap_err().to_string();
         assert!(err.contains("waiting for rank(s) [1, 2] of 3"), "{err}");
         assert!(hosting.join().unwrap().is_err());
+    }
+
+    /// Garbage, an early hang-up and a rank of another job reach the host before the real
+    /// ranks: each is answered or dropped, and the real ranks still get their layout.
+    #[test]
+    fn bad_registrations_do_not_abort_the_rendezvous() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20)));
+        let reply = |line: &[u8]| {
+            let mut s = TcpStream::connect(&at).unwrap();
+            s.write_all(line).unwrap();
+            let mut reply = String::new();
+            BufReader::new(s).read_line(&mut reply).unwrap();
+            reply
+        };
+        assert!(reply(b"GET / HTTP/1.0\r\n\r\n").contains("malformed rendezvous registration"));
+        drop(TcpStream::connect(&at).unwrap());
+        assert!(reply(b"{\"rank\":5,\"size\":9,\"addr\":\"\"}\n").contains("does not fit this job"));
+        let joins: Vec<_> = (0..2)
+            .map(|r| {
+                let at = at.clone();
+                std::thread::spawn(move || {
+                    let me = Rank { rank: r, size: 2, source: "test" };
+                    register(&at, me, &|ip| format!("{ip}:7000"), Duration::from_secs(20))
+                })
+            })
+            .collect();
+        for j in joins {
+            assert_eq!(j.join().unwrap().unwrap(), ["127.0.0.1:7000"]);
+        }
+        assert!(hosting.join().unwrap().is_ok());
     }
 }

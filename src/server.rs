@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use crate::checkpoint::{write_shard, Manifest};
 use crate::protocol::{
     encode_values, read_frame, write_frame, Apply, Declaration, DenseSelection, ErrorCode, FrameBuf, ProtocolError,
-    Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, PROTOCOL_VERSION,
+    Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, NOT_A_TRAINER, PROTOCOL_VERSION,
 };
 use crate::table::Shard;
 
@@ -444,6 +444,18 @@ async fn serve_requests(
         let reply = match (&request, greeted) {
             (Request::Hello(_), _) => handle_hello(state, &request),
             (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
+            (r, true) if speaks_for(r).is_some_and(|t| !may_speak_for(state, *trainer, t)) => Err((
+                ErrorCode::State,
+                format!(
+                    "request for trainer {} refused: this job has trainers 0..{} and this connection is {}",
+                    speaks_for(r).unwrap_or_default(),
+                    state.config.trainers,
+                    match *trainer {
+                        Some(t) if t != NOT_A_TRAINER => format!("trainer {t}'s"),
+                        _ => "not a trainer's".to_string(),
+                    }
+                ),
+            )),
             (r, true) if sparse_only && dense_on_sparse_port(r).is_some() => Err((
                 ErrorCode::State,
                 format!(
@@ -475,6 +487,25 @@ async fn serve_requests(
     }
 }
 
+/// The trainer a request acts for (its close, pass end, barrier or push), if it acts for one.
+fn speaks_for(request: &Request) -> Option<u64> {
+    match request {
+        Request::Close { trainer } | Request::EndPass { trainer, .. } | Request::Barrier { trainer, .. } => {
+            Some(*trainer)
+        }
+        Request::Push(p) => Some(p.trainer),
+        _ => None,
+    }
+}
+
+/// Whether a connection whose handshake named `connection` may act for `trainer`: a trainer of
+/// this job, and the connection's own one when it named a trainer (tools and benchmarks that
+/// name none may act for any), so that a stray or buggy client cannot close, end or hold back
+/// another trainer, or end the job early with an id beyond the job's trainers.
+fn may_speak_for(state: &State, connection: Option<u64>, trainer: u64) -> bool {
+    trainer < state.config.trainers as u64 && connection.is_none_or(|c| c == NOT_A_TRAINER || c == trainer)
+}
+
 fn handle_hello(state: &State, request: &Request) -> Reply {
     let Request::Hello(h) = request else { unreachable!("called for Hello only") };
     let c = &state.config;
@@ -484,6 +515,14 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
     }
     if h.job != c.job {
         return refuse(format!("job '{}' does not match this server's job '{}'", h.job, c.job));
+    }
+    // A place learned from this handshake must be one that routes: an index among at least one
+    // server (a zero count would poison the server for its life at the first declaration).
+    if h.num_servers == 0 || h.server_index >= h.num_servers {
+        return refuse(format!(
+            "client routes to server {} of {}: not a place in a job",
+            h.server_index, h.num_servers
+        ));
     }
     let mut place = state.place.lock();
     state.arrive(h.trainer);
@@ -561,13 +600,53 @@ fn declare(state: &State, declaration: Declaration) -> Reply {
     }
     spec.validate().map_err(|m| (ErrorCode::Table, m))?;
     let (index, servers) = state.place.lock().ok_or((ErrorCode::State, "declare before the handshake".to_string()))?;
+    fits_frames(&spec, servers, state.config.max_frame).map_err(|m| (ErrorCode::TooLarge, m))?;
     *slot = Some(Arc::new(Shard::new(spec, index, servers)));
     Ok(Answer::Response(Response::Done))
+}
+
+/// Refuses tables whose values could not travel: this server's dense share must fit one pull
+/// reply, and so must one row of every sparse table. It also bounds what a declaration from the
+/// network can make the server allocate to what its frame limit allows.
+fn fits_frames(spec: &crate::table::TableSpec, servers: usize, max_frame: usize) -> Result<(), String> {
+    let max_floats = max_frame / 4;
+    let total = spec.dense.params.iter().try_fold(0usize, |sum, p| sum.checked_add(p.len));
+    // Blocks are dealt round-robin: no server holds more than its rounded-up share of them.
+    let share =
+        total.map(|t| (t.div_ceil(spec.dense.block_size).div_ceil(servers.max(1)) * spec.dense.block_size).min(t));
+    match share {
+        Some(share) if share <= max_floats => {}
+        _ => {
+            return Err(format!(
+                "the dense parameters ({} floats in all) would put more than the frame limit of {} MiB on a server: \
+                 use more servers or a larger --max-frame-mb",
+                total.map_or("too many".to_string(), |t| t.to_string()),
+                max_frame >> 20
+            ))
+        }
+    }
+    if let Some(t) = spec.sparse.iter().find(|t| t.dim > max_floats) {
+        return Err(format!("sparse table {}: rows of {} floats exceed the frame limit", t.name, t.dim));
+    }
+    Ok(())
 }
 
 fn pull(state: &State, pull: Pull<'_>, scratch: Scratch) -> Reply {
     let Scratch { sparse: mut spare } = scratch;
     let shard = state.shard()?;
+    // The reply must fit one frame: refuse before allocating what it would take.
+    let mut floats = if pull.dense == DenseSelection::All { shard.dense.lock().len() } else { 0 };
+    for s in &pull.sparse {
+        let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
+        floats = s.ids.len().checked_mul(dim).and_then(|n| n.checked_add(floats)).unwrap_or(usize::MAX);
+    }
+    if floats > state.config.max_frame / 4 {
+        let message = format!(
+            "a pull of {floats} floats exceeds the frame limit of {} MiB: pull fewer ids at a time",
+            state.config.max_frame >> 20
+        );
+        return Err((ErrorCode::TooLarge, message));
+    }
     let c = &state.counters;
     c.pulls.fetch_add(1, Relaxed);
     let version = c.version.load(Relaxed);

@@ -428,7 +428,8 @@ struct TrainArgs {
     #[arg(long, env = "OAR_NUM_SERVERS")]
     num_servers: Option<usize>,
     /// Under an engine: rank 0's host and a free port there, where every rank registers
-    /// [default under Slurm: the step's first node, port 15000 + SLURM_JOB_ID % 10000].
+    /// [default under Slurm: the step's first node, port 15000 + SLURM_JOB_ID % 10000; for an MPI
+    /// job on one host: a loopback port derived from the job].
     #[arg(long, env = "OAR_RENDEZVOUS")]
     rendezvous: Option<String>,
     /// Refused unless false: this is a CPU build.
@@ -967,6 +968,27 @@ fn slurm_rendezvous(var: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     Some(format!("{}:{}", first_slurm_host(&nodes)?, 15_000 + job % 10_000))
 }
 
+/// An MPI job whose ranks all run on this host (its local size is its size) meets on loopback,
+/// at a port derived from the job, so that `mpirun -n 4 oar train --servers 2` needs no flag:
+/// Open MPI's job id, or under MPICH's Hydra, which exports none, the pid of the proxy that
+/// starts every local rank (their common parent).
+fn single_host_rendezvous(var: &dyn Fn(&str) -> Option<String>, parent: u32) -> Option<String> {
+    let all_here = |local: &str, size: &str| match (var(local), var(size)) {
+        (Some(l), Some(s)) => l.trim() == s.trim(),
+        _ => false,
+    };
+    let job = if all_here("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE") {
+        var("OMPI_MCA_ess_base_jobid").or_else(|| var("PMIX_NAMESPACE"))?
+    } else if all_here("MPI_LOCALNRANKS", "PMI_SIZE") {
+        format!("hydra-{parent}")
+    } else {
+        return None;
+    };
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    Some(format!("127.0.0.1:{}", 15_000 + hash % 10_000))
+}
+
 /// Under an engine: registers at the rendezvous. A server rank serves until the trainers are
 /// done and returns `None`; a trainer rank returns (servers, its trainer id, trainers).
 fn engine_rank(
@@ -984,10 +1006,15 @@ fn engine_rank(
         rank.size
     );
     let var = |k: &str| std::env::var(k).ok();
-    let from_slurm = a.rendezvous.is_none();
-    let rendezvous =
-        a.rendezvous.clone().or_else(|| slurm_rendezvous(&var)).context(
-            "give --rendezvous HOST:PORT (rank 0's host and a free port there): this engine gives no addresses",
+    let from_slurm = a.rendezvous.is_none() && slurm_rendezvous(&var).is_some();
+    let rendezvous = a
+        .rendezvous
+        .clone()
+        .or_else(|| slurm_rendezvous(&var))
+        .or_else(|| single_host_rendezvous(&var, std::os::unix::process::parent_id()))
+        .context(
+            "give --rendezvous HOST:PORT (rank 0's host and a free port there): this engine gives no addresses \
+             and its ranks are not all on this host",
         )?;
     let at = rendezvous.clone();
     let hint = move |e: anyhow::Error| {
@@ -1173,6 +1200,40 @@ mod tests {
         assert_eq!(super::first_slurm_host("node07,node09").as_deref(), Some("node07"));
         assert_eq!(super::first_slurm_host("solo").as_deref(), Some("solo"));
         assert_eq!(super::first_slurm_host("").as_deref(), None);
+    }
+
+    #[test]
+    fn a_single_host_mpi_job_meets_on_loopback_at_a_port_from_the_job() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let ompi = |jobid: &'static str| {
+            let vars: &'static [(&'static str, &'static str)] = match jobid {
+                "1" => &[
+                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+                    ("OMPI_COMM_WORLD_SIZE", "4"),
+                    ("OMPI_MCA_ess_base_jobid", "1"),
+                ],
+                _ => &[
+                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+                    ("OMPI_COMM_WORLD_SIZE", "4"),
+                    ("OMPI_MCA_ess_base_jobid", "2"),
+                ],
+            };
+            super::single_host_rendezvous(&env(vars), 7).unwrap()
+        };
+        assert!(ompi("1").starts_with("127.0.0.1:"));
+        assert_ne!(ompi("1"), ompi("2"), "two jobs on one host meet apart");
+        let spread = env(&[
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_MCA_ess_base_jobid", "1"),
+        ]);
+        assert_eq!(super::single_host_rendezvous(&spread, 7), None, "ranks on two hosts need --rendezvous");
+        let hydra = env(&[("MPI_LOCALNRANKS", "4"), ("PMI_SIZE", "4")]);
+        assert_eq!(super::single_host_rendezvous(&hydra, 7), super::single_host_rendezvous(&hydra, 7));
+        assert_ne!(super::single_host_rendezvous(&hydra, 7), super::single_host_rendezvous(&hydra, 8));
+        assert_eq!(super::single_host_rendezvous(&env(&[]), 7), None);
     }
 
     #[test]

@@ -6,24 +6,12 @@ use std::process::{Command, Stdio};
 
 use crate::util::*;
 
-fn args<'a>(train: &'a str, model: &'a str, rendezvous: &'a str) -> Vec<&'a str> {
-    vec![
-        "train",
-        "--num-servers",
-        "2",
-        "--rendezvous",
-        rendezvous,
-        "--hidden",
-        "16",
-        "--batch-size",
-        "200",
-        "--timeout",
-        "60",
-        "--train",
-        train,
-        "--output",
-        model,
-    ]
+/// `oar train` arguments of a 2 x 2 job; without `rendezvous`, oar derives one (single host).
+fn args<'a>(train: &'a str, model: &'a str, rendezvous: Option<&'a str>) -> Vec<&'a str> {
+    let meet = rendezvous.map(|r| vec!["--rendezvous", r]).unwrap_or_default();
+    let head = vec!["train", "--num-servers", "2"];
+    let tail = vec!["--hidden", "16", "--batch-size", "200", "--timeout", "60", "--train", train, "--output", model];
+    [head, meet, tail].concat()
 }
 
 /// Makes line 1000 of trainer 1's shard (`part-00001` of 2) malformed; returns that file.
@@ -52,7 +40,7 @@ fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
     let children: Vec<_> = (0..4)
         .map(|rank| {
             Command::new(env!("CARGO_BIN_EXE_oar"))
-                .args(args(&train, &model_s, &rendezvous))
+                .args(args(&train, &model_s, Some(&rendezvous)))
                 .env("OMPI_COMM_WORLD_RANK", rank.to_string())
                 .env("OMPI_COMM_WORLD_SIZE", "4")
                 .env("RUST_LOG", "warn")
@@ -107,12 +95,13 @@ fn mpi_launchers() -> Vec<(&'static str, Vec<&'static str>)> {
     found
 }
 
-/// Runs the job under `launcher`, bounded by `timeout` should the launcher fail to end it.
-fn run_mpi(launcher: &[&str], train: &str, model: &str) -> (std::process::ExitStatus, String) {
+/// Runs the job under `launcher`, bounded by `timeout` should the launcher fail to end it; with
+/// `explicit`, at a `--rendezvous` on a free port, else at the one oar derives on one host.
+fn run_mpi(launcher: &[&str], train: &str, model: &str, explicit: bool) -> (std::process::ExitStatus, String) {
     let rendezvous = format!("127.0.0.1:{}", free_ports(1));
     let mut cmd = Command::new("timeout");
     cmd.arg("120").args(launcher).arg(env!("CARGO_BIN_EXE_oar"));
-    cmd.args(args(train, model, &rendezvous)).env("RUST_LOG", "warn");
+    cmd.args(args(train, model, explicit.then_some(rendezvous.as_str()))).env("RUST_LOG", "warn");
     let out = cmd.output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_ne!(out.status.code(), Some(124), "{launcher:?} did not end within 120 s:\n{text}");
@@ -126,7 +115,8 @@ fn mpi_launchers_train_two_servers_and_two_trainers() {
         let dir = tempfile::tempdir().unwrap();
         let (train, _) = gen_data(dir.path(), 2, 1500, 0);
         let model = dir.path().join("model");
-        let (status, text) = run_mpi(&launcher, &train.display().to_string(), &model.display().to_string());
+        // No --rendezvous: every rank is on this host, so oar derives a loopback one from the job.
+        let (status, text) = run_mpi(&launcher, &train.display().to_string(), &model.display().to_string(), false);
         assert!(status.success(), "{name}:\n{text}");
         assert_eq!(text.matches("trained 1500 samples").count(), 2, "{name}:\n{text}");
         check_model(&model);
@@ -144,7 +134,7 @@ fn a_failing_rank_fails_the_mpi_job_clearly() {
         let file = break_line_1000(&train);
         let model = dir.path().join("model");
         let model_s = model.display().to_string();
-        let (status, text) = run_mpi(&launcher, &train.display().to_string(), &model_s);
+        let (status, text) = run_mpi(&launcher, &train.display().to_string(), &model_s, true);
         assert!(!status.success(), "{name}:\n{text}");
         assert!(text.contains(&format!("{}:1000: I1 is not an integer", file.display())), "{name}:\n{text}");
         assert!(text.contains("trainer 1 disconnected without closing"), "{name}:\n{text}");

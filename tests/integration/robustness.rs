@@ -5,8 +5,10 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::util::*;
-use oar::client::{Client, ClientConfig, StepHeader, TableIds};
-use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Push, Request, Response, RowCreation, PROTOCOL_VERSION};
+use oar::client::{Client, ClientConfig, ClientError, StepHeader, TableIds};
+use oar::protocol::{
+    read_frame_blocking, ErrorCode, FrameBuf, Hello, Push, Request, Response, RowCreation, PROTOCOL_VERSION,
+};
 use oar::server::{Mode, ServerConfig};
 
 /// Trainer `trainer`'s first push of one sample.
@@ -212,4 +214,93 @@ fn a_trainer_lost_without_closing_fails_the_server() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("trainer 1 disconnected without closing"), "{err}");
+}
+
+/// Sends `hello` on a fresh connection and returns the server's error message (the connection
+/// is then closed: a failed handshake ends it).
+fn refused_hello(addr: &str, hello: Hello) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
+    expect_error_then_close(s, "bad hello")
+}
+
+/// A server that learns its place from the first handshake refuses one naming no place (zero
+/// servers, or an index beyond the count) instead of keeping it and panicking at the next
+/// declaration; a proper trainer then finds it healthy.
+#[test]
+fn a_handshake_naming_no_place_is_refused_and_leaves_the_server_healthy() {
+    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 0, 1, Mode::Async) });
+    for (num_servers, server_index) in [(0, 0), (2, 2)] {
+        let hello = Hello { version: PROTOCOL_VERSION, job: "test".into(), num_servers, server_index, trainer: 0 };
+        let m = refused_hello(&server.addr, hello);
+        assert!(m.contains("not a place in a job"), "{m}");
+    }
+    let mut c = client(std::slice::from_ref(&server.addr));
+    c.declare(&spec()).unwrap();
+    let mut dense = Vec::new();
+    c.pull(Some(&mut dense), &[], &mut [], RowCreation::Create).unwrap();
+    assert_eq!(dense.len(), spec().dense.total());
+}
+
+/// Close, end-of-pass, barrier and push act for one trainer: an id beyond the job's trainers is
+/// refused (a `Close { trainer: 5 }` used to count toward "everyone closed" and end the job), as
+/// is a trainer's connection acting for another trainer; the refusal keeps the server's error
+/// code, and the job then ends only when its real trainers close.
+#[test]
+fn requests_for_a_trainer_outside_the_job_or_another_trainer_are_refused() {
+    // Job "oar", as `trainer` connects.
+    let server = start_server(ServerConfig { job: "oar".into(), ..server_config(0, 1, 2, Mode::Async) });
+    let config = ClientConfig::new(vec![server.addr.clone()], "oar", Duration::from_secs(5), Duration::from_secs(30));
+    let mut tool = Client::connect(&config).unwrap();
+    tool.declare(&spec()).unwrap();
+    let state_error = |e: ClientError| match e {
+        ClientError::Refused { code, message, .. } => {
+            assert_eq!(code, ErrorCode::State, "{message}");
+            message
+        }
+        other => panic!("expected a refusal, got {other}"),
+    };
+    let m = state_error(tool.close(5).unwrap_err());
+    assert!(m.contains("trainer 5 refused: this job has trainers 0..2"), "{m}");
+    let m = state_error(tool.push(&header(2), None, &[]).unwrap_err());
+    assert!(m.contains("trainer 2"), "{m}");
+    let (mut t0, mut t1) = (trainer(0, &server.addr), trainer(1, &server.addr));
+    let m = state_error(t0.close(1).unwrap_err());
+    assert!(m.contains("trainer 0's"), "{m}");
+    t0.close(0).unwrap();
+    assert!(!server.handle.is_finished(), "one of two trainers closed: the job goes on");
+    t1.close(1).unwrap();
+    server.handle.join().unwrap();
+}
+
+/// What a declaration or a pull from the network can make a server allocate is bounded by its
+/// frame limit: a dense part too big for one reply and a pull whose reply would not fit are
+/// refused with `TooLarge` before any allocation, and the server goes on serving.
+#[test]
+fn declarations_and_pulls_too_big_for_a_frame_are_refused_before_allocating() {
+    let server =
+        start_server(ServerConfig { max_frame: 1 << 20, exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) });
+    let mut c = client(std::slice::from_ref(&server.addr));
+    let mut huge = spec();
+    huge.dense.params[0].len = 1 << 40;
+    let too_large = |e: ClientError| match e {
+        ClientError::Refused { code, message, .. } => {
+            assert_eq!(code, ErrorCode::TooLarge, "{message}");
+            message
+        }
+        other => panic!("expected a refusal, got {other}"),
+    };
+    let m = too_large(c.declare(&huge).unwrap_err());
+    assert!(m.contains("frame limit of 1 MiB"), "{m}");
+    c.declare(&spec()).unwrap();
+    // 30,000 rows of dim 10 are 1.2 MB of reply: over the 1 MiB limit.
+    let ids: Vec<u64> = (0..30_000).collect();
+    let mut rows = [Vec::new()];
+    let m = too_large(
+        c.pull(None, &[TableIds { table: 0, dim: 10, ids: &ids }], &mut rows, RowCreation::Create).unwrap_err(),
+    );
+    assert!(m.contains("pull fewer ids"), "{m}");
+    assert_eq!(c.stats().unwrap()[0].rows, vec![0], "no row was created");
+    c.pull(None, &[TableIds { table: 0, dim: 10, ids: &ids[..1000] }], &mut rows, RowCreation::Create).unwrap();
+    assert_eq!(rows[0].len(), 10_000);
 }
