@@ -120,8 +120,11 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_dir_all(&tmp);
     println!(
-        "CTR-DNN, 1 pass, {} samples per update, pull_ahead {}; sync 2x2 and async 2x2 against local, paired by fold or seed (mean +- sd)",
-        config.batch, config.train.pull_ahead
+        "CTR-DNN, 1 pass, {} samples per update; async: pull_ahead {}, sync_warmup {}, scale_stale_steps {}; sync 2x2 and async 2x2 against local, paired by fold or seed (mean +- sd)",
+        config.batch,
+        config.train.pull_ahead,
+        config.train.sync_warmup,
+        config.train.scale_stale_steps
     );
     println!(
         "| data | local AUC | sync - local | async - local | async predicted / actual CTR | async log-loss - local |"
