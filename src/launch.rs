@@ -102,6 +102,10 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             if let Some(r) = &config.resume {
                 args.extend(["--resume".into(), r.display().to_string()]);
             }
+            // Trainer 0 saves each pass there: the one folder saves from the network may use.
+            if let Some(o) = &config.output {
+                args.extend(["--save-root".into(), o.display().to_string()]);
+            }
             let log = config.logs.join(format!("server.{i}.log"));
             procs.push(spawn(child(&config.exe, &args), &format!("server {i}"), log, Some((i, tx.clone())))?);
         }

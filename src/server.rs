@@ -82,6 +82,8 @@ pub struct ServerConfig {
     /// When every trainer has closed, save the model here (each server its shard; the manifest
     /// by whichever server completes the set).
     pub save_dir: Option<PathBuf>,
+    /// The folder that trainers' `Save` requests (a folder named over the network) must lie in.
+    pub save_root: PathBuf,
 }
 
 impl ServerConfig {
@@ -559,8 +561,12 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         Request::Barrier { trainer, epoch } => barrier(state, trainer, epoch).await,
         Request::Save { dir } => {
             let shard = state.shard()?;
-            let (file, bytes, crc32) =
-                write_shard(&shard, std::path::Path::new(&dir)).map_err(|e| (ErrorCode::Io, e.to_string()))?;
+            let root = &state.config.save_root;
+            let dir = inside(root, std::path::Path::new(&dir)).ok_or_else(|| {
+                let m = format!("save to {dir} refused: not inside this server's --save-root {}", root.display());
+                (ErrorCode::State, m)
+            })?;
+            let (file, bytes, crc32) = write_shard(&shard, &dir).map_err(|e| (ErrorCode::Io, e.to_string()))?;
             Ok(Answer::Response(Response::Saved { file, bytes, crc32 }))
         }
         Request::EndPass { trainer, pass } => {
@@ -665,6 +671,16 @@ fn pull(state: &State, pull: Pull<'_>, scratch: Scratch) -> Reply {
         sparse.push(rows);
     }
     Ok(Answer::Values { version, dense, sparse })
+}
+
+/// `dir` made absolute if it lies inside `root`, judged on the paths as written: a `..` anywhere
+/// is refused rather than resolved (symbolic links inside the root are trusted).
+fn inside(root: &std::path::Path, dir: &std::path::Path) -> Option<PathBuf> {
+    if dir.components().any(|c| c == std::path::Component::ParentDir) {
+        return None;
+    }
+    let (root, dir) = (std::path::absolute(root).ok()?, std::path::absolute(dir).ok()?);
+    dir.starts_with(&root).then_some(dir)
 }
 
 fn table_err(e: crate::table::TableError) -> (ErrorCode, String) {

@@ -251,6 +251,10 @@ struct PserverArgs {
     /// shard, plus the manifest); shared by all servers.
     #[arg(long, alias = "save_dir", env = "OAR_SAVE_DIR")]
     save_dir: Option<PathBuf>,
+    /// Trainers' saves after each pass may only write inside this folder (the model's
+    /// --output) [default: --save_dir's parent, else the working directory].
+    #[arg(long, env = "OAR_SAVE_ROOT")]
+    save_root: Option<PathBuf>,
     /// Largest accepted frame, in MiB.
     #[arg(long, env = "OAR_MAX_FRAME_MB", default_value_t = 256)]
     max_frame_mb: usize,
@@ -919,6 +923,15 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
         resume: a.resume,
         exit_when_done: !a.keep_serving,
         sparse_ports: sparse,
+        save_root: match (a.save_root, &a.save_dir) {
+            (Some(root), _) => root,
+            // The model's folder, as `final` is `--output`'s for a PSERVER role; "." for a bare name.
+            (None, Some(dir)) => match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                Some(parent) => parent.to_path_buf(),
+                None => ".".into(),
+            },
+            (None, None) => ".".into(),
+        },
         save_dir: a.save_dir,
     };
     config.validate()?;
@@ -944,6 +957,7 @@ fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         keep_serving: a.server.keep_serving,
         // The model's folder: trainers save into it after each pass, servers at the end.
         save_dir: a.output.as_ref().map(|o| o.join("final")),
+        save_root: a.output.clone(),
         max_frame_mb: 256,
     }
 }

@@ -304,3 +304,26 @@ fn declarations_and_pulls_too_big_for_a_frame_are_refused_before_allocating() {
     c.pull(None, &[TableIds { table: 0, dim: 10, ids: &ids[..1000] }], &mut rows, RowCreation::Create).unwrap();
     assert_eq!(rows[0].len(), 10_000);
 }
+
+/// A `Save` names a folder over the network: the server writes only inside its save root (the
+/// model's output folder), refusing a folder elsewhere or one that climbs out with `..`.
+#[test]
+fn a_save_outside_the_servers_save_root_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let server = start_server(ServerConfig {
+        save_root: root.path().to_path_buf(),
+        exit_when_done: false,
+        ..server_config(0, 1, 1, Mode::Async)
+    });
+    let mut c = client(std::slice::from_ref(&server.addr));
+    c.declare(&spec()).unwrap();
+    let climbing = root.path().join("..").join(elsewhere.path().file_name().unwrap()).join("pass-0001");
+    for dir in [elsewhere.path().join("pass-0001"), climbing] {
+        let err = c.save(&dir.to_string_lossy()).unwrap_err().to_string();
+        assert!(err.contains("not inside this server's --save-root"), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0, "nothing written outside the root");
+    let entries = c.save(&root.path().join("pass-0001").to_string_lossy()).unwrap();
+    assert!(root.path().join("pass-0001").join(&entries[0].file).is_file());
+}

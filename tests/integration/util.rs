@@ -49,6 +49,8 @@ pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mo
         exit_when_done: true,
         sparse_ports: 0,
         save_dir: None,
+        // Tests save into temporary folders.
+        save_root: std::env::temp_dir(),
     }
 }
 
