@@ -327,3 +327,54 @@ fn a_save_outside_the_servers_save_root_is_refused() {
     let entries = c.save(&root.path().join("pass-0001").to_string_lossy()).unwrap();
     assert!(root.path().join("pass-0001").join(&entries[0].file).is_file());
 }
+
+/// Writes the fuzz targets' seed inputs (`fuzz/corpus/`): the frames of one training step
+/// (declare, pull, push, end of pass, barrier, save, stats, close) of a tiny model, together for
+/// the server target and one by one for the decoder. Run by hand when the protocol changes:
+/// `cargo test --release --test integration -- --ignored write_fuzz_seeds`.
+#[test]
+#[ignore]
+fn write_fuzz_seeds() {
+    use oar::protocol::{Apply, Declaration, DenseSelection, PushPart, SparseGrads, SparseIds};
+    let model = oar::model::ModelConfig {
+        slots: Some(2),
+        embedding_dim: Some(2),
+        dense_features: Some(1),
+        hidden: Some(vec![2]),
+        ..Default::default()
+    };
+    let spec = criteo_model(&model).table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.1));
+    let dense = vec![0.5f32; spec.dense.total()];
+    let frames = [
+        Request::Declare(Declaration { spec, model: serde_json::Value::Null }),
+        Request::Pull(oar::protocol::Pull {
+            dense: DenseSelection::All,
+            create: RowCreation::Create,
+            sparse: vec![SparseIds { table: 0, ids: vec![1, 2, 3].into() }],
+        }),
+        Request::Push(Push {
+            trainer: 0,
+            step: 0,
+            pass: 1,
+            base_version: 0,
+            samples: 2,
+            part: PushPart::Whole,
+            apply: Apply::Merged,
+            dense: vec![dense.into()],
+            sparse: vec![SparseGrads { table: 0, ids: vec![1, 2].into(), grads: vec![0.1; 4].into() }],
+        }),
+        Request::EndPass { trainer: 0, pass: 1 },
+        Request::Barrier { trainer: 0, epoch: 1 },
+        Request::Save { dir: "seed-save".into() },
+        Request::Stats,
+        Request::Close { trainer: 0 },
+    ]
+    .map(|r| r.encode().to_vec());
+    let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+    std::fs::create_dir_all(fuzz.join("server_requests")).unwrap();
+    std::fs::create_dir_all(fuzz.join("frame_decode")).unwrap();
+    std::fs::write(fuzz.join("server_requests/seed-training-step"), frames.concat()).unwrap();
+    for (k, f) in frames.iter().enumerate() {
+        std::fs::write(fuzz.join(format!("frame_decode/seed-{k}")), f).unwrap();
+    }
+}
