@@ -97,46 +97,72 @@ impl<W: Write> Write for CrcWriter<W> {
     }
 }
 
-/// Writes `shard` to `dir/server-{index}.shard` atomically; returns (file name, bytes, CRC-32).
-pub fn write_shard(shard: &Shard, dir: &Path) -> Result<(String, u64, u32), CheckpointError> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let name = shard_file_name(shard.index);
-    let path = dir.join(&name);
-    let tmp = dir.join(format!("{name}.tmp"));
-    let file = File::create(&tmp).map_err(io_err(&tmp))?;
-    let mut w = CrcWriter { inner: BufWriter::with_capacity(1 << 20, file), crc: crc32fast::Hasher::new(), bytes: 0 };
-    let write = |w: &mut CrcWriter<BufWriter<File>>| -> std::io::Result<()> {
-        let dense = shard.dense.lock();
+/// A copy of a shard taken under short locks (the dense blocks under the dense lock, each table
+/// stripe under its own lock, one after another), to be written without holding any: training
+/// goes on while it is written. In async mode the copy is per stripe, not one global instant,
+/// which async training (every push applied on arrival) does not distinguish.
+pub struct ShardSnapshot {
+    header: ShardHeader,
+    /// Per owned block: weights (shared until the next update copies them) and optimizer state.
+    dense: Vec<(std::sync::Arc<[f32]>, Vec<f32>)>,
+    /// Per table: ids and their full rows `[weights | state]`.
+    sparse: Vec<(Vec<u64>, Vec<f32>)>,
+}
+
+impl ShardSnapshot {
+    /// Copies `shard`.
+    pub fn take(shard: &Shard) -> ShardSnapshot {
+        let dense: Vec<_> = shard.dense.lock().blocks.iter().map(|b| (b.weights.clone(), b.state.clone())).collect();
+        let sparse: Vec<(Vec<u64>, Vec<f32>)> = shard
+            .sparse
+            .iter()
+            .map(|t| {
+                let (mut ids, mut data) = (Vec::new(), Vec::new());
+                t.for_each_row(|id, row| {
+                    ids.push(id);
+                    data.extend_from_slice(row);
+                });
+                (ids, data)
+            })
+            .collect();
         let header = ShardHeader {
             format: FORMAT_VERSION,
             server_index: shard.index,
             num_servers: shard.num_servers,
             spec: shard.spec.clone(),
-            dense_blocks: dense.blocks.len(),
-            sparse_rows: shard.sparse.iter().map(|t| t.len()).collect(),
+            dense_blocks: dense.len(),
+            sparse_rows: sparse.iter().map(|(ids, _)| ids.len()).collect(),
         };
-        let json = serde_json::to_vec(&header).expect("a shard header always serializes");
+        ShardSnapshot { header, dense, sparse }
+    }
+}
+
+/// Writes `shard` to `dir/server-{index}.shard` atomically; returns (file name, bytes, CRC-32).
+pub fn write_shard(shard: &Shard, dir: &Path) -> Result<(String, u64, u32), CheckpointError> {
+    write_snapshot(&ShardSnapshot::take(shard), dir)
+}
+
+/// Writes a snapshot to `dir/server-{index}.shard` atomically (a temporary file, synced, then
+/// renamed); returns (file name, bytes, CRC-32).
+pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u64, u32), CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let name = shard_file_name(snapshot.header.server_index);
+    let path = dir.join(&name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let file = File::create(&tmp).map_err(io_err(&tmp))?;
+    let mut w = CrcWriter { inner: BufWriter::with_capacity(1 << 20, file), crc: crc32fast::Hasher::new(), bytes: 0 };
+    let write = |w: &mut CrcWriter<BufWriter<File>>| -> std::io::Result<()> {
+        let json = serde_json::to_vec(&snapshot.header).expect("a shard header always serializes");
         w.write_all(SHARD_MAGIC)?;
         w.write_all(&(json.len() as u64).to_le_bytes())?;
         w.write_all(&json)?;
-        for b in &dense.blocks {
-            w.write_all(bytemuck::cast_slice(&b.weights[..]))?;
-            w.write_all(bytemuck::cast_slice(&b.state))?;
+        for (weights, state) in &snapshot.dense {
+            w.write_all(bytemuck::cast_slice(&weights[..]))?;
+            w.write_all(bytemuck::cast_slice(state))?;
         }
-        drop(dense);
-        for (t, &rows) in shard.sparse.iter().zip(&header.sparse_rows) {
-            // Rows are collected first so the id list and row list are one consistent snapshot.
-            let mut ids = Vec::with_capacity(rows);
-            let mut data = Vec::with_capacity(rows * t.row_len());
-            t.for_each_row(|id, row| {
-                ids.push(id);
-                data.extend_from_slice(row);
-            });
-            if ids.len() != rows {
-                return Err(std::io::Error::other("sparse table changed while being saved"));
-            }
-            w.write_all(bytemuck::cast_slice(&ids))?;
-            w.write_all(bytemuck::cast_slice(&data))?;
+        for (ids, data) in &snapshot.sparse {
+            w.write_all(bytemuck::cast_slice(ids))?;
+            w.write_all(bytemuck::cast_slice(data))?;
         }
         let crc = w.crc.clone().finalize();
         w.inner.write_all(&crc.to_le_bytes())?;

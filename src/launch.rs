@@ -37,6 +37,8 @@ pub struct LaunchConfig {
     pub output: Option<PathBuf>,
     /// Continue from this saved model.
     pub resume: Option<PathBuf>,
+    /// Servers checkpoint in the background every this many seconds into `output/checkpoints`.
+    pub checkpoint_every: Option<f64>,
     /// Folder of the log files.
     pub logs: PathBuf,
     /// The `oar` binary to start.
@@ -105,6 +107,11 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             // Trainer 0 saves each pass there: the one folder saves from the network may use.
             if let Some(o) = &config.output {
                 args.extend(["--save-root".into(), o.display().to_string()]);
+            }
+            if let Some(every) = config.checkpoint_every {
+                let o = config.output.as_ref().context("--checkpoint-every needs --output")?;
+                let dir = o.join("checkpoints").display().to_string();
+                args.extend(["--checkpoint-dir".into(), dir, "--checkpoint-every".into(), every.to_string()]);
             }
             let log = config.logs.join(format!("server.{i}.log"));
             procs.push(spawn(child(&config.exe, &args), &format!("server {i}"), log, Some((i, tx.clone())))?);

@@ -18,6 +18,7 @@ pub mod nn;
 pub mod protocol;
 pub mod rendezvous;
 pub mod server;
+pub mod shard_checkpoints;
 pub mod supervise;
 pub mod table;
 pub mod train;

@@ -84,6 +84,8 @@ pub struct ServerConfig {
     pub save_dir: Option<PathBuf>,
     /// The folder that trainers' `Save` requests (a folder named over the network) must lie in.
     pub save_root: PathBuf,
+    /// Checkpoint the shard in the background, as this says.
+    pub checkpoints: Option<crate::shard_checkpoints::Policy>,
 }
 
 impl ServerConfig {
@@ -320,6 +322,23 @@ pub async fn run(
         }
         std::future::pending().await
     };
+    // Checkpoints on their own thread: the snapshot takes short locks, the writing none. The
+    // thread ends when `stop_checkpoints` is dropped: waited for on a normal stop (so no write
+    // is cut off), left to end by itself when the server fails.
+    let (stop_checkpoints, stopped) = std::sync::mpsc::channel::<()>();
+    let mut checkpoint_thread = None;
+    if let Some(policy) = state.config.checkpoints.clone() {
+        let (watched, index) = (state.clone(), state.config.index);
+        let shard = move || {
+            let shard = watched.shard.lock().clone()?;
+            Some((shard, watched.counters.version.load(Relaxed)))
+        };
+        let thread = std::thread::Builder::new()
+            .name("oar-checkpoint".into())
+            .spawn(move || crate::shard_checkpoints::run(policy, index, shard, stopped))
+            .context("starting the checkpoint thread")?;
+        checkpoint_thread = Some(thread);
+    }
     let mut acceptors = tokio::task::JoinSet::new();
     for (port, listener) in listeners.into_iter().enumerate() {
         let state = state.clone();
@@ -360,10 +379,27 @@ pub async fn run(
         }
     }
     acceptors.abort_all();
+    drop(stop_checkpoints);
+    if let Some(thread) = checkpoint_thread {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
     Ok(state.stats())
 }
 
 fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Result<Shard> {
+    // A checkpoint folder (background checkpoints): this server's newest readable one.
+    if crate::shard_checkpoints::has_checkpoints(dir, config.index) {
+        let (entry, shard) = crate::shard_checkpoints::load_latest(dir, config.index)?;
+        anyhow::ensure!(
+            shard.num_servers == config.num_servers,
+            "{}: checkpointed with {} servers, this job has {}",
+            dir.display(),
+            shard.num_servers,
+            config.num_servers
+        );
+        tracing::info!(dir = %dir.display(), seq = entry.seq, version = entry.version, "resumed shard from a checkpoint");
+        return Ok(shard);
+    }
     let (manifest, pass_dir) = Manifest::find(dir)?;
     anyhow::ensure!(
         manifest.num_servers == config.num_servers,

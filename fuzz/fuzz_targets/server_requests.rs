@@ -32,6 +32,7 @@ fn config(save_root: std::path::PathBuf) -> ServerConfig {
         sparse_ports: 0,
         save_dir: None,
         save_root,
+        checkpoints: None,
     }
 }
 

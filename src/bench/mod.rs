@@ -400,6 +400,7 @@ fn train_cluster(
         test: Some(data.join("test")),
         output: None,
         resume: None,
+        checkpoint_every: None,
         logs: logs.to_path_buf(),
         exe: exe.to_path_buf(),
         progress_bar: false,

@@ -258,6 +258,16 @@ struct PserverArgs {
     /// Largest accepted frame, in MiB.
     #[arg(long, env = "OAR_MAX_FRAME_MB", default_value_t = 256)]
     max_frame_mb: usize,
+    /// Checkpoint this server's shard in the background into this folder (under `server-K/`;
+    /// --resume with it restarts from the newest readable checkpoint).
+    #[arg(long, env = "OAR_CHECKPOINT_DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Seconds between background checkpoints.
+    #[arg(long, env = "OAR_CHECKPOINT_EVERY", default_value_t = 30.0)]
+    checkpoint_every: f64,
+    /// Background checkpoints kept per server.
+    #[arg(long, env = "OAR_CHECKPOINT_KEEP", default_value_t = 3)]
+    checkpoint_keep: usize,
 }
 
 /// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
@@ -499,6 +509,10 @@ struct LaunchArgs {
     /// Continue from this saved model.
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// Servers checkpoint their shards in the background every this many seconds, into
+    /// OUTPUT/checkpoints (needs --output).
+    #[arg(long)]
+    checkpoint_every: Option<f64>,
     /// Folder for the log files.
     #[arg(long, default_value = "logs")]
     logs: PathBuf,
@@ -668,6 +682,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 test: a.test,
                 output: a.output,
                 resume: a.resume,
+                checkpoint_every: a.checkpoint_every,
                 logs: a.logs,
                 exe: std::env::current_exe().context("cannot find the oar binary")?,
                 progress_bar: !a.no_progress,
@@ -933,6 +948,17 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
             (None, None) => ".".into(),
         },
         save_dir: a.save_dir,
+        checkpoints: match a.checkpoint_dir {
+            Some(dir) => {
+                anyhow::ensure!(
+                    a.checkpoint_every.is_finite() && a.checkpoint_every > 0.0,
+                    "--checkpoint-every must be a positive number of seconds"
+                );
+                let every = Duration::from_secs_f64(a.checkpoint_every);
+                Some(crate::shard_checkpoints::Policy { dir, every, keep: a.checkpoint_keep })
+            }
+            None => None,
+        },
     };
     config.validate()?;
     let addrs: Vec<String> = (0..ports_num + sparse).map(|k| format!("{host}:{}", port as usize + k)).collect();
@@ -959,6 +985,9 @@ fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         save_dir: a.output.as_ref().map(|o| o.join("final")),
         save_root: a.output.clone(),
         max_frame_mb: 256,
+        checkpoint_dir: None,
+        checkpoint_every: 30.0,
+        checkpoint_keep: 3,
     }
 }
 

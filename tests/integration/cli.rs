@@ -44,6 +44,9 @@ fn launch_trains_criteo_on_two_servers_and_two_workers_and_eval_reads_the_model(
         // 20 synchronous updates: each trainer's first 10 batches, split in halves.
         "--sync-warmup",
         "20",
+        // Background checkpoints every 10 ms into model/checkpoints while training goes on.
+        "--checkpoint-every",
+        "0.01",
         "--no-progress",
         "--train",
         train.to_str().unwrap(),
@@ -72,6 +75,10 @@ fn launch_trains_criteo_on_two_servers_and_two_workers_and_eval_reads_the_model(
     let worker = std::fs::read_to_string(logs.join("worker.0.log")).unwrap();
     assert!(worker.contains("synchronous warm-up done"), "{worker}");
     assert!(model.join("pass-0001/manifest.json").exists());
+    for server in 0..2 {
+        let (entry, _) = oar::shard_checkpoints::load_latest(&model.join("checkpoints"), server).unwrap();
+        assert!(entry.seq >= 1 && entry.bytes > 0, "server {server}: {entry:?}");
+    }
 
     // The saved model evaluated offline scores what trainer 0 measured after the pass.
     let out = oar(&["eval", "--model", model.to_str().unwrap(), "--data", test.to_str().unwrap()]);

@@ -51,6 +51,7 @@ pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mo
         save_dir: None,
         // Tests save into temporary folders.
         save_root: std::env::temp_dir(),
+        checkpoints: None,
     }
 }
 

@@ -1,0 +1,160 @@
+//! Background checkpoints of one server's shard. Every period a [`ShardSnapshot`] is taken
+//! under short locks and written on the checkpoint thread into
+//! `DIR/server-K/ckpt-NNNNNN/` (the shard file with its CRC-32, and `entry.json`), first under
+//! a `.tmp` name that is renamed once complete, so a crash mid-write leaves only a temporary
+//! folder. The last `keep` checkpoints are kept. A failed write (a full disk) is logged and the
+//! next period tries again: training never waits for a checkpoint. Loading takes the newest
+//! checkpoint whose CRC checks, and falls back to older ones.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{read_shard, shard_file_name, write_snapshot, CheckpointError, ShardSnapshot};
+use crate::table::Shard;
+
+/// Where and how often a server checkpoints its shard.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// The job's checkpoint folder (each server writes under `server-K/` in it).
+    pub dir: PathBuf,
+    /// Time between checkpoints.
+    pub every: Duration,
+    /// Checkpoints kept per server (older ones are deleted once a newer one is complete).
+    pub keep: usize,
+}
+
+/// What a checkpoint holds, written beside its shard file.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Entry {
+    /// Sequence number (1, 2, ... over the folder's life, across restarts).
+    pub seq: u64,
+    /// Updates the server had applied when the snapshot was taken.
+    pub version: u64,
+    /// Shard file size in bytes.
+    pub bytes: u64,
+    /// Its CRC-32 (also the file's last four bytes).
+    pub crc32: u32,
+    /// Milliseconds since the Unix epoch when it was taken.
+    pub unix_ms: u64,
+}
+
+/// Server `index`'s folder under the job's checkpoint folder.
+pub fn server_dir(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("server-{index}"))
+}
+
+/// The complete checkpoints in a server's folder, oldest first.
+fn complete(server_dir: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(server_dir) else { return Vec::new() };
+    let mut found: Vec<(u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let seq = name.strip_prefix("ckpt-")?.parse().ok()?;
+            Some((seq, e.path()))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Writes one server's checkpoints, numbering them on from those already in its folder.
+pub struct Checkpointer {
+    policy: Policy,
+    index: usize,
+    next: u64,
+}
+
+impl Checkpointer {
+    /// For server `index`.
+    pub fn new(policy: Policy, index: usize) -> Checkpointer {
+        let next = complete(&server_dir(&policy.dir, index)).last().map_or(1, |(seq, _)| seq + 1);
+        Checkpointer { policy, index, next }
+    }
+
+    /// Snapshots `shard` (at `version` updates) and writes it as the next checkpoint, then drops
+    /// the ones beyond `keep`. A failed attempt uses up its number.
+    pub fn write(&mut self, shard: &Shard, version: u64) -> Result<Entry, CheckpointError> {
+        let seq = self.next;
+        self.next += 1;
+        let snapshot = ShardSnapshot::take(shard);
+        let folder = server_dir(&self.policy.dir, self.index);
+        let name = format!("ckpt-{seq:06}");
+        let tmp = folder.join(format!("{name}.tmp"));
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |cause| CheckpointError::Io { path, cause }
+        };
+        let publish = || -> Result<Entry, CheckpointError> {
+            let (_, bytes, crc32) = write_snapshot(&snapshot, &tmp)?;
+            let unix_ms =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64 };
+            let json = serde_json::to_vec_pretty(&entry).expect("an entry always serializes");
+            std::fs::write(tmp.join("entry.json"), json).map_err(io(&tmp))?;
+            let done = folder.join(&name);
+            std::fs::rename(&tmp, &done).map_err(io(&done))?;
+            // The rename is durable once the folder holding it is synced.
+            std::fs::File::open(&folder).and_then(|f| f.sync_all()).map_err(io(&folder))?;
+            Ok(entry)
+        };
+        let entry = publish().inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&tmp);
+        })?;
+        let all = complete(&folder);
+        for (_, old) in &all[..all.len().saturating_sub(self.policy.keep.max(1))] {
+            let _ = std::fs::remove_dir_all(old);
+        }
+        Ok(entry)
+    }
+}
+
+/// Checkpoints every `policy.every` until `stop` is dropped (or sent to). `shard` gives the
+/// shard and its version once tables are declared. Runs on its own thread.
+pub fn run(
+    policy: Policy,
+    index: usize,
+    shard: impl Fn() -> Option<(Arc<Shard>, u64)>,
+    stop: std::sync::mpsc::Receiver<()>,
+) {
+    let every = policy.every;
+    let mut checkpointer = Checkpointer::new(policy, index);
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+        let Some((shard, version)) = shard() else { continue };
+        let started = std::time::Instant::now();
+        match checkpointer.write(&shard, version) {
+            Ok(e) => tracing::info!(
+                seq = e.seq,
+                version,
+                bytes = e.bytes,
+                seconds = started.elapsed().as_secs_f64(),
+                "checkpoint written"
+            ),
+            Err(e) => tracing::error!("checkpoint failed, training goes on: {e}"),
+        }
+    }
+}
+
+/// Whether `dir` holds checkpoints of server `index`.
+pub fn has_checkpoints(dir: &Path, index: usize) -> bool {
+    !complete(&server_dir(dir, index)).is_empty()
+}
+
+/// Loads server `index`'s newest checkpoint under `dir` whose file checks, logging and skipping
+/// any newer one that does not.
+pub fn load_latest(dir: &Path, index: usize) -> anyhow::Result<(Entry, Shard)> {
+    let folder = server_dir(dir, index);
+    for (seq, path) in complete(&folder).into_iter().rev() {
+        let entry: anyhow::Result<Entry> = std::fs::read(path.join("entry.json"))
+            .map_err(anyhow::Error::from)
+            .and_then(|b| serde_json::from_slice(&b).map_err(anyhow::Error::from));
+        match entry.and_then(|e| Ok((e, read_shard(&path.join(shard_file_name(index)))?))) {
+            Ok(loaded) => return Ok(loaded),
+            Err(e) => tracing::warn!(seq, path = %path.display(), "skipping a damaged checkpoint: {e}"),
+        }
+    }
+    anyhow::bail!("{}: no readable checkpoint of server {index}", folder.display())
+}

@@ -1,0 +1,139 @@
+//! Background checkpoints: written while training goes on, pruned to the last few, loaded by a
+//! restarted server; a damaged newest one falls back to the previous; a full disk fails one
+//! checkpoint and not the training.
+
+use std::time::Duration;
+
+use crate::util::*;
+use oar::client::{Client, ClientConfig};
+use oar::protocol::RowCreation;
+use oar::server::{Mode, ServerConfig};
+use oar::shard_checkpoints::{load_latest, server_dir, Checkpointer, Entry, Policy};
+
+/// A server on loopback until the returned sender is dropped.
+fn serve(config: ServerConfig) -> (String, std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let handle = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap().to_string()).unwrap();
+            let shutdown = async move {
+                let _ = tokio::task::spawn_blocking(move || stopped.recv()).await;
+            };
+            oar::server::run(vec![listener], config, shutdown).await.unwrap();
+        })
+    });
+    (addr_rx.recv().unwrap(), stop, handle)
+}
+
+fn tool(addr: &str) -> Client {
+    Client::connect(&ClientConfig::new(vec![addr.to_string()], "test", Duration::from_secs(5), Duration::from_secs(30)))
+        .unwrap()
+}
+
+fn entries(dir: &std::path::Path) -> Vec<Entry> {
+    let mut all: Vec<Entry> = std::fs::read_dir(server_dir(dir, 0))
+        .map(|d| d.flatten().collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| !e.file_name().to_string_lossy().ends_with(".tmp"))
+        .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path().join("entry.json")).ok()?).ok())
+        .collect();
+    all.sort_by_key(|e| e.seq);
+    all
+}
+
+/// Two async trainers train against a server checkpointing every 10 ms: checkpoints appear
+/// without stopping training, only the last two are kept, one soon holds the final state, and a
+/// new server resumed from the folder serves exactly that state.
+#[test]
+fn background_checkpoints_follow_training_and_a_restarted_server_loads_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 2, 2000, 10);
+    let ckpt = dir.path().join("checkpoints");
+    let policy = Policy { dir: ckpt.clone(), every: Duration::from_millis(10), keep: 2 };
+    let config =
+        ServerConfig { exit_when_done: false, checkpoints: Some(policy), ..server_config(0, 1, 2, Mode::Async) };
+    let (addr, stop, handle) = serve(config.clone());
+    let configs = (0..2)
+        .map(|t| {
+            let mut c = train_config(Mode::Async, &[], t, 2, &train);
+            c.servers = vec![addr.clone()];
+            c
+        })
+        .collect();
+    let reports = run_trainers(configs);
+    assert!(reports.iter().all(|r| r.samples == 2000));
+    let mut c = tool(&addr);
+    let tc = train_config(Mode::Async, &[], 0, 2, &train);
+    c.declare(&criteo_model(&tc.model).table_spec(tc.dense_optimizer, tc.sparse_optimizer)).unwrap();
+    let version = c.stats().unwrap()[0].version;
+    let mut live = Vec::new();
+    c.pull(Some(&mut live), &[], &mut [], RowCreation::Peek).unwrap();
+    wait_until(60, "a checkpoint of the final state, after at least three", || {
+        let e = entries(&ckpt);
+        e.last().is_some_and(|last| last.version == version && last.seq >= 3)
+    });
+    drop(stop);
+    handle.join().unwrap();
+    let kept = entries(&ckpt);
+    assert!(kept.len() <= 2, "kept {kept:?}");
+
+    let (entry, shard) = load_latest(&ckpt, 0).unwrap();
+    assert_eq!(entry.version, version);
+    assert!(!shard.sparse[0].is_empty(), "the rows were checkpointed");
+    let resumed = ServerConfig { resume: Some(ckpt.clone()), checkpoints: None, ..config };
+    let (addr, stop, handle) = serve(resumed);
+    let (mut dense, mut c) = (Vec::new(), tool(&addr));
+    c.declare(&shard.spec).unwrap();
+    c.pull(Some(&mut dense), &[], &mut [], RowCreation::Peek).unwrap();
+    assert_eq!(dense, live, "the restarted server serves the checkpointed state");
+    drop(stop);
+    handle.join().unwrap();
+}
+
+fn small_shard() -> oar::table::Shard {
+    let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
+        .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.1));
+    let shard = oar::table::Shard::new(spec, 0, 1);
+    let mut rows = vec![0.0; 30];
+    shard.sparse[0].pull(&[1, 2, 3], &mut rows, true).unwrap();
+    shard
+}
+
+/// The newest checkpoint damaged (one byte flipped): loading takes the previous one.
+#[test]
+fn a_damaged_newest_checkpoint_falls_back_to_the_previous() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = small_shard();
+    let mut c = Checkpointer::new(Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 }, 0);
+    c.write(&shard, 1).unwrap();
+    c.write(&shard, 2).unwrap();
+    let newest = server_dir(dir.path(), 0).join("ckpt-000002").join("server-0.shard");
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&newest, bytes).unwrap();
+    let (entry, loaded) = load_latest(dir.path(), 0).unwrap();
+    assert_eq!((entry.seq, entry.version), (1, 1));
+    assert_eq!(loaded.sparse[0].len(), 3);
+}
+
+/// A checkpoint whose file lands on a full disk (its temporary file is /dev/full: every write
+/// fails with ENOSPC) fails with that error and leaves nothing behind; the next one succeeds.
+#[test]
+fn a_checkpoint_on_a_full_disk_fails_alone_and_the_next_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = small_shard();
+    let tmp = server_dir(dir.path(), 0).join("ckpt-000001.tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::os::unix::fs::symlink("/dev/full", tmp.join("server-0.shard.tmp")).unwrap();
+    let mut c = Checkpointer::new(Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 }, 0);
+    let err = c.write(&shard, 1).unwrap_err().to_string();
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(!tmp.exists(), "the failed checkpoint's folder is removed");
+    assert_eq!(c.write(&shard, 2).unwrap().seq, 2);
+    assert_eq!(load_latest(dir.path(), 0).unwrap().0.seq, 2);
+}
