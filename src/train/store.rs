@@ -51,11 +51,8 @@ impl Store {
     /// arrived.
     pub fn push(&mut self, header: &StepHeader, dense: &[f32], tables: &[TableGrads]) -> anyhow::Result<PushReport> {
         match self {
-            Store::Local(shard) => {
-                let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.grads));
-                shard.apply(dense, sparse, header.samples as u64, 1.0)?;
-                Ok(PushReport { discarded: 0, staleness: 0 })
-            }
+            // In-process updates are never stale: a late push with no delay.
+            Store::Local(_) => self.push_late(header, dense, tables, 0),
             Store::Remote(client) => Ok(client.push(header, Some(dense), tables)?),
         }
     }
