@@ -52,6 +52,14 @@ pub enum CheckpointError {
         /// What differs.
         reason: String,
     },
+    /// A newer epoch of this server has claimed its checkpoint folder: this process was replaced.
+    #[error("this server (epoch {epoch}) has been replaced by epoch {newer}, which now owns its checkpoints")]
+    Superseded {
+        /// This process's epoch.
+        epoch: u64,
+        /// The newer one.
+        newer: u64,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {

@@ -71,9 +71,48 @@ pub enum ClientError {
         /// What came back.
         got: String,
     },
+    /// A server answered the handshake with an epoch older than one met before: a replaced
+    /// process (stopped, then continued) still holds the address.
+    #[error("server {index} at {addr} is epoch {epoch}, older than epoch {met} met before: a replaced process")]
+    Replaced {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// The epoch it answered.
+        epoch: u64,
+        /// The newest epoch met.
+        met: u64,
+    },
+    /// A server was lost and did not come back within the recovery window.
+    #[error("server {index} at {addr} was lost and did not come back within {waited:?} (--recover-timeout): {cause}")]
+    Lost {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// How long we waited.
+        waited: Duration,
+        /// The last error.
+        cause: String,
+    },
     /// The call itself was inconsistent (a bug in the caller).
     #[error("{0}")]
     Usage(String),
+}
+
+impl ClientError {
+    /// Whether a restarted server could cure this: the connection broke or timed out, nobody
+    /// listens at the address (yet), or the process there is a replaced epoch.
+    fn is_lost_server(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Protocol { cause: ProtocolError::Io(_) | ProtocolError::Closed, .. }
+                | ClientError::Unreachable { .. }
+                | ClientError::Replaced { .. }
+                | ClientError::Refused { code: ErrorCode::Fenced, .. }
+        )
+    }
 }
 
 /// Where the servers are and how long to wait for them.
@@ -96,6 +135,10 @@ pub struct ClientConfig {
     pub ports_num_for_sparse: usize,
     /// This client's trainer id, told to servers in the handshake (`None` for tools).
     pub trainer: Option<u64>,
+    /// With a supervisor that restarts failed servers (`oar launch --max-restarts`): how long
+    /// to wait for a lost server to come back, reconnecting and sending it the unanswered
+    /// request again. `None`: a lost server fails the call at once.
+    pub recover: Option<Duration>,
 }
 
 impl ClientConfig {
@@ -109,6 +152,7 @@ impl ClientConfig {
             ports_num: 1,
             ports_num_for_sparse: 0,
             trainer: None,
+            recover: None,
         }
     }
 }
@@ -231,6 +275,17 @@ pub struct Client {
     layout: Option<DenseLayout>,
     order: Vec<u32>,
     starts: Vec<usize>,
+    config: ClientConfig,
+    /// The newest epoch met per server.
+    epochs: Vec<u64>,
+    /// Per server, how far its version was ahead of the lowest at the last pull: servers count
+    /// their own updates, and a restarted one counts on from its checkpoint, so each push's
+    /// staleness is judged against the version that server had.
+    ahead: Vec<u64>,
+    /// What a reconnection repeats so a restarted server knows this trainer's state: the
+    /// declaration, and the last pass this trainer ended.
+    declared: Option<Declaration>,
+    ended: Option<(u64, u64)>,
 }
 
 impl Client {
@@ -244,39 +299,171 @@ impl Client {
         }
         let n = config.servers.len();
         let mut conns = Vec::new();
+        let mut epochs = vec![0; n];
         for port in 0..config.ports_num + config.ports_num_for_sparse {
             let mut row = Vec::with_capacity(n);
-            for (index, base) in config.servers.iter().enumerate() {
-                let addr = port_plus(base, port).map_err(ClientError::Usage)?;
-                row.push(Self::open(config, index, addr)?);
+            for (index, met) in epochs.iter_mut().enumerate() {
+                let (conn, epoch) = Self::open(config, index, port, 0, config.connect_timeout)?;
+                *met = (*met).max(epoch);
+                row.push(conn);
             }
             conns.push(row);
         }
-        Ok(Client { conns, general: config.ports_num, turn: 0, layout: None, order: Vec::new(), starts: Vec::new() })
+        Ok(Client {
+            conns,
+            general: config.ports_num,
+            turn: 0,
+            layout: None,
+            order: Vec::new(),
+            starts: Vec::new(),
+            config: config.clone(),
+            epochs,
+            ahead: vec![0; n],
+            declared: None,
+            ended: None,
+        })
     }
 
-    fn open(config: &ClientConfig, index: usize, addr: String) -> Result<Conn, ClientError> {
-        let n = config.servers.len();
-        {
-            let stream = connect_with_retry(index, &addr, config.connect_timeout)?;
-            let mut conn = Conn { index, addr, stream, buf: FrameBuf::default() };
-            conn.stream.set_read_timeout(Some(config.reply_timeout)).map_err(|e| conn.fail(e.into()))?;
-            conn.stream.set_nodelay(true).map_err(|e| conn.fail(e.into()))?;
-            let hello = Hello {
-                version: PROTOCOL_VERSION,
-                job: config.job.clone(),
-                num_servers: n as u64,
-                server_index: index as u64,
-                trainer: config.trainer.unwrap_or(NOT_A_TRAINER),
-            };
-            conn.send(&Request::Hello(hello).encode())?;
-            let kind = conn.read()?;
-            match conn.reply(kind, "the handshake")? {
-                Response::Welcome { .. } => {}
-                other => return Err(conn.unexpected("the handshake", &other)),
+    /// Connects to server `index`'s `port`-th port and shakes hands, telling it the newest epoch
+    /// of it met so far; returns the connection and the server's epoch.
+    fn open(
+        config: &ClientConfig,
+        index: usize,
+        port: usize,
+        met: u64,
+        connect_timeout: Duration,
+    ) -> Result<(Conn, u64), ClientError> {
+        let addr = port_plus(&config.servers[index], port).map_err(ClientError::Usage)?;
+        let stream = connect_with_retry(index, &addr, connect_timeout)?;
+        let mut conn = Conn { index, addr, stream, buf: FrameBuf::default() };
+        conn.stream.set_read_timeout(Some(config.reply_timeout)).map_err(|e| conn.fail(e.into()))?;
+        conn.stream.set_nodelay(true).map_err(|e| conn.fail(e.into()))?;
+        let hello = Hello {
+            version: PROTOCOL_VERSION,
+            job: config.job.clone(),
+            num_servers: config.servers.len() as u64,
+            server_index: index as u64,
+            trainer: config.trainer.unwrap_or(NOT_A_TRAINER),
+            epoch: met,
+        };
+        conn.send(&Request::Hello(hello).encode())?;
+        let kind = conn.read()?;
+        match conn.reply(kind, "the handshake")? {
+            Response::Welcome { epoch, .. } if epoch < met => {
+                Err(ClientError::Replaced { index, addr: conn.addr.clone(), epoch, met })
             }
-            Ok(conn)
+            Response::Welcome { epoch, .. } => Ok((conn, epoch)),
+            other => Err(conn.unexpected("the handshake", &other)),
         }
+    }
+
+    /// Opens every port of server `s` again, and tells the (restarted) server what it must know
+    /// of this trainer: the declaration, and the pass it ended.
+    fn reconnect(&mut self, s: usize, deadline: Instant) -> Result<(), ClientError> {
+        let mut fresh = Vec::with_capacity(self.conns.len());
+        let mut epoch = self.epochs[s];
+        for port in 0..self.conns.len() {
+            let wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+            let (conn, e) = Self::open(&self.config, s, port, epoch, wait)?;
+            epoch = epoch.max(e);
+            fresh.push(conn);
+        }
+        if let Some(declaration) = &self.declared {
+            fresh[0].send(&Request::Declare(declaration.clone()).encode())?;
+            fresh[0].expect_done("the table declaration")?;
+        }
+        if let Some((trainer, pass)) = self.ended {
+            fresh[0].send(&Request::EndPass { trainer, pass }.encode())?;
+            fresh[0].expect_done("an end of pass")?;
+        }
+        for (row, conn) in self.conns.iter_mut().zip(fresh) {
+            row[s] = conn;
+        }
+        self.epochs[s] = epoch;
+        Ok(())
+    }
+
+    /// After `error` lost server `s` mid-call: with recovery on, reconnects (until the
+    /// recovery window ends) and runs `again` (the call's part for `s`), as often as it takes.
+    fn recover<T>(
+        &mut self,
+        s: usize,
+        error: ClientError,
+        mut again: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        let Some(window) = self.config.recover.filter(|_| error.is_lost_server()) else { return Err(error) };
+        let started = Instant::now();
+        let deadline = started + window;
+        let addr = self.config.servers[s].clone();
+        tracing::warn!(server = s, %addr, "lost server {s} ({error}); waiting up to {window:?} for it to come back");
+        let mut last = error;
+        loop {
+            if Instant::now() >= deadline {
+                return Err(ClientError::Lost { index: s, addr, waited: window, cause: last.to_string() });
+            }
+            let attempt = self.reconnect(s, deadline).and_then(|()| again(self));
+            match attempt {
+                Ok(v) => {
+                    let seconds = started.elapsed().as_secs_f64();
+                    tracing::warn!(server = s, epoch = self.epochs[s], seconds, "server {s} is back; going on");
+                    return Ok(v);
+                }
+                Err(e) if e.is_lost_server() => {
+                    last = e;
+                    std::thread::sleep(
+                        Duration::from_millis(50).min(deadline.saturating_duration_since(Instant::now())),
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends each server its frames (`parts[s]`: (port, frame) pairs), all before reading any
+    /// reply, then reads server `s`'s replies with `read(conns, s)`, in server order. A server
+    /// lost on the way is, with recovery on, reconnected and sent its frames again alone.
+    fn exchange<T>(
+        &mut self,
+        parts: &[Vec<(usize, Frame<'_>)>],
+        mut read: impl FnMut(&mut [Vec<Conn>], usize) -> Result<T, ClientError>,
+    ) -> Result<Vec<T>, ClientError> {
+        let recovering = self.config.recover.is_some();
+        let keep = |e: ClientError| if recovering && e.is_lost_server() { Ok(e) } else { Err(e) };
+        let mut lost: Vec<Option<ClientError>> = parts.iter().map(|_| None).collect();
+        for (s, frames) in parts.iter().enumerate() {
+            for (port, frame) in frames {
+                if let Err(e) = self.conns[*port][s].send(frame) {
+                    lost[s] = Some(keep(e)?);
+                    break;
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(parts.len());
+        for (s, gone) in lost.iter_mut().enumerate() {
+            if gone.is_some() {
+                out.push(None);
+                continue;
+            }
+            match read(&mut self.conns, s) {
+                Ok(v) => out.push(Some(v)),
+                Err(e) => {
+                    *gone = Some(keep(e)?);
+                    out.push(None);
+                }
+            }
+        }
+        for (s, gone) in lost.into_iter().enumerate() {
+            if let Some(error) = gone {
+                let v = self.recover(s, error, |client| {
+                    for (port, frame) in &parts[s] {
+                        client.conns[*port][s].send(frame)?;
+                    }
+                    read(&mut client.conns, s)
+                })?;
+                out[s] = Some(v);
+            }
+        }
+        Ok(out.into_iter().map(|v| v.expect("every server has answered")).collect())
     }
 
     fn servers(&self) -> usize {
@@ -301,34 +488,28 @@ impl Client {
 
     /// Sends one frame per server (all before reading, so the servers work concurrently), then
     /// hands each server's reply to `each` in server order.
-    fn round(
+    fn round<T>(
         &mut self,
-        frames: &[Frame],
+        request: &Request,
         what: &'static str,
-        mut each: impl FnMut(&Conn, Response) -> Result<(), ClientError>,
-    ) -> Result<(), ClientError> {
+        mut each: impl FnMut(&Conn, Response) -> Result<T, ClientError>,
+    ) -> Result<Vec<T>, ClientError> {
         let port = self.pick(false);
-        for (conn, frame) in self.conns[port].iter_mut().zip(frames) {
-            conn.send(frame)?;
-        }
-        for conn in &mut self.conns[port] {
+        let parts: Vec<_> = (0..self.servers()).map(|_| vec![(port, request.encode())]).collect();
+        self.exchange(&parts, |conns, s| {
+            let conn = &mut conns[port][s];
             let kind = conn.read()?;
             let conn = &*conn;
-            each(conn, conn.reply(kind, what)?)?;
-        }
-        Ok(())
+            each(conn, conn.reply(kind, what)?)
+        })
     }
 
     /// Sends the same request to every server and expects `Done` from each.
     fn broadcast_done(&mut self, request: &Request, what: &'static str) -> Result<(), ClientError> {
-        let frame = request.encode();
-        let port = self.pick(false);
-        for conn in &mut self.conns[port] {
-            conn.send(&frame)?;
-        }
-        for conn in &mut self.conns[port] {
-            conn.expect_done(what)?;
-        }
+        self.round(request, what, |conn, reply| match reply {
+            Response::Done => Ok(()),
+            other => Err(conn.unexpected(what, &other)),
+        })?;
         Ok(())
     }
 
@@ -341,6 +522,7 @@ impl Client {
     /// manifest of the model they save when every trainer has closed).
     pub fn declare_model(&mut self, spec: &TableSpec, model: serde_json::Value) -> Result<(), ClientError> {
         let declaration = Declaration { spec: spec.clone(), model };
+        self.declared = Some(declaration.clone());
         self.broadcast_done(&Request::Declare(declaration), "the table declaration")?;
         self.layout = Some(spec.dense.layout(self.servers()));
         Ok(())
@@ -384,40 +566,46 @@ impl Client {
         // before either reply is read.
         let (first, second) =
             if split { (self.pick(false), Some(self.pick(true))) } else { (self.pick(dense.is_none()), None) };
-        for (s, pull) in per_server.into_iter().enumerate() {
-            if second.is_some() {
-                let dense_half = Pull { dense: DenseSelection::All, create, sparse: Vec::new() };
-                self.conns[first][s].send(&Request::Pull(dense_half).encode())?;
-                let rows_half = Pull { dense: DenseSelection::None, ..pull };
-                self.conns[second.unwrap_or(first)][s].send(&Request::Pull(rows_half).encode())?;
-            } else {
-                self.conns[first][s].send(&Request::Pull(pull).encode())?;
-            }
-        }
-        let mut version = u64::MAX;
+        let requests: Vec<Vec<(usize, Request)>> = per_server
+            .into_iter()
+            .map(|pull| match second {
+                Some(port) => {
+                    let dense_half = Pull { dense: DenseSelection::All, create, sparse: Vec::new() };
+                    let rows_half = Pull { dense: DenseSelection::None, ..pull };
+                    vec![(first, Request::Pull(dense_half)), (port, Request::Pull(rows_half))]
+                }
+                None => vec![(first, Request::Pull(pull))],
+            })
+            .collect();
+        let parts: Vec<Vec<(usize, Frame)>> =
+            requests.iter().map(|r| r.iter().map(|(port, req)| (*port, req.encode())).collect()).collect();
         let mut dense = dense;
         if let Some(d) = dense.as_deref_mut() {
             d.resize(layout.total, 0.0);
         }
-        for s in 0..n {
+        let versions = self.exchange(&parts, |conns, s| {
             let no_tables: &[TableIds] = &[];
             let (first_tables, first_rows) =
                 if second.is_some() { (no_tables, &mut [][..]) } else { (tables, &mut *rows) };
-            let v = receive_values(
-                &mut self.conns[first][s],
+            let mut version = receive_values(
+                &mut conns[first][s],
                 &layout,
                 dense.as_deref_mut(),
                 first_tables,
                 &groupings,
                 first_rows,
             )?;
-            version = version.min(v);
             if let Some(port) = second {
-                let v = receive_values(&mut self.conns[port][s], &layout, None, tables, &groupings, rows)?;
+                let v = receive_values(&mut conns[port][s], &layout, None, tables, &groupings, rows)?;
                 version = version.min(v);
             }
+            Ok(version)
+        })?;
+        let lowest = versions.iter().copied().min().unwrap_or(0);
+        for (ahead, v) in self.ahead.iter_mut().zip(&versions) {
+            *ahead = v - lowest;
         }
-        Ok(version)
+        Ok(lowest)
     }
 
     /// Pushes one step's gradient sums over `samples` samples: the dense gradient (full flat
@@ -447,7 +635,7 @@ impl Client {
                 trainer: trainer as u64,
                 step,
                 pass: pass as u64,
-                base_version,
+                base_version: base_version + self.ahead[s],
                 samples: samples as u64,
                 part: PushPart::Whole,
                 apply,
@@ -472,22 +660,24 @@ impl Client {
         // Split like a pull: the server merges the halves of a sync step before applying it.
         let (first, second) =
             if split { (self.pick(false), Some(self.pick(true))) } else { (self.pick(dense.is_none()), None) };
-        for (s, push) in per_server.into_iter().enumerate() {
-            match second {
+        let requests: Vec<Vec<(usize, Request)>> = per_server
+            .into_iter()
+            .map(|push| match second {
                 Some(port) => {
                     let sparse_half = Push { part: PushPart::Sparse, dense: Vec::new(), ..push.clone() };
                     let dense_half = Push { part: PushPart::Dense, sparse: Vec::new(), ..push };
-                    self.conns[first][s].send(&Request::Push(dense_half).encode())?;
-                    self.conns[port][s].send(&Request::Push(sparse_half).encode())?;
+                    vec![(first, Request::Push(dense_half)), (port, Request::Push(sparse_half))]
                 }
-                None => self.conns[first][s].send(&Request::Push(push).encode())?,
-            }
-        }
-        let (mut discarded, mut staleness) = (0, 0);
-        for s in 0..n {
-            let mut stale = false;
+                None => vec![(first, Request::Push(push))],
+            })
+            .collect();
+        let parts: Vec<Vec<(usize, Frame)>> =
+            requests.iter().map(|r| r.iter().map(|(port, req)| (*port, req.encode())).collect()).collect();
+        let bases: Vec<u64> = (0..n).map(|s| base_version + self.ahead[s]).collect();
+        let outcomes = self.exchange(&parts, |conns, s| {
+            let (mut stale, mut staleness) = (false, 0);
             for port in std::iter::once(first).chain(second) {
-                let conn = &mut self.conns[port][s];
+                let conn = &mut conns[port][s];
                 let kind = conn.read()?;
                 match conn.reply(kind, "a push")? {
                     Response::Pushed { outcome, version } => {
@@ -495,42 +685,41 @@ impl Client {
                         // An applied push answers the version it made, a discarded one the
                         // version it found.
                         let found = if outcome == PushOutcome::Applied { version.saturating_sub(1) } else { version };
-                        staleness = staleness.max(found.saturating_sub(base_version));
+                        staleness = staleness.max(found.saturating_sub(bases[s]));
                     }
                     other => return Err(conn.unexpected("a push", &other)),
                 }
             }
-            discarded += stale as usize;
-        }
+            Ok((stale, staleness))
+        })?;
+        let discarded = outcomes.iter().filter(|(stale, _)| *stale).count();
+        let staleness = outcomes.iter().map(|(_, k)| *k).max().unwrap_or(0);
         Ok(PushReport { discarded, staleness })
     }
 
     /// Waits at server 0's barrier until every active trainer has reached `epoch`.
     pub fn barrier(&mut self, trainer: usize, epoch: u64) -> Result<(), ClientError> {
         let port = self.pick(false);
-        let conn = &mut self.conns[port][0];
-        conn.send(&Request::Barrier { trainer: trainer as u64, epoch }.encode())?;
-        conn.expect_done("a barrier")
+        let request = Request::Barrier { trainer: trainer as u64, epoch };
+        let mut parts: Vec<Vec<(usize, Frame)>> = (0..self.servers()).map(|_| Vec::new()).collect();
+        parts[0].push((port, request.encode()));
+        self.exchange(&parts, |conns, s| if s == 0 { conns[port][0].expect_done("a barrier") } else { Ok(()) })?;
+        Ok(())
     }
 
     /// Tells every server this trainer has no more steps in `pass`.
     pub fn end_pass(&mut self, trainer: usize, pass: u32) -> Result<(), ClientError> {
+        self.ended = Some((trainer as u64, pass as u64));
         self.broadcast_done(&Request::EndPass { trainer: trainer as u64, pass: pass as u64 }, "an end of pass")
     }
 
     /// Asks every server to write its shard into `dir`; returns the shard entries by server.
     pub fn save(&mut self, dir: &str) -> Result<Vec<ShardEntry>, ClientError> {
         let request = Request::Save { dir: dir.to_string() };
-        let frames: Vec<Frame> = (0..self.servers()).map(|_| request.encode()).collect();
-        let mut entries = Vec::new();
-        self.round(&frames, "a save", |conn, reply| match reply {
-            Response::Saved { file, bytes, crc32 } => {
-                entries.push(ShardEntry { file, bytes, crc32 });
-                Ok(())
-            }
+        self.round(&request, "a save", |conn, reply| match reply {
+            Response::Saved { file, bytes, crc32 } => Ok(ShardEntry { file, bytes, crc32 }),
             other => Err(conn.unexpected("a save", &other)),
-        })?;
-        Ok(entries)
+        })
     }
 
     /// Tells every server this trainer is done.
@@ -540,16 +729,33 @@ impl Client {
 
     /// Every server's counters.
     pub fn stats(&mut self) -> Result<Vec<ServerStats>, ClientError> {
-        let frames: Vec<Frame> = (0..self.servers()).map(|_| Request::Stats.encode()).collect();
-        let mut stats = Vec::new();
-        self.round(&frames, "a stats request", |conn, reply| match reply {
+        self.round(&Request::Stats, "a stats request", |conn, reply| match reply {
             Response::Stats(json) => {
-                stats.push(serde_json::from_str(&json).map_err(|e| conn.mismatch("a stats request", e.to_string()))?);
-                Ok(())
+                serde_json::from_str(&json).map_err(|e| conn.mismatch("a stats request", e.to_string()))
             }
             other => Err(conn.unexpected("a stats request", &other)),
-        })?;
-        Ok(stats)
+        })
+    }
+}
+
+/// A supervisor's heartbeat: whether server `index` of `servers` at `addr` (of epoch `epoch`)
+/// answers a handshake and a stats request within `timeout`. A stopped or hung process accepts
+/// the connection (the kernel does) but never answers.
+pub fn probe(
+    addr: &str,
+    job: &str,
+    index: usize,
+    servers: usize,
+    epoch: u64,
+    timeout: Duration,
+) -> Result<(), ClientError> {
+    let config = ClientConfig::new(vec![addr.to_string(); servers], job, timeout, timeout);
+    let (mut conn, _) = Client::open(&config, index, 0, epoch, timeout)?;
+    conn.send(&Request::Stats.encode())?;
+    let kind = conn.read()?;
+    match conn.reply(kind, "a heartbeat")? {
+        Response::Stats(_) => Ok(()),
+        other => Err(conn.unexpected("a heartbeat", &other)),
     }
 }
 

@@ -15,7 +15,8 @@ use anyhow::Context;
 use crate::config::JobConfig;
 use crate::server::Mode;
 use crate::supervise::{
-    check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, Proc, Ready,
+    check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, Keeper, Proc,
+    Ready,
 };
 
 /// What to launch.
@@ -39,6 +40,9 @@ pub struct LaunchConfig {
     pub resume: Option<PathBuf>,
     /// Servers checkpoint in the background every this many seconds into `output/checkpoints`.
     pub checkpoint_every: Option<f64>,
+    /// Servers that die (or hang) are restarted from their latest checkpoint, this many times
+    /// in all; trainers wait for them meanwhile.
+    pub max_restarts: usize,
     /// Folder of the log files.
     pub logs: PathBuf,
     /// The `oar` binary to start.
@@ -77,6 +81,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     let interrupted = interrupt_flag();
 
     let mut procs: Vec<Proc> = Vec::new();
+    let mut keeper = ServerKeeper::new(config, &job_id);
     let result = (|| -> anyhow::Result<LaunchSummary> {
         let (tx, rx) = mpsc::channel();
         for i in 0..config.servers {
@@ -115,11 +120,12 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             }
             let log = config.logs.join(format!("server.{i}.log"));
             procs.push(spawn(child(&config.exe, &args), &format!("server {i}"), log, Some((i, tx.clone())))?);
+            keeper.args.push(args);
         }
         let mut addrs = vec![String::new(); config.servers];
         let deadline = Instant::now() + Duration::from_secs(60);
         while addrs.iter().any(|a| a.is_empty()) {
-            check_children(&mut procs, &interrupted)?;
+            check_children(&mut procs, &interrupted, &mut crate::supervise::FailFast)?;
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(Ready(i, addr)) => addrs[i] = addr,
                 Err(_) if Instant::now() > deadline => {
@@ -134,6 +140,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         }
         let servers = addrs.join(",");
         let first_worker = procs.len();
+        keeper.watch(addrs, tx, rx);
         for w in 0..config.workers {
             let mut args: Vec<String> = vec![
                 "train".into(),
@@ -161,6 +168,9 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             if let Some(r) = &config.resume {
                 args.extend(["--resume".into(), r.display().to_string()]);
             }
+            if config.max_restarts > 0 {
+                args.extend(["--recover-timeout".into(), RECOVER_SECONDS.to_string()]);
+            }
             let log = config.logs.join(format!("worker.{w}.log"));
             procs.push(spawn(child(&config.exe, &args), &format!("worker {w}"), log, None)?);
         }
@@ -177,11 +187,13 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             )
             .expect("the template is valid"),
         );
-        wait_for_trainers(&mut procs, first_worker, &interrupted, &bar, |bytes, _| bytes.min(total))?;
+        wait_for_trainers(&mut procs, first_worker, &interrupted, &mut keeper, &bar, |bytes, _| bytes.min(total))?;
         bar.finish_and_clear();
-        wait_for_servers(&mut procs, first_worker, &interrupted)?;
-        summarize(config.servers, &procs[first_worker..], started.elapsed().as_secs_f64(), &config.logs)
+        wait_for_servers(&mut procs, first_worker, &interrupted, &mut keeper)?;
+        let restarts = std::mem::take(&mut keeper.restarts);
+        summarize(config.servers, &procs[first_worker..], started.elapsed().as_secs_f64(), &config.logs, restarts)
     })();
+    keeper.stop();
     if result.is_err() {
         kill_all(&mut procs);
     } else {
@@ -195,4 +207,189 @@ fn child(exe: &Path, args: &[String]) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args(args).env("OAR_LAUNCHED", "1").stdin(std::process::Stdio::null());
     cmd
+}
+
+/// Seconds trainers wait for a restarted server before failing.
+const RECOVER_SECONDS: u64 = 60;
+/// A server that answers no heartbeat for this many probes in a row is taken for hung.
+const HEARTBEAT_MISSES: u32 = 3;
+/// Time between heartbeats, and the longest wait for each.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A server's place as the heartbeat sees it.
+#[derive(Clone, Default)]
+struct Watched {
+    addr: String,
+    epoch: u64,
+    /// Listening (its `OAR_READY` seen since it last started).
+    ready: bool,
+    /// Heartbeats missed in a row.
+    misses: u32,
+}
+
+/// Keeps the servers of a launch going: a heartbeat thread probes each one, the keeper kills one
+/// that stopped answering (a stopped or hung process), and restarts a server that died from its
+/// newest checkpoint under the next epoch, on the same port, while trainers wait (up to
+/// `--max-restarts` restarts in all). Trainers are not restarted: one that fails ends the job.
+struct ServerKeeper {
+    servers: usize,
+    max_restarts: usize,
+    job: String,
+    exe: PathBuf,
+    logs: PathBuf,
+    checkpoints: Option<PathBuf>,
+    /// Each server's command line as first started.
+    args: Vec<Vec<String>>,
+    watched: std::sync::Arc<std::sync::Mutex<Vec<Watched>>>,
+    ready: Option<(mpsc::Sender<Ready>, mpsc::Receiver<Ready>)>,
+    /// Why the keeper killed a server, by index.
+    killed: Vec<Option<String>>,
+    restarts: Vec<crate::supervise::Restart>,
+    started: Instant,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    heartbeat: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServerKeeper {
+    fn new(config: &LaunchConfig, job: &str) -> ServerKeeper {
+        ServerKeeper {
+            servers: config.servers,
+            max_restarts: config.max_restarts,
+            job: job.to_string(),
+            exe: config.exe.clone(),
+            logs: config.logs.clone(),
+            checkpoints: config.checkpoint_every.and(config.output.as_ref()).map(|o| o.join("checkpoints")),
+            args: Vec::new(),
+            watched: Default::default(),
+            ready: None,
+            killed: vec![None; config.servers],
+            restarts: Vec::new(),
+            started: Instant::now(),
+            stop: Default::default(),
+            heartbeat: None,
+        }
+    }
+
+    /// Starts the heartbeat on the listening servers.
+    fn watch(&mut self, addrs: Vec<String>, tx: mpsc::Sender<Ready>, rx: mpsc::Receiver<Ready>) {
+        *self.watched.lock().expect("no panics under this lock") =
+            addrs.into_iter().map(|addr| Watched { addr, ready: true, ..Watched::default() }).collect();
+        self.ready = Some((tx, rx));
+        let (watched, stop, job, servers) = (self.watched.clone(), self.stop.clone(), self.job.clone(), self.servers);
+        self.heartbeat = std::thread::Builder::new()
+            .name("oar-heartbeat".into())
+            .spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let places = watched.lock().expect("no panics under this lock").clone();
+                    for (i, w) in places.iter().enumerate().filter(|(_, w)| w.ready) {
+                        let answered =
+                            crate::client::probe(&w.addr, &job, i, servers, w.epoch, HEARTBEAT_TIMEOUT).is_ok();
+                        let mut all = watched.lock().expect("no panics under this lock");
+                        // Counted only against the process probed (not one restarted meanwhile).
+                        if all[i].epoch == w.epoch && all[i].ready {
+                            all[i].misses = if answered { 0 } else { all[i].misses + 1 };
+                        }
+                    }
+                    std::thread::sleep(HEARTBEAT_EVERY);
+                }
+            })
+            .ok();
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+    }
+
+    /// The restarted server's command line: the first one on the port it had, at the next
+    /// epoch, from its newest checkpoint, told which trainers have already closed.
+    fn restart_args(&self, i: usize, epoch: u64, procs: &mut [Proc]) -> Vec<String> {
+        let addr = self.watched.lock().expect("no panics under this lock")[i].addr.clone();
+        let port = addr.rsplit_once(':').map_or("0", |(_, p)| p).to_string();
+        let mut args = self.args[i].clone();
+        if let Some(at) = args.iter().position(|a| a == "--port") {
+            args[at + 1] = port;
+        }
+        let from_checkpoint = self.checkpoints.as_ref().filter(|d| crate::shard_checkpoints::has_checkpoints(d, i));
+        if let Some(dir) = from_checkpoint {
+            if let Some(at) = args.iter().position(|a| a == "--resume") {
+                args.drain(at..at + 2);
+            }
+            args.extend(["--resume".into(), dir.display().to_string()]);
+        }
+        let closed: Vec<String> = procs[self.servers..]
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(w, p)| matches!(p.child.try_wait(), Ok(Some(s)) if s.success()).then(|| w.to_string()))
+            .collect();
+        if !closed.is_empty() {
+            args.extend(["--trainers-closed".into(), closed.join(",")]);
+        }
+        args.extend(["--epoch".into(), epoch.to_string()]);
+        args
+    }
+}
+
+impl Keeper for ServerKeeper {
+    fn tick(&mut self, procs: &mut [Proc]) -> anyhow::Result<()> {
+        if let Some((_, rx)) = &self.ready {
+            while let Ok(Ready(i, _)) = rx.try_recv() {
+                let mut watched = self.watched.lock().expect("no panics under this lock");
+                watched[i].ready = true;
+                watched[i].misses = 0;
+            }
+        }
+        let hung: Vec<usize> = {
+            let watched = self.watched.lock().expect("no panics under this lock");
+            (0..watched.len()).filter(|&i| watched[i].ready && watched[i].misses >= HEARTBEAT_MISSES).collect()
+        };
+        for i in hung {
+            let silent = HEARTBEAT_MISSES as u64 * (HEARTBEAT_EVERY + HEARTBEAT_TIMEOUT).as_secs();
+            let why = format!("it answered no heartbeat for about {silent} s (stopped or hung), so it was killed");
+            tracing::error!(server = i, "server {i}: {why}");
+            self.killed[i] = Some(why);
+            self.watched.lock().expect("no panics under this lock")[i].ready = false;
+            // SIGKILL ends a stopped process too; its sockets close, so trainers notice at once.
+            let _ = procs[i].child.kill();
+            let _ = procs[i].child.wait();
+        }
+        Ok(())
+    }
+
+    fn restart(&mut self, procs: &mut [Proc], i: usize, status: std::process::ExitStatus) -> anyhow::Result<bool> {
+        if i >= self.servers || self.restarts.len() >= self.max_restarts || self.ready.is_none() {
+            return Ok(false);
+        }
+        let epoch = self.watched.lock().expect("no panics under this lock")[i].epoch + 1;
+        let args = self.restart_args(i, epoch, procs);
+        let cause = self.killed[i].take().unwrap_or_else(|| status.to_string());
+        let at = self.started.elapsed().as_secs_f64();
+        tracing::warn!(server = i, epoch, "server {i} failed ({cause}); restarting it");
+        eprintln!("server {i} failed ({cause}); restarting it as epoch {epoch}");
+        let log = self.logs.join(format!("server.{i}.epoch-{epoch}.log"));
+        let tx = self.ready.as_ref().map(|(tx, _)| tx.clone()).expect("checked above");
+        procs[i] = spawn(child(&self.exe, &args), &format!("server {i} (epoch {epoch})"), log, Some((i, tx)))?;
+        {
+            let mut watched = self.watched.lock().expect("no panics under this lock");
+            watched[i].epoch = epoch;
+            watched[i].ready = false;
+            watched[i].misses = 0;
+        }
+        let from = args.iter().position(|a| a == "--resume").map(|at| args[at + 1].clone());
+        self.restarts.push(crate::supervise::Restart {
+            process: format!("server {i}"),
+            epoch,
+            at_seconds: at,
+            cause,
+            from,
+        });
+        Ok(true)
+    }
+
+    fn cause(&self, i: usize) -> Option<String> {
+        self.killed.get(i).cloned().flatten()
+    }
 }

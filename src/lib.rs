@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod env;
+pub mod fault;
 pub mod launch;
 pub mod layout;
 pub mod metrics;

@@ -86,6 +86,12 @@ pub struct ServerConfig {
     pub save_root: PathBuf,
     /// Checkpoint the shard in the background, as this says.
     pub checkpoints: Option<crate::shard_checkpoints::Policy>,
+    /// This process's incarnation of its place: 0 at first, one more for each restart. A
+    /// client that has met a newer epoch is refused, and the server stops (it has been replaced).
+    pub epoch: u64,
+    /// Trainers that closed before this server started (a restarted server is told them by its
+    /// supervisor), so the job can end without them.
+    pub closed: Vec<u64>,
 }
 
 impl ServerConfig {
@@ -187,6 +193,8 @@ struct State {
     arrived: Mutex<BTreeSet<u64>>,
     /// A trainer whose connection ended before it closed (it failed or was killed).
     lost: watch::Sender<Option<u64>>,
+    /// The newer epoch of this server a client has met: this process has been replaced.
+    fenced: watch::Sender<Option<u64>>,
 }
 
 type Reply = Result<Answer, (ErrorCode, String)>;
@@ -213,6 +221,12 @@ impl From<Response<'static>> for Answer {
 impl State {
     fn shard(&self) -> Result<Arc<Shard>, (ErrorCode, String)> {
         self.shard.lock().clone().ok_or((ErrorCode::State, "no tables declared yet".to_string()))
+    }
+
+    /// A fault the tests planned for this server at this version (see [`crate::fault`]).
+    fn injected_fault(&self, version: u64) {
+        let me = crate::fault::Target::Server(self.config.index);
+        crate::fault::at(me, self.config.epoch, crate::fault::Moment::Version(version));
     }
 
     fn active(&self) -> Vec<u64> {
@@ -267,9 +281,12 @@ pub async fn run(
         listeners.len(),
         config.sparse_ports
     );
-    let shard = match &config.resume {
-        Some(dir) => Some(Arc::new(load_resume_shard(dir, &config)?)),
-        None => None,
+    let (shard, version) = match &config.resume {
+        Some(dir) => {
+            let (shard, version) = load_resume_shard(dir, &config)?;
+            (Some(Arc::new(shard)), version)
+        }
+        None => (None, 0),
     };
     let ports = listeners.len();
     let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
@@ -277,17 +294,34 @@ pub async fn run(
         place: Mutex::new(place),
         model: Mutex::new(serde_json::Value::Null),
         shard: Mutex::new(shard),
-        counters: Counters { port_requests: (0..ports).map(|_| AtomicU64::new(0)).collect(), ..Counters::default() },
-        sync: Mutex::new(SyncStep::default()),
-        applied: watch::channel(0).0,
+        // A shard restored from a checkpoint goes on counting from the updates it holds, so a
+        // sync step or an async staleness check sees the versions it would have.
+        counters: Counters {
+            version: AtomicU64::new(version),
+            port_requests: (0..ports).map(|_| AtomicU64::new(0)).collect(),
+            ..Counters::default()
+        },
+        sync: Mutex::new(SyncStep { step: version, ..SyncStep::default() }),
+        applied: watch::channel(version).0,
         barrier: Mutex::new(BTreeMap::new()),
         changed: watch::channel(0).0,
-        closed: Mutex::new(BTreeSet::new()),
+        closed: Mutex::new(config.closed.iter().copied().collect()),
         all_closed: watch::channel(false).0,
-        arrived: Mutex::new(BTreeSet::new()),
+        arrived: Mutex::new(config.closed.iter().copied().collect()),
         lost: watch::channel(None).0,
+        fenced: watch::channel(None).0,
         config,
     });
+    if state.config.epoch > 0 {
+        tracing::info!(epoch = state.config.epoch, version, closed = ?state.config.closed, "restarted server");
+    }
+    // Restarted after every trainer had closed (it died saving): only the final save is left.
+    if state.config.exit_when_done && state.closed.lock().len() >= state.config.trainers {
+        if let Some(dir) = &state.config.save_dir {
+            save_final(&state, dir).map_err(|(_, m)| anyhow::anyhow!(m))?;
+        }
+        return Ok(state.stats());
+    }
     let mut done = state.all_closed.subscribe();
     let exit_when_done = state.config.exit_when_done;
     let all_closed = async move {
@@ -329,16 +363,24 @@ pub async fn run(
     let mut checkpoint_thread = None;
     if let Some(policy) = state.config.checkpoints.clone() {
         let (watched, index) = (state.clone(), state.config.index);
+        let fence = crate::shard_checkpoints::Fence { job: state.config.job.clone(), epoch: state.config.epoch };
         let shard = move || {
             let shard = watched.shard.lock().clone()?;
             Some((shard, watched.counters.version.load(Relaxed)))
         };
         let thread = std::thread::Builder::new()
             .name("oar-checkpoint".into())
-            .spawn(move || crate::shard_checkpoints::run(policy, index, shard, stopped))
+            .spawn(move || crate::shard_checkpoints::run(policy, index, fence, shard, stopped))
             .context("starting the checkpoint thread")?;
         checkpoint_thread = Some(thread);
     }
+    let mut fenced = state.fenced.subscribe();
+    let replaced = async move {
+        match fenced.wait_for(Option::is_some).await {
+            Ok(e) => e.unwrap_or_default(),
+            Err(_) => std::future::pending().await,
+        }
+    };
     let mut acceptors = tokio::task::JoinSet::new();
     for (port, listener) in listeners.into_iter().enumerate() {
         let state = state.clone();
@@ -362,6 +404,15 @@ pub async fn run(
     tokio::select! {
         _ = shutdown => {}
         _ = all_closed => tracing::info!("every trainer has closed; stopping"),
+        newer = replaced => {
+            acceptors.abort_all();
+            anyhow::bail!(
+                "server {} epoch {} has been replaced by epoch {newer} (it was stopped or unreachable and restarted): \
+                 this process stops without touching the job's state",
+                state.config.index,
+                state.config.epoch
+            );
+        }
         Some(trainer) = lost_trainer => {
             acceptors.abort_all();
             anyhow::bail!(
@@ -386,7 +437,8 @@ pub async fn run(
     Ok(state.stats())
 }
 
-fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Result<Shard> {
+/// The shard to resume from, and the updates it holds (0 for a saved pass).
+fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Result<(Shard, u64)> {
     // A checkpoint folder (background checkpoints): this server's newest readable one.
     if crate::shard_checkpoints::has_checkpoints(dir, config.index) {
         let (entry, shard) = crate::shard_checkpoints::load_latest(dir, config.index)?;
@@ -398,7 +450,7 @@ fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Re
             config.num_servers
         );
         tracing::info!(dir = %dir.display(), seq = entry.seq, version = entry.version, "resumed shard from a checkpoint");
-        return Ok(shard);
+        return Ok((shard, entry.version));
     }
     let (manifest, pass_dir) = Manifest::find(dir)?;
     anyhow::ensure!(
@@ -410,7 +462,7 @@ fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Re
     );
     let shard = manifest.load_shard(&pass_dir, config.index)?;
     tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, "resumed shard");
-    Ok(shard)
+    Ok((shard, 0))
 }
 
 /// Why a request may not use a sparse-only port, if it may not.
@@ -503,7 +555,7 @@ async fn serve_requests(
             )),
             _ => handle(state, request, &mut scratch).await,
         };
-        let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State, _))) && !greeted;
+        let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State | ErrorCode::Fenced, _))) && !greeted;
         greeted |= reply.is_ok();
         if reply.is_ok() && hello_from.is_some() {
             *trainer = hello_from;
@@ -554,6 +606,11 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
     if h.job != c.job {
         return refuse(format!("job '{}' does not match this server's job '{}'", h.job, c.job));
     }
+    if h.epoch > c.epoch {
+        state.fenced.send_replace(Some(h.epoch));
+        let m = format!("server {} epoch {} has been replaced by epoch {}: it stops", c.index, c.epoch, h.epoch);
+        return Err((ErrorCode::Fenced, m));
+    }
     // A place learned from this handshake must be one that routes: an index among at least one
     // server (a zero count would poison the server for its life at the first declaration).
     if h.num_servers == 0 || h.server_index >= h.num_servers {
@@ -574,7 +631,7 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
             h.server_index, h.num_servers
         ));
     }
-    Ok(Answer::Response(Response::Welcome { server_index: index as u64, num_servers: servers as u64 }))
+    Ok(Answer::Response(Response::Welcome { server_index: index as u64, num_servers: servers as u64, epoch: c.epoch }))
 }
 
 /// Row buffers of a connection's last pull reply, handed back for the next one.
@@ -756,6 +813,7 @@ fn push_async(state: &State, push: Push<'_>) -> Reply {
     apply(&shard, &push.dense_contiguous(), &push.sparse, push.samples, factor)?;
     // The sparse half of a split push is part of the update its dense half counts.
     let version = if push.part == PushPart::Sparse { version } else { c.version.fetch_add(1, Relaxed) + 1 };
+    state.injected_fault(version);
     Ok(Answer::Response(Response::Pushed { outcome: PushOutcome::Applied, version }))
 }
 
@@ -844,7 +902,8 @@ fn try_complete_step(state: &State, shard: &Shard, pending: &mut SyncStep) -> Re
     let keys: u64 = sparse.iter().map(|s| s.ids.len() as u64).sum();
     let result = apply(shard, &dense, &sparse, samples, 1.0);
     state.counters.keys_pushed.fetch_add(keys, Relaxed);
-    state.counters.version.fetch_add(1, Relaxed);
+    let version = state.counters.version.fetch_add(1, Relaxed) + 1;
+    state.injected_fault(version);
     pending.step += 1;
     state.applied.send_replace(pending.step);
     result

@@ -39,6 +39,43 @@ pub struct Entry {
     pub crc32: u32,
     /// Milliseconds since the Unix epoch when it was taken.
     pub unix_ms: u64,
+    /// The epoch of the server process that wrote it.
+    #[serde(default)]
+    pub epoch: u64,
+}
+
+/// Which incarnation of a server may write its checkpoints: each server claims its folder for
+/// its (job, epoch) in `fence.json` when it starts, and a checkpoint is published only while no
+/// newer epoch of the same job has claimed it. A replaced server that wakes up (SIGCONT after a
+/// SIGSTOP) therefore cannot publish a checkpoint over its successor's.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Fence {
+    /// The job id.
+    pub job: String,
+    /// The server's epoch.
+    pub epoch: u64,
+}
+
+impl Fence {
+    fn path(folder: &Path) -> PathBuf {
+        folder.join("fence.json")
+    }
+
+    /// The newer epoch of this job that has claimed `folder`, if one has.
+    fn superseded_by(&self, folder: &Path) -> Option<u64> {
+        let claimed: Fence = serde_json::from_slice(&std::fs::read(Self::path(folder)).ok()?).ok()?;
+        (claimed.job == self.job && claimed.epoch > self.epoch).then_some(claimed.epoch)
+    }
+
+    /// Claims `folder` for this epoch (unless a newer one has).
+    fn claim(&self, folder: &Path) -> Result<(), CheckpointError> {
+        if let Some(newer) = self.superseded_by(folder) {
+            return Err(CheckpointError::Superseded { epoch: self.epoch, newer });
+        }
+        std::fs::create_dir_all(folder)
+            .and_then(|_| std::fs::write(Self::path(folder), serde_json::to_vec(self).expect("a fence serializes")))
+            .map_err(|cause| CheckpointError::Io { path: Self::path(folder), cause })
+    }
 }
 
 /// Server `index`'s folder under the job's checkpoint folder.
@@ -65,14 +102,25 @@ fn complete(server_dir: &Path) -> Vec<(u64, PathBuf)> {
 pub struct Checkpointer {
     policy: Policy,
     index: usize,
+    fence: Fence,
     next: u64,
+    /// Checkpoints attempted by this process.
+    attempts: u64,
 }
 
 impl Checkpointer {
-    /// For server `index`.
-    pub fn new(policy: Policy, index: usize) -> Checkpointer {
-        let next = complete(&server_dir(&policy.dir, index)).last().map_or(1, |(seq, _)| seq + 1);
-        Checkpointer { policy, index, next }
+    /// For server `index`, claiming its folder for `fence` (see [`Fence`]).
+    pub fn new(policy: Policy, index: usize, fence: Fence) -> Result<Checkpointer, CheckpointError> {
+        let folder = server_dir(&policy.dir, index);
+        fence.claim(&folder)?;
+        // A process killed mid-write left its temporary folder: never published, never needed.
+        for e in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().ends_with(".tmp") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let next = complete(&folder).last().map_or(1, |(seq, _)| seq + 1);
+        Ok(Checkpointer { policy, index, fence, next, attempts: 0 })
     }
 
     /// Snapshots `shard` (at `version` updates) and writes it as the next checkpoint, then drops
@@ -80,6 +128,7 @@ impl Checkpointer {
     pub fn write(&mut self, shard: &Shard, version: u64) -> Result<Entry, CheckpointError> {
         let seq = self.next;
         self.next += 1;
+        self.attempts += 1;
         let snapshot = ShardSnapshot::take(shard);
         let folder = server_dir(&self.policy.dir, self.index);
         let name = format!("ckpt-{seq:06}");
@@ -90,11 +139,16 @@ impl Checkpointer {
         };
         let publish = || -> Result<Entry, CheckpointError> {
             let (_, bytes, crc32) = write_snapshot(&snapshot, &tmp)?;
+            let moment = crate::fault::Moment::Checkpoint(self.attempts);
+            crate::fault::at(crate::fault::Target::Server(self.index), self.fence.epoch, moment);
             let unix_ms =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-            let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64 };
+            let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64, epoch: self.fence.epoch };
             let json = serde_json::to_vec_pretty(&entry).expect("an entry always serializes");
             std::fs::write(tmp.join("entry.json"), json).map_err(io(&tmp))?;
+            if let Some(newer) = self.fence.superseded_by(&folder) {
+                return Err(CheckpointError::Superseded { epoch: self.fence.epoch, newer });
+            }
             let done = folder.join(&name);
             std::fs::rename(&tmp, &done).map_err(io(&done))?;
             // The rename is durable once the folder holding it is synced.
@@ -117,11 +171,15 @@ impl Checkpointer {
 pub fn run(
     policy: Policy,
     index: usize,
+    fence: Fence,
     shard: impl Fn() -> Option<(Arc<Shard>, u64)>,
     stop: std::sync::mpsc::Receiver<()>,
 ) {
     let every = policy.every;
-    let mut checkpointer = Checkpointer::new(policy, index);
+    let mut checkpointer = match Checkpointer::new(policy, index, fence) {
+        Ok(c) => c,
+        Err(e) => return tracing::error!("no checkpoints will be written: {e}"),
+    };
     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
         let Some((shard, version)) = shard() else { continue };
         let started = std::time::Instant::now();
@@ -133,6 +191,7 @@ pub fn run(
                 seconds = started.elapsed().as_secs_f64(),
                 "checkpoint written"
             ),
+            Err(e @ CheckpointError::Superseded { .. }) => return tracing::error!("checkpoints stop: {e}"),
             Err(e) => tracing::error!("checkpoint failed, training goes on: {e}"),
         }
     }

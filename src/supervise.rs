@@ -43,6 +43,24 @@ pub struct LaunchSummary {
     pub staleness: crate::metrics::Staleness,
     /// Every trainer's report.
     pub reports: Vec<TrainReport>,
+    /// Processes restarted during the job (`oar launch --max-restarts`).
+    #[serde(default)]
+    pub restarts: Vec<Restart>,
+}
+
+/// One restart of a failed process.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Restart {
+    /// Which (`server 1`).
+    pub process: String,
+    /// The epoch it was restarted as.
+    pub epoch: u64,
+    /// Seconds into the job.
+    pub at_seconds: f64,
+    /// Why it had to be.
+    pub cause: String,
+    /// What it resumed from (a checkpoint folder or a saved model), if anything.
+    pub from: Option<String>,
 }
 
 /// What a child has said so far.
@@ -133,10 +151,33 @@ pub(crate) fn kill_all(procs: &mut [Proc]) {
     }
 }
 
-fn failure(p: &Proc, status: std::process::ExitStatus) -> String {
+fn failure(p: &Proc, status: std::process::ExitStatus, cause: Option<String>) -> String {
     let last = p.with_state(|s| s.last_line.clone());
-    format!("{} failed ({status}); last log line: {last} (full log: {})", p.name, p.log.display())
+    let cause = cause.map(|c| format!(": {c}")).unwrap_or_default();
+    format!("{} failed ({status}){cause}; last log line: {last} (full log: {})", p.name, p.log.display())
 }
+
+/// How a launcher keeps its children going: called on every poll, and for each child that
+/// failed. The default gives up on the first failure.
+pub(crate) trait Keeper {
+    /// Every poll: may kill children found hung (they then fail like any other).
+    fn tick(&mut self, _procs: &mut [Proc]) -> anyhow::Result<()> {
+        Ok(())
+    }
+    /// Child `i` failed: `Ok(true)` once it has been restarted in its place.
+    fn restart(&mut self, _procs: &mut [Proc], _i: usize, _status: std::process::ExitStatus) -> anyhow::Result<bool> {
+        Ok(false)
+    }
+    /// Why child `i` failed, when the keeper knows more than its exit status (it killed it).
+    fn cause(&self, _i: usize) -> Option<String> {
+        None
+    }
+}
+
+/// Fails the job as soon as any child fails.
+pub(crate) struct FailFast;
+
+impl Keeper for FailFast {}
 
 /// A flag set by Ctrl-C.
 pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
@@ -149,17 +190,23 @@ pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
 
 /// Returns the indices of children that exited successfully; fails (after stopping nothing:
 /// the caller stops everyone) when one failed or Ctrl-C was pressed.
-pub(crate) fn check_children(procs: &mut [Proc], interrupted: &AtomicBool) -> anyhow::Result<Vec<usize>> {
+pub(crate) fn check_children(
+    procs: &mut [Proc],
+    interrupted: &AtomicBool,
+    keeper: &mut dyn Keeper,
+) -> anyhow::Result<Vec<usize>> {
     if interrupted.load(Ordering::SeqCst) {
         anyhow::bail!("interrupted (Ctrl-C): stopping every server and worker");
     }
+    keeper.tick(procs)?;
     let mut done = Vec::new();
     let mut failed = Vec::new();
-    for (i, p) in procs.iter_mut().enumerate() {
+    for i in 0..procs.len() {
+        let p = &mut procs[i];
         if let Some(status) = p.child.try_wait().with_context(|| format!("cannot wait for {}", p.name))? {
             if status.success() {
                 done.push(i);
-            } else {
+            } else if !keeper.restart(procs, i, status)? {
                 failed.push((i, status));
             }
         }
@@ -178,7 +225,7 @@ pub(crate) fn check_children(procs: &mut [Proc], interrupted: &AtomicBool) -> an
             }
         }
     }
-    let all: Vec<String> = failed.iter().map(|&(i, status)| failure(&procs[i], status)).collect();
+    let all: Vec<String> = failed.iter().map(|&(i, status)| failure(&procs[i], status, keeper.cause(i))).collect();
     anyhow::bail!("{}", all.join("; also "))
 }
 
@@ -188,12 +235,13 @@ pub(crate) fn wait_for_trainers(
     procs: &mut [Proc],
     first_worker: usize,
     interrupted: &AtomicBool,
+    keeper: &mut dyn Keeper,
     bar: &indicatif::ProgressBar,
     show: impl Fn(u64, u64) -> u64,
 ) -> anyhow::Result<()> {
     let mut workers_done = vec![false; procs.len() - first_worker];
     loop {
-        let done = check_children(procs, interrupted)?;
+        let done = check_children(procs, interrupted, keeper)?;
         for (w, d) in workers_done.iter_mut().enumerate() {
             *d |= done.contains(&(first_worker + w));
         }
@@ -211,17 +259,28 @@ pub(crate) fn wait_for_trainers(
 
 /// Servers stop by themselves once every trainer has closed: waits up to 30 s for
 /// `procs[..servers]` to exit (failing if one fails).
-pub(crate) fn wait_for_servers(procs: &mut [Proc], servers: usize, interrupted: &AtomicBool) -> anyhow::Result<()> {
+pub(crate) fn wait_for_servers(
+    procs: &mut [Proc],
+    servers: usize,
+    interrupted: &AtomicBool,
+    keeper: &mut dyn Keeper,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while procs[..servers].iter_mut().any(|p| matches!(p.child.try_wait(), Ok(None))) && Instant::now() < deadline {
-        check_children(procs, interrupted)?;
+        check_children(procs, interrupted, keeper)?;
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
 }
 
 /// The trainers' reports and the job's figures, also written to `logs/summary.json`.
-pub(crate) fn summarize(servers: usize, workers: &[Proc], wall: f64, logs: &Path) -> anyhow::Result<LaunchSummary> {
+pub(crate) fn summarize(
+    servers: usize,
+    workers: &[Proc],
+    wall: f64,
+    logs: &Path,
+    restarts: Vec<Restart>,
+) -> anyhow::Result<LaunchSummary> {
     // The pipe readers may still be draining the last lines of an exited child.
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut reports = Vec::new();
@@ -260,6 +319,7 @@ pub(crate) fn summarize(servers: usize, workers: &[Proc], wall: f64, logs: &Path
             all
         }),
         reports,
+        restarts,
     };
     let path = logs.join("summary.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&summary)?)

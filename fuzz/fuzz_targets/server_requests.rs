@@ -33,6 +33,8 @@ fn config(save_root: std::path::PathBuf) -> ServerConfig {
         save_dir: None,
         save_root,
         checkpoints: None,
+        epoch: 0,
+        closed: Vec::new(),
     }
 }
 
@@ -51,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
     });
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let hello = Hello { version: PROTOCOL_VERSION, job: "fuzz".into(), num_servers: 1, server_index: 0, trainer: 0 };
+    let hello = Hello { version: PROTOCOL_VERSION, job: "fuzz".into(), num_servers: 1, server_index: 0, trainer: 0, epoch: 0 };
     let mut bytes = Request::Hello(hello).encode().to_vec();
     bytes.extend_from_slice(data);
     // The server may close early on a bad frame: a failed write is part of the game.

@@ -268,6 +268,13 @@ struct PserverArgs {
     /// Background checkpoints kept per server.
     #[arg(long, env = "OAR_CHECKPOINT_KEEP", default_value_t = 3)]
     checkpoint_keep: usize,
+    /// This process's incarnation of its place (a supervisor restarting the server gives one
+    /// more each time): clients that met a newer one refuse this server, and it stops.
+    #[arg(long, env = "OAR_EPOCH", default_value_t = 0)]
+    epoch: u64,
+    /// Trainers that already closed (a restarted server is told them, comma-separated).
+    #[arg(long, env = "OAR_TRAINERS_CLOSED", value_delimiter = ',')]
+    trainers_closed: Vec<u64>,
 }
 
 /// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
@@ -464,6 +471,10 @@ struct TrainArgs {
     /// Job id (must match the servers').
     #[arg(long = "job", env = "OAR_JOB", default_value = "oar")]
     job_id: String,
+    /// When a supervisor restarts failed servers: seconds to wait for a lost server to come
+    /// back (reconnecting and repeating the unanswered request) before failing.
+    #[arg(long, env = "OAR_RECOVER_TIMEOUT")]
+    recover_timeout: Option<f64>,
     /// Settings used when the environment says this process is a server
     /// (TRAINING_ROLE / PADDLE_TRAINING_ROLE = PSERVER).
     #[command(flatten)]
@@ -513,6 +524,10 @@ struct LaunchArgs {
     /// OUTPUT/checkpoints (needs --output).
     #[arg(long)]
     checkpoint_every: Option<f64>,
+    /// Restart a server that dies or stops answering, from its newest checkpoint, while the
+    /// trainers wait for it: at most this many restarts in all (0: the job fails at once).
+    #[arg(long, default_value_t = 0)]
+    max_restarts: usize,
     /// Folder for the log files.
     #[arg(long, default_value = "logs")]
     logs: PathBuf,
@@ -683,6 +698,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 output: a.output,
                 resume: a.resume,
                 checkpoint_every: a.checkpoint_every,
+                max_restarts: a.max_restarts,
                 logs: a.logs,
                 exe: std::env::current_exe().context("cannot find the oar binary")?,
                 progress_bar: !a.no_progress,
@@ -959,6 +975,8 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
             }
             None => None,
         },
+        epoch: a.epoch,
+        closed: a.trainers_closed,
     };
     config.validate()?;
     let addrs: Vec<String> = (0..ports_num + sparse).map(|k| format!("{host}:{}", port as usize + k)).collect();
@@ -988,6 +1006,8 @@ fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         checkpoint_dir: None,
         checkpoint_every: 30.0,
         checkpoint_keep: 3,
+        epoch: 0,
+        trainers_closed: Vec::new(),
     }
 }
 
@@ -1187,6 +1207,7 @@ fn train(mut a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Resul
         pull_ahead: job.train.pull_ahead,
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
+        recover: a.recover_timeout.map(Duration::from_secs_f64),
     };
     let mine = crate::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
     // A resumed job trains only the passes after the saved one.

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::supervise::{
-    check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, LaunchSummary,
-    Proc,
+    check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, FailFast,
+    LaunchSummary, Proc,
 };
 
 /// What to run where.
@@ -305,11 +305,11 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
             config.hosts.len(),
             remote
         ));
-        wait_for_trainers(&mut procs, servers, &interrupted, &bar, |_, samples| samples)?;
+        wait_for_trainers(&mut procs, servers, &interrupted, &mut FailFast, &bar, |_, samples| samples)?;
         bar.finish_and_clear();
-        wait_for_servers(&mut procs, servers, &interrupted)?;
-        check_children(&mut procs, &interrupted)?;
-        summarize(servers, &procs[servers..], started.elapsed().as_secs_f64(), &config.logs)
+        wait_for_servers(&mut procs, servers, &interrupted, &mut FailFast)?;
+        check_children(&mut procs, &interrupted, &mut FailFast)?;
+        summarize(servers, &procs[servers..], started.elapsed().as_secs_f64(), &config.logs, Vec::new())
     })();
     // Servers still up after their trainers finished (--keep-serving) are stopped as well.
     stop_remote(config, &mut procs, &hosts);

@@ -235,6 +235,7 @@ impl<'a> Request<'a> {
                     .u64(h.num_servers)
                     .u64(h.server_index)
                     .u64(h.trainer)
+                    .u64(h.epoch)
                     .bytes(h.job.as_bytes());
                 e.finish()
             }
@@ -301,8 +302,9 @@ impl<'a> Request<'a> {
                 let num_servers = d.u64()?;
                 let server_index = d.u64()?;
                 let trainer = d.u64()?;
+                let epoch = d.u64()?;
                 let job = d.string()?;
-                Request::Hello(Hello { version, job, num_servers, server_index, trainer })
+                Request::Hello(Hello { version, job, num_servers, server_index, trainer, epoch })
             }
             kind::DECLARE => {
                 let json = d.bytes()?;
@@ -373,9 +375,9 @@ impl<'a> Response<'a> {
     /// Encodes the response as one frame, header included, borrowing its arrays.
     pub fn encode(&self) -> Frame<'_> {
         match self {
-            Response::Welcome { server_index, num_servers } => {
+            Response::Welcome { server_index, num_servers, epoch } => {
                 let mut e = Encoder::new(kind::WELCOME);
-                e.u64(*server_index).u64(*num_servers);
+                e.u64(*server_index).u64(*num_servers).u64(*epoch);
                 e.finish()
             }
             Response::Done => Encoder::new(kind::DONE).finish(),
@@ -407,7 +409,7 @@ impl<'a> Response<'a> {
     pub fn decode(kind: u8, payload: &'a [u8]) -> Result<Response<'a>, ProtocolError> {
         let mut d = Decoder { buf: payload, pos: 0 };
         let resp = match kind {
-            kind::WELCOME => Response::Welcome { server_index: d.u64()?, num_servers: d.u64()? },
+            kind::WELCOME => Response::Welcome { server_index: d.u64()?, num_servers: d.u64()?, epoch: d.u64()? },
             kind::DONE => Response::Done,
             kind::VALUES => {
                 let version = d.u64()?;
@@ -461,6 +463,7 @@ mod tests {
             num_servers: 3,
             server_index: 2,
             trainer: 1,
+            epoch: 4,
         }));
         round_trip_request(Request::Declare(Declaration {
             spec: TableSpec {
@@ -502,7 +505,7 @@ mod tests {
 
     #[test]
     fn every_response_round_trips() {
-        round_trip_response(Response::Welcome { server_index: 1, num_servers: 2 });
+        round_trip_response(Response::Welcome { server_index: 1, num_servers: 2, epoch: 3 });
         round_trip_response(Response::Done);
         round_trip_response(Response::Values {
             version: 4,

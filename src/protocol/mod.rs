@@ -25,7 +25,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 4;
+pub const PROTOCOL_VERSION: u64 = 5;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.
@@ -118,6 +118,9 @@ pub struct Hello {
     /// The trainer this connection belongs to, or [`NOT_A_TRAINER`] (benchmarks, tools): servers
     /// use it to name trainers that never arrived.
     pub trainer: u64,
+    /// The newest epoch (incarnation) of this server the client has met, 0 at first: a server
+    /// of an older epoch has been replaced, and refuses the client and stops.
+    pub epoch: u64,
 }
 
 /// [`Hello::trainer`] of a client that is not one of the job's trainers.
@@ -304,6 +307,8 @@ pub enum ErrorCode {
     Io = 6,
     /// The request is not valid in this state (e.g. before Hello or Declare).
     State = 7,
+    /// The server has been replaced by a newer epoch of itself; it stops.
+    Fenced = 8,
 }
 
 impl ErrorCode {
@@ -317,6 +322,7 @@ impl ErrorCode {
             5 => Timeout,
             6 => Io,
             7 => State,
+            8 => Fenced,
             _ => return Err(ProtocolError::Malformed(format!("unknown error code {v}"))),
         })
     }
@@ -331,6 +337,9 @@ pub enum Response<'a> {
         server_index: u64,
         /// Number of servers in the job.
         num_servers: u64,
+        /// The server's epoch: 0 for the first process to hold its place, one more for each
+        /// restart. A client refuses a server older than one it has met.
+        epoch: u64,
     },
     /// The request succeeded and has nothing to return.
     Done,

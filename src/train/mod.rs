@@ -99,6 +99,10 @@ pub struct TrainConfig {
     /// not the server's update count). In local mode with `delay`, the same on delayed updates.
     #[serde(default = "default_scale_stale_steps")]
     pub scale_stale_steps: bool,
+    /// Under a supervisor that restarts failed servers: how long to wait for a lost server to
+    /// come back before failing (`None`: fail at once).
+    #[serde(default)]
+    pub recover: Option<Duration>,
 }
 
 /// The default of [`TrainConfig::sync_warmup`].
@@ -739,6 +743,7 @@ impl PassLoop<'_> {
                         report.staleness.add(pushed.staleness);
                     }
                 }
+                crate::fault::at(crate::fault::Target::Trainer(me), 0, crate::fault::Moment::Step(step + 1));
                 let t3 = Instant::now();
                 report.times.compute += (t2 - t1).as_secs_f64();
                 report.times.push += (t3 - t2).as_secs_f64();
@@ -813,6 +818,7 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
                 ports_num: config.ports_num,
                 ports_num_for_sparse: config.ports_num_for_sparse,
                 trainer: Some(config.trainer_id as u64),
+                recover: config.recover,
             })?;
             client.declare_model(spec, description(config, None))?;
             Store::Remote(Box::new(client))

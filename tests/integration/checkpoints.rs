@@ -8,7 +8,7 @@ use crate::util::*;
 use oar::client::{Client, ClientConfig};
 use oar::protocol::RowCreation;
 use oar::server::{Mode, ServerConfig};
-use oar::shard_checkpoints::{load_latest, server_dir, Checkpointer, Entry, Policy};
+use oar::shard_checkpoints::{load_latest, server_dir, Checkpointer, Entry, Fence, Policy};
 
 /// A server on loopback until the returned sender is dropped.
 fn serve(config: ServerConfig) -> (String, std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
@@ -94,7 +94,11 @@ fn background_checkpoints_follow_training_and_a_restarted_server_loads_the_newes
     handle.join().unwrap();
 }
 
-fn small_shard() -> oar::table::Shard {
+fn fence() -> Fence {
+    Fence { job: "test".into(), epoch: 0 }
+}
+
+pub fn small_shard() -> oar::table::Shard {
     let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
         .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.1));
     let shard = oar::table::Shard::new(spec, 0, 1);
@@ -108,7 +112,9 @@ fn small_shard() -> oar::table::Shard {
 fn a_damaged_newest_checkpoint_falls_back_to_the_previous() {
     let dir = tempfile::tempdir().unwrap();
     let shard = small_shard();
-    let mut c = Checkpointer::new(Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 }, 0);
+    let mut c =
+        Checkpointer::new(Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 }, 0, fence())
+            .unwrap();
     c.write(&shard, 1).unwrap();
     c.write(&shard, 2).unwrap();
     let newest = server_dir(dir.path(), 0).join("ckpt-000002").join("server-0.shard");
@@ -127,10 +133,13 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous() {
 fn a_checkpoint_on_a_full_disk_fails_alone_and_the_next_succeeds() {
     let dir = tempfile::tempdir().unwrap();
     let shard = small_shard();
+    let mut c =
+        Checkpointer::new(Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 }, 0, fence())
+            .unwrap();
+    // Planted after the checkpointer starts (it clears temporary folders a crash left).
     let tmp = server_dir(dir.path(), 0).join("ckpt-000001.tmp");
     std::fs::create_dir_all(&tmp).unwrap();
     std::os::unix::fs::symlink("/dev/full", tmp.join("server-0.shard.tmp")).unwrap();
-    let mut c = Checkpointer::new(Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 }, 0);
     let err = c.write(&shard, 1).unwrap_err().to_string();
     assert!(err.contains("No space left on device"), "{err}");
     assert!(!tmp.exists(), "the failed checkpoint's folder is removed");

@@ -7,6 +7,7 @@ mod cluster;
 mod engines;
 mod equivalence;
 mod examples;
+mod faults;
 mod fetch;
 mod models;
 mod paddle;

@@ -60,7 +60,8 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
 
     // A valid handshake followed by a push whose payload lies about its array length.
     let mut s = TcpStream::connect(&addr).unwrap();
-    let hello = Hello { version: PROTOCOL_VERSION, job: "test".into(), num_servers: 1, server_index: 0, trainer: 0 };
+    let hello =
+        Hello { version: PROTOCOL_VERSION, job: "test".into(), num_servers: 1, server_index: 0, trainer: 0, epoch: 0 };
     s.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
     let mut buf = FrameBuf::default();
     read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
@@ -231,7 +232,8 @@ fn refused_hello(addr: &str, hello: Hello) -> String {
 fn a_handshake_naming_no_place_is_refused_and_leaves_the_server_healthy() {
     let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 0, 1, Mode::Async) });
     for (num_servers, server_index) in [(0, 0), (2, 2)] {
-        let hello = Hello { version: PROTOCOL_VERSION, job: "test".into(), num_servers, server_index, trainer: 0 };
+        let hello =
+            Hello { version: PROTOCOL_VERSION, job: "test".into(), num_servers, server_index, trainer: 0, epoch: 0 };
         let m = refused_hello(&server.addr, hello);
         assert!(m.contains("not a place in a job"), "{m}");
     }

@@ -52,6 +52,8 @@ pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mo
         // Tests save into temporary folders.
         save_root: std::env::temp_dir(),
         checkpoints: None,
+        epoch: 0,
+        closed: Vec::new(),
     }
 }
 
@@ -111,6 +113,7 @@ pub fn train_config(
         log_every: 0,
         job: "test".into(),
         skip_bad_lines: false,
+        recover: None,
         connect_timeout: Duration::from_secs(10),
         reply_timeout: Duration::from_secs(90),
         delay: 0,

@@ -1,0 +1,134 @@
+//! Faults injected on purpose, for the fault-tolerance tests and the recovery benchmark:
+//! `OAR_FAULT=<process>:<action>@<moment>`, read once per process. The fault fires only in the
+//! first incarnation (epoch 0) of the process it names, so a restarted server runs clean.
+//!
+//! - process: `server<K>` or `trainer<K>`;
+//! - action: `kill` (SIGKILL to itself: no cleanup, exactly `kill -9`) or `stop` (SIGSTOP: the
+//!   process freezes with its sockets open, as a hung or paused machine);
+//! - moment: `version=N` (a server, once it has applied N updates), `checkpoint=N` (a server,
+//!   midway through writing its N-th checkpoint of the run: the shard file written, not yet
+//!   published), `step=N` (a trainer, after pushing its N-th step).
+//!
+//! A launcher passes its environment to its children, so one variable reaches the process named.
+
+use std::sync::OnceLock;
+
+/// What to do to the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// SIGKILL.
+    Kill,
+    /// SIGSTOP.
+    Stop,
+}
+
+/// When it fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    /// A server has applied this many updates.
+    Version(u64),
+    /// A server is writing its N-th checkpoint of this run.
+    Checkpoint(u64),
+    /// A trainer has pushed this many steps.
+    Step(u64),
+}
+
+/// Which process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Server of this index.
+    Server(usize),
+    /// Trainer of this id.
+    Trainer(usize),
+}
+
+/// One planned fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// Which process.
+    pub target: Target,
+    /// What happens to it.
+    pub action: Action,
+    /// When.
+    pub moment: Moment,
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Fault, String> {
+        let bad = || format!("OAR_FAULT={s:?}: expected <server|trainer><K>:<kill|stop>@<version|checkpoint|step>=N");
+        let (who, rest) = s.split_once(':').ok_or_else(bad)?;
+        let (action, moment) = rest.split_once('@').ok_or_else(bad)?;
+        let (kind, n) = moment.split_once('=').ok_or_else(bad)?;
+        let n: u64 = n.trim().parse().map_err(|_| bad())?;
+        let target = if let Some(k) = who.strip_prefix("server") {
+            Target::Server(k.parse().map_err(|_| bad())?)
+        } else if let Some(k) = who.strip_prefix("trainer") {
+            Target::Trainer(k.parse().map_err(|_| bad())?)
+        } else {
+            return Err(bad());
+        };
+        let action = match action {
+            "kill" => Action::Kill,
+            "stop" => Action::Stop,
+            _ => return Err(bad()),
+        };
+        let moment = match kind {
+            "version" => Moment::Version(n),
+            "checkpoint" => Moment::Checkpoint(n),
+            "step" => Moment::Step(n),
+            _ => return Err(bad()),
+        };
+        Ok(Fault { target, action, moment })
+    }
+}
+
+fn planned() -> Option<Fault> {
+    static PLAN: OnceLock<Option<Fault>> = OnceLock::new();
+    *PLAN.get_or_init(|| {
+        let spec = std::env::var("OAR_FAULT").ok().filter(|s| !s.trim().is_empty())?;
+        match spec.parse() {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::error!("{e}; no fault injected");
+                None
+            }
+        }
+    })
+}
+
+/// Fires the planned fault if it is for `target` (in its first epoch) at `moment`.
+pub fn at(target: Target, epoch: u64, moment: Moment) {
+    let Some(f) = planned() else { return };
+    if f.target != target || f.moment != moment || epoch != 0 {
+        return;
+    }
+    let signal = match f.action {
+        Action::Kill => libc::SIGKILL,
+        Action::Stop => libc::SIGSTOP,
+    };
+    eprintln!("OAR_FAULT: {target:?} {:?} at {moment:?}", f.action);
+    // SAFETY: raise() sends a signal to this process; it has no memory-safety preconditions.
+    unsafe {
+        libc::raise(signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_specs_parse_and_bad_ones_are_named() {
+        let f: Fault = "server1:kill@version=150".parse().unwrap();
+        assert_eq!(f, Fault { target: Target::Server(1), action: Action::Kill, moment: Moment::Version(150) });
+        let f: Fault = "trainer0:stop@step=3".parse().unwrap();
+        assert_eq!(f, Fault { target: Target::Trainer(0), action: Action::Stop, moment: Moment::Step(3) });
+        assert!("server1:kill@checkpoint=2".parse::<Fault>().unwrap().moment == Moment::Checkpoint(2));
+        for bad in ["server:kill@version=1", "server1:explode@version=1", "server1:kill@hour=1", "worker1:kill@step=1"]
+        {
+            assert!(bad.parse::<Fault>().unwrap_err().contains("expected"), "{bad}");
+        }
+    }
+}

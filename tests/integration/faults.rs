@@ -1,0 +1,212 @@
+//! The fault suite: real `oar launch` jobs (servers and trainers as processes on loopback) with a
+//! fault injected at a chosen moment (`OAR_FAULT`, see `oar::fault`): a server killed (SIGKILL)
+//! mid-pass or mid-checkpoint, a server stopped (SIGSTOP), a trainer killed. Each job must end
+//! finished with its model saved, or fail with one clear line naming the process and the cause;
+//! either way no process of it may remain.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::util::*;
+use oar::launch::LaunchSummary;
+use oar::protocol::ErrorCode;
+use oar::server::{Mode, ServerConfig};
+use oar::shard_checkpoints::{Checkpointer, Fence, Policy};
+
+/// A job folder with generated data: 2 parts of 25,000 lines (about 100 steps per trainer).
+struct Job {
+    dir: tempfile::TempDir,
+    train: PathBuf,
+    test: PathBuf,
+}
+
+impl Job {
+    fn new() -> Job {
+        let dir = tempfile::tempdir().unwrap();
+        let (train, test) = gen_data(&dir.path().join("data"), 2, 25_000, 4000);
+        Job { dir, train, test }
+    }
+
+    fn out(&self) -> PathBuf {
+        self.dir.path().join("out")
+    }
+
+    fn logs(&self) -> PathBuf {
+        self.dir.path().join("logs")
+    }
+
+    /// Runs `oar launch` 2 x 2 in `mode` with `fault` planted and `extra` flags.
+    fn launch(&self, mode: &str, fault: &str, extra: &[&str]) -> std::process::Output {
+        let (train, test, out, logs) = (self.train.clone(), self.test.clone(), self.out(), self.logs());
+        // A short synchronous warm-up, so most of the 2 x 100 steps are async.
+        let mut args: Vec<String> = ["launch", "--servers", "2", "--workers", "2", "--mode", mode, "--no-progress"]
+            .iter()
+            .chain(&["--sync-warmup", "20"])
+            .map(|s| s.to_string())
+            .collect();
+        for (flag, path) in [("--train", &train), ("--test", &test), ("--output", &out), ("--logs", &logs)] {
+            args.extend([flag.to_string(), path.display().to_string()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+            .args(&args)
+            .env_remove("OAR_LAUNCHED")
+            .env("OAR_FAULT", fault)
+            .output()
+            .expect("oar runs");
+        let left = processes_mentioning(&self.dir.path().display().to_string());
+        assert!(left.is_empty(), "processes of the job remain: {left:?}\n{}", text(&output));
+        output
+    }
+
+    fn summary(&self) -> LaunchSummary {
+        serde_json::from_slice(&std::fs::read(self.logs().join("summary.json")).unwrap()).unwrap()
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.logs().join(name)).unwrap_or_default()
+    }
+
+    /// The job finished, saved its model, and restarted exactly `server` once from a checkpoint.
+    fn assert_recovered(&self, output: &std::process::Output, server: usize) -> LaunchSummary {
+        assert!(output.status.success(), "{}", text(output));
+        let s = self.summary();
+        assert_eq!(s.restarts.len(), 1, "{:?}", s.restarts);
+        let r = &s.restarts[0];
+        assert_eq!((r.process.as_str(), r.epoch), (format!("server {server}").as_str(), 1));
+        assert!(r.from.as_deref().is_some_and(|f| f.ends_with("checkpoints")), "{r:?}");
+        assert_eq!(s.samples, 50_000, "every sample trained once");
+        for w in 0..2 {
+            let log = self.log(&format!("worker.{w}.log"));
+            assert!(log.contains(&format!("server {server} is back")), "worker {w} did not reconnect:\n{log}");
+        }
+        assert!(self.out().join("pass-0001/manifest.json").is_file(), "the model was saved");
+        let auc = s.test.as_ref().and_then(|t| t.auc).unwrap();
+        assert!(auc > 0.68, "test AUC {auc} after the restart");
+        s
+    }
+}
+
+fn launch_failure(output: &std::process::Output) -> String {
+    assert!(!output.status.success(), "the job should have failed:\n{}", text(output));
+    String::from_utf8_lossy(&output.stderr).lines().last().unwrap_or_default().to_string()
+}
+
+#[test]
+fn an_async_server_killed_mid_pass_is_restarted_from_its_checkpoint_and_the_job_finishes() {
+    let job = Job::new();
+    let out = job.launch("async", "server1:kill@version=60", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
+    job.assert_recovered(&out, 1);
+    let restarted = job.log("server.1.epoch-1.log");
+    assert!(restarted.contains("resumed shard from a checkpoint"), "{restarted}");
+}
+
+#[test]
+fn a_sync_server_killed_mid_pass_is_restarted_and_the_job_finishes() {
+    let job = Job::new();
+    let out = job.launch("sync", "server0:kill@version=30", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
+    job.assert_recovered(&out, 0);
+}
+
+/// Killed after writing its second checkpoint's shard file but before publishing it: the
+/// restarted server loads the first, and the torn one is cleared away.
+#[test]
+fn a_server_killed_mid_checkpoint_restarts_from_the_previous_complete_one() {
+    let job = Job::new();
+    let out = job.launch("async", "server0:kill@checkpoint=2", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
+    job.assert_recovered(&out, 0);
+    let restarted = job.log("server.0.epoch-1.log");
+    assert!(restarted.contains("resumed shard from a checkpoint") && restarted.contains("seq=1 "), "{restarted}");
+    let folder = job.out().join("checkpoints/server-0");
+    let torn: Vec<_> = std::fs::read_dir(&folder)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(torn.is_empty(), "a torn checkpoint remains: {torn:?}");
+}
+
+/// A stopped server keeps its sockets open and answers nothing: the launcher's heartbeat finds
+/// it, kills it (so the old process can never come back) and restarts it.
+#[test]
+fn a_stopped_server_is_found_by_the_heartbeat_killed_and_replaced() {
+    let job = Job::new();
+    let out = job.launch("async", "server1:stop@version=60", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
+    let s = job.assert_recovered(&out, 1);
+    assert!(s.restarts[0].cause.contains("no heartbeat"), "{:?}", s.restarts[0]);
+}
+
+#[test]
+fn without_restarts_a_killed_server_ends_the_job_naming_it() {
+    let job = Job::new();
+    let out = job.launch("async", "server1:kill@version=60", &[]);
+    let line = launch_failure(&out);
+    assert!(line.contains("server 1 failed") && line.contains("SIGKILL"), "{line}");
+}
+
+#[test]
+fn without_restarts_a_stopped_server_ends_the_job_naming_it() {
+    let job = Job::new();
+    let out = job.launch("sync", "server0:stop@version=30", &[]);
+    let line = launch_failure(&out);
+    assert!(line.contains("server 0 failed") && line.contains("no heartbeat"), "{line}");
+}
+
+#[test]
+fn a_killed_trainer_ends_the_job_naming_it() {
+    let job = Job::new();
+    let out = job.launch("async", "trainer1:kill@step=30", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
+    let line = launch_failure(&out);
+    assert!(line.contains("worker 1 failed") && line.contains("SIGKILL"), "{line}");
+}
+
+/// Epoch fencing at the handshake: a client that has met epoch 1 of a server is refused by an
+/// epoch-0 process, which then stops; a server of the current epoch is served as usual.
+#[test]
+fn a_replaced_server_is_fenced_by_a_client_that_met_its_successor() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let old = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap().to_string()).unwrap();
+            let config = ServerConfig { exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) };
+            oar::server::run(vec![listener], config, std::future::pending()).await
+        })
+    });
+    let addr: String = rx.recv().unwrap();
+    let err = oar::client::probe(&addr, "test", 0, 1, 1, Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(err, oar::client::ClientError::Refused { code: ErrorCode::Fenced, .. }), "{err}");
+    // The fenced server stops by itself, saying why.
+    let stopped = old.join().unwrap().unwrap_err().to_string();
+    assert!(stopped.contains("has been replaced by epoch 1"), "{stopped}");
+
+    let current = start_server(ServerConfig { exit_when_done: false, epoch: 1, ..server_config(0, 1, 1, Mode::Async) });
+    oar::client::probe(&current.addr, "test", 0, 1, 1, Duration::from_secs(5)).unwrap();
+}
+
+/// The checkpoint folder is fenced too: once epoch 1 has claimed it, epoch 0 (a stopped process
+/// that was continued) can no longer publish a checkpoint there.
+#[test]
+fn a_replaced_server_cannot_publish_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 };
+    let shard = crate::checkpoints::small_shard();
+    let fence = |epoch| Fence { job: "job".into(), epoch };
+    let mut old = Checkpointer::new(policy.clone(), 0, fence(0)).unwrap();
+    old.write(&shard, 1).unwrap();
+    let mut new = Checkpointer::new(policy.clone(), 0, fence(1)).unwrap();
+    let err = old.write(&shard, 2).unwrap_err().to_string();
+    assert!(err.contains("replaced by epoch 1"), "{err}");
+    assert_eq!(new.write(&shard, 2).unwrap().epoch, 1);
+    // Another job's fence is not this job's: a fresh job may reuse the folder.
+    let other = Fence { job: "another".into(), epoch: 0 };
+    Checkpointer::new(policy, 0, other).unwrap();
+    let published: Vec<String> = std::fs::read_dir(dir.path().join("server-0"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("ckpt-"))
+        .collect();
+    assert_eq!(published.len(), 2, "{published:?}");
+}
