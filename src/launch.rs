@@ -51,6 +51,9 @@ pub struct LaunchConfig {
     pub progress_bar: bool,
     /// Layer types the job may name (children are this same binary, so they have them too).
     pub registry: crate::model::Registry,
+    /// Environment given to every child besides this process's own (e.g. `OAR_FAULT` for the
+    /// recovery benchmark).
+    pub child_env: Vec<(String, String)>,
 }
 
 pub use crate::supervise::LaunchSummary;
@@ -119,7 +122,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
                 args.extend(["--checkpoint-dir".into(), dir, "--checkpoint-every".into(), every.to_string()]);
             }
             let log = config.logs.join(format!("server.{i}.log"));
-            procs.push(spawn(child(&config.exe, &args), &format!("server {i}"), log, Some((i, tx.clone())))?);
+            procs.push(spawn(keeper.command(&args), &format!("server {i}"), log, Some((i, tx.clone())))?);
             keeper.args.push(args);
         }
         let mut addrs = vec![String::new(); config.servers];
@@ -172,7 +175,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
                 args.extend(["--recover-timeout".into(), RECOVER_SECONDS.to_string()]);
             }
             let log = config.logs.join(format!("worker.{w}.log"));
-            procs.push(spawn(child(&config.exe, &args), &format!("worker {w}"), log, None)?);
+            procs.push(spawn(keeper.command(&args), &format!("worker {w}"), log, None)?);
         }
 
         // A resumed job trains only the passes after the saved one.
@@ -203,9 +206,9 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
 }
 
 /// A child running this same binary.
-fn child(exe: &Path, args: &[String]) -> Command {
+fn child(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
     let mut cmd = Command::new(exe);
-    cmd.args(args).env("OAR_LAUNCHED", "1").stdin(std::process::Stdio::null());
+    cmd.args(args).envs(env.iter().cloned()).env("OAR_LAUNCHED", "1").stdin(std::process::Stdio::null());
     cmd
 }
 
@@ -237,6 +240,7 @@ struct ServerKeeper {
     max_restarts: usize,
     job: String,
     exe: PathBuf,
+    env: Vec<(String, String)>,
     logs: PathBuf,
     checkpoints: Option<PathBuf>,
     /// Each server's command line as first started.
@@ -258,6 +262,7 @@ impl ServerKeeper {
             max_restarts: config.max_restarts,
             job: job.to_string(),
             exe: config.exe.clone(),
+            env: config.child_env.clone(),
             logs: config.logs.clone(),
             checkpoints: config.checkpoint_every.and(config.output.as_ref()).map(|o| o.join("checkpoints")),
             args: Vec::new(),
@@ -269,6 +274,11 @@ impl ServerKeeper {
             stop: Default::default(),
             heartbeat: None,
         }
+    }
+
+    /// A child of this launch running `args`.
+    fn command(&self, args: &[String]) -> Command {
+        child(&self.exe, args, &self.env)
     }
 
     /// Starts the heartbeat on the listening servers.
@@ -371,7 +381,7 @@ impl Keeper for ServerKeeper {
         eprintln!("server {i} failed ({cause}); restarting it as epoch {epoch}");
         let log = self.logs.join(format!("server.{i}.epoch-{epoch}.log"));
         let tx = self.ready.as_ref().map(|(tx, _)| tx.clone()).expect("checked above");
-        procs[i] = spawn(child(&self.exe, &args), &format!("server {i} (epoch {epoch})"), log, Some((i, tx)))?;
+        procs[i] = spawn(self.command(&args), &format!("server {i} (epoch {epoch})"), log, Some((i, tx)))?;
         {
             let mut watched = self.watched.lock().expect("no panics under this lock");
             watched[i].epoch = epoch;

@@ -321,6 +321,7 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
 }
 
 pub mod quality;
+pub mod recovery;
 
 /// One training measurement.
 struct TrainRun {
@@ -407,6 +408,7 @@ fn train_cluster(
         exe: exe.to_path_buf(),
         progress_bar: false,
         registry: Default::default(),
+        child_env: Vec::new(),
     })?;
     Ok(TrainRun {
         name: format!("2 servers x 2 workers, {mode}, {form}"),

@@ -601,6 +601,16 @@ struct BenchArgs {
     /// --quality: a job file whose [train] settings (e.g. pull_ahead) every run uses.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Instead: the cost of surviving a server on --data, 2x2 async: no checkpoints, checkpoints
+    /// every --checkpoint-every s, and server 1 killed mid-pass and restarted, --runs each.
+    #[arg(long)]
+    recovery: bool,
+    /// --recovery: seconds between checkpoints.
+    #[arg(long, default_value_t = 10.0)]
+    checkpoint_every: f64,
+    /// --recovery: runs of each kind.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
 }
 
 #[derive(Args)]
@@ -703,6 +713,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 exe: std::env::current_exe().context("cannot find the oar binary")?,
                 progress_bar: !a.no_progress,
                 registry: registry.clone(),
+                child_env: Vec::new(),
             };
             let s = crate::launch::run(&config)?;
             print_summary(&format!("oar launch ({})", config.mode), &s);
@@ -756,6 +767,12 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 Some(path) => JobConfig::from_file(path)?.train,
                 None => Default::default(),
             },
+            exe: std::env::current_exe().context("cannot find the oar binary")?,
+        }),
+        Command::Bench(a) if a.recovery => crate::bench::recovery::run(&crate::bench::recovery::RecoveryConfig {
+            data: a.data.context("--recovery needs --data DIR (train/ and test/)")?,
+            runs: a.runs,
+            every: a.checkpoint_every,
             exe: std::env::current_exe().context("cannot find the oar binary")?,
         }),
         Command::Bench(a) => crate::bench::run(&crate::bench::BenchConfig {

@@ -1,0 +1,168 @@
+//! `oar bench --recovery`: what surviving a server costs, on real processes. Three kinds of
+//! 2 x 2 async runs of the CTR-DNN over the same data, in turn so the machine's drift hits each
+//! alike: no checkpoints; background checkpoints every `every` seconds; and the same with
+//! server 1 killed (SIGKILL, by `OAR_FAULT`) when it has applied half the pass's updates, then
+//! restarted from its newest checkpoint by `--max-restarts 1`. Prints the checkpoints'
+//! throughput cost, the time from the kill to training going on, the updates the restarted
+//! shard lost, and the test AUC against the undisturbed runs'.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::launch::{LaunchConfig, LaunchSummary};
+use crate::server::Mode;
+
+/// What to run.
+pub struct RecoveryConfig {
+    /// A folder with `train/` and `test/`.
+    pub data: PathBuf,
+    /// Runs of each kind.
+    pub runs: usize,
+    /// Seconds between checkpoints.
+    pub every: f64,
+    /// The `oar` binary.
+    pub exe: PathBuf,
+}
+
+/// One killed run's recovery figures.
+struct Recovery {
+    /// Seconds from a trainer losing the server to its first answered request after the restart
+    /// (the slowest trainer).
+    resumed_after: f64,
+    /// Updates of the killed shard since its checkpoint, lost.
+    lost_updates: u64,
+}
+
+fn launch(
+    config: &RecoveryConfig,
+    logs: &Path,
+    out: Option<&Path>,
+    fault: Option<&str>,
+) -> anyhow::Result<LaunchSummary> {
+    let _ = std::fs::remove_dir_all(logs);
+    if let Some(o) = out {
+        let _ = std::fs::remove_dir_all(o);
+    }
+    crate::launch::run(&LaunchConfig {
+        servers: 2,
+        workers: 2,
+        mode: Mode::Async,
+        job: crate::config::JobConfig::default(),
+        train: config.data.join("train"),
+        test: Some(config.data.join("test")),
+        output: out.map(Path::to_path_buf),
+        resume: None,
+        checkpoint_every: out.map(|_| config.every),
+        max_restarts: fault.is_some() as usize,
+        logs: logs.to_path_buf(),
+        exe: config.exe.clone(),
+        progress_bar: false,
+        registry: Default::default(),
+        child_env: fault.map(|f| vec![("OAR_FAULT".to_string(), f.to_string())]).unwrap_or_default(),
+    })
+}
+
+/// The number after `key=` in a log line.
+fn field(line: &str, key: &str) -> Option<f64> {
+    let at = line.find(&format!("{key}="))? + key.len() + 1;
+    line[at..].split(|c: char| c.is_whitespace() || c == ',').next()?.parse().ok()
+}
+
+/// Reads a killed run's logs: the trainers' "server 1 is back" waits and the restarted
+/// server's checkpoint version.
+fn recovery(logs: &Path, killed_at: u64) -> anyhow::Result<Recovery> {
+    let mut resumed_after: f64 = 0.0;
+    for w in 0..2 {
+        let path = logs.join(format!("worker.{w}.log"));
+        let log = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let back = log.lines().find(|l| l.contains("server 1 is back")).context("a trainer never reconnected")?;
+        resumed_after = resumed_after.max(field(back, "seconds").context("no seconds= in the reconnect line")?);
+    }
+    let path = logs.join("server.1.epoch-1.log");
+    let log = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let resumed =
+        log.lines().find(|l| l.contains("resumed shard from a checkpoint")).context("no checkpoint loaded")?;
+    let version = field(resumed, "version").context("no version= in the resume line")? as u64;
+    Ok(Recovery { resumed_after, lost_updates: killed_at.saturating_sub(version) })
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, var.sqrt())
+}
+
+/// Runs the benchmark and prints its table.
+pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
+    let files = crate::config::resolve_files(&config.data.join("train"))?;
+    let mut lines = 0u64;
+    for f in &files {
+        let text = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+        lines += text.iter().filter(|&&b| b == b'\n').count() as u64;
+    }
+    // Async servers count one update per push: about one per 512 lines.
+    let kill_at = (lines / 512 / 2).max(1);
+    let fault = format!("server1:kill@version={kill_at}");
+    println!(
+        "recovery: 2 servers x 2 trainers async over {} ({lines} lines), {} runs of each kind in turn",
+        config.data.display(),
+        config.runs
+    );
+    let tmp = std::env::temp_dir().join(format!("oar-bench-recovery-{}", std::process::id()));
+    let (logs, out) = (tmp.join("logs"), tmp.join("out"));
+    let (mut plain, mut checkpointed, mut killed) = (Vec::new(), Vec::new(), Vec::new());
+    let mut recoveries = Vec::new();
+    for run in 0..config.runs {
+        let p = launch(config, &logs, None, None)?;
+        let c = launch(config, &logs, Some(&out), None)?;
+        let k = launch(config, &logs, Some(&out), Some(&fault))?;
+        anyhow::ensure!(k.restarts.len() == 1, "the killed run restarted {} servers, not 1", k.restarts.len());
+        let r = recovery(&logs, kill_at)?;
+        let auc = |s: &LaunchSummary| s.test.as_ref().and_then(|t| t.auc).unwrap_or(f64::NAN);
+        println!(
+            "  run {}: no checkpoints {:.0} samples/s AUC {:.4} | checkpoints every {} s {:.0} samples/s AUC {:.4} | server 1 killed at update {kill_at}: AUC {:.4}, trainers going on {:.2} s after the kill, {} updates of its shard lost",
+            run + 1,
+            p.samples_per_sec,
+            auc(&p),
+            config.every,
+            c.samples_per_sec,
+            auc(&c),
+            auc(&k),
+            r.resumed_after,
+            r.lost_updates
+        );
+        plain.push((p.samples_per_sec, auc(&p)));
+        checkpointed.push((c.samples_per_sec, auc(&c)));
+        killed.push((k.samples_per_sec, auc(&k)));
+        recoveries.push(r);
+    }
+    let rate = |v: &[(f64, f64)]| super::median(v.iter().map(|x| x.0).collect());
+    let aucs = |v: &[(f64, f64)]| mean_sd(&v.iter().map(|x| x.1).collect::<Vec<_>>());
+    let overhead = 100.0 * (1.0 - rate(&checkpointed) / rate(&plain));
+    println!(
+        "checkpoints every {} s: {:.0} against {:.0} samples/s without (medians): {overhead:.1}% overhead (target <= 3%)",
+        config.every,
+        rate(&checkpointed),
+        rate(&plain)
+    );
+    let waits: Vec<f64> = recoveries.iter().map(|r| r.resumed_after).collect();
+    let lost: Vec<f64> = recoveries.iter().map(|r| r.lost_updates as f64).collect();
+    println!(
+        "kill -9 of server 1 -> trainers going on: mean {:.2} s, max {:.2} s; updates of its shard lost (since its checkpoint): mean {:.0}",
+        mean_sd(&waits).0,
+        waits.iter().cloned().fold(0.0, f64::max),
+        mean_sd(&lost).0
+    );
+    let (ka, ks) = aucs(&killed);
+    let (ca, cs) = aucs(&checkpointed);
+    let (pa, ps) = aucs(&plain);
+    let diffs: Vec<f64> = killed.iter().zip(&checkpointed).map(|(k, c)| k.1 - c.1).collect();
+    let (d, ds) = mean_sd(&diffs);
+    println!(
+        "test AUC: killed {ka:.4} +- {ks:.4}, undisturbed with checkpoints {ca:.4} +- {cs:.4}, without {pa:.4} +- {ps:.4}; killed - undisturbed {d:+.4} +- {ds:.4} (target within 0.002)"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
