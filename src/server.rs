@@ -376,8 +376,10 @@ pub async fn run(
     }
     let mut fenced = state.fenced.subscribe();
     let replaced = async move {
-        match fenced.wait_for(Option::is_some).await {
-            Ok(e) => e.unwrap_or_default(),
+        // The borrowed value is not Send: read it before any other await.
+        let newer = fenced.wait_for(Option::is_some).await.map(|e| e.unwrap_or_default());
+        match newer {
+            Ok(epoch) => epoch,
             Err(_) => std::future::pending().await,
         }
     };

@@ -380,3 +380,10 @@ fn write_fuzz_seeds() {
         std::fs::write(fuzz.join(format!("frame_decode/seed-{k}")), f).unwrap();
     }
 }
+
+/// `server::run` can be handed to `tokio::spawn` (the fuzz target does): its future is Send.
+#[test]
+fn the_server_future_is_send() {
+    fn spawnable<T: Send + 'static>(_: T) {}
+    spawnable(oar::server::run(Vec::new(), server_config(0, 1, 1, Mode::Async), std::future::pending::<()>()));
+}
