@@ -630,12 +630,14 @@ impl Client {
         }
         let n = self.servers();
         let split = dense.is_some() && !tables.is_empty() && self.has_sparse_ports();
+        // Each server's own count at the pull behind these gradients (see `Client::ahead`).
+        let bases: Vec<u64> = self.ahead.iter().map(|a| base_version + a).collect();
         let mut per_server: Vec<Push> = (0..n)
             .map(|s| Push {
                 trainer: trainer as u64,
                 step,
                 pass: pass as u64,
-                base_version: base_version + self.ahead[s],
+                base_version: bases[s],
                 samples: samples as u64,
                 part: PushPart::Whole,
                 apply,
@@ -673,7 +675,6 @@ impl Client {
             .collect();
         let parts: Vec<Vec<(usize, Frame)>> =
             requests.iter().map(|r| r.iter().map(|(port, req)| (*port, req.encode())).collect()).collect();
-        let bases: Vec<u64> = (0..n).map(|s| base_version + self.ahead[s]).collect();
         let outcomes = self.exchange(&parts, |conns, s| {
             let (mut stale, mut staleness) = (false, 0);
             for port in std::iter::once(first).chain(second) {
