@@ -40,8 +40,8 @@ pub struct LaunchConfig {
     pub resume: Option<PathBuf>,
     /// Servers checkpoint in the background every this many seconds into `output/checkpoints`.
     pub checkpoint_every: Option<f64>,
-    /// Servers that die (or hang) are restarted from their latest checkpoint, this many times
-    /// in all; trainers wait for them meanwhile.
+    /// Servers that die (or hang) are restarted from their latest checkpoint, and trainers that
+    /// die from their recorded position, this many times in all; the others wait meanwhile.
     pub max_restarts: usize,
     /// Folder of the log files.
     pub logs: PathBuf,
@@ -84,7 +84,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     let interrupted = interrupt_flag();
 
     let mut procs: Vec<Proc> = Vec::new();
-    let mut keeper = ServerKeeper::new(config, &job_id);
+    let mut keeper = JobKeeper::new(config, &job_id);
     let result = (|| -> anyhow::Result<LaunchSummary> {
         let (tx, rx) = mpsc::channel();
         for i in 0..config.servers {
@@ -120,6 +120,9 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
                 let o = config.output.as_ref().context("--checkpoint-every needs --output")?;
                 let dir = o.join("checkpoints").display().to_string();
                 args.extend(["--checkpoint-dir".into(), dir, "--checkpoint-every".into(), every.to_string()]);
+            }
+            if config.max_restarts > 0 {
+                args.extend(["--trainer-rejoin".into(), RECOVER_SECONDS.to_string()]);
             }
             let log = config.logs.join(format!("server.{i}.log"));
             procs.push(spawn(keeper.command(&args), &format!("server {i}"), log, Some((i, tx.clone())))?);
@@ -173,9 +176,11 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             }
             if config.max_restarts > 0 {
                 args.extend(["--recover-timeout".into(), RECOVER_SECONDS.to_string()]);
+                args.extend(["--position-dir".into(), positions_dir(config).display().to_string()]);
             }
             let log = config.logs.join(format!("worker.{w}.log"));
             procs.push(spawn(keeper.command(&args), &format!("worker {w}"), log, None)?);
+            keeper.worker_args.push(args);
         }
 
         // A resumed job trains only the passes after the saved one.
@@ -212,7 +217,16 @@ fn child(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
     cmd
 }
 
-/// Seconds trainers wait for a restarted server before failing.
+/// Where trainers record their positions: beside the servers' checkpoints, else with the logs.
+fn positions_dir(config: &LaunchConfig) -> PathBuf {
+    match &config.output {
+        Some(o) => o.join("checkpoints"),
+        None => config.logs.join("positions"),
+    }
+}
+
+/// Seconds trainers wait for a restarted server, and servers for a restarted trainer, before
+/// failing.
 const RECOVER_SECONDS: u64 = 60;
 /// A server that answers no heartbeat for this many probes in a row is taken for hung.
 const HEARTBEAT_MISSES: u32 = 3;
@@ -231,11 +245,12 @@ struct Watched {
     misses: u32,
 }
 
-/// Keeps the servers of a launch going: a heartbeat thread probes each one, the keeper kills one
-/// that stopped answering (a stopped or hung process), and restarts a server that died from its
-/// newest checkpoint under the next epoch, on the same port, while trainers wait (up to
-/// `--max-restarts` restarts in all). Trainers are not restarted: one that fails ends the job.
-struct ServerKeeper {
+/// Keeps the processes of a launch going: a heartbeat thread probes each server, the keeper
+/// kills one that stopped answering (a stopped or hung process), and restarts a server that
+/// died from its newest checkpoint under the next epoch, on the same port, while trainers wait;
+/// a trainer that died is restarted to go on from its recorded position while servers wait for
+/// it to rejoin (up to `--max-restarts` restarts in all).
+struct JobKeeper {
     servers: usize,
     max_restarts: usize,
     job: String,
@@ -245,6 +260,10 @@ struct ServerKeeper {
     checkpoints: Option<PathBuf>,
     /// Each server's command line as first started.
     args: Vec<Vec<String>>,
+    /// Each trainer's command line as first started.
+    worker_args: Vec<Vec<String>>,
+    /// Restarts of each trainer so far.
+    worker_lives: Vec<u64>,
     watched: std::sync::Arc<std::sync::Mutex<Vec<Watched>>>,
     ready: Option<(mpsc::Sender<Ready>, mpsc::Receiver<Ready>)>,
     /// Why the keeper killed a server, by index.
@@ -255,9 +274,9 @@ struct ServerKeeper {
     heartbeat: Option<std::thread::JoinHandle<()>>,
 }
 
-impl ServerKeeper {
-    fn new(config: &LaunchConfig, job: &str) -> ServerKeeper {
-        ServerKeeper {
+impl JobKeeper {
+    fn new(config: &LaunchConfig, job: &str) -> JobKeeper {
+        JobKeeper {
             servers: config.servers,
             max_restarts: config.max_restarts,
             job: job.to_string(),
@@ -266,6 +285,8 @@ impl ServerKeeper {
             logs: config.logs.clone(),
             checkpoints: config.checkpoint_every.and(config.output.as_ref()).map(|o| o.join("checkpoints")),
             args: Vec::new(),
+            worker_args: Vec::new(),
+            worker_lives: vec![0; config.workers],
             watched: Default::default(),
             ready: None,
             killed: vec![None; config.servers],
@@ -343,7 +364,37 @@ impl ServerKeeper {
     }
 }
 
-impl Keeper for ServerKeeper {
+impl JobKeeper {
+    /// Restarts failed trainer `w` (child `i`) to rejoin from its recorded position.
+    fn restart_worker(
+        &mut self,
+        procs: &mut [Proc],
+        i: usize,
+        w: usize,
+        status: std::process::ExitStatus,
+    ) -> anyhow::Result<()> {
+        self.worker_lives[w] += 1;
+        let life = self.worker_lives[w];
+        let mut args = self.worker_args[w].clone();
+        args.push("--rejoin".into());
+        let cause = status.to_string();
+        tracing::warn!(worker = w, life, "worker {w} failed ({cause}); restarting it");
+        eprintln!("worker {w} failed ({cause}); restarting it to go on from its recorded position");
+        let log = self.logs.join(format!("worker.{w}.restart-{life}.log"));
+        procs[i] = spawn(self.command(&args), &format!("worker {w} (restart {life})"), log, None)?;
+        let from = args.iter().position(|a| a == "--position-dir").map(|at| args[at + 1].clone());
+        self.restarts.push(crate::supervise::Restart {
+            process: format!("worker {w}"),
+            epoch: life,
+            at_seconds: self.started.elapsed().as_secs_f64(),
+            cause,
+            from,
+        });
+        Ok(())
+    }
+}
+
+impl Keeper for JobKeeper {
     fn tick(&mut self, procs: &mut [Proc]) -> anyhow::Result<()> {
         if let Some((_, rx)) = &self.ready {
             while let Ok(Ready(i, _)) = rx.try_recv() {
@@ -370,8 +421,16 @@ impl Keeper for ServerKeeper {
     }
 
     fn restart(&mut self, procs: &mut [Proc], i: usize, status: std::process::ExitStatus) -> anyhow::Result<bool> {
-        if i >= self.servers || self.restarts.len() >= self.max_restarts || self.ready.is_none() {
+        if self.restarts.len() >= self.max_restarts || self.ready.is_none() {
             return Ok(false);
+        }
+        if i >= self.servers {
+            let w = i - self.servers;
+            if w >= self.worker_args.len() {
+                return Ok(false); // failed while the trainers were still being started
+            }
+            self.restart_worker(procs, i, w, status)?;
+            return Ok(true);
         }
         let epoch = self.watched.lock().expect("no panics under this lock")[i].epoch + 1;
         let args = self.restart_args(i, epoch, procs);

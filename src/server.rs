@@ -92,6 +92,10 @@ pub struct ServerConfig {
     /// Trainers that closed before this server started (a restarted server is told them by its
     /// supervisor), so the job can end without them.
     pub closed: Vec<u64>,
+    /// A trainer that disconnects without closing may come back (restarted by a supervisor)
+    /// within this long, its pending sync push forgotten so it can send it again; `None`: the
+    /// job fails at once, as it can never finish without it.
+    pub rejoin: Option<Duration>,
 }
 
 impl ServerConfig {
@@ -191,8 +195,11 @@ struct State {
     all_closed: watch::Sender<bool>,
     /// Trainers whose handshake named them (`Hello::trainer`).
     arrived: Mutex<BTreeSet<u64>>,
-    /// A trainer whose connection ended before it closed (it failed or was killed).
-    lost: watch::Sender<Option<u64>>,
+    /// Open connections per trainer (a trainer holds one per server port).
+    connections: Mutex<BTreeMap<u64, usize>>,
+    /// Trainers whose last connection ended before they closed (failed or killed), and since
+    /// when.
+    lost: watch::Sender<BTreeMap<u64, std::time::Instant>>,
     /// The newer epoch of this server a client has met: this process has been replaced.
     fenced: watch::Sender<Option<u64>>,
 }
@@ -308,7 +315,8 @@ pub async fn run(
         closed: Mutex::new(config.closed.iter().copied().collect()),
         all_closed: watch::channel(false).0,
         arrived: Mutex::new(config.closed.iter().copied().collect()),
-        lost: watch::channel(None).0,
+        connections: Mutex::new(BTreeMap::new()),
+        lost: watch::channel(BTreeMap::new()).0,
         fenced: watch::channel(None).0,
         config,
     });
@@ -346,15 +354,33 @@ pub async fn run(
     };
     // A trainer that disconnects without closing can never finish the job (its close, its
     // share of the data, the final save): a server that would exit when its trainers are done
-    // fails instead of waiting for it forever.
-    let mut lost = state.lost.subscribe();
+    // fails instead of waiting for it forever, or after the time it has to rejoin.
+    let (mut lost, rejoin) = (state.lost.subscribe(), state.config.rejoin);
     let lost_trainer = async move {
-        if exit_when_done {
-            if let Ok(t) = lost.wait_for(Option::is_some).await {
-                return *t;
+        loop {
+            if !exit_when_done {
+                std::future::pending::<()>().await;
+            }
+            // The borrowed map is not Send: read it before any await.
+            let first = lost.borrow_and_update().iter().min_by_key(|(_, at)| **at).map(|(t, at)| (*t, *at));
+            match (first, rejoin) {
+                (Some((t, _)), None) => return (t, None),
+                (Some((t, at)), Some(window)) => {
+                    let timed_out = tokio::select! {
+                        _ = tokio::time::sleep_until((at + window).into()) => true,
+                        changed = lost.changed() => changed.is_err(),
+                    };
+                    if timed_out && lost.borrow().contains_key(&t) {
+                        return (t, Some(window));
+                    }
+                }
+                (None, _) => {
+                    if lost.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
             }
         }
-        std::future::pending().await
     };
     // Checkpoints on their own thread: the snapshot takes short locks, the writing none. The
     // thread ends when `stop_checkpoints` is dropped: waited for on a normal stop (so no write
@@ -415,11 +441,17 @@ pub async fn run(
                 state.config.epoch
             );
         }
-        Some(trainer) = lost_trainer => {
+        (trainer, window) = lost_trainer => {
             acceptors.abort_all();
-            anyhow::bail!(
-                "trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"
-            );
+            match window {
+                None => anyhow::bail!(
+                    "trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"
+                ),
+                Some(w) => anyhow::bail!(
+                    "trainer {trainer} disconnected without closing and did not come back within {w:?} \
+                     (--trainer-rejoin): the job cannot finish"
+                ),
+            }
         }
         missing = arrival_deadline => {
             acceptors.abort_all();
@@ -485,11 +517,7 @@ async fn serve_connection(
     let mut trainer = None;
     let result = serve_requests(&state, socket, port, sparse_only, &mut trainer).await;
     if let Some(t) = trainer.filter(|t| *t < state.config.trainers as u64) {
-        if !state.closed.lock().contains(&t) {
-            // Logged at once: under mpirun the server may be stopped before its final error line.
-            tracing::error!("trainer {t} disconnected without closing");
-            state.lost.send_replace(Some(t));
-        }
+        disconnected(&state, t);
     }
     result
 }
@@ -559,8 +587,11 @@ async fn serve_requests(
         };
         let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State | ErrorCode::Fenced, _))) && !greeted;
         greeted |= reply.is_ok();
-        if reply.is_ok() && hello_from.is_some() {
-            *trainer = hello_from;
+        if let (Ok(_), Some(t), None) = (&reply, hello_from, *trainer) {
+            *trainer = Some(t);
+            if t < state.config.trainers as u64 {
+                connected(state, t);
+            }
         }
         match reply.unwrap_or_else(|(code, message)| Answer::Response(Response::Error { code, message })) {
             Answer::Response(response) => write_frame(&mut wr, &response.encode()).await?,
@@ -634,6 +665,46 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
         ));
     }
     Ok(Answer::Response(Response::Welcome { server_index: index as u64, num_servers: servers as u64, epoch: c.epoch }))
+}
+
+/// A connection of trainer `t` was greeted. A trainer opens its connections before its first
+/// push and keeps them, so a new one means the process that held `t` before is gone (or lost
+/// its connection) and will send its unanswered push again: a pending sync push of `t` is
+/// forgotten, or that step would count it twice. A lost trainer that connects again within
+/// `--trainer-rejoin` has rejoined.
+fn connected(state: &State, t: u64) {
+    *state.connections.lock().entry(t).or_default() += 1;
+    let mut back = false;
+    state.lost.send_if_modified(|lost| {
+        back = lost.remove(&t).is_some();
+        back
+    });
+    let dropped = {
+        let mut pending = state.sync.lock();
+        pending.pushes.remove(&t).is_some() | pending.halves.remove(&t).is_some()
+    };
+    if back || dropped {
+        tracing::warn!(trainer = t, pending_push_dropped = dropped, "trainer {t} rejoined");
+    }
+}
+
+/// A connection of trainer `t` ended: with its last one gone before it closed, `t` is lost (it
+/// failed or was killed). A connection of an earlier process of `t` that ends after a restarted
+/// one connected does not count.
+fn disconnected(state: &State, t: u64) {
+    let last = {
+        let mut connections = state.connections.lock();
+        let n = connections.entry(t).or_default();
+        *n = n.saturating_sub(1);
+        *n == 0
+    };
+    if last && !state.closed.lock().contains(&t) {
+        // Logged at once: under mpirun the server may be stopped before its final error line.
+        tracing::error!("trainer {t} disconnected without closing");
+        state.lost.send_modify(|lost| {
+            lost.entry(t).or_insert_with(std::time::Instant::now);
+        });
+    }
 }
 
 /// Row buffers of a connection's last pull reply, handed back for the next one.
@@ -989,6 +1060,7 @@ fn close(state: &Arc<State>, trainer: u64) -> Reply {
         closed.len() >= state.config.trainers
     };
     tracing::info!(trainer, "trainer closed");
+    state.lost.send_if_modified(|lost| lost.remove(&trainer).is_some());
     // Its barrier position and any half-sent push are released with it.
     state.barrier.lock().remove(&trainer);
     state.sync.lock().halves.remove(&trainer);

@@ -35,6 +35,7 @@ fn config(save_root: std::path::PathBuf) -> ServerConfig {
         checkpoints: None,
         epoch: 0,
         closed: Vec::new(),
+        rejoin: None,
     }
 }
 

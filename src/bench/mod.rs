@@ -364,6 +364,8 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         job: "bench".into(),
         skip_bad_lines: false,
         recover: None,
+        positions: None,
+        rejoin: false,
         connect_timeout: Duration::from_secs(10),
         reply_timeout: Duration::from_secs(600),
         delay: job.train.delay,

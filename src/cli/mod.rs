@@ -275,6 +275,10 @@ struct PserverArgs {
     /// Trainers that already closed (a restarted server is told them, comma-separated).
     #[arg(long, env = "OAR_TRAINERS_CLOSED", value_delimiter = ',')]
     trainers_closed: Vec<u64>,
+    /// Seconds a trainer that disconnected without closing has to come back (restarted by a
+    /// supervisor) before the server fails [default: fail at once].
+    #[arg(long, env = "OAR_TRAINER_REJOIN")]
+    trainer_rejoin: Option<f64>,
 }
 
 /// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
@@ -475,6 +479,14 @@ struct TrainArgs {
     /// back (reconnecting and repeating the unanswered request) before failing.
     #[arg(long, env = "OAR_RECOVER_TIMEOUT")]
     recover_timeout: Option<f64>,
+    /// Record this trainer's position in its data in this folder after every step
+    /// (`trainer-K.position`), so that a restart can go on from it.
+    #[arg(long, env = "OAR_POSITION_DIR")]
+    position_dir: Option<PathBuf>,
+    /// This trainer is a restart of one that failed: go on from the position recorded in
+    /// --position-dir (servers started with --trainer-rejoin wait for it).
+    #[arg(long, env = "OAR_REJOIN", requires = "position_dir")]
+    rejoin: bool,
     /// Settings used when the environment says this process is a server
     /// (TRAINING_ROLE / PADDLE_TRAINING_ROLE = PSERVER).
     #[command(flatten)]
@@ -525,7 +537,9 @@ struct LaunchArgs {
     #[arg(long)]
     checkpoint_every: Option<f64>,
     /// Restart a server that dies or stops answering, from its newest checkpoint, while the
-    /// trainers wait for it: at most this many restarts in all (0: the job fails at once).
+    /// trainers wait for it, and a trainer that dies, from its recorded position in its data,
+    /// while the servers wait for it: at most this many restarts in all (0: the job fails at
+    /// once).
     #[arg(long, default_value_t = 0)]
     max_restarts: usize,
     /// Folder for the log files.
@@ -994,6 +1008,13 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
         },
         epoch: a.epoch,
         closed: a.trainers_closed,
+        rejoin: match a.trainer_rejoin {
+            Some(secs) => {
+                anyhow::ensure!(secs.is_finite() && secs >= 0.0, "--trainer-rejoin must be a number of seconds");
+                Some(Duration::from_secs_f64(secs))
+            }
+            None => None,
+        },
     };
     config.validate()?;
     let addrs: Vec<String> = (0..ports_num + sparse).map(|k| format!("{host}:{}", port as usize + k)).collect();
@@ -1025,6 +1046,7 @@ fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         checkpoint_keep: 3,
         epoch: 0,
         trainers_closed: Vec::new(),
+        trainer_rejoin: None,
     }
 }
 
@@ -1225,6 +1247,8 @@ fn train(mut a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Resul
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
         recover: a.recover_timeout.map(Duration::from_secs_f64),
+        positions: a.position_dir,
+        rejoin: a.rejoin,
     };
     let mine = crate::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
     // A resumed job trains only the passes after the saved one.

@@ -54,6 +54,9 @@ pub struct ReaderConfig {
     pub schema: Arc<Schema>,
     /// A shell command each file is piped through (the schema's, unless overridden).
     pub pipe_command: Option<String>,
+    /// Samples to leave out at the start (a restarted trainer's already trained ones): the
+    /// batch they end in is cut, the batches after it keep their places.
+    pub skip: u64,
 }
 
 impl ReaderConfig {
@@ -70,6 +73,7 @@ impl ReaderConfig {
             prefetch: 8,
             schema: Arc::new(schema.clone()),
             pipe_command: schema.pipe_command.clone(),
+            skip: 0,
         }
     }
 }
@@ -101,15 +105,16 @@ impl Reader {
             .name("oar-reader".into())
             .spawn(move || {
                 let mut parser = super::parser(&config.schema);
+                let mut out = Out { tx, skip: config.skip };
                 let mut batch = config.schema.new_batch();
                 for path in files {
-                    if let Err(e) = read_file(&path, &config, &mut *parser, &p, &mut batch, &tx) {
-                        let _ = tx.send(Err(e));
+                    if let Err(e) = read_file(&path, &config, &mut *parser, &p, &mut batch, &mut out) {
+                        let _ = out.tx.send(Err(e));
                         return;
                     }
                 }
                 if !batch.is_empty() {
-                    let _ = tx.send(Ok(batch));
+                    out.send(batch);
                 }
             })
             .expect("spawning a thread only fails when the OS is out of resources");
@@ -119,6 +124,26 @@ impl Reader {
     /// The reader's live counters.
     pub fn progress(&self) -> Arc<ReadProgress> {
         self.progress.clone()
+    }
+}
+
+/// The reader thread's end of the channel, leaving out the samples to skip.
+struct Out {
+    tx: std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
+    skip: u64,
+}
+
+impl Out {
+    /// Sends `batch` less the samples still to skip; false once the consumer is gone.
+    fn send(&mut self, batch: Batch) -> bool {
+        let n = batch.len() as u64;
+        if self.skip >= n {
+            self.skip -= n;
+            return true;
+        }
+        let batch = if self.skip > 0 { batch.slice(self.skip as usize..n as usize) } else { batch };
+        self.skip = 0;
+        self.tx.send(Ok(batch)).is_ok()
     }
 }
 
@@ -136,12 +161,20 @@ fn read_file(
     parser: &mut dyn LineParser,
     progress: &ReadProgress,
     batch: &mut Batch,
-    tx: &std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
+    out: &mut Out,
 ) -> Result<(), DataError> {
     let io = |cause| DataError::Io { path: path.clone(), cause };
     let file = std::fs::File::open(path).map_err(io)?;
     let Some(command) = &config.pipe_command else {
-        return read_lines(path, std::io::BufReader::with_capacity(1 << 20, file), config, parser, progress, batch, tx);
+        return read_lines(
+            path,
+            std::io::BufReader::with_capacity(1 << 20, file),
+            config,
+            parser,
+            progress,
+            batch,
+            out,
+        );
     };
     let mut child = std::process::Command::new("sh")
         .arg("-c")
@@ -160,7 +193,7 @@ fn read_file(
         text
     });
     let read =
-        read_lines(path, std::io::BufReader::with_capacity(1 << 20, stdout), config, parser, progress, batch, tx);
+        read_lines(path, std::io::BufReader::with_capacity(1 << 20, stdout), config, parser, progress, batch, out);
     if read.is_err() {
         let _ = child.kill();
     }
@@ -182,7 +215,7 @@ fn read_lines(
     parser: &mut dyn LineParser,
     progress: &ReadProgress,
     batch: &mut Batch,
-    tx: &std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
+    out: &mut Out,
 ) -> Result<(), DataError> {
     let io = |cause| DataError::Io { path: path.to_path_buf(), cause };
     let mut line = Vec::with_capacity(512);
@@ -211,7 +244,7 @@ fn read_lines(
         }
         if batch.len() == config.batch_size {
             let full = std::mem::replace(batch, config.schema.new_batch());
-            if tx.send(Ok(full)).is_err() {
+            if !out.send(full) {
                 // The consumer is gone: stop reading.
                 return Ok(());
             }
@@ -245,6 +278,21 @@ mod tests {
         let sizes: Vec<usize> = reader.map(|b| b.unwrap().len()).collect();
         assert_eq!(sizes, [2, 2, 1]);
         assert_eq!(progress.bad_lines.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn skipped_samples_cut_their_batch_and_later_batches_keep_their_places() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        std::fs::write(&a, (1..=7).map(|k| format!("{}\t{k}\n", k % 2)).collect::<String>()).unwrap();
+        let labels = |skip| -> Vec<Vec<f32>> {
+            let reader = Reader::spawn(vec![a.clone()], ReaderConfig { skip, ..ReaderConfig::criteo(3) });
+            reader.map(|b| b.unwrap().labels).collect()
+        };
+        assert_eq!(labels(0), [vec![1.0, 0.0, 1.0], vec![0.0, 1.0, 0.0], vec![1.0]]);
+        assert_eq!(labels(4), [vec![1.0, 0.0], vec![1.0]]);
+        assert_eq!(labels(6), [vec![1.0]]);
+        assert!(labels(9).is_empty());
     }
 
     #[test]

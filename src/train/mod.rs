@@ -16,10 +16,12 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 mod ahead;
+pub mod position;
 mod step;
 mod store;
 
 use ahead::{Ahead, PushJob};
+use position::{Position, PositionLog};
 use step::{compute, Replica};
 pub use store::{Lookups, StepHeader, Store, TableLookup};
 
@@ -103,6 +105,13 @@ pub struct TrainConfig {
     /// come back before failing (`None`: fail at once).
     #[serde(default)]
     pub recover: Option<Duration>,
+    /// Record this trainer's position in its data in this folder after every step (see
+    /// [`position`]).
+    #[serde(default)]
+    pub positions: Option<PathBuf>,
+    /// A restart of a trainer that failed: go on from the position recorded in `positions`.
+    #[serde(default)]
+    pub rejoin: bool,
 }
 
 /// The default of [`TrainConfig::sync_warmup`].
@@ -136,6 +145,10 @@ impl TrainConfig {
             self.trainers
         );
         anyhow::ensure!(!self.train_files.is_empty(), "no training files (--train)");
+        anyhow::ensure!(
+            !self.rejoin || self.positions.is_some(),
+            "--rejoin goes on from a recorded position: give --position-dir"
+        );
         anyhow::ensure!(
             self.delay == 0 || self.mode == Mode::Local,
             "--delay (delayed updates) is a local-mode measurement; {:?} mode has real staleness",
@@ -313,11 +326,16 @@ pub fn run_with(
         "trainer {me} of {} has no training file: give at least as many files as trainers",
         config.trainers
     );
-    tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, first_pass, model = %model.summary(), "training");
+    let start = start_position(config, first_pass)?;
+    let positions = match &config.positions {
+        Some(dir) => Some(Mutex::new(PositionLog::create(dir, start.clone())?)),
+        None => None,
+    };
+    tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, first_pass = start.pass, model = %model.summary(), "training");
 
     let mut report = TrainReport {
         trainer: me,
-        samples: 0,
+        samples: start.trained,
         train_seconds: 0.0,
         wall_seconds: 0.0,
         passes: Vec::new(),
@@ -326,15 +344,28 @@ pub fn run_with(
         staleness: Staleness::default(),
         bad_lines: 0,
     };
-    let (mut step, mut bytes_before) = (0u64, 0u64);
-    for pass in first_pass..=config.passes {
+    let (mut step, mut bytes_before) = (start.step, 0u64);
+    for pass in start.pass..=config.passes {
+        // A rejoining trainer goes on in the pass it was in, after the samples it pushed (and
+        // in the warm-up, at the part after its last merged step).
+        let resumed = if pass == start.pass { start.samples } else { 0 };
+        let plan = WarmupPlan::new(config, pass == start.first_pass, step, resumed);
+        if pass != start.pass {
+            if let Some(p) = &positions {
+                p.lock().start_pass(pass)?;
+            }
+        }
         let reader = Reader::spawn(
             files.clone(),
-            ReaderConfig { skip_bad_lines: config.skip_bad_lines, ..ReaderConfig::new(&schema, config.batch_size) },
+            ReaderConfig {
+                skip_bad_lines: config.skip_bad_lines,
+                skip: plan.reader_skip,
+                ..ReaderConfig::new(&schema, config.batch_size)
+            },
         );
         let progress = reader.progress();
-        let warmup = if pass == first_pass { config.sync_warmup } else { 0 };
-        let pass_loop = PassLoop { config, model: &model, pass, step: AtomicU64::new(step), warmup };
+        let pass_loop =
+            PassLoop { config, model: &model, pass, step: AtomicU64::new(step), plan, positions: positions.as_ref() };
         let metrics = pass_loop.run(&mut store, reader, &mut report, &|samples| {
             on_progress(bytes_before + progress.bytes.load(Relaxed), samples)
         })?;
@@ -366,6 +397,71 @@ pub fn run_with(
     Ok(report)
 }
 
+/// Where this run starts: the recorded position of a rejoining trainer, else the first pass's
+/// beginning.
+fn start_position(config: &TrainConfig, first_pass: u32) -> anyhow::Result<Position> {
+    let fresh = Position {
+        job: config.job.clone(),
+        trainer: config.trainer_id,
+        first_pass,
+        pass: first_pass,
+        step: 0,
+        samples: 0,
+        trained: 0,
+    };
+    let (Some(dir), true) = (&config.positions, config.rejoin) else { return Ok(fresh) };
+    match Position::load(dir, &config.job, config.trainer_id)? {
+        Some(p) => {
+            tracing::warn!(
+                trainer = p.trainer,
+                pass = p.pass,
+                step = p.step,
+                samples = p.samples,
+                "rejoining: going on after the last recorded step"
+            );
+            Ok(p)
+        }
+        None => {
+            tracing::warn!(
+                trainer = config.trainer_id,
+                "rejoining with no recorded position: starting from the beginning"
+            );
+            Ok(fresh)
+        }
+    }
+}
+
+/// What async mode's synchronous warm-up still has to do in a pass, and where the reader starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WarmupPlan {
+    /// Merged steps (batch parts) left.
+    steps: u64,
+    /// Parts of the first batch already trained (a trainer rejoining mid-batch).
+    parts_done: usize,
+    /// Samples the reader leaves out.
+    reader_skip: u64,
+}
+
+impl WarmupPlan {
+    /// The plan of a pass that is (`first`) or is not the run's first, for a trainer at `step`
+    /// that has pushed `samples` of it. A warm-up reader batch is split in one part per trainer
+    /// and each part is one step, so a warm-up of `sync_warmup` updates takes
+    /// `ceil(sync_warmup / trainers)` whole batches.
+    fn new(config: &TrainConfig, first: bool, step: u64, samples: u64) -> WarmupPlan {
+        let parts = config.trainers as u64;
+        let total = if first { config.sync_warmup.div_ceil(parts) * parts } else { 0 };
+        if step >= total {
+            return WarmupPlan { steps: 0, parts_done: 0, reader_skip: samples };
+        }
+        // Every warm-up batch before this one was whole and gave `parts` steps.
+        WarmupPlan {
+            steps: total - step,
+            parts_done: (step % parts) as usize,
+            reader_skip: step / parts * config.batch_size as u64,
+        }
+    }
+}
+
 /// A batch with its ids deduplicated per table.
 struct Prepared {
     batch: Batch,
@@ -387,26 +483,32 @@ fn prepare(batch: Batch, model: &Model) -> anyhow::Result<Prepared> {
 /// Async mode's synchronous start: each reader batch is split in `parts` (one per trainer),
 /// and each part is one synchronous step, so a merged update covers one batch of samples.
 struct Warmup {
-    /// Reader batches still to split.
-    batches: u64,
+    /// Steps (parts) still to train.
+    steps: u64,
     parts: usize,
+    /// Parts of the next batch to leave out (trained before a restart).
+    parts_done: usize,
     /// Parts of the current batch not trained yet.
     queue: std::collections::VecDeque<Batch>,
 }
 
 impl Warmup {
-    /// The next part, or `None` once the warm-up's batches (or the reader's) are used up.
+    /// The next part, or `None` once the warm-up's steps (or the reader's batches) are used up.
     fn next(&mut self, reader: &mut Reader) -> anyhow::Result<Option<Batch>> {
-        if self.queue.is_empty() && self.batches > 0 {
+        if self.queue.is_empty() && self.steps > 0 {
             let Some(batch) = reader.next() else { return Ok(None) };
             let batch = batch?;
-            self.batches -= 1;
             let n = batch.len();
             // Only a shard's last batch can be shorter than `parts`: its empty parts are skipped.
             let ranges = (0..self.parts).map(|k| k * n / self.parts..(k + 1) * n / self.parts);
+            let ranges = ranges.skip(std::mem::take(&mut self.parts_done));
             self.queue.extend(ranges.filter(|r| !r.is_empty()).map(|r| batch.slice(r)));
         }
-        Ok(self.queue.pop_front())
+        let part = self.queue.pop_front();
+        if part.is_some() {
+            self.steps = self.steps.saturating_sub(1);
+        }
+        Ok(part)
     }
 }
 
@@ -438,28 +540,34 @@ enum Comms<'a, 'b> {
 }
 
 impl Comms<'_, '_> {
-    /// The next batch and the version of its parameters (now in `params`/`rows`); `None` at the
-    /// end of the pass.
+    /// The next batch, the version of its parameters (now in `params`/`rows`) and its number
+    /// in `positions` (when recorded); `None` at the end of the pass.
     fn next(
         &mut self,
         model: &Model,
         dims: &[usize],
         times: &mut StepTimes,
-    ) -> anyhow::Result<Option<(Prepared, u64)>> {
+        positions: Option<&Mutex<PositionLog>>,
+    ) -> anyhow::Result<Option<(Prepared, u64, Option<u64>)>> {
         let t0 = Instant::now();
+        let take = |p: &Prepared| positions.map(|log| log.lock().take(p.batch.len() as u64));
         match self {
             Comms::Direct { reader, store, params, rows, warmup, .. } => {
+                // Numbered under the reader's lock: in the order batches leave the reader.
+                let mut r = reader.lock();
                 let p = match warmup {
-                    Some(w) => w.next(&mut reader.lock())?.map(|b| prepare(b, model)).transpose()?,
-                    None => next_prepared(&mut reader.lock(), model)?,
+                    Some(w) => w.next(&mut r)?.map(|b| prepare(b, model)).transpose()?,
+                    None => next_prepared(&mut r, model)?,
                 };
                 let Some(p) = p else { return Ok(None) };
+                let number = take(&p);
+                drop(r);
                 let t1 = Instant::now();
                 rows.resize_with(dims.len(), Vec::new);
                 let version = store.lock().pull(Some(params), &p.lookups.ids(dims), rows, RowCreation::Create)?;
                 times.data += (t1 - t0).as_secs_f64();
                 times.pull += t1.elapsed().as_secs_f64();
-                Ok(Some((p, version)))
+                Ok(Some((p, version, number)))
             }
             Comms::Ahead { reader, ahead, next, params, rows } => {
                 let Some(current) = next.take() else { return Ok(None) };
@@ -472,7 +580,8 @@ impl Comms<'_, '_> {
                 }
                 times.pull += (t1 - t0).as_secs_f64();
                 times.data += t1.elapsed().as_secs_f64();
-                Ok(Some((*current, pulled.version)))
+                let number = take(&current);
+                Ok(Some((*current, pulled.version, number)))
             }
         }
     }
@@ -566,8 +675,10 @@ struct PassLoop<'a> {
     model: &'a Model,
     pass: u32,
     step: AtomicU64,
-    /// Synchronous updates to make before going async (async mode against servers).
-    warmup: u64,
+    /// The synchronous updates to make before going async (async mode against servers).
+    plan: WarmupPlan,
+    /// Where the trainer's position is recorded after each push.
+    positions: Option<&'a Mutex<PositionLog>>,
 }
 
 impl PassLoop<'_> {
@@ -585,17 +696,18 @@ impl PassLoop<'_> {
         let c = self.config;
         let reader = Mutex::new(reader);
         let mut metrics = HeadMetrics::new(self.model);
-        if c.mode == Mode::Async && matches!(store, Store::Remote(_)) && self.warmup > 0 {
+        if c.mode == Mode::Async && matches!(store, Store::Remote(_)) && self.plan.steps > 0 {
             let warmup = Warmup {
-                batches: self.warmup.div_ceil(c.trainers as u64),
+                steps: self.plan.steps,
                 parts: c.trainers,
+                parts_done: self.plan.parts_done,
                 queue: Default::default(),
             };
             metrics.merge(&self.segment(store, &reader, Some(warmup), report, on_progress)?);
             tracing::info!(
                 trainer = c.trainer_id,
                 pass = self.pass,
-                updates = self.warmup,
+                updates = self.plan.steps,
                 "synchronous warm-up done: going async"
             );
         }
@@ -653,7 +765,7 @@ impl PassLoop<'_> {
                         rows: Vec::new(),
                         delayed: Default::default(),
                         delay: c.delay,
-                        delay_from: self.warmup,
+                        delay_from: self.plan.steps,
                         warmup: warmup.take(),
                     })
                 })),
@@ -728,7 +840,9 @@ impl PassLoop<'_> {
         let result = (|| -> anyhow::Result<()> {
             while !failed.load(Relaxed) {
                 let t0 = Instant::now();
-                let Some((p, version)) = comms.next(model, dims, &mut report.times)? else { break };
+                let Some((p, version, number)) = comms.next(model, dims, &mut report.times, self.positions)? else {
+                    break;
+                };
                 let step = self.step.fetch_add(1, Relaxed);
                 let t1 = Instant::now();
                 let (params, rows) = comms.params();
@@ -743,7 +857,12 @@ impl PassLoop<'_> {
                         report.staleness.add(pushed.staleness);
                     }
                 }
-                crate::fault::at(crate::fault::Target::Trainer(me), 0, crate::fault::Moment::Step(step + 1));
+                if let (Some(log), Some(n)) = (self.positions, number) {
+                    log.lock().done(n)?;
+                }
+                // A restarted trainer runs clean: the planned fault was its first life's.
+                let life = u64::from(c.rejoin);
+                crate::fault::at(crate::fault::Target::Trainer(me), life, crate::fault::Moment::Step(step + 1));
                 let t3 = Instant::now();
                 report.times.compute += (t2 - t1).as_secs_f64();
                 report.times.push += (t3 - t2).as_secs_f64();

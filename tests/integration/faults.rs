@@ -13,7 +13,7 @@ use oar::protocol::ErrorCode;
 use oar::server::{Mode, ServerConfig};
 use oar::shard_checkpoints::{Checkpointer, Fence, Policy};
 
-/// A job folder with generated data: 2 parts of 25,000 lines (about 100 steps per trainer).
+/// A job folder with generated data: 2 parts of 25,000 lines (49 batches of 512 per trainer).
 struct Job {
     dir: tempfile::TempDir,
     train: PathBuf,
@@ -153,11 +153,65 @@ fn without_restarts_a_stopped_server_ends_the_job_naming_it() {
 }
 
 #[test]
-fn a_killed_trainer_ends_the_job_naming_it() {
+fn without_restarts_a_killed_trainer_ends_the_job_naming_it() {
     let job = Job::new();
-    let out = job.launch("async", "trainer1:kill@step=30", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
+    let out = job.launch("async", "trainer1:kill@step=30", &[]);
     let line = launch_failure(&out);
     assert!(line.contains("worker 1 failed") && line.contains("SIGKILL"), "{line}");
+}
+
+impl Job {
+    /// The job finished, saved its model, and restarted trainer `worker` once, which went on
+    /// from its recorded position: every sample is trained once.
+    fn assert_trainer_rejoined(&self, output: &std::process::Output, worker: usize) -> LaunchSummary {
+        assert!(output.status.success(), "{}", text(output));
+        let s = self.summary();
+        assert_eq!(s.restarts.len(), 1, "{:?}", s.restarts);
+        assert_eq!(s.restarts[0].process, format!("worker {worker}"));
+        assert_eq!(s.samples, 50_000, "every sample trained once: {:?}", s.reports.iter().map(|r| r.samples));
+        let log = self.log(&format!("worker.{worker}.restart-1.log"));
+        assert!(log.contains("rejoining: going on after the last recorded step"), "{log}");
+        for server in 0..2 {
+            let log = self.log(&format!("server.{server}.log"));
+            assert!(log.contains(&format!("trainer {worker} rejoined")), "server {server}:\n{log}");
+        }
+        assert!(self.out().join("pass-0001/manifest.json").is_file(), "the model was saved");
+        let auc = s.test.as_ref().and_then(|t| t.auc).unwrap();
+        assert!(auc > 0.68, "test AUC {auc} after the restart");
+        s
+    }
+}
+
+#[test]
+fn an_async_trainer_killed_mid_pass_is_restarted_and_goes_on_from_its_position() {
+    let job = Job::new();
+    let out = job.launch("async", "trainer1:kill@step=40", &["--max-restarts", "1"]);
+    job.assert_trainer_rejoined(&out, 1);
+}
+
+/// Killed in the synchronous warm-up after an odd number of parts: the restarted trainer must
+/// push the second part of the batch it was in, or the merged steps of the two trainers would
+/// no longer pair up (and the job would hang).
+#[test]
+fn an_async_trainer_killed_in_the_warmup_rejoins_at_its_next_part() {
+    let job = Job::new();
+    let out = job.launch("async", "trainer0:kill@step=7", &["--max-restarts", "1"]);
+    job.assert_trainer_rejoined(&out, 0);
+}
+
+/// In sync mode the survivor waits at the step; the restarted trainer pushes the batch after
+/// its last one from the same parameters, so the model is the undisturbed run's, bit for bit.
+#[test]
+fn a_sync_trainer_killed_mid_pass_rejoins_at_the_barrier_and_the_model_is_unchanged() {
+    let killed = Job::new();
+    let out = killed.launch("sync", "trainer1:kill@step=30", &["--max-restarts", "1"]);
+    let s = killed.assert_trainer_rejoined(&out, 1);
+    let undisturbed = Job::new(); // the same generated data (a fixed seed)
+    let plain = undisturbed.launch("sync", "", &[]);
+    assert!(plain.status.success(), "{}", text(&plain));
+    let u = undisturbed.summary();
+    let (a, b) = (s.test.unwrap(), u.test.unwrap());
+    assert_eq!((a.auc, a.loss), (b.auc, b.loss), "the restarted run's model differs");
 }
 
 /// Epoch fencing at the handshake: a client that has met epoch 1 of a server is refused by an

@@ -168,10 +168,16 @@ fn an_unreachable_server_is_named_after_the_timeout() {
 
 /// Starts `oar pserver` for 2 trainers with a 2 s timeout; returns it and its address.
 fn pserver_for_two(mode: &str) -> (std::process::Child, String) {
+    pserver_for_two_with(mode, &[])
+}
+
+/// [`pserver_for_two`] with `extra` flags.
+fn pserver_for_two_with(mode: &str, extra: &[&str]) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
         .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--num_gradient_servers", "2", "--timeout", "2"])
         .args(["--mode", mode])
+        .args(extra)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -215,6 +221,75 @@ fn a_trainer_lost_without_closing_fails_the_server() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("trainer 1 disconnected without closing"), "{err}");
+}
+
+/// With --trainer-rejoin, a trainer lost without closing may come back (a supervisor restarted
+/// it). Its first life died with its sync push pending (the other trainer had not pushed): the
+/// server cannot see that connection end while the push waits, so the restart's handshake is
+/// what tells it to forget that push; the step the restart sends again counts once, and the
+/// job ends normally.
+#[test]
+fn a_trainer_restarted_with_its_sync_push_pending_counts_once_and_the_job_ends() {
+    let (mut server, addr) = pserver_for_two_with("sync", &["--trainer-rejoin", "60"]);
+    let stderr = server.stderr.take().unwrap();
+    let log = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
+    let mut t0 = trainer(0, &addr);
+    t0.declare(&spec()).unwrap();
+    let dense = vec![0.0f32; spec().dense.total()];
+
+    let mut first_life = TcpStream::connect(&addr).unwrap();
+    let hello =
+        Hello { version: PROTOCOL_VERSION, job: "oar".into(), num_servers: 1, server_index: 0, trainer: 1, epoch: 0 };
+    first_life.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
+    let mut buf = FrameBuf::default();
+    let kind = read_frame_blocking(&mut first_life, &mut buf, 1 << 20).unwrap();
+    assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Welcome { .. }));
+    let push = Push {
+        trainer: 1,
+        step: 0,
+        pass: 1,
+        base_version: 0,
+        samples: 1,
+        part: oar::protocol::PushPart::Whole,
+        apply: Default::default(),
+        dense: vec![dense.clone().into()],
+        sparse: Vec::new(),
+    };
+    first_life.write_all(&Request::Push(push).encode().to_vec()).unwrap();
+    let mut tool =
+        Client::connect(&ClientConfig::new(vec![addr.clone()], "oar", Duration::from_secs(5), Duration::from_secs(30)))
+            .unwrap();
+    while tool.stats().unwrap()[0].pushes < 1 {
+        std::thread::yield_now(); // until the server holds the push
+    }
+    drop(first_life);
+
+    let mut t1 = trainer(1, &addr);
+    t1.declare(&spec()).unwrap();
+    let again = dense.clone();
+    let second_life = std::thread::spawn(move || t1.push(&header(1), Some(&again), &[]).map(|_| t1));
+    t0.push(&header(0), Some(&dense), &[]).unwrap();
+    let mut t1 = second_life.join().unwrap().expect("the restart's push is served, not refused as a second one");
+    assert_eq!(tool.stats().unwrap()[0].version, 1, "one update from the step");
+    t0.close(0).unwrap();
+    t1.close(1).unwrap();
+    let status = server.wait().unwrap();
+    let log = log.join().unwrap();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("trainer 1 rejoined") && log.contains("pending_push_dropped=true"), "{log}");
+}
+
+/// A lost trainer that does not come back within --trainer-rejoin fails the server, naming it.
+#[test]
+fn a_lost_trainer_that_does_not_come_back_in_time_fails_the_server_naming_it() {
+    let (server, addr) = pserver_for_two_with("async", &["--trainer-rejoin", "0.5"]);
+    let mut t0 = trainer(0, &addr);
+    t0.declare(&spec()).unwrap();
+    drop(trainer(1, &addr));
+    let out = server.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("trainer 1 disconnected without closing and did not come back within 500ms"), "{err}");
 }
 
 /// Sends `hello` on a fresh connection and returns the server's error message (the connection

@@ -54,6 +54,7 @@ pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mo
         checkpoints: None,
         epoch: 0,
         closed: Vec::new(),
+        rejoin: None,
     }
 }
 
@@ -114,6 +115,8 @@ pub fn train_config(
         job: "test".into(),
         skip_bad_lines: false,
         recover: None,
+        positions: None,
+        rejoin: false,
         connect_timeout: Duration::from_secs(10),
         reply_timeout: Duration::from_secs(90),
         delay: 0,
