@@ -1,0 +1,232 @@
+//! `oar launch`: a whole cluster on one machine. Starts N servers and M trainers as child
+//! processes of this same binary (configured by flags and a job file, exactly as a person would
+//! start them), one log file each, a progress bar, and stops every child on Ctrl-C or as soon as
+//! any child fails, naming it and quoting its last log line.
+//! Servers bind port 0 and report their address (`OAR_READY`, see [`crate::supervise`]), so
+//! ports are never guessed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::config::JobConfig;
+use crate::server::Mode;
+use crate::supervise::{
+    check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, Proc, Ready,
+};
+
+/// What to launch.
+#[derive(Clone, Debug)]
+pub struct LaunchConfig {
+    /// Number of servers.
+    pub servers: usize,
+    /// Number of trainers.
+    pub workers: usize,
+    /// Sync or async.
+    pub mode: Mode,
+    /// The resolved job.
+    pub job: JobConfig,
+    /// Training data (file or folder).
+    pub train: PathBuf,
+    /// Test data (file or folder).
+    pub test: Option<PathBuf>,
+    /// Save the model here after each pass.
+    pub output: Option<PathBuf>,
+    /// Continue from this saved model.
+    pub resume: Option<PathBuf>,
+    /// Servers checkpoint in the background every this many seconds into `output/checkpoints`.
+    pub checkpoint_every: Option<f64>,
+    /// Servers that die (or hang) are restarted from their latest checkpoint, and trainers that
+    /// die from their recorded position, this many times in all; the others wait meanwhile.
+    pub max_restarts: usize,
+    /// Folder of the log files.
+    pub logs: PathBuf,
+    /// The `oar` binary to start.
+    pub exe: PathBuf,
+    /// Show a progress bar.
+    pub progress_bar: bool,
+    /// Layer types the job may name (children are this same binary, so they have them too).
+    pub registry: crate::model::Registry,
+    /// Environment given to every child besides this process's own (e.g. `OAR_FAULT` for the
+    /// recovery benchmark).
+    pub child_env: Vec<(String, String)>,
+}
+
+pub use crate::supervise::LaunchSummary;
+
+/// Runs the job and returns its summary; on any failure every child is stopped first.
+pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
+    anyhow::ensure!(config.servers > 0 || config.mode == Mode::Local, "--servers must be at least 1");
+    anyhow::ensure!(config.workers > 0, "--workers must be at least 1");
+    config.job.validate_with(&config.registry)?;
+    // Checked before any process starts: a worker without data would fail only after start-up.
+    let files = crate::config::resolve_files(&config.train)?;
+    for w in 0..config.workers {
+        anyhow::ensure!(
+            !crate::data::shard_files(&files, config.workers, w).is_empty(),
+            "worker {w} would get no training file: {} holds {} file(s) for {} workers (trainer k reads \
+             the files whose numeric suffix % workers == k); split the data into more parts",
+            config.train.display(),
+            files.len(),
+            config.workers
+        );
+    }
+    let started = Instant::now();
+    std::fs::create_dir_all(&config.logs).with_context(|| format!("cannot create {}", config.logs.display()))?;
+    let job_file = std::path::absolute(config.logs.join("job.toml"))?;
+    config.job.to_file(&job_file)?;
+    let job_id = format!("oar-{}-{}", std::process::id(), started.elapsed().as_nanos());
+    let timeout = config.job.train.timeout_secs.to_string();
+    let interrupted = interrupt_flag();
+
+    let mut procs: Vec<Proc> = Vec::new();
+    let mut keeper = JobKeeper::new(config, &job_id);
+    let result = (|| -> anyhow::Result<LaunchSummary> {
+        let (tx, rx) = mpsc::channel();
+        for i in 0..config.servers {
+            let mut args: Vec<String> = vec![
+                "pserver".into(),
+                "--host".into(),
+                "127.0.0.1".into(),
+                "--port".into(),
+                "0".into(),
+                "--index".into(),
+                i.to_string(),
+                "--num-servers".into(),
+                config.servers.to_string(),
+                "--trainers".into(),
+                config.workers.to_string(),
+                "--mode".into(),
+                config.mode.to_string(),
+                "--job".into(),
+                job_id.clone(),
+                "--timeout".into(),
+                timeout.clone(),
+                "--lag-ratio".into(),
+                config.job.train.lag_ratio.to_string(),
+            ];
+            if let Some(r) = &config.resume {
+                args.extend(["--resume".into(), r.display().to_string()]);
+            }
+            // Trainer 0 saves each pass there: the one folder saves from the network may use.
+            if let Some(o) = &config.output {
+                args.extend(["--save-root".into(), o.display().to_string()]);
+            }
+            if let Some(every) = config.checkpoint_every {
+                let o = config.output.as_ref().context("--checkpoint-every needs --output")?;
+                let dir = o.join("checkpoints").display().to_string();
+                args.extend(["--checkpoint-dir".into(), dir, "--checkpoint-every".into(), every.to_string()]);
+            }
+            if config.max_restarts > 0 {
+                args.extend(["--trainer-rejoin".into(), RECOVER_SECONDS.to_string()]);
+            }
+            let log = config.logs.join(format!("server.{i}.log"));
+            procs.push(spawn(keeper.command(&args), &format!("server {i}"), log, Some((i, tx.clone())))?);
+            keeper.args.push(args);
+        }
+        let mut addrs = vec![String::new(); config.servers];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while addrs.iter().any(|a| a.is_empty()) {
+            check_children(&mut procs, &interrupted, &mut crate::supervise::FailFast)?;
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ready(i, addr)) => addrs[i] = addr,
+                Err(_) if Instant::now() > deadline => {
+                    let missing: Vec<usize> = (0..config.servers).filter(|&i| addrs[i].is_empty()).collect();
+                    anyhow::bail!(
+                        "server(s) {missing:?} did not start listening within 60 s (see {})",
+                        config.logs.display()
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        let servers = addrs.join(",");
+        let first_worker = procs.len();
+        keeper.watch(addrs, tx, rx);
+        for w in 0..config.workers {
+            let mut args: Vec<String> = vec![
+                "train".into(),
+                "--config".into(),
+                job_file.display().to_string(),
+                "--mode".into(),
+                config.mode.to_string(),
+                "--servers".into(),
+                servers.clone(),
+                "--trainer-id".into(),
+                w.to_string(),
+                "--trainers".into(),
+                config.workers.to_string(),
+                "--job".into(),
+                job_id.clone(),
+                "--train".into(),
+                config.train.display().to_string(),
+            ];
+            if let Some(t) = &config.test {
+                args.extend(["--test".into(), t.display().to_string()]);
+            }
+            if let Some(o) = &config.output {
+                args.extend(["--output".into(), o.display().to_string()]);
+            }
+            if let Some(r) = &config.resume {
+                args.extend(["--resume".into(), r.display().to_string()]);
+            }
+            if config.max_restarts > 0 {
+                args.extend(["--recover-timeout".into(), RECOVER_SECONDS.to_string()]);
+                args.extend(["--position-dir".into(), positions_dir(config).display().to_string()]);
+            }
+            let log = config.logs.join(format!("worker.{w}.log"));
+            procs.push(spawn(keeper.command(&args), &format!("worker {w}"), log, None)?);
+            keeper.worker_args.push(args);
+        }
+
+        // A resumed job trains only the passes after the saved one.
+        let done = crate::checkpoint::passes_done(config.resume.as_deref())?;
+        let passes = config.job.train.passes.saturating_sub(done) as u64;
+        let total = crate::data::files::total_bytes(&files) * passes;
+        let bar =
+            if config.progress_bar { indicatif::ProgressBar::new(total) } else { indicatif::ProgressBar::hidden() };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta}) {msg}",
+            )
+            .expect("the template is valid"),
+        );
+        wait_for_trainers(&mut procs, first_worker, &interrupted, &mut keeper, &bar, |bytes, _| bytes.min(total))?;
+        bar.finish_and_clear();
+        wait_for_servers(&mut procs, first_worker, &interrupted, &mut keeper)?;
+        let restarts = std::mem::take(&mut keeper.restarts);
+        summarize(config.servers, &procs[first_worker..], started.elapsed().as_secs_f64(), &config.logs, restarts)
+    })();
+    keeper.stop();
+    if result.is_err() {
+        kill_all(&mut procs);
+    } else {
+        kill_all(&mut procs[..config.servers]);
+    }
+    result
+}
+
+/// A child running this same binary.
+fn child(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.args(args).envs(env.iter().cloned()).env("OAR_LAUNCHED", "1").stdin(std::process::Stdio::null());
+    cmd
+}
+
+/// Where trainers record their positions: beside the servers' checkpoints, else with the logs.
+fn positions_dir(config: &LaunchConfig) -> PathBuf {
+    match &config.output {
+        Some(o) => o.join("checkpoints"),
+        None => config.logs.join("positions"),
+    }
+}
+
+/// Seconds trainers wait for a restarted server, and servers for a restarted trainer, before
+/// failing.
+const RECOVER_SECONDS: u64 = 60;
+
+mod keeper;
+use keeper::JobKeeper;
