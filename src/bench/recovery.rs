@@ -1,10 +1,11 @@
-//! `oar bench --recovery`: what surviving a server costs, on real processes. Three kinds of
-//! 2 x 2 async runs of the CTR-DNN over the same data, in turn so the machine's drift hits each
-//! alike: no checkpoints; background checkpoints every `every` seconds; and the same with
+//! `oar bench --recovery`: what surviving a server or a trainer costs, on real processes. Four
+//! kinds of 2 x 2 async runs of the CTR-DNN over the same data, in turn so the machine's drift
+//! hits each alike: no checkpoints; background checkpoints every `every` seconds; the same with
 //! server 1 killed (SIGKILL, by `OAR_FAULT`) when it has applied half the pass's updates, then
-//! restarted from its newest checkpoint by `--max-restarts 1`. Prints the checkpoints'
-//! throughput cost, the time from the kill to training going on, the updates the restarted
-//! shard lost, and the test AUC against the undisturbed runs'.
+//! restarted from its newest checkpoint by `--max-restarts 1`; and the same with trainer 1
+//! killed at half its steps, then restarted from its recorded position. Prints the
+//! checkpoints' throughput cost, the time from each kill to training going on, the updates the
+//! restarted shard lost, and the test AUCs against the undisturbed runs'.
 
 use std::path::{Path, PathBuf};
 
@@ -94,6 +95,26 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// Seconds of the day of a log line's timestamp (`2026-11-23T12:38:19.165886Z ...`).
+fn clock(line: &str) -> Option<f64> {
+    let time = line.split_whitespace().next()?.split_once('T')?.1.trim_end_matches('Z');
+    let mut parts = time.split(':').map(|p| p.parse::<f64>().ok());
+    Some(parts.next()?? * 3600.0 + parts.next()?? * 60.0 + parts.next()??)
+}
+
+/// Seconds from server 0 losing trainer 1 to trainer 1 connecting again (its restart).
+fn trainer_rejoined_after(logs: &Path) -> anyhow::Result<f64> {
+    let path = logs.join("server.0.log");
+    let log = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let at = |what: &str| -> anyhow::Result<f64> {
+        let line =
+            log.lines().find(|l| l.contains(what)).with_context(|| format!("no '{what}' in {}", path.display()))?;
+        clock(line).with_context(|| format!("no timestamp on '{line}'"))
+    };
+    let (lost, back) = (at("trainer 1 disconnected without closing")?, at("trainer 1 rejoined")?);
+    Ok((back - lost).rem_euclid(86_400.0))
+}
+
 /// Runs the benchmark and prints its table.
 pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
     let files = crate::config::resolve_files(&config.data.join("train"))?;
@@ -105,6 +126,8 @@ pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
     // Async servers count one update per push: about one per 512 lines.
     let kill_at = (lines / 512 / 2).max(1);
     let fault = format!("server1:kill@version={kill_at}");
+    // Each trainer takes one 512-line batch per step.
+    let trainer_fault = format!("trainer1:kill@step={}", (lines / 2 / 512 / 2).max(1));
     println!(
         "recovery: 2 servers x 2 trainers async over {} ({lines} lines), {} runs of each kind in turn",
         config.data.display(),
@@ -113,13 +136,21 @@ pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
     let tmp = std::env::temp_dir().join(format!("oar-bench-recovery-{}", std::process::id()));
     let (logs, out) = (tmp.join("logs"), tmp.join("out"));
     let (mut plain, mut checkpointed, mut killed) = (Vec::new(), Vec::new(), Vec::new());
-    let mut recoveries = Vec::new();
+    let (mut recoveries, mut trainer_killed, mut rejoins) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..config.runs {
         let p = launch(config, &logs, None, None)?;
         let c = launch(config, &logs, Some(&out), None)?;
         let k = launch(config, &logs, Some(&out), Some(&fault))?;
         anyhow::ensure!(k.restarts.len() == 1, "the killed run restarted {} servers, not 1", k.restarts.len());
         let r = recovery(&logs, kill_at)?;
+        let t = launch(config, &logs, Some(&out), Some(&trainer_fault))?;
+        anyhow::ensure!(
+            t.restarts.len() == 1 && t.restarts[0].process == "worker 1",
+            "the trainer-killed run restarted {:?}, not worker 1",
+            t.restarts.iter().map(|r| &r.process).collect::<Vec<_>>()
+        );
+        anyhow::ensure!(t.samples == lines, "the trainer-killed run trained {} samples of {lines}", t.samples);
+        let rejoined = trainer_rejoined_after(&logs)?;
         let auc = |s: &LaunchSummary| s.test.as_ref().and_then(|t| t.auc).unwrap_or(f64::NAN);
         println!(
             "  run {}: no checkpoints {:.0} samples/s AUC {:.4} | checkpoints every {} s {:.0} samples/s AUC {:.4} | server 1 killed at update {kill_at}: AUC {:.4}, trainers going on {:.2} s after the kill, {} updates of its shard lost",
@@ -133,10 +164,18 @@ pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
             r.resumed_after,
             r.lost_updates
         );
+        println!(
+            "         trainer 1 killed at half its steps: AUC {:.4}, back {:.2} s after the servers lost it, {} samples trained",
+            auc(&t),
+            rejoined,
+            t.samples
+        );
         plain.push((p.samples_per_sec, auc(&p)));
         checkpointed.push((c.samples_per_sec, auc(&c)));
         killed.push((k.samples_per_sec, auc(&k)));
         recoveries.push(r);
+        trainer_killed.push((t.samples_per_sec, auc(&t)));
+        rejoins.push(rejoined);
     }
     let rate = |v: &[(f64, f64)]| super::median(v.iter().map(|x| x.0).collect());
     let aucs = |v: &[(f64, f64)]| mean_sd(&v.iter().map(|x| x.1).collect::<Vec<_>>());
@@ -161,7 +200,15 @@ pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
     let diffs: Vec<f64> = killed.iter().zip(&checkpointed).map(|(k, c)| k.1 - c.1).collect();
     let (d, ds) = mean_sd(&diffs);
     println!(
-        "test AUC: killed {ka:.4} +- {ks:.4}, undisturbed with checkpoints {ca:.4} +- {cs:.4}, without {pa:.4} +- {ps:.4}; killed - undisturbed {d:+.4} +- {ds:.4} (target within 0.002)"
+        "test AUC: server killed {ka:.4} +- {ks:.4}, undisturbed with checkpoints {ca:.4} +- {cs:.4}, without {pa:.4} +- {ps:.4}; killed - undisturbed {d:+.4} +- {ds:.4} (target within 0.002)"
+    );
+    let (ta, ts) = aucs(&trainer_killed);
+    let diffs: Vec<f64> = trainer_killed.iter().zip(&checkpointed).map(|(k, c)| k.1 - c.1).collect();
+    let (td, tds) = mean_sd(&diffs);
+    println!(
+        "kill -9 of trainer 1 -> its restart connected: mean {:.2} s, max {:.2} s; test AUC {ta:.4} +- {ts:.4}, killed - undisturbed {td:+.4} +- {tds:.4}",
+        mean_sd(&rejoins).0,
+        rejoins.iter().cloned().fold(0.0, f64::max)
     );
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
