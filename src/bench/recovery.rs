@@ -95,6 +95,21 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// CPU seconds the servers' checkpoint threads used in a run (their `cpu_seconds=` lines).
+fn checkpoint_cpu(logs: &Path) -> anyhow::Result<f64> {
+    let mut cpu = 0.0;
+    for s in 0..2 {
+        let path = logs.join(format!("server.{s}.log"));
+        let log = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        cpu += log
+            .lines()
+            .filter(|l| l.contains("checkpoint written"))
+            .filter_map(|l| field(l, "cpu_seconds"))
+            .sum::<f64>();
+    }
+    Ok(cpu)
+}
+
 /// Seconds of the day of a log line's timestamp (`2026-11-23T12:38:19.165886Z ...`).
 fn clock(line: &str) -> Option<f64> {
     let time = line.split_whitespace().next()?.split_once('T')?.1.trim_end_matches('Z');
@@ -137,9 +152,14 @@ pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
     let (logs, out) = (tmp.join("logs"), tmp.join("out"));
     let (mut plain, mut checkpointed, mut killed) = (Vec::new(), Vec::new(), Vec::new());
     let (mut recoveries, mut trainer_killed, mut rejoins) = (Vec::new(), Vec::new(), Vec::new());
+    // The checkpoint threads' CPU time as a share of the machine's over the run: what they take
+    // from training on a busy machine, without the run-to-run noise of throughput.
+    let mut cpu_shares = Vec::new();
     for run in 0..config.runs {
         let p = launch(config, &logs, None, None)?;
         let c = launch(config, &logs, Some(&out), None)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        cpu_shares.push(100.0 * checkpoint_cpu(&logs)? / (c.wall_seconds * cores));
         let k = launch(config, &logs, Some(&out), Some(&fault))?;
         anyhow::ensure!(k.restarts.len() == 1, "the killed run restarted {} servers, not 1", k.restarts.len());
         let r = recovery(&logs, kill_at)?;
@@ -185,6 +205,10 @@ pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
         config.every,
         rate(&checkpointed),
         rate(&plain)
+    );
+    let (share, share_sd) = mean_sd(&cpu_shares);
+    println!(
+        "checkpoint threads' CPU time: {share:.2}% +- {share_sd:.2}% of the machine's over the checkpointed runs (the rest of a checkpoint's time is waiting for the disk)"
     );
     let waits: Vec<f64> = recoveries.iter().map(|r| r.resumed_after).collect();
     let lost: Vec<f64> = recoveries.iter().map(|r| r.lost_updates as f64).collect();
