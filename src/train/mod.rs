@@ -449,7 +449,9 @@ impl WarmupPlan {
     /// `ceil(sync_warmup / trainers)` whole batches.
     fn new(config: &TrainConfig, first: bool, step: u64, samples: u64) -> WarmupPlan {
         let parts = config.trainers as u64;
-        let total = if first { config.sync_warmup.div_ceil(parts) * parts } else { 0 };
+        // Sync mode has no warm-up: every step is synchronous, one whole batch each.
+        let warms = first && config.mode != Mode::Sync;
+        let total = if warms { config.sync_warmup.div_ceil(parts) * parts } else { 0 };
         if step >= total {
             return WarmupPlan { steps: 0, parts_done: 0, reader_skip: samples };
         }

@@ -201,10 +201,12 @@ fn an_async_trainer_killed_in_the_warmup_rejoins_at_its_next_part() {
 
 /// In sync mode the survivor waits at the step; the restarted trainer pushes the batch after
 /// its last one from the same parameters, so the model is the undisturbed run's, bit for bit.
+/// Killed at step 10, inside what async mode's warm-up would be (`--sync-warmup 20`): sync
+/// steps are whole batches all along.
 #[test]
 fn a_sync_trainer_killed_mid_pass_rejoins_at_the_barrier_and_the_model_is_unchanged() {
     let killed = Job::new();
-    let out = killed.launch("sync", "trainer1:kill@step=30", &["--max-restarts", "1"]);
+    let out = killed.launch("sync", "trainer1:kill@step=10", &["--max-restarts", "1"]);
     let s = killed.assert_trainer_rejoined(&out, 1);
     let undisturbed = Job::new(); // the same generated data (a fixed seed)
     let plain = undisturbed.launch("sync", "", &[]);
