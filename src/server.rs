@@ -1054,12 +1054,21 @@ async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {
 }
 
 fn close(state: &Arc<State>, trainer: u64) -> Reply {
-    let all = {
+    let (all, closed) = {
         let mut closed = state.closed.lock();
         closed.insert(trainer);
-        closed.len() >= state.config.trainers
+        (closed.len() >= state.config.trainers, closed.iter().copied().collect::<Vec<_>>())
     };
     tracing::info!(trainer, "trainer closed");
+    // Beside the checkpoints, for a restart of this server (see `shard_checkpoints::earlier_life`).
+    if let Some(policy) = &state.config.checkpoints {
+        let (dir, index, job) = (&policy.dir, state.config.index, &state.config.job);
+        if let Err(e) = crate::shard_checkpoints::record_closed(dir, index, job, &closed) {
+            tracing::error!(
+                "cannot record that trainer {trainer} closed (a restart of this server would wait for it): {e}"
+            );
+        }
+    }
     state.lost.send_if_modified(|lost| lost.remove(&trainer).is_some());
     // Its barrier position and any half-sent push are released with it.
     state.barrier.lock().remove(&trainer);

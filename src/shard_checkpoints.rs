@@ -42,6 +42,9 @@ pub struct Entry {
     /// The epoch of the server process that wrote it.
     #[serde(default)]
     pub epoch: u64,
+    /// The job of the server process that wrote it.
+    #[serde(default)]
+    pub job: String,
 }
 
 /// Which incarnation of a server may write its checkpoints: each server claims its folder for
@@ -143,7 +146,8 @@ impl Checkpointer {
             crate::fault::at(crate::fault::Target::Server(self.index), self.fence.epoch, moment);
             let unix_ms =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-            let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64, epoch: self.fence.epoch };
+            let (epoch, job) = (self.fence.epoch, self.fence.job.clone());
+            let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64, epoch, job };
             let json = serde_json::to_vec_pretty(&entry).expect("an entry always serializes");
             std::fs::write(tmp.join("entry.json"), json).map_err(io(&tmp))?;
             if let Some(newer) = self.fence.superseded_by(&folder) {
@@ -214,6 +218,64 @@ fn thread_cpu_seconds() -> f64 {
 /// Whether `dir` holds checkpoints of server `index`.
 pub fn has_checkpoints(dir: &Path, index: usize) -> bool {
     !complete(&server_dir(dir, index)).is_empty()
+}
+
+/// What an earlier process of the same job left in a server's checkpoint folder: all a
+/// restarted server needs to go on where it was (see [`earlier_life`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EarlierLife {
+    /// The newest epoch that claimed the folder (the restart takes the next one).
+    pub epoch: u64,
+    /// The newest checkpoint in the folder is this job's (else the restart has none to go on
+    /// from: an earlier job's checkpoints are never mistaken for this one's).
+    pub checkpoint: bool,
+    /// Trainers that had closed.
+    pub closed: Vec<u64>,
+}
+
+/// What an earlier process of `job` left in server `index`'s folder under `dir`: `None` when
+/// no process of this job has claimed it (a fresh start, or the folder of another job).
+pub fn earlier_life(dir: &Path, index: usize, job: &str) -> Option<EarlierLife> {
+    let folder = server_dir(dir, index);
+    let fence: Fence = serde_json::from_slice(&std::fs::read(Fence::path(&folder)).ok()?).ok()?;
+    if fence.job != job {
+        return None;
+    }
+    let newest = complete(&folder)
+        .last()
+        .and_then(|(_, path)| serde_json::from_slice::<Entry>(&std::fs::read(path.join("entry.json")).ok()?).ok());
+    let closed = std::fs::read(ClosedTrainers::path(&folder))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<ClosedTrainers>(&b).ok())
+        .filter(|c| c.job == job)
+        .map_or_else(Vec::new, |c| c.trainers);
+    Some(EarlierLife { epoch: fence.epoch, checkpoint: newest.is_some_and(|e| e.job == job), closed })
+}
+
+/// The trainers that have closed, as a server records them beside its checkpoints: a
+/// restarted server must not wait for a trainer that has finished and gone.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct ClosedTrainers {
+    job: String,
+    trainers: Vec<u64>,
+}
+
+impl ClosedTrainers {
+    fn path(folder: &Path) -> PathBuf {
+        folder.join("closed.json")
+    }
+}
+
+/// Records in server `index`'s folder under `dir` that `trainers` of `job` have closed
+/// (written to a temporary file, then renamed over the last record).
+pub fn record_closed(dir: &Path, index: usize, job: &str, trainers: &[u64]) -> Result<(), CheckpointError> {
+    let folder = server_dir(dir, index);
+    let record = ClosedTrainers { job: job.to_string(), trainers: trainers.to_vec() };
+    let (tmp, path) = (folder.join("closed.json.tmp"), ClosedTrainers::path(&folder));
+    std::fs::create_dir_all(&folder)
+        .and_then(|_| std::fs::write(&tmp, serde_json::to_vec(&record).expect("a record serializes")))
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .map_err(|cause| CheckpointError::Io { path, cause })
 }
 
 /// Loads server `index`'s newest checkpoint under `dir` whose file checks, logging and skipping

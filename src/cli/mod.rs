@@ -31,7 +31,7 @@ enum Command {
     /// Run a parameter server.
     Pserver(PserverArgs),
     /// Run one trainer (local mode, or against running servers).
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Run a whole cluster on this machine: N servers and M trainers as child processes.
     Launch(LaunchArgs),
     /// Evaluate a saved model on data files: prints AUC and log-loss.
@@ -103,6 +103,11 @@ struct SshArgs {
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
+    /// Restart a server or trainer that fails, on its host with its command line, at most this
+    /// many times in all: every process is then --recoverable (servers checkpoint into
+    /// OUTPUT/checkpoints on their host, trainers record their position there; needs --output).
+    #[arg(long, default_value_t = 0)]
+    max_restarts: usize,
     /// Arguments of `oar train` for every server and trainer (after --).
     #[arg(last = true)]
     train_args: Vec<String>,
@@ -137,6 +142,11 @@ struct K8sArgs {
     /// Print a Kubeflow training-operator PaddleJob (Master = servers, Worker = trainers).
     #[arg(long)]
     paddlejob: bool,
+    /// Let Kubernetes restart a failed trainer container (server containers are always
+    /// restarted) at most this many times; every pod is then --recoverable and goes on from
+    /// OUTPUT/checkpoints on the volume (needs --volume-claim).
+    #[arg(long, default_value_t = 0)]
+    max_restarts: usize,
     /// Arguments of `oar train` for every pod (after --).
     #[arg(last = true)]
     train_args: Vec<String>,
@@ -279,6 +289,12 @@ struct PserverArgs {
     /// supervisor) before the server fails [default: fail at once].
     #[arg(long, env = "OAR_TRAINER_REJOIN")]
     trainer_rejoin: Option<f64>,
+    /// This process may be a restart of a failed server, started again with the same command
+    /// line (by an engine's restart policy or by hand): if --checkpoint-dir holds this job's
+    /// state, go on from its newest checkpoint under the next epoch, knowing which trainers have
+    /// closed; and wait --trainer-rejoin (default 60 s) for lost trainers.
+    #[arg(long, env = "OAR_RECOVERABLE")]
+    recoverable: bool,
 }
 
 /// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
@@ -487,6 +503,13 @@ struct TrainArgs {
     /// --position-dir (servers started with --trainer-rejoin wait for it).
     #[arg(long, env = "OAR_REJOIN", requires = "position_dir")]
     rejoin: bool,
+    /// This process may be a restart of a failed one, started again with the same command line
+    /// (by an engine's restart policy or by hand). Servers checkpoint into OUTPUT/checkpoints
+    /// and go on from there under the next epoch; trainers record their position there and
+    /// rejoin from it; each side waits up to 60 s (--recover-timeout, --trainer-rejoin) for a
+    /// lost other. State is kept per --job: another job id starts afresh.
+    #[arg(long, env = "OAR_RECOVERABLE")]
+    recoverable: bool,
     /// Settings used when the environment says this process is a server
     /// (TRAINING_ROLE / PADDLE_TRAINING_ROLE = PSERVER).
     #[command(flatten)]
@@ -505,6 +528,10 @@ struct ServerRoleArgs {
     /// Server role: listen on this address [default: PADDLE_CURRENT_IP, else all].
     #[arg(long, env = "OAR_HOST")]
     host: Option<String>,
+    /// Server role: checkpoint the shard in the background every this many seconds into
+    /// OUTPUT/checkpoints [default: 30 with --recoverable, else none].
+    #[arg(long, env = "OAR_CHECKPOINT_EVERY")]
+    checkpoint_every: Option<f64>,
 }
 
 #[derive(Args)]
@@ -667,7 +694,7 @@ pub fn main_with(registry: Registry) {
 fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<()> {
     match command {
         Command::Pserver(a) => pserver(a, &ClusterEnv::from_process()?),
-        Command::Train(a) => train(a, launched, registry),
+        Command::Train(a) => train(*a, launched, registry),
         Command::Cluster { engine: ClusterCommand::Ssh(a) } => {
             let text = std::fs::read_to_string(&a.hosts)
                 .with_context(|| format!("cannot read the hosts file {}", a.hosts.display()))?;
@@ -684,6 +711,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 oar_bin: a.oar_bin,
                 train_args: a.train_args,
                 progress_bar: !a.no_progress,
+                max_restarts: a.max_restarts,
             };
             let s = crate::cluster::ssh::run(&config)?;
             print_summary(&format!("oar cluster ssh on {} hosts", config.hosts.len()), &s);
@@ -706,6 +734,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 mount_path: a.mount_path,
                 cpus: a.cpus,
                 paddlejob: a.paddlejob,
+                max_restarts: a.max_restarts,
             };
             print!("{}", crate::cluster::k8s::render(&config)?);
             Ok(())
@@ -929,6 +958,10 @@ fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
     if s.discarded_pushes > 0 {
         println!("{} stale pushes discarded", s.discarded_pushes);
     }
+    for r in &s.restarts {
+        let from = r.from.as_ref().map(|f| format!(", from {f}")).unwrap_or_default();
+        println!("restarted {} ({}) at {:.1} s, restart {}{from}", r.process, r.cause, r.at_seconds, r.epoch);
+    }
 }
 
 /// Runs a parameter server: flags, then `OAR_*`, then PaddlePaddle's variables, then defaults.
@@ -973,6 +1006,10 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
         num_servers > 0 || index.is_none(),
         "--index needs --num-servers (or leave both out: the server then learns them from the trainers)"
     );
+    let mut a = a;
+    if a.recoverable {
+        recover_server(&mut a, index, num_servers)?;
+    }
     let config = ServerConfig {
         index: index.unwrap_or(0),
         num_servers,
@@ -1021,6 +1058,59 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
     Ok((config, addrs))
 }
 
+/// `--recoverable`: what an earlier process of this job left in the checkpoint folder decides
+/// the epoch, what to resume from and which trainers have closed (see
+/// [`crate::shard_checkpoints::earlier_life`]).
+fn recover_server(a: &mut PserverArgs, index: Option<usize>, num_servers: usize) -> anyhow::Result<()> {
+    let dir = a
+        .checkpoint_dir
+        .clone()
+        .context("--recoverable goes on from checkpoints: give --checkpoint-dir (or --output, under oar train)")?;
+    let index = index
+        .filter(|_| num_servers > 0)
+        .context("--recoverable needs the server's place to find its checkpoints: give --index and --num-servers")?;
+    a.trainer_rejoin = a.trainer_rejoin.or(Some(RECOVER_SECONDS));
+    let Some(life) = crate::shard_checkpoints::earlier_life(&dir, index, &a.job) else {
+        tracing::info!(dir = %dir.display(), job = %a.job, "no earlier process of this server: starting afresh");
+        return Ok(());
+    };
+    a.epoch = a.epoch.max(life.epoch + 1);
+    if life.checkpoint {
+        a.resume = Some(dir.clone());
+    }
+    a.trainers_closed.extend(life.closed);
+    tracing::warn!(
+        dir = %dir.display(),
+        job = %a.job,
+        epoch = a.epoch,
+        from = ?a.resume,
+        closed = ?a.trainers_closed,
+        "an earlier process of this server of this job was here: going on from it (another --job starts afresh)"
+    );
+    Ok(())
+}
+
+/// `--recoverable` for a trainer: record the position beside the servers' checkpoints, wait for
+/// restarted servers, and rejoin when a record of this trainer of this job is there.
+fn recoverable_trainer(mut config: TrainConfig) -> anyhow::Result<TrainConfig> {
+    let dir = match (&config.positions, &config.output) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(output)) => output.join("checkpoints"),
+        (None, None) => anyhow::bail!("--recoverable records the trainer's position: give --output or --position-dir"),
+    };
+    config.recover = config.recover.or(Some(Duration::from_secs_f64(RECOVER_SECONDS)));
+    match crate::train::position::Position::read(&dir, config.trainer_id)? {
+        Some(p) if p.job == config.job => config.rejoin = true,
+        Some(p) => tracing::info!(job = %p.job, "a position record of another job: starting afresh"),
+        None => {}
+    }
+    config.positions = Some(dir);
+    Ok(config)
+}
+
+/// Seconds a recoverable process waits for a lost peer to be restarted (`--recoverable`).
+const RECOVER_SECONDS: f64 = 60.0;
+
 /// The server settings of an `oar train` command line whose process turns out to be a server
 /// (a PSERVER role, or a server rank under an engine).
 fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
@@ -1041,12 +1131,15 @@ fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         save_dir: a.output.as_ref().map(|o| o.join("final")),
         save_root: a.output.clone(),
         max_frame_mb: 256,
-        checkpoint_dir: None,
-        checkpoint_every: 30.0,
+        checkpoint_dir: (a.recoverable || a.server.checkpoint_every.is_some())
+            .then(|| a.output.as_ref().map(|o| o.join("checkpoints")))
+            .flatten(),
+        checkpoint_every: a.server.checkpoint_every.unwrap_or(30.0),
         checkpoint_keep: 3,
         epoch: 0,
         trainers_closed: Vec::new(),
         trainer_rejoin: None,
+        recoverable: a.recoverable,
     }
 }
 
@@ -1250,6 +1343,7 @@ fn train(mut a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Resul
         positions: a.position_dir,
         rejoin: a.rejoin,
     };
+    let config = if a.recoverable { recoverable_trainer(config)? } else { config };
     let mine = crate::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
     // A resumed job trains only the passes after the saved one.
     let passes = config.passes.saturating_sub(crate::checkpoint::passes_done(config.resume.as_deref())?) as u64;

@@ -40,6 +40,9 @@ pub struct K8sConfig {
     pub cpus: Option<String>,
     /// Generate a Kubeflow PaddleJob instead of the plain manifests.
     pub paddlejob: bool,
+    /// Failed trainer containers are restarted this many times at most (server containers
+    /// always are), every process `--recoverable`; 0: a failure fails the job.
+    pub max_restarts: usize,
 }
 
 /// Checks the name is a DNS-1035 label Kubernetes accepts for every object derived from it.
@@ -93,20 +96,31 @@ fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, serv
 pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     check_name(&c.name)?;
     anyhow::ensure!(c.servers >= 1 && c.workers >= 1, "--servers and --workers must be at least 1");
+    anyhow::ensure!(
+        c.max_restarts == 0 || c.volume_claim.is_some(),
+        "--max-restarts needs --volume-claim: a restarted container goes on from the checkpoints and \
+         positions on it (a container's own files do not survive its restart)"
+    );
+    let restartable = c.max_restarts > 0;
     let name = &c.name;
     let svc = format!("{name}-ps");
     // Servers' names: the operator's per-replica Services, or the StatefulSet's pods.
     let server_name = |i: usize| if c.paddlejob { format!("{name}-master-{i}") } else { format!("{svc}-{i}.{svc}") };
     let list: Vec<String> = (0..c.servers).map(|i| format!("{}:{}", server_name(i), c.port)).collect();
     let common = |role: &str| {
-        vec![
+        let mut vars = vec![
             env("TRAINING_ROLE", role),
             env("PADDLE_TRAINERS_NUM", c.workers),
             env("PADDLE_PORT", c.port),
             env("OAR_JOB", name),
             env("PADDLE_PSERVERS_IP_PORT_LIST", list.join(",")),
-        ]
+        ];
+        if restartable {
+            vars.push(env("OAR_RECOVERABLE", "true"));
+        }
+        vars
     };
+    let restart_policy = if restartable { "OnFailure" } else { "Never" };
     if c.paddlejob {
         let index = "metadata.labels['training.kubeflow.org/replica-index']";
         let mut server_env = common("PSERVER");
@@ -114,16 +128,20 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
         server_env.push(env("POD_IP", format!("{name}-master-$(REPLICA_INDEX)")));
         let mut trainer_env = common("TRAINER");
         trainer_env.push(env_from("PADDLE_TRAINER_ID", index));
-        let replica = |replicas: usize, spec: Value| json!({"replicas": replicas, "restartPolicy": "Never", "template": {"spec": spec}});
+        let replica = |replicas: usize, spec: Value| json!({"replicas": replicas, "restartPolicy": restart_policy, "template": {"spec": spec}});
+        let mut run_policy = json!({"cleanPodPolicy": "None"});
+        if restartable {
+            run_policy["backoffLimit"] = json!(c.max_restarts);
+        }
         return Ok(vec![json!({
             "apiVersion": "kubeflow.org/v1",
             "kind": "PaddleJob",
             "metadata": {"name": name},
             "spec": {
-                "runPolicy": {"cleanPodPolicy": "None"},
+                "runPolicy": run_policy,
                 "paddleReplicaSpecs": {
-                    "Master": replica(c.servers, pod_spec(c, "paddle", server_env, "Never", true)),
-                    "Worker": replica(c.workers, pod_spec(c, "paddle", trainer_env, "Never", false)),
+                    "Master": replica(c.servers, pod_spec(c, "paddle", server_env, restart_policy, true)),
+                    "Worker": replica(c.workers, pod_spec(c, "paddle", trainer_env, restart_policy, false)),
                 }
             }
         })]);
@@ -171,10 +189,10 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
                 "completionMode": "Indexed",
                 "completions": c.workers,
                 "parallelism": c.workers,
-                "backoffLimit": 0,
+                "backoffLimit": c.max_restarts,
                 "template": {
                     "metadata": {"labels": labels("trainer")},
-                    "spec": pod_spec(c, "oar", trainer_env, "Never", false),
+                    "spec": pod_spec(c, "oar", trainer_env, restart_policy, false),
                 }
             }
         }),
@@ -207,6 +225,7 @@ mod tests {
             mount_path: "/oar".into(),
             cpus: None,
             paddlejob: false,
+            max_restarts: 0,
         }
     }
 
@@ -250,6 +269,31 @@ mod tests {
         let server = env_of(&spec["Master"]["template"]["spec"]);
         assert!(server.contains(&("POD_IP".into(), "ctr-master-$(REPLICA_INDEX)".into())));
         assert!(server.contains(&("PADDLE_PSERVERS_IP_PORT_LIST".into(), "ctr-master-0:7164,ctr-master-1:7164".into())));
+    }
+
+    #[test]
+    fn restarts_make_every_pod_recoverable_and_need_a_volume() {
+        let err = manifests(&K8sConfig { max_restarts: 2, ..config() }).unwrap_err().to_string();
+        assert!(err.contains("--max-restarts needs --volume-claim"), "{err}");
+        let c = K8sConfig { max_restarts: 2, volume_claim: Some("data".into()), ..config() };
+        let m = manifests(&c).unwrap();
+        let (servers, trainers) = (&m[1]["spec"]["template"]["spec"], &m[2]["spec"]["template"]["spec"]);
+        assert_eq!(servers["restartPolicy"], "Always");
+        assert_eq!((&trainers["restartPolicy"], &m[2]["spec"]["backoffLimit"]), (&json!("OnFailure"), &json!(2)));
+        for pod in [servers, trainers] {
+            assert!(env_of(pod).contains(&("OAR_RECOVERABLE".into(), "true".into())));
+        }
+        let job = &manifests(&K8sConfig { paddlejob: true, ..c }).unwrap()[0]["spec"];
+        assert_eq!(job["runPolicy"]["backoffLimit"], 2);
+        for role in ["Master", "Worker"] {
+            assert_eq!(job["paddleReplicaSpecs"][role]["restartPolicy"], "OnFailure");
+        }
+        // Without restarts a failure fails the job.
+        let m = manifests(&config()).unwrap();
+        assert_eq!(
+            (&m[2]["spec"]["template"]["spec"]["restartPolicy"], &m[2]["spec"]["backoffLimit"]),
+            (&json!("Never"), &json!(0))
+        );
     }
 
     #[test]

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::supervise::{
-    check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, FailFast,
-    LaunchSummary, Proc,
+    check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, Keeper,
+    LaunchSummary, Proc, Restart,
 };
 
 /// What to run where.
@@ -55,6 +55,9 @@ pub struct SshConfig {
     pub logs: PathBuf,
     /// Show a progress bar.
     pub progress_bar: bool,
+    /// Restart a process that fails, on its host with its command line, at most this many times
+    /// in all; every process is then `--recoverable` (see `oar train --recoverable`).
+    pub max_restarts: usize,
 }
 
 /// Reads a hosts file: one ssh destination per line; blank lines and `#` comments are skipped.
@@ -116,6 +119,9 @@ pub fn placements(config: &SshConfig, job: &str) -> Vec<Placement> {
             ("OAR_JOB".to_string(), job.to_string()),
             ("OAR_LAUNCHED".to_string(), "1".to_string()),
         ]
+        .into_iter()
+        .chain((config.max_restarts > 0).then(|| ("OAR_RECOVERABLE".to_string(), "true".to_string())))
+        .collect::<Vec<_>>()
     };
     let mut out = Vec::new();
     for h in 0..config.hosts.len() {
@@ -253,6 +259,68 @@ fn stop_remote(config: &SshConfig, procs: &mut [Proc], hosts: &[usize]) {
     kill_all(procs);
 }
 
+/// Starts the job's processes on their hosts.
+struct Starter<'a> {
+    config: &'a SshConfig,
+    /// The workspace on the hosts.
+    remote: &'a str,
+    /// The `oar` binary on the hosts.
+    oar: &'a str,
+}
+
+impl Starter<'_> {
+    /// Starts `p` (its `life`-th restart) through its own ssh session.
+    fn start(&self, p: &Placement, life: u64) -> anyhow::Result<Proc> {
+        let host = &self.config.hosts[p.host];
+        let mut p = p.clone();
+        let mut name = format!("{} on {host}", p.name.replace('.', " "));
+        if life > 0 {
+            p.name = format!("{}.restart-{life}", p.name);
+            name = format!("{name} (restart {life})");
+        }
+        let mut cmd = ssh(self.config, host);
+        // Held open and never written: if this launcher dies, the remote wrapper sees its
+        // stdin end and stops the process (the watchdog in `wrapper`).
+        cmd.arg(wrapper(self.remote, self.oar, &p, &self.config.train_args)).stdin(Stdio::piped());
+        spawn(cmd, &name, self.config.logs.join(format!("{}.log", p.name)), None)
+    }
+}
+
+/// `--max-restarts`: a process that failed is started again on its host with its command line;
+/// being `--recoverable`, it finds there what it needs to go on (a server its checkpoints and
+/// epoch, a trainer its position) while the others wait for it.
+struct Restarts<'a> {
+    starter: Starter<'a>,
+    placements: &'a [Placement],
+    /// Restarts of each process so far.
+    lives: Vec<u64>,
+    restarts: Vec<Restart>,
+    started: Instant,
+}
+
+impl Keeper for Restarts<'_> {
+    fn restart(&mut self, procs: &mut [Proc], i: usize, status: std::process::ExitStatus) -> anyhow::Result<bool> {
+        // 255 is ssh's own failure: the remote process may still run, so it is not started twice.
+        if self.restarts.len() >= self.starter.config.max_restarts || status.code() == Some(255) {
+            return Ok(false);
+        }
+        self.lives[i] += 1;
+        let life = self.lives[i];
+        let cause = status.to_string();
+        let failed = std::mem::replace(&mut procs[i], self.starter.start(&self.placements[i], life)?);
+        tracing::warn!(process = %failed.name, life, "failed ({cause}); restarting it");
+        eprintln!("{} failed ({cause}); restarting it (restart {life})", failed.name);
+        self.restarts.push(Restart {
+            process: failed.name,
+            epoch: life,
+            at_seconds: self.started.elapsed().as_secs_f64(),
+            cause,
+            from: None,
+        });
+        Ok(true)
+    }
+}
+
 /// Runs the job over ssh and returns its summary; on any failure or Ctrl-C every remote
 /// process is stopped first.
 pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
@@ -283,15 +351,16 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
     let servers = config.hosts.len() * config.servers_per_host;
     let hosts: Vec<usize> = placements.iter().map(|p| p.host).collect();
     let mut procs: Vec<Proc> = Vec::new();
+    let mut keeper = Restarts {
+        starter: Starter { config, remote: &remote, oar: &oar },
+        placements: &placements,
+        lives: vec![0; placements.len()],
+        restarts: Vec::new(),
+        started,
+    };
     let result = (|| -> anyhow::Result<LaunchSummary> {
         for p in &placements {
-            let host = &config.hosts[p.host];
-            let mut cmd = ssh(config, host);
-            // Held open and never written: if this launcher dies, the remote wrapper sees its
-            // stdin end and stops the process (the watchdog in `wrapper`).
-            cmd.arg(wrapper(&remote, &oar, p, &config.train_args)).stdin(Stdio::piped());
-            let name = format!("{} on {host}", p.name.replace('.', " "));
-            procs.push(spawn(cmd, &name, config.logs.join(format!("{}.log", p.name)), None)?);
+            procs.push(keeper.starter.start(p, 0)?);
         }
         let bar =
             if config.progress_bar { indicatif::ProgressBar::new_spinner() } else { indicatif::ProgressBar::hidden() };
@@ -305,11 +374,12 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
             config.hosts.len(),
             remote
         ));
-        wait_for_trainers(&mut procs, servers, &interrupted, &mut FailFast, &bar, |_, samples| samples)?;
+        wait_for_trainers(&mut procs, servers, &interrupted, &mut keeper, &bar, |_, samples| samples)?;
         bar.finish_and_clear();
-        wait_for_servers(&mut procs, servers, &interrupted, &mut FailFast)?;
-        check_children(&mut procs, &interrupted, &mut FailFast)?;
-        summarize(servers, &procs[servers..], started.elapsed().as_secs_f64(), &config.logs, Vec::new())
+        wait_for_servers(&mut procs, servers, &interrupted, &mut keeper)?;
+        check_children(&mut procs, &interrupted, &mut keeper)?;
+        let restarts = std::mem::take(&mut keeper.restarts);
+        summarize(servers, &procs[servers..], started.elapsed().as_secs_f64(), &config.logs, restarts)
     })();
     // Servers still up after their trainers finished (--keep-serving) are stopped as well.
     stop_remote(config, &mut procs, &hosts);
@@ -334,6 +404,7 @@ mod tests {
             train_args: vec![],
             logs: "logs".into(),
             progress_bar: false,
+            max_restarts: 0,
         }
     }
 

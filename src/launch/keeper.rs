@@ -125,7 +125,10 @@ impl JobKeeper {
         if let Some(at) = args.iter().position(|a| a == "--port") {
             args[at + 1] = port;
         }
-        let from_checkpoint = self.checkpoints.as_ref().filter(|d| crate::shard_checkpoints::has_checkpoints(d, i));
+        let from_checkpoint = self
+            .checkpoints
+            .as_ref()
+            .filter(|d| crate::shard_checkpoints::earlier_life(d, i, &self.job).is_some_and(|life| life.checkpoint));
         if let Some(dir) = from_checkpoint {
             if let Some(at) = args.iter().position(|a| a == "--resume") {
                 args.drain(at..at + 2);

@@ -45,6 +45,19 @@ impl Position {
     /// Reads the record of `trainer` of `job` in `dir`: `None` when there is none yet (the
     /// trainer failed before its first step); an error names a torn or foreign record.
     pub fn load(dir: &Path, job: &str, trainer: usize) -> anyhow::Result<Option<Position>> {
+        let Some(pos) = Position::read(dir, trainer)? else { return Ok(None) };
+        anyhow::ensure!(
+            pos.job == job && pos.trainer == trainer,
+            "{}: the record of trainer {} of job '{}', not of trainer {trainer} of '{job}'",
+            Position::path(dir, trainer).display(),
+            pos.trainer,
+            pos.job
+        );
+        Ok(Some(pos))
+    }
+
+    /// Reads the record in `trainer`'s file in `dir`, of whichever job: `None` when there is none.
+    pub fn read(dir: &Path, trainer: usize) -> anyhow::Result<Option<Position>> {
         let path = Position::path(dir, trainer);
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
@@ -58,15 +71,7 @@ impl Position {
         if format!("{:08x}", crc32fast::hash(json.as_bytes())) != crc {
             return Err(bad("checksum mismatch (a torn record)"));
         }
-        let pos: Position = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))?;
-        anyhow::ensure!(
-            pos.job == job && pos.trainer == trainer,
-            "{}: the record of trainer {} of job '{}', not of trainer {trainer} of '{job}'",
-            path.display(),
-            pos.trainer,
-            pos.job
-        );
-        Ok(Some(pos))
+        serde_json::from_str(json).map(Some).map_err(|e| bad(&e.to_string()))
     }
 }
 

@@ -8,7 +8,9 @@ use crate::util::*;
 use oar::client::{Client, ClientConfig};
 use oar::protocol::RowCreation;
 use oar::server::{Mode, ServerConfig};
-use oar::shard_checkpoints::{load_latest, server_dir, Checkpointer, Entry, Fence, Policy};
+use oar::shard_checkpoints::{
+    earlier_life, load_latest, record_closed, server_dir, Checkpointer, EarlierLife, Entry, Fence, Policy,
+};
 
 /// A server on loopback until the returned sender is dropped.
 fn serve(config: ServerConfig) -> (String, std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
@@ -105,6 +107,35 @@ pub fn small_shard() -> oar::table::Shard {
     let mut rows = vec![0.0; 30];
     shard.sparse[0].pull(&[1, 2, 3], &mut rows, true).unwrap();
     shard
+}
+
+/// What a restarted (`--recoverable`) server reads of its earlier life: nothing in a fresh
+/// folder or one claimed by another job; else the last epoch, whether the newest checkpoint is
+/// this job's (an earlier job's never is) and the trainers recorded as closed.
+#[test]
+fn a_restarted_server_finds_only_its_own_jobs_earlier_life() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = || Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 };
+    assert_eq!(earlier_life(dir.path(), 0, "test"), None);
+    // An earlier job checkpointed here; this job's first process claims the folder, then dies.
+    Checkpointer::new(policy(), 0, Fence { job: "old".into(), epoch: 4 }).unwrap().write(&small_shard(), 9).unwrap();
+    assert_eq!(earlier_life(dir.path(), 0, "test"), None, "another job's folder");
+    Checkpointer::new(policy(), 0, fence()).unwrap();
+    let life = earlier_life(dir.path(), 0, "test").unwrap();
+    assert_eq!(
+        life,
+        EarlierLife { epoch: 0, checkpoint: false, closed: vec![] },
+        "the old job's checkpoint is not ours"
+    );
+    // Its restart (epoch 1) checkpoints and sees trainer 1 close.
+    let mut c = Checkpointer::new(policy(), 0, Fence { job: "test".into(), epoch: 1 }).unwrap();
+    c.write(&small_shard(), 12).unwrap();
+    record_closed(dir.path(), 0, "test", &[1]).unwrap();
+    let life = earlier_life(dir.path(), 0, "test").unwrap();
+    assert_eq!(life, EarlierLife { epoch: 1, checkpoint: true, closed: vec![1] });
+    assert_eq!(load_latest(dir.path(), 0).unwrap().0.job, "test");
+    // Another job starting here afresh sees none of it.
+    assert_eq!(earlier_life(dir.path(), 0, "new"), None);
 }
 
 /// The newest checkpoint damaged (one byte flipped): loading takes the previous one.

@@ -194,6 +194,74 @@ fn killing_a_remote_trainer_fails_the_job_and_stops_every_remote_process() {
     assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "remote processes left running");
 }
 
+/// The remote process of the job `needle` whose environment holds every one of `vars`.
+fn remote_process(needle: &str, vars: &[&str]) -> u32 {
+    let found: Vec<u32> = processes_mentioning(needle)
+        .into_iter()
+        .filter(|pid| {
+            let read = |f: &str| std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
+            let environ = String::from_utf8_lossy(&read("environ")).into_owned();
+            read("cmdline").starts_with(b"./.oar/oar\0train")
+                && vars.iter().all(|v| environ.split('\0').any(|e| e == *v))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "one remote process with {vars:?}: {found:?}");
+    found[0]
+}
+
+/// With --max-restarts, server 1 and trainer 1 killed (SIGKILL) on their host mid-run are
+/// started again there with their command lines and go on (the server from its checkpoint under
+/// the next epoch, the trainer from its recorded position): the job finishes with every sample
+/// trained, the model saved and both restarts in the summary.
+#[test]
+fn cluster_ssh_restarts_a_killed_server_and_trainer_where_they_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(hosts) = Hosts::start(dir.path()) else { return };
+    let ws = workspace(dir.path(), 2, 20_000);
+    let rws = dir.path().join("remote-ws");
+    let args = ["--mode", "async", "--hidden", "16", "--batch-size", "100", "--passes", "4", "--timeout", "60"];
+    let launcher = hosts
+        .launch(&ws, &rws, &["--dispatch", "--max-restarts", "2"], &args)
+        .args(["--train", "data/train", "--test", "data/test", "--output", "model", "--checkpoint-every", "0.3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let needle = format!("OAR_JOB=oar-ssh-{}-", launcher.id());
+    let training = |t: usize| {
+        std::fs::read_to_string(rws.join(format!("log/trainer.{t}.log"))).is_ok_and(|l| l.contains("OAR_PROGRESS"))
+    };
+    let checkpointed = || {
+        std::fs::read_dir(rws.join("model/checkpoints/server-1"))
+            .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("ckpt-")))
+    };
+    wait_until(120, "both remote trainers to train and server 1 to checkpoint", || {
+        training(0) && training(1) && checkpointed()
+    });
+    let server1 = remote_process(&needle, &["TRAINING_ROLE=PSERVER", "POD_IP=127.0.0.3"]);
+    let trainer1 = remote_process(&needle, &["TRAINING_ROLE=TRAINER", "PADDLE_TRAINER_ID=1"]);
+    for pid in [server1, trainer1] {
+        // SAFETY: signalling a process this test's job started.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    }
+
+    let out = launcher.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("2 servers x 2 workers, 160000 samples"), "{stdout}");
+    for who in ["server 1 on 127.0.0.3", "trainer 1 on 127.0.0.3"] {
+        assert!(stdout.contains(&format!("restarted {who} (exit status: 137)")), "{who}: {stdout}");
+    }
+    let server = std::fs::read_to_string(rws.join("log/server.1.restart-1.log")).unwrap();
+    assert!(server.contains("going on from it") && server.contains("epoch=1"), "{server}");
+    assert!(server.contains("resumed shard from a checkpoint"), "{server}");
+    let trainer = std::fs::read_to_string(rws.join("log/trainer.1.restart-1.log")).unwrap();
+    assert!(trainer.contains("rejoining: going on after the last recorded step"), "{trainer}");
+    let manifest = std::fs::read_to_string(rws.join("model/final/manifest.json")).unwrap();
+    assert!(manifest.contains("\"num_servers\": 2"), "{manifest}");
+    assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "remote processes left running");
+}
+
 /// Ctrl-C to the launcher stops every remote process: nothing else would (a remote process
 /// outlives its ssh client), so this shows the stop by remote PID.
 #[test]
@@ -418,4 +486,91 @@ fn k8s_manifests_configure_a_working_job_when_their_pods_are_emulated() {
         let manifest = std::fs::read_to_string(model.join("final/manifest.json")).unwrap();
         assert!(manifest.contains("\"num_servers\": 2"), "paddlejob={paddlejob}: {manifest}");
     }
+}
+
+/// With --max-restarts every pod is --recoverable, and a container that fails is started again
+/// with the same command and environment (restartPolicy Always for servers, OnFailure for
+/// trainers), as emulated here: server 1 killed mid-run (`OAR_FAULT`, which fires in a first
+/// life only) comes back under the next epoch from its checkpoint folder, trainer 1 killed
+/// mid-pass rejoins from its recorded position, and the job ends with every sample trained and
+/// the model saved.
+#[test]
+fn k8s_containers_restarted_by_their_policy_go_on_where_they_were() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (train, _) = gen_data(d, 2, 3000, 0);
+    let model = d.join("model");
+    let port = free_ports(1).to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["cluster", "k8s", "--name", "emu", "--servers", "2", "--workers", "2", "--image", "x"])
+        .args(["--port", &port, "--volume-claim", "data", "--max-restarts", "2", "--"])
+        .args(["--mode", "async", "--hidden", "16", "--batch-size", "100", "--passes", "2", "--timeout", "60"])
+        .args(["--checkpoint-every", "0.2", "--train"])
+        .arg(&train)
+        .arg("--output")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_slice(&out.stdout)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let (server_pod, trainer_pod) = (&docs[1]["spec"]["template"]["spec"], &docs[2]["spec"]["template"]["spec"]);
+    assert_eq!((&server_pod["restartPolicy"], &trainer_pod["restartPolicy"]), (&"Always".into(), &"OnFailure".into()));
+    let names: Vec<(String, String)> =
+        (0..2).rev().map(|i| (format!("emu-ps-{i}.emu-ps"), format!("127.0.0.{}", i + 2))).collect();
+    // (pod spec, environment, name, whether it must end) of each pod; faults for the pods of index 1.
+    let mut pods = Vec::new();
+    for i in 0..2 {
+        let mut env = kubelet_env(server_pod, &[("metadata.name", format!("emu-ps-{i}"))], &names);
+        let mut trainer_env = kubelet_env(
+            trainer_pod,
+            &[("metadata.annotations['batch.kubernetes.io/job-completion-index']", i.to_string())],
+            &names,
+        );
+        if i == 1 {
+            env.push(("OAR_FAULT".into(), "server1:kill@version=70".into()));
+            trainer_env.push(("OAR_FAULT".into(), "trainer1:kill@step=25".into()));
+        }
+        pods.push((server_pod, env, format!("server.{i}"), false));
+        pods.push((trainer_pod, trainer_env, format!("trainer.{i}"), true));
+    }
+    // The kubelet: start every container, start a failed one again (its log per life).
+    let mut running: Vec<(Daemons, u32)> = pods
+        .iter()
+        .map(|(pod, env, name, _)| {
+            let mut c = Daemons::default();
+            run_pod(pod, env, &d.join(format!("{name}.log")), &mut c, name);
+            (c, 0)
+        })
+        .collect();
+    let mut ended = [false; 4];
+    wait_until(180, "both trainers to end", || {
+        for (k, (pod, env, name, must_end)) in pods.iter().enumerate() {
+            let (container, lives) = &mut running[k];
+            let Some(status) = container.0[0].1.try_wait().unwrap() else { continue };
+            if status.success() && *must_end {
+                ended[k] = true;
+                continue;
+            }
+            assert!(*lives < 2, "{name} failed again ({status}): see {}", d.display());
+            *lives += 1;
+            let mut c = Daemons::default();
+            run_pod(pod, env, &d.join(format!("{name}.restart-{lives}.log")), &mut c, name);
+            container.0 = std::mem::take(&mut c.0);
+        }
+        ended[1] && ended[3]
+    });
+    let lives: Vec<u32> = running.iter().map(|r| r.1).collect();
+    assert_eq!(lives, [0, 0, 1, 1], "server 1 and trainer 1 restarted once each (order: s0 t0 s1 t1)");
+    let server = std::fs::read_to_string(d.join("server.1.restart-1.log")).unwrap();
+    assert!(server.contains("going on from it") && server.contains("epoch=1"), "{server}");
+    let trainer = std::fs::read_to_string(d.join("trainer.1.restart-1.log")).unwrap();
+    assert!(trainer.contains("rejoining: going on after the last recorded step"), "{trainer}");
+    for log in ["trainer.0.log", "trainer.1.restart-1.log"] {
+        let log = std::fs::read_to_string(d.join(log)).unwrap();
+        assert!(log.contains("trained 6000 samples"), "{log}");
+    }
+    let manifest = std::fs::read_to_string(model.join("final/manifest.json")).unwrap();
+    assert!(manifest.contains("\"num_servers\": 2"), "{manifest}");
 }

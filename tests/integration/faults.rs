@@ -266,3 +266,79 @@ fn a_replaced_server_cannot_publish_a_checkpoint() {
         .collect();
     assert_eq!(published.len(), 2, "{published:?}");
 }
+
+/// A one-server, one-trainer sync job started by hand with `--recoverable` (as an engine would
+/// start it) in `dir`, on `port`, with `fault` planted; returns (server, trainer) once both end.
+fn recoverable_job(
+    dir: &std::path::Path,
+    port: u16,
+    fault: &str,
+    stop_server_at: Option<u64>,
+) -> [std::process::Output; 2] {
+    let out = dir.join("out");
+    let (train, _) = gen_data(&dir.join("data"), 1, 10_000, 0);
+    let oar = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_oar"));
+        cmd.args(args).args(["--recoverable", "--mode", "sync", "--job", "rerun"]).env("OAR_FAULT", fault);
+        cmd.env_remove("OAR_LAUNCHED").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let ckpt = out.join("checkpoints");
+    let server = oar(&["pserver", "--host", "127.0.0.1", "--port", &port.to_string(), "--index", "0"])
+        .args(["--num-servers", "1", "--trainers", "1", "--checkpoint-every", "0.05", "--checkpoint-dir"])
+        .arg(&ckpt)
+        .arg("--save-root")
+        .arg(&out)
+        .spawn()
+        .unwrap();
+    let trainer = oar(&["train", "--servers", &format!("127.0.0.1:{port}"), "--batch-size", "200", "--hidden", "16"])
+        .arg("--train")
+        .arg(&train)
+        .arg("--output")
+        .arg(&out)
+        .spawn()
+        .unwrap();
+    let trainer = trainer.wait_with_output().unwrap();
+    if let Some(version) = stop_server_at {
+        // The trainer is dead and the server idle, waiting for it: once a checkpoint holds that
+        // state, the server is killed too.
+        let newest = || {
+            let dir = oar::shard_checkpoints::server_dir(&ckpt, 0);
+            let versions = std::fs::read_dir(dir).unwrap().flatten().filter_map(|e| {
+                let entry = std::fs::read(e.path().join("entry.json")).ok()?;
+                Some(serde_json::from_slice::<oar::shard_checkpoints::Entry>(&entry).ok()?.version)
+            });
+            versions.max()
+        };
+        wait_until(30, "a checkpoint of the server's last state", || newest() == Some(version));
+        // SAFETY: signalling our own child process.
+        assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGKILL) }, 0);
+    }
+    [server.wait_with_output().unwrap(), trainer]
+}
+
+/// The whole job dies (trainer killed at step 20, then the idle server) and its command lines
+/// are simply run again, as after a requeued batch job: the server finds its checkpoint and
+/// goes on as epoch 1, the trainer finds its position and rejoins, and the model is the
+/// undisturbed run's bit for bit.
+#[test]
+fn a_recoverable_job_run_again_after_dying_goes_on_where_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1);
+    let [server, trainer] = recoverable_job(dir.path(), port, "trainer0:kill@step=20", Some(20));
+    assert_eq!((server.status.code(), trainer.status.code()), (None, None), "both killed");
+    let [server, trainer] = recoverable_job(dir.path(), port, "trainer0:kill@step=20", None);
+    assert!(server.status.success() && trainer.status.success(), "{}\n{}", text(&server), text(&trainer));
+    let log = text(&server);
+    assert!(log.contains("going on from it") && log.contains("epoch=1"), "{log}");
+    assert!(log.contains("resumed shard from a checkpoint") && log.contains("version=20"), "{log}");
+    let log = text(&trainer);
+    assert!(log.contains("rejoining: going on after the last recorded step"), "{log}");
+    assert!(log.contains("trained 10000 samples"), "{log}");
+
+    let undisturbed = tempfile::tempdir().unwrap();
+    let [server, trainer] = recoverable_job(undisturbed.path(), free_ports(1), "", None);
+    assert!(server.status.success() && trainer.status.success(), "{}\n{}", text(&server), text(&trainer));
+    assert!(!text(&server).contains("going on from it"), "a fresh folder starts afresh");
+    assert_same_params(&load_params(&dir.path().join("out")), &load_params(&undisturbed.path().join("out")), 0.0);
+}
