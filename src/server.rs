@@ -295,6 +295,16 @@ pub async fn run(
         }
         None => (None, 0),
     };
+    // A restart takes up where the trainers were when its predecessor last recorded it.
+    let mut config = config;
+    let mut sync = SyncStep { step: version, ..SyncStep::default() };
+    let recorded = config.checkpoints.as_ref().filter(|_| config.epoch > 0);
+    if let Some(t) = recorded.and_then(|p| crate::shard_checkpoints::Trainers::read(&p.dir, config.index, &config.job))
+    {
+        let new: Vec<u64> = t.closed.into_iter().filter(|c| !config.closed.contains(c)).collect();
+        config.closed.extend(new);
+        (sync.pass, sync.ended) = (t.pass, t.ended.into_iter().collect());
+    }
     let ports = listeners.len();
     let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
     let state = Arc::new(State {
@@ -308,7 +318,7 @@ pub async fn run(
             port_requests: (0..ports).map(|_| AtomicU64::new(0)).collect(),
             ..Counters::default()
         },
-        sync: Mutex::new(SyncStep { step: version, ..SyncStep::default() }),
+        sync: Mutex::new(sync),
         applied: watch::channel(version).0,
         barrier: Mutex::new(BTreeMap::new()),
         changed: watch::channel(0).0,
@@ -321,7 +331,8 @@ pub async fn run(
         config,
     });
     if state.config.epoch > 0 {
-        tracing::info!(epoch = state.config.epoch, version, closed = ?state.config.closed, "restarted server");
+        let ended = state.sync.lock().ended.clone();
+        tracing::info!(epoch = state.config.epoch, version, closed = ?state.config.closed, ?ended, "restarted server");
     }
     // Restarted after every trainer had closed (it died saving): only the final save is left.
     if state.config.exit_when_done && state.closed.lock().len() >= state.config.trainers {
@@ -737,12 +748,15 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         }
         Request::EndPass { trainer, pass } => {
             let shard = state.shard()?;
-            let mut pending = state.sync.lock();
-            pending.enter_pass(pass);
-            if pass == pending.pass {
-                pending.ended.insert(trainer);
+            {
+                let mut pending = state.sync.lock();
+                pending.enter_pass(pass);
+                if pass == pending.pass {
+                    pending.ended.insert(trainer);
+                }
+                try_complete_step(state, &shard, &mut pending)?;
             }
-            try_complete_step(state, &shard, &mut pending)?;
+            record_trainers(state);
             Ok(Answer::Response(Response::Done))
         }
         Request::Close { trainer } => close(state, trainer),
@@ -1053,22 +1067,32 @@ async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {
     }
 }
 
+/// Records beside the checkpoints which trainers have ended the pass or closed, for a restart
+/// of this server (see `shard_checkpoints::Trainers`): a trainer that ended its pass waits at
+/// the barrier and will not tell a restarted server again.
+fn record_trainers(state: &State) {
+    let Some(policy) = &state.config.checkpoints else { return };
+    // Held while writing, so records land in the order of the changes they hold.
+    let pending = state.sync.lock();
+    let record = crate::shard_checkpoints::Trainers {
+        job: state.config.job.clone(),
+        closed: state.closed.lock().iter().copied().collect(),
+        pass: pending.pass,
+        ended: pending.ended.iter().copied().collect(),
+    };
+    if let Err(e) = record.write(&policy.dir, state.config.index) {
+        tracing::error!("cannot record where the trainers are (a restart of this server would wait for them): {e}");
+    }
+}
+
 fn close(state: &Arc<State>, trainer: u64) -> Reply {
-    let (all, closed) = {
+    let all = {
         let mut closed = state.closed.lock();
         closed.insert(trainer);
-        (closed.len() >= state.config.trainers, closed.iter().copied().collect::<Vec<_>>())
+        closed.len() >= state.config.trainers
     };
     tracing::info!(trainer, "trainer closed");
-    // Beside the checkpoints, for a restart of this server (see `shard_checkpoints::earlier_life`).
-    if let Some(policy) = &state.config.checkpoints {
-        let (dir, index, job) = (&policy.dir, state.config.index, &state.config.job);
-        if let Err(e) = crate::shard_checkpoints::record_closed(dir, index, job, &closed) {
-            tracing::error!(
-                "cannot record that trainer {trainer} closed (a restart of this server would wait for it): {e}"
-            );
-        }
-    }
+    record_trainers(state);
     state.lost.send_if_modified(|lost| lost.remove(&trainer).is_some());
     // Its barrier position and any half-sent push are released with it.
     state.barrier.lock().remove(&trainer);

@@ -220,7 +220,7 @@ pub fn has_checkpoints(dir: &Path, index: usize) -> bool {
     !complete(&server_dir(dir, index)).is_empty()
 }
 
-/// What an earlier process of the same job left in a server's checkpoint folder: all a
+/// What an earlier process of the same job left in a server's checkpoint folder: what a
 /// restarted server needs to go on where it was (see [`earlier_life`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EarlierLife {
@@ -229,12 +229,12 @@ pub struct EarlierLife {
     /// The newest checkpoint in the folder is this job's (else the restart has none to go on
     /// from: an earlier job's checkpoints are never mistaken for this one's).
     pub checkpoint: bool,
-    /// Trainers that had closed.
-    pub closed: Vec<u64>,
+    /// Where the trainers were, as last recorded.
+    pub trainers: Trainers,
 }
 
-/// What an earlier process of `job` left in server `index`'s folder under `dir`: `None` when
-/// no process of this job has claimed it (a fresh start, or the folder of another job).
+/// What `job`'s earlier processes left in server `index`'s folder under `dir`: `None` when no
+/// process of this job has claimed it (a fresh start, or the folder of another job).
 pub fn earlier_life(dir: &Path, index: usize, job: &str) -> Option<EarlierLife> {
     let folder = server_dir(dir, index);
     let fence: Fence = serde_json::from_slice(&std::fs::read(Fence::path(&folder)).ok()?).ok()?;
@@ -244,38 +244,49 @@ pub fn earlier_life(dir: &Path, index: usize, job: &str) -> Option<EarlierLife> 
     let newest = complete(&folder)
         .last()
         .and_then(|(_, path)| serde_json::from_slice::<Entry>(&std::fs::read(path.join("entry.json")).ok()?).ok());
-    let closed = std::fs::read(ClosedTrainers::path(&folder))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<ClosedTrainers>(&b).ok())
-        .filter(|c| c.job == job)
-        .map_or_else(Vec::new, |c| c.trainers);
-    Some(EarlierLife { epoch: fence.epoch, checkpoint: newest.is_some_and(|e| e.job == job), closed })
+    Some(EarlierLife {
+        epoch: fence.epoch,
+        checkpoint: newest.is_some_and(|e| e.job == job),
+        trainers: Trainers::read(dir, index, job).unwrap_or_default(),
+    })
 }
 
-/// The trainers that have closed, as a server records them beside its checkpoints: a
-/// restarted server must not wait for a trainer that has finished and gone.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-struct ClosedTrainers {
-    job: String,
-    trainers: Vec<u64>,
+/// Where the trainers are, as a server records it beside its checkpoints whenever it changes
+/// (a trainer ends a pass or closes): a restarted server must not wait for a trainer that has
+/// ended its pass (it is waiting at the barrier) or closed (it has gone).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Trainers {
+    /// The job.
+    pub job: String,
+    /// Trainers that have closed.
+    pub closed: Vec<u64>,
+    /// The newest pass a trainer has ended.
+    pub pass: u64,
+    /// The trainers that have ended it.
+    pub ended: Vec<u64>,
 }
 
-impl ClosedTrainers {
+impl Trainers {
     fn path(folder: &Path) -> PathBuf {
-        folder.join("closed.json")
+        folder.join("trainers.json")
     }
-}
 
-/// Records in server `index`'s folder under `dir` that `trainers` of `job` have closed
-/// (written to a temporary file, then renamed over the last record).
-pub fn record_closed(dir: &Path, index: usize, job: &str, trainers: &[u64]) -> Result<(), CheckpointError> {
-    let folder = server_dir(dir, index);
-    let record = ClosedTrainers { job: job.to_string(), trainers: trainers.to_vec() };
-    let (tmp, path) = (folder.join("closed.json.tmp"), ClosedTrainers::path(&folder));
-    std::fs::create_dir_all(&folder)
-        .and_then(|_| std::fs::write(&tmp, serde_json::to_vec(&record).expect("a record serializes")))
-        .and_then(|_| std::fs::rename(&tmp, &path))
-        .map_err(|cause| CheckpointError::Io { path, cause })
+    /// The record of `job` in server `index`'s folder under `dir`, if there is one.
+    pub fn read(dir: &Path, index: usize, job: &str) -> Option<Trainers> {
+        let bytes = std::fs::read(Trainers::path(&server_dir(dir, index))).ok()?;
+        serde_json::from_slice::<Trainers>(&bytes).ok().filter(|t| t.job == job)
+    }
+
+    /// Records this in server `index`'s folder under `dir` (written to a temporary file, then
+    /// renamed over the last record).
+    pub fn write(&self, dir: &Path, index: usize) -> Result<(), CheckpointError> {
+        let folder = server_dir(dir, index);
+        let (tmp, path) = (folder.join("trainers.json.tmp"), Trainers::path(&folder));
+        std::fs::create_dir_all(&folder)
+            .and_then(|_| std::fs::write(&tmp, serde_json::to_vec(self).expect("a record serializes")))
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|cause| CheckpointError::Io { path, cause })
+    }
 }
 
 /// Loads server `index`'s newest checkpoint under `dir` whose file checks, logging and skipping

@@ -1059,8 +1059,8 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
 }
 
 /// `--recoverable`: what an earlier process of this job left in the checkpoint folder decides
-/// the epoch, what to resume from and which trainers have closed (see
-/// [`crate::shard_checkpoints::earlier_life`]).
+/// the epoch and what to resume from (see [`crate::shard_checkpoints::earlier_life`]); the
+/// server then reads there where the trainers were.
 fn recover_server(a: &mut PserverArgs, index: Option<usize>, num_servers: usize) -> anyhow::Result<()> {
     let dir = a
         .checkpoint_dir
@@ -1078,13 +1078,11 @@ fn recover_server(a: &mut PserverArgs, index: Option<usize>, num_servers: usize)
     if life.checkpoint {
         a.resume = Some(dir.clone());
     }
-    a.trainers_closed.extend(life.closed);
     tracing::warn!(
         dir = %dir.display(),
         job = %a.job,
         epoch = a.epoch,
         from = ?a.resume,
-        closed = ?a.trainers_closed,
         "an earlier process of this server of this job was here: going on from it (another --job starts afresh)"
     );
     Ok(())

@@ -9,7 +9,7 @@ use oar::client::{Client, ClientConfig};
 use oar::protocol::RowCreation;
 use oar::server::{Mode, ServerConfig};
 use oar::shard_checkpoints::{
-    earlier_life, load_latest, record_closed, server_dir, Checkpointer, EarlierLife, Entry, Fence, Policy,
+    earlier_life, load_latest, server_dir, Checkpointer, EarlierLife, Entry, Fence, Policy, Trainers,
 };
 
 /// A server on loopback until the returned sender is dropped.
@@ -111,7 +111,7 @@ pub fn small_shard() -> oar::table::Shard {
 
 /// What a restarted (`--recoverable`) server reads of its earlier life: nothing in a fresh
 /// folder or one claimed by another job; else the last epoch, whether the newest checkpoint is
-/// this job's (an earlier job's never is) and the trainers recorded as closed.
+/// this job's (an earlier job's never is) and where the trainers were.
 #[test]
 fn a_restarted_server_finds_only_its_own_jobs_earlier_life() {
     let dir = tempfile::tempdir().unwrap();
@@ -122,20 +122,23 @@ fn a_restarted_server_finds_only_its_own_jobs_earlier_life() {
     assert_eq!(earlier_life(dir.path(), 0, "test"), None, "another job's folder");
     Checkpointer::new(policy(), 0, fence()).unwrap();
     let life = earlier_life(dir.path(), 0, "test").unwrap();
+    let none = Trainers::default();
     assert_eq!(
         life,
-        EarlierLife { epoch: 0, checkpoint: false, closed: vec![] },
+        EarlierLife { epoch: 0, checkpoint: false, trainers: none },
         "the old job's checkpoint is not ours"
     );
-    // Its restart (epoch 1) checkpoints and sees trainer 1 close.
+    // Its restart (epoch 1) checkpoints and sees trainer 1 close and trainer 0 end pass 2.
     let mut c = Checkpointer::new(policy(), 0, Fence { job: "test".into(), epoch: 1 }).unwrap();
     c.write(&small_shard(), 12).unwrap();
-    record_closed(dir.path(), 0, "test", &[1]).unwrap();
+    let trainers = Trainers { job: "test".into(), closed: vec![1], pass: 2, ended: vec![0] };
+    trainers.write(dir.path(), 0).unwrap();
     let life = earlier_life(dir.path(), 0, "test").unwrap();
-    assert_eq!(life, EarlierLife { epoch: 1, checkpoint: true, closed: vec![1] });
+    assert_eq!(life, EarlierLife { epoch: 1, checkpoint: true, trainers });
     assert_eq!(load_latest(dir.path(), 0).unwrap().0.job, "test");
     // Another job starting here afresh sees none of it.
     assert_eq!(earlier_life(dir.path(), 0, "new"), None);
+    assert_eq!(Trainers::read(dir.path(), 0, "new"), None);
 }
 
 /// The newest checkpoint damaged (one byte flipped): loading takes the previous one.

@@ -18,13 +18,20 @@ struct Job {
     dir: tempfile::TempDir,
     train: PathBuf,
     test: PathBuf,
+    /// Training lines in all.
+    samples: u64,
 }
 
 impl Job {
     fn new() -> Job {
+        Job::with_parts(2, 25_000)
+    }
+
+    /// `parts` training files of `lines` each (trainer k reads the parts whose number % 2 == k).
+    fn with_parts(parts: usize, lines: u64) -> Job {
         let dir = tempfile::tempdir().unwrap();
-        let (train, test) = gen_data(&dir.path().join("data"), 2, 25_000, 4000);
-        Job { dir, train, test }
+        let (train, test) = gen_data(&dir.path().join("data"), parts, lines, 4000);
+        Job { dir, train, test, samples: parts as u64 * lines }
     }
 
     fn out(&self) -> PathBuf {
@@ -67,16 +74,17 @@ impl Job {
         std::fs::read_to_string(self.logs().join(name)).unwrap_or_default()
     }
 
-    /// The job finished, saved its model, and restarted exactly `server` once from a checkpoint.
-    fn assert_recovered(&self, output: &std::process::Output, server: usize) -> LaunchSummary {
+    /// The job finished, saved its model, and restarted exactly `server` once from a checkpoint,
+    /// and the workers `reconnecting` found it back.
+    fn assert_recovered(&self, output: &std::process::Output, server: usize, reconnecting: &[usize]) -> LaunchSummary {
         assert!(output.status.success(), "{}", text(output));
         let s = self.summary();
         assert_eq!(s.restarts.len(), 1, "{:?}", s.restarts);
         let r = &s.restarts[0];
         assert_eq!((r.process.as_str(), r.epoch), (format!("server {server}").as_str(), 1));
         assert!(r.from.as_deref().is_some_and(|f| f.ends_with("checkpoints")), "{r:?}");
-        assert_eq!(s.samples, 50_000, "every sample trained once");
-        for w in 0..2 {
+        assert_eq!(s.samples, self.samples, "every sample trained once");
+        for w in reconnecting {
             let log = self.log(&format!("worker.{w}.log"));
             assert!(log.contains(&format!("server {server} is back")), "worker {w} did not reconnect:\n{log}");
         }
@@ -96,7 +104,7 @@ fn launch_failure(output: &std::process::Output) -> String {
 fn an_async_server_killed_mid_pass_is_restarted_from_its_checkpoint_and_the_job_finishes() {
     let job = Job::new();
     let out = job.launch("async", "server1:kill@version=60", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
-    job.assert_recovered(&out, 1);
+    job.assert_recovered(&out, 1, &[0, 1]);
     let restarted = job.log("server.1.epoch-1.log");
     assert!(restarted.contains("resumed shard from a checkpoint"), "{restarted}");
 }
@@ -105,7 +113,21 @@ fn an_async_server_killed_mid_pass_is_restarted_from_its_checkpoint_and_the_job_
 fn a_sync_server_killed_mid_pass_is_restarted_and_the_job_finishes() {
     let job = Job::new();
     let out = job.launch("sync", "server0:kill@version=30", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
-    job.assert_recovered(&out, 0);
+    job.assert_recovered(&out, 0, &[0, 1]);
+}
+
+/// Uneven data in sync mode: trainer 1 (one part, 25 batches) ends its pass and waits at the
+/// barrier on server 0 while trainer 0 (two parts, 49 batches) goes on alone. Server 1, killed
+/// then, is restarted knowing from its folder that trainer 1 ended the pass (trainer 1 talks
+/// to server 0 only and would not tell it again), so trainer 0's steps complete without it.
+#[test]
+fn a_sync_server_restarted_after_a_trainer_ended_its_pass_does_not_wait_for_it() {
+    let job = Job::with_parts(3, 12_500);
+    let extra = ["--checkpoint-every", "0.1", "--max-restarts", "1", "--timeout", "30"];
+    let out = job.launch("sync", "server1:kill@version=40", &extra);
+    job.assert_recovered(&out, 1, &[0]);
+    let restarted = job.log("server.1.epoch-1.log");
+    assert!(restarted.contains("ended={1}"), "{restarted}");
 }
 
 /// Killed after writing its second checkpoint's shard file but before publishing it: the
@@ -114,7 +136,7 @@ fn a_sync_server_killed_mid_pass_is_restarted_and_the_job_finishes() {
 fn a_server_killed_mid_checkpoint_restarts_from_the_previous_complete_one() {
     let job = Job::new();
     let out = job.launch("async", "server0:kill@checkpoint=2", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
-    job.assert_recovered(&out, 0);
+    job.assert_recovered(&out, 0, &[0, 1]);
     let restarted = job.log("server.0.epoch-1.log");
     assert!(restarted.contains("resumed shard from a checkpoint") && restarted.contains("seq=1 "), "{restarted}");
     let folder = job.out().join("checkpoints/server-0");
@@ -132,7 +154,7 @@ fn a_server_killed_mid_checkpoint_restarts_from_the_previous_complete_one() {
 fn a_stopped_server_is_found_by_the_heartbeat_killed_and_replaced() {
     let job = Job::new();
     let out = job.launch("async", "server1:stop@version=60", &["--checkpoint-every", "0.2", "--max-restarts", "1"]);
-    let s = job.assert_recovered(&out, 1);
+    let s = job.assert_recovered(&out, 1, &[0, 1]);
     assert!(s.restarts[0].cause.contains("no heartbeat"), "{:?}", s.restarts[0]);
 }
 
