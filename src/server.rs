@@ -133,6 +133,10 @@ pub struct ServerStats {
     pub keys_pulled: u64,
     /// Sparse keys pushed.
     pub keys_pushed: u64,
+    /// Gradient bytes received in pushes (dense floats, sparse ids and floats), before any
+    /// merging: what a trainer-side log of recent pushes would have to hold.
+    #[serde(default)]
+    pub push_bytes: u64,
     /// Rows held per sparse table.
     pub rows: Vec<usize>,
     /// Requests served per listening port, in port order.
@@ -150,6 +154,7 @@ struct Counters {
     pushes: AtomicU64,
     keys_pulled: AtomicU64,
     keys_pushed: AtomicU64,
+    push_bytes: AtomicU64,
     port_requests: Vec<AtomicU64>,
     staleness: [AtomicU64; crate::metrics::Staleness::BUCKETS],
 }
@@ -262,6 +267,7 @@ impl State {
             pushes: c.pushes.load(Relaxed),
             keys_pulled: c.keys_pulled.load(Relaxed),
             keys_pushed: c.keys_pushed.load(Relaxed),
+            push_bytes: c.push_bytes.load(Relaxed),
             rows: self.shard.lock().as_ref().map(|s| s.sparse.iter().map(|t| t.len()).collect()).unwrap_or_default(),
             port_requests: c.port_requests.iter().map(|n| n.load(Relaxed)).collect(),
             staleness: {
@@ -884,6 +890,7 @@ fn push_async(state: &State, push: Push<'_>) -> Reply {
     let shard = state.shard()?;
     let c = &state.counters;
     c.pushes.fetch_add(1, Relaxed);
+    c.push_bytes.fetch_add(push_bytes(&push), Relaxed);
     let version = c.version.load(Relaxed);
     let max_lag = (state.config.lag_ratio * state.config.trainers as f64).ceil() as u64;
     let behind = version.saturating_sub(push.base_version);
@@ -904,9 +911,16 @@ fn push_async(state: &State, push: Push<'_>) -> Reply {
     Ok(Answer::Response(Response::Pushed { outcome: PushOutcome::Applied, version }))
 }
 
+/// Gradient bytes a push carries.
+fn push_bytes(push: &Push<'_>) -> u64 {
+    let sparse: usize = push.sparse.iter().map(|s| s.ids.len() * 8 + s.grads.len() * 4).sum();
+    (push.dense_len() * 4 + sparse) as u64
+}
+
 async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     let shard = state.shard()?;
     state.counters.pushes.fetch_add(1, Relaxed);
+    state.counters.push_bytes.fetch_add(push_bytes(&push), Relaxed);
     let trainer = push.trainer;
     if trainer >= state.config.trainers as u64 {
         return Err((ErrorCode::State, format!("trainer {trainer} is not in 0..{}", state.config.trainers)));
