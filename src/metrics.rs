@@ -185,7 +185,9 @@ pub struct EvalReport {
     pub samples: usize,
     /// The model's loss.
     pub loss_kind: Loss,
-    /// Mean loss per sample: log-loss, squared error (= MSE) or cross-entropy in nats.
+    /// Mean loss per sample: log-loss, squared error (= MSE) or cross-entropy in nats; NaN
+    /// over no samples (a trainer restarted at the end of a pass), which JSON writes as null.
+    #[serde(deserialize_with = "nan_from_null")]
     pub loss: f64,
     /// Exact AUC (log-loss models; None if one class is absent).
     pub auc: Option<f64>,
@@ -193,6 +195,11 @@ pub struct EvalReport {
     /// (calibration: a model whose mean prediction is off the actual rate is biased).
     #[serde(default)]
     pub ctr: Option<(f64, f64)>,
+}
+
+/// A number that JSON may hold as null (how serde_json writes NaN).
+fn nan_from_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl EvalReport {
@@ -229,6 +236,16 @@ impl std::fmt::Display for EvalReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_over_no_samples_goes_through_json() {
+        // A trainer restarted at the very end of a pass trains nothing more in it.
+        let empty = PassMetrics::new(Loss::LogLoss).report();
+        assert!(empty.loss.is_nan());
+        let json = serde_json::to_string(&empty).unwrap();
+        let back: EvalReport = serde_json::from_str(&json).unwrap();
+        assert!(back.loss.is_nan() && back.samples == 0 && back.auc.is_none(), "{json}");
+    }
 
     #[test]
     fn auc_matches_hand_counts() {

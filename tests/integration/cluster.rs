@@ -136,15 +136,25 @@ fn cluster_ssh_runs_servers_and_trainers_on_two_hosts_to_a_saved_model() {
     assert!(rws.join("model-again/final/manifest.json").exists());
 }
 
-/// A long job (500 passes) under `oar cluster ssh`, returned once both remote trainers train,
-/// with the text that its remote processes carry in their environment.
-fn start_long_job(hosts: &Hosts, dir: &Path) -> (std::process::Child, String) {
+/// A job of `passes` passes over 2 x 20,000 lines under `oar cluster ssh` with `options`, the
+/// train arguments `extra` and the remote workspace `dir/remote-ws`, returned once both remote
+/// trainers train and `ready(remote workspace)` holds, with the text that its remote processes
+/// carry in their environment.
+fn start_job(
+    hosts: &Hosts,
+    dir: &Path,
+    passes: &str,
+    options: &[&str],
+    extra: &[&str],
+    ready: impl Fn(&Path) -> bool,
+) -> (std::process::Child, String) {
     let ws = workspace(dir, 2, 20_000);
     let rws = dir.join("remote-ws");
-    let args = ["--mode", "async", "--hidden", "16", "--batch-size", "100", "--passes", "500", "--timeout", "60"];
+    let args = ["--mode", "async", "--hidden", "16", "--batch-size", "100", "--passes", passes, "--timeout", "60"];
     let mut launcher = hosts
-        .launch(&ws, &rws, &["--dispatch"], &args)
+        .launch(&ws, &rws, options, &args)
         .args(["--train", "data/train", "--output", "model"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -157,13 +167,18 @@ fn start_long_job(hosts: &Hosts, dir: &Path) -> (std::process::Child, String) {
     let mut ended = None;
     wait_until(120, "both remote trainers to train", || {
         ended = launcher.try_wait().unwrap();
-        ended.is_some() || (training(0) && training(1))
+        ended.is_some() || (training(0) && training(1) && ready(&rws))
     });
     if ended.is_some() {
         panic!("the launcher ended early:\n{}", text(&launcher.wait_with_output().unwrap()));
     }
     assert!(processes_mentioning(&needle).len() >= 4, "2 servers and 2 trainers run remotely");
     (launcher, needle)
+}
+
+/// A long job (500 passes): it ends only when stopped.
+fn start_long_job(hosts: &Hosts, dir: &Path) -> (std::process::Child, String) {
+    start_job(hosts, dir, "500", &["--dispatch"], &[], |_| true)
 }
 
 /// Trainer 1 is killed (SIGKILL) on its host mid-run: the job fails naming it, and afterwards
@@ -173,19 +188,9 @@ fn killing_a_remote_trainer_fails_the_job_and_stops_every_remote_process() {
     let dir = tempfile::tempdir().unwrap();
     let Some(hosts) = Hosts::start(dir.path()) else { return };
     let (launcher, needle) = start_long_job(&hosts, dir.path());
-    let trainer1: Vec<u32> = processes_mentioning(&needle)
-        .into_iter()
-        .filter(|pid| {
-            let read = |f: &str| std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
-            let environ = String::from_utf8_lossy(&read("environ")).into_owned();
-            read("cmdline").starts_with(b"./.oar/oar\0train")
-                && environ.split('\0').any(|v| v == "TRAINING_ROLE=TRAINER")
-                && environ.split('\0').any(|v| v == "PADDLE_TRAINER_ID=1")
-        })
-        .collect();
-    assert_eq!(trainer1.len(), 1, "one remote trainer 1: {trainer1:?}");
+    let trainer1 = remote_process(&needle, &["TRAINING_ROLE=TRAINER", "PADDLE_TRAINER_ID=1"]);
     // SAFETY: signalling a process this test's job started.
-    assert_eq!(unsafe { libc::kill(trainer1[0] as i32, libc::SIGKILL) }, 0);
+    assert_eq!(unsafe { libc::kill(trainer1 as i32, libc::SIGKILL) }, 0);
 
     let out = launcher.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
@@ -217,27 +222,14 @@ fn remote_process(needle: &str, vars: &[&str]) -> u32 {
 fn cluster_ssh_restarts_a_killed_server_and_trainer_where_they_ran() {
     let dir = tempfile::tempdir().unwrap();
     let Some(hosts) = Hosts::start(dir.path()) else { return };
-    let ws = workspace(dir.path(), 2, 20_000);
     let rws = dir.path().join("remote-ws");
-    let args = ["--mode", "async", "--hidden", "16", "--batch-size", "100", "--passes", "4", "--timeout", "60"];
-    let launcher = hosts
-        .launch(&ws, &rws, &["--dispatch", "--max-restarts", "2"], &args)
-        .args(["--train", "data/train", "--test", "data/test", "--output", "model", "--checkpoint-every", "0.3"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let needle = format!("OAR_JOB=oar-ssh-{}-", launcher.id());
-    let training = |t: usize| {
-        std::fs::read_to_string(rws.join(format!("log/trainer.{t}.log"))).is_ok_and(|l| l.contains("OAR_PROGRESS"))
-    };
-    let checkpointed = || {
+    let checkpointed = |rws: &Path| {
         std::fs::read_dir(rws.join("model/checkpoints/server-1"))
             .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("ckpt-")))
     };
-    wait_until(120, "both remote trainers to train and server 1 to checkpoint", || {
-        training(0) && training(1) && checkpointed()
-    });
+    let options = ["--dispatch", "--max-restarts", "2"];
+    let extra = ["--test", "data/test", "--checkpoint-every", "0.3"];
+    let (launcher, needle) = start_job(&hosts, dir.path(), "4", &options, &extra, checkpointed);
     let server1 = remote_process(&needle, &["TRAINING_ROLE=PSERVER", "POD_IP=127.0.0.3"]);
     let trainer1 = remote_process(&needle, &["TRAINING_ROLE=TRAINER", "PADDLE_TRAINER_ID=1"]);
     for pid in [server1, trainer1] {
