@@ -220,8 +220,9 @@ pub fn has_checkpoints(dir: &Path, index: usize) -> bool {
     !complete(&server_dir(dir, index)).is_empty()
 }
 
-/// What an earlier process of the same job left in a server's checkpoint folder: what a
-/// restarted server needs to go on where it was (see [`earlier_life`]).
+/// What an earlier process of the same job left in a server's checkpoint folder: its epoch and
+/// checkpoint (see [`earlier_life`]; where the trainers were is read by every restarted server,
+/// [`Trainers::read`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EarlierLife {
     /// The newest epoch that claimed the folder (the restart takes the next one).
@@ -229,8 +230,6 @@ pub struct EarlierLife {
     /// The newest checkpoint in the folder is this job's (else the restart has none to go on
     /// from: an earlier job's checkpoints are never mistaken for this one's).
     pub checkpoint: bool,
-    /// Where the trainers were, as last recorded.
-    pub trainers: Trainers,
 }
 
 /// What `job`'s earlier processes left in server `index`'s folder under `dir`: `None` when no
@@ -244,17 +243,13 @@ pub fn earlier_life(dir: &Path, index: usize, job: &str) -> Option<EarlierLife> 
     let newest = complete(&folder)
         .last()
         .and_then(|(_, path)| serde_json::from_slice::<Entry>(&std::fs::read(path.join("entry.json")).ok()?).ok());
-    Some(EarlierLife {
-        epoch: fence.epoch,
-        checkpoint: newest.is_some_and(|e| e.job == job),
-        trainers: Trainers::read(dir, index, job).unwrap_or_default(),
-    })
+    Some(EarlierLife { epoch: fence.epoch, checkpoint: newest.is_some_and(|e| e.job == job) })
 }
 
 /// Where the trainers are, as a server records it beside its checkpoints whenever it changes
 /// (a trainer ends a pass or closes): a restarted server must not wait for a trainer that has
 /// ended its pass (it is waiting at the barrier) or closed (it has gone).
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Trainers {
     /// The job.
     pub job: String,
