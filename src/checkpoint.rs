@@ -107,8 +107,8 @@ impl<W: Write> Write for CrcWriter<W> {
 
 /// A copy of a shard taken under short locks (the dense blocks under the dense lock, each table
 /// stripe under its own lock, one after another), to be written without holding any: training
-/// goes on while it is written. In async mode the copy is per stripe, not one global instant,
-/// which async training (every push applied on arrival) does not distinguish.
+/// goes on while it is written. A server takes it while no update is being applied (its update
+/// gate, see `server::State::cut`), so a checkpoint holds whole updates, sync or async.
 pub struct ShardSnapshot {
     header: ShardHeader,
     /// Per owned block: weights (shared until the next update copies them) and optimizer state.

@@ -13,6 +13,7 @@ pub mod env;
 pub mod fault;
 pub mod launch;
 pub mod layout;
+pub mod ledger;
 pub mod metrics;
 pub mod model;
 pub mod nn;

@@ -7,12 +7,12 @@
 //! checkpoint whose CRC checks, and falls back to older ones.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{read_shard, shard_file_name, write_snapshot, CheckpointError, ShardSnapshot};
+use crate::ledger::TrainerLedger;
 use crate::table::Shard;
 
 /// Where and how often a server checkpoints its shard.
@@ -45,6 +45,21 @@ pub struct Entry {
     /// The job of the server process that wrote it.
     #[serde(default)]
     pub job: String,
+    /// What the server had done with each trainer's pushes, in the same cut as the shard: a
+    /// restarted server answers a push it holds as a repeat, and applies one it does not.
+    #[serde(default)]
+    pub ledgers: Vec<TrainerLedger>,
+}
+
+/// What one checkpoint holds, taken at one moment with no update half applied (see the
+/// server's `cut`): the shard's copy, the updates it holds and the matching ledgers.
+pub struct Cut {
+    /// The shard's copy.
+    pub snapshot: ShardSnapshot,
+    /// Updates applied when it was taken.
+    pub version: u64,
+    /// Per trainer, the pushes handled when it was taken.
+    pub ledgers: Vec<TrainerLedger>,
 }
 
 /// Which incarnation of a server may write its checkpoints: each server claims its folder for
@@ -126,13 +141,13 @@ impl Checkpointer {
         Ok(Checkpointer { policy, index, fence, next, attempts: 0 })
     }
 
-    /// Snapshots `shard` (at `version` updates) and writes it as the next checkpoint, then drops
-    /// the ones beyond `keep`. A failed attempt uses up its number.
-    pub fn write(&mut self, shard: &Shard, version: u64) -> Result<Entry, CheckpointError> {
+    /// Writes `cut` as the next checkpoint, then drops the ones beyond `keep`. A failed attempt
+    /// uses up its number.
+    pub fn write(&mut self, cut: Cut) -> Result<Entry, CheckpointError> {
+        let Cut { snapshot, version, ledgers } = cut;
         let seq = self.next;
         self.next += 1;
         self.attempts += 1;
-        let snapshot = ShardSnapshot::take(shard);
         let folder = server_dir(&self.policy.dir, self.index);
         let name = format!("ckpt-{seq:06}");
         let tmp = folder.join(format!("{name}.tmp"));
@@ -147,7 +162,7 @@ impl Checkpointer {
             let unix_ms =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
             let (epoch, job) = (self.fence.epoch, self.fence.job.clone());
-            let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64, epoch, job };
+            let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64, epoch, job, ledgers };
             let json = serde_json::to_vec_pretty(&entry).expect("an entry always serializes");
             std::fs::write(tmp.join("entry.json"), json).map_err(io(&tmp))?;
             if let Some(newer) = self.fence.superseded_by(&folder) {
@@ -170,13 +185,13 @@ impl Checkpointer {
     }
 }
 
-/// Checkpoints every `policy.every` until `stop` is dropped (or sent to). `shard` gives the
-/// shard and its version once tables are declared. Runs on its own thread.
+/// Checkpoints every `policy.every` until `stop` is dropped (or sent to). `cut` takes a
+/// consistent cut once tables are declared. Runs on its own thread.
 pub fn run(
     policy: Policy,
     index: usize,
     fence: Fence,
-    shard: impl Fn() -> Option<(Arc<Shard>, u64)>,
+    cut: impl Fn() -> Option<Cut>,
     stop: std::sync::mpsc::Receiver<()>,
 ) {
     let every = policy.every;
@@ -185,9 +200,10 @@ pub fn run(
         Err(e) => return tracing::error!("no checkpoints will be written: {e}"),
     };
     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
-        let Some((shard, version)) = shard() else { continue };
         let (started, cpu) = (std::time::Instant::now(), thread_cpu_seconds());
-        match checkpointer.write(&shard, version) {
+        let Some(cut) = cut() else { continue };
+        let version = cut.version;
+        match checkpointer.write(cut) {
             Ok(e) => tracing::info!(
                 seq = e.seq,
                 version,

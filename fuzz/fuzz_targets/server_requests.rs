@@ -36,6 +36,7 @@ fn config(save_root: std::path::PathBuf) -> ServerConfig {
         epoch: 0,
         closed: Vec::new(),
         rejoin: None,
+        limits: oar::server::Limits::default(),
     }
 }
 

@@ -19,6 +19,9 @@ use crate::server::{Mode, ServerConfig};
 use crate::table::OptimizerKind;
 use crate::train::TrainConfig;
 
+mod limits;
+use limits::LimitArgs;
+
 #[derive(Parser)]
 #[command(name = "oar", version, about = "A parameter-server system for distributed training")]
 struct Cli {
@@ -295,6 +298,8 @@ struct PserverArgs {
     /// closed; and wait --trainer-rejoin (default 60 s) for lost trainers.
     #[arg(long, env = "OAR_RECOVERABLE")]
     recoverable: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 /// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
@@ -532,6 +537,8 @@ struct ServerRoleArgs {
     /// OUTPUT/checkpoints [default: 30 with --recoverable, else none].
     #[arg(long, env = "OAR_CHECKPOINT_EVERY")]
     checkpoint_every: Option<f64>,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 #[derive(Args)]
@@ -1045,6 +1052,7 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
         },
         epoch: a.epoch,
         closed: a.trainers_closed,
+        limits: a.limits.limits()?,
         rejoin: match a.trainer_rejoin {
             Some(secs) => {
                 anyhow::ensure!(secs.is_finite() && secs >= 0.0, "--trainer-rejoin must be a number of seconds");
@@ -1138,6 +1146,7 @@ fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         trainers_closed: Vec::new(),
         trainer_rejoin: None,
         recoverable: a.recoverable,
+        limits: a.server.limits.clone(),
     }
 }
 

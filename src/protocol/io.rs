@@ -34,6 +34,15 @@ fn parse_header(header: &[u8; HEADER], max: usize) -> Result<(usize, u8), Protoc
 }
 
 impl FrameBuf {
+    /// Makes room for `bytes` bytes (growing by at least doubling) and returns them.
+    fn room(&mut self, bytes: usize) -> &mut [u8] {
+        let words = bytes.div_ceil(8);
+        if self.words.len() < words {
+            self.words.resize(words.max(self.words.len() * 2), 0);
+        }
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..bytes]
+    }
+
     /// Resizes for a payload of `len` bytes and returns the bytes to fill.
     fn prepare(&mut self, len: usize) -> &mut [u8] {
         // Grown, never shrunk or re-zeroed: the bytes are overwritten by the read.
@@ -56,7 +65,16 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut FrameBuf, max
     }
     r.read_exact(&mut header[first..]).await?;
     let (len, kind) = parse_header(&header, max)?;
-    r.read_exact(buf.prepare(len)).await?;
+    // The buffer grows with the bytes that arrive, not with what the header claims: a peer
+    // announcing a huge frame and sending nothing pins no memory.
+    const FIRST: usize = 64 << 10;
+    let mut filled = 0;
+    while filled < len {
+        let end = len.min(FIRST.max(filled * 2));
+        r.read_exact(&mut buf.room(end)[filled..]).await?;
+        filled = end;
+    }
+    buf.len = len;
     Ok(kind)
 }
 

@@ -25,7 +25,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 5;
+pub const PROTOCOL_VERSION: u64 = 6;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.
@@ -309,6 +309,10 @@ pub enum ErrorCode {
     State = 7,
     /// The server has been replaced by a newer epoch of itself; it stops.
     Fenced = 8,
+    /// A push held a NaN or an infinity: refused before it touched a table.
+    NonFinite = 9,
+    /// The server has as many connections as it takes (`--max-connections`).
+    Busy = 10,
 }
 
 impl ErrorCode {
@@ -323,6 +327,8 @@ impl ErrorCode {
             6 => Io,
             7 => State,
             8 => Fenced,
+            9 => NonFinite,
+            10 => Busy,
             _ => return Err(ProtocolError::Malformed(format!("unknown error code {v}"))),
         })
     }

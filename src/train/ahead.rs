@@ -10,6 +10,9 @@
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 use std::thread::{Scope, ScopedJoinHandle};
 
+use parking_lot::Mutex;
+
+use super::position::PositionLog;
 use super::store::StepHeader;
 use crate::client::{Client, TableGrads, TableIds};
 use crate::metrics::Staleness;
@@ -33,6 +36,8 @@ pub struct PushJob {
     pub dense: Vec<f32>,
     /// Per table, the unique ids and their gradient sums.
     pub tables: Vec<(Vec<u64>, Vec<f32>)>,
+    /// The batch's number in the trainer's position log, recorded once the push is answered.
+    pub number: Option<u64>,
 }
 
 enum Job {
@@ -49,11 +54,14 @@ pub struct Ahead<'scope> {
 
 impl<'scope> Ahead<'scope> {
     /// Starts the thread in `scope`; it uses `client` until [`Ahead::finish`]. `dims[t]` is
-    /// table `t`'s row width.
+    /// table `t`'s row width. A push is recorded in `positions` once a server has answered it,
+    /// never when it is only queued: a push lost with a killed trainer is sent again by its
+    /// restart, and one answered is not.
     pub fn start<'env>(
         scope: &'scope Scope<'scope, 'env>,
         client: &'scope mut Client,
         dims: Vec<usize>,
+        positions: Option<&'scope Mutex<PositionLog>>,
     ) -> Ahead<'scope> {
         // Two jobs in flight at most: the next pull and the last push.
         let (jobs, rx) = sync_channel::<Job>(2);
@@ -83,10 +91,17 @@ impl<'scope> Ahead<'scope> {
                                 .enumerate()
                                 .map(|(t, (ids, grads))| TableGrads { table: t as u32, dim: dims[t], ids, grads })
                                 .collect();
-                            client.push(&p.header, Some(&p.dense), &tables).map(|r| {
-                                discarded += r.discarded as u64;
-                                staleness.add(r.staleness);
-                            })
+                            match client.push(&p.header, Some(&p.dense), &tables) {
+                                Ok(r) => {
+                                    discarded += r.discarded as u64;
+                                    staleness.add(r.staleness);
+                                    if let (Some(log), Some(n)) = (positions, p.number) {
+                                        log.lock().done(n)?;
+                                    }
+                                    Ok(())
+                                }
+                                Err(e) => Err(e),
+                            }
                         }
                     };
                     result?;

@@ -542,15 +542,18 @@ enum Comms<'a, 'b> {
 }
 
 impl Comms<'_, '_> {
-    /// The next batch, the version of its parameters (now in `params`/`rows`) and its number
-    /// in `positions` (when recorded); `None` at the end of the pass.
+    /// The next batch, the version of its parameters (now in `params`/`rows`), its step and its
+    /// number in `positions` (when recorded); `None` at the end of the pass. Steps are numbered
+    /// in the order batches leave the reader, as positions are: a restarted trainer numbers the
+    /// same batch with the same step, which is how servers know a push sent again.
     fn next(
         &mut self,
         model: &Model,
         dims: &[usize],
         times: &mut StepTimes,
+        step: &AtomicU64,
         positions: Option<&Mutex<PositionLog>>,
-    ) -> anyhow::Result<Option<(Prepared, u64, Option<u64>)>> {
+    ) -> anyhow::Result<Option<(Prepared, u64, u64, Option<u64>)>> {
         let t0 = Instant::now();
         let take = |p: &Prepared| positions.map(|log| log.lock().take(p.batch.len() as u64));
         match self {
@@ -563,13 +566,14 @@ impl Comms<'_, '_> {
                 };
                 let Some(p) = p else { return Ok(None) };
                 let number = take(&p);
+                let step = step.fetch_add(1, Relaxed);
                 drop(r);
                 let t1 = Instant::now();
                 rows.resize_with(dims.len(), Vec::new);
                 let version = store.lock().pull(Some(params), &p.lookups.ids(dims), rows, RowCreation::Create)?;
                 times.data += (t1 - t0).as_secs_f64();
                 times.pull += t1.elapsed().as_secs_f64();
-                Ok(Some((p, version, number)))
+                Ok(Some((p, version, step, number)))
             }
             Comms::Ahead { reader, ahead, next, params, rows } => {
                 let Some(current) = next.take() else { return Ok(None) };
@@ -583,7 +587,7 @@ impl Comms<'_, '_> {
                 times.pull += (t1 - t0).as_secs_f64();
                 times.data += t1.elapsed().as_secs_f64();
                 let number = take(&current);
-                Ok(Some((*current, pulled.version, number)))
+                Ok(Some((*current, pulled.version, step.fetch_add(1, Relaxed), number)))
             }
         }
     }
@@ -602,6 +606,7 @@ impl Comms<'_, '_> {
         r: &Replica,
         lookups: &Lookups,
         dims: &[usize],
+        number: Option<u64>,
     ) -> anyhow::Result<Option<PushReport>> {
         match self {
             Comms::Direct { store, warmup: Some(_), .. } => {
@@ -617,7 +622,7 @@ impl Comms<'_, '_> {
                 Ok(None) // the delayed mode's stand-in for the warm-up: not stale
             }
             Comms::Direct { store, delayed, delay, .. } => {
-                delayed.push_back(push_job(header, r, lookups));
+                delayed.push_back(push_job(header, r, lookups, None));
                 if delayed.len() <= *delay {
                     return Ok(None); // applied later: counted when it is
                 }
@@ -625,7 +630,7 @@ impl Comms<'_, '_> {
                 Ok(Some(store.lock().push_late(&job.header, &job.dense, &job_grads(&job, dims), *delay as u64)?))
             }
             Comms::Ahead { ahead, .. } => {
-                ahead.push(push_job(header, r, lookups))?;
+                ahead.push(push_job(header, r, lookups, number))?;
                 Ok(None)
             }
         }
@@ -650,9 +655,9 @@ impl Comms<'_, '_> {
 }
 
 /// One step's gradients, owned (for the communication thread or a delayed update).
-fn push_job(header: StepHeader, r: &Replica, lookups: &Lookups) -> PushJob {
+fn push_job(header: StepHeader, r: &Replica, lookups: &Lookups, number: Option<u64>) -> PushJob {
     let tables = lookups.tables.iter().zip(&r.row_grads).map(|(l, g)| (l.unique.clone(), g.clone()));
-    PushJob { header, dense: r.grads.clone(), tables: tables.collect() }
+    PushJob { header, dense: r.grads.clone(), tables: tables.collect(), number }
 }
 
 /// A job's sparse gradients as a push sends them.
@@ -745,7 +750,7 @@ impl PassLoop<'_> {
             let mut all_comms = Vec::new();
             match (client, &shared) {
                 (Some(client), _) => {
-                    let mut ahead = Ahead::start(scope, client, dims.clone());
+                    let mut ahead = Ahead::start(scope, client, dims.clone(), self.positions);
                     all_comms.push(next_prepared(&mut reader.lock(), self.model).and_then(|next| {
                         if let Some(n) = &next {
                             ahead.pull(n.lookups.unique_ids(), Vec::new(), Vec::new())?;
@@ -842,10 +847,8 @@ impl PassLoop<'_> {
         let result = (|| -> anyhow::Result<()> {
             while !failed.load(Relaxed) {
                 let t0 = Instant::now();
-                let Some((p, version, number)) = comms.next(model, dims, &mut report.times, self.positions)? else {
-                    break;
-                };
-                let step = self.step.fetch_add(1, Relaxed);
+                let next = comms.next(model, dims, &mut report.times, &self.step, self.positions)?;
+                let Some((p, version, step, number)) = next else { break };
                 let t1 = Instant::now();
                 let (params, rows) = comms.params();
                 let (loss, heads) = compute(model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
@@ -853,13 +856,14 @@ impl PassLoop<'_> {
                 let n = p.batch.len();
                 let header =
                     StepHeader { trainer: me, step, pass: self.pass, base_version: version, samples: n, apply };
-                if let Some(pushed) = comms.push(header, &replicas[0], &p.lookups, dims)? {
+                if let Some(pushed) = comms.push(header, &replicas[0], &p.lookups, dims, number)? {
                     report.discarded += pushed.discarded as u64;
                     if c.mode == Mode::Async || c.delay > 0 {
                         report.staleness.add(pushed.staleness);
                     }
                 }
-                if let (Some(log), Some(n)) = (self.positions, number) {
+                // The communication thread records its pushes itself, once they are answered.
+                if let (Some(log), Some(n), false) = (self.positions, number, matches!(comms, Comms::Ahead { .. })) {
                     log.lock().done(n)?;
                 }
                 // A restarted trainer runs clean: the planned fault was its first life's.

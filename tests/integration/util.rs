@@ -55,6 +55,7 @@ pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mo
         epoch: 0,
         closed: Vec::new(),
         rejoin: None,
+        limits: oar::server::Limits::default(),
     }
 }
 

@@ -1,0 +1,84 @@
+//! The server's bounds on its peers as flags (`oar pserver`, and `oar train` in the server
+//! role), resolved into [`Limits`].
+
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::server::{Limits, NonFinite};
+
+/// Bounds on what peers can make a server hold, and what it does with bad numbers.
+#[derive(Args, Clone, Debug)]
+pub struct LimitArgs {
+    /// Connections a server keeps open at once (a trainer holds one per server port); more
+    /// are refused with a clear error.
+    #[arg(long, env = "OAR_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a new connection has to complete its handshake.
+    #[arg(long, env = "OAR_HANDSHAKE_TIMEOUT", default_value_t = 10.0)]
+    pub handshake_timeout: f64,
+    /// Seconds of silence before TCP keepalive probes a peer (three unanswered probes, a third
+    /// of this apart, and the connection is dropped as a vanished host); 0: off.
+    #[arg(long, env = "OAR_KEEPALIVE", default_value_t = 30.0)]
+    pub keepalive: f64,
+    /// MiB the declared tables may take on a server before their first row.
+    #[arg(long, env = "OAR_MAX_DECLARE_MB", default_value_t = 1024)]
+    pub max_declare_mb: u64,
+    /// A push holding a NaN or an infinity is never applied: `fail` refuses it and fails the
+    /// trainer that sent it, `skip` leaves it out (counted and logged).
+    #[arg(long, env = "OAR_NONFINITE", value_enum, default_value_t = NonFinite::Fail)]
+    pub nonfinite: NonFinite,
+}
+
+impl Default for LimitArgs {
+    fn default() -> LimitArgs {
+        let d = Limits::default();
+        LimitArgs {
+            max_connections: d.max_connections,
+            handshake_timeout: d.handshake_timeout.as_secs_f64(),
+            keepalive: d.keepalive.map_or(0.0, |k| k.as_secs_f64()),
+            max_declare_mb: d.max_declare_bytes >> 20,
+            nonfinite: d.nonfinite,
+        }
+    }
+}
+
+impl LimitArgs {
+    /// The limits, each flag checked.
+    pub fn limits(&self) -> anyhow::Result<Limits> {
+        let seconds = |flag: &str, v: f64| -> anyhow::Result<Duration> {
+            anyhow::ensure!(v.is_finite() && v >= 0.0 && v < 1e9, "--{flag} must be a number of seconds, not {v}");
+            Ok(Duration::from_secs_f64(v))
+        };
+        anyhow::ensure!(self.max_connections > 0, "--max-connections must be at least 1");
+        let handshake_timeout = seconds("handshake-timeout", self.handshake_timeout)?;
+        anyhow::ensure!(!handshake_timeout.is_zero(), "--handshake-timeout must be above 0");
+        let keepalive = seconds("keepalive", self.keepalive)?;
+        Ok(Limits {
+            max_connections: self.max_connections,
+            handshake_timeout,
+            // Below a second the kernel's keepalive has no unit to express it.
+            keepalive: (!keepalive.is_zero()).then(|| keepalive.max(Duration::from_secs(1))),
+            max_declare_bytes: self.max_declare_mb.saturating_mul(1 << 20),
+            nonfinite: self.nonfinite,
+            ..Limits::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_servers_and_bad_numbers_are_refused() {
+        let d = LimitArgs::default().limits().unwrap();
+        let s = Limits::default();
+        assert_eq!((d.max_connections, d.keepalive, d.max_declare_bytes), (s.max_connections, s.keepalive, s.max_declare_bytes));
+        let e = LimitArgs { keepalive: f64::NAN, ..LimitArgs::default() }.limits().unwrap_err().to_string();
+        assert!(e.contains("--keepalive must be a number of seconds"), "{e}");
+        let off = LimitArgs { keepalive: 0.0, ..LimitArgs::default() }.limits().unwrap();
+        assert_eq!(off.keepalive, None);
+        assert!(LimitArgs { max_connections: 0, ..LimitArgs::default() }.limits().is_err());
+    }
+}

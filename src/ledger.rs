@@ -1,0 +1,111 @@
+//! Which pushes of a trainer a server has handled: a push is known by (trainer, step), and a
+//! push sent again (by a restarted trainer, which numbers its batches the same way from its
+//! recorded position, or by a client whose connection broke before the reply) is answered with
+//! the first one's outcome instead of being applied twice. Pure state: the server keeps one per
+//! trainer and writes them into its checkpoints in the same cut as the shard.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::PushPart;
+
+/// The dense half of a step (or the whole step's dense part) has been handled.
+const DENSE: u8 = 1;
+/// The sparse half has been handled.
+const SPARSE: u8 = 2;
+/// The step was discarded as too stale (async), not applied.
+const DISCARDED: u8 = 4;
+
+/// How far out of order a trainer's pushes may arrive: Hogwild threads push concurrently, at
+/// most one step each in flight, so a few steps; beyond this many, older steps count as handled.
+pub const WINDOW: usize = 4096;
+
+fn bits(part: PushPart) -> u8 {
+    match part {
+        PushPart::Whole => DENSE | SPARSE,
+        PushPart::Dense => DENSE,
+        PushPart::Sparse => SPARSE,
+    }
+}
+
+/// What a server has done with one trainer's pushes: which steps it handled and how many
+/// samples it applied. Kept in the server's checkpoints (taken in the same cut as the shard,
+/// so a restarted server knows exactly which pushes its state holds).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainerLedger {
+    /// Every step below this one has been handled (or is too old to come again).
+    pub below: u64,
+    /// Steps at or above `below` handled so far, with the parts handled and whether discarded.
+    pub recent: BTreeMap<u64, u8>,
+    /// Samples of this trainer's pushes applied (each step once; a discarded push none).
+    pub samples: u64,
+    /// Pushes answered from the ledger without being applied again.
+    pub repeats: u64,
+    /// Pushes refused for holding a NaN or an infinity.
+    #[serde(default)]
+    pub nonfinite: u64,
+}
+
+impl TrainerLedger {
+    /// `Some(discarded)` if this part of `step` was handled already (a push sent again),
+    /// `None` if it is new.
+    pub fn repeat(&self, step: u64, part: PushPart) -> Option<bool> {
+        if step < self.below {
+            return Some(false);
+        }
+        let b = *self.recent.get(&step)?;
+        (b & bits(part) == bits(part)).then_some(b & DISCARDED != 0)
+    }
+
+    /// Records that this part of `step` was handled: applied over `samples` samples (counted
+    /// once per step: with the whole push or its dense half), or discarded.
+    pub fn record(&mut self, step: u64, part: PushPart, samples: u64, discarded: bool) {
+        if step < self.below {
+            return;
+        }
+        *self.recent.entry(step).or_insert(0) |= bits(part) | if discarded { DISCARDED } else { 0 };
+        if !discarded && part != PushPart::Sparse {
+            self.samples += samples;
+        }
+        // A gap never filled (a step that never comes) is given up once the window is full.
+        while self.recent.len() > WINDOW {
+            let (s, _) = self.recent.pop_first().expect("longer than the window");
+            self.below = s + 1;
+        }
+        while let Some((&s, &b)) = self.recent.first_key_value() {
+            if s != self.below || b & (DENSE | SPARSE) != DENSE | SPARSE {
+                break;
+            }
+            self.recent.pop_first();
+            self.below += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ledger_counts_out_of_order_steps_and_halves_once_within_a_window() {
+        let mut l = TrainerLedger::default();
+        l.record(1, PushPart::Whole, 5, false); // Hogwild: step 1 before step 0
+        assert_eq!((l.below, l.repeat(1, PushPart::Whole), l.repeat(0, PushPart::Whole)), (0, Some(false), None));
+        l.record(0, PushPart::Dense, 5, false);
+        assert_eq!(l.repeat(0, PushPart::Dense), Some(false));
+        assert_eq!(l.repeat(0, PushPart::Sparse), None, "its sparse half is still to come");
+        l.record(0, PushPart::Sparse, 5, false);
+        assert_eq!((l.below, l.recent.len(), l.samples), (2, 0, 10), "samples counted once per step");
+        l.record(3, PushPart::Whole, 5, true);
+        assert_eq!((l.repeat(3, PushPart::Whole), l.samples, l.below), (Some(true), 10, 2), "discarded: no samples");
+        l.record(2, PushPart::Whole, 5, false);
+        assert_eq!((l.samples, l.below, l.recent.len()), (15, 4, 0), "once contiguous, only the count is kept");
+        // A gap never filled (a step that never came) is given up past the window.
+        for s in 5..(6 + WINDOW as u64) {
+            l.record(s, PushPart::Whole, 1, false);
+        }
+        assert_eq!((l.recent.len(), l.below), (0, 6 + WINDOW as u64), "the gap at 4 given up");
+        assert_eq!(l.repeat(4, PushPart::Whole), Some(false), "older than the window: never applied late");
+    }
+}

@@ -1,0 +1,312 @@
+//! One connection: the handshake, who the connection may act for, and dispatch of its
+//! requests to the handlers. Before its `Hello` is accepted a connection may send one small
+//! frame within `--handshake-timeout`; after it, frames up to `--max-frame-mb`. TCP keepalive
+//! notices a peer whose host vanished.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+
+use super::{members, push, requests, Answer, Reply, State};
+use crate::protocol::{
+    encode_values, read_frame, write_frame, Apply, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Request,
+    Response, NOT_A_TRAINER, PROTOCOL_VERSION,
+};
+
+/// Why a request may not use a sparse-only port, if it may not.
+fn dense_on_sparse_port(request: &Request) -> Option<&'static str> {
+    match request {
+        Request::Pull(p) if p.dense == DenseSelection::All => Some("a dense pull"),
+        Request::Push(p) if !p.dense.is_empty() => Some("a dense push"),
+        _ => None,
+    }
+}
+
+/// Serves one accepted connection until it closes.
+pub(super) async fn serve_connection(
+    state: Arc<State>,
+    socket: TcpStream,
+    port: usize,
+    sparse_only: bool,
+) -> Result<(), ProtocolError> {
+    let mut trainer = None;
+    let result = serve_requests(&state, socket, port, sparse_only, &mut trainer).await;
+    if let Some(t) = trainer.filter(|t| *t < state.config.trainers as u64) {
+        disconnected(&state, t);
+    }
+    result
+}
+
+/// Serves one connection's requests; `trainer` is set once a trainer's handshake succeeds.
+async fn serve_requests(
+    state: &Arc<State>,
+    socket: TcpStream,
+    port: usize,
+    sparse_only: bool,
+    trainer: &mut Option<u64>,
+) -> Result<(), ProtocolError> {
+    socket.set_nodelay(true)?;
+    let limits = &state.config.limits;
+    if let Some(every) = limits.keepalive {
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(every)
+            .with_interval((every / 3).max(std::time::Duration::from_secs(1)))
+            .with_retries(3);
+        socket2::SockRef::from(&socket).set_tcp_keepalive(&keepalive)?;
+    }
+    let (mut rd, mut wr) = socket.into_split();
+    let mut buf = FrameBuf::default();
+    // Pull replies are built in these buffers, reused so big replies never fault in fresh pages.
+    let mut scratch = Scratch::default();
+    let mut greeted = false;
+    loop {
+        let read = if greeted {
+            read_frame(&mut rd, &mut buf, state.config.max_frame).await
+        } else {
+            let first = read_frame(&mut rd, &mut buf, limits.handshake_frame);
+            match tokio::time::timeout(limits.handshake_timeout, first).await {
+                Ok(read) => read,
+                Err(_) => return Err(ProtocolError::Malformed(format!(
+                    "no handshake within {:?} (--handshake-timeout)",
+                    limits.handshake_timeout
+                ))),
+            }
+        };
+        let kind = match read {
+            Ok(kind) => kind,
+            Err(ProtocolError::Closed) => return Ok(()),
+            Err(e @ ProtocolError::TooLarge { .. }) => {
+                let reply = Response::Error { code: ErrorCode::TooLarge, message: e.to_string() };
+                let _ = write_frame(&mut wr, &reply.encode()).await;
+                return Err(e);
+            }
+            Err(e) => {
+                let reply = Response::Error { code: ErrorCode::Malformed, message: e.to_string() };
+                let _ = write_frame(&mut wr, &reply.encode()).await;
+                return Err(e);
+            }
+        };
+        let request = match Request::decode(kind, buf.payload()) {
+            Ok(r) => r,
+            Err(e) => {
+                let reply = Response::Error { code: ErrorCode::Malformed, message: e.to_string() };
+                let _ = write_frame(&mut wr, &reply.encode()).await;
+                return Err(e);
+            }
+        };
+        state.counters.port_requests[port].fetch_add(1, Relaxed);
+        let hello_from = if let Request::Hello(h) = &request { Some(h.trainer) } else { None };
+        let reply = match (&request, greeted) {
+            (Request::Hello(_), _) => handle_hello(state, &request),
+            (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
+            (r, true) if speaks_for(r).is_some_and(|t| !may_speak_for(state, *trainer, t)) => Err((
+                ErrorCode::State,
+                format!(
+                    "request for trainer {} refused: this job has trainers 0..{} and this connection is {}",
+                    speaks_for(r).unwrap_or_default(),
+                    state.config.trainers,
+                    match *trainer {
+                        Some(t) if t != NOT_A_TRAINER => format!("trainer {t}'s"),
+                        _ => "not a trainer's".to_string(),
+                    }
+                ),
+            )),
+            (r, true) if sparse_only && dense_on_sparse_port(r).is_some() => Err((
+                ErrorCode::State,
+                format!(
+                    "{} on port #{port}, which carries only sparse traffic (--ports_num_for_sparse)",
+                    dense_on_sparse_port(r).unwrap_or("dense traffic")
+                ),
+            )),
+            _ => handle(state, request, &mut scratch).await,
+        };
+        let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State | ErrorCode::Fenced, _))) && !greeted;
+        greeted |= reply.is_ok();
+        if let (Ok(_), Some(t), None) = (&reply, hello_from, *trainer) {
+            *trainer = Some(t);
+            if t < state.config.trainers as u64 {
+                connected(state, t);
+            }
+        }
+        match reply.unwrap_or_else(|(code, message)| Answer::Response(Response::Error { code, message })) {
+            Answer::Response(response) => write_frame(&mut wr, &response.encode()).await?,
+            Answer::Values { version, dense, sparse } => {
+                write_frame(&mut wr, &encode_values(version, &dense, &sparse)).await?;
+                scratch.sparse = sparse;
+            }
+            Answer::LastClose => {
+                write_frame(&mut wr, &Response::Done.encode()).await?;
+                state.all_closed.send_replace(true);
+            }
+        }
+        if fatal {
+            return Ok(());
+        }
+    }
+}
+
+/// The trainer a request acts for (its close, pass end, barrier or push), if it acts for one.
+fn speaks_for(request: &Request) -> Option<u64> {
+    match request {
+        Request::Close { trainer } | Request::EndPass { trainer, .. } | Request::Barrier { trainer, .. } => {
+            Some(*trainer)
+        }
+        Request::Push(p) => Some(p.trainer),
+        _ => None,
+    }
+}
+
+/// Whether a connection whose handshake named `connection` may act for `trainer`: a trainer of
+/// this job, and the connection's own one when it named a trainer (tools and benchmarks that
+/// name none may act for any), so that a stray or buggy client cannot close, end or hold back
+/// another trainer, or end the job early with an id beyond the job's trainers.
+fn may_speak_for(state: &State, connection: Option<u64>, trainer: u64) -> bool {
+    trainer < state.config.trainers as u64 && connection.is_none_or(|c| c == NOT_A_TRAINER || c == trainer)
+}
+
+fn handle_hello(state: &State, request: &Request) -> Reply {
+    let Request::Hello(h) = request else { unreachable!("called for Hello only") };
+    let c = &state.config;
+    let refuse = |m: String| Err((ErrorCode::Handshake, m));
+    if h.version != PROTOCOL_VERSION {
+        return refuse(format!("protocol version {} not supported (server speaks {PROTOCOL_VERSION})", h.version));
+    }
+    if h.job != c.job {
+        return refuse(format!("job '{}' does not match this server's job '{}'", h.job, c.job));
+    }
+    if h.epoch > c.epoch {
+        state.fenced.send_replace(Some(h.epoch));
+        let m = format!("server {} epoch {} has been replaced by epoch {}: it stops", c.index, c.epoch, h.epoch);
+        return Err((ErrorCode::Fenced, m));
+    }
+    // A place learned from this handshake must be one that routes: an index among at least one
+    // server (a zero count would poison the server for its life at the first declaration).
+    if h.num_servers == 0 || h.server_index >= h.num_servers {
+        return refuse(format!(
+            "client routes to server {} of {}: not a place in a job",
+            h.server_index, h.num_servers
+        ));
+    }
+    let mut place = state.place.lock();
+    state.arrive(h.trainer);
+    let (index, servers) = *place.get_or_insert_with(|| {
+        tracing::info!(index = h.server_index, servers = h.num_servers, "learned this server's place from a trainer");
+        (h.server_index as usize, h.num_servers as usize)
+    });
+    if h.num_servers != servers as u64 || h.server_index != index as u64 {
+        return refuse(format!(
+            "client routes to server {} of {}, but this is server {index} of {servers}: check the server list order",
+            h.server_index, h.num_servers
+        ));
+    }
+    Ok(Answer::Response(Response::Welcome { server_index: index as u64, num_servers: servers as u64, epoch: c.epoch }))
+}
+
+/// A connection of trainer `t` was greeted. A lost trainer that connects again within
+/// `--trainer-rejoin` has rejoined. Its pending sync push, if any, stays: the restart sends the
+/// same step again, which either takes its place or, once the step is applied, is answered from
+/// the ledger (see [`super::sync`]), so it counts once either way.
+fn connected(state: &State, t: u64) {
+    *state.connections.lock().entry(t).or_default() += 1;
+    let mut back = false;
+    state.lost.send_if_modified(|lost| {
+        back = lost.remove(&t).is_some();
+        back
+    });
+    if back {
+        tracing::warn!(trainer = t, "trainer {t} rejoined");
+    }
+}
+
+/// A connection of trainer `t` ended: with its last one gone before it closed, `t` is lost (it
+/// failed or was killed). A connection of an earlier process of `t` that ends after a restarted
+/// one connected does not count.
+fn disconnected(state: &State, t: u64) {
+    let last = {
+        let mut connections = state.connections.lock();
+        let n = connections.entry(t).or_default();
+        *n = n.saturating_sub(1);
+        *n == 0
+    };
+    if last && !state.closed.lock().contains(&t) {
+        // Logged at once: under mpirun the server may be stopped before its final error line.
+        tracing::error!("trainer {t} disconnected without closing");
+        state.lost.send_modify(|lost| {
+            lost.entry(t).or_insert_with(std::time::Instant::now);
+        });
+    }
+}
+
+/// Row buffers of a connection's last pull reply, handed back for the next one.
+#[derive(Default)]
+struct Scratch {
+    sparse: Vec<Vec<f32>>,
+}
+
+async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch) -> Reply {
+    match request {
+        Request::Hello(_) => unreachable!("handled by handle_hello"),
+        Request::Declare(declaration) => requests::declare(state, declaration),
+        Request::Pull(pull) => requests::pull(state, pull, std::mem::take(&mut scratch.sparse)),
+        // An async server merges the steps trainers mark synchronous: the warm-up, which every
+        // trainer ends at the same step (see `TrainConfig::sync_warmup`), before any async push.
+        Request::Push(p) if state.config.mode == super::Mode::Sync || p.apply == Apply::Merged => {
+            push::push_sync(state, p).await
+        }
+        Request::Push(p) => push::push_async(state, p),
+        Request::Barrier { trainer, epoch } => members::barrier(state, trainer, epoch).await,
+        Request::Save { dir } => requests::save(state, &dir).await,
+        Request::EndPass { trainer, pass } => members::end_pass(state, trainer, pass),
+        Request::Close { trainer } => members::close(state, trainer),
+        Request::Stats => {
+            Ok(Answer::Response(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize"))))
+        }
+    }
+}
+
+/// One open connection, counted against `--max-connections` until dropped.
+pub(super) struct Open(Arc<State>);
+
+impl Open {
+    /// Counts a new connection, or `None` if the server has as many as it takes.
+    pub(super) fn count(state: &Arc<State>) -> Option<Open> {
+        let max = state.config.limits.max_connections;
+        let taken = state.open.fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1));
+        taken.ok().map(|_| Open(state.clone()))
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Tells a connection over the limit why it is closed, briefly, and closes it.
+pub(super) async fn refuse_busy(mut socket: TcpStream, max: usize) {
+    let message = format!("the server has {max} connections open, the most it takes (--max-connections)");
+    let reply = Response::Error { code: ErrorCode::Busy, message };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), write_frame(&mut socket, &reply.encode())).await;
+}
+
+/// A warning said at most once a second, with the count of the ones held back: a flood of
+/// refused connections must not become a flood of log lines.
+#[derive(Default)]
+pub(super) struct Quiet {
+    last: Option<std::time::Instant>,
+    held: u64,
+}
+
+impl Quiet {
+    /// Logs `message` unless one was logged less than a second ago.
+    pub(super) fn warn(&mut self, message: std::fmt::Arguments) {
+        let now = std::time::Instant::now();
+        if self.last.is_some_and(|t| now - t < std::time::Duration::from_secs(1)) {
+            self.held += 1;
+            return;
+        }
+        tracing::warn!(held_back = self.held, "{message}");
+        (self.last, self.held) = (Some(now), 0);
+    }
+}

@@ -1,0 +1,117 @@
+//! Membership: barriers, pass ends, closes, the trainers' record beside the checkpoints, and
+//! the final save once every trainer has closed.
+
+use std::sync::Arc;
+
+use super::push::complete_step;
+use super::{Answer, Reply, State};
+use crate::protocol::{ErrorCode, Response};
+
+/// Waits until every active trainer has reached barrier `epoch`.
+pub(super) async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {
+    state.barrier.lock().insert(trainer, epoch);
+    state.changed.send_modify(|g| *g += 1);
+    let mut changed = state.changed.subscribe();
+    let missing = || -> Vec<u64> {
+        let reached = state.barrier.lock();
+        state.active().into_iter().filter(|t| reached.get(t).is_none_or(|&e| e < epoch)).collect()
+    };
+    let wait = async {
+        loop {
+            if missing().is_empty() {
+                return;
+            }
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    match tokio::time::timeout(state.config.timeout, wait).await {
+        Ok(()) => Ok(Answer::Response(Response::Done)),
+        Err(_) => Err((
+            ErrorCode::Timeout,
+            format!(
+                "barrier {epoch} timed out after {:?} waiting for trainer(s) {:?}",
+                state.config.timeout,
+                missing()
+            ),
+        )),
+    }
+}
+
+/// Records beside the checkpoints which trainers have ended the pass or closed, for a restart
+/// of this server (see `shard_checkpoints::Trainers`): a trainer that ended its pass waits at
+/// the barrier and will not tell a restarted server again.
+fn record_trainers(state: &State) {
+    let Some(policy) = &state.config.checkpoints else { return };
+    // Held while writing, so records land in the order of the changes they hold; the sync step
+    // is locked only to read it, so pushes never wait for the disk.
+    let _order = state.recording.lock();
+    let record = {
+        let pending = state.sync.lock();
+        crate::shard_checkpoints::Trainers {
+            job: state.config.job.clone(),
+            closed: state.closed.lock().iter().copied().collect(),
+            pass: pending.pass,
+            ended: pending.ended.iter().copied().collect(),
+        }
+    };
+    if let Err(e) = record.write(&policy.dir, state.config.index) {
+        tracing::error!("cannot record where the trainers are (a restart of this server would wait for them): {e}");
+    }
+}
+
+/// `trainer` has no more steps in `pass`: the sync step stops waiting for it.
+pub(super) fn end_pass(state: &Arc<State>, trainer: u64, pass: u64) -> Reply {
+    let shard = state.shard()?;
+    {
+        let mut pending = state.sync.lock();
+        pending.end_pass(trainer, pass);
+        complete_step(state, &shard, &mut pending)?;
+    }
+    record_trainers(state);
+    Ok(Answer::Response(Response::Done))
+}
+
+/// `trainer` is done; the last close saves the model and stops the server.
+pub(super) fn close(state: &Arc<State>, trainer: u64) -> Reply {
+    let all = {
+        let mut closed = state.closed.lock();
+        closed.insert(trainer);
+        closed.len() >= state.config.trainers
+    };
+    tracing::info!(trainer, "trainer closed");
+    record_trainers(state);
+    state.lost.send_if_modified(|lost| lost.remove(&trainer).is_some());
+    // Its barrier position and any half-sent push are released with it.
+    state.barrier.lock().remove(&trainer);
+    // A closed trainer no longer holds back a sync step or a barrier.
+    if let Ok(shard) = state.shard() {
+        let mut pending = state.sync.lock();
+        pending.close(trainer);
+        complete_step(state, &shard, &mut pending)?;
+    }
+    state.changed.send_modify(|g| *g += 1);
+    if all {
+        if let Some(dir) = &state.config.save_dir {
+            save_final(state, dir)?;
+        }
+        // Stop only after this reply is on the wire (see `serve_connection`), or the last
+        // trainer's close could be cut off by the shutdown it causes.
+        Ok(Answer::LastClose)
+    } else {
+        Ok(Answer::Response(Response::Done))
+    }
+}
+
+/// Saves this server's shard into `dir` once every trainer has closed (see
+/// [`crate::checkpoint::save_server_final`]).
+pub(super) fn save_final(state: &State, dir: &std::path::Path) -> Result<(), (ErrorCode, String)> {
+    let shard = state.shard()?;
+    let pass = state.sync.lock().pass as u32;
+    let model = state.model.lock().clone();
+    let complete = crate::checkpoint::save_server_final(&shard, dir, &state.config.job, pass, &model)
+        .map_err(|e| (ErrorCode::Io, format!("saving the final model: {e}")))?;
+    tracing::info!(dir = %dir.display(), pass, manifest_written = complete, "every trainer has closed: model saved");
+    Ok(())
+}

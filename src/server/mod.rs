@@ -1,0 +1,472 @@
+//! The parameter server: accepts trainer connections and serves pulls, pushes, barriers and
+//! saves on its [`Shard`].
+//!
+//! Concurrency: one tokio task per connection; all state lives in one `State` shared by `Arc`
+//! (no globals). Locks are parking_lot/std mutexes held only for in-memory work and never across
+//! an `.await`; waiting (sync steps, barriers) goes through `watch` channels with a timeout whose
+//! error names the trainers that did not arrive.
+//!
+//! Sync mode: a push for step `s` is parked until every active trainer has pushed step `s`; the
+//! last arrival merges the gradients in trainer order (so the sum is the same whatever the
+//! arrival order), applies one update, and every parked push is answered. Async mode: a push is
+//! applied at once, unless it was computed from parameters more than `lag_ratio x trainers`
+//! updates old, in which case it is discarded and counted; pushes marked `sync` (the warm-up's
+//! steps) take the sync path there too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use anyhow::Context;
+use parking_lot::{Mutex, RwLock};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::checkpoint::Manifest;
+use crate::ledger::TrainerLedger;
+use crate::protocol::{ErrorCode, Response};
+use crate::table::Shard;
+
+mod config;
+mod conn;
+mod members;
+mod push;
+mod requests;
+pub mod sync;
+
+pub use config::{Limits, Mode, NonFinite, ServerConfig, ServerStats};
+pub use requests::{inside, MAX_DIM, MAX_TABLES};
+use sync::SyncStep;
+
+#[derive(Default)]
+struct Counters {
+    version: AtomicU64,
+    discarded: AtomicU64,
+    pulls: AtomicU64,
+    pushes: AtomicU64,
+    keys_pulled: AtomicU64,
+    keys_pushed: AtomicU64,
+    push_bytes: AtomicU64,
+    port_requests: Vec<AtomicU64>,
+    staleness: [AtomicU64; crate::metrics::Staleness::BUCKETS],
+}
+
+struct State {
+    config: ServerConfig,
+    /// (index, number of servers), once known.
+    place: Mutex<Option<(usize, usize)>>,
+    /// The model description of the first declaration, for the final manifest.
+    model: Mutex<serde_json::Value>,
+    shard: Mutex<Option<Arc<Shard>>>,
+    counters: Counters,
+    sync: Mutex<SyncStep>,
+    /// Number of sync steps applied.
+    applied: watch::Sender<u64>,
+    /// Barrier epoch reached per trainer.
+    barrier: Mutex<BTreeMap<u64, u64>>,
+    /// Bumped whenever barrier or membership state changes, to wake waiters.
+    changed: watch::Sender<u64>,
+    closed: Mutex<BTreeSet<u64>>,
+    all_closed: watch::Sender<bool>,
+    /// Trainers whose handshake named them (`Hello::trainer`).
+    arrived: Mutex<BTreeSet<u64>>,
+    /// Open connections per trainer (a trainer holds one per server port).
+    connections: Mutex<BTreeMap<u64, usize>>,
+    /// Trainers whose last connection ended before they closed (failed or killed), and since
+    /// when.
+    lost: watch::Sender<BTreeMap<u64, std::time::Instant>>,
+    /// The newer epoch of this server a client has met: this process has been replaced.
+    fenced: watch::Sender<Option<u64>>,
+    /// What this server has done with each trainer's pushes (see [`crate::ledger`]).
+    ledgers: Vec<Mutex<TrainerLedger>>,
+    /// Shared by every update, exclusive for a checkpoint's snapshot: a checkpoint holds whole
+    /// updates, and the ledgers and version that match them.
+    gate: RwLock<()>,
+    /// Why a sync step could not be applied, for its waiters (the last few steps).
+    step_errors: Mutex<BTreeMap<u64, (ErrorCode, String)>>,
+    /// Held while the trainers' record is written, so records land in order.
+    recording: Mutex<()>,
+    /// Connections open now (bounded by `--max-connections`).
+    open: AtomicUsize,
+}
+
+type Reply = Result<Answer, (ErrorCode, String)>;
+
+/// What a handler answers: a response, or pulled values whose dense blocks are shared with the
+/// table (sent without copying them).
+enum Answer {
+    Response(Response<'static>),
+    Values {
+        version: u64,
+        dense: Vec<Arc<[f32]>>,
+        sparse: Vec<Vec<f32>>,
+    },
+    /// `Done` to the close that leaves no trainer; the server stops once it is sent.
+    LastClose,
+}
+
+impl From<Response<'static>> for Answer {
+    fn from(r: Response<'static>) -> Answer {
+        Answer::Response(r)
+    }
+}
+
+impl State {
+    fn shard(&self) -> Result<Arc<Shard>, (ErrorCode, String)> {
+        self.shard.lock().clone().ok_or((ErrorCode::State, "no tables declared yet".to_string()))
+    }
+
+    /// A fault the tests planned for this server at this version (see [`crate::fault`]).
+    fn injected_fault(&self, version: u64) {
+        let me = crate::fault::Target::Server(self.config.index);
+        crate::fault::at(me, self.config.epoch, crate::fault::Moment::Version(version));
+    }
+
+    fn active(&self) -> Vec<u64> {
+        let closed = self.closed.lock();
+        (0..self.config.trainers as u64).filter(|t| !closed.contains(t)).collect()
+    }
+
+    fn arrive(&self, trainer: u64) {
+        if trainer < self.config.trainers as u64 {
+            self.arrived.lock().insert(trainer);
+        }
+    }
+
+    /// Expected trainers never heard from.
+    fn never_arrived(&self) -> Vec<u64> {
+        let arrived = self.arrived.lock();
+        (0..self.config.trainers as u64).filter(|t| !arrived.contains(t)).collect()
+    }
+
+    fn stats(&self) -> ServerStats {
+        let c = &self.counters;
+        ServerStats {
+            version: c.version.load(Relaxed),
+            discarded: c.discarded.load(Relaxed),
+            pulls: c.pulls.load(Relaxed),
+            pushes: c.pushes.load(Relaxed),
+            keys_pulled: c.keys_pulled.load(Relaxed),
+            keys_pushed: c.keys_pushed.load(Relaxed),
+            push_bytes: c.push_bytes.load(Relaxed),
+            rows: self.shard.lock().as_ref().map(|s| s.sparse.iter().map(|t| t.len()).collect()).unwrap_or_default(),
+            port_requests: c.port_requests.iter().map(|n| n.load(Relaxed)).collect(),
+            staleness: {
+                let counts: Vec<u64> = c.staleness.iter().map(|n| n.load(Relaxed)).collect();
+                let used = counts.iter().rposition(|n| *n > 0).map_or(0, |b| b + 1);
+                crate::metrics::Staleness(counts[..used].to_vec())
+            },
+            applied_samples: self.ledgers.iter().map(|l| l.lock().samples).collect(),
+            repeats: self.ledgers.iter().map(|l| l.lock().repeats).sum(),
+            nonfinite: self.ledgers.iter().map(|l| l.lock().nonfinite).collect(),
+        }
+    }
+
+    /// A consistent cut for a checkpoint: the shard copied while no update is half applied,
+    /// with the version and the ledgers that match it (`None` before tables are declared).
+    fn cut(&self) -> Option<crate::shard_checkpoints::Cut> {
+        let shard = self.shard.lock().clone()?;
+        let _gate = self.gate.write();
+        Some(crate::shard_checkpoints::Cut {
+            snapshot: crate::checkpoint::ShardSnapshot::take(&shard),
+            version: self.counters.version.load(Relaxed),
+            ledgers: self.ledgers.iter().map(|l| l.lock().clone()).collect(),
+        })
+    }
+}
+
+fn table_err(e: crate::table::TableError) -> (ErrorCode, String) {
+    (ErrorCode::Table, e.to_string())
+}
+
+/// Serves `listeners` (the general ports, then `config.sparse_ports` sparse-only ones) until
+/// `shutdown` resolves (or, with `exit_when_done`, until every trainer has closed). Returns the
+/// final counters.
+pub async fn run(
+    listeners: Vec<TcpListener>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<ServerStats> {
+    config.validate()?;
+    anyhow::ensure!(
+        listeners.len() > config.sparse_ports,
+        "{} listeners for {} sparse-only ports: at least one general port is needed",
+        listeners.len(),
+        config.sparse_ports
+    );
+    let (shard, version, mut ledgers) = match &config.resume {
+        Some(dir) => {
+            let (shard, version, ledgers) = load_resume_shard(dir, &config)?;
+            (Some(Arc::new(shard)), version, ledgers)
+        }
+        None => (None, 0, Vec::new()),
+    };
+    ledgers.resize_with(config.trainers, TrainerLedger::default);
+    // A restart takes up where the trainers were when its predecessor last recorded it.
+    let mut config = config;
+    let mut sync = SyncStep::new(version);
+    let recorded = config.checkpoints.as_ref().filter(|_| config.epoch > 0);
+    if let Some(t) = recorded.and_then(|p| crate::shard_checkpoints::Trainers::read(&p.dir, config.index, &config.job))
+    {
+        let new: Vec<u64> = t.closed.into_iter().filter(|c| !config.closed.contains(c)).collect();
+        config.closed.extend(new);
+        (sync.pass, sync.ended) = (t.pass, t.ended.into_iter().collect());
+    }
+    let ports = listeners.len();
+    let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
+    let state = Arc::new(State {
+        place: Mutex::new(place),
+        model: Mutex::new(serde_json::Value::Null),
+        shard: Mutex::new(shard),
+        // A shard restored from a checkpoint goes on counting from the updates it holds, so a
+        // sync step or an async staleness check sees the versions it would have.
+        counters: Counters {
+            version: AtomicU64::new(version),
+            port_requests: (0..ports).map(|_| AtomicU64::new(0)).collect(),
+            ..Counters::default()
+        },
+        sync: Mutex::new(sync),
+        applied: watch::channel(version).0,
+        barrier: Mutex::new(BTreeMap::new()),
+        changed: watch::channel(0).0,
+        closed: Mutex::new(config.closed.iter().copied().collect()),
+        all_closed: watch::channel(false).0,
+        arrived: Mutex::new(config.closed.iter().copied().collect()),
+        connections: Mutex::new(BTreeMap::new()),
+        lost: watch::channel(BTreeMap::new()).0,
+        fenced: watch::channel(None).0,
+        ledgers: ledgers.into_iter().map(Mutex::new).collect(),
+        gate: RwLock::new(()),
+        step_errors: Mutex::new(BTreeMap::new()),
+        recording: Mutex::new(()),
+        open: AtomicUsize::new(0),
+        config,
+    });
+    if state.config.epoch > 0 {
+        let ended = state.sync.lock().ended.clone();
+        tracing::info!(epoch = state.config.epoch, version, closed = ?state.config.closed, ?ended, "restarted server");
+    }
+    // Restarted after every trainer had closed (it died saving): only the final save is left.
+    if state.config.exit_when_done && state.closed.lock().len() >= state.config.trainers {
+        if let Some(dir) = &state.config.save_dir {
+            members::save_final(&state, dir).map_err(|(_, m)| anyhow::anyhow!(m))?;
+        }
+        return Ok(state.stats());
+    }
+    let mut done = state.all_closed.subscribe();
+    let exit_when_done = state.config.exit_when_done;
+    let all_closed = async move {
+        if exit_when_done {
+            let _ = done.wait_for(|d| *d).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    // A server told to exit when its trainers are done must not wait forever for trainers that
+    // never come (a failed launch, a wrong address): after --timeout it names them and fails.
+    let watched = state.clone();
+    let arrival_deadline = async move {
+        if exit_when_done {
+            tokio::time::sleep(watched.config.timeout).await;
+            let missing = watched.never_arrived();
+            if !missing.is_empty() {
+                return missing;
+            }
+        }
+        std::future::pending().await
+    };
+    // A trainer that disconnects without closing can never finish the job (its close, its
+    // share of the data, the final save): a server that would exit when its trainers are done
+    // fails instead of waiting for it forever, or after the time it has to rejoin.
+    let (mut lost, rejoin) = (state.lost.subscribe(), state.config.rejoin);
+    let lost_trainer = async move {
+        loop {
+            if !exit_when_done {
+                std::future::pending::<()>().await;
+            }
+            // The borrowed map is not Send: read it before any await.
+            let first = lost.borrow_and_update().iter().min_by_key(|(_, at)| **at).map(|(t, at)| (*t, *at));
+            match (first, rejoin) {
+                (Some((t, _)), None) => return (t, None),
+                (Some((t, at)), Some(window)) => {
+                    let timed_out = tokio::select! {
+                        _ = tokio::time::sleep_until((at + window).into()) => true,
+                        changed = lost.changed() => changed.is_err(),
+                    };
+                    if timed_out && lost.borrow().contains_key(&t) {
+                        return (t, Some(window));
+                    }
+                }
+                (None, _) => {
+                    if lost.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
+    };
+    // Checkpoints on their own thread: the snapshot takes short locks, the writing none. The
+    // thread ends when `stop_checkpoints` is dropped: waited for on a normal stop (so no write
+    // is cut off), left to end by itself when the server fails.
+    let (stop_checkpoints, stopped) = std::sync::mpsc::channel::<()>();
+    let mut checkpoint_thread = None;
+    if let Some(policy) = state.config.checkpoints.clone() {
+        let (watched, index) = (state.clone(), state.config.index);
+        let fence = crate::shard_checkpoints::Fence { job: state.config.job.clone(), epoch: state.config.epoch };
+        let shard = move || watched.cut();
+        let thread = std::thread::Builder::new()
+            .name("oar-checkpoint".into())
+            .spawn(move || crate::shard_checkpoints::run(policy, index, fence, shard, stopped))
+            .context("starting the checkpoint thread")?;
+        checkpoint_thread = Some(thread);
+    }
+    let mut fenced = state.fenced.subscribe();
+    let replaced = async move {
+        // The borrowed value is not Send: read it before any other await.
+        let newer = fenced.wait_for(Option::is_some).await.map(|e| e.unwrap_or_default());
+        match newer {
+            Ok(epoch) => epoch,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    let mut acceptors = tokio::task::JoinSet::new();
+    for (port, listener) in listeners.into_iter().enumerate() {
+        let state = state.clone();
+        let sparse_only = port >= ports - state.config.sparse_ports;
+        acceptors.spawn(async move {
+            let mut quiet = conn::Quiet::default();
+            loop {
+                match listener.accept().await {
+                    Ok((socket, peer)) => {
+                        let Some(open) = conn::Open::count(&state) else {
+                            quiet.warn(format_args!(
+                                "connection from {peer} refused: {} open, the most this server takes \
+                                 (--max-connections)",
+                                state.config.limits.max_connections
+                            ));
+                            tokio::spawn(conn::refuse_busy(socket, state.config.limits.max_connections));
+                            continue;
+                        };
+                        let state = state.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = conn::serve_connection(state, socket, port, sparse_only).await {
+                                tracing::warn!(%peer, error = %e, "connection closed on error");
+                            }
+                            drop(open);
+                        });
+                    }
+                    Err(e) => {
+                        // Out of descriptors (or another passing failure): wait a little
+                        // rather than spin on the error, and say so once a second at most.
+                        quiet.warn(format_args!("accept failed: {e}"));
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+    }
+    tokio::select! {
+        _ = shutdown => {}
+        _ = all_closed => tracing::info!("every trainer has closed; stopping"),
+        newer = replaced => {
+            acceptors.abort_all();
+            anyhow::bail!(
+                "server {} epoch {} has been replaced by epoch {newer} (it was stopped or unreachable and restarted): \
+                 this process stops without touching the job's state",
+                state.config.index,
+                state.config.epoch
+            );
+        }
+        (trainer, window) = lost_trainer => {
+            acceptors.abort_all();
+            match window {
+                None => anyhow::bail!(
+                    "trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"
+                ),
+                Some(w) => anyhow::bail!(
+                    "trainer {trainer} disconnected without closing and did not come back within {w:?} \
+                     (--trainer-rejoin): the job cannot finish"
+                ),
+            }
+        }
+        missing = arrival_deadline => {
+            acceptors.abort_all();
+            anyhow::bail!(
+                "trainer(s) {missing:?} of {} never connected within {:?} of this server starting (--timeout): \
+                 check that they were started and can reach this server",
+                state.config.trainers,
+                state.config.timeout
+            );
+        }
+    }
+    acceptors.abort_all();
+    drop(stop_checkpoints);
+    if let Some(thread) = checkpoint_thread {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+    Ok(state.stats())
+}
+
+/// The shard to resume from, and the updates it holds (0 for a saved pass).
+fn load_resume_shard(
+    dir: &std::path::Path,
+    config: &ServerConfig,
+) -> anyhow::Result<(Shard, u64, Vec<TrainerLedger>)> {
+    // A checkpoint folder (background checkpoints): this server's newest readable one.
+    if crate::shard_checkpoints::has_checkpoints(dir, config.index) {
+        let (entry, shard) = crate::shard_checkpoints::load_latest(dir, config.index)?;
+        anyhow::ensure!(
+            shard.num_servers == config.num_servers,
+            "{}: checkpointed with {} servers, this job has {}",
+            dir.display(),
+            shard.num_servers,
+            config.num_servers
+        );
+        tracing::info!(dir = %dir.display(), seq = entry.seq, version = entry.version, "resumed shard from a checkpoint");
+        return Ok((shard, entry.version, entry.ledgers));
+    }
+    let (manifest, pass_dir) = Manifest::find(dir)?;
+    anyhow::ensure!(
+        manifest.num_servers == config.num_servers,
+        "{}: saved with {} servers, this job has {}; resume with the same number of servers",
+        pass_dir.display(),
+        manifest.num_servers,
+        config.num_servers
+    );
+    let shard = manifest.load_shard(&pass_dir, config.index)?;
+    tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, "resumed shard");
+    Ok((shard, 0, Vec::new()))
+}
+
+
+/// Binds `addrs` (the general ports, then `config.sparse_ports` sparse-only ones) and serves
+/// them with [`serve_bound`].
+pub fn serve_blocking(addrs: &[String], config: ServerConfig) -> anyhow::Result<ServerStats> {
+    let mut listeners = Vec::with_capacity(addrs.len());
+    for addr in addrs {
+        listeners.push(std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?);
+    }
+    serve_bound(listeners, config)
+}
+
+/// Serves already bound listeners until every trainer closes (or forever without
+/// `exit_when_done`), printing `OAR_READY <first address>` on stdout once listening, for
+/// launchers to read.
+pub fn serve_bound(listeners: Vec<std::net::TcpListener>, config: ServerConfig) -> anyhow::Result<ServerStats> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let ports = listeners.len();
+        let mut bound = Vec::with_capacity(ports);
+        for l in listeners {
+            l.set_nonblocking(true)?;
+            bound.push(TcpListener::from_std(l)?);
+        }
+        let first = bound.first().context("no address to listen on")?.local_addr()?;
+        tracing::info!(address = %first, ports, sparse_ports = config.sparse_ports, index = config.index, servers = config.num_servers, trainers = config.trainers, mode = ?config.mode, "parameter server listening");
+        println!("OAR_READY {first}");
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        run(bound, config, std::future::pending()).await
+    })
+}

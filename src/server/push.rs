@@ -1,0 +1,263 @@
+//! Pushes: checked (tables, lengths, finite numbers), then applied at once (async) or gathered
+//! into the sync step (sync mode, and async mode's warm-up), each (trainer, step) once: a push
+//! sent again is answered from its trainer's ledger (see [`super::sync`]).
+//!
+//! Locks, always in this order: `sync` (the pending step), `gate` (shared by every update,
+//! exclusive for a checkpoint's snapshot, so a checkpoint holds whole steps and the ledgers that
+//! match them), then one trainer's ledger.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use super::sync::{Offered, SyncStep};
+use super::{table_err, Answer, NonFinite, Reply, State};
+use crate::protocol::{ErrorCode, Push, PushOutcome, PushPart, Response, SparseGrads};
+use crate::table::Shard;
+
+/// Applies one push (or several merged) to the shard; gradients are sums over `samples`, the
+/// dense learning rate times `dense_lr_factor`.
+fn apply(
+    shard: &Shard,
+    dense: &[f32],
+    sparse: &[SparseGrads],
+    samples: u64,
+    dense_lr_factor: f32,
+) -> Result<(), (ErrorCode, String)> {
+    let sparse = sparse.iter().map(|s| (s.table as usize, &s.ids[..], &s.grads[..]));
+    shard.apply(dense, sparse, samples, dense_lr_factor).map_err(table_err)
+}
+
+/// Checks a push against this server's tables and for numbers that would poison them, before
+/// anything is merged or applied: `Ok(false)` for a non-finite push the server skips.
+fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCode, String)> {
+    let trainer = push.trainer;
+    if trainer >= state.config.trainers as u64 {
+        return Err((ErrorCode::State, format!("trainer {trainer} is not in 0..{}", state.config.trainers)));
+    }
+    let dense = push.dense_len();
+    let own = shard.dense.lock().len();
+    if dense != 0 && dense != own {
+        return Err((ErrorCode::Table, format!("trainer {trainer} pushed {dense} dense floats, this server holds {own}")));
+    }
+    for s in &push.sparse {
+        let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
+        if Some(s.grads.len()) != s.ids.len().checked_mul(dim) {
+            let m = format!("table {}: {} ids but {} gradient floats", s.table, s.ids.len(), s.grads.len());
+            return Err((ErrorCode::Table, m));
+        }
+    }
+    let finite = push.dense.iter().all(|c| c.iter().all(|v| v.is_finite()))
+        && push.sparse.iter().all(|s| s.grads.iter().all(|v| v.is_finite()));
+    if finite {
+        return Ok(true);
+    }
+    state.ledgers[trainer as usize].lock().nonfinite += 1;
+    let message = format!(
+        "trainer {trainer}'s push of its step {} holds a NaN or an infinity: refused before it touched the model \
+         (a diverging model: lower the learning rate, or clip gradients)",
+        push.step
+    );
+    match state.config.limits.nonfinite {
+        NonFinite::Fail => {
+            tracing::error!("{message}");
+            Err((ErrorCode::NonFinite, message))
+        }
+        NonFinite::Skip => {
+            tracing::warn!("{message}; skipped (--nonfinite skip)");
+            Ok(false)
+        }
+    }
+}
+
+fn pushed(outcome: PushOutcome, version: u64) -> Reply {
+    Ok(Answer::Response(Response::Pushed { outcome, version }))
+}
+
+fn outcome(discarded: bool) -> PushOutcome {
+    if discarded {
+        PushOutcome::Discarded
+    } else {
+        PushOutcome::Applied
+    }
+}
+
+/// Gradient bytes a push carries.
+fn push_bytes(push: &Push<'_>) -> u64 {
+    let sparse: usize = push.sparse.iter().map(|s| s.ids.len() * 8 + s.grads.len() * 4).sum();
+    (push.dense_len() * 4 + sparse) as u64
+}
+
+/// An async push: applied at once unless too stale (discarded) or already handled (a repeat).
+pub(super) fn push_async(state: &State, push: Push<'_>) -> Reply {
+    let shard = state.shard()?;
+    let c = &state.counters;
+    c.pushes.fetch_add(1, Relaxed);
+    c.push_bytes.fetch_add(push_bytes(&push), Relaxed);
+    let skip = !check(state, &shard, &push)?;
+    let _gate = state.gate.read();
+    // Held across the apply: a trainer's resend cannot overtake its first copy.
+    let mut ledger = state.ledgers[push.trainer as usize].lock();
+    if let Some(discarded) = ledger.repeat(push.step, push.part) {
+        ledger.repeats += 1;
+        return pushed(outcome(discarded), c.version.load(Relaxed));
+    }
+    let version = c.version.load(Relaxed);
+    if skip {
+        ledger.record(push.step, push.part, push.samples, true);
+        return pushed(PushOutcome::Discarded, version);
+    }
+    let max_lag = (state.config.lag_ratio * state.config.trainers as f64).ceil() as u64;
+    let behind = version.saturating_sub(push.base_version);
+    if push.part != PushPart::Sparse {
+        c.staleness[(behind as usize).min(crate::metrics::Staleness::BUCKETS - 1)].fetch_add(1, Relaxed);
+    }
+    if behind > max_lag {
+        c.discarded.fetch_add(1, Relaxed);
+        ledger.record(push.step, push.part, push.samples, true);
+        return pushed(PushOutcome::Discarded, version);
+    }
+    c.keys_pushed.fetch_add(push.sparse.iter().map(|s| s.ids.len() as u64).sum(), Relaxed);
+    // Sparse rows keep their step: a row's own staleness is not the server's version count.
+    let factor = push.apply.dense_lr_factor(behind);
+    apply(&shard, &push.dense_contiguous(), &push.sparse, push.samples, factor)?;
+    ledger.record(push.step, push.part, push.samples, false);
+    drop(ledger);
+    // The sparse half of a split push is part of the update its dense half counts.
+    let version = if push.part == PushPart::Sparse { version } else { c.version.fetch_add(1, Relaxed) + 1 };
+    state.injected_fault(version);
+    pushed(PushOutcome::Applied, version)
+}
+
+/// A push into the sync step: parked until every active trainer has pushed the step (or ended
+/// the pass), then answered with the step's version.
+pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
+    let shard = state.shard()?;
+    state.counters.pushes.fetch_add(1, Relaxed);
+    state.counters.push_bytes.fetch_add(push_bytes(&push), Relaxed);
+    let trainer = push.trainer;
+    // A skipped non-finite push still takes its place in the step, without gradients: the
+    // step must not wait for it, nor count its samples.
+    let push = if check(state, &shard, &push)? {
+        push.into_owned()
+    } else {
+        Push { dense: Vec::new(), sparse: Vec::new(), samples: 0, ..push }.into_owned()
+    };
+    let mut applied = state.applied.subscribe();
+    // Trainers with fewer batches per pass than others have pushed fewer steps, so their own
+    // step counts say nothing about which step this is; a trainer cannot be a step ahead, as
+    // it waits for each push's reply.
+    let step = {
+        let mut pending = state.sync.lock();
+        let offered = {
+            let ledger = state.ledgers[trainer as usize].lock();
+            pending.offer(push, &ledger).map_err(|m| (ErrorCode::State, m))?
+        };
+        match offered {
+            Offered::Repeat { discarded } => {
+                state.ledgers[trainer as usize].lock().repeats += 1;
+                tracing::info!(trainer, "a push sent again was answered with its first outcome");
+                return pushed(outcome(discarded), pending.step);
+            }
+            Offered::Half(step) => step,
+            Offered::Pending(step) => {
+                complete_step(state, &shard, &mut pending)?;
+                step
+            }
+        }
+    };
+    let waited = tokio::time::timeout(state.config.timeout, applied.wait_for(|&n| n > step)).await;
+    if waited.is_err() {
+        let missing = state.sync.lock().waiting_for(&state.active());
+        return Err((
+            ErrorCode::Timeout,
+            format!("sync step {step} timed out after {:?} waiting for trainer(s) {missing:?}", state.config.timeout),
+        ));
+    }
+    if let Some(error) = state.step_errors.lock().get(&step) {
+        return Err(error.clone());
+    }
+    pushed(PushOutcome::Applied, step + 1)
+}
+
+/// If every active trainer has pushed the pending step, merges the pushes in trainer order,
+/// applies one update, records each push in its trainer's ledger and wakes the waiters. An
+/// error applying it is every waiter's answer.
+pub(super) fn complete_step(
+    state: &State,
+    shard: &Shard,
+    pending: &mut SyncStep,
+) -> Result<(), (ErrorCode, String)> {
+    if !pending.ready(&state.active()) {
+        return Ok(());
+    }
+    let _gate = state.gate.read();
+    let step = pending.step;
+    let pushes = pending.take();
+    let samples: u64 = pushes.values().map(|p| p.samples).sum();
+    let mut dense: Vec<f32> = Vec::new();
+    // Every dense part has the server's length (checked when offered).
+    for p in pushes.values().filter(|p| !p.dense.is_empty()) {
+        let d = p.dense_contiguous();
+        if dense.is_empty() {
+            dense = d.into_owned();
+        } else {
+            dense.iter_mut().zip(d.iter()).for_each(|(a, b)| *a += b);
+        }
+    }
+    let result = merge_sparse(shard, pushes.values()).and_then(|sparse| {
+        let keys: u64 = sparse.iter().map(|s| s.ids.len() as u64).sum();
+        state.counters.keys_pushed.fetch_add(keys, Relaxed);
+        apply(shard, &dense, &sparse, samples, 1.0)
+    });
+    for p in pushes.values() {
+        state.ledgers[p.trainer as usize].lock().record(p.step, PushPart::Whole, p.samples, result.is_err());
+    }
+    if let Err(e) = &result {
+        tracing::error!(step, "sync step not applied: {}", e.1);
+        let mut errors = state.step_errors.lock();
+        errors.insert(step, e.clone());
+        // Only the waiters of recent steps read them.
+        while errors.len() > 16 {
+            errors.pop_first();
+        }
+    }
+    let version = state.counters.version.fetch_add(1, Relaxed) + 1;
+    state.injected_fault(version);
+    state.applied.send_replace(pending.step);
+    result
+}
+
+/// Sums the sparse gradients of several pushes per (table, id), visiting pushes in trainer order
+/// so the floating-point sums are reproducible.
+fn merge_sparse<'a>(
+    shard: &Shard,
+    pushes: impl Iterator<Item = &'a Push<'static>>,
+) -> Result<Vec<SparseGrads<'static>>, (ErrorCode, String)> {
+    /// One table's merged gradients: id -> position in `ids`/`grads`.
+    #[derive(Default)]
+    struct Merged {
+        index: hashbrown::HashMap<u64, usize>,
+        ids: Vec<u64>,
+        grads: Vec<f32>,
+    }
+    let mut merged: BTreeMap<u32, Merged> = BTreeMap::new();
+    for p in pushes {
+        for s in &p.sparse {
+            let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
+            let Merged { index, ids, grads } = merged.entry(s.table).or_default();
+            for (k, &id) in s.ids.iter().enumerate() {
+                let g = &s.grads[k * dim..(k + 1) * dim];
+                match index.get(&id) {
+                    Some(&at) => grads[at * dim..(at + 1) * dim].iter_mut().zip(g).for_each(|(a, b)| *a += b),
+                    None => {
+                        index.insert(id, ids.len());
+                        ids.push(id);
+                        grads.extend_from_slice(g);
+                    }
+                }
+            }
+        }
+    }
+    Ok(merged.into_iter().map(|(table, m)| SparseGrads { table, ids: m.ids.into(), grads: m.grads.into() }).collect())
+}

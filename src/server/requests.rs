@@ -1,0 +1,168 @@
+//! The requests that are not pushes or membership: declaring the tables (within a memory
+//! budget), pulls, and saves (only inside the save root, off the async workers).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use super::{table_err, Answer, Reply, State};
+use crate::checkpoint::write_shard;
+use crate::protocol::{Declaration, DenseSelection, ErrorCode, Pull, Response, RowCreation};
+use crate::table::Shard;
+
+/// Widest sparse row a declaration may ask for, in floats: far beyond any embedding in use,
+/// and small enough that an empty table's first slots stay small.
+pub const MAX_DIM: usize = 1 << 16;
+/// Most sparse tables a declaration may ask for.
+pub const MAX_TABLES: usize = 4096;
+
+/// Creates the shard from the first declaration; later ones must match it.
+pub(super) fn declare(state: &State, declaration: Declaration) -> Reply {
+    let Declaration { spec, model } = declaration;
+    if !model.is_null() {
+        let mut kept = state.model.lock();
+        if kept.is_null() {
+            *kept = model;
+        }
+    }
+    let mut slot = state.shard.lock();
+    if let Some(existing) = slot.as_ref() {
+        if existing.spec != spec {
+            return Err((
+                ErrorCode::Table,
+                "declared tables differ from the ones this server holds (another model or a changed config?)".into(),
+            ));
+        }
+        return Ok(Answer::Response(Response::Done));
+    }
+    spec.validate().map_err(|m| (ErrorCode::Table, m))?;
+    let (index, servers) = state.place.lock().ok_or((ErrorCode::State, "declare before the handshake".to_string()))?;
+    fits_frames(&spec, servers, state.config.max_frame).map_err(|m| (ErrorCode::TooLarge, m))?;
+    within_budget(&spec, servers, state.config.limits.max_declare_bytes).map_err(|m| (ErrorCode::TooLarge, m))?;
+    *slot = Some(Arc::new(Shard::new(spec, index, servers)));
+    Ok(Answer::Response(Response::Done))
+}
+
+/// Refuses tables whose values could not travel: this server's dense share must fit one pull
+/// reply, and so must one row of every sparse table. It also bounds what a declaration from the
+/// network can make the server allocate to what its frame limit allows.
+fn fits_frames(spec: &crate::table::TableSpec, servers: usize, max_frame: usize) -> Result<(), String> {
+    let max_floats = max_frame / 4;
+    let total = spec.dense.params.iter().try_fold(0usize, |sum, p| sum.checked_add(p.len));
+    // Blocks are dealt round-robin: no server holds more than its rounded-up share of them.
+    let share =
+        total.map(|t| (t.div_ceil(spec.dense.block_size).div_ceil(servers.max(1)) * spec.dense.block_size).min(t));
+    match share {
+        Some(share) if share <= max_floats => {}
+        _ => {
+            return Err(format!(
+                "the dense parameters ({} floats in all) would put more than the frame limit of {} MiB on a server: \
+                 use more servers or a larger --max-frame-mb",
+                total.map_or("too many".to_string(), |t| t.to_string()),
+                max_frame >> 20
+            ))
+        }
+    }
+    if let Some(t) = spec.sparse.iter().find(|t| t.dim > max_floats) {
+        return Err(format!("sparse table {}: rows of {} floats exceed the frame limit", t.name, t.dim));
+    }
+    Ok(())
+}
+
+/// Bytes an empty shard of `spec` takes on one of `servers` servers (dense weights with up to
+/// two optimizer floats each; each sparse table's 64 stripes of 16 empty slots), checked
+/// against `budget` before anything is allocated: a small declaration from the network must
+/// not make a server allocate gigabytes.
+fn within_budget(spec: &crate::table::TableSpec, servers: usize, budget: u64) -> Result<(), String> {
+    if spec.sparse.len() > MAX_TABLES {
+        return Err(format!("{} sparse tables declared: at most {MAX_TABLES}", spec.sparse.len()));
+    }
+    if let Some(t) = spec.sparse.iter().find(|t| t.dim > MAX_DIM) {
+        return Err(format!("sparse table {}: rows of {} floats, at most {MAX_DIM}", t.name, t.dim));
+    }
+    let dense: u64 = spec.dense.params.iter().map(|p| p.len as u64).sum::<u64>() / servers.max(1) as u64 * 12;
+    let sparse: u64 = spec.sparse.iter().map(|t| 64 * 16 * ((16 + 4 * t.dim as u64).div_ceil(64) * 64)).sum();
+    let bytes = dense.saturating_add(sparse);
+    if bytes > budget {
+        return Err(format!(
+            "the declared tables would take {} MiB on this server before any row: over its budget of {} MiB \
+             (--max-declare-mb)",
+            bytes >> 20,
+            budget >> 20
+        ));
+    }
+    Ok(())
+}
+
+/// Pulled values; `spare` holds the row buffers of the connection's last reply, for reuse.
+pub(super) fn pull(state: &State, pull: Pull<'_>, mut spare: Vec<Vec<f32>>) -> Reply {
+    let shard = state.shard()?;
+    // The reply must fit one frame: refuse before allocating what it would take.
+    let mut floats = if pull.dense == DenseSelection::All { shard.dense.lock().len() } else { 0 };
+    for s in &pull.sparse {
+        let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
+        floats = s.ids.len().checked_mul(dim).and_then(|n| n.checked_add(floats)).unwrap_or(usize::MAX);
+    }
+    if floats > state.config.max_frame / 4 {
+        let message = format!(
+            "a pull of {floats} floats exceeds the frame limit of {} MiB: pull fewer ids at a time",
+            state.config.max_frame >> 20
+        );
+        return Err((ErrorCode::TooLarge, message));
+    }
+    let c = &state.counters;
+    c.pulls.fetch_add(1, Relaxed);
+    let version = c.version.load(Relaxed);
+    let dense = match pull.dense {
+        DenseSelection::All => shard.dense.lock().snapshot(),
+        DenseSelection::None => Vec::new(),
+    };
+    let mut sparse = Vec::with_capacity(pull.sparse.len());
+    for s in &pull.sparse {
+        let table = shard.table(s.table as usize).map_err(table_err)?;
+        // Every float is overwritten by the pull, so stale values from the last reply may stay.
+        let mut rows = spare.pop().unwrap_or_default();
+        rows.resize(s.ids.len() * table.spec().dim, 0.0);
+        table.pull(&s.ids, &mut rows, pull.create == RowCreation::Create).map_err(table_err)?;
+        c.keys_pulled.fetch_add(s.ids.len() as u64, Relaxed);
+        sparse.push(rows);
+    }
+    Ok(Answer::Values { version, dense, sparse })
+}
+
+/// Writes this server's shard into `dir` (inside the save root) on a blocking thread: a save
+/// writes and syncs a whole shard, which must not hold up the requests of other connections.
+pub(super) async fn save(state: &Arc<State>, dir: &str) -> Reply {
+    let shard = state.shard()?;
+    let root = state.config.save_root.clone();
+    let target = inside(&root, Path::new(dir)).ok_or_else(|| {
+        let m = format!("save to {dir} refused: not inside this server's --save-root {}", root.display());
+        (ErrorCode::State, m)
+    })?;
+    let written = tokio::task::spawn_blocking(move || write_shard(&shard, &target)).await;
+    let (file, bytes, crc32) = written
+        .map_err(|e| (ErrorCode::Io, format!("the save stopped: {e}")))?
+        .map_err(|e| (ErrorCode::Io, e.to_string()))?;
+    Ok(Answer::Response(Response::Saved { file, bytes, crc32 }))
+}
+
+/// `dir` (relative ones taken from `root`, never from the server's working directory) made
+/// absolute if it lies inside `root`: a `..` anywhere is refused rather than resolved, and the
+/// deepest part of it that exists already is resolved through symbolic links, so a link inside
+/// the root cannot lead a save outside it.
+pub fn inside(root: &Path, dir: &Path) -> Option<PathBuf> {
+    if dir.components().any(|c| c == std::path::Component::ParentDir) {
+        return None;
+    }
+    let root = std::path::absolute(root).ok()?;
+    let dir = if dir.is_absolute() { dir.to_path_buf() } else { root.join(dir) };
+    if !dir.starts_with(&root) {
+        return None;
+    }
+    let real_root = root.canonicalize().ok()?;
+    let mut existing = dir.as_path();
+    while !existing.exists() {
+        existing = existing.parent()?;
+    }
+    existing.canonicalize().ok()?.starts_with(&real_root).then_some(dir)
+}

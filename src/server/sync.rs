@@ -1,0 +1,256 @@
+//! What makes every sync update count once: the pure state of a server's sync step
+//! ([`SyncStep`]), beside each trainer's [`TrainerLedger`]. No I/O, no locks: the handlers in
+//! `server::push` hold them under the server's mutexes, and the unit tests below drive every
+//! order of push, resend, close, pass end and restart through them.
+//!
+//! A push is known by (trainer, step): a trainer numbers its batches (and the warm-up's batch
+//! parts) in the order they leave its reader, and a restarted trainer numbers them the same way
+//! from its recorded position (`train::position`). So a push sent again by a restart, or by a
+//! client whose connection broke before the reply, carries the step number of the first one,
+//! and the ledger answers it with the first one's outcome instead of applying it twice.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::ledger::TrainerLedger;
+use crate::protocol::{Push, PushPart};
+
+/// What became of a push offered to the sync step.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Offered {
+    /// It waits in the pending step, the server's step number `.0`, until that is applied.
+    Pending(u64),
+    /// The first half of a split push: it waits for its other half.
+    Half(u64),
+    /// Its step was handled already (applied, or discarded if `discarded`): answered at once.
+    Repeat {
+        /// The first push of the step was discarded rather than applied.
+        discarded: bool,
+    },
+}
+
+/// The server's pending synchronous step: the pushes of the step being gathered, the halves of
+/// split pushes waiting for their other half, and which trainers have ended the pass.
+#[derive(Debug, Default)]
+pub struct SyncStep {
+    /// Steps applied (the server's version in sync mode).
+    pub step: u64,
+    pushes: BTreeMap<u64, Push<'static>>,
+    /// The pass the pending steps belong to.
+    pub pass: u64,
+    /// Trainers that have ended `pass`: steps no longer wait for them.
+    pub ended: BTreeSet<u64>,
+    halves: BTreeMap<u64, Push<'static>>,
+}
+
+impl SyncStep {
+    /// A sync step counting on from `step` applied ones (a restarted server's checkpoint).
+    pub fn new(step: u64) -> SyncStep {
+        SyncStep { step, ..SyncStep::default() }
+    }
+
+    /// Moves to `pass` if it is newer: trainers only start a pass after the barrier that every
+    /// trainer reaches at the end of the previous one, so nobody is still in the old pass.
+    pub fn enter_pass(&mut self, pass: u64) {
+        if pass > self.pass {
+            self.pass = pass;
+            self.ended.clear();
+        }
+    }
+
+    /// `trainer` has no more steps in `pass`.
+    pub fn end_pass(&mut self, trainer: u64, pass: u64) {
+        self.enter_pass(pass);
+        if pass == self.pass {
+            self.ended.insert(trainer);
+        }
+    }
+
+    /// `trainer` closed: a half it sent is released (it will never send the other).
+    pub fn close(&mut self, trainer: u64) {
+        self.halves.remove(&trainer);
+    }
+
+    /// Offers `push`; `ledger` is its trainer's. A push of a step already handled is a repeat;
+    /// one of the step already pending (the same batch sent again by a restarted process, from
+    /// the same parameters) takes the place of the first, so it counts once either way.
+    pub fn offer(&mut self, push: Push<'static>, ledger: &TrainerLedger) -> Result<Offered, String> {
+        if let Some(discarded) = ledger.repeat(push.step, push.part) {
+            return Ok(Offered::Repeat { discarded });
+        }
+        self.enter_pass(push.pass);
+        let trainer = push.trainer;
+        let whole = match push.part {
+            PushPart::Whole => push,
+            part => match self.halves.remove(&trainer) {
+                Some(other) if other.step == push.step && other.part != part => {
+                    let (dense, sparse) = if part == PushPart::Dense { (push, other) } else { (other, push) };
+                    Push { part: PushPart::Whole, sparse: sparse.sparse, ..dense }
+                }
+                // A half sent again replaces the first; a half of a newer step replaces one whose
+                // other half never came (its sender died between the two).
+                _ => {
+                    self.halves.insert(trainer, push);
+                    return Ok(Offered::Half(self.step));
+                }
+            },
+        };
+        if let Some(pending) = self.pushes.get(&trainer) {
+            if pending.step != whole.step {
+                return Err(format!(
+                    "trainer {trainer} pushed its step {} while its step {} waits in step {}",
+                    whole.step, pending.step, self.step
+                ));
+            }
+        }
+        if let Some(other) = self.pushes.values().find(|p| !p.dense.is_empty()) {
+            if !whole.dense.is_empty() && whole.dense_len() != other.dense_len() {
+                return Err(format!(
+                    "trainer {trainer} pushed {} dense floats, trainer {} {}",
+                    whole.dense_len(),
+                    other.trainer,
+                    other.dense_len()
+                ));
+            }
+        }
+        self.pushes.insert(trainer, whole);
+        Ok(Offered::Pending(self.step))
+    }
+
+    /// Whether every trainer in `active` has pushed the pending step or ended the pass.
+    pub fn ready(&self, active: &[u64]) -> bool {
+        !self.pushes.is_empty() && active.iter().all(|t| self.pushes.contains_key(t) || self.ended.contains(t))
+    }
+
+    /// The trainers of `active` the pending step waits for.
+    pub fn waiting_for(&self, active: &[u64]) -> Vec<u64> {
+        active.iter().copied().filter(|t| !self.pushes.contains_key(t) && !self.ended.contains(t)).collect()
+    }
+
+    /// Takes the pending step's pushes, in trainer order, and counts the step.
+    pub fn take(&mut self) -> BTreeMap<u64, Push<'static>> {
+        self.step += 1;
+        std::mem::take(&mut self.pushes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::*;
+    use crate::protocol::{Apply, SparseGrads};
+
+    fn push(trainer: u64, step: u64, part: PushPart, dense: f32) -> Push<'static> {
+        Push {
+            trainer,
+            step,
+            pass: 1,
+            base_version: 0,
+            samples: 10,
+            part,
+            apply: Apply::Now,
+            dense: if part == PushPart::Sparse { vec![] } else { vec![Cow::Owned(vec![dense; 2])] },
+            sparse: if part == PushPart::Dense {
+                vec![]
+            } else {
+                vec![SparseGrads { table: 0, ids: Cow::Owned(vec![7]), grads: Cow::Owned(vec![dense]) }]
+            },
+        }
+    }
+
+    /// Applies the pending step as the server does: every push recorded in its trainer's ledger.
+    fn apply(sync: &mut SyncStep, ledgers: &mut [TrainerLedger]) -> Vec<(u64, f32)> {
+        let pushes = sync.take();
+        for p in pushes.values() {
+            ledgers[p.trainer as usize].record(p.step, PushPart::Whole, p.samples, false);
+        }
+        pushes.values().map(|p| (p.trainer, p.dense[0][0])).collect()
+    }
+
+    #[test]
+    fn a_step_waits_for_every_active_trainer_and_merges_in_trainer_order() {
+        let (mut sync, ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 2]);
+        assert_eq!(sync.offer(push(1, 0, PushPart::Whole, 1.0), &ledgers[1]), Ok(Offered::Pending(0)));
+        assert!(!sync.ready(&[0, 1]));
+        assert_eq!(sync.waiting_for(&[0, 1]), vec![0]);
+        assert_eq!(sync.offer(push(0, 0, PushPart::Whole, 2.0), &ledgers[0]), Ok(Offered::Pending(0)));
+        assert!(sync.ready(&[0, 1]));
+        assert_eq!(sync.take().keys().copied().collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(sync.step, 1);
+    }
+
+    /// The finding this module exists for: a trainer killed with its push pending, the step
+    /// completed by the survivor with the dead process's push, and the restart sending the
+    /// same step again. It is answered as applied, and the next step pairs as before.
+    #[test]
+    fn a_push_sent_again_after_its_step_was_applied_is_a_repeat() {
+        let (mut sync, mut ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 2]);
+        sync.offer(push(1, 0, PushPart::Whole, 1.0), &ledgers[1]).unwrap(); // the dead process's
+        sync.offer(push(0, 0, PushPart::Whole, 2.0), &ledgers[0]).unwrap();
+        assert!(sync.ready(&[0, 1]));
+        apply(&mut sync, &mut ledgers);
+        assert_eq!(sync.offer(push(1, 0, PushPart::Whole, 9.0), &ledgers[1]), Ok(Offered::Repeat { discarded: false }));
+        assert_eq!(ledgers[1].samples, 10, "applied once");
+        sync.offer(push(0, 1, PushPart::Whole, 2.0), &ledgers[0]).unwrap();
+        assert!(!sync.ready(&[0, 1]), "the repeat did not stand in for step 1");
+        sync.offer(push(1, 1, PushPart::Whole, 1.0), &ledgers[1]).unwrap();
+        assert_eq!(apply(&mut sync, &mut ledgers), vec![(0, 2.0), (1, 1.0)]);
+        assert_eq!((ledgers[0].below, ledgers[1].below, sync.step), (2, 2, 2));
+    }
+
+    /// The other order: the restart sends the step again while the dead process's push still
+    /// waits. The new one takes its place; the step holds one push of each trainer.
+    #[test]
+    fn a_push_sent_again_while_its_step_waits_takes_the_first_ones_place() {
+        let (mut sync, mut ledgers) = (SyncStep::new(5), vec![TrainerLedger::default(); 2]);
+        sync.offer(push(1, 0, PushPart::Whole, 1.0), &ledgers[1]).unwrap();
+        assert_eq!(sync.offer(push(1, 0, PushPart::Whole, 1.5), &ledgers[1]), Ok(Offered::Pending(5)));
+        assert!(!sync.ready(&[0, 1]));
+        sync.offer(push(0, 0, PushPart::Whole, 2.0), &ledgers[0]).unwrap();
+        assert_eq!(apply(&mut sync, &mut ledgers), vec![(0, 2.0), (1, 1.5)]);
+        assert_eq!(ledgers[1].samples, 10);
+    }
+
+    #[test]
+    fn halves_join_once_and_a_half_sent_again_replaces_the_first() {
+        let (mut sync, mut ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 1]);
+        assert_eq!(sync.offer(push(0, 0, PushPart::Dense, 1.0), &ledgers[0]), Ok(Offered::Half(0)));
+        // The sender died between its halves; its restart sends both again.
+        assert_eq!(sync.offer(push(0, 0, PushPart::Dense, 3.0), &ledgers[0]), Ok(Offered::Half(0)));
+        assert!(!sync.ready(&[0]));
+        assert_eq!(sync.offer(push(0, 0, PushPart::Sparse, 4.0), &ledgers[0]), Ok(Offered::Pending(0)));
+        let pushes = sync.take();
+        assert_eq!(pushes[&0].part, PushPart::Whole);
+        assert_eq!((pushes[&0].dense[0][0], pushes[&0].sparse[0].grads[0]), (3.0, 4.0));
+        ledgers[0].record(0, PushPart::Whole, 10, false);
+        assert_eq!(sync.offer(push(0, 0, PushPart::Sparse, 4.0), &ledgers[0]), Ok(Offered::Repeat { discarded: false }));
+    }
+
+    #[test]
+    fn ended_and_closed_trainers_no_longer_hold_a_step() {
+        let (mut sync, ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 3]);
+        sync.offer(push(0, 3, PushPart::Whole, 1.0), &ledgers[0]).unwrap();
+        sync.offer(push(2, 4, PushPart::Dense, 1.0), &ledgers[2]).unwrap();
+        sync.end_pass(1, 1);
+        assert!(!sync.ready(&[0, 1, 2]));
+        sync.close(2);
+        assert!(sync.ready(&[0, 1]), "trainer 2 closed, 1 ended the pass");
+        // A new pass forgets who ended the last one.
+        sync.take();
+        sync.offer(Push { pass: 2, ..push(0, 4, PushPart::Whole, 1.0) }, &ledgers[0]).unwrap();
+        assert!(!sync.ready(&[0, 1]));
+    }
+
+    #[test]
+    fn a_different_step_while_one_waits_or_a_different_dense_length_is_refused() {
+        let (mut sync, ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 2]);
+        sync.offer(push(0, 3, PushPart::Whole, 1.0), &ledgers[0]).unwrap();
+        let e = sync.offer(push(0, 4, PushPart::Whole, 1.0), &ledgers[0]).unwrap_err();
+        assert!(e.contains("pushed its step 4 while its step 3 waits"), "{e}");
+        let mut short = push(1, 3, PushPart::Whole, 1.0);
+        short.dense = vec![Cow::Owned(vec![1.0])];
+        let e = sync.offer(short, &ledgers[1]).unwrap_err();
+        assert!(e.contains("pushed 1 dense floats, trainer 0 2"), "{e}");
+        assert!(!sync.ready(&[0, 1]), "nothing was taken by the refusals");
+    }
+}
