@@ -425,6 +425,17 @@ impl Client {
     fn exchange<T>(
         &mut self,
         parts: &[Vec<(usize, Frame<'_>)>],
+        read: impl FnMut(&mut [Vec<Conn>], usize) -> Result<T, ClientError>,
+    ) -> Result<Vec<T>, ClientError> {
+        self.exchange_then(parts, || {}, read)
+    }
+
+    /// [`Client::exchange`], calling `sent` once every frame is written and before any reply
+    /// is read (where a planted fault kills a trainer with its push pending).
+    fn exchange_then<T>(
+        &mut self,
+        parts: &[Vec<(usize, Frame<'_>)>],
+        sent: impl FnOnce(),
         mut read: impl FnMut(&mut [Vec<Conn>], usize) -> Result<T, ClientError>,
     ) -> Result<Vec<T>, ClientError> {
         let recovering = self.config.recover.is_some();
@@ -438,6 +449,7 @@ impl Client {
                 }
             }
         }
+        sent();
         let mut out = Vec::with_capacity(parts.len());
         for (s, gone) in lost.iter_mut().enumerate() {
             if gone.is_some() {
@@ -675,7 +687,8 @@ impl Client {
             .collect();
         let parts: Vec<Vec<(usize, Frame)>> =
             requests.iter().map(|r| r.iter().map(|(port, req)| (*port, req.encode())).collect()).collect();
-        let outcomes = self.exchange(&parts, |conns, s| {
+        let sent = || crate::fault::at_trainer(trainer, crate::fault::Moment::Sent(step));
+        let outcomes = self.exchange_then(&parts, sent, |conns, s| {
             let (mut stale, mut staleness) = (false, 0);
             for port in std::iter::once(first).chain(second) {
                 let conn = &mut conns[port][s];

@@ -2,12 +2,18 @@
 //! `OAR_FAULT=<process>:<action>@<moment>`, read once per process. The fault fires only in the
 //! first incarnation (epoch 0) of the process it names, so a restarted server runs clean.
 //!
+//! Only a binary built with the `faults` cargo feature (the tests and the recovery benchmark
+//! turn it on) reads the variable at all: in a release build without it, [`at`] does nothing,
+//! so a stray `OAR_FAULT` in a production environment can never kill a process.
+//!
 //! - process: `server<K>` or `trainer<K>`;
 //! - action: `kill` (SIGKILL to itself: no cleanup, exactly `kill -9`) or `stop` (SIGSTOP: the
 //!   process freezes with its sockets open, as a hung or paused machine);
 //! - moment: `version=N` (a server, once it has applied N updates), `checkpoint=N` (a server,
 //!   midway through writing its N-th checkpoint of the run: the shard file written, not yet
-//!   published), `step=N` (a trainer, after pushing its N-th step).
+//!   published), `step=N` (a trainer, after pushing its N-th step), `sent=N` (a trainer, once its
+//!   push of step number N is written to every server and before any reply is read: the push
+//!   is pending at the servers when the process dies).
 //!
 //! A launcher passes its environment to its children, so one variable reaches the process named.
 
@@ -31,6 +37,8 @@ pub enum Moment {
     Checkpoint(u64),
     /// A trainer has pushed this many steps.
     Step(u64),
+    /// A trainer has sent its push of this step number, and read no reply yet.
+    Sent(u64),
 }
 
 /// Which process.
@@ -57,7 +65,8 @@ impl std::str::FromStr for Fault {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Fault, String> {
-        let bad = || format!("OAR_FAULT={s:?}: expected <server|trainer><K>:<kill|stop>@<version|checkpoint|step>=N");
+        let bad =
+            || format!("OAR_FAULT={s:?}: expected <server|trainer><K>:<kill|stop>@<version|checkpoint|step|sent>=N");
         let (who, rest) = s.split_once(':').ok_or_else(bad)?;
         let (action, moment) = rest.split_once('@').ok_or_else(bad)?;
         let (kind, n) = moment.split_once('=').ok_or_else(bad)?;
@@ -78,6 +87,7 @@ impl std::str::FromStr for Fault {
             "version" => Moment::Version(n),
             "checkpoint" => Moment::Checkpoint(n),
             "step" => Moment::Step(n),
+            "sent" => Moment::Sent(n),
             _ => return Err(bad()),
         };
         Ok(Fault { target, action, moment })
@@ -98,8 +108,25 @@ fn planned() -> Option<Fault> {
     })
 }
 
-/// Fires the planned fault if it is for `target` (in its first epoch) at `moment`.
+/// This process's trainer life: 0, or 1 for a restarted trainer (set once it knows).
+static TRAINER_LIFE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Sets this trainer process's life (1 for a restart), for faults fired where it is not known.
+pub fn set_trainer_life(life: u64) {
+    TRAINER_LIFE.store(life, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Fires the planned fault if it is for trainer `trainer` in its first life at `moment`.
+pub fn at_trainer(trainer: usize, moment: Moment) {
+    at(Target::Trainer(trainer), TRAINER_LIFE.load(std::sync::atomic::Ordering::Relaxed), moment);
+}
+
+/// Fires the planned fault if it is for `target` (in its first epoch) at `moment`. Without the
+/// `faults` feature it does nothing.
 pub fn at(target: Target, epoch: u64, moment: Moment) {
+    if !cfg!(feature = "faults") {
+        return;
+    }
     let Some(f) = planned() else { return };
     if f.target != target || f.moment != moment || epoch != 0 {
         return;
@@ -126,6 +153,7 @@ mod tests {
         let f: Fault = "trainer0:stop@step=3".parse().unwrap();
         assert_eq!(f, Fault { target: Target::Trainer(0), action: Action::Stop, moment: Moment::Step(3) });
         assert!("server1:kill@checkpoint=2".parse::<Fault>().unwrap().moment == Moment::Checkpoint(2));
+        assert!("trainer1:kill@sent=7".parse::<Fault>().unwrap().moment == Moment::Sent(7));
         for bad in ["server:kill@version=1", "server1:explode@version=1", "server1:kill@hour=1", "worker1:kill@step=1"]
         {
             assert!(bad.parse::<Fault>().unwrap_err().contains("expected"), "{bad}");

@@ -40,6 +40,9 @@ pub struct TrainerLedger {
     pub recent: BTreeMap<u64, u8>,
     /// Samples of this trainer's pushes applied (each step once; a discarded push none).
     pub samples: u64,
+    /// Samples of this trainer's pushes discarded (too stale, or skipped as non-finite).
+    #[serde(default)]
+    pub discarded_samples: u64,
     /// Pushes answered from the ledger without being applied again.
     pub repeats: u64,
     /// Pushes refused for holding a NaN or an infinity.
@@ -65,8 +68,8 @@ impl TrainerLedger {
             return;
         }
         *self.recent.entry(step).or_insert(0) |= bits(part) | if discarded { DISCARDED } else { 0 };
-        if !discarded && part != PushPart::Sparse {
-            self.samples += samples;
+        if part != PushPart::Sparse {
+            *if discarded { &mut self.discarded_samples } else { &mut self.samples } += samples;
         }
         // A gap never filled (a step that never comes) is given up once the window is full.
         while self.recent.len() > WINDOW {
@@ -98,7 +101,7 @@ mod tests {
         l.record(0, PushPart::Sparse, 5, false);
         assert_eq!((l.below, l.recent.len(), l.samples), (2, 0, 10), "samples counted once per step");
         l.record(3, PushPart::Whole, 5, true);
-        assert_eq!((l.repeat(3, PushPart::Whole), l.samples, l.below), (Some(true), 10, 2), "discarded: no samples");
+        assert_eq!((l.repeat(3, PushPart::Whole), l.samples, l.discarded_samples), (Some(true), 10, 5), "discarded");
         l.record(2, PushPart::Whole, 5, false);
         assert_eq!((l.samples, l.below, l.recent.len()), (15, 4, 0), "once contiguous, only the count is kept");
         // A gap never filled (a step that never came) is given up past the window.

@@ -62,6 +62,14 @@ pub struct Cut {
     pub ledgers: Vec<TrainerLedger>,
 }
 
+impl Cut {
+    /// A cut of `shard`, idle at `version` updates, with no ledgers (tools and tests; a
+    /// serving server takes its cuts under its update gate).
+    pub fn of(shard: &Shard, version: u64) -> Cut {
+        Cut { snapshot: ShardSnapshot::take(shard), version, ledgers: Vec::new() }
+    }
+}
+
 /// Which incarnation of a server may write its checkpoints: each server claims its folder for
 /// its (job, epoch) in `fence.json` when it starts, and a checkpoint is published only while no
 /// newer epoch of the same job has claimed it. A replaced server that wakes up (SIGCONT after a

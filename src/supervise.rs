@@ -46,6 +46,10 @@ pub struct LaunchSummary {
     /// Processes restarted during the job (`oar launch --max-restarts`).
     #[serde(default)]
     pub restarts: Vec<Restart>,
+    /// Every server's counters when it stopped (its last process's), in server order: what
+    /// the servers applied, counted where it was applied (`applied_samples` per trainer).
+    #[serde(default)]
+    pub server_stats: Vec<crate::server::ServerStats>,
 }
 
 /// One restart of a failed process.
@@ -275,7 +279,7 @@ pub(crate) fn wait_for_servers(
 
 /// The trainers' reports and the job's figures, also written to `logs/summary.json`.
 pub(crate) fn summarize(
-    servers: usize,
+    servers: &[Proc],
     workers: &[Proc],
     wall: f64,
     logs: &Path,
@@ -283,11 +287,10 @@ pub(crate) fn summarize(
 ) -> anyhow::Result<LaunchSummary> {
     // The pipe readers may still be draining the last lines of an exited child.
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut reports = Vec::new();
-    for p in workers {
-        let json = loop {
+    let result = |p: &Proc| -> anyhow::Result<String> {
+        loop {
             if let Some(r) = p.with_state(|s| s.result.clone()) {
-                break r;
+                return Ok(r);
             }
             anyhow::ensure!(
                 Instant::now() < deadline,
@@ -296,17 +299,27 @@ pub(crate) fn summarize(
                 p.log.display()
             );
             std::thread::sleep(Duration::from_millis(20));
-        };
+        }
+    };
+    let mut reports = Vec::new();
+    for p in workers {
         reports.push(
-            serde_json::from_str::<TrainReport>(&json)
+            serde_json::from_str::<TrainReport>(&result(p)?)
                 .with_context(|| format!("{} reported a malformed result", p.name))?,
+        );
+    }
+    let mut server_stats = Vec::new();
+    for p in servers {
+        server_stats.push(
+            serde_json::from_str::<crate::server::ServerStats>(&result(p)?)
+                .with_context(|| format!("{} reported malformed counters", p.name))?,
         );
     }
     let samples = reports.iter().map(|r| r.samples).sum();
     let loop_rate = reports.iter().map(|r| r.samples as f64 / r.train_seconds.max(1e-9)).sum();
     let test = reports.first().and_then(|r| r.passes.last()).and_then(|p| p.test.clone());
     let summary = LaunchSummary {
-        servers,
+        servers: servers.len(),
         workers: workers.len(),
         samples,
         wall_seconds: wall,
@@ -320,6 +333,7 @@ pub(crate) fn summarize(
         }),
         reports,
         restarts,
+        server_stats,
     };
     let path = logs.join("summary.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&summary)?)

@@ -132,6 +132,10 @@ fn trainer_rejoined_after(logs: &Path) -> anyhow::Result<f64> {
 
 /// Runs the benchmark and prints its table.
 pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        cfg!(feature = "faults"),
+        "oar bench --recovery kills processes with planted faults: build oar with `--features faults`"
+    );
     let files = crate::config::resolve_files(&config.data.join("train"))?;
     let mut lines = 0u64;
     for f in &files {

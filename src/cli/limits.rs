@@ -74,7 +74,10 @@ mod tests {
     fn defaults_match_the_servers_and_bad_numbers_are_refused() {
         let d = LimitArgs::default().limits().unwrap();
         let s = Limits::default();
-        assert_eq!((d.max_connections, d.keepalive, d.max_declare_bytes), (s.max_connections, s.keepalive, s.max_declare_bytes));
+        assert_eq!(
+            (d.max_connections, d.keepalive, d.max_declare_bytes),
+            (s.max_connections, s.keepalive, s.max_declare_bytes)
+        );
         let e = LimitArgs { keepalive: f64::NAN, ..LimitArgs::default() }.limits().unwrap_err().to_string();
         assert!(e.contains("--keepalive must be a number of seconds"), "{e}");
         let off = LimitArgs { keepalive: 0.0, ..LimitArgs::default() }.limits().unwrap();

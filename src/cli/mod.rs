@@ -976,6 +976,14 @@ fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
     let (config, addrs) = server_config(a, env)?;
     let stats = crate::server::serve_blocking(&addrs, config)?;
     log_stopped(&stats);
+    report_stopped(&stats)
+}
+
+/// The server's counters on stdout (`OAR_RESULT <json>`), for launchers' summaries.
+fn report_stopped(stats: &crate::server::ServerStats) -> anyhow::Result<()> {
+    use std::io::Write;
+    println!("OAR_RESULT {}", serde_json::to_string(stats)?);
+    std::io::stdout().flush()?;
     Ok(())
 }
 
@@ -1263,6 +1271,7 @@ fn engine_rank(
     let (config, _) = server_config(args, &ClusterEnv::default())?;
     let stats = crate::server::serve_bound(vec![listener], config)?;
     log_stopped(&stats);
+    report_stopped(&stats)?;
     Ok(None)
 }
 

@@ -198,7 +198,13 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         bar.finish_and_clear();
         wait_for_servers(&mut procs, first_worker, &interrupted, &mut keeper)?;
         let restarts = std::mem::take(&mut keeper.restarts);
-        summarize(config.servers, &procs[first_worker..], started.elapsed().as_secs_f64(), &config.logs, restarts)
+        summarize(
+            &procs[..first_worker],
+            &procs[first_worker..],
+            started.elapsed().as_secs_f64(),
+            &config.logs,
+            restarts,
+        )
     })();
     keeper.stop();
     if result.is_err() {

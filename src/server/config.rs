@@ -162,6 +162,10 @@ pub struct ServerStats {
     /// often it was sent (a restarted trainer's resend), none for a discarded or refused push.
     #[serde(default)]
     pub applied_samples: Vec<u64>,
+    /// Samples per trainer whose push was discarded (async: too stale; or a non-finite push
+    /// skipped): with `applied_samples`, every sample a trainer sent, each once.
+    #[serde(default)]
+    pub discarded_samples: Vec<u64>,
     /// Pushes sent again (by a restarted trainer, or after a broken connection) and answered
     /// with their first outcome instead of being applied twice.
     #[serde(default)]

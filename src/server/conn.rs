@@ -67,10 +67,12 @@ async fn serve_requests(
             let first = read_frame(&mut rd, &mut buf, limits.handshake_frame);
             match tokio::time::timeout(limits.handshake_timeout, first).await {
                 Ok(read) => read,
-                Err(_) => return Err(ProtocolError::Malformed(format!(
-                    "no handshake within {:?} (--handshake-timeout)",
-                    limits.handshake_timeout
-                ))),
+                Err(_) => {
+                    return Err(ProtocolError::Malformed(format!(
+                        "no handshake within {:?} (--handshake-timeout)",
+                        limits.handshake_timeout
+                    )))
+                }
             }
         };
         let kind = match read {

@@ -158,6 +158,7 @@ impl State {
                 crate::metrics::Staleness(counts[..used].to_vec())
             },
             applied_samples: self.ledgers.iter().map(|l| l.lock().samples).collect(),
+            discarded_samples: self.ledgers.iter().map(|l| l.lock().discarded_samples).collect(),
             repeats: self.ledgers.iter().map(|l| l.lock().repeats).sum(),
             nonfinite: self.ledgers.iter().map(|l| l.lock().nonfinite).collect(),
         }
@@ -409,10 +410,7 @@ pub async fn run(
 }
 
 /// The shard to resume from, and the updates it holds (0 for a saved pass).
-fn load_resume_shard(
-    dir: &std::path::Path,
-    config: &ServerConfig,
-) -> anyhow::Result<(Shard, u64, Vec<TrainerLedger>)> {
+fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Result<(Shard, u64, Vec<TrainerLedger>)> {
     // A checkpoint folder (background checkpoints): this server's newest readable one.
     if crate::shard_checkpoints::has_checkpoints(dir, config.index) {
         let (entry, shard) = crate::shard_checkpoints::load_latest(dir, config.index)?;
@@ -438,7 +436,6 @@ fn load_resume_shard(
     tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, "resumed shard");
     Ok((shard, 0, Vec::new()))
 }
-
 
 /// Binds `addrs` (the general ports, then `config.sparse_ports` sparse-only ones) and serves
 /// them with [`serve_bound`].

@@ -38,7 +38,10 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
     let dense = push.dense_len();
     let own = shard.dense.lock().len();
     if dense != 0 && dense != own {
-        return Err((ErrorCode::Table, format!("trainer {trainer} pushed {dense} dense floats, this server holds {own}")));
+        return Err((
+            ErrorCode::Table,
+            format!("trainer {trainer} pushed {dense} dense floats, this server holds {own}"),
+        ));
     }
     for s in &push.sparse {
         let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
@@ -183,11 +186,7 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
 /// If every active trainer has pushed the pending step, merges the pushes in trainer order,
 /// applies one update, records each push in its trainer's ledger and wakes the waiters. An
 /// error applying it is every waiter's answer.
-pub(super) fn complete_step(
-    state: &State,
-    shard: &Shard,
-    pending: &mut SyncStep,
-) -> Result<(), (ErrorCode, String)> {
+pub(super) fn complete_step(state: &State, shard: &Shard, pending: &mut SyncStep) -> Result<(), (ErrorCode, String)> {
     if !pending.ready(&state.active()) {
         return Ok(());
     }

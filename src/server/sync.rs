@@ -223,7 +223,10 @@ mod tests {
         assert_eq!(pushes[&0].part, PushPart::Whole);
         assert_eq!((pushes[&0].dense[0][0], pushes[&0].sparse[0].grads[0]), (3.0, 4.0));
         ledgers[0].record(0, PushPart::Whole, 10, false);
-        assert_eq!(sync.offer(push(0, 0, PushPart::Sparse, 4.0), &ledgers[0]), Ok(Offered::Repeat { discarded: false }));
+        assert_eq!(
+            sync.offer(push(0, 0, PushPart::Sparse, 4.0), &ledgers[0]),
+            Ok(Offered::Repeat { discarded: false })
+        );
     }
 
     #[test]

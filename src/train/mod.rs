@@ -319,6 +319,7 @@ pub fn run_with(
     let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
     spec.validate().map_err(anyhow::Error::msg)?;
     let me = config.trainer_id;
+    crate::fault::set_trainer_life(u64::from(config.rejoin));
     let (mut store, first_pass) = open_store(config, &spec)?;
     let files = shard_files(&config.train_files, config.trainers, me);
     anyhow::ensure!(
@@ -867,8 +868,7 @@ impl PassLoop<'_> {
                     log.lock().done(n)?;
                 }
                 // A restarted trainer runs clean: the planned fault was its first life's.
-                let life = u64::from(c.rejoin);
-                crate::fault::at(crate::fault::Target::Trainer(me), life, crate::fault::Moment::Step(step + 1));
+                crate::fault::at_trainer(me, crate::fault::Moment::Step(step + 1));
                 let t3 = Instant::now();
                 report.times.compute += (t2 - t1).as_secs_f64();
                 report.times.push += (t3 - t2).as_secs_f64();

@@ -9,7 +9,7 @@ use oar::client::{Client, ClientConfig};
 use oar::protocol::RowCreation;
 use oar::server::{Mode, ServerConfig};
 use oar::shard_checkpoints::{
-    earlier_life, load_latest, server_dir, Checkpointer, EarlierLife, Entry, Fence, Policy, Trainers,
+    earlier_life, load_latest, server_dir, Checkpointer, Cut, EarlierLife, Entry, Fence, Policy, Trainers,
 };
 
 /// A server on loopback until the returned sender is dropped.
@@ -118,7 +118,10 @@ fn a_restarted_server_finds_only_its_own_jobs_earlier_life() {
     let policy = || Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 };
     assert_eq!(earlier_life(dir.path(), 0, "test"), None);
     // An earlier job checkpointed here; this job's first process claims the folder, then dies.
-    Checkpointer::new(policy(), 0, Fence { job: "old".into(), epoch: 4 }).unwrap().write(&small_shard(), 9).unwrap();
+    Checkpointer::new(policy(), 0, Fence { job: "old".into(), epoch: 4 })
+        .unwrap()
+        .write(Cut::of(&small_shard(), 9))
+        .unwrap();
     assert_eq!(earlier_life(dir.path(), 0, "test"), None, "another job's folder");
     Checkpointer::new(policy(), 0, fence()).unwrap();
     let life = earlier_life(dir.path(), 0, "test").unwrap();
@@ -126,7 +129,7 @@ fn a_restarted_server_finds_only_its_own_jobs_earlier_life() {
     assert_eq!(Trainers::read(dir.path(), 0, "test"), None);
     // Its restart (epoch 1) checkpoints and sees trainer 1 close and trainer 0 end pass 2.
     let mut c = Checkpointer::new(policy(), 0, Fence { job: "test".into(), epoch: 1 }).unwrap();
-    c.write(&small_shard(), 12).unwrap();
+    c.write(Cut::of(&small_shard(), 12)).unwrap();
     let trainers = Trainers { job: "test".into(), closed: vec![1], pass: 2, ended: vec![0] };
     trainers.write(dir.path(), 0).unwrap();
     let life = earlier_life(dir.path(), 0, "test").unwrap();
@@ -146,8 +149,8 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous() {
     let mut c =
         Checkpointer::new(Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 }, 0, fence())
             .unwrap();
-    c.write(&shard, 1).unwrap();
-    c.write(&shard, 2).unwrap();
+    c.write(Cut::of(&shard, 1)).unwrap();
+    c.write(Cut::of(&shard, 2)).unwrap();
     let newest = server_dir(dir.path(), 0).join("ckpt-000002").join("server-0.shard");
     let mut bytes = std::fs::read(&newest).unwrap();
     let middle = bytes.len() / 2;
@@ -171,9 +174,9 @@ fn a_checkpoint_on_a_full_disk_fails_alone_and_the_next_succeeds() {
     let tmp = server_dir(dir.path(), 0).join("ckpt-000001.tmp");
     std::fs::create_dir_all(&tmp).unwrap();
     std::os::unix::fs::symlink("/dev/full", tmp.join("server-0.shard.tmp")).unwrap();
-    let err = c.write(&shard, 1).unwrap_err().to_string();
+    let err = c.write(Cut::of(&shard, 1)).unwrap_err().to_string();
     assert!(err.contains("No space left on device"), "{err}");
     assert!(!tmp.exists(), "the failed checkpoint's folder is removed");
-    assert_eq!(c.write(&shard, 2).unwrap().seq, 2);
+    assert_eq!(c.write(Cut::of(&shard, 2)).unwrap().seq, 2);
     assert_eq!(load_latest(dir.path(), 0).unwrap().0.seq, 2);
 }

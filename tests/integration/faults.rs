@@ -272,11 +272,11 @@ fn a_replaced_server_cannot_publish_a_checkpoint() {
     let shard = crate::checkpoints::small_shard();
     let fence = |epoch| Fence { job: "job".into(), epoch };
     let mut old = Checkpointer::new(policy.clone(), 0, fence(0)).unwrap();
-    old.write(&shard, 1).unwrap();
+    old.write(oar::shard_checkpoints::Cut::of(&shard, 1)).unwrap();
     let mut new = Checkpointer::new(policy.clone(), 0, fence(1)).unwrap();
-    let err = old.write(&shard, 2).unwrap_err().to_string();
+    let err = old.write(oar::shard_checkpoints::Cut::of(&shard, 2)).unwrap_err().to_string();
     assert!(err.contains("replaced by epoch 1"), "{err}");
-    assert_eq!(new.write(&shard, 2).unwrap().epoch, 1);
+    assert_eq!(new.write(oar::shard_checkpoints::Cut::of(&shard, 2)).unwrap().epoch, 1);
     // Another job's fence is not this job's: a fresh job may reuse the folder.
     let other = Fence { job: "another".into(), epoch: 0 };
     Checkpointer::new(policy, 0, other).unwrap();

@@ -6,6 +6,7 @@ mod cli;
 mod cluster;
 mod engines;
 mod equivalence;
+mod exactly_once;
 mod examples;
 mod faults;
 mod fetch;
