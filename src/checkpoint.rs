@@ -52,6 +52,9 @@ pub enum CheckpointError {
         /// What differs.
         reason: String,
     },
+    /// A small state file beside the checkpoints could not be read or written.
+    #[error(transparent)]
+    State(#[from] crate::state_file::StateFileError),
     /// A newer epoch of this server has claimed its checkpoint folder: this process was replaced.
     #[error("this server (epoch {epoch}) has been replaced by epoch {newer}, which now owns its checkpoints")]
     Superseded {
@@ -84,6 +87,50 @@ struct ShardHeader {
     spec: TableSpec,
     dense_blocks: usize,
     sparse_rows: Vec<usize>,
+}
+
+impl ShardHeader {
+    /// The bytes of values a shard file with this header holds after it, or why no valid file
+    /// has this header (a bad spec, a place outside the job, sizes beyond any model's).
+    fn payload_bytes(&self) -> Result<u64, String> {
+        let spec = &self.spec;
+        spec.validate()?;
+        if self.num_servers == 0 || self.server_index >= self.num_servers {
+            return Err(format!("server {} of {}", self.server_index, self.num_servers));
+        }
+        if spec.sparse.len() > crate::table::MAX_TABLES || spec.sparse.iter().any(|t| t.dim > crate::table::MAX_DIM) {
+            return Err("more or wider sparse tables than any server holds".into());
+        }
+        if self.sparse_rows.len() != spec.sparse.len() {
+            return Err("sparse table count does not match the spec".into());
+        }
+        let too_big = || "sizes beyond any model".to_string();
+        let total =
+            spec.dense.params.iter().try_fold(0u64, |sum, p| sum.checked_add(p.len as u64)).ok_or_else(too_big)?;
+        // This server's floats, counted without walking its blocks (a hostile block size of 1
+        // would make that walk endless): every owned block is whole but perhaps the last one.
+        let (bs, n, index) = (spec.dense.block_size as u64, self.num_servers as u64, self.server_index as u64);
+        let blocks = total.div_ceil(bs);
+        let owned = if index < blocks { (blocks - 1 - index) / n + 1 } else { 0 };
+        let mut floats = owned.checked_mul(bs).ok_or_else(too_big)?;
+        if blocks > 0 && (blocks - 1) % n == index {
+            floats -= blocks * bs - total;
+        }
+        if owned != self.dense_blocks as u64 {
+            return Err("dense block count does not match the spec".into());
+        }
+        // A block's optimizer state is `a` floats per weight plus `c` (Adam's step count).
+        let (c, a) = (spec.dense.optimizer.state_len(0) as u64, spec.dense.optimizer.state_len(1) as u64);
+        let a = a - c;
+        let values = floats.checked_mul(1 + a).and_then(|v| v.checked_add(c * owned)).ok_or_else(too_big)?;
+        let mut bytes = values.checked_mul(4).ok_or_else(too_big)?;
+        for (t, &rows) in spec.sparse.iter().zip(&self.sparse_rows) {
+            let row = (t.dim + t.optimizer.state_len(t.dim)) as u64;
+            let table = (rows as u64).checked_mul(8 + 4 * row).ok_or_else(too_big)?;
+            bytes = bytes.checked_add(table).ok_or_else(too_big)?;
+        }
+        Ok(bytes)
+    }
 }
 
 /// A writer that keeps the CRC-32 of everything written.
@@ -189,7 +236,8 @@ pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u
 pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
     let mut bytes = Vec::new();
-    File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io_err(path))?;
+    let file = crate::state_file::open(path, false)?.ok_or_else(|| corrupt("missing".into()))?;
+    (&file).read_to_end(&mut bytes).map_err(io_err(path))?;
     if bytes.len() < 20 || &bytes[..8] != SHARD_MAGIC {
         return Err(corrupt("not an oar shard file (bad magic)".into()));
     }
@@ -199,17 +247,31 @@ pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
     if stored != actual {
         return Err(corrupt(format!("CRC-32 mismatch (stored {stored:08x}, computed {actual:08x})")));
     }
-    let mut pos = 8;
+    let hlen = body
+        .get(8..16)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .ok_or_else(|| corrupt("truncated at byte 8".into()))?;
+    let header_bytes = usize::try_from(hlen)
+        .ok()
+        .and_then(|h| body.get(16..16usize.checked_add(h)?))
+        .ok_or_else(|| corrupt(format!("a header of {hlen} bytes runs past the file's end")))?;
+    let header: ShardHeader = serde_json::from_slice(header_bytes).map_err(|e| corrupt(format!("header: {e}")))?;
+    if header.format != FORMAT_VERSION {
+        return Err(corrupt(format!("format {} (this build reads {FORMAT_VERSION})", header.format)));
+    }
+    let mut pos = 16 + header_bytes.len();
+    // Everything the header says is checked against the bytes that follow before anything is
+    // allocated from it: a header is as hostile as any input.
+    let expected = header.payload_bytes().map_err(|m| corrupt(format!("header: {m}")))?;
+    if expected != (body.len() - pos) as u64 {
+        let held = body.len() - pos;
+        return Err(corrupt(format!("the header describes {expected} bytes of values, the file holds {held}")));
+    }
     let mut take = |n: usize| -> Result<&[u8], CheckpointError> {
         let s = body.get(pos..pos + n).ok_or_else(|| corrupt(format!("truncated at byte {pos}")))?;
         pos += n;
         Ok(s)
     };
-    let hlen = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes")) as usize;
-    let header: ShardHeader = serde_json::from_slice(take(hlen)?).map_err(|e| corrupt(format!("header: {e}")))?;
-    if header.format != FORMAT_VERSION {
-        return Err(corrupt(format!("format {} (this build reads {FORMAT_VERSION})", header.format)));
-    }
     let shard = Shard::new(header.spec, header.server_index, header.num_servers);
     {
         let mut dense = shard.dense.lock();
@@ -291,7 +353,14 @@ impl Manifest {
                 path: dir.to_path_buf(),
                 cause: std::io::Error::new(e.kind(), "no manifest.json and no 'latest' file: not a saved model"),
             })?;
-            dir.join(name.trim())
+            let name = name.trim();
+            if !plain_name(name) {
+                return Err(CheckpointError::Corrupt {
+                    path: latest,
+                    reason: format!("names {name:?}, not a pass folder beside it"),
+                });
+            }
+            dir.join(name)
         };
         let path = pass_dir.join("manifest.json");
         let bytes = std::fs::read(&path).map_err(io_err(&path))?;
@@ -303,10 +372,17 @@ impl Manifest {
         if m.shards.len() != m.num_servers {
             return Err(CheckpointError::Corrupt { path, reason: "shard list does not match num_servers".into() });
         }
+        if let Some(e) = m.shards.iter().find(|e| !plain_name(&e.file)) {
+            return Err(CheckpointError::Corrupt {
+                path,
+                reason: format!("shard {:?} is not a file beside it", e.file),
+            });
+        }
         Ok((m, pass_dir))
     }
 
-    /// Reads server `index`'s shard from `pass_dir`, checking it against this manifest.
+    /// Reads server `index`'s shard from `pass_dir` (below the manifest's count, checked when
+    /// it was read), checking it against this manifest.
     pub fn load_shard(&self, pass_dir: &Path, index: usize) -> Result<Shard, CheckpointError> {
         let entry = &self.shards[index];
         let path = pass_dir.join(&entry.file);
@@ -413,6 +489,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     };
     write().map_err(io_err(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// Whether `name`, read from a file, names a file or folder right beside it: not a path that
+/// could lead anywhere else.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod protocol;
 pub mod rendezvous;
 pub mod server;
 pub mod shard_checkpoints;
+pub mod state_file;
 pub mod supervise;
 pub mod table;
 pub mod train;

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{read_shard, shard_file_name, write_snapshot, CheckpointError, ShardSnapshot};
 use crate::ledger::TrainerLedger;
+use crate::state_file::{self, StateFileError, COUNTER_MAX};
 use crate::table::Shard;
 
 /// Where and how often a server checkpoints its shard.
@@ -82,25 +83,37 @@ pub struct Fence {
     pub epoch: u64,
 }
 
+/// The most bytes a `fence.json` or `trainers.json` holds.
+const SMALL_FILE: u64 = 1 << 20;
+/// The most bytes an `entry.json` holds (its ledgers: a few thousand steps per trainer).
+const ENTRY_FILE: u64 = 256 << 20;
+
 impl Fence {
     fn path(folder: &Path) -> PathBuf {
         folder.join("fence.json")
     }
 
+    /// The claim in `folder`, checked (`None`: no claim yet).
+    pub fn read(folder: &Path) -> Result<Option<Fence>, StateFileError> {
+        let path = Self::path(folder);
+        let Some(fence) = state_file::read_json::<Fence>(&path, SMALL_FILE)? else { return Ok(None) };
+        state_file::bounded(&path, "epoch", fence.epoch, COUNTER_MAX)?;
+        Ok(Some(fence))
+    }
+
     /// The newer epoch of this job that has claimed `folder`, if one has.
-    fn superseded_by(&self, folder: &Path) -> Option<u64> {
-        let claimed: Fence = serde_json::from_slice(&std::fs::read(Self::path(folder)).ok()?).ok()?;
-        (claimed.job == self.job && claimed.epoch > self.epoch).then_some(claimed.epoch)
+    fn superseded_by(&self, folder: &Path) -> Result<Option<u64>, StateFileError> {
+        let claimed = Self::read(folder)?;
+        Ok(claimed.filter(|c| c.job == self.job && c.epoch > self.epoch).map(|c| c.epoch))
     }
 
     /// Claims `folder` for this epoch (unless a newer one has).
     fn claim(&self, folder: &Path) -> Result<(), CheckpointError> {
-        if let Some(newer) = self.superseded_by(folder) {
+        if let Some(newer) = self.superseded_by(folder)? {
             return Err(CheckpointError::Superseded { epoch: self.epoch, newer });
         }
-        std::fs::create_dir_all(folder)
-            .and_then(|_| std::fs::write(Self::path(folder), serde_json::to_vec(self).expect("a fence serializes")))
-            .map_err(|cause| CheckpointError::Io { path: Self::path(folder), cause })
+        std::fs::create_dir_all(folder).map_err(|cause| CheckpointError::Io { path: folder.to_path_buf(), cause })?;
+        Ok(state_file::write_json(&Self::path(folder), self)?)
     }
 }
 
@@ -171,9 +184,8 @@ impl Checkpointer {
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
             let (epoch, job) = (self.fence.epoch, self.fence.job.clone());
             let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64, epoch, job, ledgers };
-            let json = serde_json::to_vec_pretty(&entry).expect("an entry always serializes");
-            std::fs::write(tmp.join("entry.json"), json).map_err(io(&tmp))?;
-            if let Some(newer) = self.fence.superseded_by(&folder) {
+            state_file::write_json(&tmp.join("entry.json"), &entry)?;
+            if let Some(newer) = self.fence.superseded_by(&folder)? {
                 return Err(CheckpointError::Superseded { epoch: self.fence.epoch, newer });
             }
             let done = folder.join(&name);
@@ -195,18 +207,8 @@ impl Checkpointer {
 
 /// Checkpoints every `policy.every` until `stop` is dropped (or sent to). `cut` takes a
 /// consistent cut once tables are declared. Runs on its own thread.
-pub fn run(
-    policy: Policy,
-    index: usize,
-    fence: Fence,
-    cut: impl Fn() -> Option<Cut>,
-    stop: std::sync::mpsc::Receiver<()>,
-) {
-    let every = policy.every;
-    let mut checkpointer = match Checkpointer::new(policy, index, fence) {
-        Ok(c) => c,
-        Err(e) => return tracing::error!("no checkpoints will be written: {e}"),
-    };
+pub fn run(mut checkpointer: Checkpointer, cut: impl Fn() -> Option<Cut>, stop: std::sync::mpsc::Receiver<()>) {
+    let every = checkpointer.policy.every;
     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
         let (started, cpu) = (std::time::Instant::now(), thread_cpu_seconds());
         let Some(cut) = cut() else { continue };
@@ -254,20 +256,59 @@ pub struct EarlierLife {
     /// The newest checkpoint in the folder is this job's (else the restart has none to go on
     /// from: an earlier job's checkpoints are never mistaken for this one's).
     pub checkpoint: bool,
+    /// That run of the job finished (every trainer closed): this is a new run of the same job,
+    /// not a restart, and starts afresh.
+    pub finished: bool,
+}
+
+/// The mark a server leaves beside its checkpoints once every trainer of its run has closed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Finished {
+    job: String,
+}
+
+/// Marks server `index`'s run of `job` under `dir` as finished: a later process of the same job
+/// is a new run, not a restart.
+pub fn mark_finished(dir: &Path, index: usize, job: &str) -> Result<(), StateFileError> {
+    state_file::write_json(&server_dir(dir, index).join("finished.json"), &Finished { job: job.to_string() })
+}
+
+/// Moves server `index`'s folder under `dir` aside (to `server-K.run-<unix ms>`), so a new run
+/// starts in an empty one and nothing of the earlier run is lost; returns where it went.
+pub fn set_aside(dir: &Path, index: usize) -> std::io::Result<PathBuf> {
+    let folder = server_dir(dir, index);
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let aside = dir.join(format!("server-{index}.run-{ms}"));
+    std::fs::rename(&folder, &aside)?;
+    Ok(aside)
 }
 
 /// What `job`'s earlier processes left in server `index`'s folder under `dir`: `None` when no
 /// process of this job has claimed it (a fresh start, or the folder of another job).
-pub fn earlier_life(dir: &Path, index: usize, job: &str) -> Option<EarlierLife> {
+/// A claim that cannot be read (damaged, a link, a pipe) is an error naming the file, never a
+/// fresh start: a restart that took itself for a new server would serve an empty shard.
+pub fn earlier_life(dir: &Path, index: usize, job: &str) -> Result<Option<EarlierLife>, StateFileError> {
     let folder = server_dir(dir, index);
-    let fence: Fence = serde_json::from_slice(&std::fs::read(Fence::path(&folder)).ok()?).ok()?;
-    if fence.job != job {
-        return None;
+    let Some(fence) = Fence::read(&folder)?.filter(|f| f.job == job) else { return Ok(None) };
+    let checkpoint = complete(&folder).iter().rev().any(|(_, path)| read_entry(path).is_ok_and(|e| e.job == job));
+    let finished = state_file::read_json::<Finished>(&folder.join("finished.json"), SMALL_FILE)?;
+    Ok(Some(EarlierLife { epoch: fence.epoch, checkpoint, finished: finished.is_some_and(|f| f.job == job) }))
+}
+
+/// A checkpoint's `entry.json`, checked.
+fn read_entry(checkpoint: &Path) -> Result<Entry, StateFileError> {
+    let path = checkpoint.join("entry.json");
+    let entry: Entry =
+        state_file::read_json(&path, ENTRY_FILE)?.ok_or_else(|| StateFileError::invalid(&path, "missing"))?;
+    state_file::bounded(&path, "version", entry.version, COUNTER_MAX)?;
+    state_file::bounded(&path, "epoch", entry.epoch, COUNTER_MAX)?;
+    for l in &entry.ledgers {
+        state_file::bounded(&path, "a ledger's step", l.below, COUNTER_MAX)?;
+        if l.recent.len() > crate::ledger::WINDOW || l.recent.keys().any(|&s| s > COUNTER_MAX) {
+            return Err(StateFileError::invalid(&path, "a ledger holds more steps than any server keeps"));
+        }
     }
-    let newest = complete(&folder)
-        .last()
-        .and_then(|(_, path)| serde_json::from_slice::<Entry>(&std::fs::read(path.join("entry.json")).ok()?).ok());
-    Some(EarlierLife { epoch: fence.epoch, checkpoint: newest.is_some_and(|e| e.job == job) })
+    Ok(entry)
 }
 
 /// Where the trainers are, as a server records it beside its checkpoints whenever it changes
@@ -290,36 +331,55 @@ impl Trainers {
         folder.join("trainers.json")
     }
 
-    /// The record of `job` in server `index`'s folder under `dir`, if there is one.
-    pub fn read(dir: &Path, index: usize, job: &str) -> Option<Trainers> {
-        let bytes = std::fs::read(Trainers::path(&server_dir(dir, index))).ok()?;
-        serde_json::from_slice::<Trainers>(&bytes).ok().filter(|t| t.job == job)
+    /// The record of `job` in server `index`'s folder under `dir` for a job of `trainers`
+    /// trainers, if there is one; a record naming trainers the job does not have is refused.
+    pub fn read(dir: &Path, index: usize, job: &str, trainers: usize) -> Result<Option<Trainers>, StateFileError> {
+        let path = Trainers::path(&server_dir(dir, index));
+        let Some(t) = state_file::read_json::<Trainers>(&path, SMALL_FILE)?.filter(|t| t.job == job) else {
+            return Ok(None);
+        };
+        state_file::bounded(&path, "pass", t.pass, COUNTER_MAX)?;
+        if let Some(id) = t.closed.iter().chain(&t.ended).find(|&&id| id >= trainers as u64) {
+            return Err(StateFileError::invalid(&path, format!("names trainer {id}, but the job has {trainers}")));
+        }
+        Ok(Some(t))
     }
 
-    /// Records this in server `index`'s folder under `dir` (written to a temporary file, then
-    /// renamed over the last record).
+    /// Records this in server `index`'s folder under `dir`, atomically.
     pub fn write(&self, dir: &Path, index: usize) -> Result<(), CheckpointError> {
         let folder = server_dir(dir, index);
-        let (tmp, path) = (folder.join("trainers.json.tmp"), Trainers::path(&folder));
-        std::fs::create_dir_all(&folder)
-            .and_then(|_| std::fs::write(&tmp, serde_json::to_vec(self).expect("a record serializes")))
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|cause| CheckpointError::Io { path, cause })
+        std::fs::create_dir_all(&folder).map_err(|cause| CheckpointError::Io { path: folder.clone(), cause })?;
+        Ok(state_file::write_json(&Trainers::path(&folder), self)?)
     }
 }
 
-/// Loads server `index`'s newest checkpoint under `dir` whose file checks, logging and skipping
-/// any newer one that does not.
-pub fn load_latest(dir: &Path, index: usize) -> anyhow::Result<(Entry, Shard)> {
+/// Loads server `index`'s newest checkpoint of `job` under `dir` whose files check, logging and
+/// skipping any newer one that does not; another job's checkpoints are never loaded, even when
+/// this job's are all damaged.
+pub fn load_latest(dir: &Path, index: usize, job: &str) -> anyhow::Result<(Entry, Shard)> {
     let folder = server_dir(dir, index);
+    let mut others = std::collections::BTreeSet::new();
     for (seq, path) in complete(&folder).into_iter().rev() {
-        let entry: anyhow::Result<Entry> = std::fs::read(path.join("entry.json"))
-            .map_err(anyhow::Error::from)
-            .and_then(|b| serde_json::from_slice(&b).map_err(anyhow::Error::from));
-        match entry.and_then(|e| Ok((e, read_shard(&path.join(shard_file_name(index)))?))) {
-            Ok(loaded) => return Ok(loaded),
-            Err(e) => tracing::warn!(seq, path = %path.display(), "skipping a damaged checkpoint: {e}"),
+        let entry = match read_entry(&path) {
+            Ok(e) if e.job != job => {
+                others.insert(e.job);
+                continue;
+            }
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(seq, "skipping a damaged checkpoint: {e}");
+                continue;
+            }
+        };
+        match read_shard(&path.join(shard_file_name(index))) {
+            Ok(shard) => return Ok((entry, shard)),
+            Err(e) => tracing::warn!(seq, "skipping a damaged checkpoint: {e}"),
         }
     }
-    anyhow::bail!("{}: no readable checkpoint of server {index}", folder.display())
+    let others = if others.is_empty() {
+        String::new()
+    } else {
+        format!(" (it holds checkpoints of job(s) {others:?}, never loaded for another job)")
+    };
+    anyhow::bail!("{}: no readable checkpoint of server {index} of job '{job}'{others}", folder.display())
 }

@@ -282,10 +282,13 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
         net[0].push(timed(&mut pull, &drawn, false, &server_cpu)?);
         net[1].push(timed(&mut pull, &batches, false, &server_cpu)?);
     }
+    // Each push its own step: servers answer a step sent again without applying it.
+    let mut step = 0;
     for _ in 0..3 {
         let mut push = |ids: &[u64]| {
             let g = TableGrads { table: 0, dim: 10, ids, grads: &grads[..ids.len() * 10] };
-            c.push(&one_sample(), None, &[g])?;
+            step += 1;
+            c.push(&StepHeader { step, ..one_sample() }, None, &[g])?;
             anyhow::Ok(())
         };
         net[2].push(timed(&mut push, &batches, false, &server_cpu)?);

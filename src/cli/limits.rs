@@ -47,7 +47,7 @@ impl LimitArgs {
     /// The limits, each flag checked.
     pub fn limits(&self) -> anyhow::Result<Limits> {
         let seconds = |flag: &str, v: f64| -> anyhow::Result<Duration> {
-            anyhow::ensure!(v.is_finite() && v >= 0.0 && v < 1e9, "--{flag} must be a number of seconds, not {v}");
+            anyhow::ensure!((0.0..1e9).contains(&v), "--{flag} must be a number of seconds, not {v}");
             Ok(Duration::from_secs_f64(v))
         };
         anyhow::ensure!(self.max_connections > 0, "--max-connections must be at least 1");

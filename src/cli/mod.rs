@@ -567,13 +567,13 @@ struct LaunchArgs {
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Servers checkpoint their shards in the background every this many seconds, into
-    /// OUTPUT/checkpoints (needs --output).
+    /// OUTPUT/checkpoints (needs --output) [default: 30 with --max-restarts, else none].
     #[arg(long)]
     checkpoint_every: Option<f64>,
     /// Restart a server that dies or stops answering, from its newest checkpoint, while the
     /// trainers wait for it, and a trainer that dies, from its recorded position in its data,
     /// while the servers wait for it: at most this many restarts in all (0: the job fails at
-    /// once).
+    /// once). Needs --output (checkpoints and positions live there).
     #[arg(long, default_value_t = 0)]
     max_restarts: usize,
     /// Folder for the log files.
@@ -757,7 +757,8 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 test: a.test,
                 output: a.output,
                 resume: a.resume,
-                checkpoint_every: a.checkpoint_every,
+                // A restarted server resumes from its newest checkpoint: restarts turn them on.
+                checkpoint_every: a.checkpoint_every.or((a.max_restarts > 0).then_some(RESTART_CHECKPOINT_SECONDS)),
                 max_restarts: a.max_restarts,
                 logs: a.logs,
                 exe: std::env::current_exe().context("cannot find the oar binary")?,
@@ -1086,10 +1087,17 @@ fn recover_server(a: &mut PserverArgs, index: Option<usize>, num_servers: usize)
         .filter(|_| num_servers > 0)
         .context("--recoverable needs the server's place to find its checkpoints: give --index and --num-servers")?;
     a.trainer_rejoin = a.trainer_rejoin.or(Some(RECOVER_SECONDS));
-    let Some(life) = crate::shard_checkpoints::earlier_life(&dir, index, &a.job) else {
+    let Some(life) = crate::shard_checkpoints::earlier_life(&dir, index, &a.job)? else {
         tracing::info!(dir = %dir.display(), job = %a.job, "no earlier process of this server: starting afresh");
         return Ok(());
     };
+    if life.finished {
+        // The same job run again after it finished: a new run, never the old one's restart.
+        let aside = crate::shard_checkpoints::set_aside(&dir, index)
+            .with_context(|| format!("moving the finished run's state in {} aside", dir.display()))?;
+        tracing::warn!(job = %a.job, aside = %aside.display(), "this job finished here before: a new run starts afresh");
+        return Ok(());
+    }
     a.epoch = a.epoch.max(life.epoch + 1);
     if life.checkpoint {
         a.resume = Some(dir.clone());
@@ -1114,7 +1122,14 @@ fn recoverable_trainer(mut config: TrainConfig) -> anyhow::Result<TrainConfig> {
     };
     config.recover = config.recover.or(Some(Duration::from_secs_f64(RECOVER_SECONDS)));
     match crate::train::position::Position::read(&dir, config.trainer_id)? {
-        Some(p) if p.job == config.job => config.rejoin = true,
+        Some(p) if p.job == config.job && p.finished => {
+            tracing::warn!(job = %p.job, "this trainer finished this job before: a new run starts afresh")
+        }
+        Some(p) if p.job == config.job => {
+            // Checked before connecting: a record this run cannot go on from fails at once.
+            p.check_passes(&dir, config.passes)?;
+            config.rejoin = true
+        }
         Some(p) => tracing::info!(job = %p.job, "a position record of another job: starting afresh"),
         None => {}
     }
@@ -1124,6 +1139,9 @@ fn recoverable_trainer(mut config: TrainConfig) -> anyhow::Result<TrainConfig> {
 
 /// Seconds a recoverable process waits for a lost peer to be restarted (`--recoverable`).
 const RECOVER_SECONDS: f64 = 60.0;
+
+/// Seconds between a server's checkpoints when restarts are on and no period was given.
+const RESTART_CHECKPOINT_SECONDS: f64 = 30.0;
 
 /// The server settings of an `oar train` command line whose process turns out to be a server
 /// (a PSERVER role, or a server rank under an engine).

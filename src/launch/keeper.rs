@@ -125,10 +125,10 @@ impl JobKeeper {
         if let Some(at) = args.iter().position(|a| a == "--port") {
             args[at + 1] = port;
         }
-        let from_checkpoint = self
-            .checkpoints
-            .as_ref()
-            .filter(|d| crate::shard_checkpoints::earlier_life(d, i, &self.job).is_some_and(|life| life.checkpoint));
+        let from_checkpoint = self.checkpoints.as_ref().filter(|d| {
+            let life = crate::shard_checkpoints::earlier_life(d, i, &self.job);
+            life.inspect_err(|e| tracing::error!("{e}")).ok().flatten().is_some_and(|life| life.checkpoint)
+        });
         if let Some(dir) = from_checkpoint {
             if let Some(at) = args.iter().position(|a| a == "--resume") {
                 args.drain(at..at + 2);

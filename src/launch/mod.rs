@@ -61,6 +61,12 @@ pub use crate::supervise::LaunchSummary;
 pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     anyhow::ensure!(config.servers > 0 || config.mode == Mode::Local, "--servers must be at least 1");
     anyhow::ensure!(config.workers > 0, "--workers must be at least 1");
+    // Never a silent fresh shard: a restarted server needs a checkpoint to go on from.
+    anyhow::ensure!(
+        config.max_restarts == 0 || (config.checkpoint_every.is_some() && config.output.is_some()),
+        "--max-restarts needs --output and --checkpoint-every: a restarted server resumes from its newest \
+         checkpoint in OUTPUT/checkpoints, and without one would start from an empty shard"
+    );
     config.job.validate_with(&config.registry)?;
     // Checked before any process starts: a worker without data would fail only after start-up.
     let files = crate::config::resolve_files(&config.train)?;

@@ -96,6 +96,10 @@ pub(super) fn close(state: &Arc<State>, trainer: u64) -> Reply {
         if let Some(dir) = &state.config.save_dir {
             save_final(state, dir)?;
         }
+        if let Some(policy) = &state.config.checkpoints {
+            crate::shard_checkpoints::mark_finished(&policy.dir, state.config.index, &state.config.job)
+                .map_err(|e| (ErrorCode::Io, format!("marking the run finished: {e}")))?;
+        }
         // Stop only after this reply is on the wire (see `serve_connection`), or the last
         // trainer's close could be cut off by the shutdown it causes.
         Ok(Answer::LastClose)

@@ -36,7 +36,7 @@ mod requests;
 pub mod sync;
 
 pub use config::{Limits, Mode, NonFinite, ServerConfig, ServerStats};
-pub use requests::{inside, MAX_DIM, MAX_TABLES};
+pub use requests::inside;
 use sync::SyncStep;
 
 #[derive(Default)]
@@ -203,13 +203,22 @@ pub async fn run(
         }
         None => (None, 0, Vec::new()),
     };
+    anyhow::ensure!(
+        ledgers.len() <= config.trainers,
+        "the checkpoint records pushes of {} trainers, this job has {}",
+        ledgers.len(),
+        config.trainers
+    );
     ledgers.resize_with(config.trainers, TrainerLedger::default);
     // A restart takes up where the trainers were when its predecessor last recorded it.
     let mut config = config;
     let mut sync = SyncStep::new(version);
     let recorded = config.checkpoints.as_ref().filter(|_| config.epoch > 0);
-    if let Some(t) = recorded.and_then(|p| crate::shard_checkpoints::Trainers::read(&p.dir, config.index, &config.job))
-    {
+    let record = match recorded {
+        Some(p) => crate::shard_checkpoints::Trainers::read(&p.dir, config.index, &config.job, config.trainers)?,
+        None => None,
+    };
+    if let Some(t) = record {
         let new: Vec<u64> = t.closed.into_iter().filter(|c| !config.closed.contains(c)).collect();
         config.closed.extend(new);
         (sync.pass, sync.ended) = (t.pass, t.ended.into_iter().collect());
@@ -315,10 +324,14 @@ pub async fn run(
     if let Some(policy) = state.config.checkpoints.clone() {
         let (watched, index) = (state.clone(), state.config.index);
         let fence = crate::shard_checkpoints::Fence { job: state.config.job.clone(), epoch: state.config.epoch };
-        let shard = move || watched.cut();
+        // Claimed before serving: a server that cannot own its checkpoint folder must not run
+        // as though a restart could go on from it.
+        let checkpointer = crate::shard_checkpoints::Checkpointer::new(policy, index, fence)
+            .context("cannot claim the checkpoint folder (--checkpoint-dir)")?;
+        let cut = move || watched.cut();
         let thread = std::thread::Builder::new()
             .name("oar-checkpoint".into())
-            .spawn(move || crate::shard_checkpoints::run(policy, index, fence, shard, stopped))
+            .spawn(move || crate::shard_checkpoints::run(checkpointer, cut, stopped))
             .context("starting the checkpoint thread")?;
         checkpoint_thread = Some(thread);
     }
@@ -413,7 +426,7 @@ pub async fn run(
 fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Result<(Shard, u64, Vec<TrainerLedger>)> {
     // A checkpoint folder (background checkpoints): this server's newest readable one.
     if crate::shard_checkpoints::has_checkpoints(dir, config.index) {
-        let (entry, shard) = crate::shard_checkpoints::load_latest(dir, config.index)?;
+        let (entry, shard) = crate::shard_checkpoints::load_latest(dir, config.index, &config.job)?;
         anyhow::ensure!(
             shard.num_servers == config.num_servers,
             "{}: checkpointed with {} servers, this job has {}",

@@ -8,13 +8,7 @@ use std::sync::Arc;
 use super::{table_err, Answer, Reply, State};
 use crate::checkpoint::write_shard;
 use crate::protocol::{Declaration, DenseSelection, ErrorCode, Pull, Response, RowCreation};
-use crate::table::Shard;
-
-/// Widest sparse row a declaration may ask for, in floats: far beyond any embedding in use,
-/// and small enough that an empty table's first slots stay small.
-pub const MAX_DIM: usize = 1 << 16;
-/// Most sparse tables a declaration may ask for.
-pub const MAX_TABLES: usize = 4096;
+use crate::table::{Shard, MAX_DIM, MAX_TABLES};
 
 /// Creates the shard from the first declaration; later ones must match it.
 pub(super) fn declare(state: &State, declaration: Declaration) -> Reply {
@@ -156,13 +150,15 @@ pub fn inside(root: &Path, dir: &Path) -> Option<PathBuf> {
     }
     let root = std::path::absolute(root).ok()?;
     let dir = if dir.is_absolute() { dir.to_path_buf() } else { root.join(dir) };
-    if !dir.starts_with(&root) {
-        return None;
-    }
-    let real_root = root.canonicalize().ok()?;
-    let mut existing = dir.as_path();
-    while !existing.exists() {
+    (dir.starts_with(&root) && resolved(&dir)?.starts_with(resolved(&root)?)).then_some(dir)
+}
+
+/// `path` with the deepest part of it that exists resolved through symbolic links, and the
+/// rest (not there yet) as written.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    let mut existing = path;
+    while std::fs::symlink_metadata(existing).is_err() {
         existing = existing.parent()?;
     }
-    existing.canonicalize().ok()?.starts_with(&real_root).then_some(dir)
+    Some(existing.canonicalize().ok()?.join(path.strip_prefix(existing).ok()?))
 }

@@ -152,6 +152,12 @@ impl TableSpec {
     }
 }
 
+/// Widest sparse row a declaration or a shard file may hold, in floats: far beyond any
+/// embedding in use, and small enough that an empty table's first slots stay small.
+pub const MAX_DIM: usize = 1 << 16;
+/// Most sparse tables a declaration or a shard file may hold.
+pub const MAX_TABLES: usize = 4096;
+
 /// Errors of table operations; each names the table and what was wrong.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum TableError {

@@ -394,6 +394,9 @@ pub fn run_with(
     if let Store::Remote(client) = &mut store {
         client.close(me)?;
     }
+    if let Some(p) = &positions {
+        p.lock().finish()?;
+    }
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -409,10 +412,12 @@ fn start_position(config: &TrainConfig, first_pass: u32) -> anyhow::Result<Posit
         step: 0,
         samples: 0,
         trained: 0,
+        finished: false,
     };
     let (Some(dir), true) = (&config.positions, config.rejoin) else { return Ok(fresh) };
     match Position::load(dir, &config.job, config.trainer_id)? {
         Some(p) => {
+            p.check_passes(dir, config.passes)?;
             tracing::warn!(
                 trainer = p.trainer,
                 pass = p.pass,
@@ -554,7 +559,7 @@ impl Comms<'_, '_> {
         times: &mut StepTimes,
         step: &AtomicU64,
         positions: Option<&Mutex<PositionLog>>,
-    ) -> anyhow::Result<Option<(Prepared, u64, u64, Option<u64>)>> {
+    ) -> anyhow::Result<Option<Next>> {
         let t0 = Instant::now();
         let take = |p: &Prepared| positions.map(|log| log.lock().take(p.batch.len() as u64));
         match self {
@@ -654,6 +659,10 @@ impl Comms<'_, '_> {
         }
     }
 }
+
+/// The next batch (see [`Comms::next`]): the batch, its parameters' version, its step and its
+/// number in the position log.
+type Next = (Prepared, u64, u64, Option<u64>);
 
 /// One step's gradients, owned (for the communication thread or a delayed update).
 fn push_job(header: StepHeader, r: &Replica, lookups: &Lookups, number: Option<u64>) -> PushJob {

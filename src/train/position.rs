@@ -8,7 +8,7 @@
 //! record torn by a machine crash is caught by its checksum rather than misread.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -34,6 +34,9 @@ pub struct Position {
     pub samples: u64,
     /// Samples trained in this run (all passes), for the trainer's report.
     pub trained: u64,
+    /// The run ended (the trainer closed): a later start of the same job is a new run.
+    #[serde(default)]
+    pub finished: bool,
 }
 
 impl Position {
@@ -59,11 +62,8 @@ impl Position {
     /// Reads the record in `trainer`'s file in `dir`, of whichever job: `None` when there is none.
     pub fn read(dir: &Path, trainer: usize) -> anyhow::Result<Option<Position>> {
         let path = Position::path(dir, trainer);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-        };
+        // Not followed if a link, not waited on if a pipe, not read past one record's size.
+        let Some(bytes) = crate::state_file::read(&path, RECORD as u64)? else { return Ok(None) };
         let bad = |why: &str| anyhow::anyhow!("{}: {why}: the trainer cannot tell where it was", path.display());
         let text = std::str::from_utf8(&bytes).map_err(|_| bad("not a position record"))?;
         let mut lines = text.lines();
@@ -71,7 +71,25 @@ impl Position {
         if format!("{:08x}", crc32fast::hash(json.as_bytes())) != crc {
             return Err(bad("checksum mismatch (a torn record)"));
         }
-        serde_json::from_str(json).map(Some).map_err(|e| bad(&e.to_string()))
+        let pos: Position = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))?;
+        let max = crate::state_file::COUNTER_MAX;
+        if pos.step > max || pos.samples > max || pos.trained > max || pos.first_pass > pos.pass {
+            return Err(bad("its counts are beyond any run's"));
+        }
+        Ok(Some(pos))
+    }
+
+    /// Checks that this record can be gone on from in a run of `passes` passes: a record of a
+    /// later pass (another run's, or a damaged one) would make the trainer train nothing.
+    pub fn check_passes(&self, dir: &Path, passes: u32) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.pass >= 1 && self.pass <= passes,
+            "{}: the record is in pass {}, but this run has passes 1..={passes}: not this run's (start it afresh \
+             without the record, or give the run's --passes)",
+            Position::path(dir, self.trainer).display(),
+            self.pass
+        );
+        Ok(())
     }
 }
 
@@ -93,11 +111,15 @@ impl PositionLog {
     pub fn create(dir: &Path, pos: Position) -> anyhow::Result<PositionLog> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let path = Position::path(dir, pos.trainer);
+        // Refused if a link, a pipe or a folder: the record is written in place, so a link
+        // would have the file it points to overwritten.
+        drop(crate::state_file::open(&path, false)?);
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .with_context(|| format!("cannot open {}", path.display()))?;
         let mut log = PositionLog { file, path, pos, open: BTreeMap::new(), next: 0 };
@@ -108,6 +130,12 @@ impl PositionLog {
     /// The position recorded so far.
     pub fn position(&self) -> &Position {
         &self.pos
+    }
+
+    /// The run ended: the record says so, for a later start of the same job.
+    pub fn finish(&mut self) -> anyhow::Result<()> {
+        self.pos.finished = true;
+        self.write()
     }
 
     /// A new pass starts at the beginning of the shard.
@@ -166,7 +194,16 @@ mod tests {
     use super::*;
 
     fn start(job: &str) -> Position {
-        Position { job: job.into(), trainer: 1, first_pass: 1, pass: 1, step: 0, samples: 0, trained: 0 }
+        Position {
+            job: job.into(),
+            trainer: 1,
+            first_pass: 1,
+            pass: 1,
+            step: 0,
+            samples: 0,
+            trained: 0,
+            finished: false,
+        }
     }
 
     #[test]

@@ -83,7 +83,7 @@ fn background_checkpoints_follow_training_and_a_restarted_server_loads_the_newes
     let kept = entries(&ckpt);
     assert!(kept.len() <= 2, "kept {kept:?}");
 
-    let (entry, shard) = load_latest(&ckpt, 0).unwrap();
+    let (entry, shard) = load_latest(&ckpt, 0, "test").unwrap();
     assert_eq!(entry.version, version);
     assert!(!shard.sparse[0].is_empty(), "the rows were checkpointed");
     let resumed = ServerConfig { resume: Some(ckpt.clone()), checkpoints: None, ..config };
@@ -116,29 +116,33 @@ pub fn small_shard() -> oar::table::Shard {
 fn a_restarted_server_finds_only_its_own_jobs_earlier_life() {
     let dir = tempfile::tempdir().unwrap();
     let policy = || Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 };
-    assert_eq!(earlier_life(dir.path(), 0, "test"), None);
+    assert_eq!(earlier_life(dir.path(), 0, "test").unwrap(), None);
     // An earlier job checkpointed here; this job's first process claims the folder, then dies.
     Checkpointer::new(policy(), 0, Fence { job: "old".into(), epoch: 4 })
         .unwrap()
         .write(Cut::of(&small_shard(), 9))
         .unwrap();
-    assert_eq!(earlier_life(dir.path(), 0, "test"), None, "another job's folder");
+    assert_eq!(earlier_life(dir.path(), 0, "test").unwrap(), None, "another job's folder");
     Checkpointer::new(policy(), 0, fence()).unwrap();
-    let life = earlier_life(dir.path(), 0, "test").unwrap();
-    assert_eq!(life, EarlierLife { epoch: 0, checkpoint: false }, "the old job's checkpoint is not ours");
-    assert_eq!(Trainers::read(dir.path(), 0, "test"), None);
+    let life = earlier_life(dir.path(), 0, "test").unwrap().unwrap();
+    assert_eq!(
+        life,
+        EarlierLife { epoch: 0, checkpoint: false, finished: false },
+        "the old job's checkpoint is not ours"
+    );
+    assert_eq!(Trainers::read(dir.path(), 0, "test", 2).unwrap(), None);
     // Its restart (epoch 1) checkpoints and sees trainer 1 close and trainer 0 end pass 2.
     let mut c = Checkpointer::new(policy(), 0, Fence { job: "test".into(), epoch: 1 }).unwrap();
     c.write(Cut::of(&small_shard(), 12)).unwrap();
     let trainers = Trainers { job: "test".into(), closed: vec![1], pass: 2, ended: vec![0] };
     trainers.write(dir.path(), 0).unwrap();
-    let life = earlier_life(dir.path(), 0, "test").unwrap();
-    assert_eq!(life, EarlierLife { epoch: 1, checkpoint: true });
-    assert_eq!(Trainers::read(dir.path(), 0, "test"), Some(trainers));
-    assert_eq!(load_latest(dir.path(), 0).unwrap().0.job, "test");
+    let life = earlier_life(dir.path(), 0, "test").unwrap().unwrap();
+    assert_eq!(life, EarlierLife { epoch: 1, checkpoint: true, finished: false });
+    assert_eq!(Trainers::read(dir.path(), 0, "test", 2).unwrap(), Some(trainers));
+    assert_eq!(load_latest(dir.path(), 0, "test").unwrap().0.job, "test");
     // Another job starting here afresh sees none of it.
-    assert_eq!(earlier_life(dir.path(), 0, "new"), None);
-    assert_eq!(Trainers::read(dir.path(), 0, "new"), None);
+    assert_eq!(earlier_life(dir.path(), 0, "new").unwrap(), None);
+    assert_eq!(Trainers::read(dir.path(), 0, "new", 2).unwrap(), None);
 }
 
 /// The newest checkpoint damaged (one byte flipped): loading takes the previous one.
@@ -156,7 +160,7 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0xff;
     std::fs::write(&newest, bytes).unwrap();
-    let (entry, loaded) = load_latest(dir.path(), 0).unwrap();
+    let (entry, loaded) = load_latest(dir.path(), 0, "test").unwrap();
     assert_eq!((entry.seq, entry.version), (1, 1));
     assert_eq!(loaded.sparse[0].len(), 3);
 }
@@ -178,5 +182,5 @@ fn a_checkpoint_on_a_full_disk_fails_alone_and_the_next_succeeds() {
     assert!(err.contains("No space left on device"), "{err}");
     assert!(!tmp.exists(), "the failed checkpoint's folder is removed");
     assert_eq!(c.write(Cut::of(&shard, 2)).unwrap().seq, 2);
-    assert_eq!(load_latest(dir.path(), 0).unwrap().0.seq, 2);
+    assert_eq!(load_latest(dir.path(), 0, "test").unwrap().0.seq, 2);
 }

@@ -364,3 +364,35 @@ fn a_recoverable_job_run_again_after_dying_goes_on_where_it_was() {
     assert!(!text(&server).contains("going on from it"), "a fresh folder starts afresh");
     assert_same_params(&load_params(&dir.path().join("out")), &load_params(&undisturbed.path().join("out")), 0.0);
 }
+
+/// A finished `--recoverable` job run again with the same job id is a new run, not a restart of
+/// the finished one: its server moves the old run's state aside and starts afresh, its trainer
+/// trains its whole share again, and the model is the first run's bit for bit.
+#[test]
+fn a_finished_recoverable_job_run_again_is_a_new_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let [server, trainer] = recoverable_job(dir.path(), free_ports(1), "", None);
+    assert!(server.status.success() && trainer.status.success(), "{}\n{}", text(&server), text(&trainer));
+    let first = load_params(&dir.path().join("out"));
+    let [server, trainer] = recoverable_job(dir.path(), free_ports(1), "", None);
+    assert!(server.status.success() && trainer.status.success(), "{}\n{}", text(&server), text(&trainer));
+    let log = text(&server);
+    assert!(log.contains("this job finished here before: a new run starts afresh"), "{log}");
+    assert!(!log.contains("going on from it"), "{log}");
+    let log = text(&trainer);
+    assert!(log.contains("a new run starts afresh") && log.contains("trained 10000 samples"), "{log}");
+    assert_same_params(&load_params(&dir.path().join("out")), &first, 0.0);
+}
+
+/// `oar launch --max-restarts` needs somewhere to checkpoint: without --output it is refused
+/// before any process starts, never a restart from an empty shard.
+#[test]
+fn max_restarts_without_an_output_folder_is_refused() {
+    let job = Job::with_parts(2, 100);
+    let (train, logs) = (job.train.display().to_string(), job.logs().display().to_string());
+    let out =
+        oar(&["launch", "--servers", "1", "--workers", "2", "--max-restarts", "1", "--train", &train, "--logs", &logs]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max-restarts needs --output and --checkpoint-every"), "{err}");
+}

@@ -14,5 +14,6 @@ mod models;
 mod paddle;
 mod robustness;
 mod staleness;
+mod state_files;
 mod util;
 mod zoo;

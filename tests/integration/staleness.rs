@@ -104,10 +104,10 @@ fn a_stale_push_takes_a_dense_step_divided_by_its_staleness() {
     // (lag_ratio 1.5 x 1 trainer: pushes up to 2 updates stale are applied.)
     let mut steps = Vec::new();
     let mut before = pull(&mut c);
-    for (base_version, apply) in
-        [(0, Apply::Now), (0, Apply::StalenessScaled), (0, Apply::StalenessScaled), (3, Apply::StalenessScaled)]
-    {
-        let header = StepHeader { trainer: 0, step: 0, pass: 1, base_version, samples: 1, apply };
+    let pushes =
+        [(0, Apply::Now), (0, Apply::StalenessScaled), (0, Apply::StalenessScaled), (3, Apply::StalenessScaled)];
+    for (step, (base_version, apply)) in pushes.into_iter().enumerate() {
+        let header = StepHeader { trainer: 0, step: step as u64, pass: 1, base_version, samples: 1, apply };
         let report = c.push(&header, Some(&ones), &[]).unwrap();
         let after = pull(&mut c);
         steps.push((report.staleness, before - after));

@@ -1,0 +1,212 @@
+//! Reading and writing the small files a restart trusts (a server's `fence.json`,
+//! `trainers.json`, a checkpoint's `entry.json`, a trainer's position record): every one is
+//! hostile until checked. Reads open the file without following a symbolic link and without
+//! blocking (a named pipe would hang the process at start), accept only a regular file, and
+//! refuse one larger than any file oar writes there before reading it. Writes go to a fresh
+//! temporary file in the same folder, are synced, renamed over the old one and the folder is
+//! synced, so a crash leaves the old file or the new one, never a torn one, and a symbolic
+//! link planted at the path is replaced, never followed.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Why a state file could not be read or written; every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    /// The file could not be opened, read or written.
+    #[error("{path}: {cause}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        cause: std::io::Error,
+    },
+    /// Not a regular file (a symbolic link, a named pipe, a folder, a device).
+    #[error("{path}: not a regular file ({kind}): refused")]
+    NotRegular {
+        /// The file.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// Larger than any file oar writes there.
+    #[error("{path}: {bytes} bytes, more than the {max} such a file can hold: refused")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+        /// The most it may hold.
+        max: u64,
+    },
+    /// Read, but its content is not what oar writes there.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl StateFileError {
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateFileError + '_ {
+        move |cause| StateFileError::Io { path: path.to_path_buf(), cause }
+    }
+
+    /// An error for content read from `path`.
+    pub fn invalid(path: &Path, reason: impl Into<String>) -> StateFileError {
+        StateFileError::Invalid { path: path.to_path_buf(), reason: reason.into() }
+    }
+}
+
+fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    match () {
+        _ if t.is_symlink() => "a symbolic link",
+        _ if t.is_dir() => "a folder",
+        _ if t.is_fifo() => "a named pipe",
+        _ if t.is_socket() => "a socket",
+        _ if t.is_block_device() || t.is_char_device() => "a device",
+        _ => "not a file",
+    }
+}
+
+/// Opens `path` for reading (or also writing) as a state file: no symbolic link followed, no
+/// wait on a named pipe, only a regular file. `Ok(None)` if there is none.
+pub fn open(path: &Path, write: bool) -> Result<Option<std::fs::File>, StateFileError> {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path);
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        // O_NOFOLLOW on a link fails with ELOOP: say what it is.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(StateFileError::NotRegular { path: path.to_path_buf(), kind: "a symbolic link" })
+        }
+        Err(e) => return Err(StateFileError::io(path)(e)),
+    };
+    let meta = file.metadata().map_err(StateFileError::io(path))?;
+    if !meta.file_type().is_file() {
+        return Err(StateFileError::NotRegular { path: path.to_path_buf(), kind: kind_of(&meta) });
+    }
+    Ok(Some(file))
+}
+
+/// Reads the state file at `path`, at most `max` bytes; `Ok(None)` if there is none.
+pub fn read(path: &Path, max: u64) -> Result<Option<Vec<u8>>, StateFileError> {
+    let Some(file) = open(path, false)? else { return Ok(None) };
+    let bytes = file.metadata().map_err(StateFileError::io(path))?.size();
+    if bytes > max {
+        return Err(StateFileError::TooLarge { path: path.to_path_buf(), bytes, max });
+    }
+    let mut data = Vec::with_capacity(bytes as usize);
+    // `take`: a file that grows while read is still read no further than its bound.
+    file.take(max + 1).read_to_end(&mut data).map_err(StateFileError::io(path))?;
+    if data.len() as u64 > max {
+        return Err(StateFileError::TooLarge { path: path.to_path_buf(), bytes: data.len() as u64, max });
+    }
+    Ok(Some(data))
+}
+
+/// Reads and parses the JSON state file at `path` (at most `max` bytes).
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path, max: u64) -> Result<Option<T>, StateFileError> {
+    match read(path, max)? {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StateFileError::invalid(path, format!("not a file oar wrote ({e})"))),
+    }
+}
+
+/// Syncs folder `dir`, making a rename or a creation in it durable.
+pub fn sync_dir(dir: &Path) -> Result<(), StateFileError> {
+    std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(StateFileError::io(dir))
+}
+
+/// Replaces the file at `path` with `bytes` atomically and durably (see the module doc).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| StateFileError::invalid(path, "no file name"))?;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{}.{}.{n}.tmp", name.to_string_lossy(), std::process::id()));
+    let write = || -> Result<(), StateFileError> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(StateFileError::io(&tmp))?;
+        f.write_all(bytes).and_then(|_| f.sync_all()).map_err(StateFileError::io(&tmp))?;
+        std::fs::rename(&tmp, path).map_err(StateFileError::io(path))?;
+        sync_dir(dir)
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Writes `value` as JSON to `path` with [`write_atomic`].
+pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), StateFileError> {
+    write_atomic(path, &serde_json::to_vec_pretty(value).expect("state files serialize"))
+}
+
+/// Refuses a number from a state file above `max`: a counter near `u64::MAX` would wrap.
+pub fn bounded(path: &Path, what: &str, value: u64, max: u64) -> Result<u64, StateFileError> {
+    if value > max {
+        return Err(StateFileError::invalid(path, format!("{what} {value} is beyond any this job can reach ({max})")));
+    }
+    Ok(value)
+}
+
+/// The most updates, epochs or steps a counter in a state file may hold: 2^48, far beyond any
+/// run, far below where adding to it could wrap.
+pub const COUNTER_MAX: u64 = 1 << 48;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_refuse_links_pipes_folders_and_oversized_files_and_writes_replace_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, outside) = (dir.path().join("fence.json"), dir.path().join("outside"));
+        assert!(read(&file, 100).unwrap().is_none(), "none yet");
+        write_atomic(&file, b"{}").unwrap();
+        assert_eq!(read(&file, 100).unwrap().unwrap(), b"{}");
+        let e = read(&file, 1).unwrap_err().to_string();
+        assert!(e.contains("2 bytes, more than the 1"), "{e}");
+
+        std::fs::write(&outside, b"keep").unwrap();
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(&outside, &file).unwrap();
+        let e = read(&file, 100).unwrap_err().to_string();
+        assert!(e.contains("a symbolic link"), "{e}");
+        write_atomic(&file, b"new").unwrap();
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep", "the link's target was not written");
+        assert!(!std::fs::symlink_metadata(&file).unwrap().file_type().is_symlink(), "the link was replaced");
+
+        let fifo = dir.path().join("pipe");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let e = read(&fifo, 100).unwrap_err().to_string();
+        assert!(e.contains("a named pipe"), "{e}");
+        let e = read(dir.path(), 100).unwrap_err().to_string();
+        assert!(e.contains("a folder"), "{e}");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "no temporary file left");
+        assert!(bounded(&file, "epoch", u64::MAX, COUNTER_MAX).unwrap_err().to_string().contains("epoch"));
+    }
+}

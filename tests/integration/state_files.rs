@@ -1,0 +1,311 @@
+//! Every file a restart reads, made hostile: torn, truncated, oversized, another job's, a
+//! symbolic link, a named pipe, extreme numbers. Each must give a clear error naming the file
+//! or a clean fallback: no panic, no hang, nothing written outside its folder. The readers are
+//! driven directly (a watchdog fails a read that hangs), then the processes that read them at
+//! start (`oar pserver --recoverable`, `oar train --recoverable`) are run on the worst cases.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::checkpoints::small_shard;
+use crate::util::*;
+use oar::shard_checkpoints::{earlier_life, load_latest, server_dir, Checkpointer, Cut, Fence, Policy, Trainers};
+use oar::train::position::{Position, PositionLog};
+
+/// Runs `f` on another thread; fails if it takes longer than 20 s (a read waiting on a pipe).
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("{what} hung"))
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo reads a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+}
+
+/// The hostile forms of one file; `valid` is its good content, `foreign` another job's.
+#[derive(Clone, Copy, Debug)]
+enum Damage {
+    Torn,
+    Empty,
+    Oversized,
+    Link,
+    Pipe,
+}
+
+const DAMAGES: [Damage; 5] = [Damage::Torn, Damage::Empty, Damage::Oversized, Damage::Link, Damage::Pipe];
+
+/// Damages the file at `path`; returns the file a link points to (which must stay as it is).
+fn damage(path: &Path, how: Damage, limit: u64) -> PathBuf {
+    let outside = path.parent().unwrap().parent().unwrap().join("outside.txt");
+    std::fs::write(&outside, b"not yours").unwrap();
+    let valid = std::fs::read(path).unwrap_or_default();
+    let _ = std::fs::remove_file(path);
+    match how {
+        // Cut inside the first line (a position record is padded: its half would still hold it).
+        Damage::Torn => std::fs::write(path, &valid[..valid.len().min(100) / 2]).unwrap(),
+        Damage::Empty => std::fs::write(path, b"").unwrap(),
+        // Sparse: as large as claimed, without the disk space.
+        Damage::Oversized => std::fs::File::create(path).unwrap().set_len(limit + 1).unwrap(),
+        Damage::Link => std::os::unix::fs::symlink(&outside, path).unwrap(),
+        Damage::Pipe => mkfifo(path),
+    }
+    outside
+}
+
+fn policy(dir: &Path) -> Policy {
+    Policy { dir: dir.to_path_buf(), every: Duration::from_secs(1), keep: 3 }
+}
+
+/// A server folder as a job "j" left it: two checkpoints, its claim and its trainers' record.
+fn server_folder(dir: &Path) {
+    let mut c = Checkpointer::new(policy(dir), 0, Fence { job: "j".into(), epoch: 1 }).unwrap();
+    c.write(Cut::of(&small_shard(), 5)).unwrap();
+    c.write(Cut::of(&small_shard(), 9)).unwrap();
+    Trainers { job: "j".into(), closed: vec![1], pass: 1, ended: vec![] }.write(dir, 0).unwrap();
+}
+
+fn assert_names(err: &str, file: &str) {
+    assert!(err.contains(file), "the error names {file}: {err}");
+}
+
+#[test]
+fn a_damaged_fence_is_an_error_naming_it_never_a_fresh_start() {
+    for how in DAMAGES {
+        let dir = tempfile::tempdir().unwrap();
+        server_folder(dir.path());
+        let fence = server_dir(dir.path(), 0).join("fence.json");
+        let outside = damage(&fence, how, 1 << 20);
+        let d = dir.path().to_path_buf();
+        let err = within("reading a fence", move || earlier_life(&d, 0, "j")).unwrap_err().to_string();
+        assert_names(&err, "fence.json");
+        // Claiming the folder again (a restarted server) refuses too, and writes nothing through a link.
+        let d = dir.path().to_path_buf();
+        let claim =
+            within("claiming", move || Checkpointer::new(policy(&d), 0, Fence { job: "j".into(), epoch: 2 }).err());
+        assert!(claim.is_some(), "{how:?}: a damaged claim is not overwritten blindly");
+        assert_eq!(std::fs::read(&outside).unwrap(), b"not yours", "{how:?}");
+    }
+    // Extreme numbers: an epoch that would wrap.
+    let dir = tempfile::tempdir().unwrap();
+    server_folder(dir.path());
+    let fence = server_dir(dir.path(), 0).join("fence.json");
+    std::fs::write(&fence, format!(r#"{{"job":"j","epoch":{}}}"#, u64::MAX)).unwrap();
+    let err = earlier_life(dir.path(), 0, "j").unwrap_err().to_string();
+    assert!(err.contains("epoch 18446744073709551615 is beyond"), "{err}");
+    // Another job's claim: a fresh start for this one.
+    std::fs::write(&fence, r#"{"job":"other","epoch":3}"#).unwrap();
+    assert_eq!(earlier_life(dir.path(), 0, "j").unwrap(), None);
+}
+
+#[test]
+fn a_damaged_trainers_record_is_an_error_naming_it() {
+    for how in DAMAGES {
+        let dir = tempfile::tempdir().unwrap();
+        server_folder(dir.path());
+        let record = server_dir(dir.path(), 0).join("trainers.json");
+        let outside = damage(&record, how, 1 << 20);
+        let d = dir.path().to_path_buf();
+        let err = within("reading trainers.json", move || Trainers::read(&d, 0, "j", 2)).unwrap_err().to_string();
+        assert_names(&err, "trainers.json");
+        // A new record replaces whatever is there, never writing through it.
+        let d = dir.path().to_path_buf();
+        within("writing trainers.json", move || {
+            Trainers { job: "j".into(), closed: vec![], pass: 2, ended: vec![0] }.write(&d, 0).unwrap()
+        });
+        assert_eq!(std::fs::read(&outside).unwrap(), b"not yours", "{how:?}");
+        assert_eq!(Trainers::read(dir.path(), 0, "j", 2).unwrap().unwrap().pass, 2);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    server_folder(dir.path());
+    let record = server_dir(dir.path(), 0).join("trainers.json");
+    std::fs::write(&record, r#"{"job":"j","closed":[7],"pass":1,"ended":[]}"#).unwrap();
+    let err = Trainers::read(dir.path(), 0, "j", 2).unwrap_err().to_string();
+    assert!(err.contains("names trainer 7, but the job has 2"), "{err}");
+    std::fs::write(&record, format!(r#"{{"job":"j","closed":[],"pass":{},"ended":[]}}"#, u64::MAX)).unwrap();
+    assert!(Trainers::read(dir.path(), 0, "j", 2).unwrap_err().to_string().contains("pass"));
+    std::fs::write(&record, r#"{"job":"other","closed":[0,1],"pass":1,"ended":[]}"#).unwrap();
+    assert_eq!(Trainers::read(dir.path(), 0, "j", 2).unwrap(), None, "another job's record is not this one's");
+}
+
+/// A damaged newest checkpoint (its entry or its shard file) falls back to the one before; an
+/// entry with numbers that would wrap is damaged too; another job's checkpoint is never taken.
+#[test]
+fn a_damaged_newest_checkpoint_falls_back_and_another_jobs_is_never_loaded() {
+    let files = ["entry.json", "server-0.shard"];
+    for (file, how) in files.iter().flat_map(|f| DAMAGES.iter().map(move |h| (*f, *h))) {
+        let dir = tempfile::tempdir().unwrap();
+        server_folder(dir.path());
+        let newest = server_dir(dir.path(), 0).join("ckpt-000002").join(file);
+        let outside = damage(&newest, how, 256 << 20);
+        let d = dir.path().to_path_buf();
+        let (entry, _) = within("loading", move || load_latest(&d, 0, "j")).unwrap();
+        assert_eq!((entry.seq, entry.version), (1, 5), "{file} {how:?}: the previous checkpoint");
+        assert_eq!(std::fs::read(&outside).unwrap(), b"not yours");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    server_folder(dir.path());
+    let entry = server_dir(dir.path(), 0).join("ckpt-000002/entry.json");
+    let text = std::fs::read_to_string(&entry).unwrap();
+    let at = text.find("\"version\": 9").expect("pretty JSON");
+    std::fs::write(&entry, format!("{}\"version\": {}{}", &text[..at], u64::MAX, &text[at + 12..])).unwrap();
+    assert_eq!(load_latest(dir.path(), 0, "j").unwrap().0.version, 5, "a version that would wrap is damage");
+    // Every checkpoint of this job damaged, another job's intact: none is loaded.
+    let other = tempfile::tempdir().unwrap();
+    Checkpointer::new(policy(other.path()), 0, Fence { job: "old".into(), epoch: 0 })
+        .unwrap()
+        .write(Cut::of(&small_shard(), 3))
+        .unwrap();
+    let mut c = Checkpointer::new(policy(other.path()), 0, Fence { job: "j".into(), epoch: 0 }).unwrap();
+    c.write(Cut::of(&small_shard(), 4)).unwrap();
+    std::fs::write(server_dir(other.path(), 0).join("ckpt-000002/server-0.shard"), b"torn").unwrap();
+    let err = load_latest(other.path(), 0, "j").map(|(e, _)| e).unwrap_err().to_string();
+    assert!(err.contains("no readable checkpoint of server 0 of job 'j'") && err.contains("\"old\""), "{err}");
+}
+
+/// A shard file whose header lies (a zero block size, sizes beyond the file) is refused by its
+/// reader before anything is allocated from the header.
+#[test]
+fn a_shard_header_that_lies_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, _, _) = oar::checkpoint::write_shard(&small_shard(), dir.path()).unwrap();
+    let path = dir.path().join(file);
+    let good = std::fs::read(&path).unwrap();
+    let hlen = u64::from_le_bytes(good[8..16].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&good[16..16 + hlen]).unwrap();
+    let rewrite = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut h = header.clone();
+        edit(&mut h);
+        let json = serde_json::to_vec(&h).unwrap();
+        let mut bytes = good[..8].to_vec();
+        bytes.extend((json.len() as u64).to_le_bytes());
+        bytes.extend(&json);
+        bytes.extend(&good[16 + hlen..good.len() - 4]);
+        let crc = crc32fast::hash(&bytes);
+        bytes.extend(crc.to_le_bytes());
+        std::fs::write(&path, bytes).unwrap();
+        oar::checkpoint::read_shard(&path).map(|_| ()).unwrap_err().to_string()
+    };
+    let err = rewrite(&|h| h["spec"]["dense"]["block_size"] = 0.into());
+    assert!(err.contains("block_size must be positive"), "{err}");
+    let err = rewrite(&|h| h["sparse_rows"][0] = (1u64 << 40).into());
+    assert!(err.contains("the header describes"), "{err}");
+    let err = rewrite(&|h| h["sparse_rows"][0] = u64::MAX.into());
+    assert!(err.contains("sizes beyond any model"), "{err}");
+    let err = rewrite(&|h| h["spec"]["sparse"][0]["dim"] = (1u64 << 20).into());
+    assert!(err.contains("wider sparse tables"), "{err}");
+    let err = rewrite(&|h| h["server_index"] = 5.into());
+    assert!(err.contains("server 5 of 1"), "{err}");
+}
+
+#[test]
+fn a_damaged_position_record_is_an_error_naming_it_and_a_link_is_never_written_through() {
+    let start = |pass: u32| Position {
+        job: "j".into(),
+        trainer: 0,
+        first_pass: 1,
+        pass,
+        step: 4,
+        samples: 10,
+        trained: 10,
+        finished: false,
+    };
+    for how in DAMAGES {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("checkpoints");
+        drop(PositionLog::create(&folder, start(1)).unwrap());
+        let file = Position::path(&folder, 0);
+        let outside = damage(&file, how, 512);
+        let f = folder.clone();
+        let read = within("reading a position", move || Position::load(&f, "j", 0));
+        match how {
+            // An empty record is no record: a trainer killed before its first step.
+            Damage::Empty => assert!(read.is_err() || read.as_ref().unwrap().is_none()),
+            _ => assert_names(&read.unwrap_err().to_string(), "trainer-0.position"),
+        }
+        let f = folder.clone();
+        let created = within("recording a position", move || PositionLog::create(&f, start(1)).map(drop));
+        if matches!(how, Damage::Link | Damage::Pipe) {
+            assert_names(&created.unwrap_err().to_string(), "trainer-0.position");
+        }
+        assert_eq!(std::fs::read(&outside).unwrap(), b"not yours", "{how:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    drop(PositionLog::create(dir.path(), start(999)).unwrap());
+    let pos = Position::load(dir.path(), "j", 0).unwrap().unwrap();
+    let err = pos.check_passes(dir.path(), 1).unwrap_err().to_string();
+    assert!(err.contains("the record is in pass 999, but this run has passes 1..=1"), "{err}");
+}
+
+/// The processes that read these files at start fail with one clear line: a server whose claim
+/// is a named pipe (it would hang at start), a server whose record names a trainer the job
+/// does not have (it would exit 0 at once), a trainer whose position is a link (its target
+/// would be overwritten) or of pass 999 (it would exit 0 having trained nothing).
+#[test]
+fn processes_refuse_hostile_restart_files_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("out/checkpoints");
+    server_folder(&ckpt);
+    let port = free_ports(1).to_string();
+    let (port2, ckpt2) = (port.clone(), ckpt.clone());
+    let server = move |fault_file: &str| {
+        let (port, ckpt) = (&port2, &ckpt2);
+        let args = ["pserver", "--recoverable", "--job", "j", "--host", "127.0.0.1", "--port", port, "--index", "0"];
+        let dir_arg = ckpt.display().to_string();
+        let out = oar(&[&args[..], &["--num-servers", "1", "--trainers", "2", "--checkpoint-dir", &dir_arg]].concat());
+        assert!(!out.status.success(), "{fault_file}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default().to_string();
+        assert!(err.starts_with("oar: error:") && err.contains(fault_file), "{err}");
+        err
+    };
+    let fence = server_dir(&ckpt, 0).join("fence.json");
+    std::fs::remove_file(&fence).unwrap();
+    mkfifo(&fence);
+    let server2 = server.clone();
+    let err = within("a server over a piped fence", move || server2("fence.json"));
+    assert!(err.contains("named pipe"), "{err}");
+    std::fs::remove_file(&fence).unwrap();
+    Checkpointer::new(policy(&ckpt), 0, Fence { job: "j".into(), epoch: 1 }).unwrap();
+    std::fs::write(server_dir(&ckpt, 0).join("trainers.json"), r#"{"job":"j","closed":[0,1,2],"pass":1,"ended":[]}"#)
+        .unwrap();
+    server("trainers.json");
+
+    let (train, _) = gen_data(&dir.path().join("data"), 1, 400, 0);
+    let trainer = |what: &str| {
+        let (train, out) = (train.display().to_string(), dir.path().join("out").display().to_string());
+        let addr = format!("127.0.0.1:{port}");
+        let run =
+            oar(&["train", "--recoverable", "--job", "j", "--servers", &addr, "--train", &train, "--output", &out]);
+        assert!(!run.status.success(), "{what}: {}", text(&run));
+        let err = String::from_utf8_lossy(&run.stderr).lines().last().unwrap_or_default().to_string();
+        assert!(err.starts_with("oar: error:") && err.contains("trainer-0.position"), "{what}: {err}");
+        err
+    };
+    let position = Position::path(&ckpt, 0);
+    let outside = dir.path().join("outside.txt");
+    std::fs::write(&outside, b"not yours").unwrap();
+    std::os::unix::fs::symlink(&outside, &position).unwrap();
+    let err = trainer("a linked position");
+    assert!(err.contains("symbolic link"), "{err}");
+    assert_eq!(std::fs::read(&outside).unwrap(), b"not yours");
+    std::fs::remove_file(&position).unwrap();
+    drop(PositionLog::create(
+        &ckpt,
+        Position {
+            job: "j".into(),
+            trainer: 0,
+            first_pass: 1,
+            pass: 999,
+            step: 0,
+            samples: 0,
+            trained: 0,
+            finished: false,
+        },
+    ));
+    let err = trainer("a position of pass 999");
+    assert!(err.contains("pass 999"), "{err}");
+}
