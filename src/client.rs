@@ -139,6 +139,9 @@ pub struct ClientConfig {
     /// to wait for a lost server to come back, reconnecting and sending it the unanswered
     /// request again. `None`: a lost server fails the call at once.
     pub recover: Option<Duration>,
+    /// The job's secret, proved to each server (and each server's proof checked) before the
+    /// handshake; `None` for servers without one.
+    pub secret: Option<crate::auth::Secret>,
 }
 
 impl ClientConfig {
@@ -153,6 +156,7 @@ impl ClientConfig {
             ports_num_for_sparse: 0,
             trainer: None,
             recover: None,
+            secret: None,
         }
     }
 }
@@ -205,6 +209,32 @@ impl Conn {
 
     fn mismatch(&self, what: &'static str, got: String) -> ClientError {
         ClientError::Unexpected { index: self.index, addr: self.addr.clone(), what, got }
+    }
+
+    /// Proves this client holds the job's secret and checks the server's proof (see
+    /// [`crate::auth`]), before any other frame.
+    fn authenticate(&mut self, secret: &crate::auth::Secret) -> Result<(), ClientError> {
+        use crate::protocol::auth;
+        use std::io::Write;
+        let ours = crate::auth::nonce();
+        self.stream.write_all(&auth::hello(&ours)).map_err(|e| self.fail(e.into()))?;
+        let kind = self.read()?;
+        if kind != auth::AUTH_CHALLENGE {
+            return Err(match self.reply(kind, "the authentication") {
+                Err(e) => e,
+                Ok(other) => self.unexpected("the authentication", &other),
+            });
+        }
+        let Some((server, proof)) = auth::parse_challenge(self.buf.payload()) else {
+            return Err(self.mismatch("the authentication", "a malformed challenge".into()));
+        };
+        if !secret.is_server_proof(&ours, &server, &proof) {
+            let why = "the server did not prove it holds the job's secret (another job's server, or a wrong \
+                       --secret-file)";
+            return Err(self.mismatch("the authentication", why.into()));
+        }
+        self.stream.write_all(&auth::proof(&secret.client_proof(&server, &ours))).map_err(|e| self.fail(e.into()))?;
+        self.expect_done("the authentication")
     }
 
     /// Expects a `Done` reply.
@@ -338,6 +368,9 @@ impl Client {
         let mut conn = Conn { index, addr, stream, buf: FrameBuf::default() };
         conn.stream.set_read_timeout(Some(config.reply_timeout)).map_err(|e| conn.fail(e.into()))?;
         conn.stream.set_nodelay(true).map_err(|e| conn.fail(e.into()))?;
+        if let Some(secret) = &config.secret {
+            conn.authenticate(secret)?;
+        }
         let hello = Hello {
             version: PROTOCOL_VERSION,
             job: config.job.clone(),
@@ -762,8 +795,12 @@ pub fn probe(
     servers: usize,
     epoch: u64,
     timeout: Duration,
+    secret: Option<&crate::auth::Secret>,
 ) -> Result<(), ClientError> {
-    let config = ClientConfig::new(vec![addr.to_string(); servers], job, timeout, timeout);
+    let config = ClientConfig {
+        secret: secret.cloned(),
+        ..ClientConfig::new(vec![addr.to_string(); servers], job, timeout, timeout)
+    };
     let (mut conn, _) = Client::open(&config, index, 0, epoch, timeout)?;
     conn.send(&Request::Stats.encode())?;
     let kind = conn.read()?;

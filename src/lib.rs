@@ -1,6 +1,7 @@
 //! oar: a parameter-server system for distributed training of recommendation models.
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod batch;
 pub mod bench;
 pub mod checkpoint;

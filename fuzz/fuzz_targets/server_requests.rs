@@ -37,6 +37,7 @@ fn config(save_root: std::path::PathBuf) -> ServerConfig {
         closed: Vec::new(),
         rejoin: None,
         limits: oar::server::Limits::default(),
+        secret: None,
     }
 }
 

@@ -346,6 +346,7 @@ pub fn ctr_dnn_graph() -> crate::config::JobConfig {
 fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form: &str) -> anyhow::Result<TrainRun> {
     let started = Instant::now();
     let config = crate::train::TrainConfig {
+        secret: None,
         mode: Mode::Local,
         servers: vec![],
         ports_num: 1,
@@ -414,6 +415,7 @@ fn train_cluster(
         progress_bar: false,
         registry: Default::default(),
         child_env: Vec::new(),
+        secret_file: None,
     })?;
     Ok(TrainRun {
         name: format!("2 servers x 2 workers, {mode}, {form}"),

@@ -61,6 +61,7 @@ fn launch(
         progress_bar: false,
         registry: Default::default(),
         child_env: fault.map(|f| vec![("OAR_FAULT".to_string(), f.to_string())]).unwrap_or_default(),
+        secret_file: None,
     })
 }
 

@@ -300,6 +300,11 @@ struct PserverArgs {
     recoverable: bool,
     #[command(flatten)]
     limits: LimitArgs,
+    /// The job's secret (a file of 16 to 4096 bytes): every client must prove it holds it
+    /// before anything else, and this server proves it to them. Without one, anyone who can
+    /// reach the port can change the model.
+    #[arg(long, env = "OAR_SECRET_FILE")]
+    secret_file: Option<PathBuf>,
 }
 
 /// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
@@ -454,6 +459,10 @@ fn set<T>(slot: &mut T, value: Option<T>) {
 struct TrainArgs {
     #[command(flatten)]
     job: JobArgs,
+    /// The job's secret (a file of 16 to 4096 bytes), proved to every server and by every
+    /// server before anything else; the same file for every process of the job.
+    #[arg(long, env = "OAR_SECRET_FILE")]
+    secret_file: Option<PathBuf>,
     /// local, sync or async [default: local without servers, sync with them].
     #[arg(long, env = "OAR_MODE", value_enum)]
     mode: Option<Mode>,
@@ -545,6 +554,9 @@ struct ServerRoleArgs {
 struct LaunchArgs {
     #[command(flatten)]
     job: JobArgs,
+    /// The job's secret for its processes [default: a new one in LOGS/secret].
+    #[arg(long, env = "OAR_SECRET_FILE")]
+    secret_file: Option<PathBuf>,
     /// Number of parameter servers.
     #[arg(long, default_value_t = 2)]
     servers: usize,
@@ -742,6 +754,8 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 cpus: a.cpus,
                 paddlejob: a.paddlejob,
                 max_restarts: a.max_restarts,
+                // A new secret per rendering: the manifests carry it in a Kubernetes Secret.
+                secret: Some(crate::auth::Secret::generate()),
             };
             print!("{}", crate::cluster::k8s::render(&config)?);
             Ok(())
@@ -765,6 +779,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 progress_bar: !a.no_progress,
                 registry: registry.clone(),
                 child_env: Vec::new(),
+                secret_file: a.secret_file,
             };
             let s = crate::launch::run(&config)?;
             print_summary(&format!("oar launch ({})", config.mode), &s);
@@ -1062,6 +1077,7 @@ fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConf
         epoch: a.epoch,
         closed: a.trainers_closed,
         limits: a.limits.limits()?,
+        secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
         rejoin: match a.trainer_rejoin {
             Some(secs) => {
                 anyhow::ensure!(secs.is_finite() && secs >= 0.0, "--trainer-rejoin must be a number of seconds");
@@ -1173,6 +1189,7 @@ fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         trainer_rejoin: None,
         recoverable: a.recoverable,
         limits: a.server.limits.clone(),
+        secret_file: a.secret_file.clone(),
     }
 }
 
@@ -1347,6 +1364,7 @@ fn train(mut a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Resul
     };
     let timeout = Duration::from_secs(job.train.timeout_secs);
     let config = TrainConfig {
+        secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
         mode,
         servers: if mode == Mode::Local { Vec::new() } else { servers },
         ports_num: a.ports.ports_num.or(env.ports_num).unwrap_or(1),

@@ -43,7 +43,13 @@ pub struct K8sConfig {
     /// Failed trainer containers are restarted this many times at most (server containers
     /// always are), every process `--recoverable`; 0: a failure fails the job.
     pub max_restarts: usize,
+    /// The job's secret: put in a Kubernetes Secret (`NAME-secret`, applied first) mounted
+    /// read-only into every pod, its file given as `OAR_SECRET_FILE`.
+    pub secret: Option<crate::auth::Secret>,
 }
+
+/// Where the job's Secret is mounted in every container.
+const SECRET_MOUNT: &str = "/etc/oar-secret";
 
 /// Checks the name is a DNS-1035 label Kubernetes accepts for every object derived from it.
 pub fn check_name(name: &str) -> anyhow::Result<()> {
@@ -84,10 +90,20 @@ fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, serv
         container["resources"] = json!({"requests": {"cpu": cpus}, "limits": {"cpu": cpus}});
     }
     let mut spec = json!({"restartPolicy": restart, "containers": [container]});
+    let (mut mounts, mut volumes) = (Vec::new(), Vec::new());
     if let Some(claim) = &c.volume_claim {
-        spec["containers"][0]["volumeMounts"] = json!([{"name": "work", "mountPath": c.mount_path}]);
+        mounts.push(json!({"name": "work", "mountPath": c.mount_path}));
         spec["containers"][0]["workingDir"] = json!(c.mount_path);
-        spec["volumes"] = json!([{"name": "work", "persistentVolumeClaim": {"claimName": claim}}]);
+        volumes.push(json!({"name": "work", "persistentVolumeClaim": {"claimName": claim}}));
+    }
+    if c.secret.is_some() {
+        mounts.push(json!({"name": "secret", "mountPath": SECRET_MOUNT, "readOnly": true}));
+        let secret = json!({"secretName": format!("{}-secret", c.name), "defaultMode": 0o400});
+        volumes.push(json!({"name": "secret", "secret": secret}));
+    }
+    if !mounts.is_empty() {
+        spec["containers"][0]["volumeMounts"] = json!(mounts);
+        spec["volumes"] = json!(volumes);
     }
     spec
 }
@@ -118,8 +134,21 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
         if restartable {
             vars.push(env("OAR_RECOVERABLE", "true"));
         }
+        if c.secret.is_some() {
+            vars.push(env("OAR_SECRET_FILE", format!("{SECRET_MOUNT}/secret")));
+        }
         vars
     };
+    // The Secret comes first: pods that mount it cannot start before it exists.
+    let secret = c.secret.as_ref().map(|s| {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": format!("{name}-secret")},
+            "type": "Opaque",
+            "stringData": {"secret": String::from_utf8_lossy(s.bytes())},
+        })
+    });
     let restart_policy = if restartable { "OnFailure" } else { "Never" };
     if c.paddlejob {
         let index = "metadata.labels['training.kubeflow.org/replica-index']";
@@ -133,7 +162,7 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
         if restartable {
             run_policy["backoffLimit"] = json!(c.max_restarts);
         }
-        return Ok(vec![json!({
+        return Ok(secret.into_iter().chain([json!({
             "apiVersion": "kubeflow.org/v1",
             "kind": "PaddleJob",
             "metadata": {"name": name},
@@ -144,7 +173,8 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
                     "Worker": replica(c.workers, pod_spec(c, "paddle", trainer_env, restart_policy, false)),
                 }
             }
-        })]);
+        })])
+        .collect());
     }
     let labels = |role: &str| json!({"app": name, "role": role});
     let mut server_env = common("PSERVER");
@@ -154,7 +184,7 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     server_env.push(env("OAR_KEEP_SERVING", "true"));
     let mut trainer_env = common("TRAINER");
     trainer_env.push(env_from("PADDLE_TRAINER_ID", "metadata.annotations['batch.kubernetes.io/job-completion-index']"));
-    Ok(vec![
+    Ok(secret.into_iter().chain([
         json!({
             "apiVersion": "v1",
             "kind": "Service",
@@ -197,6 +227,7 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
             }
         }),
     ])
+    .collect())
 }
 
 /// The manifests as one multi-document YAML text.
@@ -226,6 +257,30 @@ mod tests {
             cpus: None,
             paddlejob: false,
             max_restarts: 0,
+            secret: None,
+        }
+    }
+
+    #[test]
+    fn the_secret_is_a_kubernetes_secret_applied_first_and_mounted_into_every_pod() {
+        for paddlejob in [false, true] {
+            let secret = crate::auth::Secret::generate();
+            let m = manifests(&K8sConfig { paddlejob, secret: Some(secret.clone()), ..config() }).unwrap();
+            assert_eq!((m[0]["kind"].as_str(), m[0]["metadata"]["name"].as_str()), (Some("Secret"), Some("ctr-secret")));
+            assert_eq!(m[0]["stringData"]["secret"].as_str().unwrap().as_bytes(), secret.bytes());
+            let text = serde_json::to_string(&m[1..]).unwrap();
+            assert!(!text.contains(std::str::from_utf8(secret.bytes()).unwrap()), "only the Secret holds it");
+            let pods: Vec<&Value> = if paddlejob {
+                let spec = &m[1]["spec"]["paddleReplicaSpecs"];
+                vec![&spec["Master"]["template"]["spec"], &spec["Worker"]["template"]["spec"]]
+            } else {
+                vec![&m[2]["spec"]["template"]["spec"], &m[3]["spec"]["template"]["spec"]]
+            };
+            for pod in pods {
+                assert!(env_of(pod).contains(&("OAR_SECRET_FILE".into(), "/etc/oar-secret/secret".into())));
+                assert_eq!(pod["volumes"][0]["secret"]["secretName"], "ctr-secret");
+                assert_eq!(pod["containers"][0]["volumeMounts"][0]["readOnly"], true);
+            }
         }
     }
 

@@ -197,6 +197,28 @@ fn run_remote(config: &SshConfig, host: &str, script: &str, stdin: Stdio) -> any
     Ok(())
 }
 
+/// Runs `script` on `host` with `input` on its standard input, failing with its output.
+fn run_remote_with_input(config: &SshConfig, host: &str, script: &str, input: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut child = ssh(config, host)
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run ssh (is the ssh client installed?) for {host}"))?;
+    let written = child.stdin.take().expect("piped").write_all(input);
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        written.is_ok() && out.status.success(),
+        "on {host}: `{}` failed ({}): {}",
+        script.lines().next().unwrap_or(""),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
 /// Copies the workspace (without `log/`) and this binary (as `.oar/oar`) to `host`.
 fn dispatch(config: &SshConfig, host: &str, remote: &str) -> anyhow::Result<()> {
     let mut tar = Command::new("tar")
@@ -347,7 +369,20 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
         }
     }
     let job = format!("oar-ssh-{}-{}", std::process::id(), started.elapsed().as_nanos());
-    let placements = placements(config, &job);
+    // A new secret for the job, sent to each host over ssh's standard input into a file only
+    // its owner reads (never on a command line, where `ps` would show it).
+    let secret = crate::auth::Secret::generate();
+    let secret_file = format!("{remote}/.oar/secret.{job}");
+    for host in &config.hosts {
+        let (ws, file) = (sh_quote(&remote), sh_quote(&secret_file));
+        let script = format!("umask 077 && mkdir -p {ws}/.oar && cat > {file}.part && mv -f {file}.part {file}");
+        run_remote_with_input(config, host, &script, secret.bytes())
+            .with_context(|| format!("sending the job's secret to {host}"))?;
+    }
+    let mut placements = placements(config, &job);
+    for p in &mut placements {
+        p.env.push(("OAR_SECRET_FILE".into(), secret_file.clone()));
+    }
     let servers = config.hosts.len() * config.servers_per_host;
     let hosts: Vec<usize> = placements.iter().map(|p| p.host).collect();
     let mut procs: Vec<Proc> = Vec::new();

@@ -36,7 +36,9 @@ pub(super) struct JobKeeper {
     max_restarts: usize,
     job: String,
     exe: PathBuf,
-    env: Vec<(String, String)>,
+    pub(super) env: Vec<(String, String)>,
+    /// The job's secret, for the heartbeat's probes.
+    pub(super) secret: Option<crate::auth::Secret>,
     logs: PathBuf,
     checkpoints: Option<PathBuf>,
     /// Each server's command line as first started.
@@ -63,6 +65,7 @@ impl JobKeeper {
             job: job.to_string(),
             exe: config.exe.clone(),
             env: config.child_env.clone(),
+            secret: None,
             logs: config.logs.clone(),
             checkpoints: config.checkpoint_every.and(config.output.as_ref()).map(|o| o.join("checkpoints")),
             args: Vec::new(),
@@ -89,6 +92,7 @@ impl JobKeeper {
             addrs.into_iter().map(|addr| Watched { addr, ready: true, ..Watched::default() }).collect();
         self.ready = Some((tx, rx));
         let (watched, stop, job, servers) = (self.watched.clone(), self.stop.clone(), self.job.clone(), self.servers);
+        let secret = self.secret.clone();
         self.heartbeat = std::thread::Builder::new()
             .name("oar-heartbeat".into())
             .spawn(move || {
@@ -96,7 +100,8 @@ impl JobKeeper {
                     let places = watched.lock().expect("no panics under this lock").clone();
                     for (i, w) in places.iter().enumerate().filter(|(_, w)| w.ready) {
                         let answered =
-                            crate::client::probe(&w.addr, &job, i, servers, w.epoch, HEARTBEAT_TIMEOUT).is_ok();
+                            crate::client::probe(&w.addr, &job, i, servers, w.epoch, HEARTBEAT_TIMEOUT, secret.as_ref())
+                                .is_ok();
                         let mut all = watched.lock().expect("no panics under this lock");
                         // Counted only against the process probed (not one restarted meanwhile).
                         if all[i].epoch == w.epoch && all[i].ready {

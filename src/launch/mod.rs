@@ -53,6 +53,8 @@ pub struct LaunchConfig {
     /// Environment given to every child besides this process's own (e.g. `OAR_FAULT` for the
     /// recovery benchmark).
     pub child_env: Vec<(String, String)>,
+    /// The job's secret; `None`: a new one is generated into `LOGS/secret` for this run.
+    pub secret_file: Option<PathBuf>,
 }
 
 pub use crate::supervise::LaunchSummary;
@@ -90,6 +92,20 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
 
     let mut procs: Vec<Proc> = Vec::new();
     let mut keeper = JobKeeper::new(config, &job_id);
+    // Every child proves the job's secret to the servers (and they to it): a peer that can
+    // reach their ports but has not the secret is served nothing.
+    let (secret, file) = match &config.secret_file {
+        Some(file) => (crate::auth::Secret::read(file)?, std::path::absolute(file)?),
+        None => {
+            let file = std::path::absolute(config.logs.join("secret"))?;
+            let _ = std::fs::remove_file(&file); // an earlier run's, in a reused logs folder
+            let secret = crate::auth::Secret::generate();
+            secret.write_new(&file)?;
+            (secret, file)
+        }
+    };
+    keeper.env.push(("OAR_SECRET_FILE".into(), file.display().to_string()));
+    keeper.secret = Some(secret);
     let result = (|| -> anyhow::Result<LaunchSummary> {
         let (tx, rx) = mpsc::channel();
         for i in 0..config.servers {

@@ -11,6 +11,7 @@
 //! A connection opens with [`Request::Hello`] (protocol version, job id, the client's view of the
 //! cluster); the server answers [`Response::Welcome`] or an error and closes.
 
+pub mod auth;
 mod codec;
 mod io;
 

@@ -65,6 +65,9 @@ pub struct ServerConfig {
     pub closed: Vec<u64>,
     /// Bounds on what peers may make this server hold, and what it does with bad numbers.
     pub limits: Limits,
+    /// The job's secret: every connection must prove it holds it before anything else
+    /// (`None`: anyone who can reach the port may speak, Paddle-style manual starts).
+    pub secret: Option<crate::auth::Secret>,
     /// A trainer that disconnects without closing may come back (restarted by a supervisor)
     /// within this long and send its unanswered push again; `None`: the job fails at once, as
     /// it can never finish without it.

@@ -6,11 +6,13 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use super::{members, push, requests, Answer, Reply, State};
 use crate::protocol::{
-    encode_values, read_frame, write_frame, Apply, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Request,
+    auth, encode_values, read_frame, write_frame, Apply, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Request,
     Response, NOT_A_TRAINER, PROTOCOL_VERSION,
 };
 
@@ -57,6 +59,15 @@ async fn serve_requests(
     }
     let (mut rd, mut wr) = socket.into_split();
     let mut buf = FrameBuf::default();
+    if let Some(secret) = &state.config.secret {
+        let proved = tokio::time::timeout(limits.handshake_timeout, authenticate(secret, &mut rd, &mut wr, &mut buf));
+        match proved.await {
+            Ok(Ok(true)) => {}
+            // Refused (and told so, with nothing about the job) or too slow: closed.
+            Ok(Ok(false)) | Err(_) => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+        }
+    }
     // Pull replies are built in these buffers, reused so big replies never fault in fresh pages.
     let mut scratch = Scratch::default();
     let mut greeted = false;
@@ -76,6 +87,13 @@ async fn serve_requests(
             }
         };
         let kind = match read {
+            Ok(auth::AUTH_HELLO) if !greeted => {
+                let message = "this server has no secret (started without --secret-file): a client with one \
+                               cannot check it is the job's server"
+                    .to_string();
+                let _ = write_frame(&mut wr, &Response::Error { code: ErrorCode::Handshake, message }.encode()).await;
+                return Ok(());
+            }
             Ok(kind) => kind,
             Err(ProtocolError::Closed) => return Ok(()),
             Err(e @ ProtocolError::TooLarge { .. }) => {
@@ -175,7 +193,8 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
         return refuse(format!("protocol version {} not supported (server speaks {PROTOCOL_VERSION})", h.version));
     }
     if h.job != c.job {
-        return refuse(format!("job '{}' does not match this server's job '{}'", h.job, c.job));
+        // The server's own job id is not told: without a secret it is what a peer would need.
+        return refuse(format!("job '{}' is not this server's job", h.job));
     }
     if h.epoch > c.epoch {
         state.fenced.send_replace(Some(h.epoch));
@@ -265,6 +284,42 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
             Ok(Answer::Response(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize"))))
         }
     }
+}
+
+/// The challenge and response that must open a connection to a server with a secret (see
+/// [`crate::auth`]): `Ok(true)` once the client proved it holds the secret (and was answered
+/// `Done`), `Ok(false)` once it was refused. A refusal says only that authentication failed.
+async fn authenticate(
+    secret: &crate::auth::Secret,
+    rd: &mut OwnedReadHalf,
+    wr: &mut OwnedWriteHalf,
+    buf: &mut FrameBuf,
+) -> Result<bool, ProtocolError> {
+    let refuse = |message: &str| Response::Error { code: ErrorCode::Handshake, message: message.to_string() };
+    let small = 64;
+    let client = match read_frame(rd, buf, small).await {
+        Ok(auth::AUTH_HELLO) => auth::parse_hello(buf.payload()),
+        Ok(_) | Err(ProtocolError::TooLarge { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    let Some(client) = client else {
+        write_frame(wr, &refuse("authentication required: this job's servers take only clients with its secret").encode())
+            .await?;
+        return Ok(false);
+    };
+    let ours = crate::auth::nonce();
+    wr.write_all(&auth::challenge(&ours, &secret.server_proof(&client, &ours))).await?;
+    let proved = match read_frame(rd, buf, small).await {
+        Ok(auth::AUTH_PROOF) => secret.is_client_proof(&ours, &client, buf.payload()),
+        Ok(_) | Err(ProtocolError::TooLarge { .. }) => false,
+        Err(e) => return Err(e),
+    };
+    if !proved {
+        write_frame(wr, &refuse("authentication failed").encode()).await?;
+        return Ok(false);
+    }
+    write_frame(wr, &Response::Done.encode()).await?;
+    Ok(true)
 }
 
 /// One open connection, counted against `--max-connections` until dropped.

@@ -190,6 +190,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<ServerStats> {
     config.validate()?;
+    if config.secret.is_none() {
+        tracing::warn!(
+            "this server has no secret (--secret-file): anyone who can reach its port can read and change the \
+             model or stop the job; launchers give their servers one (README: Security)"
+        );
+    }
     anyhow::ensure!(
         listeners.len() > config.sparse_ports,
         "{} listeners for {} sparse-only ports: at least one general port is needed",

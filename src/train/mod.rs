@@ -112,6 +112,9 @@ pub struct TrainConfig {
     /// A restart of a trainer that failed: go on from the position recorded in `positions`.
     #[serde(default)]
     pub rejoin: bool,
+    /// The job's secret, proved to every server before anything else (see [`crate::auth`]).
+    #[serde(skip)]
+    pub secret: Option<crate::auth::Secret>,
 }
 
 /// The default of [`TrainConfig::sync_warmup`].
@@ -953,6 +956,7 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
                 ports_num_for_sparse: config.ports_num_for_sparse,
                 trainer: Some(config.trainer_id as u64),
                 recover: config.recover,
+                secret: config.secret.clone(),
             })?;
             client.declare_model(spec, description(config, None))?;
             Store::Remote(Box::new(client))

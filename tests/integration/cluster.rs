@@ -315,7 +315,8 @@ fn k8s_manifests_pass_strict_schema_validation() {
     for version in ["1.28.0", "1.33.0"] {
         let out = validate(&validator, &file, version);
         assert!(out.status.success(), "{}", text(&out));
-        assert_eq!(text(&out).matches("passed for resource").count(), 3, "{}", text(&out));
+        // The Secret, the Service, the StatefulSet and the Job.
+        assert_eq!(text(&out).matches("passed for resource").count(), 4, "{}", text(&out));
     }
     // The check can fail: a misspelt field is refused.
     let broken = dir.path().join("broken.yaml");
@@ -325,8 +326,8 @@ fn k8s_manifests_pass_strict_schema_validation() {
 
     // The PaddleJob is a custom resource the validator has no schema for: its pod templates
     // are checked strictly as PodTemplates.
-    let job: serde_json::Value = serde_yaml_ng::from_str(k8s(&["--paddlejob"]).trim_start_matches("---\n")).unwrap();
-    assert_eq!(job["kind"], "PaddleJob");
+    let docs = yaml_docs(k8s(&["--paddlejob"]).as_bytes());
+    let job = by_kind(&docs, "PaddleJob").clone();
     let mut docs = String::new();
     for role in ["Master", "Worker"] {
         let spec = &job["spec"]["paddleReplicaSpecs"][role];
@@ -344,6 +345,26 @@ fn k8s_manifests_pass_strict_schema_validation() {
     let out = validate(&validator, &file, "1.28.0");
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(text(&out).matches("passed for resource").count(), 2, "{}", text(&out));
+}
+
+/// The documents of a multi-document YAML text.
+fn yaml_docs(yaml: &[u8]) -> Vec<serde_json::Value> {
+    serde_yaml_ng::Deserializer::from_slice(yaml).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect()
+}
+
+/// The first of `docs` of `kind`.
+fn by_kind<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+    docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind} among the manifests"))
+}
+
+/// Mounts the job's Secret as a kubelet would: its data written into a folder of `dir`, and
+/// the mount path mapped there (a pair for [`kubelet_env`]'s name mapping).
+fn mount_secret(docs: &[serde_json::Value], dir: &Path) -> (String, String) {
+    let secret = by_kind(docs, "Secret");
+    let folder = dir.join("secret-volume");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("secret"), secret["stringData"]["secret"].as_str().unwrap()).unwrap();
+    ("/etc/oar-secret".to_string(), folder.display().to_string())
 }
 
 /// The environment a kubelet would give one container of `pod` (a pod template spec): plain
@@ -423,23 +444,22 @@ fn k8s_manifests_configure_a_working_job_when_their_pods_are_emulated() {
         cmd.args(["--", "--mode", "async", "--hidden", "16", "--batch-size", "200", "--timeout", "60"]);
         let out = cmd.arg("--train").arg(&train).arg("--output").arg(&model).output().unwrap();
         assert!(out.status.success(), "{}", text(&out));
-        let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_slice(&out.stdout)
-            .map(|d| serde::Deserialize::deserialize(d).unwrap())
-            .collect();
-
+        let docs = yaml_docs(&out.stdout);
         let (server_pod, trainer_pod, server_name): (_, _, fn(usize) -> String) = if paddlejob {
-            let spec = &docs[0]["spec"]["paddleReplicaSpecs"];
+            let spec = &by_kind(&docs, "PaddleJob")["spec"]["paddleReplicaSpecs"];
             (spec["Master"]["template"]["spec"].clone(), spec["Worker"]["template"]["spec"].clone(), |i| {
                 format!("emu-master-{i}")
             })
         } else {
-            (docs[1]["spec"]["template"]["spec"].clone(), docs[2]["spec"]["template"]["spec"].clone(), |i| {
+            let (servers, trainers) = (by_kind(&docs, "StatefulSet"), by_kind(&docs, "Job"));
+            (servers["spec"]["template"]["spec"].clone(), trainers["spec"]["template"]["spec"].clone(), |i| {
                 format!("emu-ps-{i}.emu-ps")
             })
         };
         // Longest names first, so `emu-ps-1.emu-ps` is mapped before any shorter prefix.
-        let names: Vec<(String, String)> =
+        let mut names: Vec<(String, String)> =
             (0..2).rev().map(|i| (server_name(i), format!("127.0.0.{}", i + 2))).collect();
+        names.push(mount_secret(&docs, d));
         let mut pods = Daemons::default();
         for i in 0..2 {
             let fields = [
@@ -504,13 +524,13 @@ fn k8s_containers_restarted_by_their_policy_go_on_where_they_were() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_slice(&out.stdout)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .collect();
-    let (server_pod, trainer_pod) = (&docs[1]["spec"]["template"]["spec"], &docs[2]["spec"]["template"]["spec"]);
+    let docs = yaml_docs(&out.stdout);
+    let server_pod = &by_kind(&docs, "StatefulSet")["spec"]["template"]["spec"];
+    let trainer_pod = &by_kind(&docs, "Job")["spec"]["template"]["spec"];
     assert_eq!((&server_pod["restartPolicy"], &trainer_pod["restartPolicy"]), (&"Always".into(), &"OnFailure".into()));
-    let names: Vec<(String, String)> =
+    let mut names: Vec<(String, String)> =
         (0..2).rev().map(|i| (format!("emu-ps-{i}.emu-ps"), format!("127.0.0.{}", i + 2))).collect();
+    names.push(mount_secret(&docs, dir.path()));
     // (pod spec, environment, name, whether it must end) of each pod; faults for the pods of index 1.
     let mut pods = Vec::new();
     for i in 0..2 {

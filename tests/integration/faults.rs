@@ -253,14 +253,14 @@ fn a_replaced_server_is_fenced_by_a_client_that_met_its_successor() {
         })
     });
     let addr: String = rx.recv().unwrap();
-    let err = oar::client::probe(&addr, "test", 0, 1, 1, Duration::from_secs(5)).unwrap_err();
+    let err = oar::client::probe(&addr, "test", 0, 1, 1, Duration::from_secs(5), None).unwrap_err();
     assert!(matches!(err, oar::client::ClientError::Refused { code: ErrorCode::Fenced, .. }), "{err}");
     // The fenced server stops by itself, saying why.
     let stopped = old.join().unwrap().unwrap_err().to_string();
     assert!(stopped.contains("has been replaced by epoch 1"), "{stopped}");
 
     let current = start_server(ServerConfig { exit_when_done: false, epoch: 1, ..server_config(0, 1, 1, Mode::Async) });
-    oar::client::probe(&current.addr, "test", 0, 1, 1, Duration::from_secs(5)).unwrap();
+    oar::client::probe(&current.addr, "test", 0, 1, 1, Duration::from_secs(5), None).unwrap();
 }
 
 /// The checkpoint folder is fenced too: once epoch 1 has claimed it, epoch 0 (a stopped process

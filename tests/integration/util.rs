@@ -56,6 +56,7 @@ pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mo
         closed: Vec::new(),
         rejoin: None,
         limits: oar::server::Limits::default(),
+        secret: None,
     }
 }
 
@@ -92,6 +93,7 @@ pub fn train_config(
     train: &Path,
 ) -> TrainConfig {
     TrainConfig {
+        secret: None,
         mode,
         servers: servers.iter().map(|s| s.addr.clone()).collect(),
         ports_num: 1,

@@ -1,0 +1,79 @@
+//! The frames of the challenge and response that open a connection to a server with a secret
+//! (see [`crate::auth`]), before any other frame: the client's nonce (`AUTH_HELLO`), the
+//! server's nonce and proof (`AUTH_CHALLENGE`), the client's proof (`AUTH_PROOF`). Fixed
+//! layouts, each a few dozen bytes.
+
+use super::HEADER;
+use crate::auth::LEN;
+
+/// Client to server: a magic number, then the client's nonce.
+pub const AUTH_HELLO: u8 = 10;
+/// Client to server: the client's proof.
+pub const AUTH_PROOF: u8 = 11;
+/// Server to client: the server's nonce, then its proof.
+pub const AUTH_CHALLENGE: u8 = 108;
+
+/// Marks an authentication request (`oar-auth`).
+const AUTH_MAGIC: u64 = u64::from_le_bytes(*b"oar-auth");
+
+/// One frame: header and payload (every payload here is a multiple of 8 bytes).
+fn frame(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut bytes = Vec::with_capacity(HEADER + len);
+    bytes.extend((len as u32).to_le_bytes());
+    bytes.extend([kind, 0, 0, 0]);
+    for p in parts {
+        bytes.extend_from_slice(p);
+    }
+    bytes
+}
+
+/// The client's first frame.
+pub fn hello(nonce: &[u8; LEN]) -> Vec<u8> {
+    frame(AUTH_HELLO, &[&AUTH_MAGIC.to_le_bytes(), nonce])
+}
+
+/// The client's nonce from an `AUTH_HELLO` payload.
+pub fn parse_hello(payload: &[u8]) -> Option<[u8; LEN]> {
+    let (magic, nonce) = payload.split_first_chunk::<8>()?;
+    (u64::from_le_bytes(*magic) == AUTH_MAGIC).then_some(())?;
+    nonce.try_into().ok()
+}
+
+/// The server's challenge.
+pub fn challenge(nonce: &[u8; LEN], proof: &[u8; LEN]) -> Vec<u8> {
+    frame(AUTH_CHALLENGE, &[nonce, proof])
+}
+
+/// The server's nonce and proof from an `AUTH_CHALLENGE` payload.
+pub fn parse_challenge(payload: &[u8]) -> Option<([u8; LEN], [u8; LEN])> {
+    let (nonce, proof) = payload.split_first_chunk::<LEN>()?;
+    Some((*nonce, proof.try_into().ok()?))
+}
+
+/// The client's proof.
+pub fn proof(proof: &[u8; LEN]) -> Vec<u8> {
+    frame(AUTH_PROOF, &[proof])
+}
+
+/// The client's proof from an `AUTH_PROOF` payload.
+pub fn parse_proof(payload: &[u8]) -> Option<[u8; LEN]> {
+    payload.try_into().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_wrong_sizes_are_refused() {
+        let (n, p) = ([1u8; LEN], [2u8; LEN]);
+        let h = hello(&n);
+        assert_eq!((h[4], h.len()), (AUTH_HELLO, HEADER + 8 + LEN));
+        assert_eq!(parse_hello(&h[HEADER..]), Some(n));
+        assert_eq!(parse_hello(&h[HEADER + 1..]), None);
+        assert_eq!(parse_challenge(&challenge(&n, &p)[HEADER..]), Some((n, p)));
+        assert_eq!(parse_proof(&proof(&p)[HEADER..]), Some(p));
+        assert_eq!(parse_proof(&[0; 31]), None);
+    }
+}
