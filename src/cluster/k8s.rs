@@ -162,19 +162,21 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
         if restartable {
             run_policy["backoffLimit"] = json!(c.max_restarts);
         }
-        return Ok(secret.into_iter().chain([json!({
-            "apiVersion": "kubeflow.org/v1",
-            "kind": "PaddleJob",
-            "metadata": {"name": name},
-            "spec": {
-                "runPolicy": run_policy,
-                "paddleReplicaSpecs": {
-                    "Master": replica(c.servers, pod_spec(c, "paddle", server_env, restart_policy, true)),
-                    "Worker": replica(c.workers, pod_spec(c, "paddle", trainer_env, restart_policy, false)),
+        return Ok(secret
+            .into_iter()
+            .chain([json!({
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "PaddleJob",
+                "metadata": {"name": name},
+                "spec": {
+                    "runPolicy": run_policy,
+                    "paddleReplicaSpecs": {
+                        "Master": replica(c.servers, pod_spec(c, "paddle", server_env, restart_policy, true)),
+                        "Worker": replica(c.workers, pod_spec(c, "paddle", trainer_env, restart_policy, false)),
+                    }
                 }
-            }
-        })])
-        .collect());
+            })])
+            .collect());
     }
     let labels = |role: &str| json!({"app": name, "role": role});
     let mut server_env = common("PSERVER");
@@ -184,50 +186,52 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     server_env.push(env("OAR_KEEP_SERVING", "true"));
     let mut trainer_env = common("TRAINER");
     trainer_env.push(env_from("PADDLE_TRAINER_ID", "metadata.annotations['batch.kubernetes.io/job-completion-index']"));
-    Ok(secret.into_iter().chain([
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": svc, "labels": labels("pserver")},
-            "spec": {
-                "clusterIP": "None",
-                "publishNotReadyAddresses": true,
-                "selector": labels("pserver"),
-                "ports": [{"name": "ps", "port": c.port}],
-            }
-        }),
-        json!({
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": svc, "labels": labels("pserver")},
-            "spec": {
-                "serviceName": svc,
-                "replicas": c.servers,
-                "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": labels("pserver")},
-                "template": {
-                    "metadata": {"labels": labels("pserver")},
-                    "spec": pod_spec(c, "oar", server_env, "Always", true),
+    Ok(secret
+        .into_iter()
+        .chain([
+            json!({
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": svc, "labels": labels("pserver")},
+                "spec": {
+                    "clusterIP": "None",
+                    "publishNotReadyAddresses": true,
+                    "selector": labels("pserver"),
+                    "ports": [{"name": "ps", "port": c.port}],
                 }
-            }
-        }),
-        json!({
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": format!("{name}-trainer"), "labels": labels("trainer")},
-            "spec": {
-                "completionMode": "Indexed",
-                "completions": c.workers,
-                "parallelism": c.workers,
-                "backoffLimit": c.max_restarts,
-                "template": {
-                    "metadata": {"labels": labels("trainer")},
-                    "spec": pod_spec(c, "oar", trainer_env, restart_policy, false),
+            }),
+            json!({
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "metadata": {"name": svc, "labels": labels("pserver")},
+                "spec": {
+                    "serviceName": svc,
+                    "replicas": c.servers,
+                    "podManagementPolicy": "Parallel",
+                    "selector": {"matchLabels": labels("pserver")},
+                    "template": {
+                        "metadata": {"labels": labels("pserver")},
+                        "spec": pod_spec(c, "oar", server_env, "Always", true),
+                    }
                 }
-            }
-        }),
-    ])
-    .collect())
+            }),
+            json!({
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": format!("{name}-trainer"), "labels": labels("trainer")},
+                "spec": {
+                    "completionMode": "Indexed",
+                    "completions": c.workers,
+                    "parallelism": c.workers,
+                    "backoffLimit": c.max_restarts,
+                    "template": {
+                        "metadata": {"labels": labels("trainer")},
+                        "spec": pod_spec(c, "oar", trainer_env, restart_policy, false),
+                    }
+                }
+            }),
+        ])
+        .collect())
 }
 
 /// The manifests as one multi-document YAML text.
@@ -266,7 +270,10 @@ mod tests {
         for paddlejob in [false, true] {
             let secret = crate::auth::Secret::generate();
             let m = manifests(&K8sConfig { paddlejob, secret: Some(secret.clone()), ..config() }).unwrap();
-            assert_eq!((m[0]["kind"].as_str(), m[0]["metadata"]["name"].as_str()), (Some("Secret"), Some("ctr-secret")));
+            assert_eq!(
+                (m[0]["kind"].as_str(), m[0]["metadata"]["name"].as_str()),
+                (Some("Secret"), Some("ctr-secret"))
+            );
             assert_eq!(m[0]["stringData"]["secret"].as_str().unwrap().as_bytes(), secret.bytes());
             let text = serde_json::to_string(&m[1..]).unwrap();
             assert!(!text.contains(std::str::from_utf8(secret.bytes()).unwrap()), "only the Secret holds it");

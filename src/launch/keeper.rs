@@ -99,9 +99,16 @@ impl JobKeeper {
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let places = watched.lock().expect("no panics under this lock").clone();
                     for (i, w) in places.iter().enumerate().filter(|(_, w)| w.ready) {
-                        let answered =
-                            crate::client::probe(&w.addr, &job, i, servers, w.epoch, HEARTBEAT_TIMEOUT, secret.as_ref())
-                                .is_ok();
+                        let answered = crate::client::probe(
+                            &w.addr,
+                            &job,
+                            i,
+                            servers,
+                            w.epoch,
+                            HEARTBEAT_TIMEOUT,
+                            secret.as_ref(),
+                        )
+                        .is_ok();
                         let mut all = watched.lock().expect("no panics under this lock");
                         // Counted only against the process probed (not one restarted meanwhile).
                         if all[i].epoch == w.epoch && all[i].ready {

@@ -303,8 +303,11 @@ async fn authenticate(
         Err(e) => return Err(e),
     };
     let Some(client) = client else {
-        write_frame(wr, &refuse("authentication required: this job's servers take only clients with its secret").encode())
-            .await?;
+        write_frame(
+            wr,
+            &refuse("authentication required: this job's servers take only clients with its secret").encode(),
+        )
+        .await?;
         return Ok(false);
     };
     let ours = crate::auth::nonce();

@@ -13,6 +13,7 @@ mod fetch;
 mod models;
 mod paddle;
 mod robustness;
+mod security;
 mod staleness;
 mod state_files;
 mod util;

@@ -117,7 +117,10 @@ fn a_handshake_for_another_job_or_layout_is_refused() {
     .err()
     .unwrap()
     .to_string();
-    assert!(err.contains("job 'another' is not this server's job") && !err.contains("'test'"), "the server's own job is not told: {err}");
+    assert!(
+        err.contains("job 'another' is not this server's job") && !err.contains("'test'"),
+        "the server's own job is not told: {err}"
+    );
     let err = Client::connect(&ClientConfig::new(
         vec![server.addr.clone(), server.addr.clone()],
         "test",

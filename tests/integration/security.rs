@@ -1,0 +1,300 @@
+//! A peer that can reach a server's port: with the job's secret set it gets nothing (no request
+//! served, nothing of the job told) and the job it attacks ends as it would have; without one,
+//! it still cannot pin memory before a handshake, hold every connection, make a server allocate
+//! gigabytes, or poison the model with a NaN.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::util::*;
+use oar::auth::Secret;
+use oar::client::{Client, ClientConfig, StepHeader};
+use oar::protocol::{auth, read_frame_blocking, FrameBuf, Hello, Request, Response, PROTOCOL_VERSION};
+use oar::server::ServerStats;
+
+const JOB: &str = "guarded-job-7f3a";
+
+fn spawn(dir: &Path, args: &[String], fault: &str, log: &str) -> Child {
+    let file = std::fs::File::create(dir.join(log)).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(args)
+        .env("OAR_FAULT", fault)
+        .env_remove("OAR_LAUNCHED")
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The reply to what a hostile peer sent on `s`: the error message (the server then closes).
+fn refusal(mut s: TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = FrameBuf::default();
+    let kind = read_frame_blocking(&mut s, &mut buf, 1 << 20).expect("an answer");
+    let Response::Error { message, .. } = Response::decode(kind, buf.payload()).unwrap() else { panic!("served") };
+    let mut rest = [0u8; 1];
+    assert_eq!(s.read(&mut rest).unwrap_or(0), 0, "closed after the refusal");
+    message
+}
+
+/// Everything a peer without the secret might try against `addr`; each must be refused
+/// without a word of the job.
+fn attack(addr: &str) {
+    let hello = |epoch| Hello {
+        version: PROTOCOL_VERSION,
+        job: JOB.into(),
+        num_servers: 2,
+        server_index: 0,
+        trainer: 1,
+        epoch,
+    };
+    let mut attempts: Vec<(&str, Vec<u8>)> = vec![
+        // The job id is known: a Hello claiming a newer epoch would stop a server without a secret.
+        ("a Hello claiming a newer epoch", Request::Hello(hello(1 << 40)).encode().to_vec()),
+        ("a Close for trainer 0", Request::Close { trainer: 0 }.encode().to_vec()),
+        ("a Stats request", Request::Stats.encode().to_vec()),
+        // A frame header announcing 256 MiB.
+        ("an oversized frame", (256u32 << 20).to_le_bytes().into_iter().chain([4, 0, 0, 0]).collect()),
+    ];
+    for (what, bytes) in attempts.drain(..) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&bytes).unwrap();
+        let m = refusal(s);
+        assert!(m.contains("authentication required"), "{what}: {m}");
+        assert!(!m.contains(JOB), "{what}: the job is not told: {m}");
+    }
+    // The challenge answered with another secret's proof.
+    let mut s = TcpStream::connect(addr).unwrap();
+    let ours = oar::auth::nonce();
+    s.write_all(&auth::hello(&ours)).unwrap();
+    let mut buf = FrameBuf::default();
+    assert_eq!(read_frame_blocking(&mut s, &mut buf, 1 << 10).unwrap(), auth::AUTH_CHALLENGE);
+    let (server, _) = auth::parse_challenge(buf.payload()).unwrap();
+    s.write_all(&auth::proof(&Secret::generate().client_proof(&server, &ours))).unwrap();
+    let m = refusal(s);
+    assert_eq!(m, "authentication failed");
+    // A client with another secret finds the server cannot prove it holds its secret.
+    let config = ClientConfig {
+        secret: Some(Secret::generate()),
+        ..ClientConfig::new(vec![addr.to_string(); 2], JOB, Duration::from_secs(5), Duration::from_secs(5))
+    };
+    let err = Client::connect(&config).map(drop).unwrap_err().to_string();
+    assert!(err.contains("did not prove it holds the job's secret"), "{err}");
+    // Idle connections that never speak are closed after the handshake timeout.
+    let idle: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut rest = [0u8; 64];
+        assert!(matches!(s.read(&mut rest), Ok(0) | Err(_)), "an idle connection is closed");
+    }
+}
+
+struct GuardedJob {
+    dir: PathBuf,
+    train: PathBuf,
+    secret: PathBuf,
+    ports: u16,
+}
+
+impl GuardedJob {
+    fn new(dir: &Path, train: &Path, secret: &Path) -> GuardedJob {
+        GuardedJob { dir: dir.into(), train: train.into(), secret: secret.into(), ports: free_ports(2) }
+    }
+
+    fn addrs(&self) -> Vec<String> {
+        (0..2).map(|k| format!("127.0.0.1:{}", self.ports + k)).collect()
+    }
+
+    /// Runs the 2 x 2 sync job; `during` runs while trainer 0 is stopped at its step 5.
+    fn run(&self, during: Option<&dyn Fn(&[String])>) -> Vec<ServerStats> {
+        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let (secret, out) = (self.secret.display().to_string(), self.dir.join("out").display().to_string());
+        let mut children = Vec::new();
+        for k in 0..2u16 {
+            let (port, index) = ((self.ports + k).to_string(), k.to_string());
+            let args = s(&["pserver", "--host", "127.0.0.1", "--port", &port, "--index", &index, "--num-servers", "2"]);
+            let more =
+                s(&["--trainers", "2", "--mode", "sync", "--job", JOB, "--secret-file", &secret, "--save-root", &out]);
+            let more2 = s(&["--handshake-timeout", "1"]);
+            children.push((
+                format!("server.{k}.log"),
+                spawn(&self.dir, &[args, more, more2].concat(), "", &format!("server.{k}.log")),
+            ));
+        }
+        let servers = self.addrs().join(",");
+        let train = self.train.display().to_string();
+        for k in 0..2 {
+            let id = k.to_string();
+            let args = s(&["train", "--servers", &servers, "--trainers", "2", "--trainer-id", &id, "--mode", "sync"]);
+            let more = s(&[
+                "--job",
+                JOB,
+                "--secret-file",
+                &secret,
+                "--train",
+                &train,
+                "--output",
+                &out,
+                "--batch-size",
+                "200",
+            ]);
+            let fault = if k == 0 && during.is_some() { "trainer0:stop@step=5" } else { "" };
+            let log = format!("worker.{k}.log");
+            children.push((log.clone(), spawn(&self.dir, &[args, more, s(&["--hidden", "16"])].concat(), fault, &log)));
+        }
+        if let Some(during) = during {
+            let secret = Secret::read(&self.secret).unwrap();
+            let stats = || {
+                let config = ClientConfig {
+                    secret: Some(secret.clone()),
+                    ..ClientConfig::new(self.addrs(), JOB, Duration::from_secs(5), Duration::from_secs(5))
+                };
+                Client::connect(&config).and_then(|mut c| c.stats()).unwrap_or_default()
+            };
+            // Trainer 0 stops itself after its 5th step: trainer 1's 6th push waits for it.
+            wait_until(60, "trainer 0 stopped mid-job", || stats().iter().all(|s| s.version == 5 && s.pushes == 11));
+            during(&self.addrs());
+            // SAFETY: signalling our own child process.
+            assert_eq!(unsafe { libc::kill(children[2].1.id() as i32, libc::SIGCONT) }, 0);
+        }
+        let mut stats = Vec::new();
+        for (log, mut child) in children {
+            let status = child.wait().unwrap();
+            let text = std::fs::read_to_string(self.dir.join(&log)).unwrap();
+            assert!(status.success(), "{log}:\n{text}");
+            if let Some(line) =
+                text.lines().find_map(|l| l.strip_prefix("OAR_RESULT ")).filter(|_| log.starts_with("server"))
+            {
+                stats.push(serde_json::from_str(line).unwrap());
+            }
+        }
+        stats
+    }
+}
+
+/// A 2 x 2 sync job whose processes share a secret, attacked mid-run by a peer without it on
+/// both servers: every attempt is refused without a word of the job, no request of it is
+/// served (the servers count exactly the requests of an undisturbed run) and the model is the
+/// undisturbed run's bit for bit.
+#[test]
+fn with_a_secret_a_peer_without_it_gets_nothing_and_the_job_ends_undisturbed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 2, 3000, 0);
+    let secret = dir.path().join("secret");
+    Secret::generate().write_new(&secret).unwrap();
+    let (attacked, clean) = (dir.path().join("attacked"), dir.path().join("clean"));
+    std::fs::create_dir_all(&attacked).unwrap();
+    std::fs::create_dir_all(&clean).unwrap();
+    let stats =
+        GuardedJob::new(&attacked, &train, &secret).run(Some(&|addrs: &[String]| addrs.iter().for_each(|a| attack(a))));
+    let undisturbed = GuardedJob::new(&clean, &train, &secret).run(None);
+    // What the servers did is what they did undisturbed (the test's own stats reads aside).
+    let work = |s: &[ServerStats]| {
+        s.iter()
+            .map(|s| (s.version, s.pulls, s.pushes, s.keys_pulled, s.keys_pushed, s.applied_samples.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(work(&stats), work(&undisturbed));
+    assert_same_params(&load_params(&attacked.join("out")), &load_params(&clean.join("out")), 0.0);
+    let log = std::fs::read_to_string(attacked.join("server.0.log")).unwrap();
+    assert!(!log.contains("has no secret"), "{log}");
+}
+
+fn pserver(extra: &[&str]) -> (Child, String) {
+    use std::io::BufRead;
+    let mut server = Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--index", "0", "--num-servers", "1", "--keep-serving"])
+        .args(["--job", "open"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    (server, line.trim().strip_prefix("OAR_READY ").unwrap().to_string())
+}
+
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    kb >> 10
+}
+
+/// Without a secret: frames announcing 256 MiB before a handshake pin nothing, connections
+/// beyond `--max-connections` are refused with a clear error (and a slot frees when an idle
+/// one times out), a small declaration of a huge table is refused before allocating, and a
+/// push holding a NaN is refused before it touches the model.
+#[test]
+fn without_a_secret_a_peer_cannot_pin_memory_hold_every_connection_or_poison_the_model() {
+    let (mut server, addr) = pserver(&["--max-connections", "8", "--handshake-timeout", "1"]);
+    let pid = server.id();
+    let before = rss_mib(pid);
+    let announced: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(&(256u32 << 20).to_le_bytes()).unwrap();
+            s.write_all(&[4, 0, 0, 0]).unwrap();
+            s
+        })
+        .collect();
+    for s in announced {
+        let m = refusal(s);
+        assert!(m.contains("exceeds the maximum"), "{m}");
+    }
+    assert!(rss_mib(pid) < before + 64, "no memory pinned: {} MiB after, {before} before", rss_mib(pid));
+
+    // Eight idle connections take every slot; the ninth is told why it is refused.
+    let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let mut busy = TcpStream::connect(&addr).unwrap();
+    busy.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = FrameBuf::default();
+    let kind = read_frame_blocking(&mut busy, &mut buf, 1 << 20).unwrap();
+    let Response::Error { message, .. } = Response::decode(kind, buf.payload()).unwrap() else { panic!() };
+    assert!(message.contains("--max-connections"), "{message}");
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        assert!(matches!(s.read(&mut [0u8; 8]), Ok(0) | Err(_)), "closed after --handshake-timeout");
+    }
+
+    let config = ClientConfig {
+        trainer: Some(0),
+        ..ClientConfig::new(vec![addr.clone()], "open", Duration::from_secs(10), Duration::from_secs(10))
+    };
+    let mut c = Client::connect(&config).unwrap();
+    let mut huge = crate::util::criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
+        .table_spec(oar::table::Optimizer::sgd(1.0), oar::table::Optimizer::sgd(1.0));
+    let spec = huge.clone();
+    huge.sparse[0].dim = 262_144;
+    let err = c.declare(&huge).unwrap_err().to_string();
+    assert!(err.contains("rows of 262144 floats, at most 65536"), "{err}");
+    assert!(rss_mib(pid) < before + 64, "nothing allocated: {} MiB", rss_mib(pid));
+
+    c.declare(&spec).unwrap();
+    let mut dense = Vec::new();
+    c.pull(Some(&mut dense), &[], &mut [], oar::protocol::RowCreation::Peek).unwrap();
+    let mut grads = vec![0.5f32; dense.len()];
+    grads[3] = f32::NAN;
+    let header = StepHeader { trainer: 0, step: 0, pass: 1, base_version: 0, samples: 1, apply: Default::default() };
+    let err = c.push(&header, Some(&grads), &[]).unwrap_err().to_string();
+    assert!(err.contains("holds a NaN or an infinity: refused before it touched the model"), "{err}");
+    let mut after = Vec::new();
+    c.pull(Some(&mut after), &[], &mut [], oar::protocol::RowCreation::Peek).unwrap();
+    assert_eq!(dense, after, "the model is untouched");
+    let stats = c.stats().unwrap().remove(0);
+    assert_eq!((stats.nonfinite, stats.version), (vec![1], 0));
+    server.kill().unwrap();
+    let _ = server.wait();
+}
