@@ -109,6 +109,23 @@ impl Secret {
     }
 }
 
+/// `bytes` as lower-case hex (for the rendezvous's JSON lines).
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `LEN` bytes from their hex text, if that is what `text` is.
+pub fn from_hex(text: &str) -> Option<[u8; LEN]> {
+    if text.len() != 2 * LEN || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; LEN];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +144,8 @@ mod tests {
         assert!(a.is_client_proof(&s, &c, &client));
         assert!(!a.is_client_proof(&s, &c, &client[..31]), "a short proof");
         assert!(!format!("{a:?}").contains(std::str::from_utf8(a.bytes()).unwrap()), "Debug hides it");
+        assert_eq!(from_hex(&to_hex(&proof)), Some(proof));
+        assert_eq!(from_hex("zz"), None);
     }
 
     #[test]

@@ -5,7 +5,11 @@
 //! A wait that times out names the ranks that never registered.
 //!
 //! The protocol is one JSON line each way over TCP: `{"rank":r,"size":n,"addr":"host:port"}`
-//! in, `{"servers":["host:port",...]}` (by server index) or `{"error":"..."}` out.
+//! in, `{"servers":["host:port",...]}` (by server index) or `{"error":"..."}` out. With the
+//! job's secret, the registration is preceded by the challenge and response of
+//! [`crate::auth`] as JSON lines: `{"nonce":hex}` in, `{"nonce":hex,"proof":hex}` out,
+//! `{"proof":hex}` in; a caller that cannot prove the secret is refused before its
+//! registration is read, and a rank never takes a layout from a host that cannot prove it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -54,6 +58,28 @@ struct Register {
     addr: String,
 }
 
+/// One line of the challenge and response (fields by step).
+#[derive(Serialize, Deserialize, Default)]
+struct AuthLine {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nonce: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    proof: Option<String>,
+}
+
+fn write_line<T: Serialize>(stream: &mut TcpStream, value: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(value).expect("rendezvous lines serialize");
+    line.push(b'\n');
+    stream.write_all(&line)
+}
+
+/// Reads one line of at most 64 KiB: a caller that streams bytes cannot hold the host.
+fn read_line<R: BufRead>(r: &mut R) -> Option<String> {
+    let mut line = String::new();
+    r.take(64 << 10).read_line(&mut line).ok().filter(|n| *n > 0)?;
+    Some(line)
+}
+
 #[derive(Serialize, Deserialize)]
 struct Layout {
     #[serde(default)]
@@ -65,7 +91,13 @@ struct Layout {
 /// Rank 0's side: accepts the registrations of all `size` ranks on `listener` (its own
 /// included, made by [`register`] like everyone's), then sends everyone the server list.
 /// Ranks `0..servers` are servers. Returns the list.
-pub fn host(listener: TcpListener, size: usize, servers: usize, timeout: Duration) -> anyhow::Result<Vec<String>> {
+pub fn host(
+    listener: TcpListener,
+    size: usize,
+    servers: usize,
+    timeout: Duration,
+    secret: Option<crate::auth::Secret>,
+) -> anyhow::Result<Vec<String>> {
     let deadline = Instant::now() + timeout;
     listener.set_nonblocking(true)?;
     let mut joined: Vec<Option<(TcpStream, String)>> = (0..size).map(|_| None).collect();
@@ -82,7 +114,7 @@ pub fn host(listener: TcpListener, size: usize, servers: usize, timeout: Duratio
             Ok((stream, peer)) => {
                 // One bad caller (a port scanner, a stray client, a rank that died mid-line)
                 // must not fail everyone's rendezvous: it is answered, logged and skipped.
-                let Some((mut stream, r)) = read_registration(stream, deadline) else {
+                let Some((mut stream, r)) = read_registration(stream, deadline, secret.as_ref()) else {
                     tracing::warn!(%peer, "ignored a connection to the rendezvous that sent no registration");
                     continue;
                 };
@@ -109,15 +141,38 @@ pub fn host(listener: TcpListener, size: usize, servers: usize, timeout: Duratio
 
 /// Reads one registration line, waiting at most a few seconds (a rank writes it as soon as it
 /// connects); a malformed one is answered with an error. `None`: nothing usable came.
-fn read_registration(stream: TcpStream, deadline: Instant) -> Option<(TcpStream, Register)> {
+fn read_registration(
+    stream: TcpStream,
+    deadline: Instant,
+    secret: Option<&crate::auth::Secret>,
+) -> Option<(TcpStream, Register)> {
     stream.set_nonblocking(false).ok()?;
     let wait =
         deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(100), Duration::from_secs(5));
     stream.set_read_timeout(Some(wait)).ok()?;
-    let mut line = String::new();
-    // A registration is one short line: a caller that streams bytes cannot hold the host.
-    BufReader::new((&stream).take(64 << 10)).read_line(&mut line).ok()?;
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
     let mut stream = stream;
+    if let Some(secret) = secret {
+        let refuse = |stream: &mut TcpStream| {
+            let error = "authentication failed: this rendezvous takes only the job's ranks".to_string();
+            let _ = send(stream, &Layout { servers: vec![], error: Some(error) });
+        };
+        let hello: Option<AuthLine> = read_line(&mut reader).and_then(|l| serde_json::from_str(&l).ok());
+        let Some(theirs) = hello.and_then(|h| crate::auth::from_hex(&h.nonce?)) else {
+            refuse(&mut stream);
+            return None;
+        };
+        let ours = crate::auth::nonce();
+        let proof = crate::auth::to_hex(&secret.server_proof(&theirs, &ours));
+        write_line(&mut stream, &AuthLine { nonce: Some(crate::auth::to_hex(&ours)), proof: Some(proof) }).ok()?;
+        let answer: Option<AuthLine> = read_line(&mut reader).and_then(|l| serde_json::from_str(&l).ok());
+        let proved = answer.and_then(|a| crate::auth::from_hex(&a.proof?));
+        if !proved.is_some_and(|p| secret.is_client_proof(&ours, &theirs, &p)) {
+            refuse(&mut stream);
+            return None;
+        }
+    }
+    let line = read_line(&mut reader).unwrap_or_default();
     match serde_json::from_str(&line) {
         Ok(r) => Some((stream, r)),
         Err(e) => {
@@ -142,6 +197,7 @@ pub fn register(
     rank: Rank,
     addr: &dyn Fn(std::net::IpAddr) -> String,
     timeout: Duration,
+    secret: Option<&crate::auth::Secret>,
 ) -> anyhow::Result<Vec<String>> {
     let deadline = Instant::now() + timeout;
     let stream = loop {
@@ -165,13 +221,32 @@ pub fn register(
     };
     let own = addr(stream.local_addr()?.ip());
     let mut writer = stream.try_clone()?;
-    let mut line = serde_json::to_vec(&Register { rank: rank.rank, size: rank.size, addr: own })?;
-    line.push(b'\n');
-    writer.write_all(&line)?;
     stream.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1))))?;
-    let mut reply = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut reply)
+    let mut reader = BufReader::new(&stream);
+    if let Some(secret) = secret {
+        let ours = crate::auth::nonce();
+        write_line(&mut writer, &AuthLine { nonce: Some(crate::auth::to_hex(&ours)), proof: None })?;
+        let line = read_line(&mut reader).unwrap_or_default();
+        let challenge: AuthLine = serde_json::from_str(&line).unwrap_or_default();
+        let layout: Option<Layout> = serde_json::from_str(&line).ok();
+        if let Some(e) = layout.and_then(|l| l.error) {
+            anyhow::bail!("rendezvous at {rendezvous}: {e}");
+        }
+        let theirs = challenge.nonce.as_deref().and_then(crate::auth::from_hex);
+        let proof = challenge.proof.as_deref().and_then(crate::auth::from_hex);
+        let (Some(theirs), Some(proof)) = (theirs, proof) else {
+            anyhow::bail!("rank {}: the rendezvous at {rendezvous} did not answer the challenge", rank.rank)
+        };
+        anyhow::ensure!(
+            secret.is_server_proof(&ours, &theirs, &proof),
+            "rank {}: the rendezvous at {rendezvous} did not prove it holds the job's secret",
+            rank.rank
+        );
+        let proof = crate::auth::to_hex(&secret.client_proof(&theirs, &ours));
+        write_line(&mut writer, &AuthLine { nonce: None, proof: Some(proof) })?;
+    }
+    write_line(&mut writer, &Register { rank: rank.rank, size: rank.size, addr: own })?;
+    let reply = read_line(&mut reader)
         .with_context(|| format!("rank {}: no layout from the rendezvous at {rendezvous}", rank.rank))?;
     let layout: Layout =
         serde_json::from_str(&reply).with_context(|| format!("rank {}: a malformed layout", rank.rank))?;
@@ -203,7 +278,7 @@ mod tests {
     fn everyone_gets_the_servers_in_rank_order_and_a_missing_rank_is_named() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
-        let hosting = std::thread::spawn(move || host(listener, 3, 2, Duration::from_secs(10)));
+        let hosting = std::thread::spawn(move || host(listener, 3, 2, Duration::from_secs(10), None));
         let joins: Vec<_> = (0..3)
             .map(|r| {
                 let at = at.clone();
@@ -214,6 +289,7 @@ mod tests {
                         me,
                         &|ip| if r < 2 { format!("{ip}:{}", 7000 + r) } else { String::new() },
                         Duration::from_secs(10),
+                        None,
                     )
                 })
             })
@@ -225,9 +301,9 @@ mod tests {
 
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
-        let hosting = std::thread::spawn(move || host(listener, 3, 1, Duration::from_millis(500)));
+        let hosting = std::thread::spawn(move || host(listener, 3, 1, Duration::from_millis(500), None));
         let me = Rank { rank: 0, size: 3, source: "test" };
-        let err = register(&at, me, &|ip| format!("{ip}:1"), Duration::from_secs(5)).unwrap_err().to_string();
+        let err = register(&at, me, &|ip| format!("{ip}:1"), Duration::from_secs(5), None).unwrap_err().to_string();
         assert!(err.contains("waiting for rank(s) [1, 2] of 3"), "{err}");
         assert!(hosting.join().unwrap().is_err());
     }
@@ -238,7 +314,7 @@ mod tests {
     fn bad_registrations_do_not_abort_the_rendezvous() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
-        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20)));
+        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20), None));
         let reply = |line: &[u8]| {
             let mut s = TcpStream::connect(&at).unwrap();
             s.write_all(line).unwrap();
@@ -254,12 +330,45 @@ mod tests {
                 let at = at.clone();
                 std::thread::spawn(move || {
                     let me = Rank { rank: r, size: 2, source: "test" };
-                    register(&at, me, &|ip| format!("{ip}:7000"), Duration::from_secs(20))
+                    register(&at, me, &|ip| format!("{ip}:7000"), Duration::from_secs(20), None)
                 })
             })
             .collect();
         for j in joins {
             assert_eq!(j.join().unwrap().unwrap(), ["127.0.0.1:7000"]);
+        }
+        assert!(hosting.join().unwrap().is_ok());
+    }
+
+    /// With the job's secret, a registration without it (plain, or proved with another secret)
+    /// is refused before it is read, a rank never takes a layout from a host with another
+    /// secret, and the job's ranks meet as before.
+    #[test]
+    fn with_a_secret_only_the_jobs_ranks_register() {
+        let secret = crate::auth::Secret::generate();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let held = secret.clone();
+        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20), Some(held)));
+        let mut plain = TcpStream::connect(&at).unwrap();
+        plain.write_all(b"{\"rank\":0,\"size\":2,\"addr\":\"10.9.9.9:1\"}\n").unwrap();
+        let mut reply = String::new();
+        BufReader::new(plain).read_line(&mut reply).unwrap();
+        assert!(reply.contains("authentication failed") && !reply.contains("servers\":[\""), "{reply}");
+        let me = |r| Rank { rank: r, size: 2, source: "test" };
+        let other = crate::auth::Secret::generate();
+        let err = register(&at, me(0), &|_| "10.9.9.9:1".into(), Duration::from_secs(5), Some(&other)).unwrap_err();
+        assert!(err.to_string().contains("did not prove it holds the job's secret"), "{err}");
+        let joins: Vec<_> = (0..2)
+            .map(|r| {
+                let (at, secret) = (at.clone(), secret.clone());
+                std::thread::spawn(move || {
+                    register(&at, me(r), &|ip| format!("{ip}:7000"), Duration::from_secs(20), Some(&secret))
+                })
+            })
+            .collect();
+        for j in joins {
+            assert_eq!(j.join().unwrap().unwrap(), ["127.0.0.1:7000"], "the forged rank 0 took no place");
         }
         assert!(hosting.join().unwrap().is_ok());
     }

@@ -1272,9 +1272,11 @@ fn engine_rank(
         }
     };
     let timeout = Duration::from_secs(job.train.timeout_secs);
+    let secret = a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?;
     tracing::info!(rank = rank.rank, size = rank.size, source = rank.source, %rendezvous, "joining the job");
     if rank.rank >= num_servers {
-        let servers = crate::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout).map_err(hint)?;
+        let servers = crate::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout, secret.as_ref())
+            .map_err(hint)?;
         return Ok(Some((servers, rank.rank - num_servers, rank.size - num_servers)));
     }
     let listener = std::net::TcpListener::bind("0.0.0.0:0").context("cannot listen")?;
@@ -1287,12 +1289,13 @@ fn engine_rank(
         let l = std::net::TcpListener::bind(("0.0.0.0", rport))
             .with_context(|| format!("rank 0 cannot listen on the rendezvous port {rport}"))?;
         let size = rank.size;
-        Some(std::thread::spawn(move || crate::rendezvous::host(l, size, num_servers, timeout)))
+        let secret = secret.clone();
+        Some(std::thread::spawn(move || crate::rendezvous::host(l, size, num_servers, timeout, secret)))
     } else {
         None
     };
-    let servers =
-        crate::rendezvous::register(&rendezvous, rank, &|ip| format!("{ip}:{port}"), timeout).map_err(hint)?;
+    let own = |ip| format!("{ip}:{port}");
+    let servers = crate::rendezvous::register(&rendezvous, rank, &own, timeout, secret.as_ref()).map_err(hint)?;
     if let Some(h) = hosting {
         h.join().map_err(|_| anyhow::anyhow!("the rendezvous thread panicked"))??;
     }

@@ -29,10 +29,13 @@ fn check_model(model: &Path) {
     assert!(model.join("pass-0001/manifest.json").exists(), "trainer 0 saved the pass too");
 }
 
-/// Four ranks given only `OMPI_COMM_WORLD_RANK/SIZE`, as `mpirun -n 4` starts them.
+/// Four ranks given only `OMPI_COMM_WORLD_RANK/SIZE`, as `mpirun -n 4` starts them, and the
+/// job's secret: the rendezvous and the servers take only them.
 #[test]
 fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
     let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    oar::auth::Secret::generate().write_new(&secret).unwrap();
     let (train, _) = gen_data(dir.path(), 2, 1500, 0);
     let model = dir.path().join("model");
     let rendezvous = format!("127.0.0.1:{}", free_ports(1));
@@ -43,6 +46,7 @@ fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
                 .args(args(&train, &model_s, Some(&rendezvous)))
                 .env("OMPI_COMM_WORLD_RANK", rank.to_string())
                 .env("OMPI_COMM_WORLD_SIZE", "4")
+                .env("OAR_SECRET_FILE", &secret)
                 .env("RUST_LOG", "warn")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -67,6 +71,7 @@ fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
     let servers: Vec<_> = (0..2).map(|rank| output(children[rank].take().unwrap())).collect();
     for (rank, (ok, text)) in servers.iter().chain(&trainers).enumerate() {
         assert!(ok, "rank {rank}:\n{text}");
+        assert!(!text.contains("has no secret"), "rank {rank}:\n{text}");
         if rank >= 2 {
             assert!(text.contains("trained 1500 samples"), "rank {rank}:\n{text}");
         }
@@ -99,7 +104,12 @@ fn mpi_launchers() -> Vec<(&'static str, Vec<&'static str>)> {
 /// `explicit`, at a `--rendezvous` on a free port, else at the one oar derives on one host.
 fn run_mpi(launcher: &[&str], train: &str, model: &str, explicit: bool) -> (std::process::ExitStatus, String) {
     let rendezvous = format!("127.0.0.1:{}", free_ports(1));
+    // The job's secret, as a batch script would give it to every rank (a file they all read).
+    let secret = std::path::Path::new(model).with_extension("secret");
+    let _ = std::fs::remove_file(&secret);
+    oar::auth::Secret::generate().write_new(&secret).unwrap();
     let mut cmd = Command::new("timeout");
+    cmd.env("OAR_SECRET_FILE", &secret);
     cmd.arg("120").args(launcher).arg(env!("CARGO_BIN_EXE_oar"));
     cmd.args(args(train, model, explicit.then_some(rendezvous.as_str()))).env("RUST_LOG", "warn");
     let out = cmd.output().unwrap();
