@@ -93,6 +93,9 @@ fn attack(addr: &str) {
     }
 }
 
+/// What runs against the servers' addresses while the job is held mid-run.
+type Attack = dyn Fn(&[String]);
+
 struct GuardedJob {
     dir: PathBuf,
     train: PathBuf,
@@ -110,7 +113,7 @@ impl GuardedJob {
     }
 
     /// Runs the 2 x 2 sync job; `during` runs while trainer 0 is stopped at its step 5.
-    fn run(&self, during: Option<&dyn Fn(&[String])>) -> Vec<ServerStats> {
+    fn run(&self, during: Option<&Attack>) -> Vec<ServerStats> {
         let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
         let (secret, out) = (self.secret.display().to_string(), self.dir.join("out").display().to_string());
         let mut children = Vec::new();
