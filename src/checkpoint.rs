@@ -104,6 +104,9 @@ impl ShardHeader {
         if self.sparse_rows.len() != spec.sparse.len() {
             return Err("sparse table count does not match the spec".into());
         }
+        if crate::table::empty_sparse_bytes(spec) > crate::table::MAX_EMPTY_TABLE_BYTES {
+            return Err("its empty tables alone would take more memory than any server's budget".into());
+        }
         let too_big = || "sizes beyond any model".to_string();
         let total =
             spec.dense.params.iter().try_fold(0u64, |sum, p| sum.checked_add(p.len as u64)).ok_or_else(too_big)?;

@@ -75,7 +75,7 @@ fn within_budget(spec: &crate::table::TableSpec, servers: usize, budget: u64) ->
         return Err(format!("sparse table {}: rows of {} floats, at most {MAX_DIM}", t.name, t.dim));
     }
     let dense: u64 = spec.dense.params.iter().map(|p| p.len as u64).sum::<u64>() / servers.max(1) as u64 * 12;
-    let sparse: u64 = spec.sparse.iter().map(|t| 64 * 16 * ((16 + 4 * t.dim as u64).div_ceil(64) * 64)).sum();
+    let sparse = crate::table::empty_sparse_bytes(spec);
     let bytes = dense.saturating_add(sparse);
     if bytes > budget {
         return Err(format!(

@@ -158,6 +158,17 @@ pub const MAX_DIM: usize = 1 << 16;
 /// Most sparse tables a declaration or a shard file may hold.
 pub const MAX_TABLES: usize = 4096;
 
+/// Bytes the empty sparse tables of `spec` take before their first row (each table's 64
+/// stripes of 16 slots, a slot a few cache lines wide): what a declaration or a shard file
+/// costs before anything it holds, checked against a budget before it is allocated.
+pub fn empty_sparse_bytes(spec: &TableSpec) -> u64 {
+    spec.sparse.iter().map(|t| 64 * 16 * ((16 + 4 * t.dim as u64).div_ceil(64) * 64)).sum()
+}
+
+/// The most bytes the empty tables of a shard file may take: twice the servers' default
+/// declaration budget (`--max-declare-mb`), so no file can make a reader allocate more.
+pub const MAX_EMPTY_TABLE_BYTES: u64 = 2 << 30;
+
 /// Errors of table operations; each names the table and what was wrong.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum TableError {

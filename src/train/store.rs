@@ -79,7 +79,8 @@ impl Store {
                 let (file, bytes, crc32) = write_shard(shard, dir)?;
                 Ok(vec![ShardEntry { file, bytes, crc32 }])
             }
-            Store::Remote(client) => Ok(client.save(&dir.to_string_lossy())?),
+            // Absolute: a server takes a relative folder as inside its own save root.
+            Store::Remote(client) => Ok(client.save(&std::path::absolute(dir)?.to_string_lossy())?),
         }
     }
 }

@@ -194,3 +194,31 @@ fn an_interrupted_launch_stops_every_child() {
     assert!(err.contains("interrupted"), "{err}");
     assert_eq!(processes_mentioning(&needle), Vec::<u32>::new(), "children left running");
 }
+
+/// A trainer and a server started in one folder with relative paths (`--output out`): the
+/// pass the trainer saves lands in `out/pass-0001` beside its manifest, and loads back.
+#[test]
+fn relative_output_folders_save_where_they_say() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_data(&dir.path().join("data"), 1, 1000, 0);
+    let port = free_ports(1).to_string();
+    let oar_in = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_oar"));
+        cmd.args(args).current_dir(dir.path()).env_remove("OAR_LAUNCHED");
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let server = oar_in(&["pserver", "--host", "127.0.0.1", "--port", &port, "--index", "0", "--num-servers", "1"])
+        .args(["--trainers", "1", "--mode", "sync", "--job", "rel", "--save-root", "out"])
+        .spawn()
+        .unwrap();
+    let trainer = oar_in(&["train", "--servers", &format!("127.0.0.1:{port}"), "--train", "data/train"])
+        .args(["--output", "out", "--job", "rel", "--mode", "sync", "--hidden", "8"])
+        .output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert!(trainer.status.success() && server.status.success(), "{}\n{}", text(&trainer), text(&server));
+    assert!(dir.path().join("out/pass-0001/server-0.shard").is_file(), "the shard beside its manifest");
+    assert!(!dir.path().join("out/out").exists());
+    load_params(&dir.path().join("out"));
+}
