@@ -6,7 +6,7 @@
 //! an undisturbed run's bit for bit, and each server applied every sample of the data once.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use crate::util::*;
@@ -40,17 +40,8 @@ impl HandJob {
     }
 
     fn oar(&self, args: &[&str], fault: &str, log: &str) -> Child {
-        let log = std::fs::File::create(self.dir.join(log)).unwrap();
-        Command::new(env!("CARGO_BIN_EXE_oar"))
-            .args(args)
-            .args(["--recoverable", "--mode", self.mode, "--job", "exactly-once"])
-            .env("OAR_FAULT", fault)
-            .env_remove("OAR_LAUNCHED")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap()
+        let all = [args, &["--recoverable", "--mode", self.mode, "--job", "exactly-once"]].concat();
+        spawn_oar(&self.dir, &all, fault, log)
     }
 
     fn server(&self, k: u16) -> Child {

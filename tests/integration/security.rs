@@ -17,19 +17,6 @@ use oar::server::ServerStats;
 
 const JOB: &str = "guarded-job-7f3a";
 
-fn spawn(dir: &Path, args: &[String], fault: &str, log: &str) -> Child {
-    let file = std::fs::File::create(dir.join(log)).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_oar"))
-        .args(args)
-        .env("OAR_FAULT", fault)
-        .env_remove("OAR_LAUNCHED")
-        .stdout(file.try_clone().unwrap())
-        .stderr(file)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
 /// The reply to what a hostile peer sent on `s`: the error message (the server then closes).
 fn refusal(mut s: TcpStream) -> String {
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -125,7 +112,7 @@ impl GuardedJob {
             let more2 = s(&["--handshake-timeout", "1"]);
             children.push((
                 format!("server.{k}.log"),
-                spawn(&self.dir, &[args, more, more2].concat(), "", &format!("server.{k}.log")),
+                spawn_oar(&self.dir, &[args, more, more2].concat(), "", &format!("server.{k}.log")),
             ));
         }
         let servers = self.addrs().join(",");
@@ -147,7 +134,8 @@ impl GuardedJob {
             ]);
             let fault = if k == 0 && during.is_some() { "trainer0:stop@step=5" } else { "" };
             let log = format!("worker.{k}.log");
-            children.push((log.clone(), spawn(&self.dir, &[args, more, s(&["--hidden", "16"])].concat(), fault, &log)));
+            children
+                .push((log.clone(), spawn_oar(&self.dir, &[args, more, s(&["--hidden", "16"])].concat(), fault, &log)));
         }
         if let Some(during) = during {
             let secret = Secret::read(&self.secret).unwrap();

@@ -297,6 +297,21 @@ pub fn oar(args: &[&str]) -> std::process::Output {
         .expect("oar runs")
 }
 
+/// Starts the `oar` binary (not as a launched child) with `args` and `OAR_FAULT=fault`, its
+/// output in `dir/log`.
+pub fn spawn_oar<S: AsRef<std::ffi::OsStr>>(dir: &Path, args: &[S], fault: &str, log: &str) -> std::process::Child {
+    let file = std::fs::File::create(dir.join(log)).unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(args)
+        .env("OAR_FAULT", fault)
+        .env_remove("OAR_LAUNCHED")
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// A process's stdout and stderr, as text.
 pub fn text(o: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
