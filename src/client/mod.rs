@@ -6,114 +6,26 @@
 //! and write-all-then-read-all gives the same overlap across servers without a runtime. Every
 //! connect and every reply is bounded by a timeout whose error names the server and address.
 
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::borrow::Cow;
+use std::net::TcpStream;
+use std::time::Duration;
 
 use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
-    read_frame_blocking, read_reply_blocking, write_frame_blocking, Apply, Declaration, DenseSelection, ErrorCode,
-    Frame, FrameBuf, Hello, ProtocolError, Pull, Push, PushOutcome, PushPart, Request, Response, RowCreation,
-    SparseGrads, SparseIds, DEFAULT_MAX_FRAME, NOT_A_TRAINER, PROTOCOL_VERSION,
+    read_reply_blocking, Apply, Declaration, DenseSelection, Frame, FrameBuf, Hello, ProtocolError, Pull, Push,
+    PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME, NOT_A_TRAINER,
+    PROTOCOL_VERSION,
 };
 use crate::server::ServerStats;
 use crate::table::TableSpec;
-use std::borrow::Cow;
 
-/// Errors talking to servers; each names the server.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// No connection could be made before the deadline.
-    #[error("cannot reach server {index} at {addr} within {timeout:?}: {cause}")]
-    Unreachable {
-        /// Server index.
-        index: usize,
-        /// Its address.
-        addr: String,
-        /// How long we tried.
-        timeout: Duration,
-        /// The last connect error.
-        cause: String,
-    },
-    /// The connection failed mid-request (including reply timeouts).
-    #[error("server {index} at {addr}: {cause}")]
-    Protocol {
-        /// Server index.
-        index: usize,
-        /// Its address.
-        addr: String,
-        /// The cause.
-        cause: ProtocolError,
-    },
-    /// The server answered with an error.
-    #[error("server {index} at {addr} refused {what}: {message}")]
-    Refused {
-        /// Server index.
-        index: usize,
-        /// Its address.
-        addr: String,
-        /// The request.
-        what: &'static str,
-        /// The server's error class (a `Timeout` may be retried, a `Table` error not).
-        code: ErrorCode,
-        /// The server's message.
-        message: String,
-    },
-    /// The server answered with an unexpected message.
-    #[error("server {index} at {addr} answered {what} with {got}")]
-    Unexpected {
-        /// Server index.
-        index: usize,
-        /// Its address.
-        addr: String,
-        /// The request.
-        what: &'static str,
-        /// What came back.
-        got: String,
-    },
-    /// A server answered the handshake with an epoch older than one met before: a replaced
-    /// process (stopped, then continued) still holds the address.
-    #[error("server {index} at {addr} is epoch {epoch}, older than epoch {met} met before: a replaced process")]
-    Replaced {
-        /// Server index.
-        index: usize,
-        /// Its address.
-        addr: String,
-        /// The epoch it answered.
-        epoch: u64,
-        /// The newest epoch met.
-        met: u64,
-    },
-    /// A server was lost and did not come back within the recovery window.
-    #[error("server {index} at {addr} was lost and did not come back within {waited:?} (--recover-timeout): {cause}")]
-    Lost {
-        /// Server index.
-        index: usize,
-        /// Its address.
-        addr: String,
-        /// How long we waited.
-        waited: Duration,
-        /// The last error.
-        cause: String,
-    },
-    /// The call itself was inconsistent (a bug in the caller).
-    #[error("{0}")]
-    Usage(String),
-}
+mod conn;
+mod error;
+mod recover;
 
-impl ClientError {
-    /// Whether a restarted server could cure this: the connection broke or timed out, nobody
-    /// listens at the address (yet), or the process there is a replaced epoch.
-    fn is_lost_server(&self) -> bool {
-        matches!(
-            self,
-            ClientError::Protocol { cause: ProtocolError::Io(_) | ProtocolError::Closed, .. }
-                | ClientError::Unreachable { .. }
-                | ClientError::Replaced { .. }
-                | ClientError::Refused { code: ErrorCode::Fenced, .. }
-        )
-    }
-}
+use conn::{connect_with_retry, Conn};
+pub use error::ClientError;
 
 /// Where the servers are and how long to wait for them.
 #[derive(Clone, Debug)]
@@ -171,82 +83,6 @@ fn port_plus(addr: &str, k: usize) -> Result<String, String> {
     }
     Ok(format!("{host}:{moved}"))
 }
-
-struct Conn {
-    index: usize,
-    addr: String,
-    stream: TcpStream,
-    buf: FrameBuf,
-}
-
-impl Conn {
-    fn fail(&self, cause: ProtocolError) -> ClientError {
-        ClientError::Protocol { index: self.index, addr: self.addr.clone(), cause }
-    }
-
-    fn send(&mut self, frame: &Frame) -> Result<(), ClientError> {
-        write_frame_blocking(&mut self.stream, frame).map_err(|e| self.fail(e))
-    }
-
-    /// Reads the next reply frame into the connection's buffer; returns its kind.
-    fn read(&mut self) -> Result<u8, ClientError> {
-        read_frame_blocking(&mut self.stream, &mut self.buf, DEFAULT_MAX_FRAME).map_err(|e| self.fail(e))
-    }
-
-    /// Decodes the frame just read (borrowing from the buffer); a server error becomes `Refused`.
-    fn reply(&self, kind: u8, what: &'static str) -> Result<Response<'_>, ClientError> {
-        match Response::decode(kind, self.buf.payload()).map_err(|e| self.fail(e))? {
-            Response::Error { code, message } => {
-                Err(ClientError::Refused { index: self.index, addr: self.addr.clone(), what, code, message })
-            }
-            r => Ok(r),
-        }
-    }
-
-    fn unexpected(&self, what: &'static str, got: &Response) -> ClientError {
-        self.mismatch(what, format!("{got:?}").chars().take(80).collect())
-    }
-
-    fn mismatch(&self, what: &'static str, got: String) -> ClientError {
-        ClientError::Unexpected { index: self.index, addr: self.addr.clone(), what, got }
-    }
-
-    /// Proves this client holds the job's secret and checks the server's proof (see
-    /// [`crate::auth`]), before any other frame.
-    fn authenticate(&mut self, secret: &crate::auth::Secret) -> Result<(), ClientError> {
-        use crate::protocol::auth;
-        use std::io::Write;
-        let ours = crate::auth::nonce();
-        self.stream.write_all(&auth::hello(&ours)).map_err(|e| self.fail(e.into()))?;
-        let kind = self.read()?;
-        if kind != auth::AUTH_CHALLENGE {
-            return Err(match self.reply(kind, "the authentication") {
-                Err(e) => e,
-                Ok(other) => self.unexpected("the authentication", &other),
-            });
-        }
-        let Some((server, proof)) = auth::parse_challenge(self.buf.payload()) else {
-            return Err(self.mismatch("the authentication", "a malformed challenge".into()));
-        };
-        if !secret.is_server_proof(&ours, &server, &proof) {
-            let why = "the server did not prove it holds the job's secret (another job's server, or a wrong \
-                       --secret-file)";
-            return Err(self.mismatch("the authentication", why.into()));
-        }
-        self.stream.write_all(&auth::proof(&secret.client_proof(&server, &ours))).map_err(|e| self.fail(e.into()))?;
-        self.expect_done("the authentication")
-    }
-
-    /// Expects a `Done` reply.
-    fn expect_done(&mut self, what: &'static str) -> Result<(), ClientError> {
-        let kind = self.read()?;
-        match self.reply(kind, what)? {
-            Response::Done => Ok(()),
-            other => Err(self.unexpected(what, &other)),
-        }
-    }
-}
-
 /// Sparse ids of one table to pull.
 pub struct TableIds<'a> {
     /// Table index.
@@ -388,127 +224,6 @@ impl Client {
             Response::Welcome { epoch, .. } => Ok((conn, epoch)),
             other => Err(conn.unexpected("the handshake", &other)),
         }
-    }
-
-    /// Opens every port of server `s` again, and tells the (restarted) server what it must know
-    /// of this trainer: the declaration, and the pass it ended.
-    fn reconnect(&mut self, s: usize, deadline: Instant) -> Result<(), ClientError> {
-        let mut fresh = Vec::with_capacity(self.conns.len());
-        let mut epoch = self.epochs[s];
-        for port in 0..self.conns.len() {
-            let wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
-            let (conn, e) = Self::open(&self.config, s, port, epoch, wait)?;
-            epoch = epoch.max(e);
-            fresh.push(conn);
-        }
-        if let Some(declaration) = &self.declared {
-            fresh[0].send(&Request::Declare(declaration.clone()).encode())?;
-            fresh[0].expect_done("the table declaration")?;
-        }
-        if let Some((trainer, pass)) = self.ended {
-            fresh[0].send(&Request::EndPass { trainer, pass }.encode())?;
-            fresh[0].expect_done("an end of pass")?;
-        }
-        for (row, conn) in self.conns.iter_mut().zip(fresh) {
-            row[s] = conn;
-        }
-        self.epochs[s] = epoch;
-        Ok(())
-    }
-
-    /// After `error` lost server `s` mid-call: with recovery on, reconnects (until the
-    /// recovery window ends) and runs `again` (the call's part for `s`), as often as it takes.
-    fn recover<T>(
-        &mut self,
-        s: usize,
-        error: ClientError,
-        mut again: impl FnMut(&mut Client) -> Result<T, ClientError>,
-    ) -> Result<T, ClientError> {
-        let Some(window) = self.config.recover.filter(|_| error.is_lost_server()) else { return Err(error) };
-        let started = Instant::now();
-        let deadline = started + window;
-        let addr = self.config.servers[s].clone();
-        tracing::warn!(server = s, %addr, "lost server {s} ({error}); waiting up to {window:?} for it to come back");
-        let mut last = error;
-        loop {
-            if Instant::now() >= deadline {
-                return Err(ClientError::Lost { index: s, addr, waited: window, cause: last.to_string() });
-            }
-            let attempt = self.reconnect(s, deadline).and_then(|()| again(self));
-            match attempt {
-                Ok(v) => {
-                    let seconds = started.elapsed().as_secs_f64();
-                    tracing::warn!(server = s, epoch = self.epochs[s], seconds, "server {s} is back; going on");
-                    return Ok(v);
-                }
-                Err(e) if e.is_lost_server() => {
-                    last = e;
-                    std::thread::sleep(
-                        Duration::from_millis(50).min(deadline.saturating_duration_since(Instant::now())),
-                    );
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Sends each server its frames (`parts[s]`: (port, frame) pairs), all before reading any
-    /// reply, then reads server `s`'s replies with `read(conns, s)`, in server order. A server
-    /// lost on the way is, with recovery on, reconnected and sent its frames again alone.
-    fn exchange<T>(
-        &mut self,
-        parts: &[Vec<(usize, Frame<'_>)>],
-        read: impl FnMut(&mut [Vec<Conn>], usize) -> Result<T, ClientError>,
-    ) -> Result<Vec<T>, ClientError> {
-        self.exchange_then(parts, || {}, read)
-    }
-
-    /// [`Client::exchange`], calling `sent` once every frame is written and before any reply
-    /// is read (where a planted fault kills a trainer with its push pending).
-    fn exchange_then<T>(
-        &mut self,
-        parts: &[Vec<(usize, Frame<'_>)>],
-        sent: impl FnOnce(),
-        mut read: impl FnMut(&mut [Vec<Conn>], usize) -> Result<T, ClientError>,
-    ) -> Result<Vec<T>, ClientError> {
-        let recovering = self.config.recover.is_some();
-        let keep = |e: ClientError| if recovering && e.is_lost_server() { Ok(e) } else { Err(e) };
-        let mut lost: Vec<Option<ClientError>> = parts.iter().map(|_| None).collect();
-        for (s, frames) in parts.iter().enumerate() {
-            for (port, frame) in frames {
-                if let Err(e) = self.conns[*port][s].send(frame) {
-                    lost[s] = Some(keep(e)?);
-                    break;
-                }
-            }
-        }
-        sent();
-        let mut out = Vec::with_capacity(parts.len());
-        for (s, gone) in lost.iter_mut().enumerate() {
-            if gone.is_some() {
-                out.push(None);
-                continue;
-            }
-            match read(&mut self.conns, s) {
-                Ok(v) => out.push(Some(v)),
-                Err(e) => {
-                    *gone = Some(keep(e)?);
-                    out.push(None);
-                }
-            }
-        }
-        for (s, gone) in lost.into_iter().enumerate() {
-            if let Some(error) = gone {
-                let v = self.recover(s, error, |client| {
-                    for (port, frame) in &parts[s] {
-                        client.conns[*port][s].send(frame)?;
-                    }
-                    read(&mut client.conns, s)
-                })?;
-                out[s] = Some(v);
-            }
-        }
-        Ok(out.into_iter().map(|v| v.expect("every server has answered")).collect())
     }
 
     fn servers(&self) -> usize {
@@ -864,33 +579,6 @@ fn receive_values(
         }
     }
     Ok(version)
-}
-
-fn connect_with_retry(index: usize, addr: &str, timeout: Duration) -> Result<TcpStream, ClientError> {
-    let deadline = Instant::now() + timeout;
-    let mut pause = Duration::from_millis(20);
-    loop {
-        let attempt = addr
-            .to_socket_addrs()
-            .and_then(|mut a| a.next().ok_or_else(|| std::io::Error::other("address resolves to nothing")))
-            .and_then(|sa| {
-                TcpStream::connect_timeout(
-                    &sa,
-                    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10)),
-                )
-            });
-        match attempt {
-            Ok(s) => return Ok(s),
-            Err(e) if Instant::now() >= deadline => {
-                return Err(ClientError::Unreachable { index, addr: addr.to_string(), timeout, cause: e.to_string() })
-            }
-            // A server that is still starting refuses connections: back off and try again.
-            Err(_) => {
-                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-        }
-    }
 }
 
 /// Writes `server`'s concatenated blocks `part` into their places in the flat vector `full`.

@@ -1,0 +1,114 @@
+//! One connection to one port of one server: sending a frame, reading a reply (a server's
+//! error becomes [`ClientError::Refused`]), the secret's challenge and response, and connecting
+//! with backoff while a server starts.
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use super::ClientError;
+use crate::protocol::{
+    read_frame_blocking, write_frame_blocking, Frame, FrameBuf, ProtocolError, Response, DEFAULT_MAX_FRAME,
+};
+
+pub(super) struct Conn {
+    pub(super) index: usize,
+    pub(super) addr: String,
+    pub(super) stream: TcpStream,
+    pub(super) buf: FrameBuf,
+}
+
+impl Conn {
+    pub(super) fn fail(&self, cause: ProtocolError) -> ClientError {
+        ClientError::Protocol { index: self.index, addr: self.addr.clone(), cause }
+    }
+
+    pub(super) fn send(&mut self, frame: &Frame) -> Result<(), ClientError> {
+        write_frame_blocking(&mut self.stream, frame).map_err(|e| self.fail(e))
+    }
+
+    /// Reads the next reply frame into the connection's buffer; returns its kind.
+    pub(super) fn read(&mut self) -> Result<u8, ClientError> {
+        read_frame_blocking(&mut self.stream, &mut self.buf, DEFAULT_MAX_FRAME).map_err(|e| self.fail(e))
+    }
+
+    /// Decodes the frame just read (borrowing from the buffer); a server error becomes `Refused`.
+    pub(super) fn reply(&self, kind: u8, what: &'static str) -> Result<Response<'_>, ClientError> {
+        match Response::decode(kind, self.buf.payload()).map_err(|e| self.fail(e))? {
+            Response::Error { code, message } => {
+                Err(ClientError::Refused { index: self.index, addr: self.addr.clone(), what, code, message })
+            }
+            r => Ok(r),
+        }
+    }
+
+    pub(super) fn unexpected(&self, what: &'static str, got: &Response) -> ClientError {
+        self.mismatch(what, format!("{got:?}").chars().take(80).collect())
+    }
+
+    pub(super) fn mismatch(&self, what: &'static str, got: String) -> ClientError {
+        ClientError::Unexpected { index: self.index, addr: self.addr.clone(), what, got }
+    }
+
+    /// Proves this client holds the job's secret and checks the server's proof (see
+    /// [`crate::auth`]), before any other frame.
+    pub(super) fn authenticate(&mut self, secret: &crate::auth::Secret) -> Result<(), ClientError> {
+        use crate::protocol::auth;
+        use std::io::Write;
+        let ours = crate::auth::nonce();
+        self.stream.write_all(&auth::hello(&ours)).map_err(|e| self.fail(e.into()))?;
+        let kind = self.read()?;
+        if kind != auth::AUTH_CHALLENGE {
+            return Err(match self.reply(kind, "the authentication") {
+                Err(e) => e,
+                Ok(other) => self.unexpected("the authentication", &other),
+            });
+        }
+        let Some((server, proof)) = auth::parse_challenge(self.buf.payload()) else {
+            return Err(self.mismatch("the authentication", "a malformed challenge".into()));
+        };
+        if !secret.is_server_proof(&ours, &server, &proof) {
+            let why = "the server did not prove it holds the job's secret (another job's server, or a wrong \
+                       --secret-file)";
+            return Err(self.mismatch("the authentication", why.into()));
+        }
+        self.stream.write_all(&auth::proof(&secret.client_proof(&server, &ours))).map_err(|e| self.fail(e.into()))?;
+        self.expect_done("the authentication")
+    }
+
+    /// Expects a `Done` reply.
+    pub(super) fn expect_done(&mut self, what: &'static str) -> Result<(), ClientError> {
+        let kind = self.read()?;
+        match self.reply(kind, what)? {
+            Response::Done => Ok(()),
+            other => Err(self.unexpected(what, &other)),
+        }
+    }
+}
+
+/// Connects to `addr`, retrying with backoff until `timeout` (a server may still be starting).
+pub(super) fn connect_with_retry(index: usize, addr: &str, timeout: Duration) -> Result<TcpStream, ClientError> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let attempt = addr
+            .to_socket_addrs()
+            .and_then(|mut a| a.next().ok_or_else(|| std::io::Error::other("address resolves to nothing")))
+            .and_then(|sa| {
+                TcpStream::connect_timeout(
+                    &sa,
+                    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10)),
+                )
+            });
+        match attempt {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(ClientError::Unreachable { index, addr: addr.to_string(), timeout, cause: e.to_string() })
+            }
+            // A server that is still starting refuses connections: back off and try again.
+            Err(_) => {
+                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}

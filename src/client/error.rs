@@ -1,0 +1,131 @@
+//! What can go wrong talking to servers ([`ClientError`], each naming the server), and which
+//! of it a restarted server could cure.
+
+use std::time::Duration;
+
+use crate::protocol::{ErrorCode, ProtocolError};
+
+/// Errors talking to servers; each names the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No connection could be made before the deadline.
+    #[error("cannot reach server {index} at {addr} within {timeout:?}: {cause}")]
+    Unreachable {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// How long we tried.
+        timeout: Duration,
+        /// The last connect error.
+        cause: String,
+    },
+    /// The connection failed mid-request (including reply timeouts).
+    #[error("server {index} at {addr}: {cause}")]
+    Protocol {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// The cause.
+        cause: ProtocolError,
+    },
+    /// The server answered with an error.
+    #[error("server {index} at {addr} refused {what}: {message}")]
+    Refused {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// The request.
+        what: &'static str,
+        /// The server's error class (a `Timeout` may be retried, a `Table` error not).
+        code: ErrorCode,
+        /// The server's message.
+        message: String,
+    },
+    /// The server answered with an unexpected message.
+    #[error("server {index} at {addr} answered {what} with {got}")]
+    Unexpected {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// The request.
+        what: &'static str,
+        /// What came back.
+        got: String,
+    },
+    /// A server answered the handshake with an epoch older than one met before: a replaced
+    /// process (stopped, then continued) still holds the address.
+    #[error("server {index} at {addr} is epoch {epoch}, older than epoch {met} met before: a replaced process")]
+    Replaced {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// The epoch it answered.
+        epoch: u64,
+        /// The newest epoch met.
+        met: u64,
+    },
+    /// A server was lost and did not come back within the recovery window.
+    #[error("server {index} at {addr} was lost and did not come back within {waited:?} (--recover-timeout): {cause}")]
+    Lost {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// How long we waited.
+        waited: Duration,
+        /// The last error.
+        cause: String,
+    },
+    /// The call itself was inconsistent (a bug in the caller).
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl ClientError {
+    /// Whether a restarted server could cure this: the connection broke or timed out, nobody
+    /// listens at the address (yet), or the process there is a replaced epoch.
+    pub(super) fn is_lost_server(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Protocol { cause: ProtocolError::Io(_) | ProtocolError::Closed, .. }
+                | ClientError::Unreachable { .. }
+                | ClientError::Replaced { .. }
+                | ClientError::Refused { code: ErrorCode::Fenced, .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only what a restarted server cures is retried: a broken or silent connection, nobody
+    /// listening yet, a replaced epoch; never a refusal of the request itself.
+    #[test]
+    fn only_a_lost_server_is_worth_waiting_for() {
+        let at = |cause| ClientError::Protocol { index: 1, addr: "a:1".into(), cause };
+        assert!(at(ProtocolError::Closed).is_lost_server());
+        assert!(at(ProtocolError::Io(std::io::ErrorKind::ConnectionReset.into())).is_lost_server());
+        assert!(!at(ProtocolError::Malformed("x".into())).is_lost_server());
+        let refused =
+            |code| ClientError::Refused { index: 0, addr: "a:1".into(), what: "a push", code, message: String::new() };
+        assert!(refused(ErrorCode::Fenced).is_lost_server());
+        for code in [ErrorCode::NonFinite, ErrorCode::Handshake, ErrorCode::State, ErrorCode::Busy, ErrorCode::Timeout]
+        {
+            assert!(!refused(code).is_lost_server(), "{code:?}");
+        }
+        let unreachable = ClientError::Unreachable {
+            index: 0,
+            addr: "a:1".into(),
+            timeout: Duration::from_secs(1),
+            cause: String::new(),
+        };
+        assert!(unreachable.is_lost_server());
+        assert!(!ClientError::Usage("bad".into()).is_lost_server());
+    }
+}
