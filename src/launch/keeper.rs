@@ -128,35 +128,29 @@ impl JobKeeper {
         }
     }
 
-    /// The restarted server's command line: the first one on the port it had, at the next
-    /// epoch, from its newest checkpoint, told which trainers have already closed.
-    fn restart_args(&self, i: usize, epoch: u64, procs: &mut [Proc]) -> Vec<String> {
+    /// The restarted server's command line: its first one (it is `--recoverable`, so it works
+    /// out from its checkpoint folder what to resume from and which trainers have closed or
+    /// ended the pass, as an engine's restart does), on the port it had (the first one asked
+    /// for any free port), and at least at the next epoch (the keeper's count: a process that
+    /// died before claiming its folder must not leave two lives one epoch).
+    fn restart_args(&self, i: usize, epoch: u64) -> Vec<String> {
         let addr = self.watched.lock().expect("no panics under this lock")[i].addr.clone();
         let port = addr.rsplit_once(':').map_or("0", |(_, p)| p).to_string();
         let mut args = self.args[i].clone();
         if let Some(at) = args.iter().position(|a| a == "--port") {
             args[at + 1] = port;
         }
-        let from_checkpoint = self.checkpoints.as_ref().filter(|d| {
-            let life = crate::shard_checkpoints::earlier_life(d, i, &self.job);
-            life.inspect_err(|e| tracing::error!("{e}")).ok().flatten().is_some_and(|life| life.checkpoint)
-        });
-        if let Some(dir) = from_checkpoint {
-            if let Some(at) = args.iter().position(|a| a == "--resume") {
-                args.drain(at..at + 2);
-            }
-            args.extend(["--resume".into(), dir.display().to_string()]);
-        }
-        let closed: Vec<String> = procs[self.servers..]
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(w, p)| matches!(p.child.try_wait(), Ok(Some(s)) if s.success()).then(|| w.to_string()))
-            .collect();
-        if !closed.is_empty() {
-            args.extend(["--trainers-closed".into(), closed.join(",")]);
-        }
         args.extend(["--epoch".into(), epoch.to_string()]);
         args
+    }
+
+    /// The checkpoint folder a restarted server `i` goes on from, if it holds one of this job
+    /// (for the summary: the server itself finds it).
+    fn resumed_from(&self, i: usize) -> Option<String> {
+        let dir = self.checkpoints.as_ref()?;
+        let life = crate::shard_checkpoints::earlier_life(dir, i, &self.job);
+        let life = life.inspect_err(|e| tracing::error!("{e}")).ok().flatten()?;
+        life.checkpoint.then(|| dir.display().to_string())
     }
 }
 
@@ -171,8 +165,8 @@ impl JobKeeper {
     ) -> anyhow::Result<()> {
         self.worker_lives[w] += 1;
         let life = self.worker_lives[w];
-        let mut args = self.worker_args[w].clone();
-        args.push("--rejoin".into());
+        // Its first command line: `--recoverable`, it finds its position record and rejoins.
+        let args = self.worker_args[w].clone();
         let cause = status.to_string();
         tracing::warn!(worker = w, life, "worker {w} failed ({cause}); restarting it");
         eprintln!("worker {w} failed ({cause}); restarting it to go on from its recorded position");
@@ -229,7 +223,8 @@ impl Keeper for JobKeeper {
             return Ok(true);
         }
         let epoch = self.watched.lock().expect("no panics under this lock")[i].epoch + 1;
-        let args = self.restart_args(i, epoch, procs);
+        let args = self.restart_args(i, epoch);
+        let from = self.resumed_from(i);
         let cause = self.killed[i].take().unwrap_or_else(|| status.to_string());
         let at = self.started.elapsed().as_secs_f64();
         tracing::warn!(server = i, epoch, "server {i} failed ({cause}); restarting it");
@@ -243,7 +238,6 @@ impl Keeper for JobKeeper {
             watched[i].ready = false;
             watched[i].misses = 0;
         }
-        let from = args.iter().position(|a| a == "--resume").map(|at| args[at + 1].clone());
         self.restarts.push(crate::supervise::Restart {
             process: format!("server {i}"),
             epoch,

@@ -143,7 +143,8 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
                 args.extend(["--checkpoint-dir".into(), dir, "--checkpoint-every".into(), every.to_string()]);
             }
             if config.max_restarts > 0 {
-                args.extend(["--trainer-rejoin".into(), RECOVER_SECONDS.to_string()]);
+                // Restarted with the same command line, it works out from disk what it is.
+                args.extend(["--trainer-rejoin".into(), RECOVER_SECONDS.to_string(), "--recoverable".into()]);
             }
             let log = config.logs.join(format!("server.{i}.log"));
             procs.push(spawn(keeper.command(&args), &format!("server {i}"), log, Some((i, tx.clone())))?);
@@ -196,7 +197,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
                 args.extend(["--resume".into(), r.display().to_string()]);
             }
             if config.max_restarts > 0 {
-                args.extend(["--recover-timeout".into(), RECOVER_SECONDS.to_string()]);
+                args.extend(["--recover-timeout".into(), RECOVER_SECONDS.to_string(), "--recoverable".into()]);
                 args.extend(["--position-dir".into(), positions_dir(config).display().to_string()]);
             }
             let log = config.logs.join(format!("worker.{w}.log"));

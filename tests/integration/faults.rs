@@ -184,13 +184,21 @@ fn without_restarts_a_killed_trainer_ends_the_job_naming_it() {
 
 impl Job {
     /// The job finished, saved its model, and restarted trainer `worker` once, which went on
-    /// from its recorded position: every sample is trained once.
+    /// from its recorded position: every sample is trained once, as the servers count.
     fn assert_trainer_rejoined(&self, output: &std::process::Output, worker: usize) -> LaunchSummary {
         assert!(output.status.success(), "{}", text(output));
         let s = self.summary();
         assert_eq!(s.restarts.len(), 1, "{:?}", s.restarts);
         assert_eq!(s.restarts[0].process, format!("worker {worker}"));
         assert_eq!(s.samples, 50_000, "every sample trained once: {:?}", s.reports.iter().map(|r| r.samples));
+        // Counted where it counts: each server took each trainer's 25,000 samples once
+        // (applied, or discarded as too stale in async mode), the killed one's included.
+        assert_eq!(s.server_stats.len(), 2);
+        for (k, stats) in s.server_stats.iter().enumerate() {
+            let took: Vec<u64> =
+                stats.applied_samples.iter().zip(&stats.discarded_samples).map(|(a, d)| a + d).collect();
+            assert_eq!(took, vec![25_000; 2], "server {k}: {stats:?}");
+        }
         let log = self.log(&format!("worker.{worker}.restart-1.log"));
         assert!(log.contains("rejoining: going on after the last recorded step"), "{log}");
         for server in 0..2 {
