@@ -73,15 +73,21 @@ fn attack(addr: &str) {
     assert!(err.contains("did not prove it holds the job's secret"), "{err}");
     // Idle connections that never speak are closed after the handshake timeout.
     let idle: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
-    for mut s in idle {
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut rest = [0u8; 64];
-        assert!(matches!(s.read(&mut rest), Ok(0) | Err(_)), "an idle connection is closed");
-    }
+    idle.into_iter().for_each(closed_by_the_server);
 }
 
 /// What runs against the servers' addresses while the job is held mid-run.
 type Attack = dyn Fn(&[String]);
+
+/// Waits for the server to close `s` (whatever it says first), failing after 20 s.
+fn closed_by_the_server(mut s: TcpStream) {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    match s.read_to_end(&mut Vec::new()) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("the server did not close an idle connection: {e}"),
+    }
+}
 
 struct GuardedJob {
     dir: PathBuf,
@@ -230,7 +236,7 @@ fn rss_mib(pid: u32) -> u64 {
 /// push holding a NaN is refused before it touches the model.
 #[test]
 fn without_a_secret_a_peer_cannot_pin_memory_hold_every_connection_or_poison_the_model() {
-    let (mut server, addr) = pserver(&["--max-connections", "8", "--handshake-timeout", "1"]);
+    let (mut server, addr) = pserver(&["--max-connections", "8", "--handshake-timeout", "3"]);
     let pid = server.id();
     let before = rss_mib(pid);
     let announced: Vec<TcpStream> = (0..4)
@@ -255,10 +261,9 @@ fn without_a_secret_a_peer_cannot_pin_memory_hold_every_connection_or_poison_the
     let kind = read_frame_blocking(&mut busy, &mut buf, 1 << 20).unwrap();
     let Response::Error { message, .. } = Response::decode(kind, buf.payload()).unwrap() else { panic!() };
     assert!(message.contains("--max-connections"), "{message}");
-    for mut s in idle {
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        assert!(matches!(s.read(&mut [0u8; 8]), Ok(0) | Err(_)), "closed after --handshake-timeout");
-    }
+    // Closed after --handshake-timeout (or refused at once, should a slot of the connections
+    // before them not have been given back yet).
+    idle.into_iter().for_each(closed_by_the_server);
 
     let config = ClientConfig {
         trainer: Some(0),

@@ -1,0 +1,54 @@
+//! What the command line prints: a generated data set, a launch's summary, and a server's
+//! counters when it stops (its log lines, and `OAR_RESULT` for launchers).
+
+use super::*;
+
+pub(super) fn print_generated(a: &GenArgs, r: &crate::data::gen::GenReport, started: Instant) {
+    println!(
+        "generated {} train lines in {} part(s) + {} test lines into {} in {:.1} s; train CTR {:.4}; oracle test AUC {:.4}",
+        r.train_lines,
+        r.parts,
+        r.test_lines,
+        a.out.display(),
+        started.elapsed().as_secs_f64(),
+        r.train_ctr,
+        r.oracle_test_auc.unwrap_or(f64::NAN)
+    );
+}
+
+/// The end-of-job lines both launchers print.
+pub(super) fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
+    println!(
+        "{label}: {} servers x {} workers, {} samples in {:.1} s: {:.0} samples/s end to end, {:.0} in the training loops",
+        s.servers, s.workers, s.samples, s.wall_seconds, s.samples_per_sec, s.train_loop_samples_per_sec
+    );
+    if let Some(t) = &s.test {
+        println!("test {t}");
+    }
+    if s.staleness.count() > 0 {
+        println!("push staleness (updates between a trainer's pull and the server applying its push): {}", s.staleness);
+    }
+    if s.discarded_pushes > 0 {
+        println!("{} stale pushes discarded", s.discarded_pushes);
+    }
+    for r in &s.restarts {
+        let from = r.from.as_ref().map(|f| format!(", from {f}")).unwrap_or_default();
+        println!("restarted {} ({}) at {:.1} s, restart {}{from}", r.process, r.cause, r.at_seconds, r.epoch);
+    }
+}
+
+/// The server's counters on stdout (`OAR_RESULT <json>`), for launchers' summaries.
+pub(super) fn report_stopped(stats: &crate::server::ServerStats) -> anyhow::Result<()> {
+    use std::io::Write;
+    println!("OAR_RESULT {}", serde_json::to_string(stats)?);
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+/// The server's last log lines: its counters, and how stale async pushes arrived.
+pub(super) fn log_stopped(stats: &crate::server::ServerStats) {
+    if stats.staleness.count() > 0 {
+        tracing::info!("push staleness: {}", stats.staleness);
+    }
+    tracing::info!(?stats, "server stopped");
+}

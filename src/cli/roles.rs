@@ -1,0 +1,383 @@
+//! What a process of a job is, from its flags, `OAR_*` and PaddlePaddle's variables and an
+//! engine's rank: a server's configuration and listen addresses (`server_config`), whether a
+//! `--recoverable` server or trainer is a restart and of what (`recover_server`,
+//! `recoverable_trainer`), the server settings of an `oar train` that turns out to be a server,
+//! and an engine rank's place through the rendezvous (`engine_rank`, with Slurm's and one
+//! host's default rendezvous addresses).
+
+use super::*;
+
+/// The IPv4 address of network interface `name`.
+pub(super) fn nic_address(name: &str) -> anyhow::Result<String> {
+    let all = if_addrs::get_if_addrs().context("cannot list the network interfaces")?;
+    if let Some(i) = all.iter().find(|i| i.name == name && i.ip().is_ipv4()) {
+        return Ok(i.ip().to_string());
+    }
+    let mut names: Vec<&str> = all.iter().map(|i| i.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    anyhow::bail!(
+        "--nics {name}: no network interface of that name with an IPv4 address (there are: {})",
+        names.join(", ")
+    )
+}
+
+/// A server's configuration and listen addresses from its arguments and the environment.
+pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<(ServerConfig, Vec<String>)> {
+    let host = match (&a.nics, &a.host) {
+        (Some(nic), _) => nic_address(nic)?,
+        (None, Some(host)) => host.clone(),
+        (None, None) => env.host.clone().unwrap_or_else(|| "0.0.0.0".into()),
+    };
+    let port = a.ports.port.or(env.port).unwrap_or(crate::env::DEFAULT_PORT);
+    let ports_num = a.ports.ports_num.or(env.ports_num).unwrap_or(1);
+    let sparse = a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0);
+    anyhow::ensure!(ports_num >= 1, "--ports_num must be at least 1");
+    anyhow::ensure!(
+        port != 0 || ports_num + sparse == 1,
+        "--port 0 picks one free port; with --ports_num/--ports_num_for_sparse give an explicit --port"
+    );
+    anyhow::ensure!(
+        port as usize + ports_num + sparse - 1 <= u16::MAX as usize,
+        "--port {port} + {} ports goes past 65535",
+        ports_num + sparse
+    );
+    let num_servers = a.num_servers.or(env.servers.as_ref().map(Vec::len)).unwrap_or(0);
+    let index = a.index.or(env.server_index);
+    anyhow::ensure!(
+        num_servers > 0 || index.is_none(),
+        "--index needs --num-servers (or leave both out: the server then learns them from the trainers)"
+    );
+    let mut a = a;
+    if a.recoverable {
+        recover_server(&mut a, index, num_servers)?;
+    }
+    let config = ServerConfig {
+        index: index.unwrap_or(0),
+        num_servers,
+        trainers: a.trainers.or(env.trainers).unwrap_or(1),
+        mode: a.mode,
+        job: a.job,
+        max_frame: a.max_frame_mb << 20,
+        timeout: Duration::from_secs(a.timeout),
+        lag_ratio: a.lag_ratio,
+        resume: a.resume,
+        exit_when_done: !a.keep_serving,
+        sparse_ports: sparse,
+        save_root: match (a.save_root, &a.save_dir) {
+            (Some(root), _) => root,
+            // The model's folder, as `final` is `--output`'s for a PSERVER role; "." for a bare name.
+            (None, Some(dir)) => match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                Some(parent) => parent.to_path_buf(),
+                None => ".".into(),
+            },
+            (None, None) => ".".into(),
+        },
+        save_dir: a.save_dir,
+        checkpoints: match a.checkpoint_dir {
+            Some(dir) => {
+                anyhow::ensure!(
+                    a.checkpoint_every.is_finite() && a.checkpoint_every > 0.0,
+                    "--checkpoint-every must be a positive number of seconds"
+                );
+                let every = Duration::from_secs_f64(a.checkpoint_every);
+                Some(crate::shard_checkpoints::Policy { dir, every, keep: a.checkpoint_keep })
+            }
+            None => None,
+        },
+        epoch: a.epoch,
+        closed: a.trainers_closed,
+        limits: a.limits.limits()?,
+        secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
+        rejoin: match a.trainer_rejoin {
+            Some(secs) => {
+                anyhow::ensure!(secs.is_finite() && secs >= 0.0, "--trainer-rejoin must be a number of seconds");
+                Some(Duration::from_secs_f64(secs))
+            }
+            None => None,
+        },
+    };
+    config.validate()?;
+    let addrs: Vec<String> = (0..ports_num + sparse).map(|k| format!("{host}:{}", port as usize + k)).collect();
+    Ok((config, addrs))
+}
+
+/// `--recoverable`: what an earlier process of this job left in the checkpoint folder decides
+/// the epoch and what to resume from (see [`crate::shard_checkpoints::earlier_life`]); the
+/// server then reads there where the trainers were.
+pub(super) fn recover_server(a: &mut PserverArgs, index: Option<usize>, num_servers: usize) -> anyhow::Result<()> {
+    let dir = a
+        .checkpoint_dir
+        .clone()
+        .context("--recoverable goes on from checkpoints: give --checkpoint-dir (or --output, under oar train)")?;
+    let index = index
+        .filter(|_| num_servers > 0)
+        .context("--recoverable needs the server's place to find its checkpoints: give --index and --num-servers")?;
+    a.trainer_rejoin = a.trainer_rejoin.or(Some(RECOVER_SECONDS));
+    let Some(life) = crate::shard_checkpoints::earlier_life(&dir, index, &a.job)? else {
+        tracing::info!(dir = %dir.display(), job = %a.job, "no earlier process of this server: starting afresh");
+        return Ok(());
+    };
+    if life.finished {
+        // The same job run again after it finished: a new run, never the old one's restart.
+        let aside = crate::shard_checkpoints::set_aside(&dir, index)
+            .with_context(|| format!("moving the finished run's state in {} aside", dir.display()))?;
+        tracing::warn!(job = %a.job, aside = %aside.display(), "this job finished here before: a new run starts afresh");
+        return Ok(());
+    }
+    a.epoch = a.epoch.max(life.epoch + 1);
+    if life.checkpoint {
+        a.resume = Some(dir.clone());
+    }
+    tracing::warn!(
+        dir = %dir.display(),
+        job = %a.job,
+        epoch = a.epoch,
+        from = ?a.resume,
+        "an earlier process of this server of this job was here: going on from it (another --job starts afresh)"
+    );
+    Ok(())
+}
+
+/// `--recoverable` for a trainer: record the position beside the servers' checkpoints, wait for
+/// restarted servers, and rejoin when a record of this trainer of this job is there.
+pub(super) fn recoverable_trainer(mut config: TrainConfig) -> anyhow::Result<TrainConfig> {
+    let dir = match (&config.positions, &config.output) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(output)) => output.join("checkpoints"),
+        (None, None) => anyhow::bail!("--recoverable records the trainer's position: give --output or --position-dir"),
+    };
+    config.recover = config.recover.or(Some(Duration::from_secs_f64(RECOVER_SECONDS)));
+    match crate::train::position::Position::read(&dir, config.trainer_id)? {
+        Some(p) if p.job == config.job && p.finished => {
+            tracing::warn!(job = %p.job, "this trainer finished this job before: a new run starts afresh")
+        }
+        Some(p) if p.job == config.job => {
+            // Checked before connecting: a record this run cannot go on from fails at once.
+            p.check_passes(&dir, config.passes)?;
+            config.rejoin = true
+        }
+        Some(p) => tracing::info!(job = %p.job, "a position record of another job: starting afresh"),
+        None => {}
+    }
+    config.positions = Some(dir);
+    Ok(config)
+}
+
+/// Seconds a recoverable process waits for a lost peer to be restarted (`--recoverable`).
+pub(super) const RECOVER_SECONDS: f64 = 60.0;
+
+/// Seconds between a server's checkpoints when restarts are on and no period was given.
+pub(super) const RESTART_CHECKPOINT_SECONDS: f64 = 30.0;
+
+/// The server settings of an `oar train` command line whose process turns out to be a server
+/// (a PSERVER role, or a server rank under an engine).
+pub(super) fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
+    PserverArgs {
+        host: a.server.host.clone(),
+        nics: a.server.nics.clone(),
+        ports: a.ports.clone(),
+        index: None,
+        num_servers: None,
+        trainers: a.trainers,
+        mode: a.mode.filter(|m| *m != Mode::Local).unwrap_or(Mode::Sync),
+        job: a.job_id.clone(),
+        timeout: job.train.timeout_secs,
+        lag_ratio: job.train.lag_ratio,
+        resume: a.resume.clone(),
+        keep_serving: a.server.keep_serving,
+        // The model's folder: trainers save into it after each pass, servers at the end.
+        save_dir: a.output.as_ref().map(|o| o.join("final")),
+        save_root: a.output.clone(),
+        max_frame_mb: 256,
+        checkpoint_dir: (a.recoverable || a.server.checkpoint_every.is_some())
+            .then(|| a.output.as_ref().map(|o| o.join("checkpoints")))
+            .flatten(),
+        checkpoint_every: a.server.checkpoint_every.unwrap_or(30.0),
+        checkpoint_keep: 3,
+        epoch: 0,
+        trainers_closed: Vec::new(),
+        trainer_rejoin: None,
+        recoverable: a.recoverable,
+        limits: a.server.limits.clone(),
+        secret_file: a.secret_file.clone(),
+    }
+}
+
+/// The first host of a Slurm node list (`n[1-3,5]` -> `n1`, `a,b` -> `a`).
+pub(super) fn first_slurm_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let (name, rest) = match list.find(['[', ',']) {
+        Some(i) if list.as_bytes()[i] == b'[' => (&list[..i], &list[i + 1..]),
+        Some(i) => return Some(list[..i].to_string()).filter(|h| !h.is_empty()),
+        None => return Some(list.to_string()).filter(|h| !h.is_empty()),
+    };
+    let first = rest.split([',', '-', ']']).next()?;
+    Some(format!("{name}{first}"))
+}
+
+/// Slurm's default rendezvous: the step's first node (where block distribution puts rank 0) and
+/// a port from the job id, so two jobs sharing a first node do not collide (as Lightning does).
+pub(super) fn slurm_rendezvous(var: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let nodes = var("SLURM_STEP_NODELIST").or_else(|| var("SLURM_JOB_NODELIST"))?;
+    let job: u64 = var("SLURM_JOB_ID").and_then(|j| j.parse().ok()).unwrap_or(0);
+    Some(format!("{}:{}", first_slurm_host(&nodes)?, 15_000 + job % 10_000))
+}
+
+/// An MPI job whose ranks all run on this host (its local size is its size) meets on loopback,
+/// at a port derived from the job, so that `mpirun -n 4 oar train --servers 2` needs no flag:
+/// Open MPI's job id, or under MPICH's Hydra, which exports none, the pid of the proxy that
+/// starts every local rank (their common parent).
+pub(super) fn single_host_rendezvous(var: &dyn Fn(&str) -> Option<String>, parent: u32) -> Option<String> {
+    let all_here = |local: &str, size: &str| match (var(local), var(size)) {
+        (Some(l), Some(s)) => l.trim() == s.trim(),
+        _ => false,
+    };
+    let job = if all_here("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE") {
+        var("OMPI_MCA_ess_base_jobid").or_else(|| var("PMIX_NAMESPACE"))?
+    } else if all_here("MPI_LOCALNRANKS", "PMI_SIZE") {
+        format!("hydra-{parent}")
+    } else {
+        return None;
+    };
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    Some(format!("127.0.0.1:{}", 15_000 + hash % 10_000))
+}
+
+/// Under an engine: registers at the rendezvous. A server rank serves until the trainers are
+/// done and returns `None`; a trainer rank returns (servers, its trainer id, trainers).
+pub(super) fn engine_rank(
+    a: &TrainArgs,
+    job: &JobConfig,
+    num_servers: usize,
+) -> anyhow::Result<Option<(Vec<String>, usize, usize)>> {
+    let rank = crate::rendezvous::rank_from(&|k| std::env::var(k).ok())?.context(
+        "--num-servers makes ranks 0..N-1 servers, but no rank was found: run under mpirun or srun \
+         (OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)",
+    )?;
+    anyhow::ensure!(
+        num_servers >= 1 && num_servers < rank.size,
+        "--num-servers {num_servers} with {} ranks leaves no trainer (or no server)",
+        rank.size
+    );
+    let var = |k: &str| std::env::var(k).ok();
+    let from_slurm = a.rendezvous.is_none() && slurm_rendezvous(&var).is_some();
+    let rendezvous = a
+        .rendezvous
+        .clone()
+        .or_else(|| slurm_rendezvous(&var))
+        .or_else(|| single_host_rendezvous(&var, std::os::unix::process::parent_id()))
+        .context(
+            "give --rendezvous HOST:PORT (rank 0's host and a free port there): this engine gives no addresses \
+             and its ranks are not all on this host",
+        )?;
+    let at = rendezvous.clone();
+    let hint = move |e: anyhow::Error| {
+        if from_slurm {
+            e.context(format!(
+                "the rendezvous defaults to Slurm's first node, {at}; give --rendezvous HOST:PORT if node names do not resolve"
+            ))
+        } else {
+            e
+        }
+    };
+    let timeout = Duration::from_secs(job.train.timeout_secs);
+    let secret = a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?;
+    tracing::info!(rank = rank.rank, size = rank.size, source = rank.source, %rendezvous, "joining the job");
+    if rank.rank >= num_servers {
+        let servers = crate::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout, secret.as_ref())
+            .map_err(hint)?;
+        return Ok(Some((servers, rank.rank - num_servers, rank.size - num_servers)));
+    }
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").context("cannot listen")?;
+    let port = listener.local_addr()?.port();
+    let hosting = if rank.rank == 0 {
+        let rport = rendezvous
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .with_context(|| format!("--rendezvous {rendezvous}: expected HOST:PORT"))?;
+        let l = std::net::TcpListener::bind(("0.0.0.0", rport))
+            .with_context(|| format!("rank 0 cannot listen on the rendezvous port {rport}"))?;
+        let size = rank.size;
+        let secret = secret.clone();
+        Some(std::thread::spawn(move || crate::rendezvous::host(l, size, num_servers, timeout, secret)))
+    } else {
+        None
+    };
+    let own = |ip| format!("{ip}:{port}");
+    let servers = crate::rendezvous::register(&rendezvous, rank, &own, timeout, secret.as_ref()).map_err(hint)?;
+    if let Some(h) = hosting {
+        h.join().map_err(|_| anyhow::anyhow!("the rendezvous thread panicked"))??;
+    }
+    tracing::info!(servers = ?servers, "rendezvous complete");
+    let args = PserverArgs {
+        index: Some(rank.rank),
+        num_servers: Some(num_servers),
+        trainers: Some(rank.size - num_servers),
+        ..server_role_args(a, job)
+    };
+    let (config, _) = server_config(args, &ClusterEnv::default())?;
+    let stats = crate::server::serve_bound(vec![listener], config)?;
+    log_stopped(&stats);
+    report_stopped(&stats)?;
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_first_slurm_host_of_compressed_lists() {
+        assert_eq!(super::first_slurm_host("n[1-3,5]").as_deref(), Some("n1"));
+        assert_eq!(super::first_slurm_host("node07,node09").as_deref(), Some("node07"));
+        assert_eq!(super::first_slurm_host("solo").as_deref(), Some("solo"));
+        assert_eq!(super::first_slurm_host("").as_deref(), None);
+    }
+
+    #[test]
+    fn a_single_host_mpi_job_meets_on_loopback_at_a_port_from_the_job() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let ompi = |jobid: &'static str| {
+            let vars: &'static [(&'static str, &'static str)] = match jobid {
+                "1" => &[
+                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+                    ("OMPI_COMM_WORLD_SIZE", "4"),
+                    ("OMPI_MCA_ess_base_jobid", "1"),
+                ],
+                _ => &[
+                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+                    ("OMPI_COMM_WORLD_SIZE", "4"),
+                    ("OMPI_MCA_ess_base_jobid", "2"),
+                ],
+            };
+            super::single_host_rendezvous(&env(vars), 7).unwrap()
+        };
+        assert!(ompi("1").starts_with("127.0.0.1:"));
+        assert_ne!(ompi("1"), ompi("2"), "two jobs on one host meet apart");
+        let spread = env(&[
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_MCA_ess_base_jobid", "1"),
+        ]);
+        assert_eq!(super::single_host_rendezvous(&spread, 7), None, "ranks on two hosts need --rendezvous");
+        let hydra = env(&[("MPI_LOCALNRANKS", "4"), ("PMI_SIZE", "4")]);
+        assert_eq!(super::single_host_rendezvous(&hydra, 7), super::single_host_rendezvous(&hydra, 7));
+        assert_ne!(super::single_host_rendezvous(&hydra, 7), super::single_host_rendezvous(&hydra, 8));
+        assert_eq!(super::single_host_rendezvous(&env(&[]), 7), None);
+    }
+
+    #[test]
+    fn the_slurm_rendezvous_is_the_first_node_and_a_port_from_the_job_id() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let step =
+            env(&[("SLURM_STEP_NODELIST", "gpu[07-09]"), ("SLURM_JOB_NODELIST", "x"), ("SLURM_JOB_ID", "123456")]);
+        assert_eq!(super::slurm_rendezvous(&step).as_deref(), Some("gpu07:18456"));
+        let job = env(&[("SLURM_JOB_NODELIST", "a,b")]);
+        assert_eq!(super::slurm_rendezvous(&job).as_deref(), Some("a:15000"));
+        assert_eq!(super::slurm_rendezvous(&env(&[])), None);
+    }
+}
