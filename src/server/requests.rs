@@ -162,3 +162,30 @@ fn resolved(path: &Path) -> Option<PathBuf> {
     }
     Some(existing.canonicalize().ok()?.join(path.strip_prefix(existing).ok()?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A save lands inside the save root only: a relative folder is taken inside it (never
+    /// from the server's working directory), `..` is refused, and a symbolic link inside the
+    /// root that leads out of it is seen through.
+    #[test]
+    fn saves_stay_inside_the_root_through_links_and_relative_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, outside) = (dir.path().join("root"), dir.path().join("outside"));
+        std::fs::create_dir_all(root.join("pass-0001")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        assert_eq!(inside(&root, Path::new("pass-0002")), Some(root.join("pass-0002")));
+        assert_eq!(inside(&root, &root.join("pass-0001")), Some(root.join("pass-0001")));
+        assert_eq!(inside(&root, &root.join("link/pass-0001")), None, "a link out of the root");
+        assert_eq!(inside(&root, &root.join("link")), None);
+        assert_eq!(inside(&root, &root.join("../outside")), None);
+        assert_eq!(inside(&root, &outside), None);
+        // A root that does not exist yet (the first save creates it) still bounds the save.
+        let fresh = dir.path().join("fresh");
+        assert_eq!(inside(&fresh, &fresh.join("pass-0001")), Some(fresh.join("pass-0001")));
+        assert_eq!(inside(&fresh, &outside), None);
+    }
+}
