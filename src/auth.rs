@@ -35,7 +35,7 @@ pub fn nonce() -> [u8; LEN] {
 impl Secret {
     /// A new random secret (64 hex digits, so the file is text).
     pub fn generate() -> Secret {
-        Secret(nonce().iter().map(|b| format!("{b:02x}")).collect::<String>().into_bytes())
+        Secret(to_hex(&nonce()).into_bytes())
     }
 
     /// The secret in `path`: a regular file (a link to one is followed: Kubernetes mounts

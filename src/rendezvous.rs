@@ -106,7 +106,7 @@ pub fn host(
             let missing: Vec<usize> = (0..size).filter(|&r| joined[r].is_none()).collect();
             let message = format!("rendezvous timed out after {timeout:?} waiting for rank(s) {missing:?} of {size}");
             for (stream, _) in joined.iter_mut().flatten() {
-                let _ = send(stream, &Layout { servers: vec![], error: Some(message.clone()) });
+                let _ = write_line(stream, &Layout { servers: vec![], error: Some(message.clone()) });
             }
             anyhow::bail!(message);
         }
@@ -123,7 +123,7 @@ pub fn host(
                         "rank {} of {} does not fit this job of {size} ranks (or registered twice)",
                         r.rank, r.size
                     );
-                    let _ = send(&mut stream, &Layout { servers: vec![], error: Some(error) });
+                    let _ = write_line(&mut stream, &Layout { servers: vec![], error: Some(error) });
                     continue;
                 }
                 joined[r.rank] = Some((stream, r.addr));
@@ -134,7 +134,7 @@ pub fn host(
     }
     let list: Vec<String> = joined[..servers].iter().flatten().map(|(_, a)| a.clone()).collect();
     for (stream, _) in joined.iter_mut().flatten() {
-        send(stream, &Layout { servers: list.clone(), error: None })?;
+        write_line(stream, &Layout { servers: list.clone(), error: None })?;
     }
     Ok(list)
 }
@@ -155,7 +155,7 @@ fn read_registration(
     if let Some(secret) = secret {
         let refuse = |stream: &mut TcpStream| {
             let error = "authentication failed: this rendezvous takes only the job's ranks".to_string();
-            let _ = send(stream, &Layout { servers: vec![], error: Some(error) });
+            let _ = write_line(stream, &Layout { servers: vec![], error: Some(error) });
         };
         let hello: Option<AuthLine> = read_line(&mut reader).and_then(|l| serde_json::from_str(&l).ok());
         let Some(theirs) = hello.and_then(|h| crate::auth::from_hex(&h.nonce?)) else {
@@ -177,16 +177,10 @@ fn read_registration(
         Ok(r) => Some((stream, r)),
         Err(e) => {
             let error = format!("a malformed rendezvous registration: {e}");
-            let _ = send(&mut stream, &Layout { servers: vec![], error: Some(error) });
+            let _ = write_line(&mut stream, &Layout { servers: vec![], error: Some(error) });
             None
         }
     }
-}
-
-fn send(stream: &mut TcpStream, layout: &Layout) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(layout).expect("a layout always serializes");
-    line.push(b'\n');
-    stream.write_all(&line)
 }
 
 /// Registers `rank` (with its server address, or "" for a trainer) at `rendezvous` and waits

@@ -77,6 +77,11 @@ fn kind_of(meta: &std::fs::Metadata) -> &'static str {
 /// Opens `path` for reading (or also writing) as a state file: no symbolic link followed, no
 /// wait on a named pipe, only a regular file. `Ok(None)` if there is none.
 pub fn open(path: &Path, write: bool) -> Result<Option<std::fs::File>, StateFileError> {
+    Ok(open_checked(path, write)?.map(|(file, _)| file))
+}
+
+/// [`open`], with the file's size (from the same `fstat` that found it regular).
+fn open_checked(path: &Path, write: bool) -> Result<Option<(std::fs::File, u64)>, StateFileError> {
     let opened = std::fs::OpenOptions::new()
         .read(true)
         .write(write)
@@ -95,13 +100,12 @@ pub fn open(path: &Path, write: bool) -> Result<Option<std::fs::File>, StateFile
     if !meta.file_type().is_file() {
         return Err(StateFileError::NotRegular { path: path.to_path_buf(), kind: kind_of(&meta) });
     }
-    Ok(Some(file))
+    Ok(Some((file, meta.size())))
 }
 
 /// Reads the state file at `path`, at most `max` bytes; `Ok(None)` if there is none.
 pub fn read(path: &Path, max: u64) -> Result<Option<Vec<u8>>, StateFileError> {
-    let Some(file) = open(path, false)? else { return Ok(None) };
-    let bytes = file.metadata().map_err(StateFileError::io(path))?.size();
+    let Some((file, bytes)) = open_checked(path, false)? else { return Ok(None) };
     if bytes > max {
         return Err(StateFileError::TooLarge { path: path.to_path_buf(), bytes, max });
     }

@@ -324,6 +324,97 @@ pub(super) fn engine_rank(
     Ok(None)
 }
 
+/// What an `oar train` process is, from its flags, `OAR_*` and PaddlePaddle's variables and
+/// an engine's rank: a server (it serves here and `None` is returned once it is done), or a
+/// trainer with this configuration.
+pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::Result<Option<TrainConfig>> {
+    let env = ClusterEnv::from_process()?;
+    // `--servers S`, a count rather than addresses, means `--num-servers S` (engine ranks).
+    if let [count] = a.servers.as_slice() {
+        if let (Ok(n), None) = (count.parse::<usize>(), a.num_servers) {
+            a.num_servers = Some(n);
+            a.servers.clear();
+        }
+    }
+    let job = a.job.resolve(registry)?;
+    if env.role == Some(Role::Pserver) {
+        // One command line for both roles, as with PaddlePaddle's Fluid and Fleet launchers.
+        return pserver(server_role_args(&a, &job), &env).map(|_| None);
+    }
+    if a.use_gpu.or(env.use_gpu) == Some(true) {
+        anyhow::bail!(
+            "use_gpu is true (--use_gpu, OAR_USE_GPU or PADDLE_INIT_USE_GPU), but oar trains on CPUs only: set it to false"
+        );
+    }
+    // Under mpirun/srun with --num-servers: the rendezvous decides the role.
+    let (mut engine_servers, mut engine_trainer, mut engine_trainers) = (None, None, None);
+    if let (Some(n), true) = (a.num_servers, a.servers.is_empty() && env.servers.is_none()) {
+        match engine_rank(&a, &job, n)? {
+            None => return Ok(None), // a server rank, done serving
+            Some((servers, id, trainers)) => {
+                (engine_servers, engine_trainer, engine_trainers) = (Some(servers), Some(id), Some(trainers))
+            }
+        }
+    }
+    let port = a.ports.port.or(env.port).unwrap_or(crate::env::DEFAULT_PORT);
+    let servers: Vec<String> = if let Some(list) = engine_servers {
+        list
+    } else if a.servers.is_empty() {
+        env.servers.clone().unwrap_or_default()
+    } else {
+        a.servers.iter().map(|s| if s.contains(':') { s.clone() } else { format!("{s}:{port}") }).collect()
+    };
+    let mode = if job.train.is_local {
+        Mode::Local
+    } else {
+        a.mode.unwrap_or(if servers.is_empty() { Mode::Local } else { Mode::Sync })
+    };
+    let mut threads = job.train.threads;
+    if a.job.threads.is_none() {
+        threads = env.trainer_count.unwrap_or(threads);
+    }
+    let train = a.train.clone().context("no training data: give --train (or OAR_TRAIN)")?;
+    let train_files = resolve_files(&train)?;
+    let test_files = match &a.test {
+        Some(t) => resolve_files(t)?,
+        None => Vec::new(),
+    };
+    let timeout = Duration::from_secs(job.train.timeout_secs);
+    let config = TrainConfig {
+        secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
+        mode,
+        servers: if mode == Mode::Local { Vec::new() } else { servers },
+        ports_num: a.ports.ports_num.or(env.ports_num).unwrap_or(1),
+        ports_num_for_sparse: a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0),
+        trainer_id: engine_trainer.or(a.trainer_id).or(env.trainer_id).unwrap_or(0),
+        trainers: engine_trainers.or(a.trainers).or(env.trainers).unwrap_or(1),
+        train_files,
+        test_files,
+        batch_size: job.train.batch_size,
+        passes: job.train.passes,
+        threads,
+        model: job.model.clone(),
+        data: job.data.clone(),
+        dense_optimizer: job.dense_optimizer,
+        sparse_optimizer: job.sparse_optimizer,
+        output: a.output,
+        resume: a.resume,
+        log_every: job.train.log_every,
+        job: a.job_id,
+        skip_bad_lines: job.train.skip_bad_lines,
+        connect_timeout: timeout.min(Duration::from_secs(60)),
+        reply_timeout: timeout + Duration::from_secs(30),
+        delay: job.train.delay,
+        pull_ahead: job.train.pull_ahead,
+        sync_warmup: job.train.sync_warmup,
+        scale_stale_steps: job.train.scale_stale_steps,
+        recover: a.recover_timeout.map(Duration::from_secs_f64),
+        positions: a.position_dir,
+        rejoin: a.rejoin,
+    };
+    Ok(Some(if a.recoverable { recoverable_trainer(config)? } else { config }))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -36,7 +36,7 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
         return Err((ErrorCode::State, format!("trainer {trainer} is not in 0..{}", state.config.trainers)));
     }
     let dense = push.dense_len();
-    let own = shard.dense.lock().len();
+    let own = shard.dense_len;
     if dense != 0 && dense != own {
         return Err((
             ErrorCode::Table,

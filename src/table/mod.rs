@@ -202,6 +202,8 @@ pub struct Shard {
     pub num_servers: usize,
     /// The dense blocks this server owns.
     pub dense: parking_lot::Mutex<DenseShard>,
+    /// Dense floats this server owns (fixed at creation: checked per push without the lock).
+    pub dense_len: usize,
     /// This server's rows of each sparse table.
     pub sparse: Vec<SparseTable>,
 }
@@ -211,7 +213,8 @@ impl Shard {
     pub fn new(spec: TableSpec, index: usize, num_servers: usize) -> Shard {
         let dense = DenseShard::new(&spec.dense, index, num_servers);
         let sparse = spec.sparse.iter().map(|s| SparseTable::new(s.clone())).collect();
-        Shard { spec, index, num_servers, dense: parking_lot::Mutex::new(dense), sparse }
+        let dense_len = dense.len();
+        Shard { spec, index, num_servers, dense: parking_lot::Mutex::new(dense), dense_len, sparse }
     }
 
     /// Applies one update: dense gradient sums for the owned blocks (empty: none) and sparse
