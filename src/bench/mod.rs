@@ -116,12 +116,10 @@ fn one_sample() -> StepHeader {
 }
 
 fn connect(addr: &str, spec: &TableSpec) -> anyhow::Result<Client> {
-    let mut c = Client::connect(&ClientConfig::new(
-        vec![addr.to_string()],
-        "bench",
-        Duration::from_secs(10),
-        Duration::from_secs(60),
-    ))?;
+    let mut c = Client::connect(
+        &ClientConfig::new(vec![addr.to_string()], "bench", Duration::from_secs(10), Duration::from_secs(60))
+            .as_trainer(0),
+    )?;
     c.declare(spec)?;
     Ok(c)
 }

@@ -57,7 +57,8 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// One port per server, no sparse-only ports.
+    /// One port per server, no sparse-only ports, not a trainer (a tool: it may read, not
+    /// change the model; see [`ClientConfig::as_trainer`]).
     pub fn new(servers: Vec<String>, job: &str, connect_timeout: Duration, reply_timeout: Duration) -> ClientConfig {
         ClientConfig {
             servers,
@@ -70,6 +71,14 @@ impl ClientConfig {
             recover: None,
             secret: None,
         }
+    }
+}
+
+impl ClientConfig {
+    /// This configuration for trainer `t` of the job: servers take pushes, declarations,
+    /// saves, pass ends and closes only from a trainer's connection, and only for itself.
+    pub fn as_trainer(self, t: u64) -> ClientConfig {
+        ClientConfig { trainer: Some(t), ..self }
     }
 }
 
@@ -286,6 +295,12 @@ impl Client {
         self.broadcast_done(&Request::Declare(declaration), "the table declaration")?;
         self.layout = Some(spec.dense.layout(self.servers()));
         Ok(())
+    }
+
+    /// Uses tables that the job's trainers declare, without declaring them: how a tool (a
+    /// client that is not a trainer, which servers do not let declare) reads the model.
+    pub fn attach(&mut self, spec: &TableSpec) {
+        self.layout = Some(spec.dense.layout(self.servers()));
     }
 
     fn layout(&self) -> Result<DenseLayout, ClientError> {

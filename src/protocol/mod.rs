@@ -281,6 +281,23 @@ pub enum Request<'a> {
     Stats,
 }
 
+impl Request<'_> {
+    /// What the request is, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Hello(_) => "a Hello",
+            Request::Declare(_) => "a declaration",
+            Request::Pull(_) => "a pull",
+            Request::Push(_) => "a push",
+            Request::Barrier { .. } => "a barrier",
+            Request::EndPass { .. } => "a pass end",
+            Request::Save { .. } => "a save",
+            Request::Close { .. } => "a close",
+            Request::Stats => "a stats request",
+        }
+    }
+}
+
 /// Outcome of an async push.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PushOutcome {

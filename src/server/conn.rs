@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use super::{members, push, requests, Answer, Reply, State};
 use crate::protocol::{
     auth, encode_values, read_frame, write_frame, Apply, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Request,
-    Response, NOT_A_TRAINER, PROTOCOL_VERSION,
+    Response, RowCreation, NOT_A_TRAINER, PROTOCOL_VERSION,
 };
 
 /// Why a request may not use a sparse-only port, if it may not.
@@ -120,18 +120,7 @@ async fn serve_requests(
         let reply = match (&request, greeted) {
             (Request::Hello(_), _) => handle_hello(state, &request),
             (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
-            (r, true) if speaks_for(r).is_some_and(|t| !may_speak_for(state, *trainer, t)) => Err((
-                ErrorCode::State,
-                format!(
-                    "request for trainer {} refused: this job has trainers 0..{} and this connection is {}",
-                    speaks_for(r).unwrap_or_default(),
-                    state.config.trainers,
-                    match *trainer {
-                        Some(t) if t != NOT_A_TRAINER => format!("trainer {t}'s"),
-                        _ => "not a trainer's".to_string(),
-                    }
-                ),
-            )),
+            (r, true) if !may_send(state, *trainer, r) => Err((ErrorCode::State, refusal(state, *trainer, r))),
             (r, true) if sparse_only && dense_on_sparse_port(r).is_some() => Err((
                 ErrorCode::State,
                 format!(
@@ -166,23 +155,62 @@ async fn serve_requests(
     }
 }
 
-/// The trainer a request acts for (its close, pass end, barrier or push), if it acts for one.
-fn speaks_for(request: &Request) -> Option<u64> {
+/// Who may send a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sender {
+    /// Any greeted connection, a tool's too: reads that change nothing.
+    Anyone,
+    /// A connection of one of this job's trainers: a declaration, a save, a pull that creates rows.
+    AnyTrainer,
+    /// A connection of this trainer only: its push, pass end, barrier or close.
+    Trainer(u64),
+}
+
+/// Who may send `request`.
+fn sender(request: &Request) -> Sender {
     match request {
         Request::Close { trainer } | Request::EndPass { trainer, .. } | Request::Barrier { trainer, .. } => {
-            Some(*trainer)
+            Sender::Trainer(*trainer)
         }
-        Request::Push(p) => Some(p.trainer),
-        _ => None,
+        Request::Push(p) => Sender::Trainer(p.trainer),
+        Request::Declare(_) | Request::Save { .. } => Sender::AnyTrainer,
+        Request::Pull(p) if p.create == RowCreation::Create => Sender::AnyTrainer,
+        Request::Hello(_) | Request::Pull(_) | Request::Stats => Sender::Anyone,
     }
 }
 
-/// Whether a connection whose handshake named `connection` may act for `trainer`: a trainer of
-/// this job, and the connection's own one when it named a trainer (tools and benchmarks that
-/// name none may act for any), so that a stray or buggy client cannot close, end or hold back
-/// another trainer, or end the job early with an id beyond the job's trainers.
-fn may_speak_for(state: &State, connection: Option<u64>, trainer: u64) -> bool {
-    trainer < state.config.trainers as u64 && connection.is_none_or(|c| c == NOT_A_TRAINER || c == trainer)
+/// Whether a connection whose handshake named `connection` may send `request`: only a trainer
+/// of this job changes the model, and only for itself, so that a tool, a stray or a buggy
+/// client cannot push, declare, close, end or hold back a trainer, or end the job early with an
+/// id beyond the job's trainers.
+fn may_send(state: &State, connection: Option<u64>, request: &Request) -> bool {
+    let trainers = state.config.trainers as u64;
+    let own = connection.filter(|c| *c != NOT_A_TRAINER && *c < trainers);
+    match sender(request) {
+        Sender::Anyone => true,
+        Sender::AnyTrainer => own.is_some(),
+        Sender::Trainer(t) => own == Some(t),
+    }
+}
+
+/// The refusal of a request this connection may not send.
+fn refusal(state: &State, connection: Option<u64>, request: &Request) -> String {
+    let this = match connection {
+        Some(t) if t != NOT_A_TRAINER => format!("trainer {t}'s"),
+        _ => "not a trainer's (a tool's)".to_string(),
+    };
+    let trainers = state.config.trainers;
+    match sender(request) {
+        Sender::Trainer(t) => {
+            format!(
+                "request for trainer {t} refused: this job has trainers 0..{trainers} and this connection is {this}"
+            )
+        }
+        _ => format!(
+            "{} refused: only this job's trainers (0..{trainers}) may send it and this connection is {this}",
+            request.name()
+        ),
+    }
 }
 
 fn handle_hello(state: &State, request: &Request) -> Reply {

@@ -30,9 +30,10 @@ fn serve(config: ServerConfig) -> (String, std::sync::mpsc::Sender<()>, std::thr
     (addr_rx.recv().unwrap(), stop, handle)
 }
 
-fn tool(addr: &str) -> Client {
-    Client::connect(&ClientConfig::new(vec![addr.to_string()], "test", Duration::from_secs(5), Duration::from_secs(30)))
-        .unwrap()
+/// Trainer 0's client (only a trainer may declare).
+fn trainer0(addr: &str) -> Client {
+    let config = ClientConfig::new(vec![addr.to_string()], "test", Duration::from_secs(5), Duration::from_secs(30));
+    Client::connect(&config.as_trainer(0)).unwrap()
 }
 
 fn entries(dir: &std::path::Path) -> Vec<Entry> {
@@ -68,7 +69,7 @@ fn background_checkpoints_follow_training_and_a_restarted_server_loads_the_newes
         .collect();
     let reports = run_trainers(configs);
     assert!(reports.iter().all(|r| r.samples == 2000));
-    let mut c = tool(&addr);
+    let mut c = trainer0(&addr);
     let tc = train_config(Mode::Async, &[], 0, 2, &train);
     c.declare(&criteo_model(&tc.model).table_spec(tc.dense_optimizer, tc.sparse_optimizer)).unwrap();
     let version = c.stats().unwrap()[0].version;
@@ -88,7 +89,7 @@ fn background_checkpoints_follow_training_and_a_restarted_server_loads_the_newes
     assert!(!shard.sparse[0].is_empty(), "the rows were checkpointed");
     let resumed = ServerConfig { resume: Some(ckpt.clone()), checkpoints: None, ..config };
     let (addr, stop, handle) = serve(resumed);
-    let (mut dense, mut c) = (Vec::new(), tool(&addr));
+    let (mut dense, mut c) = (Vec::new(), trainer0(&addr));
     c.declare(&shard.spec).unwrap();
     c.pull(Some(&mut dense), &[], &mut [], RowCreation::Peek).unwrap();
     assert_eq!(dense, live, "the restarted server serves the checkpointed state");

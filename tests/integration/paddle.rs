@@ -250,9 +250,8 @@ fn three_ports_and_a_sparse_port_all_carry_traffic_and_the_sparse_port_only_spar
 
     // The sparse port refuses dense traffic.
     let sparse_port = format!("127.0.0.1:{}", port + 3);
-    let mut s =
-        Client::connect(&ClientConfig::new(vec![sparse_port], "oar", Duration::from_secs(5), Duration::from_secs(5)))
-            .unwrap();
+    let config = ClientConfig::new(vec![sparse_port], "oar", Duration::from_secs(5), Duration::from_secs(5));
+    let mut s = Client::connect(&config.as_trainer(0)).unwrap();
     let spec = crate::util::criteo_model(&oar::model::ModelConfig { hidden: Some(vec![16]), ..Default::default() })
         .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.05));
     s.declare(&spec).unwrap();
@@ -285,18 +284,14 @@ fn a_slow_trainers_stale_push_is_discarded_and_counted() {
     let server = start_server(config);
     let spec = crate::util::criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
         .table_spec(oar::table::Optimizer::sgd(0.1), oar::table::Optimizer::sgd(0.1));
-    let connect = || {
-        let mut c = Client::connect(&ClientConfig::new(
-            vec![server.addr.clone()],
-            "test",
-            Duration::from_secs(5),
-            Duration::from_secs(5),
-        ))
-        .unwrap();
+    let connect = |trainer: u64| {
+        let config =
+            ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(5));
+        let mut c = Client::connect(&config.as_trainer(trainer)).unwrap();
         c.declare(&spec).unwrap();
         c
     };
-    let (mut slow, mut fast) = (connect(), connect());
+    let (mut slow, mut fast) = (connect(0), connect(1));
     let ids = [7u64];
     let pull = |c: &mut Client, dense: &mut Vec<f32>| {
         let mut rows = [Vec::new()];

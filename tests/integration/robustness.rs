@@ -16,9 +16,10 @@ fn header(trainer: usize) -> StepHeader {
     StepHeader { trainer, step: 0, pass: 1, base_version: 0, samples: 1, apply: Default::default() }
 }
 
+/// Trainer 0's client.
 fn client(addrs: &[String]) -> Client {
-    Client::connect(&ClientConfig::new(addrs.to_vec(), "test", Duration::from_secs(5), Duration::from_secs(30)))
-        .unwrap()
+    let config = ClientConfig::new(addrs.to_vec(), "test", Duration::from_secs(5), Duration::from_secs(30));
+    Client::connect(&config.as_trainer(0)).unwrap()
 }
 
 fn spec() -> oar::table::TableSpec {
@@ -330,7 +331,8 @@ fn a_handshake_naming_no_place_is_refused_and_leaves_the_server_healthy() {
 
 /// Close, end-of-pass, barrier and push act for one trainer: an id beyond the job's trainers is
 /// refused (a `Close { trainer: 5 }` used to count toward "everyone closed" and end the job), as
-/// is a trainer's connection acting for another trainer; the refusal keeps the server's error
+/// is a trainer's connection acting for another trainer; a tool's connection (one that names no
+/// trainer) may read but not declare, push, save or close; the refusal keeps the server's error
 /// code, and the job then ends only when its real trainers close.
 #[test]
 fn requests_for_a_trainer_outside_the_job_or_another_trainer_are_refused() {
@@ -338,7 +340,6 @@ fn requests_for_a_trainer_outside_the_job_or_another_trainer_are_refused() {
     let server = start_server(ServerConfig { job: "oar".into(), ..server_config(0, 1, 2, Mode::Async) });
     let config = ClientConfig::new(vec![server.addr.clone()], "oar", Duration::from_secs(5), Duration::from_secs(30));
     let mut tool = Client::connect(&config).unwrap();
-    tool.declare(&spec()).unwrap();
     let state_error = |e: ClientError| match e {
         ClientError::Refused { code, message, .. } => {
             assert_eq!(code, ErrorCode::State, "{message}");
@@ -346,11 +347,25 @@ fn requests_for_a_trainer_outside_the_job_or_another_trainer_are_refused() {
         }
         other => panic!("expected a refusal, got {other}"),
     };
+    let m = state_error(tool.declare(&spec()).unwrap_err());
+    assert!(m.contains("a declaration refused: only this job's trainers (0..2)") && m.contains("a tool's"), "{m}");
+    let (mut t0, mut t1) = (trainer(0, &server.addr), trainer(1, &server.addr));
+    t0.declare(&spec()).unwrap();
+    tool.attach(&spec());
     let m = state_error(tool.close(5).unwrap_err());
     assert!(m.contains("trainer 5 refused: this job has trainers 0..2"), "{m}");
-    let m = state_error(tool.push(&header(2), None, &[]).unwrap_err());
-    assert!(m.contains("trainer 2"), "{m}");
-    let (mut t0, mut t1) = (trainer(0, &server.addr), trainer(1, &server.addr));
+    let m = state_error(tool.close(0).unwrap_err());
+    assert!(m.contains("trainer 0 refused") && m.contains("a tool's"), "{m}");
+    let m = state_error(tool.push(&header(0), None, &[]).unwrap_err());
+    assert!(m.contains("trainer 0"), "{m}");
+    let m = state_error(tool.save("/tmp/anywhere").unwrap_err());
+    assert!(m.contains("a save refused"), "{m}");
+    let mut rows = [Vec::new()];
+    let ids = TableIds { table: 0, dim: 10, ids: &[1, 2] };
+    let m = state_error(tool.pull(None, std::slice::from_ref(&ids), &mut rows, RowCreation::Create).unwrap_err());
+    assert!(m.contains("a pull refused"), "{m}");
+    tool.pull(None, &[ids], &mut rows, RowCreation::Peek).unwrap();
+    assert_eq!(tool.stats().unwrap()[0].rows[0], 0, "the tool created no row");
     let m = state_error(t0.close(1).unwrap_err());
     assert!(m.contains("trainer 0's"), "{m}");
     t0.close(0).unwrap();

@@ -84,13 +84,8 @@ fn a_short_warm_up_hands_over_to_async_pushes() {
 #[test]
 fn a_stale_push_takes_a_dense_step_divided_by_its_staleness() {
     let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) });
-    let mut c = Client::connect(&ClientConfig::new(
-        vec![server.addr.clone()],
-        "test",
-        Duration::from_secs(5),
-        Duration::from_secs(30),
-    ))
-    .unwrap();
+    let config = ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(30));
+    let mut c = Client::connect(&config.as_trainer(0)).unwrap();
     let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
         .table_spec(oar::table::Optimizer::sgd(1.0), oar::table::Optimizer::sgd(1.0));
     c.declare(&spec).unwrap();
