@@ -1,0 +1,304 @@
+//! The `oar` command line's grammar ([`Cli`]): its commands and subcommands, and the flags of
+//! the commands that are not a job's processes (`cluster`, `data`, `gen`, `split`, `eval`,
+//! `bench`); those of `pserver`, `train` and `launch` are in `args_job`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use super::args_job::{LaunchArgs, PserverArgs, TrainArgs};
+
+#[derive(Parser)]
+#[command(name = "oar", version, about = "A parameter-server system for distributed training")]
+pub(super) struct Cli {
+    #[command(subcommand)]
+    pub(super) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(super) enum Command {
+    /// Run a parameter server.
+    Pserver(PserverArgs),
+    /// Run one trainer (local mode, or against running servers).
+    Train(Box<TrainArgs>),
+    /// Run a whole cluster on this machine: N servers and M trainers as child processes.
+    Launch(LaunchArgs),
+    /// Evaluate a saved model on data files: prints AUC and log-loss.
+    Eval(EvalArgs),
+    /// Measure throughput against baselines, side by side (see README for recorded figures).
+    Bench(BenchArgs),
+    /// Generate data sets.
+    Gen {
+        #[command(subcommand)]
+        what: GenCommand,
+    },
+    /// Split a file by line into N balanced parts FILE-00000 .. (for sharding over trainers).
+    Split(SplitArgs),
+    /// Prepare public data sets for the examples.
+    Data {
+        #[command(subcommand)]
+        what: DataCommand,
+    },
+    /// Run on a cluster: over ssh, or print Kubernetes manifests (mpirun and srun need no
+    /// launcher: see `oar train --num-servers`).
+    Cluster {
+        #[command(subcommand)]
+        engine: ClusterCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub(super) enum ClusterCommand {
+    /// Start servers and trainers on the hosts of a hosts file over ssh; logs under each host's
+    /// workspace log/; every remote process is stopped on Ctrl-C or any failure.
+    Ssh(SshArgs),
+    /// Print Kubernetes manifests (headless Service, server StatefulSet, trainer Indexed Job; or
+    /// a Kubeflow PaddleJob) that run `oar train` with the given arguments.
+    K8s(K8sArgs),
+}
+
+#[derive(Args)]
+pub(super) struct SshArgs {
+    /// Hosts file: one ssh destination (host or user@host) per line, # comments.
+    #[arg(long)]
+    pub(super) hosts: PathBuf,
+    /// The job's folder (data, job files); the same path on the hosts unless --remote-workspace.
+    #[arg(long)]
+    pub(super) workspace: PathBuf,
+    /// The workspace's path on the hosts [default: the --workspace path].
+    #[arg(long)]
+    pub(super) remote_workspace: Option<String>,
+    /// Copy the workspace (without log/) and this oar binary to every host first.
+    #[arg(long)]
+    pub(super) dispatch: bool,
+    /// Parameter servers per host.
+    #[arg(long, default_value_t = 1)]
+    pub(super) servers_per_host: usize,
+    /// Trainers per host.
+    #[arg(long, default_value_t = 1)]
+    pub(super) trainers_per_host: usize,
+    /// First server port on each host (more servers per host take the next ports).
+    #[arg(long, default_value_t = crate::env::DEFAULT_PORT)]
+    pub(super) port: u16,
+    /// ssh client configuration file (ssh -F): ports, users, keys.
+    #[arg(long)]
+    pub(super) ssh_config: Option<PathBuf>,
+    /// The oar binary on the hosts [default: the dispatched copy with --dispatch, else oar].
+    #[arg(long)]
+    pub(super) oar_bin: Option<String>,
+    /// Local copies of every process's log [default: WORKSPACE/log/launcher].
+    #[arg(long)]
+    pub(super) logs: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub(super) no_progress: bool,
+    /// Restart a server or trainer that fails, on its host with its command line, at most this
+    /// many times in all: every process is then --recoverable (servers checkpoint into
+    /// OUTPUT/checkpoints on their host, trainers record their position there; needs --output).
+    #[arg(long, default_value_t = 0)]
+    pub(super) max_restarts: usize,
+    /// Arguments of `oar train` for every server and trainer (after --).
+    #[arg(last = true)]
+    pub(super) train_args: Vec<String>,
+}
+
+#[derive(Args)]
+pub(super) struct K8sArgs {
+    /// Job name (a DNS-1035 label): objects are named after it.
+    #[arg(long)]
+    pub(super) name: String,
+    /// Number of parameter servers.
+    #[arg(long)]
+    pub(super) servers: usize,
+    /// Number of trainers.
+    #[arg(long)]
+    pub(super) workers: usize,
+    /// Container image with `oar` on its PATH.
+    #[arg(long)]
+    pub(super) image: String,
+    /// Servers' port.
+    #[arg(long, default_value_t = crate::env::DEFAULT_PORT)]
+    pub(super) port: u16,
+    /// A PersistentVolumeClaim (data and model) mounted in every pod, also the working folder.
+    #[arg(long)]
+    pub(super) volume_claim: Option<String>,
+    /// Where --volume-claim is mounted.
+    #[arg(long, default_value = "/oar")]
+    pub(super) mount_path: String,
+    /// CPU request and limit per pod (e.g. 2).
+    #[arg(long)]
+    pub(super) cpus: Option<String>,
+    /// Print a Kubeflow training-operator PaddleJob (Master = servers, Worker = trainers).
+    #[arg(long)]
+    pub(super) paddlejob: bool,
+    /// Let Kubernetes restart a failed trainer container (server containers are always
+    /// restarted) at most this many times; every pod is then --recoverable and goes on from
+    /// OUTPUT/checkpoints on the volume (needs --volume-claim).
+    #[arg(long, default_value_t = 0)]
+    pub(super) max_restarts: usize,
+    /// Arguments of `oar train` for every pod (after --).
+    #[arg(last = true)]
+    pub(super) train_args: Vec<String>,
+}
+
+#[derive(Args)]
+pub(super) struct SplitArgs {
+    /// Number of parts.
+    #[arg(long)]
+    pub(super) parts: usize,
+    /// The file.
+    pub(super) file: PathBuf,
+}
+
+#[derive(Subcommand)]
+pub(super) enum DataCommand {
+    /// Download a public data set (uci_housing, ptb) into the cache, checking checksums.
+    Get(GetArgs),
+    /// Turn a raw data set into plain-format train/test files, as PaddlePaddle prepares it.
+    Prepare(PrepareArgs),
+}
+
+#[derive(Args)]
+pub(super) struct GetArgs {
+    /// The data set.
+    pub(super) name: String,
+    /// Cache folder [default: $OAR_DATA_HOME, else ~/.cache/oar/data].
+    #[arg(long)]
+    pub(super) cache: Option<PathBuf>,
+    /// Fetch from this mirror (URL/<set>/<file>) instead of the canonical hosts.
+    #[arg(long, env = "OAR_DATA_MIRROR")]
+    pub(super) mirror: Option<String>,
+}
+
+#[derive(Args)]
+pub(super) struct PrepareArgs {
+    /// The data set.
+    #[arg(value_enum)]
+    pub(super) name: PrepareName,
+    /// The raw data: housing.data (uci-housing) or the folder holding ptb.train.txt[.gz] and
+    /// ptb.valid.txt (imikolov).
+    #[arg(long)]
+    pub(super) src: PathBuf,
+    /// Output folder.
+    #[arg(long)]
+    pub(super) out: PathBuf,
+    /// imikolov: keep words seen more than this many times.
+    #[arg(long, default_value_t = 50)]
+    pub(super) min_count: u64,
+    /// imikolov: words per sample (n-1 context words and the next word).
+    #[arg(long, default_value_t = 5)]
+    pub(super) n: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub(super) enum PrepareName {
+    /// UCI housing (Boston) for linear regression.
+    UciHousing,
+    /// Penn Treebank N-grams for the word model.
+    Imikolov,
+}
+
+#[derive(Subcommand)]
+pub(super) enum GenCommand {
+    /// Criteo-format lines from a planted logistic model.
+    Criteo(GenArgs),
+    /// Multi-hot lines in the slots format (one-hot, multi-valued and weighted slots) from a
+    /// planted model with per-slot pooling; meta.json has the `[data]` section to read them.
+    Slots(GenArgs),
+}
+
+#[derive(Args)]
+pub(super) struct EvalArgs {
+    /// A saved model (output folder or one of its pass folders).
+    #[arg(long)]
+    pub(super) model: PathBuf,
+    /// Data files or folders.
+    #[arg(long, required = true, num_args = 1..)]
+    pub(super) data: Vec<PathBuf>,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 4096)]
+    pub(super) batch_size: usize,
+    /// Skip and count bad data lines instead of failing.
+    #[arg(long)]
+    pub(super) skip_bad_lines: bool,
+}
+
+#[derive(Args)]
+pub(super) struct BenchArgs {
+    /// Dense floats per push and pull in (a).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub(super) dense_floats: usize,
+    /// Keys per sparse request in (b).
+    #[arg(long, default_value_t = 50_000)]
+    pub(super) sparse_keys: usize,
+    /// Rows inserted into the sparse table before (b) measures.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub(super) sparse_rows: usize,
+    /// Data set for (c): a folder with train/ and test/ (e.g. from gen_criteo_synth.py).
+    #[arg(long)]
+    pub(super) data: Option<PathBuf>,
+    /// Lines to generate for (c) when --data is not given.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(super) lines: u64,
+    /// Seconds per measurement in (a) and (b).
+    #[arg(long, default_value_t = 6.0)]
+    pub(super) seconds: f64,
+    /// Skip the training runs (c).
+    #[arg(long)]
+    pub(super) skip_training: bool,
+    /// Instead: every zoo model (examples/zoo, the CTR-DNN) on --data, locally and on 2 servers
+    /// x 2 workers, as a markdown table of test AUC, log-loss and samples/s.
+    #[arg(long)]
+    pub(super) models: bool,
+    /// Instead: local vs sync vs async 2x2 quality of the CTR-DNN on --real (rotated through
+    /// --folds) and generated sets of --sizes lines under --seeds seeds, as paired differences.
+    #[arg(long)]
+    pub(super) quality: bool,
+    /// --quality: the real Criteo sample (TSV) to rotate through folds.
+    #[arg(long)]
+    pub(super) real: Option<PathBuf>,
+    /// --quality: folds of the real sample.
+    #[arg(long, default_value_t = 10)]
+    pub(super) folds: usize,
+    /// --quality: generated set sizes in training lines (0: none).
+    #[arg(long, value_delimiter = ',', default_value = "200000,1000000")]
+    pub(super) sizes: Vec<u64>,
+    /// --quality: seeds per generated size.
+    #[arg(long, default_value_t = 3)]
+    pub(super) seeds: u64,
+    /// --quality: samples per update.
+    #[arg(long, default_value_t = 512)]
+    pub(super) batch: usize,
+    /// --quality: a job file whose [train] settings (e.g. pull_ahead) every run uses.
+    #[arg(long)]
+    pub(super) config: Option<PathBuf>,
+    /// Instead: the cost of surviving a server on --data, 2x2 async: no checkpoints, checkpoints
+    /// every --checkpoint-every s, and server 1 killed mid-pass and restarted, --runs each.
+    #[arg(long)]
+    pub(super) recovery: bool,
+    /// --recovery: seconds between checkpoints.
+    #[arg(long, default_value_t = 10.0)]
+    pub(super) checkpoint_every: f64,
+    /// --recovery: runs of each kind.
+    #[arg(long, default_value_t = 3)]
+    pub(super) runs: usize,
+}
+
+#[derive(Args)]
+pub(super) struct GenArgs {
+    /// Training lines.
+    #[arg(long)]
+    pub(super) lines: u64,
+    /// Test lines.
+    #[arg(long, default_value_t = 100_000)]
+    pub(super) test_lines: u64,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    pub(super) seed: u64,
+    /// Training part files.
+    #[arg(long, default_value_t = 4)]
+    pub(super) parts: usize,
+    /// Output folder.
+    #[arg(long)]
+    pub(super) out: PathBuf,
+}

@@ -1,0 +1,389 @@
+//! The flags of a job's processes: `oar pserver` ([`PserverArgs`]), `oar train` ([`TrainArgs`],
+//! with its server-role settings), `oar launch` ([`LaunchArgs`]), the ports both sides share
+//! ([`PortArgs`]), and the job settings `train` and `launch` share ([`JobArgs`]), resolved over
+//! the `--config` job file.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::limits::LimitArgs;
+use crate::config::JobConfig;
+use crate::model::Registry;
+use crate::server::Mode;
+use crate::table::OptimizerKind;
+
+#[derive(Args, Clone)]
+pub(super) struct PserverArgs {
+    /// Address to listen on (see also --nics) [default: PADDLE_CURRENT_IP, else 0.0.0.0].
+    #[arg(long, env = "OAR_HOST")]
+    pub(super) host: Option<String>,
+    /// Listen on the IPv4 address of this network interface (e.g. eth0, lo).
+    #[arg(long, env = "OAR_NICS")]
+    pub(super) nics: Option<String>,
+    #[command(flatten)]
+    pub(super) ports: PortArgs,
+    /// This server's index among all servers (found from the Paddle env, or learned from the
+    /// first trainer's handshake when not given).
+    #[arg(long, env = "OAR_SERVER_INDEX")]
+    pub(super) index: Option<usize>,
+    /// Number of servers in the job.
+    #[arg(long, env = "OAR_NUM_SERVERS")]
+    pub(super) num_servers: Option<usize>,
+    /// Number of trainers: the sync barrier's size [default: 1].
+    #[arg(long, alias = "num_gradient_servers", visible_alias = "num-gradient-servers", env = "OAR_TRAINERS")]
+    pub(super) trainers: Option<usize>,
+    /// sync or async.
+    #[arg(long, env = "OAR_MODE", value_enum, default_value = "sync")]
+    pub(super) mode: Mode,
+    /// Job id trainers must present.
+    #[arg(long, env = "OAR_JOB", default_value = "oar")]
+    pub(super) job: String,
+    /// Seconds a sync step or barrier waits for missing trainers.
+    #[arg(long, env = "OAR_TIMEOUT", default_value_t = 300)]
+    pub(super) timeout: u64,
+    /// Async: discard pushes more than this x trainers updates stale
+    /// (PaddlePaddle's async_lagged_grad_discard_ratio).
+    #[arg(long, alias = "async_lagged_grad_discard_ratio", env = "OAR_LAG_RATIO", default_value_t = 2.5)]
+    pub(super) lag_ratio: f64,
+    /// Load this server's shard from a saved model before serving.
+    #[arg(long, env = "OAR_RESUME")]
+    pub(super) resume: Option<PathBuf>,
+    /// Keep serving after every trainer has closed.
+    #[arg(long, env = "OAR_KEEP_SERVING")]
+    pub(super) keep_serving: bool,
+    /// When every trainer has closed, save the model into this folder (every server its
+    /// shard, plus the manifest); shared by all servers.
+    #[arg(long, alias = "save_dir", env = "OAR_SAVE_DIR")]
+    pub(super) save_dir: Option<PathBuf>,
+    /// Trainers' saves after each pass may only write inside this folder (the model's
+    /// --output) [default: --save_dir's parent, else the working directory].
+    #[arg(long, env = "OAR_SAVE_ROOT")]
+    pub(super) save_root: Option<PathBuf>,
+    /// Largest accepted frame, in MiB.
+    #[arg(long, env = "OAR_MAX_FRAME_MB", default_value_t = 256)]
+    pub(super) max_frame_mb: usize,
+    /// Checkpoint this server's shard in the background into this folder (under `server-K/`;
+    /// --resume with it restarts from the newest readable checkpoint).
+    #[arg(long, env = "OAR_CHECKPOINT_DIR")]
+    pub(super) checkpoint_dir: Option<PathBuf>,
+    /// Seconds between background checkpoints.
+    #[arg(long, env = "OAR_CHECKPOINT_EVERY", default_value_t = 30.0)]
+    pub(super) checkpoint_every: f64,
+    /// Background checkpoints kept per server.
+    #[arg(long, env = "OAR_CHECKPOINT_KEEP", default_value_t = 3)]
+    pub(super) checkpoint_keep: usize,
+    /// This process's incarnation of its place (a supervisor restarting the server gives one
+    /// more each time): clients that met a newer one refuse this server, and it stops.
+    #[arg(long, env = "OAR_EPOCH", default_value_t = 0)]
+    pub(super) epoch: u64,
+    /// Trainers that already closed (a restarted server is told them, comma-separated).
+    #[arg(long, env = "OAR_TRAINERS_CLOSED", value_delimiter = ',')]
+    pub(super) trainers_closed: Vec<u64>,
+    /// Seconds a trainer that disconnected without closing has to come back (restarted by a
+    /// supervisor) before the server fails [default: fail at once].
+    #[arg(long, env = "OAR_TRAINER_REJOIN")]
+    pub(super) trainer_rejoin: Option<f64>,
+    /// This process may be a restart of a failed server, started again with the same command
+    /// line (by an engine's restart policy or by hand): if --checkpoint-dir holds this job's
+    /// state, go on from its newest checkpoint under the next epoch, knowing which trainers have
+    /// closed; and wait --trainer-rejoin (default 60 s) for lost trainers.
+    #[arg(long, env = "OAR_RECOVERABLE")]
+    pub(super) recoverable: bool,
+    #[command(flatten)]
+    pub(super) limits: LimitArgs,
+    /// The job's secret (a file of 16 to 4096 bytes): every client must prove it holds it
+    /// before anything else, and this server proves it to them. Without one, anyone who can
+    /// reach the port can change the model.
+    #[arg(long, env = "OAR_SECRET_FILE")]
+    pub(super) secret_file: Option<PathBuf>,
+}
+
+/// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
+#[derive(Args, Clone)]
+pub(super) struct PortArgs {
+    /// First port of every server (for bare hosts in --servers) [default: 7164, or PADDLE_PORT /
+    /// PADDLE_PSERVER_PORT / PADDLE_INIT_PORT]; 0 makes a server pick a free port (printed).
+    #[arg(long, env = "OAR_PORT")]
+    pub(super) port: Option<u16>,
+    /// Consecutive general ports per server; requests are spread over them [default: 1].
+    #[arg(long = "ports-num", alias = "ports_num", env = "OAR_PORTS_NUM")]
+    pub(super) ports_num: Option<usize>,
+    /// Further ports per server, after those, that carry only sparse traffic [default: 0].
+    #[arg(long = "ports-num-for-sparse", alias = "ports_num_for_sparse", env = "OAR_PORTS_NUM_FOR_SPARSE")]
+    pub(super) ports_num_for_sparse: Option<usize>,
+}
+
+/// Job settings shared by `train` and `launch`: flag > env > --config file > default.
+#[derive(Args, Clone)]
+pub(super) struct JobArgs {
+    /// TOML job file ([model], [dense_optimizer], [sparse_optimizer], [train]).
+    #[arg(long, env = "OAR_CONFIG")]
+    pub(super) config: Option<PathBuf>,
+    /// Samples per step per trainer.
+    #[arg(long, env = "OAR_BATCH_SIZE")]
+    pub(super) batch_size: Option<usize>,
+    /// Passes over the data.
+    #[arg(long, env = "OAR_PASSES")]
+    pub(super) passes: Option<u32>,
+    /// Compute threads per trainer (PaddlePaddle's trainer_count).
+    #[arg(long, visible_alias = "trainer-count", alias = "trainer_count", env = "OAR_THREADS")]
+    pub(super) threads: Option<usize>,
+    /// Embedding width.
+    #[arg(long, env = "OAR_EMBEDDING_DIM")]
+    pub(super) embedding_dim: Option<usize>,
+    /// Hidden layer widths, comma-separated.
+    #[arg(long, env = "OAR_HIDDEN", value_delimiter = ',')]
+    pub(super) hidden: Option<Vec<usize>>,
+    /// Dense optimizer.
+    #[arg(long, env = "OAR_DENSE_OPTIMIZER", value_enum)]
+    pub(super) dense_optimizer: Option<OptimizerKind>,
+    /// Dense learning rate.
+    #[arg(long, env = "OAR_DENSE_LR")]
+    pub(super) dense_lr: Option<f32>,
+    /// Dense L2 regularization.
+    #[arg(long, env = "OAR_DENSE_L2")]
+    pub(super) dense_l2: Option<f32>,
+    /// Embedding optimizer.
+    #[arg(long, env = "OAR_SPARSE_OPTIMIZER", value_enum)]
+    pub(super) sparse_optimizer: Option<OptimizerKind>,
+    /// Embedding learning rate.
+    #[arg(long, env = "OAR_SPARSE_LR")]
+    pub(super) sparse_lr: Option<f32>,
+    /// Embedding L2 regularization.
+    #[arg(long, env = "OAR_SPARSE_L2")]
+    pub(super) sparse_l2: Option<f32>,
+    /// Seed of the initializers.
+    #[arg(long, env = "OAR_SEED")]
+    pub(super) seed: Option<u64>,
+    /// Log metrics every this many steps.
+    #[arg(long, env = "OAR_LOG_EVERY")]
+    pub(super) log_every: Option<u64>,
+    /// Skip and count bad data lines instead of failing.
+    #[arg(long, env = "OAR_SKIP_BAD_LINES")]
+    pub(super) skip_bad_lines: bool,
+    /// Seconds to wait for servers, sync steps and barriers.
+    #[arg(long, env = "OAR_TIMEOUT")]
+    pub(super) timeout: Option<u64>,
+    /// Async: discard pushes more than this x trainers updates stale.
+    #[arg(long, alias = "async_lagged_grad_discard_ratio", env = "OAR_LAG_RATIO")]
+    pub(super) lag_ratio: Option<f64>,
+    /// Shell command each data file is piped through (the file on its stdin), e.g. zcat.
+    #[arg(long, alias = "pipe_command", env = "OAR_PIPE_COMMAND")]
+    pub(super) pipe_command: Option<String>,
+    /// Local mode: apply each update this many steps after it was computed (measures the
+    /// effect of async staleness without a network, deterministically).
+    #[arg(long, env = "OAR_DELAY")]
+    pub(super) delay: Option<usize>,
+    /// Async mode with one thread: pull the next batch's parameters while this one computes
+    /// [default: true].
+    #[arg(long, env = "OAR_PULL_AHEAD")]
+    pub(super) pull_ahead: Option<bool>,
+    /// Async mode: make the first N updates synchronous steps (each trainer's batch split in
+    /// as many parts as trainers, so an update covers the batch size), then go async.
+    #[arg(long, env = "OAR_SYNC_WARMUP")]
+    pub(super) sync_warmup: Option<u64>,
+    /// Async mode: a push computed from parameters k > 1 updates old moves the dense weights
+    /// with the learning rate / k.
+    #[arg(long, env = "OAR_SCALE_STALE_STEPS")]
+    pub(super) scale_stale_steps: Option<bool>,
+    /// Train in this process, without servers, whatever else the job says.
+    #[arg(long, alias = "is_local", env = "OAR_IS_LOCAL", num_args = 0..=1, default_missing_value = "true")]
+    pub(super) is_local: Option<bool>,
+}
+
+impl JobArgs {
+    pub(super) fn resolve(&self, registry: &Registry) -> anyhow::Result<JobConfig> {
+        let mut job = match &self.config {
+            Some(path) => JobConfig::from_file(path)?,
+            None => JobConfig::default(),
+        };
+        let m = &mut job.model;
+        if (self.embedding_dim.is_some() || self.hidden.is_some()) && !m.is_shorthand() {
+            anyhow::bail!(
+                "--embedding-dim and --hidden (OAR_EMBEDDING_DIM, OAR_HIDDEN) shape the shorthand model; this job's \
+                 model is a layer graph: set its widths in the job file's layers"
+            );
+        }
+        if self.embedding_dim.is_some() {
+            m.embedding_dim = self.embedding_dim;
+        }
+        if self.hidden.is_some() {
+            m.hidden = self.hidden.clone();
+        }
+        set(&mut m.seed, self.seed);
+        for (opt, kind, lr, l2) in [
+            (&mut job.dense_optimizer, self.dense_optimizer, self.dense_lr, self.dense_l2),
+            (&mut job.sparse_optimizer, self.sparse_optimizer, self.sparse_lr, self.sparse_l2),
+        ] {
+            set(&mut opt.kind, kind);
+            set(&mut opt.lr, lr);
+            set(&mut opt.l2, l2);
+        }
+        let t = &mut job.train;
+        set(&mut t.batch_size, self.batch_size);
+        set(&mut t.passes, self.passes);
+        set(&mut t.threads, self.threads);
+        set(&mut t.log_every, self.log_every);
+        set(&mut t.timeout_secs, self.timeout);
+        set(&mut t.lag_ratio, self.lag_ratio);
+        set(&mut t.delay, self.delay);
+        set(&mut t.pull_ahead, self.pull_ahead);
+        set(&mut t.sync_warmup, self.sync_warmup);
+        set(&mut t.scale_stale_steps, self.scale_stale_steps);
+        t.skip_bad_lines |= self.skip_bad_lines;
+        set(&mut t.is_local, self.is_local);
+        if let Some(command) = &self.pipe_command {
+            job.data.pipe_command = Some(command.clone());
+        }
+        job.validate_with(registry)?;
+        Ok(job)
+    }
+}
+
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *slot = v;
+    }
+}
+
+#[derive(Args)]
+pub(super) struct TrainArgs {
+    #[command(flatten)]
+    pub(super) job: JobArgs,
+    /// The job's secret (a file of 16 to 4096 bytes), proved to every server and by every
+    /// server before anything else; the same file for every process of the job.
+    #[arg(long, env = "OAR_SECRET_FILE")]
+    pub(super) secret_file: Option<PathBuf>,
+    /// local, sync or async [default: local without servers, sync with them].
+    #[arg(long, env = "OAR_MODE", value_enum)]
+    pub(super) mode: Option<Mode>,
+    /// Servers in server-index order, comma-separated: host:port, or bare hosts on --port; a
+    /// single number S means --num-servers S.
+    #[arg(long, alias = "pservers", env = "OAR_SERVERS", value_delimiter = ',')]
+    pub(super) servers: Vec<String>,
+    #[command(flatten)]
+    pub(super) ports: PortArgs,
+    /// This trainer's id [default: 0].
+    #[arg(long, alias = "trainer_id", env = "OAR_TRAINER_ID")]
+    pub(super) trainer_id: Option<usize>,
+    /// Number of trainers [default: 1].
+    #[arg(long, alias = "num_gradient_servers", visible_alias = "num-gradient-servers", env = "OAR_TRAINERS")]
+    pub(super) trainers: Option<usize>,
+    /// Under an engine (mpirun, srun): ranks 0..N-1 become servers, the others trainers; they
+    /// meet at --rendezvous (`--servers N` says the same).
+    #[arg(long, env = "OAR_NUM_SERVERS")]
+    pub(super) num_servers: Option<usize>,
+    /// Under an engine: rank 0's host and a free port there, where every rank registers
+    /// [default under Slurm: the step's first node, port 15000 + SLURM_JOB_ID % 10000; for an MPI
+    /// job on one host: a loopback port derived from the job].
+    #[arg(long, env = "OAR_RENDEZVOUS")]
+    pub(super) rendezvous: Option<String>,
+    /// Refused unless false: this is a CPU build.
+    #[arg(long, alias = "use_gpu", env = "OAR_USE_GPU", num_args = 0..=1, default_missing_value = "true")]
+    pub(super) use_gpu: Option<bool>,
+    /// Training data: a file or a folder of part files.
+    #[arg(long, env = "OAR_TRAIN")]
+    pub(super) train: Option<PathBuf>,
+    /// Test data evaluated after each pass (by trainer 0).
+    #[arg(long, env = "OAR_TEST")]
+    pub(super) test: Option<PathBuf>,
+    /// Save the model here after each pass.
+    #[arg(long, env = "OAR_OUTPUT")]
+    pub(super) output: Option<PathBuf>,
+    /// Continue from this saved model.
+    #[arg(long, env = "OAR_RESUME")]
+    pub(super) resume: Option<PathBuf>,
+    /// Job id (must match the servers').
+    #[arg(long = "job", env = "OAR_JOB", default_value = "oar")]
+    pub(super) job_id: String,
+    /// When a supervisor restarts failed servers: seconds to wait for a lost server to come
+    /// back (reconnecting and repeating the unanswered request) before failing.
+    #[arg(long, env = "OAR_RECOVER_TIMEOUT")]
+    pub(super) recover_timeout: Option<f64>,
+    /// Record this trainer's position in its data in this folder after every step
+    /// (`trainer-K.position`), so that a restart can go on from it.
+    #[arg(long, env = "OAR_POSITION_DIR")]
+    pub(super) position_dir: Option<PathBuf>,
+    /// This trainer is a restart of one that failed: go on from the position recorded in
+    /// --position-dir (servers started with --trainer-rejoin wait for it).
+    #[arg(long, env = "OAR_REJOIN", requires = "position_dir")]
+    pub(super) rejoin: bool,
+    /// This process may be a restart of a failed one, started again with the same command line
+    /// (by an engine's restart policy or by hand). Servers checkpoint into OUTPUT/checkpoints
+    /// and go on from there under the next epoch; trainers record their position there and
+    /// rejoin from it; each side waits up to 60 s (--recover-timeout, --trainer-rejoin) for a
+    /// lost other. State is kept per --job: another job id starts afresh.
+    #[arg(long, env = "OAR_RECOVERABLE")]
+    pub(super) recoverable: bool,
+    /// Settings used when the environment says this process is a server
+    /// (TRAINING_ROLE / PADDLE_TRAINING_ROLE = PSERVER).
+    #[command(flatten)]
+    pub(super) server: ServerRoleArgs,
+}
+
+/// Server settings of `oar train` started as a PSERVER by PaddlePaddle's environment.
+#[derive(Args)]
+pub(super) struct ServerRoleArgs {
+    /// Server role: keep serving after every trainer has closed.
+    #[arg(long, env = "OAR_KEEP_SERVING")]
+    pub(super) keep_serving: bool,
+    /// Server role: listen on this interface's address.
+    #[arg(long, env = "OAR_NICS")]
+    pub(super) nics: Option<String>,
+    /// Server role: listen on this address [default: PADDLE_CURRENT_IP, else all].
+    #[arg(long, env = "OAR_HOST")]
+    pub(super) host: Option<String>,
+    /// Server role: checkpoint the shard in the background every this many seconds into
+    /// OUTPUT/checkpoints [default: 30 with --recoverable, else none].
+    #[arg(long, env = "OAR_CHECKPOINT_EVERY")]
+    pub(super) checkpoint_every: Option<f64>,
+    #[command(flatten)]
+    pub(super) limits: LimitArgs,
+}
+
+#[derive(Args)]
+pub(super) struct LaunchArgs {
+    #[command(flatten)]
+    pub(super) job: JobArgs,
+    /// The job's secret for its processes [default: a new one in LOGS/secret].
+    #[arg(long, env = "OAR_SECRET_FILE")]
+    pub(super) secret_file: Option<PathBuf>,
+    /// Number of parameter servers.
+    #[arg(long, default_value_t = 2)]
+    pub(super) servers: usize,
+    /// Number of trainers.
+    #[arg(long, default_value_t = 2)]
+    pub(super) workers: usize,
+    /// sync or async.
+    #[arg(long, env = "OAR_MODE", value_enum, default_value = "async")]
+    pub(super) mode: Mode,
+    /// Training data: a file or a folder of part files.
+    #[arg(long)]
+    pub(super) train: PathBuf,
+    /// Test data evaluated after each pass.
+    #[arg(long)]
+    pub(super) test: Option<PathBuf>,
+    /// Save the model here after each pass.
+    #[arg(long)]
+    pub(super) output: Option<PathBuf>,
+    /// Continue from this saved model.
+    #[arg(long)]
+    pub(super) resume: Option<PathBuf>,
+    /// Servers checkpoint their shards in the background every this many seconds, into
+    /// OUTPUT/checkpoints (needs --output) [default: 30 with --max-restarts, else none].
+    #[arg(long)]
+    pub(super) checkpoint_every: Option<f64>,
+    /// Restart a server that dies or stops answering, from its newest checkpoint, while the
+    /// trainers wait for it, and a trainer that dies, from its recorded position in its data,
+    /// while the servers wait for it: at most this many restarts in all (0: the job fails at
+    /// once). Needs --output (checkpoints and positions live there).
+    #[arg(long, default_value_t = 0)]
+    pub(super) max_restarts: usize,
+    /// Folder for the log files.
+    #[arg(long, default_value = "logs")]
+    pub(super) logs: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    pub(super) no_progress: bool,
+}

@@ -1,0 +1,145 @@
+//! A trainer's configuration ([`TrainConfig`]): every setting one trainer needs, its serde
+//! defaults, and its validation.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::DataConfig;
+use crate::model::ModelConfig;
+use crate::server::Mode;
+use crate::table::Optimizer;
+
+/// Everything one trainer needs, built and validated before it starts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Local, sync or async.
+    pub mode: Mode,
+    /// Server addresses by index (empty in local mode): each server's first port.
+    pub servers: Vec<String>,
+    /// Consecutive general ports per server (`--ports_num`).
+    pub ports_num: usize,
+    /// Sparse-only ports per server after the general ones (`--ports_num_for_sparse`).
+    pub ports_num_for_sparse: usize,
+    /// This trainer's id.
+    pub trainer_id: usize,
+    /// Number of trainers.
+    pub trainers: usize,
+    /// All training files (this trainer reads its share).
+    pub train_files: Vec<PathBuf>,
+    /// Test files, evaluated by trainer 0 after each pass.
+    pub test_files: Vec<PathBuf>,
+    /// Samples per step.
+    pub batch_size: usize,
+    /// Passes over the data.
+    pub passes: u32,
+    /// Data-parallel compute threads inside this trainer.
+    pub threads: usize,
+    /// The network.
+    pub model: ModelConfig,
+    /// How the data files are read.
+    pub data: DataConfig,
+    /// Optimizer of the dense parameters.
+    pub dense_optimizer: Optimizer,
+    /// Optimizer of the sparse tables (a table of the model may set its own).
+    pub sparse_optimizer: Optimizer,
+    /// Save the model here after every pass.
+    pub output: Option<PathBuf>,
+    /// Continue from this saved model.
+    pub resume: Option<PathBuf>,
+    /// Log metrics every this many steps (0: only at the end of a pass).
+    pub log_every: u64,
+    /// Job id (servers refuse other jobs).
+    pub job: String,
+    /// Skip and count bad data lines instead of failing.
+    pub skip_bad_lines: bool,
+    /// How long to keep trying to reach the servers.
+    pub connect_timeout: Duration,
+    /// Longest wait for any reply (covers sync steps and barriers).
+    pub reply_timeout: Duration,
+    /// Local mode: apply each update this many steps after it was computed (0: at once), so
+    /// the effect of staleness is measured without a network, deterministically.
+    #[serde(default)]
+    pub delay: usize,
+    /// Async mode with one thread: pull the next batch's parameters while this one computes.
+    #[serde(default = "yes")]
+    pub pull_ahead: bool,
+    /// Async mode: the first this many updates of a run are synchronous steps, each trainer's
+    /// batch split in `trainers` parts so that an update covers `batch_size` samples as a local
+    /// one does; then the pushes go async. Staleness hurts most while Adam's first steps are
+    /// large: a short synchronous start keeps small data sets on local training's path.
+    #[serde(default = "default_sync_warmup")]
+    pub sync_warmup: u64,
+    /// Async mode: a push computed from parameters `k > 1` updates old moves the dense weights
+    /// with the learning rate divided by `k` (sparse rows keep their step: a row's staleness is
+    /// not the server's update count). In local mode with `delay`, the same on delayed updates.
+    #[serde(default = "default_scale_stale_steps")]
+    pub scale_stale_steps: bool,
+    /// Under a supervisor that restarts failed servers: how long to wait for a lost server to
+    /// come back before failing (`None`: fail at once).
+    #[serde(default)]
+    pub recover: Option<Duration>,
+    /// Record this trainer's position in its data in this folder after every step (see
+    /// [`position`](super::position)).
+    #[serde(default)]
+    pub positions: Option<PathBuf>,
+    /// A restart of a trainer that failed: go on from the position recorded in `positions`.
+    #[serde(default)]
+    pub rejoin: bool,
+    /// The job's secret, proved to every server before anything else (see [`crate::auth`]).
+    #[serde(skip)]
+    pub secret: Option<crate::auth::Secret>,
+}
+
+/// The default of [`TrainConfig::sync_warmup`].
+pub const DEFAULT_SYNC_WARMUP: u64 = 100;
+/// The default of [`TrainConfig::scale_stale_steps`].
+pub const DEFAULT_SCALE_STALE_STEPS: bool = true;
+
+fn yes() -> bool {
+    true
+}
+
+fn default_sync_warmup() -> u64 {
+    DEFAULT_SYNC_WARMUP
+}
+
+fn default_scale_stale_steps() -> bool {
+    DEFAULT_SCALE_STALE_STEPS
+}
+
+impl TrainConfig {
+    /// Checks the configuration; messages name the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
+        anyhow::ensure!(self.passes > 0, "--passes must be at least 1");
+        anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
+        anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
+        anyhow::ensure!(
+            self.trainer_id < self.trainers,
+            "--trainer-id {} must be below --trainers {}",
+            self.trainer_id,
+            self.trainers
+        );
+        anyhow::ensure!(!self.train_files.is_empty(), "no training files (--train)");
+        anyhow::ensure!(
+            !self.rejoin || self.positions.is_some(),
+            "--rejoin goes on from a recorded position: give --position-dir"
+        );
+        anyhow::ensure!(
+            self.delay == 0 || self.mode == Mode::Local,
+            "--delay (delayed updates) is a local-mode measurement; {:?} mode has real staleness",
+            self.mode
+        );
+        match self.mode {
+            Mode::Local => {
+                anyhow::ensure!(self.trainers == 1, "local mode runs one trainer; use --threads for parallelism")
+            }
+            _ => anyhow::ensure!(!self.servers.is_empty(), "{:?} mode needs --servers", self.mode),
+        }
+        self.dense_optimizer.validate("dense").map_err(anyhow::Error::msg)?;
+        self.sparse_optimizer.validate("sparse").map_err(anyhow::Error::msg)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,263 @@
+//! The steps of one pass ([`PassLoop`]): the synchronous warm-up then the rest, each worker
+//! (one, or several Hogwild workers in async mode against servers) pulling, computing and
+//! pushing batch after batch through its [`Comms`], with progress reported from the calling
+//! thread.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::ahead::Ahead;
+use super::comms::{next_prepared, Comms};
+use super::position::PositionLog;
+use super::step::{compute, Replica};
+use super::warmup::{Warmup, WarmupPlan};
+use super::{dims, HeadMetrics, StepHeader, StepTimes, Store, TrainConfig, TrainReport};
+use crate::data::Reader;
+use crate::metrics::Staleness;
+use crate::model::Model;
+use crate::protocol::Apply;
+use crate::server::Mode;
+
+/// What one worker did in a pass.
+struct WorkerReport {
+    metrics: HeadMetrics,
+    staleness: Staleness,
+    times: StepTimes,
+    samples: u64,
+    discarded: u64,
+    train_seconds: f64,
+}
+
+/// The steps of one pass.
+pub(super) struct PassLoop<'a> {
+    pub(super) config: &'a TrainConfig,
+    pub(super) model: &'a Model,
+    pub(super) pass: u32,
+    pub(super) step: AtomicU64,
+    /// The synchronous updates to make before going async (async mode against servers).
+    pub(super) plan: WarmupPlan,
+    /// Where the trainer's position is recorded after each push.
+    pub(super) positions: Option<&'a Mutex<PositionLog>>,
+}
+
+impl PassLoop<'_> {
+    /// Trains on every batch of `reader`; returns the pass's training metrics. One worker
+    /// splits each batch over `threads` replicas, except in async mode against servers: one
+    /// thread pulls ahead ([`Ahead`]), several train Hogwild-style, each its own batches,
+    /// sharing the reader and the connections (held only while a request is on the wire).
+    pub(super) fn run(
+        &self,
+        store: &mut Store,
+        reader: Reader,
+        report: &mut TrainReport,
+        on_progress: &dyn Fn(u64),
+    ) -> anyhow::Result<HeadMetrics> {
+        let c = self.config;
+        let reader = Mutex::new(reader);
+        let mut metrics = HeadMetrics::new(self.model);
+        if c.mode == Mode::Async && matches!(store, Store::Remote(_)) && self.plan.steps > 0 {
+            let warmup = Warmup {
+                steps: self.plan.steps,
+                parts: c.trainers,
+                parts_done: self.plan.parts_done,
+                queue: Default::default(),
+            };
+            metrics.merge(&self.segment(store, &reader, Some(warmup), report, on_progress)?);
+            tracing::info!(
+                trainer = c.trainer_id,
+                pass = self.pass,
+                updates = self.plan.steps,
+                "synchronous warm-up done: going async"
+            );
+        }
+        metrics.merge(&self.segment(store, &reader, None, report, on_progress)?);
+        Ok(metrics)
+    }
+
+    /// Trains on the batches of `reader` (with `warmup`: the warm-up's only).
+    fn segment(
+        &self,
+        store: &mut Store,
+        reader: &Mutex<Reader>,
+        warmup: Option<Warmup>,
+        report: &mut TrainReport,
+        on_progress: &dyn Fn(u64),
+    ) -> anyhow::Result<HeadMetrics> {
+        let c = self.config;
+        let remote_async = c.mode == Mode::Async && matches!(store, Store::Remote(_)) && warmup.is_none();
+        let workers = if remote_async { c.threads } else { 1 };
+        let replicas = if remote_async { 1 } else { c.threads };
+        let dims = dims(self.model);
+        let samples_before = report.samples;
+        let samples = AtomicU64::new(samples_before);
+        let failed = AtomicBool::new(false);
+        let started = Instant::now();
+        let mut warmup = warmup;
+        let (client, shared) = match store {
+            Store::Remote(client) if remote_async && workers == 1 && c.pull_ahead => (Some(&mut **client), None),
+            other => (None, Some(Mutex::new(other))),
+        };
+        let results: Vec<anyhow::Result<WorkerReport>> = std::thread::scope(|scope| {
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let mut all_comms = Vec::new();
+            match (client, &shared) {
+                (Some(client), _) => {
+                    let mut ahead = Ahead::start(scope, client, dims.clone(), self.positions);
+                    all_comms.push(next_prepared(&mut reader.lock(), self.model).and_then(|next| {
+                        if let Some(n) = &next {
+                            ahead.pull(n.lookups.unique_ids(), Vec::new(), Vec::new())?;
+                        }
+                        Ok(Comms::Ahead {
+                            reader,
+                            ahead,
+                            next: next.map(Box::new),
+                            params: Vec::new(),
+                            rows: Vec::new(),
+                        })
+                    }))
+                }
+                (None, Some(store)) => all_comms.extend((0..workers).map(|_| {
+                    Ok(Comms::Direct {
+                        reader,
+                        store,
+                        params: Vec::new(),
+                        rows: Vec::new(),
+                        delayed: Default::default(),
+                        delay: c.delay,
+                        delay_from: self.plan.steps,
+                        warmup: warmup.take(),
+                    })
+                })),
+                (None, None) => unreachable!("the store is either shared or the client's"),
+            }
+            let handles: Vec<_> = all_comms
+                .into_iter()
+                .map(|comms| {
+                    let (dims, samples, failed, done) = (&dims, &samples, &failed, done_tx.clone());
+                    scope.spawn(move || {
+                        let r = comms.and_then(|comms| self.worker(comms, dims, replicas, samples, failed));
+                        let _ = done.send(());
+                        r
+                    })
+                })
+                .collect();
+            drop(done_tx);
+            // Progress is reported from this thread: the callback need not be thread-safe.
+            let mut finished = 0;
+            while finished < handles.len() {
+                match done_rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(()) => finished += 1,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+                on_progress(samples.load(Relaxed));
+            }
+            handles.into_iter().map(|h| h.join().expect("a trainer thread panicked")).collect()
+        });
+        let mut merged = HeadMetrics::new(self.model);
+        for r in results {
+            let r = r?;
+            merged.merge(&r.metrics);
+            report.time += r.times;
+            report.samples += r.samples;
+            report.discarded_pushes += r.discarded;
+            report.staleness.merge(&r.staleness);
+            if workers == 1 {
+                report.train_seconds += r.train_seconds;
+            }
+        }
+        on_progress(report.samples);
+        if workers > 1 {
+            // The workers' steps overlap: the pass's wall time is the time spent training.
+            report.train_seconds += started.elapsed().as_secs_f64();
+            tracing::info!(trainer = c.trainer_id, pass = self.pass, threads = workers, "pass trained Hogwild-style");
+        }
+        Ok(merged)
+    }
+
+    /// One worker's share of the pass: batch after batch, pull, compute, push.
+    fn worker(
+        &self,
+        mut comms: Comms,
+        dims: &[usize],
+        replicas: usize,
+        samples: &AtomicU64,
+        failed: &AtomicBool,
+    ) -> anyhow::Result<WorkerReport> {
+        let (c, model, me) = (self.config, self.model, self.config.trainer_id);
+        let mut replicas: Vec<Replica> = (0..replicas).map(|_| Replica::default()).collect();
+        let mut report = WorkerReport {
+            metrics: HeadMetrics::new(model),
+            staleness: Staleness::default(),
+            times: StepTimes::default(),
+            samples: 0,
+            discarded: 0,
+            train_seconds: 0.0,
+        };
+        let mut window = (0.0f64, 0usize, Instant::now());
+        let apply = if c.scale_stale_steps { Apply::StalenessScaled } else { Apply::Now };
+        let result = (|| -> anyhow::Result<()> {
+            while !failed.load(Relaxed) {
+                let t0 = Instant::now();
+                let next = comms.next(model, dims, &mut report.times, &self.step, self.positions)?;
+                let Some((p, version, step, number)) = next else { break };
+                let t1 = Instant::now();
+                let (params, rows) = comms.params();
+                let (loss, heads) = compute(model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
+                let t2 = Instant::now();
+                let n = p.batch.len();
+                let header =
+                    StepHeader { trainer: me, step, pass: self.pass, base_version: version, samples: n, apply };
+                if let Some(pushed) = comms.push(header, &replicas[0], &p.lookups, dims, number)? {
+                    report.discarded += pushed.discarded as u64;
+                    if c.mode == Mode::Async || c.delay > 0 {
+                        report.staleness.add(pushed.staleness);
+                    }
+                }
+                // The communication thread records its pushes itself, once they are answered.
+                if let (Some(log), Some(n), false) = (self.positions, number, matches!(comms, Comms::Ahead { .. })) {
+                    log.lock().done(n)?;
+                }
+                // A restarted trainer runs clean: the planned fault was its first life's.
+                crate::fault::at_trainer(me, crate::fault::Moment::Step(step + 1));
+                let t3 = Instant::now();
+                report.times.compute += (t2 - t1).as_secs_f64();
+                report.times.push += (t3 - t2).as_secs_f64();
+                report.train_seconds += (t3 - t0).as_secs_f64();
+                report.metrics.observe(model, &p.batch, &heads);
+                report.samples += n as u64;
+                samples.fetch_add(n as u64, Relaxed);
+                window.0 += loss;
+                window.1 += n;
+                // Hogwild workers do not log: each sees only its own share of the pass.
+                let hogwild = c.mode == Mode::Async && c.threads > 1;
+                if c.log_every > 0 && (step + 1) % c.log_every == 0 && !hogwild {
+                    let m = &report.metrics.0[0];
+                    let tail = m.probs.len().saturating_sub(window.1);
+                    let auc = crate::metrics::auc(&m.probs[tail..], &m.labels[tail..]);
+                    tracing::info!(
+                        trainer = me,
+                        pass = self.pass,
+                        step = step + 1,
+                        loss = window.0 / window.1 as f64,
+                        auc = auc.unwrap_or(f64::NAN),
+                        samples_per_sec = (window.1 as f64 / window.2.elapsed().as_secs_f64()) as u64,
+                        "progress"
+                    );
+                    window = (0.0, 0, Instant::now());
+                }
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            failed.store(true, Relaxed);
+        }
+        result?;
+        let (discarded, staleness) = comms.finish(dims)?;
+        report.discarded += discarded;
+        report.staleness.merge(&staleness);
+        Ok(report)
+    }
+}

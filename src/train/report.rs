@@ -1,0 +1,77 @@
+//! What a trainer reports: per pass ([`PassReport`], [`HeadReport`]), per run
+//! ([`TrainReport`]), and where the training loop's time went ([`StepTimes`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{EvalReport, Staleness};
+
+/// What one pass did.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PassReport {
+    /// Pass number (1-based).
+    pub pass: u32,
+    /// Training metrics over the pass (predictions made before each update).
+    pub train: EvalReport,
+    /// Test metrics after the pass (trainer 0 only, when test files are given).
+    pub test: Option<EvalReport>,
+    /// With several heads: every head's figures, the first one's being `train` and `test`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub heads: Vec<HeadReport>,
+}
+
+/// One head's figures over a pass.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeadReport {
+    /// The head's output tensor.
+    pub output: String,
+    /// Training metrics over the pass.
+    pub train: EvalReport,
+    /// Test metrics after the pass.
+    pub test: Option<EvalReport>,
+}
+
+/// What a trainer did.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrainReport {
+    /// Trainer id.
+    pub trainer: usize,
+    /// Samples trained on.
+    pub samples: u64,
+    /// Seconds spent in training steps (excluding start-up, saving and evaluation).
+    pub train_seconds: f64,
+    /// Seconds from start to finish.
+    pub wall_seconds: f64,
+    /// Per-pass results.
+    pub passes: Vec<PassReport>,
+    /// Where the training loop's time went.
+    pub time: StepTimes,
+    /// Pushes the servers discarded as stale (async mode).
+    pub discarded_pushes: u64,
+    /// How many updates behind this trainer's pushes arrived (async; local with a delay).
+    #[serde(default)]
+    pub staleness: Staleness,
+    /// Data lines skipped as bad.
+    pub bad_lines: u64,
+}
+
+/// Seconds spent in each phase of the training loop, summed over steps.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct StepTimes {
+    /// Waiting for the reader's next batch.
+    pub data: f64,
+    /// Deduplicating ids and pulling parameters.
+    pub pull: f64,
+    /// Forward and backward.
+    pub compute: f64,
+    /// Pushing gradients (including the sync barrier).
+    pub push: f64,
+}
+
+impl std::ops::AddAssign for StepTimes {
+    fn add_assign(&mut self, o: StepTimes) {
+        self.data += o.data;
+        self.pull += o.pull;
+        self.compute += o.compute;
+        self.push += o.push;
+    }
+}

@@ -1,0 +1,74 @@
+//! Async mode's synchronous warm-up: what is left of it in a pass and where the reader starts
+//! ([`WarmupPlan`]), and the splitting of reader batches into one synchronous step per trainer
+//! ([`Warmup`]).
+
+use crate::batch::Batch;
+use crate::data::Reader;
+use crate::server::Mode;
+
+use super::TrainConfig;
+
+/// What async mode's synchronous warm-up still has to do in a pass, and where the reader starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WarmupPlan {
+    /// Merged steps (batch parts) left.
+    pub(super) steps: u64,
+    /// Parts of the first batch already trained (a trainer rejoining mid-batch).
+    pub(super) parts_done: usize,
+    /// Samples the reader leaves out.
+    pub(super) reader_skip: u64,
+}
+
+impl WarmupPlan {
+    /// The plan of a pass that is (`first`) or is not the run's first, for a trainer at `step`
+    /// that has pushed `samples` of it. A warm-up reader batch is split in one part per trainer
+    /// and each part is one step, so a warm-up of `sync_warmup` updates takes
+    /// `ceil(sync_warmup / trainers)` whole batches.
+    pub(super) fn new(config: &TrainConfig, first: bool, step: u64, samples: u64) -> WarmupPlan {
+        let parts = config.trainers as u64;
+        // Sync mode has no warm-up: every step is synchronous, one whole batch each.
+        let warms = first && config.mode != Mode::Sync;
+        let total = if warms { config.sync_warmup.div_ceil(parts) * parts } else { 0 };
+        if step >= total {
+            return WarmupPlan { steps: 0, parts_done: 0, reader_skip: samples };
+        }
+        // Every warm-up batch before this one was whole and gave `parts` steps.
+        WarmupPlan {
+            steps: total - step,
+            parts_done: (step % parts) as usize,
+            reader_skip: step / parts * config.batch_size as u64,
+        }
+    }
+}
+
+/// Async mode's synchronous start: each reader batch is split in `parts` (one per trainer),
+/// and each part is one synchronous step, so a merged update covers one batch of samples.
+pub(super) struct Warmup {
+    /// Steps (parts) still to train.
+    pub(super) steps: u64,
+    pub(super) parts: usize,
+    /// Parts of the next batch to leave out (trained before a restart).
+    pub(super) parts_done: usize,
+    /// Parts of the current batch not trained yet.
+    pub(super) queue: std::collections::VecDeque<Batch>,
+}
+
+impl Warmup {
+    /// The next part, or `None` once the warm-up's steps (or the reader's batches) are used up.
+    pub(super) fn next(&mut self, reader: &mut Reader) -> anyhow::Result<Option<Batch>> {
+        if self.queue.is_empty() && self.steps > 0 {
+            let Some(batch) = reader.next() else { return Ok(None) };
+            let batch = batch?;
+            let n = batch.len();
+            // Only a shard's last batch can be shorter than `parts`: its empty parts are skipped.
+            let ranges = (0..self.parts).map(|k| k * n / self.parts..(k + 1) * n / self.parts);
+            let ranges = ranges.skip(std::mem::take(&mut self.parts_done));
+            self.queue.extend(ranges.filter(|r| !r.is_empty()).map(|r| batch.slice(r)));
+        }
+        let part = self.queue.pop_front();
+        if part.is_some() {
+            self.steps = self.steps.saturating_sub(1);
+        }
+        Ok(part)
+    }
+}
