@@ -25,6 +25,7 @@ pub mod shard_checkpoints;
 pub mod state_file;
 pub mod supervise;
 pub mod table;
+pub mod tls;
 pub mod train;
 
 /// `paddle.init(**kwargs)` for oar: the cluster settings of the environment, with the

@@ -53,13 +53,18 @@ pub const ZOO: [(&str, &str); 8] = [
 ];
 
 /// An `oar pserver` child process, so its CPU time can be read from `/proc`.
-struct ServerProc {
-    addr: String,
+pub(super) struct ServerProc {
+    pub(super) addr: String,
     child: std::process::Child,
 }
 
 impl ServerProc {
     fn start(exe: &Path) -> anyhow::Result<ServerProc> {
+        ServerProc::start_with(exe, &[])
+    }
+
+    /// A server with further flags (a secret file, TLS files).
+    pub(super) fn start_with(exe: &Path, extra: &[String]) -> anyhow::Result<ServerProc> {
         use std::io::BufRead;
         let mut child = std::process::Command::new(exe)
             .args([
@@ -77,6 +82,7 @@ impl ServerProc {
             ])
             // Stopped by the bench itself: no waiting for (or failing on) trainers.
             .args(["--lag-ratio", "1e9", "--max-frame-mb", "1024", "--keep-serving"])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .spawn()?;
@@ -104,22 +110,27 @@ impl ServerProc {
         Ok(ticks / 100.0)
     }
 
-    fn stop(mut self) {
+    pub(super) fn stop(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
 /// A push of one sample's gradients by trainer 0 in pass 1.
-fn one_sample() -> StepHeader {
+pub(super) fn one_sample() -> StepHeader {
     StepHeader { trainer: 0, step: 0, pass: 1, base_version: 0, samples: 1, apply: Default::default() }
 }
 
 fn connect(addr: &str, spec: &TableSpec) -> anyhow::Result<Client> {
-    let mut c = Client::connect(
-        &ClientConfig::new(vec![addr.to_string()], "bench", Duration::from_secs(10), Duration::from_secs(60))
-            .as_trainer(0),
-    )?;
+    connect_with(
+        ClientConfig::new(vec![addr.to_string()], "bench", Duration::from_secs(10), Duration::from_secs(60)),
+        spec,
+    )
+}
+
+/// Connects as trainer 0 with `config` and declares `spec`.
+pub(super) fn connect_with(config: ClientConfig, spec: &TableSpec) -> anyhow::Result<Client> {
+    let mut c = Client::connect(&config.as_trainer(0))?;
     c.declare(spec)?;
     Ok(c)
 }
@@ -144,7 +155,7 @@ fn raw_echo(bytes: usize) -> anyhow::Result<(TcpStream, std::thread::JoinHandle<
 }
 
 /// Runs `round` for `seconds` (at least 3 times); returns rounds per second.
-fn rate(seconds: f64, mut round: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+pub(super) fn rate(seconds: f64, mut round: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     let (started, mut n) = (Instant::now(), 0u64);
     while started.elapsed().as_secs_f64() < seconds || n < 3 {
         round()?;
@@ -153,7 +164,7 @@ fn rate(seconds: f64, mut round: impl FnMut() -> anyhow::Result<()>) -> anyhow::
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -323,6 +334,7 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
 
 pub mod quality;
 pub mod recovery;
+pub mod security;
 
 /// One training measurement.
 struct TrainRun {
@@ -345,6 +357,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
     let started = Instant::now();
     let config = crate::train::TrainConfig {
         secret: None,
+        tls: None,
         mode: Mode::Local,
         servers: vec![],
         ports_num: 1,
@@ -414,6 +427,8 @@ fn train_cluster(
         registry: Default::default(),
         child_env: Vec::new(),
         secret_file: None,
+        tls: false,
+        open: false,
     })?;
     Ok(TrainRun {
         name: format!("2 servers x 2 workers, {mode}, {form}"),

@@ -62,6 +62,8 @@ fn launch(
         registry: Default::default(),
         child_env: fault.map(|f| vec![("OAR_FAULT".to_string(), f.to_string())]).unwrap_or_default(),
         secret_file: None,
+        tls: false,
+        open: false,
     })
 }
 

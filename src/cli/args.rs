@@ -32,6 +32,8 @@ pub(super) enum Command {
         #[command(subcommand)]
         what: GenCommand,
     },
+    /// Make a job's TLS files: a certificate authority and a server certificate issued by it.
+    Tls(TlsGenArgs),
     /// Split a file by line into N balanced parts FILE-00000 .. (for sharding over trainers).
     Split(SplitArgs),
     /// Prepare public data sets for the examples.
@@ -279,9 +281,24 @@ pub(super) struct BenchArgs {
     /// --recovery: seconds between checkpoints.
     #[arg(long, default_value_t = 10.0)]
     pub(super) checkpoint_every: f64,
-    /// --recovery: runs of each kind.
+    /// --recovery and --security: runs of each kind.
     #[arg(long, default_value_t = 3)]
     pub(super) runs: usize,
+    /// Instead: what the secret and TLS cost against an open server, --runs alternating rounds:
+    /// connections/s and dense GB/s through one server, and (with --data) 2x2 async training.
+    #[arg(long)]
+    pub(super) security: bool,
+}
+
+#[derive(Args)]
+pub(super) struct TlsGenArgs {
+    /// Folder to write ca.pem (for --tls-ca), cert.pem (--tls-cert) and key.pem (--tls-key)
+    /// into; existing files are never overwritten.
+    #[arg(long)]
+    pub(super) out: PathBuf,
+    /// The name the server certificate is issued for (--tls-name).
+    #[arg(long, default_value = crate::tls::DEFAULT_NAME)]
+    pub(super) name: String,
 }
 
 #[derive(Args)]

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::limits::LimitArgs;
+use super::tls_args::TlsArgs;
 use crate::config::JobConfig;
 use crate::model::Registry;
 use crate::server::Mode;
@@ -97,6 +98,8 @@ pub(super) struct PserverArgs {
     /// reach the port can change the model.
     #[arg(long, env = "OAR_SECRET_FILE")]
     pub(super) secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) tls: TlsArgs,
 }
 
 /// A server's ports, as `oar pserver` listens on them and `oar train` reaches them.
@@ -255,6 +258,9 @@ pub(super) struct TrainArgs {
     /// server before anything else; the same file for every process of the job.
     #[arg(long, env = "OAR_SECRET_FILE")]
     pub(super) secret_file: Option<PathBuf>,
+    /// TLS: --tls-ca as a trainer, --tls-cert and --tls-key in the server role.
+    #[command(flatten)]
+    pub(super) tls: TlsArgs,
     /// local, sync or async [default: local without servers, sync with them].
     #[arg(long, env = "OAR_MODE", value_enum)]
     pub(super) mode: Option<Mode>,
@@ -349,6 +355,10 @@ pub(super) struct LaunchArgs {
     /// The job's secret for its processes [default: a new one in LOGS/secret].
     #[arg(long, env = "OAR_SECRET_FILE")]
     pub(super) secret_file: Option<PathBuf>,
+    /// TLS between the processes: a certificate authority and a server certificate are made
+    /// into LOGS/tls for this run and handed to every process.
+    #[arg(long)]
+    pub(super) tls: bool,
     /// Number of parameter servers.
     #[arg(long, default_value_t = 2)]
     pub(super) servers: usize,

@@ -22,6 +22,7 @@ mod args_job;
 mod limits;
 mod report;
 mod roles;
+mod tls_args;
 
 use args::*;
 use args_job::*;
@@ -116,6 +117,8 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 registry: registry.clone(),
                 child_env: Vec::new(),
                 secret_file: a.secret_file,
+                tls: a.tls,
+                open: false,
             };
             let s = crate::launch::run(&config)?;
             print_summary(&format!("oar launch ({})", config.mode), &s);
@@ -177,6 +180,24 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             every: a.checkpoint_every,
             exe: std::env::current_exe().context("cannot find the oar binary")?,
         }),
+        Command::Bench(a) if a.security => crate::bench::security::run(&crate::bench::security::SecurityConfig {
+            data: a.data,
+            rounds: a.runs,
+            seconds: a.seconds / 4.0,
+            dense_floats: a.dense_floats,
+            exe: std::env::current_exe().context("cannot find the oar binary")?,
+        }),
+        Command::Tls(a) => {
+            let files = crate::tls::generate(&a.out, &a.name)?;
+            println!(
+                "servers: --tls-cert {} --tls-key {}\ntrainers: --tls-ca {} (certificate name {})",
+                files.cert.display(),
+                files.key.display(),
+                files.ca.display(),
+                a.name
+            );
+            Ok(())
+        }
         Command::Bench(a) => crate::bench::run(&crate::bench::BenchConfig {
             dense_floats: a.dense_floats,
             sparse_keys: a.sparse_keys,

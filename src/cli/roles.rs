@@ -89,6 +89,7 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
         closed: a.trainers_closed,
         limits: a.limits.limits()?,
         secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
+        tls: a.tls.server()?,
         rejoin: match a.trainer_rejoin {
             Some(secs) => {
                 anyhow::ensure!(secs.is_finite() && secs >= 0.0, "--trainer-rejoin must be a number of seconds");
@@ -201,6 +202,7 @@ pub(super) fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         recoverable: a.recoverable,
         limits: a.server.limits.clone(),
         secret_file: a.secret_file.clone(),
+        tls: a.tls.clone(),
     }
 }
 
@@ -382,6 +384,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
     let timeout = Duration::from_secs(job.train.timeout_secs);
     let config = TrainConfig {
         secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
+        tls: a.tls.client()?,
         mode,
         servers: if mode == Mode::Local { Vec::new() } else { servers },
         ports_num: a.ports.ports_num.or(env.ports_num).unwrap_or(1),

@@ -10,10 +10,65 @@ use crate::protocol::{
     read_frame_blocking, write_frame_blocking, Frame, FrameBuf, ProtocolError, Response, DEFAULT_MAX_FRAME,
 };
 
+/// A connection's bytes: plain TCP, or TLS over it (`--tls-ca`).
+pub(super) enum Wire {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Wire {
+    /// Wraps `tcp` in TLS when configured, completing the TLS handshake (bounded by the
+    /// socket's read timeout) so that a server with the wrong certificate fails here, named.
+    pub(super) fn new(tcp: TcpStream, tls: Option<&crate::tls::ClientTls>) -> std::io::Result<Wire> {
+        let Some(tls) = tls else { return Ok(Wire::Plain(tcp)) };
+        let connection = rustls::ClientConnection::new(tls.config.clone(), tls.name.clone())
+            .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
+        let mut stream = rustls::StreamOwned::new(connection, tcp);
+        while stream.conn.is_handshaking() {
+            stream.conn.complete_io(&mut stream.sock).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("TLS handshake (is the server started with --tls-cert?): {e}"))
+            })?;
+        }
+        Ok(Wire::Tls(Box::new(stream)))
+    }
+}
+
+impl std::io::Read for Wire {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(s) => s.read(buf),
+            Wire::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl std::io::Write for Wire {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(s) => s.write(buf),
+            Wire::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(s) => s.write_vectored(bufs),
+            Wire::Tls(s) => rustls::Stream::new(&mut s.conn, &mut s.sock).write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Wire::Plain(s) => s.flush(),
+            Wire::Tls(s) => s.flush(),
+        }
+    }
+}
+
 pub(super) struct Conn {
     pub(super) index: usize,
     pub(super) addr: String,
-    pub(super) stream: TcpStream,
+    pub(super) stream: Wire,
     pub(super) buf: FrameBuf,
 }
 
@@ -55,7 +110,10 @@ impl Conn {
         use crate::protocol::auth;
         use std::io::Write;
         let ours = crate::auth::nonce();
-        self.stream.write_all(&auth::hello(&ours)).map_err(|e| self.fail(e.into()))?;
+        self.stream
+            .write_all(&auth::hello(&ours))
+            .and_then(|_| self.stream.flush())
+            .map_err(|e| self.fail(e.into()))?;
         let kind = self.read()?;
         if kind != auth::AUTH_CHALLENGE {
             return Err(match self.reply(kind, "the authentication") {
@@ -71,7 +129,8 @@ impl Conn {
                        --secret-file)";
             return Err(self.mismatch("the authentication", why.into()));
         }
-        self.stream.write_all(&auth::proof(&secret.client_proof(&server, &ours))).map_err(|e| self.fail(e.into()))?;
+        let proof = auth::proof(&secret.client_proof(&server, &ours));
+        self.stream.write_all(&proof).and_then(|_| self.stream.flush()).map_err(|e| self.fail(e.into()))?;
         self.expect_done("the authentication")
     }
 

@@ -7,7 +7,6 @@
 //! connect and every reply is bounded by a timeout whose error names the server and address.
 
 use std::borrow::Cow;
-use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::checkpoint::ShardEntry;
@@ -24,7 +23,7 @@ mod conn;
 mod error;
 mod recover;
 
-use conn::{connect_with_retry, Conn};
+use conn::{connect_with_retry, Conn, Wire};
 pub use error::ClientError;
 
 /// Where the servers are and how long to wait for them.
@@ -54,6 +53,8 @@ pub struct ClientConfig {
     /// The job's secret, proved to each server (and each server's proof checked) before the
     /// handshake; `None` for servers without one.
     pub secret: Option<crate::auth::Secret>,
+    /// TLS to the servers (`--tls-ca`); `None`: plain TCP.
+    pub tls: Option<crate::tls::ClientTls>,
 }
 
 impl ClientConfig {
@@ -70,6 +71,7 @@ impl ClientConfig {
             trainer: None,
             recover: None,
             secret: None,
+            tls: None,
         }
     }
 }
@@ -209,10 +211,12 @@ impl Client {
         connect_timeout: Duration,
     ) -> Result<(Conn, u64), ClientError> {
         let addr = port_plus(&config.servers[index], port).map_err(ClientError::Usage)?;
-        let stream = connect_with_retry(index, &addr, connect_timeout)?;
+        let tcp = connect_with_retry(index, &addr, connect_timeout)?;
+        let fail = |e: std::io::Error| ClientError::Protocol { index, addr: addr.clone(), cause: e.into() };
+        tcp.set_read_timeout(Some(config.reply_timeout)).map_err(fail)?;
+        tcp.set_nodelay(true).map_err(fail)?;
+        let stream = Wire::new(tcp, config.tls.as_ref()).map_err(fail)?;
         let mut conn = Conn { index, addr, stream, buf: FrameBuf::default() };
-        conn.stream.set_read_timeout(Some(config.reply_timeout)).map_err(|e| conn.fail(e.into()))?;
-        conn.stream.set_nodelay(true).map_err(|e| conn.fail(e.into()))?;
         if let Some(secret) = &config.secret {
             conn.authenticate(secret)?;
         }
@@ -515,23 +519,11 @@ impl Client {
     }
 }
 
-/// A supervisor's heartbeat: whether server `index` of `servers` at `addr` (of epoch `epoch`)
-/// answers a handshake and a stats request within `timeout`. A stopped or hung process accepts
-/// the connection (the kernel does) but never answers.
-pub fn probe(
-    addr: &str,
-    job: &str,
-    index: usize,
-    servers: usize,
-    epoch: u64,
-    timeout: Duration,
-    secret: Option<&crate::auth::Secret>,
-) -> Result<(), ClientError> {
-    let config = ClientConfig {
-        secret: secret.cloned(),
-        ..ClientConfig::new(vec![addr.to_string(); servers], job, timeout, timeout)
-    };
-    let (mut conn, _) = Client::open(&config, index, 0, epoch, timeout)?;
+/// A supervisor's heartbeat: whether server `index` of `config.servers` (of epoch `epoch`)
+/// answers a handshake and a stats request within the config's timeouts. A stopped or hung
+/// process accepts the connection (the kernel does) but never answers.
+pub fn probe(config: &ClientConfig, index: usize, epoch: u64) -> Result<(), ClientError> {
+    let (mut conn, _) = Client::open(config, index, 0, epoch, config.connect_timeout)?;
     conn.send(&Request::Stats.encode())?;
     let kind = conn.read()?;
     match conn.reply(kind, "a heartbeat")? {
@@ -554,7 +546,7 @@ fn receive_values(
     let s = conn.index;
     let mut placed = false;
     let kind = {
-        let mut into_place = |r: &mut TcpStream, floats: usize| -> Result<bool, ProtocolError> {
+        let mut into_place = |r: &mut Wire, floats: usize| -> Result<bool, ProtocolError> {
             let Some(out) = dense.as_deref_mut() else { return Ok(false) };
             if floats != layout.len_of(s) {
                 return Ok(false);

@@ -39,6 +39,8 @@ pub(super) struct JobKeeper {
     pub(super) env: Vec<(String, String)>,
     /// The job's secret, for the heartbeat's probes.
     pub(super) secret: Option<crate::auth::Secret>,
+    /// TLS to the servers (`oar launch --tls`), for the heartbeat's probes.
+    pub(super) tls: Option<crate::tls::ClientTls>,
     logs: PathBuf,
     checkpoints: Option<PathBuf>,
     /// Each server's command line as first started.
@@ -66,6 +68,7 @@ impl JobKeeper {
             exe: config.exe.clone(),
             env: config.child_env.clone(),
             secret: None,
+            tls: None,
             logs: config.logs.clone(),
             checkpoints: config.checkpoint_every.and(config.output.as_ref()).map(|o| o.join("checkpoints")),
             args: Vec::new(),
@@ -92,23 +95,21 @@ impl JobKeeper {
             addrs.into_iter().map(|addr| Watched { addr, ready: true, ..Watched::default() }).collect();
         self.ready = Some((tx, rx));
         let (watched, stop, job, servers) = (self.watched.clone(), self.stop.clone(), self.job.clone(), self.servers);
-        let secret = self.secret.clone();
+        let (secret, tls) = (self.secret.clone(), self.tls.clone());
         self.heartbeat = std::thread::Builder::new()
             .name("oar-heartbeat".into())
             .spawn(move || {
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let places = watched.lock().expect("no panics under this lock").clone();
+                    let addrs = places.iter().map(|w| w.addr.clone()).collect();
+                    let config = crate::client::ClientConfig {
+                        secret: secret.clone(),
+                        tls: tls.clone(),
+                        ..crate::client::ClientConfig::new(addrs, &job, HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT)
+                    };
+                    debug_assert_eq!(places.len(), servers);
                     for (i, w) in places.iter().enumerate().filter(|(_, w)| w.ready) {
-                        let answered = crate::client::probe(
-                            &w.addr,
-                            &job,
-                            i,
-                            servers,
-                            w.epoch,
-                            HEARTBEAT_TIMEOUT,
-                            secret.as_ref(),
-                        )
-                        .is_ok();
+                        let answered = crate::client::probe(&config, i, w.epoch).is_ok();
                         let mut all = watched.lock().expect("no panics under this lock");
                         // Counted only against the process probed (not one restarted meanwhile).
                         if all[i].epoch == w.epoch && all[i].ready {

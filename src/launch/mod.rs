@@ -55,6 +55,12 @@ pub struct LaunchConfig {
     pub child_env: Vec<(String, String)>,
     /// The job's secret; `None`: a new one is generated into `LOGS/secret` for this run.
     pub secret_file: Option<PathBuf>,
+    /// TLS between the processes: a certificate authority and a server certificate are made
+    /// into `LOGS/tls` for this run and handed to every child.
+    pub tls: bool,
+    /// No secret at all: the servers take anyone who reaches their ports. Only for the
+    /// baseline of `oar bench --security`; `oar launch` has no flag for it.
+    pub open: bool,
 }
 
 pub use crate::supervise::LaunchSummary;
@@ -95,17 +101,29 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     // Every child proves the job's secret to the servers (and they to it): a peer that can
     // reach their ports but has not the secret is served nothing.
     let (secret, file) = match &config.secret_file {
-        Some(file) => (crate::auth::Secret::read(file)?, std::path::absolute(file)?),
+        _ if config.open => (None, None),
+        Some(file) => (Some(crate::auth::Secret::read(file)?), Some(std::path::absolute(file)?)),
         None => {
             let file = std::path::absolute(config.logs.join("secret"))?;
             let _ = std::fs::remove_file(&file); // an earlier run's, in a reused logs folder
             let secret = crate::auth::Secret::generate();
             secret.write_new(&file)?;
-            (secret, file)
+            (Some(secret), Some(file))
         }
     };
-    keeper.env.push(("OAR_SECRET_FILE".into(), file.display().to_string()));
-    keeper.secret = Some(secret);
+    if let Some(file) = file {
+        keeper.env.push(("OAR_SECRET_FILE".into(), file.display().to_string()));
+    }
+    keeper.secret = secret;
+    if config.tls {
+        let dir = std::path::absolute(config.logs.join("tls"))?;
+        let _ = std::fs::remove_dir_all(&dir); // an earlier run's, in a reused logs folder
+        let files = crate::tls::generate(&dir, crate::tls::DEFAULT_NAME)?;
+        for (var, path) in [("OAR_TLS_CERT", &files.cert), ("OAR_TLS_KEY", &files.key), ("OAR_TLS_CA", &files.ca)] {
+            keeper.env.push((var.into(), path.display().to_string()));
+        }
+        keeper.tls = Some(crate::tls::client_config(&files.ca, crate::tls::DEFAULT_NAME)?);
+    }
     let result = (|| -> anyhow::Result<LaunchSummary> {
         let (tx, rx) = mpsc::channel();
         for i in 0..config.servers {

@@ -23,6 +23,9 @@ impl FrameBuf {
 
 /// Checks a frame header and returns (payload length, kind).
 fn parse_header(header: &[u8; HEADER], max: usize) -> Result<(usize, u8), ProtocolError> {
+    if let Some(e) = tls_record(header) {
+        return Err(e);
+    }
     let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
     if header[5..] != [0, 0, 0] {
         return Err(ProtocolError::Malformed("reserved header bytes are not zero".into()));
@@ -31,6 +34,38 @@ fn parse_header(header: &[u8; HEADER], max: usize) -> Result<(usize, u8), Protoc
         return Err(ProtocolError::TooLarge { len, max });
     }
     Ok((len, header[4]))
+}
+
+/// A TLS record where a frame was expected (an alert or a handshake: content type 21 or 22,
+/// version 3.x), named: one side was started with TLS and the other without.
+fn tls_record(bytes: &[u8]) -> Option<ProtocolError> {
+    match bytes {
+        [21 | 22, 3, ..] => Some(ProtocolError::Malformed(
+            "the peer speaks TLS and this side does not (TLS takes --tls-cert on the servers and --tls-ca on \
+             their clients: both or neither)"
+                .into(),
+        )),
+        _ => None,
+    }
+}
+
+/// Fills `header` from a blocking reader; `Err(Closed)` if the peer closed before its first
+/// byte. A peer that closes after a few bytes of a TLS alert is named as speaking TLS.
+fn read_header_blocking<R: std::io::Read>(r: &mut R, header: &mut [u8; HEADER]) -> Result<(), ProtocolError> {
+    let mut filled = 0;
+    while filled < HEADER {
+        match r.read(&mut header[filled..]) {
+            Ok(0) if filled == 0 => return Err(ProtocolError::Closed),
+            Ok(0) => {
+                return Err(tls_record(&header[..filled])
+                    .unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into()))
+            }
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 impl FrameBuf {
@@ -94,11 +129,7 @@ pub fn read_reply_blocking<R: std::io::Read>(
     dense_into: &mut dyn FnMut(&mut R, usize) -> Result<bool, ProtocolError>,
 ) -> Result<u8, ProtocolError> {
     let mut header = [0u8; HEADER];
-    let first = r.read(&mut header)?;
-    if first == 0 {
-        return Err(ProtocolError::Closed);
-    }
-    r.read_exact(&mut header[first..])?;
+    read_header_blocking(r, &mut header)?;
     let (len, kind) = parse_header(&header, max)?;
     if kind == kind::VALUES && len >= 16 {
         let mut fixed = [0u8; 16];
@@ -140,6 +171,8 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame<'_>) ->
         }
         IoSlice::advance_slices(&mut rest, n);
     }
+    // A no-op on TCP; TLS may hold the frame's last record until flushed.
+    w.flush().await?;
     Ok(())
 }
 
@@ -156,6 +189,7 @@ pub fn write_frame_blocking<W: std::io::Write>(w: &mut W, frame: &Frame<'_>) -> 
         };
         IoSlice::advance_slices(&mut rest, n);
     }
+    w.flush()?;
     Ok(())
 }
 
@@ -193,5 +227,20 @@ mod tests {
         assert!(matches!(err, ProtocolError::TooLarge { max: 100, .. }), "{err}");
         let kind = read_frame(&mut &frame[..], &mut buf, DEFAULT_MAX_FRAME).await.unwrap();
         assert_eq!(kind, frame[4]);
+    }
+
+    #[test]
+    fn tls_records_where_a_frame_belongs_are_named() {
+        let mut buf = FrameBuf::default();
+        // A TLS alert (7 bytes, then the peer closes) and a TLS ClientHello's first bytes.
+        for bytes in [&[21u8, 3, 3, 0, 2, 2, 40][..], &[22, 3, 1, 0, 200, 1, 0, 0, 196, 3, 3]] {
+            let err = read_frame_blocking(&mut &bytes[..], &mut buf, DEFAULT_MAX_FRAME).unwrap_err().to_string();
+            assert!(err.contains("speaks TLS"), "{err}");
+        }
+        // A frame cut short is not taken for TLS; nothing at all is a clean close.
+        let err = read_frame_blocking(&mut &[4u8, 0, 0][..], &mut buf, DEFAULT_MAX_FRAME).unwrap_err();
+        assert!(matches!(err, ProtocolError::Io(_)), "{err}");
+        let err = read_frame_blocking(&mut &[][..], &mut buf, DEFAULT_MAX_FRAME).unwrap_err();
+        assert!(matches!(err, ProtocolError::Closed), "{err}");
     }
 }

@@ -68,6 +68,9 @@ pub struct ServerConfig {
     /// The job's secret: every connection must prove it holds it before anything else
     /// (`None`: anyone who can reach the port may speak, Paddle-style manual starts).
     pub secret: Option<crate::auth::Secret>,
+    /// TLS for every connection (`--tls-cert`, `--tls-key`): a client that does not speak it
+    /// is refused at its first bytes. `None`: plain TCP.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     /// A trainer that disconnects without closing may come back (restarted by a supervisor)
     /// within this long and send its unanswered push again; `None`: the job fails at once, as
     /// it can never finish without it.

@@ -6,8 +6,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{members, push, requests, Answer, Reply, State};
@@ -57,7 +56,40 @@ async fn serve_requests(
             .with_retries(3);
         socket2::SockRef::from(&socket).set_tcp_keepalive(&keepalive)?;
     }
-    let (mut rd, mut wr) = socket.into_split();
+    match &state.config.tls {
+        None => {
+            let (rd, wr) = socket.into_split();
+            serve_frames(state, rd, wr, port, sparse_only, trainer).await
+        }
+        Some(tls) => {
+            // A peer that does not finish TLS within the handshake deadline holds nothing.
+            let accept = tokio_rustls::TlsAcceptor::from(tls.clone()).accept(socket);
+            match tokio::time::timeout(limits.handshake_timeout, accept).await {
+                Ok(Ok(stream)) => {
+                    let (rd, wr) = tokio::io::split(stream);
+                    serve_frames(state, rd, wr, port, sparse_only, trainer).await
+                }
+                Ok(Err(e)) => Err(ProtocolError::Malformed(format!("TLS handshake failed: {e}"))),
+                Err(_) => Err(ProtocolError::Malformed(format!(
+                    "no TLS handshake within {:?} (--handshake-timeout)",
+                    limits.handshake_timeout
+                ))),
+            }
+        }
+    }
+}
+
+/// Serves one connection's frames, over TCP or TLS: the secret's challenge, the `Hello`, then
+/// requests until it closes.
+async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    state: &Arc<State>,
+    mut rd: R,
+    mut wr: W,
+    port: usize,
+    sparse_only: bool,
+    trainer: &mut Option<u64>,
+) -> Result<(), ProtocolError> {
+    let limits = &state.config.limits;
     let mut buf = FrameBuf::default();
     if let Some(secret) = &state.config.secret {
         let proved = tokio::time::timeout(limits.handshake_timeout, authenticate(secret, &mut rd, &mut wr, &mut buf));
@@ -317,10 +349,10 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
 /// The challenge and response that must open a connection to a server with a secret (see
 /// [`crate::auth`]): `Ok(true)` once the client proved it holds the secret (and was answered
 /// `Done`), `Ok(false)` once it was refused. A refusal says only that authentication failed.
-async fn authenticate(
+async fn authenticate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     secret: &crate::auth::Secret,
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+    rd: &mut R,
+    wr: &mut W,
     buf: &mut FrameBuf,
 ) -> Result<bool, ProtocolError> {
     let refuse = |message: &str| Response::Error { code: ErrorCode::Handshake, message: message.to_string() };
@@ -340,6 +372,7 @@ async fn authenticate(
     };
     let ours = crate::auth::nonce();
     wr.write_all(&auth::challenge(&ours, &secret.server_proof(&client, &ours))).await?;
+    wr.flush().await?;
     let proved = match read_frame(rd, buf, small).await {
         Ok(auth::AUTH_PROOF) => secret.is_client_proof(&ours, &client, buf.payload()),
         Ok(_) | Err(ProtocolError::TooLarge { .. }) => false,

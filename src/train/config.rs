@@ -90,6 +90,9 @@ pub struct TrainConfig {
     /// The job's secret, proved to every server before anything else (see [`crate::auth`]).
     #[serde(skip)]
     pub secret: Option<crate::auth::Secret>,
+    /// TLS to the servers (`--tls-ca`); `None`: plain TCP.
+    #[serde(skip)]
+    pub tls: Option<crate::tls::ClientTls>,
 }
 
 /// The default of [`TrainConfig::sync_warmup`].

@@ -278,6 +278,7 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
                 trainer: Some(config.trainer_id as u64),
                 recover: config.recover,
                 secret: config.secret.clone(),
+                tls: config.tls.clone(),
             })?;
             client.declare_model(spec, description(config, None))?;
             Store::Remote(Box::new(client))

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::util::*;
+use oar::client::ClientConfig;
 use oar::launch::LaunchSummary;
 use oar::protocol::ErrorCode;
 use oar::server::{Mode, ServerConfig};
@@ -261,14 +262,18 @@ fn a_replaced_server_is_fenced_by_a_client_that_met_its_successor() {
         })
     });
     let addr: String = rx.recv().unwrap();
-    let err = oar::client::probe(&addr, "test", 0, 1, 1, Duration::from_secs(5), None).unwrap_err();
+    let probe = |addr: &str| {
+        let config = ClientConfig::new(vec![addr.to_string()], "test", Duration::from_secs(5), Duration::from_secs(5));
+        oar::client::probe(&config, 0, 1)
+    };
+    let err = probe(&addr).unwrap_err();
     assert!(matches!(err, oar::client::ClientError::Refused { code: ErrorCode::Fenced, .. }), "{err}");
     // The fenced server stops by itself, saying why.
     let stopped = old.join().unwrap().unwrap_err().to_string();
     assert!(stopped.contains("has been replaced by epoch 1"), "{stopped}");
 
     let current = start_server(ServerConfig { exit_when_done: false, epoch: 1, ..server_config(0, 1, 1, Mode::Async) });
-    oar::client::probe(&current.addr, "test", 0, 1, 1, Duration::from_secs(5), None).unwrap();
+    probe(&current.addr).unwrap();
 }
 
 /// The checkpoint folder is fenced too: once epoch 1 has claimed it, epoch 0 (a stopped process

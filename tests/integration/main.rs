@@ -16,5 +16,6 @@ mod robustness;
 mod security;
 mod staleness;
 mod state_files;
+mod tls;
 mod util;
 mod zoo;

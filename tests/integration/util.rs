@@ -57,6 +57,7 @@ pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mo
         rejoin: None,
         limits: oar::server::Limits::default(),
         secret: None,
+        tls: None,
     }
 }
 
@@ -94,6 +95,7 @@ pub fn train_config(
 ) -> TrainConfig {
     TrainConfig {
         secret: None,
+        tls: None,
         mode,
         servers: servers.iter().map(|s| s.addr.clone()).collect(),
         ports_num: 1,
