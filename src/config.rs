@@ -42,6 +42,10 @@ pub struct TrainSettings {
     pub sync_warmup: u64,
     /// Async mode: divide the dense learning rate of a push `k > 1` updates stale by `k`.
     pub scale_stale_steps: bool,
+    /// Scale each step's gradients so that the L2 norm of the batch's mean gradient (dense and
+    /// embedding rows together) is at most this (PaddlePaddle's `ClipGradByGlobalNorm`, applied
+    /// per trainer batch as in its parameter-server mode); `None`: no clip.
+    pub clip_grad_norm: Option<f32>,
 }
 
 impl Default for TrainSettings {
@@ -59,6 +63,7 @@ impl Default for TrainSettings {
             pull_ahead: true,
             sync_warmup: crate::train::DEFAULT_SYNC_WARMUP,
             scale_stale_steps: crate::train::DEFAULT_SCALE_STALE_STEPS,
+            clip_grad_norm: None,
         }
     }
 }
@@ -121,6 +126,9 @@ impl JobConfig {
         anyhow::ensure!(self.train.threads > 0, "threads must be at least 1");
         anyhow::ensure!(self.train.timeout_secs > 0, "timeout must be positive");
         anyhow::ensure!(self.train.lag_ratio > 0.0, "lag_ratio must be positive");
+        if let Some(c) = self.train.clip_grad_norm {
+            anyhow::ensure!(c.is_finite() && c > 0.0, "clip_grad_norm must be a positive number, not {c}");
+        }
         Ok(())
     }
 }

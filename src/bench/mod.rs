@@ -387,6 +387,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         pull_ahead: job.train.pull_ahead,
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
+        clip_grad_norm: job.train.clip_grad_norm,
     };
     let r = crate::train::run(&config, &|_, _| {})?;
     let test = r.passes.last().and_then(|p| p.test.as_ref());

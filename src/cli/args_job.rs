@@ -190,6 +190,10 @@ pub(super) struct JobArgs {
     /// with the learning rate / k.
     #[arg(long, env = "OAR_SCALE_STALE_STEPS")]
     pub(super) scale_stale_steps: Option<bool>,
+    /// Scale each step's gradients so the L2 norm of the batch's mean gradient is at most this
+    /// [default: no clip].
+    #[arg(long, env = "OAR_CLIP_GRAD_NORM")]
+    pub(super) clip_grad_norm: Option<f32>,
     /// Train in this process, without servers, whatever else the job says.
     #[arg(long, alias = "is_local", env = "OAR_IS_LOCAL", num_args = 0..=1, default_missing_value = "true")]
     pub(super) is_local: Option<bool>,
@@ -234,6 +238,9 @@ impl JobArgs {
         set(&mut t.pull_ahead, self.pull_ahead);
         set(&mut t.sync_warmup, self.sync_warmup);
         set(&mut t.scale_stale_steps, self.scale_stale_steps);
+        if self.clip_grad_norm.is_some() {
+            t.clip_grad_norm = self.clip_grad_norm;
+        }
         t.skip_bad_lines |= self.skip_bad_lines;
         set(&mut t.is_local, self.is_local);
         if let Some(command) = &self.pipe_command {

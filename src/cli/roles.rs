@@ -411,6 +411,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         pull_ahead: job.train.pull_ahead,
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
+        clip_grad_norm: job.train.clip_grad_norm,
         recover: a.recover_timeout.map(Duration::from_secs_f64),
         positions: a.position_dir,
         rejoin: a.rejoin,

@@ -33,6 +33,19 @@ impl Wire {
     }
 }
 
+impl Drop for Wire {
+    /// Ends TLS with its close_notify, so the server sees a close, not a cut connection; a
+    /// server that does not take it within a second is left.
+    fn drop(&mut self) {
+        if let Wire::Tls(s) = self {
+            use std::io::Write;
+            s.conn.send_close_notify();
+            let _ = s.sock.set_write_timeout(Some(std::time::Duration::from_secs(1)));
+            let _ = s.flush();
+        }
+    }
+}
+
 impl std::io::Read for Wire {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {

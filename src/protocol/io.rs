@@ -94,10 +94,13 @@ impl FrameBuf {
 /// between frames. A payload above `max` is refused before it is read.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut FrameBuf, max: usize) -> Result<u8, ProtocolError> {
     let mut header = [0u8; HEADER];
-    let first = r.read(&mut header).await?;
-    if first == 0 {
-        return Err(ProtocolError::Closed);
-    }
+    let first = match r.read(&mut header).await {
+        // TLS reports a peer that closed without its close_notify as an unexpected end: between
+        // frames that is a close like any other.
+        Ok(0) => return Err(ProtocolError::Closed),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(ProtocolError::Closed),
+        first => first?,
+    };
     r.read_exact(&mut header[first..]).await?;
     let (len, kind) = parse_header(&header, max)?;
     // The buffer grows with the bytes that arrive, not with what the header claims: a peer

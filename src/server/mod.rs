@@ -54,6 +54,9 @@ struct Counters {
 
 struct State {
     config: ServerConfig,
+    /// Connections ended by an error, logged once a second at most: a peer opening and
+    /// breaking connections in a loop cannot flood the log.
+    broken: Mutex<conn::Quiet>,
     /// (index, number of servers), once known.
     place: Mutex<Option<(usize, usize)>>,
     /// The model description of the first declaration, for the final manifest.
@@ -232,6 +235,7 @@ pub async fn run(
     let ports = listeners.len();
     let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
     let state = Arc::new(State {
+        broken: Mutex::new(conn::Quiet::default()),
         place: Mutex::new(place),
         model: Mutex::new(serde_json::Value::Null),
         shard: Mutex::new(shard),
@@ -370,8 +374,8 @@ pub async fn run(
                         };
                         let state = state.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = conn::serve_connection(state, socket, port, sparse_only).await {
-                                tracing::warn!(%peer, error = %e, "connection closed on error");
+                            if let Err(e) = conn::serve_connection(state.clone(), socket, port, sparse_only).await {
+                                state.broken.lock().warn(format_args!("connection from {peer} closed on error: {e}"));
                             }
                             drop(open);
                         });

@@ -76,6 +76,9 @@ pub struct TrainConfig {
     /// not the server's update count). In local mode with `delay`, the same on delayed updates.
     #[serde(default = "default_scale_stale_steps")]
     pub scale_stale_steps: bool,
+    /// Clip each step's mean gradient to this L2 norm (see [`crate::config::TrainSettings`]).
+    #[serde(default)]
+    pub clip_grad_norm: Option<f32>,
     /// Under a supervisor that restarts failed servers: how long to wait for a lost server to
     /// come back before failing (`None`: fail at once).
     #[serde(default)]

@@ -149,6 +149,7 @@ pub fn run_with(
         discarded_pushes: 0,
         staleness: Staleness::default(),
         bad_lines: 0,
+        clipped_steps: 0,
     };
     let (mut step, mut bytes_before) = (start.step, 0u64);
     for pass in start.pass..=config.passes {
@@ -203,6 +204,10 @@ pub fn run_with(
         p.lock().finish()?;
     }
     report.wall_seconds = started.elapsed().as_secs_f64();
+    if report.clipped_steps > 0 {
+        let max = config.clip_grad_norm.unwrap_or_default();
+        tracing::info!(trainer = me, steps = report.clipped_steps, "steps' gradients clipped to norm {max}");
+    }
     Ok(report)
 }
 

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use super::ahead::Ahead;
 use super::comms::{next_prepared, Comms};
 use super::position::PositionLog;
-use super::step::{compute, Replica};
+use super::step::{clip, compute, Replica};
 use super::warmup::{Warmup, WarmupPlan};
 use super::{dims, HeadMetrics, StepHeader, StepTimes, Store, TrainConfig, TrainReport};
 use crate::data::Reader;
@@ -27,6 +27,8 @@ struct WorkerReport {
     times: StepTimes,
     samples: u64,
     discarded: u64,
+    /// Steps whose gradients `clip_grad_norm` scaled down.
+    clipped: u64,
     train_seconds: f64,
 }
 
@@ -163,6 +165,7 @@ impl PassLoop<'_> {
             report.time += r.times;
             report.samples += r.samples;
             report.discarded_pushes += r.discarded;
+            report.clipped_steps += r.clipped;
             report.staleness.merge(&r.staleness);
             if workers == 1 {
                 report.train_seconds += r.train_seconds;
@@ -194,6 +197,7 @@ impl PassLoop<'_> {
             times: StepTimes::default(),
             samples: 0,
             discarded: 0,
+            clipped: 0,
             train_seconds: 0.0,
         };
         let mut window = (0.0f64, 0usize, Instant::now());
@@ -208,6 +212,9 @@ impl PassLoop<'_> {
                 let (loss, heads) = compute(model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
                 let t2 = Instant::now();
                 let n = p.batch.len();
+                if c.clip_grad_norm.is_some_and(|max| clip(&mut replicas[0], n, max)) {
+                    report.clipped += 1;
+                }
                 let header =
                     StepHeader { trainer: me, step, pass: self.pass, base_version: version, samples: n, apply };
                 if let Some(pushed) = comms.push(header, &replicas[0], &p.lookups, dims, number)? {

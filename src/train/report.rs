@@ -52,6 +52,9 @@ pub struct TrainReport {
     pub staleness: Staleness,
     /// Data lines skipped as bad.
     pub bad_lines: u64,
+    /// Steps whose gradients were scaled down by `clip_grad_norm`.
+    #[serde(default)]
+    pub clipped_steps: u64,
 }
 
 /// Seconds spent in each phase of the training loop, summed over steps.

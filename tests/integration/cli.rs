@@ -222,3 +222,42 @@ fn relative_output_folders_save_where_they_say() {
     assert!(!dir.path().join("out/out").exists());
     load_params(&dir.path().join("out"));
 }
+
+/// `--clip-grad-norm` bounds every step: with plain SGD and no weight decay the model ends at
+/// most steps x learning rate x the bound from where it started, while unclipped it moves much
+/// further; the trainer says how many steps it clipped.
+#[test]
+fn clip_grad_norm_bounds_how_far_each_step_moves_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 1, 2048, 0);
+    let train = train.display().to_string();
+    let run = |name: &str, clip: Option<&str>| {
+        let out = dir.path().join(name).display().to_string();
+        let mut args = vec!["train", "--train", &train, "--output", &out, "--hidden", "8", "--batch-size", "64"];
+        args.extend(["--dense-optimizer", "sgd", "--sparse-optimizer", "sgd", "--dense-lr", "0.5", "--sparse-lr"]);
+        args.extend(["0.5", "--dense-l2", "0", "--sparse-l2", "0", "--seed", "7"]);
+        if let Some(c) = clip {
+            args.extend(["--clip-grad-norm", c]);
+        }
+        let out = oar(&args);
+        assert!(out.status.success(), "{}", text(&out));
+        (load_params(&dir.path().join(name)), text(&out))
+    };
+    let distance = |a: &Params, b: &Params| {
+        assert_eq!(a.rows.len(), b.rows.len(), "the same rows");
+        let dense = a.dense.iter().zip(&b.dense).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>();
+        let rows = a.rows.iter().zip(&b.rows).flat_map(|(r, s)| r.2.iter().zip(&s.2));
+        (dense + rows.map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>()).sqrt()
+    };
+    // A bound so small nothing moves: the initial model.
+    let (start, _) = run("start", Some("1e-30"));
+    let (clipped, log) = run("clipped", Some("0.001"));
+    let (free, _) = run("free", None);
+    let bound = 32.0 * 0.5 * 0.001; // 2048 / 64 steps x lr x the clip
+    let (moved, unclipped) = (distance(&start, &clipped), distance(&start, &free));
+    assert!(moved > 0.0 && moved <= bound * 1.001, "clipped steps moved the model {moved}, bound {bound}");
+    assert!(unclipped > 10.0 * bound, "unclipped training moves further: {unclipped}");
+    assert!(log.contains("steps=32") && log.contains("clipped to norm 0.001"), "{log}");
+    let bad = oar(&["train", "--train", &train, "--clip-grad-norm", "0"]);
+    assert!(!bad.status.success() && text(&bad).contains("clip_grad_norm must be a positive number"), "{}", text(&bad));
+}

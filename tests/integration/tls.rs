@@ -137,7 +137,8 @@ fn tls_hides_the_jobs_frames_from_the_path_and_refuses_clients_without_it() {
     assert!(tap.seen.lock().unwrap().len() > 100_000, "the relay carried the job's traffic");
 }
 
-/// `oar launch --tls` makes the job's TLS files and every process speaks TLS: the job trains.
+/// `oar launch --tls` makes the job's TLS files and every process speaks TLS: the job trains,
+/// and its connections end cleanly.
 #[test]
 fn launch_with_tls_trains_and_keeps_its_key_private() {
     let dir = tempfile::tempdir().unwrap();
@@ -165,6 +166,10 @@ fn launch_with_tls_trains_and_keeps_its_key_private() {
     assert_eq!(mode & 0o777, 0o600);
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(logs.join("summary.json")).unwrap()).unwrap();
+    for k in 0..2 {
+        let log = std::fs::read_to_string(logs.join(format!("server.{k}.log"))).unwrap();
+        assert!(!log.contains("closed on error"), "trainers end TLS with its close_notify: {log}");
+    }
     let stats: Vec<ServerStats> = serde_json::from_value(summary["server_stats"].clone()).unwrap();
     assert_eq!(stats.len(), 2);
     for s in stats {

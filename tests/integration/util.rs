@@ -128,6 +128,7 @@ pub fn train_config(
         pull_ahead: true,
         sync_warmup: oar::train::DEFAULT_SYNC_WARMUP,
         scale_stale_steps: oar::train::DEFAULT_SCALE_STALE_STEPS,
+        clip_grad_norm: None,
     }
 }
 
