@@ -207,7 +207,13 @@ pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u
     let name = shard_file_name(snapshot.header.server_index);
     let path = dir.join(&name);
     let tmp = dir.join(format!("{name}.tmp"));
-    let file = File::create(&tmp).map_err(io_err(&tmp))?;
+    // A temporary file left by a killed writer, or a link planted there, is removed (never
+    // followed), and the new one is created fresh: the shard is written only here.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&tmp)(e)),
+        _ => {}
+    }
+    let file = crate::state_file::create_new(&tmp)?;
     let mut w = CrcWriter { inner: BufWriter::with_capacity(1 << 20, file), crc: crc32fast::Hasher::new(), bytes: 0 };
     let write = |w: &mut CrcWriter<BufWriter<File>>| -> std::io::Result<()> {
         let json = serde_json::to_vec(&snapshot.header).expect("a shard header always serializes");
@@ -232,6 +238,7 @@ pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u
     let bytes = w.bytes + 4;
     drop(w);
     std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    crate::state_file::sync_dir(dir)?;
     Ok((name, bytes, crc))
 }
 
@@ -478,20 +485,11 @@ pub fn save_server_final(
     Ok(true)
 }
 
-/// Writes `bytes` to `path` through a synced temporary file and a rename. The temporary name
-/// is unique to the writer: servers sharing a folder may write the same manifest at once.
+/// Writes `bytes` to `path` atomically and durably ([`crate::state_file::write_atomic`]: a
+/// temporary name unique to the writer, as servers sharing a folder may write the same
+/// manifest at once, never through a link).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!("{name}.{}.{n}.tmp", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    };
-    write().map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    Ok(crate::state_file::write_atomic(path, bytes)?)
 }
 
 /// Whether `name`, read from a file, names a file or folder right beside it: not a path that

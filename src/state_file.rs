@@ -133,6 +133,18 @@ pub fn sync_dir(dir: &Path) -> Result<(), StateFileError> {
     std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(StateFileError::io(dir))
 }
 
+/// Creates a new file at `path` for writing: never over an existing file and never through a
+/// link.
+pub fn create_new(path: &Path) -> Result<std::fs::File, StateFileError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(StateFileError::io(path))
+}
+
 /// Replaces the file at `path` with `bytes` atomically and durably (see the module doc).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -141,13 +153,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".{}.{}.{n}.tmp", name.to_string_lossy(), std::process::id()));
     let write = || -> Result<(), StateFileError> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(StateFileError::io(&tmp))?;
+        let mut f = create_new(&tmp)?;
         f.write_all(bytes).and_then(|_| f.sync_all()).map_err(StateFileError::io(&tmp))?;
         std::fs::rename(&tmp, path).map_err(StateFileError::io(path))?;
         sync_dir(dir)

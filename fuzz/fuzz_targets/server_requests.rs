@@ -38,6 +38,7 @@ fn config(save_root: std::path::PathBuf) -> ServerConfig {
         rejoin: None,
         limits: oar::server::Limits::default(),
         secret: None,
+        tls: None,
     }
 }
 

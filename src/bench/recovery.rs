@@ -176,7 +176,19 @@ pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
             "the trainer-killed run restarted {:?}, not worker 1",
             t.restarts.iter().map(|r| &r.process).collect::<Vec<_>>()
         );
-        anyhow::ensure!(t.samples == lines, "the trainer-killed run trained {} samples of {lines}", t.samples);
+        // Counted at the source: what each server applied (or discarded as too stale), per
+        // trainer, summed; every server sees every push.
+        let handled = |s: &LaunchSummary| -> Vec<u64> {
+            s.server_stats
+                .iter()
+                .map(|st| st.applied_samples.iter().zip(&st.discarded_samples).map(|(a, d)| a + d).sum())
+                .collect()
+        };
+        let (t_handled, k_handled) = (handled(&t), handled(&k));
+        anyhow::ensure!(
+            t_handled.len() == 2 && t_handled.iter().all(|&n| n == lines),
+            "after the trainer kill the servers handled {t_handled:?} samples, not {lines} each"
+        );
         let rejoined = trainer_rejoined_after(&logs)?;
         let auc = |s: &LaunchSummary| s.test.as_ref().and_then(|t| t.auc).unwrap_or(f64::NAN);
         println!(
@@ -192,10 +204,13 @@ pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
             r.lost_updates
         );
         println!(
-            "         trainer 1 killed at half its steps: AUC {:.4}, back {:.2} s after the servers lost it, {} samples trained",
+            "         server 1 killed: the servers hold {k_handled:?} samples (server 1's lost since its checkpoint: {})",
+            lines.saturating_sub(k_handled.get(1).copied().unwrap_or_default())
+        );
+        println!(
+            "         trainer 1 killed at half its steps: AUC {:.4}, back {:.2} s after the servers lost it, the servers handled {t_handled:?} samples (applied or discarded as stale, each once)",
             auc(&t),
             rejoined,
-            t.samples
         );
         plain.push((p.samples_per_sec, auc(&p)));
         checkpointed.push((c.samples_per_sec, auc(&c)));

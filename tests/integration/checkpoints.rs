@@ -166,11 +166,63 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous() {
     assert_eq!(loaded.sparse[0].len(), 3);
 }
 
-/// A checkpoint whose file lands on a full disk (its temporary file is /dev/full: every write
-/// fails with ENOSPC) fails with that error and leaves nothing behind; the next one succeeds.
+/// A small tmpfs mounted for a test and unmounted when dropped (a panic included); `None` where
+/// this process may not mount (not root, or no mount privilege).
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &std::path::Path, kib: u64) -> Option<SmallDisk> {
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status();
+        status.is_ok_and(|s| s.success()).then(|| SmallDisk(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A checkpoint on a full disk (a small tmpfs filled up) fails with that error and leaves
+/// nothing behind; once there is room again the next one succeeds.
 #[test]
 fn a_checkpoint_on_a_full_disk_fails_alone_and_the_next_succeeds() {
     let dir = tempfile::tempdir().unwrap();
+    let Some(_disk) = SmallDisk::mount(dir.path(), 512) else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root); the full-disk path is not tested");
+        return;
+    };
+    let shard = small_shard();
+    let mut c =
+        Checkpointer::new(Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 }, 0, fence())
+            .unwrap();
+    let filler = dir.path().join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+    }
+    let err = c.write(Cut::of(&shard, 1)).unwrap_err().to_string();
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(!server_dir(dir.path(), 0).join("ckpt-000001.tmp").exists(), "the failed checkpoint's folder is removed");
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(c.write(Cut::of(&shard, 2)).unwrap().seq, 2);
+    assert_eq!(load_latest(dir.path(), 0, "test").unwrap().0.seq, 2);
+}
+
+/// A link planted where a checkpoint writes its temporary file is removed, not followed: the
+/// file it points to is untouched and the checkpoint is written in its folder.
+#[test]
+fn a_link_planted_at_a_checkpoints_temporary_file_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = elsewhere.path().join("precious");
+    std::fs::write(&target, b"keep me").unwrap();
     let shard = small_shard();
     let mut c =
         Checkpointer::new(Policy { dir: dir.path().to_path_buf(), every: Duration::from_secs(1), keep: 3 }, 0, fence())
@@ -178,10 +230,8 @@ fn a_checkpoint_on_a_full_disk_fails_alone_and_the_next_succeeds() {
     // Planted after the checkpointer starts (it clears temporary folders a crash left).
     let tmp = server_dir(dir.path(), 0).join("ckpt-000001.tmp");
     std::fs::create_dir_all(&tmp).unwrap();
-    std::os::unix::fs::symlink("/dev/full", tmp.join("server-0.shard.tmp")).unwrap();
-    let err = c.write(Cut::of(&shard, 1)).unwrap_err().to_string();
-    assert!(err.contains("No space left on device"), "{err}");
-    assert!(!tmp.exists(), "the failed checkpoint's folder is removed");
-    assert_eq!(c.write(Cut::of(&shard, 2)).unwrap().seq, 2);
-    assert_eq!(load_latest(dir.path(), 0, "test").unwrap().0.seq, 2);
+    std::os::unix::fs::symlink(&target, tmp.join("server-0.shard.tmp")).unwrap();
+    assert_eq!(c.write(Cut::of(&shard, 1)).unwrap().seq, 1);
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep me");
+    assert_eq!(load_latest(dir.path(), 0, "test").unwrap().0.seq, 1);
 }
