@@ -116,6 +116,15 @@ impl ServerProc {
     }
 }
 
+/// One dense round trip as trainer 0: a push of `grads` as step `step` (each its own step:
+/// servers answer a step sent again without applying it), then a pull of the whole vector.
+pub(super) fn dense_round(c: &mut Client, grads: &[f32], dense: &mut Vec<f32>, step: &mut u64) -> anyhow::Result<()> {
+    c.push(&StepHeader { step: *step, ..one_sample() }, Some(grads), &[])?;
+    c.pull(Some(dense), &[], &mut [], RowCreation::Create)?;
+    *step += 1;
+    Ok(())
+}
+
 /// A push of one sample's gradients by trainer 0 in pass 1.
 pub(super) fn one_sample() -> StepHeader {
     StepHeader { trainer: 0, step: 0, pass: 1, base_version: 0, samples: 1, apply: Default::default() }
@@ -198,15 +207,7 @@ fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f
                     Ok(())
                 })?,
         );
-        oars.push(
-            per_round
-                * rate(seconds / 10.0, || {
-                    c.push(&StepHeader { step, ..one_sample() }, Some(&grads), &[])?;
-                    c.pull(Some(&mut dense), &[], &mut [], RowCreation::Create)?;
-                    step += 1;
-                    Ok(())
-                })?,
-        );
+        oars.push(per_round * rate(seconds / 10.0, || dense_round(&mut c, &grads, &mut dense, &mut step))?);
     }
     drop(raw);
     let _ = echo.join();

@@ -8,9 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{connect_with, median, one_sample, rate, ServerProc};
-use crate::client::{Client, ClientConfig, StepHeader};
-use crate::protocol::RowCreation;
+use super::{connect_with, dense_round, median, rate, ServerProc};
+use crate::client::{Client, ClientConfig};
 use crate::server::Mode;
 use crate::table::{DenseParam, DenseSpec, Init, Optimizer, TableSpec};
 
@@ -111,15 +110,7 @@ fn measure(config: &SecurityConfig, dir: &Path) -> anyhow::Result<()> {
                 Ok(())
             })?);
             let c = &mut clients[k];
-            gbps[k].push(
-                per_round
-                    * rate(config.seconds, || {
-                        c.push(&StepHeader { step, ..one_sample() }, Some(&grads), &[])?;
-                        c.pull(Some(&mut dense), &[], &mut [], RowCreation::Create)?;
-                        step += 1;
-                        Ok(())
-                    })?,
-            );
+            gbps[k].push(per_round * rate(config.seconds, || dense_round(c, &grads, &mut dense, &mut step))?);
         }
     }
     for (c, g) in clients.iter_mut().zip(guarded) {
