@@ -366,11 +366,11 @@ pub(super) struct LaunchArgs {
     /// into LOGS/tls for this run and handed to every process.
     #[arg(long)]
     pub(super) tls: bool,
-    /// Number of parameter servers.
-    #[arg(long, default_value_t = 2)]
+    /// Number of parameter servers (fleetrun's --server_num).
+    #[arg(long, alias = "server_num", default_value_t = 2)]
     pub(super) servers: usize,
-    /// Number of trainers.
-    #[arg(long, default_value_t = 2)]
+    /// Number of trainers (fleetrun's --worker_num).
+    #[arg(long, alias = "worker_num", default_value_t = 2)]
     pub(super) workers: usize,
     /// sync or async.
     #[arg(long, env = "OAR_MODE", value_enum, default_value = "async")]

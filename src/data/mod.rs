@@ -14,6 +14,7 @@ pub mod fetch;
 pub mod files;
 pub mod gen;
 pub mod gen_slots;
+pub mod multislot;
 pub mod plain;
 pub mod prepare;
 pub mod reader;
@@ -39,6 +40,9 @@ pub enum Format {
     /// PaddleRec's slot format: `name:value` tokens, a repeated slot name being a multi-valued
     /// slot ([`slots`]).
     Slots,
+    /// Paddle's MultiSlot text, what `pipe_command` generators (`MultiSlotDataGenerator`)
+    /// print: per field in order, a count then that many values ([`multislot`]).
+    Multislot,
 }
 
 /// How a job's data files are read: the `[data]` section of a job file. Every key is optional;
@@ -79,6 +83,11 @@ pub struct DataConfig {
     /// word indices shared across slots); `criteo`: always hashed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hash_slots: Option<bool>,
+    /// `multislot` only: the fields of a line in order, label, dense and slot names (ranges
+    /// allowed), each exactly once; default: the labels, then the slots, then the dense
+    /// columns (PaddleRec's readers: `click 1 .. 26 dense_feature`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fields: Option<Vec<String>>,
 }
 
 /// Turns one line into one sample. Implementations keep their scratch buffers between lines
@@ -94,6 +103,7 @@ pub fn parser(schema: &Schema) -> Box<dyn LineParser> {
         Format::Criteo => Box::new(criteo::CriteoParser),
         Format::Plain => Box::new(plain::PlainParser::new(schema)),
         Format::Slots => Box::new(slots::SlotsParser::new(schema)),
+        Format::Multislot => Box::new(multislot::MultiSlotParser::new(schema)),
     }
 }
 

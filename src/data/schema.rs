@@ -45,6 +45,19 @@ pub struct Schema {
     pub hash_slots: bool,
     /// A shell command each file is piped through.
     pub pipe_command: Option<String>,
+    /// `multislot`: what each field of a line fills, in line order (empty for other formats).
+    pub fields: Vec<Field>,
+}
+
+/// One field of a MultiSlot line: a count, then that many values for this target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// Label `i` (a count of 1).
+    Label(usize),
+    /// Dense column `c` (a count of its width).
+    Dense(usize),
+    /// Slot `s` (any count: its bag of ids).
+    Slot(usize),
 }
 
 /// The id of raw id `raw` in slot `slot` when slots are hashed:
@@ -103,6 +116,40 @@ pub fn expand_names(spec: &str) -> Result<Vec<String>, String> {
 }
 
 /// `prefix1..prefixN` (no names when `n` is 0).
+/// The fields of a MultiSlot line: `order` (names or ranges) resolved against the declared
+/// names, each exactly once; by default labels, slots, then dense columns.
+fn field_order(
+    order: Option<&[String]>,
+    labels: &[String],
+    dense: &[DenseColumn],
+    slots: &[String],
+) -> Result<Vec<Field>, String> {
+    let every = labels
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), Field::Label(i)))
+        .chain(slots.iter().enumerate().map(|(i, n)| (n.as_str(), Field::Slot(i))))
+        .chain(dense.iter().enumerate().map(|(i, c)| (c.name.as_str(), Field::Dense(i))));
+    let Some(order) = order else { return Ok(every.map(|(_, f)| f).collect()) };
+    let by_name: std::collections::HashMap<&str, Field> = every.clone().collect();
+    let mut fields = Vec::new();
+    for spec in order {
+        for name in expand_names(spec).map_err(|e| e.replace("[data] slots", "[data] fields"))? {
+            let field = *by_name
+                .get(name.as_str())
+                .ok_or_else(|| format!("[data] fields: {name:?} is not a declared label, dense column or slot"))?;
+            if fields.contains(&field) {
+                return Err(format!("[data] fields: {name:?} is named twice"));
+            }
+            fields.push(field);
+        }
+    }
+    if let Some((name, _)) = every.into_iter().find(|(_, f)| !fields.contains(f)) {
+        return Err(format!("[data] fields: {name:?} is declared but has no place in the line"));
+    }
+    Ok(fields)
+}
+
 fn numbered(prefix: &str, n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("{prefix}{i}")).collect()
 }
@@ -119,6 +166,7 @@ impl Schema {
             slots: numbered("C", super::criteo::SLOTS),
             hash_slots: true,
             pipe_command: None,
+            fields: Vec::new(),
         }
     }
 
@@ -182,11 +230,12 @@ impl Schema {
                 let labels = data.labels.clone().unwrap_or_else(|| vec!["label".into()]);
                 (labels, dense, slots, data.hash_slots.unwrap_or(false))
             }
-            Format::Slots => {
+            Format::Slots | Format::Multislot => {
                 let Some(slots) = declared_slots else {
-                    return Err(
-                        "[data] slots: the slots format needs its slot names declared, e.g. slots = [\"1..26\"]".into(),
-                    );
+                    return Err(format!(
+                        "[data] slots: the {} format needs its slot names declared, e.g. slots = [\"1..26\"]",
+                        if data.format == Format::Slots { "slots" } else { "multislot" }
+                    ));
                 };
                 let labels = data.labels.clone().unwrap_or_else(|| vec!["click".into()]);
                 (labels, data.dense.clone().unwrap_or_default(), slots, data.hash_slots.unwrap_or(true))
@@ -210,6 +259,11 @@ impl Schema {
         if let Some(c) = dense.iter().find(|c| c.width == 0) {
             return Err(format!("[data] dense: column {:?} has width 0", c.name));
         }
+        let fields = match (data.format, &data.fields) {
+            (Format::Multislot, order) => field_order(order.as_deref(), &labels, &dense, &slots)?,
+            (_, None) => Vec::new(),
+            (_, Some(_)) => return Err("[data] fields: only the multislot format has an order of fields".into()),
+        };
         Ok(Schema {
             format: data.format,
             dense_width: dense.iter().map(|c| c.width).sum(),
@@ -218,6 +272,7 @@ impl Schema {
             slots,
             hash_slots,
             pipe_command: data.pipe_command.clone(),
+            fields,
         })
     }
 

@@ -286,3 +286,72 @@ fn async_training_pulls_ahead_or_not_and_counts_every_pushs_staleness() {
         }
     }
 }
+
+/// Paddle's MultiSlot text as a PaddleRec `pipe_command` reader prints it
+/// (`examples/paddlerec_reader.py` over PaddleRec's slot sample file) trains the very model the
+/// slot file read directly trains, bit for bit; and under `oar launch` with fleetrun's
+/// `--server_num`/`--worker_num` spellings every line is applied once, counted by the servers.
+#[test]
+fn a_paddlerec_pipe_command_readers_multislot_output_trains_as_the_file_itself() {
+    let Some(shared) = shared_data() else {
+        eprintln!("skipped: ../shared/data is absent (this test reads PaddleRec's slot sample file)");
+        return;
+    };
+    if !installed("python3") {
+        eprintln!("skipped: no python3 to run the PaddleRec-style reader");
+        return;
+    }
+    let file = shared.join("criteo/paddlerec_slot_sample_train.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let reader = example("paddlerec_reader.py");
+    let slots_job = std::fs::read_to_string(example("paddlerec_slots.toml")).unwrap();
+    let piped = slots_job.replace(
+        "format = \"slots\"",
+        &format!("format = \"multislot\"\npipe_command = \"python3 {}\"", reader.display()),
+    );
+    assert_ne!(piped, slots_job);
+    let job = dir.path().join("multislot.toml");
+    std::fs::write(&job, piped).unwrap();
+    let train = |config: &Path, out: &str| {
+        let out = dir.path().join(out);
+        let (config, file, out_arg) = (config.display().to_string(), file.display().to_string(), out.display());
+        let o =
+            oar(&["train", "--config", &config, "--train", &file, "--output", &out_arg.to_string(), "--passes", "2"]);
+        assert!(o.status.success(), "{}", text(&o));
+        load_params(&out)
+    };
+    assert_same_params(&train(&example("paddlerec_slots.toml"), "direct"), &train(&job, "piped"), 0.0);
+
+    let parts = dir.path().join("parts");
+    std::fs::create_dir_all(&parts).unwrap();
+    let content = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = content.lines().collect();
+    for (k, half) in lines.chunks(40).enumerate() {
+        std::fs::write(parts.join(format!("part-{k:05}")), half.join("\n") + "\n").unwrap();
+    }
+    let logs = dir.path().join("logs");
+    let (job, parts, logs_arg) = (job.display().to_string(), parts.display().to_string(), logs.display().to_string());
+    let o = oar(&[
+        "launch",
+        "--server_num",
+        "2",
+        "--worker_num",
+        "2",
+        "--config",
+        &job,
+        "--train",
+        &parts,
+        "--logs",
+        &logs_arg,
+        "--no-progress",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(logs.join("summary.json")).unwrap()).unwrap();
+    let stats: Vec<oar::server::ServerStats> = serde_json::from_value(summary["server_stats"].clone()).unwrap();
+    assert_eq!(stats.len(), 2);
+    for s in stats {
+        let handled: Vec<u64> = s.applied_samples.iter().zip(&s.discarded_samples).map(|(a, d)| a + d).collect();
+        assert_eq!(handled, [40, 40], "each server handled each trainer's 40 lines once: {s:?}");
+    }
+}
