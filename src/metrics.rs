@@ -112,6 +112,71 @@ impl PassMetrics {
     }
 }
 
+/// Buckets of Paddle's AUC: `paddle.static.auc`'s 4095 thresholds give 4096 buckets.
+pub const AUC_BUCKETS: usize = 4096;
+
+/// Paddle's bucketed AUC: per prediction bucket (`floor(p * 4095)`), the positive and negative
+/// samples seen. Histograms of several trainers add up exactly, which is how `fleet.metrics.auc`
+/// gets one AUC over all trainers' samples; [`AucBuckets::auc`] is its formula.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AucBuckets {
+    /// Positive samples per bucket.
+    pub pos: Vec<u64>,
+    /// Negative samples per bucket.
+    pub neg: Vec<u64>,
+}
+
+impl Default for AucBuckets {
+    fn default() -> AucBuckets {
+        AucBuckets { pos: vec![0; AUC_BUCKETS], neg: vec![0; AUC_BUCKETS] }
+    }
+}
+
+impl AucBuckets {
+    /// The histogram of `probs` with their `labels` (a label above 0.5 is a positive).
+    pub fn of(probs: &[f32], labels: &[f32]) -> AucBuckets {
+        let mut b = AucBuckets::default();
+        for (&p, &l) in probs.iter().zip(labels) {
+            // A NaN prediction lands in bucket 0, as Paddle's integer cast puts it.
+            let k = ((p.clamp(0.0, 1.0) as f64) * (AUC_BUCKETS - 1) as f64) as usize;
+            if l > 0.5 {
+                b.pos[k] += 1;
+            } else {
+                b.neg[k] += 1;
+            }
+        }
+        b
+    }
+
+    /// Whether the histogram has Paddle's shape (what a peer sent is checked before use).
+    pub fn is_valid(&self) -> bool {
+        self.pos.len() == AUC_BUCKETS && self.neg.len() == AUC_BUCKETS
+    }
+
+    /// Adds `other`'s counts.
+    pub fn merge(&mut self, other: &AucBuckets) {
+        self.pos.iter_mut().zip(&other.pos).for_each(|(a, b)| *a = a.saturating_add(*b));
+        self.neg.iter_mut().zip(&other.neg).for_each(|(a, b)| *a = a.saturating_add(*b));
+    }
+
+    /// Samples counted.
+    pub fn samples(&self) -> u64 {
+        self.pos.iter().chain(&self.neg).fold(0u64, |a, b| a.saturating_add(*b))
+    }
+
+    /// `fleet.metrics.auc`: the area under the ROC curve walked from the highest bucket down,
+    /// samples of one bucket counting as ties; `None` without both classes.
+    pub fn auc(&self) -> Option<f64> {
+        let (mut area, mut pos, mut neg) = (0.0f64, 0.0f64, 0.0f64);
+        for k in (0..self.pos.len().min(self.neg.len())).rev() {
+            let (new_pos, new_neg) = (pos + self.pos[k] as f64, neg + self.neg[k] as f64);
+            area += (new_neg - neg) * (pos + new_pos) / 2.0;
+            (pos, neg) = (new_pos, new_neg);
+        }
+        (pos > 0.0 && neg > 0.0).then(|| area / (pos * neg))
+    }
+}
+
 /// How many updates old the parameters behind each push were when the push arrived (async
 /// staleness), counted per value; the last bucket holds everything from `BUCKETS - 1` up.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -275,5 +340,25 @@ mod tests {
     #[test]
     fn log_loss_of_a_coin_is_ln2() {
         assert!((log_loss(&[0.5, 0.5], &[0.0, 1.0]) - std::f64::consts::LN_2).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bucketed_auc_is_paddles_and_merges_exactly() {
+        // Predictions in distinct buckets: the exact AUC.
+        let (probs, labels) = ([0.9f32, 0.8, 0.3, 0.7, 0.1, 0.2], [1.0f32, 0.0, 1.0, 1.0, 0.0, 0.0]);
+        let all = AucBuckets::of(&probs, &labels);
+        assert!((all.auc().unwrap() - auc(&probs, &labels).unwrap()).abs() < 1e-12);
+        // Hand-computed: of 9 (positive, negative) pairs, 0.3 and 0.7 below 0.8 are misordered.
+        assert!((all.auc().unwrap() - 7.0 / 9.0).abs() < 1e-12);
+        // Two trainers' halves merged give the whole.
+        let mut merged = AucBuckets::of(&probs[..3], &labels[..3]);
+        merged.merge(&AucBuckets::of(&probs[3..], &labels[3..]));
+        assert_eq!(merged, all);
+        assert_eq!(merged.samples(), 6);
+        // Two predictions in one bucket (0.50001 and 0.50002) are a tie: half a pair.
+        let tied = AucBuckets::of(&[0.50001, 0.50002], &[0.0, 1.0]);
+        assert_eq!(tied.auc(), Some(0.5));
+        assert_eq!(AucBuckets::of(&[0.4], &[1.0]).auc(), None, "one class only");
+        assert!(!AucBuckets { pos: vec![1], neg: vec![] }.is_valid());
     }
 }

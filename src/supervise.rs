@@ -37,6 +37,10 @@ pub struct LaunchSummary {
     pub train_loop_samples_per_sec: f64,
     /// Test figures after the last pass (trainer 0).
     pub test: Option<crate::metrics::EvalReport>,
+    /// The last pass's training AUC over every trainer's samples (Paddle's buckets, merged on
+    /// server 0), as trainer 0 read it.
+    #[serde(default)]
+    pub train_auc_all_trainers: Option<crate::train::AllTrainersAuc>,
     /// Async pushes discarded as stale.
     pub discarded_pushes: u64,
     /// How many updates behind the trainers' pushes arrived (async).
@@ -318,6 +322,7 @@ pub(crate) fn summarize(
     let samples = reports.iter().map(|r| r.samples).sum();
     let loop_rate = reports.iter().map(|r| r.samples as f64 / r.train_seconds.max(1e-9)).sum();
     let test = reports.first().and_then(|r| r.passes.last()).and_then(|p| p.test.clone());
+    let train_auc_all_trainers = reports.first().and_then(|r| r.passes.last()).and_then(|p| p.all_trainers.clone());
     let summary = LaunchSummary {
         servers: servers.len(),
         workers: workers.len(),
@@ -326,6 +331,7 @@ pub(crate) fn summarize(
         samples_per_sec: samples as f64 / wall,
         train_loop_samples_per_sec: loop_rate,
         test,
+        train_auc_all_trainers,
         discarded_pushes: reports.iter().map(|r| r.discarded_pushes).sum(),
         staleness: reports.iter().fold(Default::default(), |mut all: crate::metrics::Staleness, r| {
             all.merge(&r.staleness);

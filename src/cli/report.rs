@@ -22,6 +22,14 @@ pub(super) fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
         "{label}: {} servers x {} workers, {} samples in {:.1} s: {:.0} samples/s end to end, {:.0} in the training loops",
         s.servers, s.workers, s.samples, s.wall_seconds, s.samples_per_sec, s.train_loop_samples_per_sec
     );
+    if let Some(a) = &s.train_auc_all_trainers {
+        let auc = a.auc.map_or("-".to_string(), |x| format!("{x:.4}"));
+        println!(
+            "last pass's training AUC over all {} trainers' {} samples (Paddle's buckets): {auc}",
+            a.trainers.len(),
+            a.samples
+        );
+    }
     if let Some(t) = &s.test {
         println!("test {t}");
     }

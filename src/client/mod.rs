@@ -21,6 +21,7 @@ use crate::table::TableSpec;
 
 mod conn;
 mod error;
+mod pass_auc;
 mod recover;
 
 use conn::{connect_with_retry, Conn, Wire};
@@ -480,12 +481,7 @@ impl Client {
 
     /// Waits at server 0's barrier until every active trainer has reached `epoch`.
     pub fn barrier(&mut self, trainer: usize, epoch: u64) -> Result<(), ClientError> {
-        let port = self.pick(false);
-        let request = Request::Barrier { trainer: trainer as u64, epoch };
-        let mut parts: Vec<Vec<(usize, Frame)>> = (0..self.servers()).map(|_| Vec::new()).collect();
-        parts[0].push((port, request.encode()));
-        self.exchange(&parts, |conns, s| if s == 0 { conns[port][0].expect_done("a barrier") } else { Ok(()) })?;
-        Ok(())
+        self.on_first(&Request::Barrier { trainer: trainer as u64, epoch }, |conn| conn.expect_done("a barrier"))
     }
 
     /// Tells every server this trainer has no more steps in `pass`.

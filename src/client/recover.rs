@@ -73,6 +73,21 @@ impl Client {
         }
     }
 
+    /// Sends `request` to server 0 alone (barriers, the pass AUC) and reads its answer with
+    /// `read`, through [`Client::exchange`].
+    pub(super) fn on_first<T>(
+        &mut self,
+        request: &Request,
+        mut read: impl FnMut(&mut Conn) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        let port = self.pick(false);
+        let mut parts: Vec<Vec<(usize, Frame)>> = (0..self.servers()).map(|_| Vec::new()).collect();
+        parts[0].push((port, request.encode()));
+        let mut answers =
+            self.exchange(&parts, |conns, s| if s == 0 { read(&mut conns[port][0]).map(Some) } else { Ok(None) })?;
+        Ok(answers.swap_remove(0).expect("server 0 was asked"))
+    }
+
     /// Sends each server its frames (`parts[s]`: (port, frame) pairs), all before reading any
     /// reply, then reads server `s`'s replies with `read(conns, s)`, in server order. A server
     /// lost on the way is, with recovery on, reconnected and sent its frames again alone.

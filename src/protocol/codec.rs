@@ -16,6 +16,9 @@ pub(super) mod kind {
     pub const CLOSE: u8 = 7;
     pub const STATS: u8 = 8;
     pub const END_PASS: u8 = 9;
+    // 10 and 11 are the secret's frames (`protocol::auth`).
+    pub const PASS_AUC: u8 = 12;
+    pub const GLOBAL_AUC: u8 = 13;
     pub const WELCOME: u8 = 101;
     pub const DONE: u8 = 102;
     pub const VALUES: u8 = 103;
@@ -287,6 +290,16 @@ impl<'a> Request<'a> {
                 e.finish()
             }
             Request::Stats => Encoder::new(kind::STATS).finish(),
+            Request::PassAuc { trainer, pass, pos, neg } => {
+                let mut e = Encoder::new(kind::PASS_AUC);
+                e.u64(*trainer).u64(*pass).u64s(pos).u64s(neg);
+                e.finish()
+            }
+            Request::GlobalAuc { pass } => {
+                let mut e = Encoder::new(kind::GLOBAL_AUC);
+                e.u64(*pass);
+                e.finish()
+            }
         }
     }
 
@@ -349,6 +362,8 @@ impl<'a> Request<'a> {
             kind::SAVE => Request::Save { dir: d.string()? },
             kind::CLOSE => Request::Close { trainer: d.u64()? },
             kind::STATS => Request::Stats,
+            kind::PASS_AUC => Request::PassAuc { trainer: d.u64()?, pass: d.u64()?, pos: d.array()?, neg: d.array()? },
+            kind::GLOBAL_AUC => Request::GlobalAuc { pass: d.u64()? },
             other => return Err(ProtocolError::Malformed(format!("unknown request kind {other}"))),
         };
         d.end()?;
@@ -501,6 +516,13 @@ mod tests {
         round_trip_request(Request::Save { dir: "/tmp/x".into() });
         round_trip_request(Request::Close { trainer: 3 });
         round_trip_request(Request::Stats);
+        round_trip_request(Request::PassAuc {
+            trainer: 1,
+            pass: 2,
+            pos: vec![3, 0, 5].into(),
+            neg: vec![0, 7, 0].into(),
+        });
+        round_trip_request(Request::GlobalAuc { pass: 2 });
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 6;
+pub const PROTOCOL_VERSION: u64 = 7;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.
@@ -279,6 +279,34 @@ pub enum Request<'a> {
     },
     /// Ask for the server's counters.
     Stats,
+    /// Trainer `trainer`'s histogram of its pass-`pass` training predictions (Paddle's AUC
+    /// buckets, [`crate::metrics::AucBuckets`]), for server 0 to merge with the others'.
+    PassAuc {
+        /// Trainer id.
+        trainer: u64,
+        /// Pass number.
+        pass: u64,
+        /// Positive samples per bucket.
+        pos: Cow<'a, [u64]>,
+        /// Negative samples per bucket.
+        neg: Cow<'a, [u64]>,
+    },
+    /// Ask server 0 for pass `pass`'s histograms merged over the trainers that sent one,
+    /// answered as `Stats` JSON ([`GlobalAuc`]).
+    GlobalAuc {
+        /// Pass number.
+        pass: u64,
+    },
+}
+
+/// A pass's training AUC over every trainer's samples: the trainers whose histograms server 0
+/// merged, and the merged histogram.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GlobalAuc {
+    /// Trainers that sent their histogram of the pass.
+    pub trainers: Vec<u64>,
+    /// Their histograms added up.
+    pub buckets: crate::metrics::AucBuckets,
 }
 
 impl Request<'_> {
@@ -294,6 +322,8 @@ impl Request<'_> {
             Request::Save { .. } => "a save",
             Request::Close { .. } => "a close",
             Request::Stats => "a stats request",
+            Request::PassAuc { .. } => "a pass AUC histogram",
+            Request::GlobalAuc { .. } => "a global AUC request",
         }
     }
 }

@@ -205,9 +205,10 @@ fn sender(request: &Request) -> Sender {
             Sender::Trainer(*trainer)
         }
         Request::Push(p) => Sender::Trainer(p.trainer),
+        Request::PassAuc { trainer, .. } => Sender::Trainer(*trainer),
         Request::Declare(_) | Request::Save { .. } => Sender::AnyTrainer,
         Request::Pull(p) if p.create == RowCreation::Create => Sender::AnyTrainer,
-        Request::Hello(_) | Request::Pull(_) | Request::Stats => Sender::Anyone,
+        Request::Hello(_) | Request::Pull(_) | Request::Stats | Request::GlobalAuc { .. } => Sender::Anyone,
     }
 }
 
@@ -343,6 +344,8 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         Request::Stats => {
             Ok(Answer::Response(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize"))))
         }
+        Request::PassAuc { trainer, pass, pos, neg } => members::pass_auc(state, trainer, pass, &pos, &neg),
+        Request::GlobalAuc { pass } => members::global_auc(state, pass),
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::push::complete_step;
 use super::{Answer, Reply, State};
-use crate::protocol::{ErrorCode, Response};
+use crate::protocol::{ErrorCode, GlobalAuc, Response};
 
 /// Waits until every active trainer has reached barrier `epoch`.
 pub(super) async fn barrier(state: &Arc<State>, trainer: u64, epoch: u64) -> Reply {
@@ -118,4 +118,43 @@ pub(super) fn save_final(state: &State, dir: &std::path::Path) -> Result<(), (Er
         .map_err(|e| (ErrorCode::Io, format!("saving the final model: {e}")))?;
     tracing::info!(dir = %dir.display(), pass, manifest_written = complete, "every trainer has closed: model saved");
     Ok(())
+}
+
+/// Passes whose AUC histograms a server keeps: a pass's figure is read right after its barrier.
+const AUC_PASSES: usize = 3;
+
+/// Keeps trainer `trainer`'s histogram of pass `pass` (a resend replaces it: counted once).
+pub(super) fn pass_auc(state: &State, trainer: u64, pass: u64, pos: &[u64], neg: &[u64]) -> Reply {
+    let buckets = crate::metrics::AucBuckets { pos: pos.to_vec(), neg: neg.to_vec() };
+    if !buckets.is_valid() {
+        return Err((
+            ErrorCode::Malformed,
+            format!(
+                "an AUC histogram has {} and {} buckets, not {}",
+                pos.len(),
+                neg.len(),
+                crate::metrics::AUC_BUCKETS
+            ),
+        ));
+    }
+    let mut all = state.pass_auc.lock();
+    all.entry(pass).or_default().insert(trainer, buckets);
+    while all.len() > AUC_PASSES {
+        all.pop_first();
+    }
+    Ok(Answer::Response(Response::Done))
+}
+
+/// Pass `pass`'s histograms merged, with the trainers that sent one ([`GlobalAuc`]).
+pub(super) fn global_auc(state: &State, pass: u64) -> Reply {
+    let all = state.pass_auc.lock();
+    let Some(sent) = all.get(&pass) else {
+        let kept: Vec<&u64> = all.keys().collect();
+        return Err((ErrorCode::State, format!("no trainer sent an AUC histogram of pass {pass} (kept: {kept:?})")));
+    };
+    let mut global = GlobalAuc { trainers: sent.keys().copied().collect(), ..GlobalAuc::default() };
+    for b in sent.values() {
+        global.buckets.merge(b);
+    }
+    Ok(Answer::Response(Response::Stats(serde_json::to_string(&global).expect("a histogram serializes"))))
 }

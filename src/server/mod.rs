@@ -57,6 +57,9 @@ struct State {
     /// Connections ended by an error, logged once a second at most: a peer opening and
     /// breaking connections in a loop cannot flood the log.
     broken: Mutex<conn::Quiet>,
+    /// Per pass (the last few), each trainer's histogram of its training predictions, for the
+    /// pass's AUC over all trainers (`Request::PassAuc`, on server 0).
+    pass_auc: Mutex<BTreeMap<u64, BTreeMap<u64, crate::metrics::AucBuckets>>>,
     /// (index, number of servers), once known.
     place: Mutex<Option<(usize, usize)>>,
     /// The model description of the first declaration, for the final manifest.
@@ -236,6 +239,7 @@ pub async fn run(
     let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
     let state = Arc::new(State {
         broken: Mutex::new(conn::Quiet::default()),
+        pass_auc: Mutex::new(BTreeMap::new()),
         place: Mutex::new(place),
         model: Mutex::new(serde_json::Value::Null),
         shard: Mutex::new(shard),

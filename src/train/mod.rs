@@ -27,7 +27,7 @@ mod warmup;
 pub use config::{TrainConfig, DEFAULT_SCALE_STALE_STEPS, DEFAULT_SYNC_WARMUP};
 use pass::PassLoop;
 use position::{Position, PositionLog};
-pub use report::{HeadReport, PassReport, StepTimes, TrainReport};
+pub use report::{AllTrainersAuc, HeadReport, PassReport, StepTimes, TrainReport};
 pub use store::{Lookups, StepHeader, Store, TableLookup};
 use warmup::WarmupPlan;
 
@@ -36,7 +36,7 @@ use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
 use crate::client::{Client, ClientConfig};
 use crate::data::{shard_files, Reader, ReaderConfig, Schema};
 use crate::metrics::EvalReport;
-use crate::metrics::{PassMetrics, Staleness};
+use crate::metrics::{AucBuckets, PassMetrics, Staleness};
 use crate::model::{Model, Registry, Work};
 use crate::protocol::RowCreation;
 use crate::server::Mode;
@@ -186,7 +186,28 @@ pub fn run_with(
         if report.staleness.count() > 0 {
             tracing::info!(trainer = me, pass, "push staleness so far: {}", report.staleness);
         }
+        // The pass's AUC over every trainer: each sends server 0 its histogram, the end-of-pass
+        // barrier waits for all, then each reads them merged.
+        let first = &metrics.0[0];
+        let buckets = (!first.probs.is_empty()).then(|| AucBuckets::of(&first.probs, &first.labels));
+        if let (Store::Remote(client), Some(b)) = (&mut store, &buckets) {
+            client.pass_auc(me, pass, b).with_context(|| format!("sending pass {pass}'s AUC histogram"))?;
+        }
         let tests = end_pass(config, &mut store, &model, &schema, &spec, pass, step)?;
+        let all_trainers = match (&mut store, buckets) {
+            (Store::Remote(client), Some(_)) => {
+                let g = client.global_auc(pass).with_context(|| format!("reading pass {pass}'s AUC"))?;
+                Some(AllTrainersAuc { auc: g.buckets.auc(), samples: g.buckets.samples(), trainers: g.trainers })
+            }
+            (Store::Local(_), Some(b)) => {
+                Some(AllTrainersAuc { auc: b.auc(), samples: b.samples(), trainers: vec![me as u64] })
+            }
+            (_, None) => None,
+        };
+        if let Some(a) = &all_trainers {
+            let auc = a.auc.unwrap_or(f64::NAN);
+            tracing::info!(trainer = me, pass, samples = a.samples, trainers = ?a.trainers, "pass AUC over all trainers (Paddle's buckets): {auc:.4}");
+        }
         let heads = if trains.len() > 1 {
             let names = model.head_names();
             (0..trains.len())
@@ -195,7 +216,13 @@ pub fn run_with(
         } else {
             Vec::new()
         };
-        report.passes.push(PassReport { pass, train: trains[0].clone(), test: tests.first().cloned(), heads });
+        report.passes.push(PassReport {
+            pass,
+            train: trains[0].clone(),
+            test: tests.first().cloned(),
+            heads,
+            all_trainers,
+        });
     }
     if let Store::Remote(client) = &mut store {
         client.close(me)?;

@@ -17,6 +17,22 @@ pub struct PassReport {
     /// With several heads: every head's figures, the first one's being `train` and `test`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub heads: Vec<HeadReport>,
+    /// The pass's training AUC over every trainer's samples (the first head), bucketed as
+    /// Paddle computes it (`fleet.metrics.auc`) and merged on server 0; `train.auc` is this
+    /// trainer's own, exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_trainers: Option<AllTrainersAuc>,
+}
+
+/// A pass's training AUC over all trainers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AllTrainersAuc {
+    /// Paddle's bucketed AUC of the merged histogram.
+    pub auc: Option<f64>,
+    /// Samples in the histogram.
+    pub samples: u64,
+    /// Trainers whose histograms it merges.
+    pub trainers: Vec<u64>,
 }
 
 /// One head's figures over a pass.

@@ -10,6 +10,7 @@ mod exactly_once;
 mod examples;
 mod faults;
 mod fetch;
+mod global_auc;
 mod models;
 mod paddle;
 mod robustness;

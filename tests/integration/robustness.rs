@@ -468,6 +468,8 @@ fn write_fuzz_seeds() {
         Request::Barrier { trainer: 0, epoch: 1 },
         Request::Save { dir: "seed-save".into() },
         Request::Stats,
+        Request::PassAuc { trainer: 0, pass: 1, pos: vec![1; 8].into(), neg: vec![2; 8].into() },
+        Request::GlobalAuc { pass: 1 },
         Request::Close { trainer: 0 },
     ]
     .map(|r| r.encode().to_vec());

@@ -1,0 +1,87 @@
+//! The pass's training AUC over every trainer's samples: histograms of Paddle's AUC buckets
+//! sent to server 0 and merged there exactly, once per trainer.
+
+use std::time::Duration;
+
+use crate::util::*;
+use oar::client::{Client, ClientConfig, ClientError};
+use oar::metrics::AucBuckets;
+use oar::protocol::ErrorCode;
+use oar::server::{Mode, ServerConfig};
+
+/// Server 0 adds the trainers' histograms of a pass exactly, a trainer sending again replaces
+/// its own (counted once), a tool may read the figure but not send one, and a histogram of
+/// the wrong shape or an unknown pass is refused naming it.
+#[test]
+fn server_zero_merges_each_trainers_histogram_once() {
+    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 2, Mode::Async) });
+    let config = ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(5));
+    let (mut t0, mut t1) = (
+        Client::connect(&config.clone().as_trainer(0)).unwrap(),
+        Client::connect(&config.clone().as_trainer(1)).unwrap(),
+    );
+    let mut tool = Client::connect(&config).unwrap();
+    let (probs, labels) = ([0.9f32, 0.8, 0.3, 0.7, 0.1, 0.2], [1.0f32, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    let (a, b) = (AucBuckets::of(&probs[..3], &labels[..3]), AucBuckets::of(&probs[3..], &labels[3..]));
+    t0.pass_auc(0, 1, &AucBuckets::of(&[0.5], &[1.0])).unwrap();
+    t0.pass_auc(0, 1, &a).unwrap(); // sent again: replaces the first
+    t1.pass_auc(1, 1, &b).unwrap();
+    let global = tool.global_auc(1).unwrap();
+    assert_eq!(global.trainers, [0, 1]);
+    assert_eq!(global.buckets, AucBuckets::of(&probs, &labels));
+    assert!((global.buckets.auc().unwrap() - 7.0 / 9.0).abs() < 1e-12);
+    let refused = |e: ClientError| match e {
+        ClientError::Refused { code, message, .. } => (code, message),
+        other => panic!("expected a refusal, got {other}"),
+    };
+    let (code, m) = refused(tool.pass_auc(0, 1, &a).unwrap_err());
+    assert!(code == ErrorCode::State && m.contains("a tool's"), "{m}");
+    let (code, m) = refused(t0.pass_auc(0, 2, &AucBuckets { pos: vec![1; 3], neg: vec![0; 3] }).unwrap_err());
+    assert!(code == ErrorCode::Malformed && m.contains("3 and 3 buckets, not 4096"), "{m}");
+    let (code, m) = refused(tool.global_auc(7).unwrap_err());
+    assert!(code == ErrorCode::State && m.contains("pass 7"), "{m}");
+}
+
+/// On 2 servers x 2 trainers every trainer reads the same pass AUC over both trainers'
+/// samples, and the launch summary reports it.
+#[test]
+fn a_launched_job_reports_the_pass_auc_over_every_trainer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 3000, 0);
+    let logs = dir.path().join("logs");
+    let (train, logs_arg) = (train.display().to_string(), logs.display().to_string());
+    let out = oar(&[
+        "launch",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--mode",
+        "sync",
+        "--train",
+        &train,
+        "--logs",
+        &logs_arg,
+        "--hidden",
+        "8",
+        "--passes",
+        "2",
+        "--no-progress",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("training AUC over all 2 trainers' 6000 samples"), "{}", text(&out));
+    let summary: oar::launch::LaunchSummary =
+        serde_json::from_str(&std::fs::read_to_string(logs.join("summary.json")).unwrap()).unwrap();
+    let all = summary.train_auc_all_trainers.clone().expect("the summary has the pass AUC over all trainers");
+    assert_eq!((all.trainers.clone(), all.samples), (vec![0, 1], 6000));
+    let auc = all.auc.unwrap();
+    assert!(auc > 0.5 && auc < 1.0, "{auc}");
+    for r in &summary.reports {
+        for p in &r.passes {
+            let a = p.all_trainers.as_ref().unwrap();
+            let first = &summary.reports[0].passes[p.pass as usize - 1];
+            assert_eq!(Some(a), first.all_trainers.as_ref(), "trainer {} read the same figure", r.trainer);
+            assert_eq!(a.samples, 6000);
+        }
+    }
+}
