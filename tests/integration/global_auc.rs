@@ -49,29 +49,9 @@ fn a_launched_job_reports_the_pass_auc_over_every_trainer() {
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = gen_data(dir.path(), 2, 3000, 0);
     let logs = dir.path().join("logs");
-    let (train, logs_arg) = (train.display().to_string(), logs.display().to_string());
-    let out = oar(&[
-        "launch",
-        "--servers",
-        "2",
-        "--workers",
-        "2",
-        "--mode",
-        "sync",
-        "--train",
-        &train,
-        "--logs",
-        &logs_arg,
-        "--hidden",
-        "8",
-        "--passes",
-        "2",
-        "--no-progress",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("training AUC over all 2 trainers' 6000 samples"), "{}", text(&out));
-    let summary: oar::launch::LaunchSummary =
-        serde_json::from_str(&std::fs::read_to_string(logs.join("summary.json")).unwrap()).unwrap();
+    let train = train.display().to_string();
+    let (out, summary) = launch(&logs, &["--mode", "sync", "--train", &train, "--hidden", "8", "--passes", "2"]);
+    assert!(out.contains("training AUC over all 2 trainers' 6000 samples"), "{out}");
     let all = summary.train_auc_all_trainers.clone().expect("the summary has the pass AUC over all trainers");
     assert_eq!((all.trainers.clone(), all.samples), (vec![0, 1], 6000));
     let auc = all.auc.unwrap();

@@ -330,27 +330,10 @@ fn a_paddlerec_pipe_command_readers_multislot_output_trains_as_the_file_itself()
         std::fs::write(parts.join(format!("part-{k:05}")), half.join("\n") + "\n").unwrap();
     }
     let logs = dir.path().join("logs");
-    let (job, parts, logs_arg) = (job.display().to_string(), parts.display().to_string(), logs.display().to_string());
-    let o = oar(&[
-        "launch",
-        "--server_num",
-        "2",
-        "--worker_num",
-        "2",
-        "--config",
-        &job,
-        "--train",
-        &parts,
-        "--logs",
-        &logs_arg,
-        "--no-progress",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(logs.join("summary.json")).unwrap()).unwrap();
-    let stats: Vec<oar::server::ServerStats> = serde_json::from_value(summary["server_stats"].clone()).unwrap();
-    assert_eq!(stats.len(), 2);
-    for s in stats {
+    let (job, parts) = (job.display().to_string(), parts.display().to_string());
+    let (_, summary) = launch(&logs, &["--server_num", "2", "--worker_num", "2", "--config", &job, "--train", &parts]);
+    assert_eq!(summary.server_stats.len(), 2);
+    for s in &summary.server_stats {
         let handled: Vec<u64> = s.applied_samples.iter().zip(&s.discarded_samples).map(|(a, d)| a + d).collect();
         assert_eq!(handled, [40, 40], "each server handled each trainer's 40 lines once: {s:?}");
     }

@@ -144,35 +144,17 @@ fn launch_with_tls_trains_and_keeps_its_key_private() {
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = gen_data(dir.path(), 2, 1500, 0);
     let logs = dir.path().join("logs");
-    let (train, logs_arg) = (train.display().to_string(), logs.display().to_string());
-    let out = oar(&[
-        "launch",
-        "--servers",
-        "2",
-        "--workers",
-        "2",
-        "--train",
-        &train,
-        "--tls",
-        "--logs",
-        &logs_arg,
-        "--hidden",
-        "8",
-        "--no-progress",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+    let train = train.display().to_string();
+    let (_, summary) = launch(&logs, &["--train", &train, "--tls", "--hidden", "8"]);
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(logs.join("tls").join("key.pem")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(logs.join("summary.json")).unwrap()).unwrap();
     for k in 0..2 {
         let log = std::fs::read_to_string(logs.join(format!("server.{k}.log"))).unwrap();
         assert!(!log.contains("closed on error"), "trainers end TLS with its close_notify: {log}");
     }
-    let stats: Vec<ServerStats> = serde_json::from_value(summary["server_stats"].clone()).unwrap();
-    assert_eq!(stats.len(), 2);
-    for s in stats {
+    assert_eq!(summary.server_stats.len(), 2);
+    for s in &summary.server_stats {
         assert_eq!(handled(&s), vec![1500, 1500], "each server handled every sample once: {s:?}");
     }
 }

@@ -345,3 +345,14 @@ pub fn job_config(
     c.passes = job.train.passes;
     c
 }
+
+/// Runs `oar launch` with `args` (2 x 2 unless they say otherwise), its logs in `logs`,
+/// asserting it succeeded; returns its output text and `summary.json`.
+pub fn launch(logs: &Path, args: &[&str]) -> (String, oar::launch::LaunchSummary) {
+    let logs_arg = logs.display().to_string();
+    let all: Vec<&str> = ["launch", "--logs", &logs_arg, "--no-progress"].iter().chain(args).copied().collect();
+    let out = oar(&all);
+    assert!(out.status.success(), "{}", text(&out));
+    let summary = std::fs::read_to_string(logs.join("summary.json")).unwrap();
+    (text(&out), serde_json::from_str(&summary).unwrap())
+}
