@@ -155,6 +155,6 @@ fn launch_with_tls_trains_and_keeps_its_key_private() {
     }
     assert_eq!(summary.server_stats.len(), 2);
     for s in &summary.server_stats {
-        assert_eq!(handled(&s), vec![1500, 1500], "each server handled every sample once: {s:?}");
+        assert_eq!(handled(s), vec![1500, 1500], "each server handled every sample once: {s:?}");
     }
 }
