@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod model;
 pub mod nn;
+pub mod predict;
 pub mod protocol;
 pub mod rendezvous;
 pub mod server;

@@ -1,5 +1,5 @@
 //! The `oar` command line's grammar ([`Cli`]): its commands and subcommands, and the flags of
-//! the commands that are not a job's processes (`cluster`, `data`, `gen`, `split`, `eval`,
+//! the commands that are not a job's processes (`cluster`, `data`, `gen`, `split`, `eval`, `predict`,
 //! `bench`); those of `pserver`, `train` and `launch` are in `args_job`.
 
 use std::path::PathBuf;
@@ -25,6 +25,8 @@ pub(super) enum Command {
     Launch(LaunchArgs),
     /// Evaluate a saved model on data files: prints AUC and log-loss.
     Eval(EvalArgs),
+    /// Score data files with a saved model: one line per sample, every head's score.
+    Predict(PredictArgs),
     /// Measure throughput against baselines, side by side (see README for recorded figures).
     Bench(BenchArgs),
     /// Generate data sets.
@@ -223,6 +225,31 @@ pub(super) struct EvalArgs {
     /// Skip and count bad data lines instead of failing.
     #[arg(long)]
     pub(super) skip_bad_lines: bool,
+}
+
+#[derive(Args)]
+pub(super) struct PredictArgs {
+    /// A saved model (output folder or one of its pass folders).
+    #[arg(long)]
+    pub(super) model: PathBuf,
+    /// Data files or folders, in the saved model's data format.
+    #[arg(long, required = true, num_args = 1..)]
+    pub(super) data: Vec<PathBuf>,
+    /// Where the scores go: one line per input line, every head's score tab-separated.
+    #[arg(long)]
+    pub(super) out: PathBuf,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 4096)]
+    pub(super) batch_size: usize,
+    /// Threads computing scores [default: the machine's cores].
+    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(1, |n| n.get()))]
+    pub(super) threads: usize,
+    /// Skip and count bad data lines instead of failing (they get no output line).
+    #[arg(long)]
+    pub(super) skip_bad_lines: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub(super) no_progress: bool,
 }
 
 #[derive(Args)]

@@ -125,32 +125,62 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             println!("logs and summary.json in {}", config.logs.display());
             Ok(())
         }
+        Command::Predict(a) => {
+            let saved = crate::predict::load(&a.model, registry)?;
+            let mut files = Vec::new();
+            for d in &a.data {
+                files.extend(resolve_files(d)?);
+            }
+            let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
+                    .expect("valid template"),
+            );
+            if a.no_progress {
+                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+            }
+            // Written beside the destination and renamed into place: a failed run leaves no
+            // half file behind.
+            let tmp = a.out.with_file_name(format!(
+                ".{}.{}.tmp",
+                a.out.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+                std::process::id()
+            ));
+            let config = crate::predict::PredictConfig {
+                files,
+                batch_size: a.batch_size,
+                threads: a.threads,
+                skip_bad_lines: a.skip_bad_lines,
+            };
+            let run = || -> anyhow::Result<crate::predict::PredictReport> {
+                let file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+                let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+                let r = crate::predict::predict(&saved, &config, &mut out, &|bytes| bar.set_position(bytes))?;
+                drop(out);
+                std::fs::rename(&tmp, &a.out).with_context(|| format!("cannot write {}", a.out.display()))?;
+                Ok(r)
+            };
+            let r = run().inspect_err(|_| {
+                let _ = std::fs::remove_file(&tmp);
+            })?;
+            bar.finish_and_clear();
+            let heads = saved.model.head_names().join(", ");
+            println!(
+                "model pass {}: {} lines of scores ({heads}) written to {}{}",
+                saved.manifest.pass,
+                r.samples,
+                a.out.display(),
+                if r.bad_lines > 0 { format!("; {} bad lines skipped", r.bad_lines) } else { String::new() }
+            );
+            Ok(())
+        }
         Command::Eval(a) => {
             let mut files = Vec::new();
             for d in &a.data {
                 files.extend(resolve_files(d)?);
             }
-            let (manifest, shard) = crate::checkpoint::load_merged(&a.model)?;
-            let model_config: crate::model::ModelConfig = serde_json::from_value(manifest.model["model"].clone())
-                .with_context(|| {
-                    format!("{}: the manifest's model description is not one this oar reads", a.model.display())
-                })?;
-            // Models saved before `[data]` existed were Criteo models.
-            let data: crate::data::DataConfig = match manifest.model.get("data") {
-                Some(d) => serde_json::from_value(d.clone())
-                    .with_context(|| format!("{}: manifest has an unreadable data config", a.model.display()))?,
-                None => crate::data::DataConfig::default(),
-            };
-            let (model, schema) = crate::config::build_model(&model_config, &data, registry)
-                .with_context(|| format!("{}: the saved model", a.model.display()))?;
-            let dims = |tables: &mut dyn Iterator<Item = (String, usize)>| tables.collect::<Vec<_>>();
-            anyhow::ensure!(
-                model.table_spec(shard.spec.dense.optimizer, shard.spec.dense.optimizer).dense == shard.spec.dense
-                    && dims(&mut model.tables().iter().map(|t| (t.name.clone(), t.dim)))
-                        == dims(&mut shard.spec.sparse.iter().map(|t| (t.name.clone(), t.dim))),
-                "{}: the saved parameters do not fit the saved model description (layers or tables differ)",
-                a.model.display()
-            );
+            let crate::predict::Saved { manifest, model, schema, shard } = crate::predict::load(&a.model, registry)?;
             let mut store = crate::train::Store::Local(Box::new(shard));
             let heads =
                 crate::train::evaluate_heads(&mut store, &model, &schema, &files, a.batch_size, a.skip_bad_lines)?;

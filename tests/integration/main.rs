@@ -13,6 +13,7 @@ mod fetch;
 mod global_auc;
 mod models;
 mod paddle;
+mod predict;
 mod robustness;
 mod security;
 mod staleness;

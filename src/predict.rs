@@ -1,0 +1,179 @@
+//! `oar predict` and `oar eval`'s shared start: a saved model loaded with the model and data
+//! description its manifest carries, and its scores for data files written one line per
+//! sample, in input order, computed on several threads.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::batch::Batch;
+use crate::checkpoint::Manifest;
+use crate::data::{Reader, ReaderConfig, Schema};
+use crate::model::{Model, Registry, Work};
+use crate::table::Shard;
+use crate::train::Lookups;
+
+/// A saved model ready to score data.
+pub struct Saved {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// The network, rebuilt from the manifest's description.
+    pub model: Model,
+    /// How its data files are read.
+    pub schema: Schema,
+    /// Its parameters, every server's shard merged.
+    pub shard: Shard,
+}
+
+/// Loads the saved model in `dir` (an output folder or one of its pass folders), checking that
+/// its parameters fit its description.
+pub fn load(dir: &Path, registry: &Registry) -> anyhow::Result<Saved> {
+    let (manifest, shard) = crate::checkpoint::load_merged(dir)?;
+    let model_config: crate::model::ModelConfig = serde_json::from_value(manifest.model["model"].clone())
+        .with_context(|| format!("{}: the manifest's model description is not one this oar reads", dir.display()))?;
+    // Models saved before `[data]` existed were Criteo models.
+    let data: crate::data::DataConfig = match manifest.model.get("data") {
+        Some(d) => serde_json::from_value(d.clone())
+            .with_context(|| format!("{}: manifest has an unreadable data config", dir.display()))?,
+        None => crate::data::DataConfig::default(),
+    };
+    let (model, schema) = crate::config::build_model(&model_config, &data, registry)
+        .with_context(|| format!("{}: the saved model", dir.display()))?;
+    let dims = |tables: &mut dyn Iterator<Item = (String, usize)>| tables.collect::<Vec<_>>();
+    anyhow::ensure!(
+        model.table_spec(shard.spec.dense.optimizer, shard.spec.dense.optimizer).dense == shard.spec.dense
+            && dims(&mut model.tables().iter().map(|t| (t.name.clone(), t.dim)))
+                == dims(&mut shard.spec.sparse.iter().map(|t| (t.name.clone(), t.dim))),
+        "{}: the saved parameters do not fit the saved model description (layers or tables differ)",
+        dir.display()
+    );
+    Ok(Saved { manifest, model, schema, shard })
+}
+
+/// What [`predict`] did.
+#[derive(Clone, Debug, Default)]
+pub struct PredictReport {
+    /// Lines written (samples scored).
+    pub samples: u64,
+    /// Data lines skipped as bad (with `skip_bad_lines`).
+    pub bad_lines: u64,
+}
+
+/// How to score.
+pub struct PredictConfig {
+    /// Data files, read in this order.
+    pub files: Vec<PathBuf>,
+    /// Samples per batch.
+    pub batch_size: usize,
+    /// Threads computing scores.
+    pub threads: usize,
+    /// Skip and count bad lines instead of failing.
+    pub skip_bad_lines: bool,
+}
+
+/// Writes to `out` one line per sample of `config.files`, in input order: every head's score
+/// (the numbers `oar eval`'s metrics use: a click probability, a regression value, or the true
+/// class's probability), tab-separated in the heads' order, each written so it reads back as
+/// the same f32. `on_progress(bytes read)` is called as batches finish.
+pub fn predict(
+    saved: &Saved,
+    config: &PredictConfig,
+    out: &mut dyn Write,
+    on_progress: &dyn Fn(u64),
+) -> anyhow::Result<PredictReport> {
+    let (model, shard) = (&saved.model, &saved.shard);
+    let mut params = Vec::new();
+    shard.dense.lock().read(&mut params);
+    let reader = Reader::spawn(
+        config.files.clone(),
+        ReaderConfig { skip_bad_lines: config.skip_bad_lines, ..ReaderConfig::new(&saved.schema, config.batch_size) },
+    );
+    let progress = reader.progress();
+    let threads = config.threads.max(1);
+    let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Batch)>(2 * threads);
+    let work_rx = Arc::new(parking_lot::Mutex::new(work_rx));
+    let (done_tx, done_rx) = mpsc::channel::<(u64, anyhow::Result<String>)>();
+    let mut report = PredictReport::default();
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        for _ in 0..threads {
+            let (work_rx, done_tx, params) = (work_rx.clone(), done_tx.clone(), &params);
+            s.spawn(move || {
+                let mut scorer = Scorer::default();
+                loop {
+                    let next = work_rx.lock().recv();
+                    let Ok((seq, batch)) = next else { break };
+                    if done_tx.send((seq, scorer.lines(model, shard, params, &batch))).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        // Batches go out numbered; their lines are written back in that order.
+        let feeder = s.spawn(move || -> anyhow::Result<()> {
+            for (seq, batch) in reader.enumerate() {
+                if work_tx.send((seq as u64, batch?)).is_err() {
+                    break; // the writer stopped on an error, reported below
+                }
+            }
+            Ok(())
+        });
+        let mut waiting = std::collections::BTreeMap::new();
+        let mut next = 0u64;
+        for (seq, lines) in done_rx.iter() {
+            waiting.insert(seq, lines);
+            while let Some(lines) = waiting.remove(&next) {
+                let lines = lines?;
+                report.samples += lines.lines().count() as u64;
+                out.write_all(lines.as_bytes()).context("writing the predictions")?;
+                on_progress(progress.bytes.load(std::sync::atomic::Ordering::Relaxed));
+                next += 1;
+            }
+        }
+        feeder.join().expect("the feeding thread does not panic")?;
+        anyhow::ensure!(waiting.is_empty(), "{} batches were scored but not written", waiting.len());
+        Ok(())
+    })?;
+    out.flush().context("writing the predictions")?;
+    report.bad_lines = progress.bad_lines.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(report)
+}
+
+/// One thread's buffers.
+#[derive(Default)]
+struct Scorer {
+    lookups: Lookups,
+    rows: Vec<Vec<f32>>,
+    work: Work,
+}
+
+impl Scorer {
+    /// The output lines of `batch`.
+    fn lines(&mut self, model: &Model, shard: &Shard, params: &[f32], batch: &Batch) -> anyhow::Result<String> {
+        model.check_batch(batch).map_err(anyhow::Error::msg)?;
+        self.lookups.run(batch, model.table_slots());
+        self.rows.resize_with(model.tables().len(), Vec::new);
+        for (t, (lookup, out)) in self.lookups.tables.iter().zip(self.rows.iter_mut()).enumerate() {
+            out.resize(lookup.unique.len() * model.tables()[t].dim, 0.0);
+            // Unseen ids read as their initial value, and no row is created.
+            shard.table(t)?.pull(&lookup.unique, out, false)?;
+        }
+        model.evaluate(params, batch, &self.lookups.rows(&self.rows), &mut self.work);
+        let heads = &self.work.head_probs;
+        let mut text = String::with_capacity(batch.len() * 12 * heads.len());
+        for i in 0..batch.len() {
+            for (h, probs) in heads.iter().enumerate() {
+                if h > 0 {
+                    text.push('\t');
+                }
+                use std::fmt::Write;
+                let _ = write!(text, "{}", probs[i]);
+            }
+            text.push('\n');
+        }
+        Ok(text)
+    }
+}

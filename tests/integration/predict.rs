@@ -1,0 +1,135 @@
+//! `oar predict`: a saved model's scores, one line per input line in input order, every head's
+//! score, the very numbers `oar eval` computes its metrics from.
+
+use std::path::Path;
+
+use crate::util::*;
+
+/// The scores in `file`, one column per head.
+fn columns(file: &Path, heads: usize) -> Vec<Vec<f32>> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut cols = vec![Vec::new(); heads];
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split('\t').collect();
+        assert_eq!(fields.len(), heads, "one score per head: {line:?}");
+        for (c, f) in cols.iter_mut().zip(fields) {
+            c.push(f.parse().unwrap());
+        }
+    }
+    cols
+}
+
+/// Trains `job` (None: the default CTR-DNN) locally on `data`, predicts its test set on 2
+/// threads in batches of 100 (batches finish out of order), and checks every head's scores give
+/// exactly the AUC that evaluating the saved model gives.
+fn predict_matches_eval(dir: &Path, data: &Path, job: Option<&Path>, heads: usize) {
+    let out = dir.join("model");
+    let (train, test) = (data.join("train"), data.join("test"));
+    let strings = [train.display().to_string(), out.display().to_string()];
+    let mut args = vec!["train", "--train", &strings[0], "--output", &strings[1]];
+    let config = job.map(|j| j.display().to_string());
+    match &config {
+        Some(c) => args.extend(["--config", c]),
+        None => args.extend(["--hidden", "8"]),
+    }
+    let o = oar(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    let scores = dir.join("scores.tsv");
+    let (test_arg, scores_arg) = (test.display().to_string(), scores.display().to_string());
+    let o = oar(&[
+        "predict",
+        "--model",
+        &strings[1],
+        "--data",
+        &test_arg,
+        "--out",
+        &scores_arg,
+        "--threads",
+        "2",
+        "--batch-size",
+        "100",
+        "--no-progress",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let cols = columns(&scores, heads);
+
+    let saved = oar::predict::load(&out, &Default::default()).unwrap();
+    let files = oar::config::resolve_files(&test).unwrap();
+    assert!(text(&o).contains(&format!("{} lines of scores", cols[0].len())), "{}", text(&o));
+    let mut store = oar::train::Store::Local(Box::new(saved.shard));
+    let evals = oar::train::evaluate_heads(&mut store, &saved.model, &saved.schema, &files, 4096, false).unwrap();
+    assert_eq!(evals.len(), heads);
+    // The labels, read as the model reads them.
+    let mut labels = vec![Vec::new(); heads];
+    for batch in oar::data::Reader::spawn(files, oar::data::ReaderConfig::new(&saved.schema, 4096)) {
+        let batch = batch.unwrap();
+        for (h, l) in labels.iter_mut().enumerate() {
+            l.extend_from_slice(&saved.model.labels(&batch, h));
+        }
+    }
+    for h in 0..heads {
+        assert_eq!(cols[h].len(), evals[h].samples, "one line per test line");
+        assert_eq!(oar::metrics::auc(&cols[h], &labels[h]), evals[h].auc, "head {h}: the scores oar eval uses");
+    }
+}
+
+#[test]
+fn predict_writes_the_scores_oar_eval_uses_in_input_order() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_data(&dir.path().join("data"), 1, 3000, 1000);
+    predict_matches_eval(dir.path(), &dir.path().join("data"), None, 1);
+}
+
+#[test]
+fn predict_writes_every_heads_score_of_a_multi_task_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("slots");
+    let o = oar(&[
+        "gen",
+        "slots",
+        "--lines",
+        "3000",
+        "--test-lines",
+        "1000",
+        "--parts",
+        "1",
+        "--out",
+        &data.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/multi_task.toml");
+    predict_matches_eval(dir.path(), &data, Some(&job), 2);
+}
+
+#[test]
+fn predict_names_a_bad_line_and_a_missing_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = oar(&["predict", "--model", "/nonexistent/model", "--data", "/dev/null", "--out", "/dev/null"]);
+    assert!(!o.status.success() && text(&o).contains("/nonexistent/model"), "{}", text(&o));
+    gen_data(&dir.path().join("data"), 1, 500, 0);
+    let (train, out) = (dir.path().join("data/train"), dir.path().join("model"));
+    let o = oar(&[
+        "train",
+        "--train",
+        &train.display().to_string(),
+        "--output",
+        &out.display().to_string(),
+        "--hidden",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let bad = dir.path().join("bad.txt");
+    std::fs::write(&bad, "0\t1\nnot-a-label\t2\n").unwrap();
+    let scores = dir.path().join("scores.tsv").display().to_string();
+    let o = oar(&[
+        "predict",
+        "--model",
+        &out.display().to_string(),
+        "--data",
+        &bad.display().to_string(),
+        "--out",
+        &scores,
+    ]);
+    assert!(!o.status.success() && text(&o).contains("bad.txt:2"), "{}", text(&o));
+    assert!(!Path::new(&scores).exists(), "a failed run leaves no half file");
+}
