@@ -403,20 +403,14 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
     })
 }
 
-/// 2 servers x 2 workers in `mode`, as processes.
-fn train_cluster(
-    mode: Mode,
-    data: &Path,
-    exe: &Path,
-    logs: &Path,
-    job: crate::config::JobConfig,
-    form: &str,
-) -> anyhow::Result<TrainRun> {
-    let s = crate::launch::run(&crate::launch::LaunchConfig {
+/// The benchmarks' launched job: 2 servers x 2 workers in `mode` over `data`'s `train/`, tested
+/// on its `test/`, logs in `logs`, no output, restarts or TLS; callers change what they measure.
+pub(super) fn two_by_two(mode: Mode, data: &Path, exe: &Path, logs: &Path) -> crate::launch::LaunchConfig {
+    crate::launch::LaunchConfig {
         servers: 2,
         workers: 2,
         mode,
-        job,
+        job: crate::config::JobConfig::default(),
         train: data.join("train"),
         test: Some(data.join("test")),
         output: None,
@@ -431,7 +425,19 @@ fn train_cluster(
         secret_file: None,
         tls: false,
         open: false,
-    })?;
+    }
+}
+
+/// 2 servers x 2 workers in `mode`, as processes.
+fn train_cluster(
+    mode: Mode,
+    data: &Path,
+    exe: &Path,
+    logs: &Path,
+    job: crate::config::JobConfig,
+    form: &str,
+) -> anyhow::Result<TrainRun> {
+    let s = crate::launch::run(&crate::launch::LaunchConfig { job, ..two_by_two(mode, data, exe, logs) })?;
     Ok(TrainRun {
         name: format!("2 servers x 2 workers, {mode}, {form}"),
         samples_per_sec: s.samples_per_sec,

@@ -46,24 +46,11 @@ fn launch(
         let _ = std::fs::remove_dir_all(o);
     }
     crate::launch::run(&LaunchConfig {
-        servers: 2,
-        workers: 2,
-        mode: Mode::Async,
-        job: crate::config::JobConfig::default(),
-        train: config.data.join("train"),
-        test: Some(config.data.join("test")),
         output: out.map(Path::to_path_buf),
-        resume: None,
         checkpoint_every: out.map(|_| config.every),
         max_restarts: fault.is_some() as usize,
-        logs: logs.to_path_buf(),
-        exe: config.exe.clone(),
-        progress_bar: false,
-        registry: Default::default(),
         child_env: fault.map(|f| vec![("OAR_FAULT".to_string(), f.to_string())]).unwrap_or_default(),
-        secret_file: None,
-        tls: false,
-        open: false,
+        ..super::two_by_two(Mode::Async, &config.data, &config.exe, logs)
     })
 }
 

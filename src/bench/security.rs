@@ -168,23 +168,8 @@ fn launched(
 ) -> anyhow::Result<crate::launch::LaunchSummary> {
     let _ = std::fs::remove_dir_all(logs);
     crate::launch::run(&crate::launch::LaunchConfig {
-        servers: 2,
-        workers: 2,
-        mode: Mode::Async,
-        job: crate::config::JobConfig::default(),
-        train: data.join("train"),
-        test: Some(data.join("test")),
-        output: None,
-        resume: None,
-        checkpoint_every: None,
-        max_restarts: 0,
-        logs: logs.to_path_buf(),
-        exe: config.exe.clone(),
-        progress_bar: false,
-        registry: Default::default(),
-        child_env: Vec::new(),
-        secret_file: None,
         tls: guard == Guard::SecretTls,
         open: guard == Guard::Open,
+        ..super::two_by_two(Mode::Async, data, &config.exe, logs)
     })
 }
