@@ -62,17 +62,8 @@ impl Secret {
 
     /// Writes this secret into a new file at `path` that only its owner may read.
     pub fn write_new(&self, path: &Path) -> anyhow::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(|e| anyhow::anyhow!("cannot create the secret file {}: {e}", path.display()))?;
-        f.write_all(&self.0).and_then(|_| f.sync_all())?;
-        Ok(())
+        crate::state_file::write_new(path, &self.0, 0o600)
+            .map_err(|e| anyhow::anyhow!("cannot create the secret file: {e}"))
     }
 
     /// The secret's bytes, for a launcher that hands it on (a Kubernetes Secret).

@@ -213,7 +213,7 @@ pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&tmp)(e)),
         _ => {}
     }
-    let file = crate::state_file::create_new(&tmp)?;
+    let file = crate::state_file::create_new(&tmp, 0o644)?;
     let mut w = CrcWriter { inner: BufWriter::with_capacity(1 << 20, file), crc: crc32fast::Hasher::new(), bytes: 0 };
     let write = |w: &mut CrcWriter<BufWriter<File>>| -> std::io::Result<()> {
         let json = serde_json::to_vec(&snapshot.header).expect("a shard header always serializes");
@@ -345,9 +345,9 @@ impl Manifest {
     /// Writes the manifest into `dir` atomically, then points `dir/../latest` at `dir`.
     pub fn write(&self, dir: &Path) -> Result<(), CheckpointError> {
         let json = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
-        write_atomic(&dir.join("manifest.json"), &json)?;
+        crate::state_file::write_atomic(&dir.join("manifest.json"), &json)?;
         if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) {
-            write_atomic(&parent.join("latest"), name.to_string_lossy().as_bytes())?;
+            crate::state_file::write_atomic(&parent.join("latest"), name.to_string_lossy().as_bytes())?;
         }
         Ok(())
     }
@@ -463,7 +463,10 @@ pub fn save_server_final(
     let (file, bytes, crc32) = write_shard(shard, dir)?;
     let entry = ShardEntry { file, bytes, crc32 };
     let entry_path = |i: usize| dir.join(format!("server-{i}.entry.json"));
-    write_atomic(&entry_path(shard.index), &serde_json::to_vec(&entry).expect("an entry always serializes"))?;
+    crate::state_file::write_atomic(
+        &entry_path(shard.index),
+        &serde_json::to_vec(&entry).expect("an entry always serializes"),
+    )?;
     let mut shards = Vec::with_capacity(shard.num_servers);
     for i in 0..shard.num_servers {
         let Ok(bytes) = std::fs::read(entry_path(i)) else { return Ok(false) };
@@ -483,13 +486,6 @@ pub fn save_server_final(
     };
     manifest.write(dir)?;
     Ok(true)
-}
-
-/// Writes `bytes` to `path` atomically and durably ([`crate::state_file::write_atomic`]: a
-/// temporary name unique to the writer, as servers sharing a folder may write the same
-/// manifest at once, never through a link).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    Ok(crate::state_file::write_atomic(path, bytes)?)
 }
 
 /// Whether `name`, read from a file, names a file or folder right beside it: not a path that

@@ -13,8 +13,9 @@ use crate::batch::Batch;
 use crate::checkpoint::Manifest;
 use crate::data::{Reader, ReaderConfig, Schema};
 use crate::model::{Model, Registry, Work};
+use crate::protocol::RowCreation;
 use crate::table::Shard;
-use crate::train::Lookups;
+use crate::train::{pull_rows, Lookups};
 
 /// A saved model ready to score data.
 pub struct Saved {
@@ -95,7 +96,7 @@ pub fn predict(
     let threads = config.threads.max(1);
     let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Batch)>(2 * threads);
     let work_rx = Arc::new(parking_lot::Mutex::new(work_rx));
-    let (done_tx, done_rx) = mpsc::channel::<(u64, anyhow::Result<String>)>();
+    let (done_tx, done_rx) = mpsc::channel::<(u64, anyhow::Result<(usize, String)>)>();
     let mut report = PredictReport::default();
     std::thread::scope(|s| -> anyhow::Result<()> {
         for _ in 0..threads {
@@ -126,8 +127,8 @@ pub fn predict(
         for (seq, lines) in done_rx.iter() {
             waiting.insert(seq, lines);
             while let Some(lines) = waiting.remove(&next) {
-                let lines = lines?;
-                report.samples += lines.lines().count() as u64;
+                let (samples, lines) = lines?;
+                report.samples += samples as u64;
                 out.write_all(lines.as_bytes()).context("writing the predictions")?;
                 on_progress(progress.bytes.load(std::sync::atomic::Ordering::Relaxed));
                 next += 1;
@@ -151,16 +152,20 @@ struct Scorer {
 }
 
 impl Scorer {
-    /// The output lines of `batch`.
-    fn lines(&mut self, model: &Model, shard: &Shard, params: &[f32], batch: &Batch) -> anyhow::Result<String> {
+    /// The output lines of `batch`, with their number.
+    fn lines(
+        &mut self,
+        model: &Model,
+        shard: &Shard,
+        params: &[f32],
+        batch: &Batch,
+    ) -> anyhow::Result<(usize, String)> {
         model.check_batch(batch).map_err(anyhow::Error::msg)?;
         self.lookups.run(batch, model.table_slots());
         self.rows.resize_with(model.tables().len(), Vec::new);
-        for (t, (lookup, out)) in self.lookups.tables.iter().zip(self.rows.iter_mut()).enumerate() {
-            out.resize(lookup.unique.len() * model.tables()[t].dim, 0.0);
-            // Unseen ids read as their initial value, and no row is created.
-            shard.table(t)?.pull(&lookup.unique, out, false)?;
-        }
+        let dims: Vec<usize> = model.tables().iter().map(|t| t.dim).collect();
+        // Unseen ids read as their initial value, and no row is created.
+        pull_rows(shard, &self.lookups.ids(&dims), &mut self.rows, RowCreation::Peek)?;
         model.evaluate(params, batch, &self.lookups.rows(&self.rows), &mut self.work);
         let heads = &self.work.head_probs;
         let mut text = String::with_capacity(batch.len() * 12 * heads.len());
@@ -174,6 +179,6 @@ impl Scorer {
             }
             text.push('\n');
         }
-        Ok(text)
+        Ok((batch.len(), text))
     }
 }

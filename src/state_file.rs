@@ -133,16 +133,22 @@ pub fn sync_dir(dir: &Path) -> Result<(), StateFileError> {
     std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(StateFileError::io(dir))
 }
 
-/// Creates a new file at `path` for writing: never over an existing file and never through a
-/// link.
-pub fn create_new(path: &Path) -> Result<std::fs::File, StateFileError> {
+/// Creates a new file at `path` with permissions `mode` for writing: never over an existing
+/// file and never through a link.
+pub fn create_new(path: &Path, mode: u32) -> Result<std::fs::File, StateFileError> {
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o644)
+        .mode(mode)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(StateFileError::io(path))
+}
+
+/// Writes `bytes` durably into a new file at `path` ([`create_new`]) with permissions `mode`.
+pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateFileError> {
+    let mut f = create_new(path, mode)?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(StateFileError::io(path))
 }
 
 /// Replaces the file at `path` with `bytes` atomically and durably (see the module doc).
@@ -153,7 +159,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".{}.{}.{n}.tmp", name.to_string_lossy(), std::process::id()));
     let write = || -> Result<(), StateFileError> {
-        let mut f = create_new(&tmp)?;
+        let mut f = create_new(&tmp, 0o644)?;
         f.write_all(bytes).and_then(|_| f.sync_all()).map_err(StateFileError::io(&tmp))?;
         std::fs::rename(&tmp, path).map_err(StateFileError::io(path))?;
         sync_dir(dir)

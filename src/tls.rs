@@ -135,23 +135,13 @@ pub fn generate(dir: &Path, name: &str) -> Result<Generated, TlsError> {
     let cert = params.signed_by(&key, &issuer).map_err(fail)?;
     std::fs::create_dir_all(dir).map_err(|e| file_error(dir, e))?;
     let files = Generated { ca: dir.join("ca.pem"), cert: dir.join("cert.pem"), key: dir.join("key.pem") };
-    write_new(&files.ca, ca_cert.pem().as_bytes(), 0o644)?;
-    write_new(&files.cert, cert.pem().as_bytes(), 0o644)?;
-    write_new(&files.key, key.serialize_pem().as_bytes(), 0o600)?;
+    let write = |path: &Path, text: String, mode| {
+        crate::state_file::write_new(path, text.as_bytes(), mode).map_err(|e| file_error(path, e))
+    };
+    write(&files.ca, ca_cert.pem(), 0o644)?;
+    write(&files.cert, cert.pem(), 0o644)?;
+    write(&files.key, key.serialize_pem(), 0o600)?;
     Ok(files)
-}
-
-/// Writes a new file (never through a link, never over an existing file) with `mode`.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(|e| file_error(path, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| file_error(path, e))
 }
 
 #[cfg(test)]

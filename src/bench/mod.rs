@@ -126,7 +126,7 @@ pub(super) fn dense_round(c: &mut Client, grads: &[f32], dense: &mut Vec<f32>, s
 }
 
 /// A push of one sample's gradients by trainer 0 in pass 1.
-pub(super) fn one_sample() -> StepHeader {
+fn one_sample() -> StepHeader {
     StepHeader { trainer: 0, step: 0, pass: 1, base_version: 0, samples: 1, apply: Default::default() }
 }
 

@@ -127,10 +127,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }
         Command::Predict(a) => {
             let saved = crate::predict::load(&a.model, registry)?;
-            let mut files = Vec::new();
-            for d in &a.data {
-                files.extend(resolve_files(d)?);
-            }
+            let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
             let bar = indicatif::ProgressBar::new(total);
             bar.set_style(
@@ -176,10 +173,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             Ok(())
         }
         Command::Eval(a) => {
-            let mut files = Vec::new();
-            for d in &a.data {
-                files.extend(resolve_files(d)?);
-            }
+            let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let crate::predict::Saved { manifest, model, schema, shard } = crate::predict::load(&a.model, registry)?;
             let mut store = crate::train::Store::Local(Box::new(shard));
             let heads =

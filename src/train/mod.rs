@@ -28,7 +28,7 @@ pub use config::{TrainConfig, DEFAULT_SCALE_STALE_STEPS, DEFAULT_SYNC_WARMUP};
 use pass::PassLoop;
 use position::{Position, PositionLog};
 pub use report::{AllTrainersAuc, HeadReport, PassReport, StepTimes, TrainReport};
-pub use store::{Lookups, StepHeader, Store, TableLookup};
+pub use store::{pull_rows, Lookups, StepHeader, Store, TableLookup};
 use warmup::WarmupPlan;
 
 use crate::batch::Batch;

@@ -37,10 +37,7 @@ impl Store {
                     d.clear();
                     shard.dense.lock().read(d);
                 }
-                for (t, out) in tables.iter().zip(rows.iter_mut()) {
-                    out.resize(t.ids.len() * t.dim, 0.0);
-                    shard.table(t.table as usize)?.pull(t.ids, out, create == RowCreation::Create)?;
-                }
+                pull_rows(shard, tables, rows, create)?;
                 Ok(0)
             }
             Store::Remote(client) => Ok(client.pull(dense, tables, rows, create)?),
@@ -83,6 +80,15 @@ impl Store {
             Store::Remote(client) => Ok(client.save(&std::path::absolute(dir)?.to_string_lossy())?),
         }
     }
+}
+
+/// Reads the rows of every table's `ids` from an in-process `shard` into `rows[table]`.
+pub fn pull_rows(shard: &Shard, tables: &[TableIds], rows: &mut [Vec<f32>], create: RowCreation) -> anyhow::Result<()> {
+    for (t, out) in tables.iter().zip(rows.iter_mut()) {
+        out.resize(t.ids.len() * t.dim, 0.0);
+        shard.table(t.table as usize)?.pull(t.ids, out, create == RowCreation::Create)?;
+    }
+    Ok(())
 }
 
 /// One table's ids of a batch made unique.
