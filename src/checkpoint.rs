@@ -22,8 +22,20 @@ use serde::{Deserialize, Serialize};
 use crate::table::{Shard, TableSpec};
 
 const SHARD_MAGIC: &[u8; 8] = b"OARSHRD1";
-/// Version of the checkpoint format.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the checkpoint format (2: sparse rows carry their statistics).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format this build reads: format 1's sparse rows have no statistics, which read as
+/// nothing seen yet.
+pub const OLDEST_FORMAT: u32 = 1;
+
+/// Floats per stored sparse row of `t` in checkpoint format `format`.
+fn stored_row_len(t: &crate::table::SparseSpec, format: u32) -> usize {
+    if format == 1 {
+        t.row_len() - crate::table::accessor::STATS
+    } else {
+        t.row_len()
+    }
+}
 
 /// Errors reading or writing checkpoints; each names the file.
 #[derive(Debug, thiserror::Error)]
@@ -128,7 +140,7 @@ impl ShardHeader {
         let values = floats.checked_mul(1 + a).and_then(|v| v.checked_add(c * owned)).ok_or_else(too_big)?;
         let mut bytes = values.checked_mul(4).ok_or_else(too_big)?;
         for (t, &rows) in spec.sparse.iter().zip(&self.sparse_rows) {
-            let row = (t.dim + t.optimizer.state_len(t.dim)) as u64;
+            let row = stored_row_len(t, self.format) as u64;
             let table = (rows as u64).checked_mul(8 + 4 * row).ok_or_else(too_big)?;
             bytes = bytes.checked_add(table).ok_or_else(too_big)?;
         }
@@ -266,8 +278,8 @@ pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
         .and_then(|h| body.get(16..16usize.checked_add(h)?))
         .ok_or_else(|| corrupt(format!("a header of {hlen} bytes runs past the file's end")))?;
     let header: ShardHeader = serde_json::from_slice(header_bytes).map_err(|e| corrupt(format!("header: {e}")))?;
-    if header.format != FORMAT_VERSION {
-        return Err(corrupt(format!("format {} (this build reads {FORMAT_VERSION})", header.format)));
+    if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&header.format) {
+        return Err(corrupt(format!("format {} (this build reads {OLDEST_FORMAT} to {FORMAT_VERSION})", header.format)));
     }
     let mut pos = 16 + header_bytes.len();
     // Everything the header says is checked against the bytes that follow before anything is
@@ -300,9 +312,14 @@ pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
     }
     for (t, &rows) in shard.sparse.iter().zip(&header.sparse_rows) {
         let ids: Vec<u64> = bytemuck::pod_collect_to_vec(take(rows * 8)?);
-        let data: Vec<f32> = bytemuck::pod_collect_to_vec(take(rows * t.row_len() * 4)?);
-        for (id, row) in ids.iter().zip(data.chunks_exact(t.row_len())) {
-            t.insert_row(*id, row).map_err(|e| corrupt(e.to_string()))?;
+        let stored = stored_row_len(t.spec(), header.format);
+        let data: Vec<f32> = bytemuck::pod_collect_to_vec(take(rows * stored * 4)?);
+        let (dim, mut full) = (t.spec().dim, vec![0.0; t.row_len()]);
+        for (id, row) in ids.iter().zip(data.chunks_exact(stored.max(1))) {
+            // Weights, then the statistics (zeros where the format has none), then the state.
+            full[..dim].copy_from_slice(&row[..dim]);
+            full[t.row_len() - (stored - dim)..].copy_from_slice(&row[dim..]);
+            t.insert_row(*id, &full).map_err(|e| corrupt(e.to_string()))?;
         }
     }
     if pos != body.len() {
@@ -376,7 +393,7 @@ impl Manifest {
         let bytes = std::fs::read(&path).map_err(io_err(&path))?;
         let m: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| CheckpointError::Corrupt { path: path.clone(), reason: e.to_string() })?;
-        if m.format != FORMAT_VERSION {
+        if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&m.format) {
             return Err(CheckpointError::Corrupt { path, reason: format!("format {}", m.format) });
         }
         if m.shards.len() != m.num_servers {
@@ -507,13 +524,7 @@ mod tests {
                 seed: 3,
                 optimizer: Optimizer::adam(0.01),
             },
-            sparse: vec![SparseSpec {
-                name: "emb".into(),
-                dim: 4,
-                seed: 5,
-                init: Init::Uniform { scale: 0.1 },
-                optimizer: Optimizer::adagrad(0.1),
-            }],
+            sparse: vec![SparseSpec::new("emb", 4, 5, Init::Uniform { scale: 0.1 }, Optimizer::adagrad(0.1))],
         }
     }
 
@@ -524,7 +535,7 @@ mod tests {
         let ids = [3u64, 99, 1 << 50];
         let mut rows = vec![0.0; 12];
         shard.sparse[0].pull(&ids, &mut rows, true).unwrap();
-        shard.sparse[0].push(&ids, &[0.5; 12], 1.0).unwrap();
+        shard.sparse[0].push(&ids, &[1.0; 6], &[0.5; 12], 1.0).unwrap();
         let n = shard.dense.lock().len();
         shard.dense.lock().apply(&vec![1.0; n], 1.0, 1.0).unwrap();
 

@@ -161,7 +161,7 @@ impl Scorer {
         batch: &Batch,
     ) -> anyhow::Result<(usize, String)> {
         model.check_batch(batch).map_err(anyhow::Error::msg)?;
-        self.lookups.run(batch, model.table_slots());
+        self.lookups.run(batch, model.table_slots(), None);
         self.rows.resize_with(model.tables().len(), Vec::new);
         let dims: Vec<usize> = model.tables().iter().map(|t| t.dim).collect();
         // Unseen ids read as their initial value, and no row is created.

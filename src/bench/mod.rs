@@ -227,13 +227,7 @@ struct SparseRates {
 }
 
 fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::Result<SparseRates> {
-    let table = SparseSpec {
-        name: "emb".into(),
-        dim: 10,
-        seed: 1,
-        init: Init::Uniform { scale: 0.01 },
-        optimizer: Optimizer::adagrad(0.05),
-    };
+    let table = SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05));
     let spec = TableSpec {
         dense: DenseSpec { params: vec![], block_size: 1024, seed: 1, optimizer: Optimizer::sgd(0.1) },
         sparse: vec![table.clone()],
@@ -261,6 +255,7 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
         })
         .collect();
     let grads = vec![0.01f32; keys * 10];
+    let counts = [1.0f32, 0.0].repeat(keys);
     // Returns (keys per wall second, keys per server CPU second).
     let timed = |op: &mut dyn FnMut(&[u64]) -> anyhow::Result<()>,
                  sets: &[Vec<u64>],
@@ -296,7 +291,8 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
     let mut step = 0;
     for _ in 0..3 {
         let mut push = |ids: &[u64]| {
-            let g = TableGrads { table: 0, dim: 10, ids, grads: &grads[..ids.len() * 10] };
+            let (counts, grads) = (&counts[..ids.len() * 2], &grads[..ids.len() * 10]);
+            let g = TableGrads { table: 0, dim: 10, ids, counts, grads };
             step += 1;
             c.push(&StepHeader { step, ..one_sample() }, None, &[g])?;
             anyhow::Ok(())
@@ -315,7 +311,7 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
         mem_rates[1].push(timed(&mut mem_pull, &batches, false, &no_cpu)?.0);
     }
     for _ in 0..3 {
-        let mut mem_push = |ids: &[u64]| Ok(mem.push(ids, &grads[..ids.len() * 10], 1.0)?);
+        let mut mem_push = |ids: &[u64]| Ok(mem.push(ids, &counts[..ids.len() * 2], &grads[..ids.len() * 10], 1.0)?);
         mem_rates[2].push(timed(&mut mem_push, &batches, false, &no_cpu)?.0);
     }
     let wall = |k: usize| median(net[k].iter().map(|r| r.0).collect());

@@ -36,6 +36,10 @@ pub(super) enum Command {
     },
     /// Make a job's TLS files: a certificate authority and a server certificate issued by it.
     Tls(TlsGenArgs),
+    /// Shrink the sparse tables of running servers: decay every row's show and click counts,
+    /// delete rows whose score fell below `delete_threshold` or unseen for more than
+    /// `delete_after_unseen_days` (each table's accessor settings).
+    Shrink(ShrinkArgs),
     /// Split a file by line into N balanced parts FILE-00000 .. (for sharding over trainers).
     Split(SplitArgs),
     /// Prepare public data sets for the examples.
@@ -326,6 +330,29 @@ pub(super) struct TlsGenArgs {
     /// The name the server certificate is issued for (--tls-name).
     #[arg(long, default_value = crate::tls::DEFAULT_NAME)]
     pub(super) name: String,
+}
+
+#[derive(Args)]
+pub(super) struct ShrinkArgs {
+    /// The servers, host:port in server-index order, comma-separated.
+    #[arg(long, env = "OAR_SERVERS", value_delimiter = ',', required = true)]
+    pub(super) servers: Vec<String>,
+    /// Job id (must match the servers').
+    #[arg(long = "job", env = "OAR_JOB", default_value = "oar")]
+    pub(super) job_id: String,
+    /// Days passed since the last shrink that counted days: every row's unseen days grow by
+    /// this first (1 at a day's end; 0 within a day).
+    #[arg(long, default_value_t = 0)]
+    pub(super) days: u32,
+    /// The job's secret file, when the servers have one.
+    #[arg(long, env = "OAR_SECRET_FILE")]
+    pub(super) secret_file: Option<PathBuf>,
+    /// TLS to the servers: --tls-ca (and --tls-name).
+    #[command(flatten)]
+    pub(super) tls: crate::cli::tls_args::TlsArgs,
+    /// Seconds to wait for each server to connect and to answer.
+    #[arg(long, default_value_t = 600)]
+    pub(super) timeout: u64,
 }
 
 #[derive(Args)]

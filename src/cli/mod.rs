@@ -211,6 +211,20 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             dense_floats: a.dense_floats,
             exe: std::env::current_exe().context("cannot find the oar binary")?,
         }),
+        Command::Shrink(a) => {
+            let timeout = Duration::from_secs(a.timeout.max(1));
+            let config = crate::client::ClientConfig {
+                secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
+                tls: a.tls.client()?,
+                ..crate::client::ClientConfig::new(a.servers, &a.job_id, timeout, timeout)
+            };
+            let shrunk = crate::client::Client::connect(&config)?.shrink(a.days)?;
+            for (server, s) in shrunk.iter().enumerate() {
+                println!("server {server}: deleted {:?} rows, {:?} left (per table)", s.deleted, s.rows);
+            }
+            println!("OAR_RESULT {}", serde_json::to_string(&shrunk)?);
+            Ok(())
+        }
         Command::Tls(a) => {
             let files = crate::tls::generate(&a.out, &a.name)?;
             println!(

@@ -16,11 +16,11 @@ use crate::protocol::{
     PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME, NOT_A_TRAINER,
     PROTOCOL_VERSION,
 };
-use crate::server::ServerStats;
 use crate::table::TableSpec;
 
 mod conn;
 mod error;
+mod operate;
 mod pass_auc;
 mod recover;
 
@@ -113,6 +113,8 @@ pub struct TableGrads<'a> {
     pub dim: usize,
     /// Unique ids.
     pub ids: &'a [u64],
+    /// Shows and clicks per id (2 floats each), for the row statistics.
+    pub counts: &'a [f32],
     /// `dim` floats per id.
     pub grads: &'a [f32],
 }
@@ -432,11 +434,14 @@ impl Client {
             for (s, push) in per_server.iter_mut().enumerate() {
                 let positions = &self.order[self.starts[s]..self.starts[s + 1]];
                 let ids: Vec<u64> = positions.iter().map(|&p| t.ids[p as usize]).collect();
+                let counts: Vec<f32> =
+                    positions.iter().flat_map(|&p| [0, 1].map(|k| t.counts[2 * p as usize + k])).collect();
                 let mut grads = Vec::with_capacity(positions.len() * t.dim);
                 for &p in positions {
                     grads.extend_from_slice(&t.grads[p as usize * t.dim..(p as usize + 1) * t.dim]);
                 }
-                push.sparse.push(SparseGrads { table: t.table, ids: Cow::Owned(ids), grads: Cow::Owned(grads) });
+                let (ids, counts, grads) = (Cow::Owned(ids), Cow::Owned(counts), Cow::Owned(grads));
+                push.sparse.push(SparseGrads { table: t.table, ids, counts, grads });
             }
         }
         // Split like a pull: the server merges the halves of a sync step before applying it.
@@ -502,16 +507,6 @@ impl Client {
     /// Tells every server this trainer is done.
     pub fn close(&mut self, trainer: usize) -> Result<(), ClientError> {
         self.broadcast_done(&Request::Close { trainer: trainer as u64 }, "a close")
-    }
-
-    /// Every server's counters.
-    pub fn stats(&mut self) -> Result<Vec<ServerStats>, ClientError> {
-        self.round(&Request::Stats, "a stats request", |conn, reply| match reply {
-            Response::Stats(json) => {
-                serde_json::from_str(&json).map_err(|e| conn.mismatch("a stats request", e.to_string()))
-            }
-            other => Err(conn.unexpected("a stats request", &other)),
-        })
     }
 }
 

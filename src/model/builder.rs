@@ -41,7 +41,7 @@ impl GraphBuilder {
 
     /// Adds a sparse table with the job's sparse optimizer; returns it for further settings.
     pub fn table(&mut self, name: &str, dim: usize) -> &mut TableConfig {
-        self.config.tables.push(TableConfig { name: name.into(), dim, init: None, optimizer: None, lr: None });
+        self.config.tables.push(TableConfig { name: name.into(), dim, ..TableConfig::default() });
         self.config.tables.last_mut().expect("just pushed")
     }
 

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::nn::Activation;
-use crate::table::{Init, Optimizer};
+use crate::table::{Accessor, Entry, Init, Optimizer};
 
 /// What a head's output is trained against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,7 +21,7 @@ pub enum Loss {
 }
 
 /// One sparse embedding table of the model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TableConfig {
     /// Name, referred to by `embedding` layers.
@@ -37,6 +37,19 @@ pub struct TableConfig {
     /// This table's learning rate, overriding its optimizer's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lr: Option<f32>,
+    /// Row statistics rules, Paddle's `ctr_accessor_param` names [default: Paddle's].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accessor: Option<Accessor>,
+    /// Admission of new ids: `count_filter_entry:N`, `probability_entry:P` [default: every id].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<Entry>,
+    /// Most rows per server; a new row beyond it evicts the lowest-score row near it
+    /// [default: unbounded].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
+    /// Cells (2 bytes each) of each server's count filter [default: 4 Mi].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter_capacity: Option<usize>,
 }
 
 /// One layer of the graph: its name (also the name of its output tensor), its type, its input
@@ -250,7 +263,7 @@ impl ModelConfig {
             serde_json::json!({ "hidden": hidden, "activation": activation, "out": outputs }),
         ));
         Ok(ModelConfig {
-            tables: vec![TableConfig { name: SHORTHAND_TABLE.into(), dim, init: None, optimizer: None, lr: None }],
+            tables: vec![TableConfig { name: SHORTHAND_TABLE.into(), dim, ..TableConfig::default() }],
             layers,
             heads: Vec::new(),
             output: Some("fc".into()),

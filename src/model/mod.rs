@@ -114,6 +114,12 @@ impl Model {
         &self.table_slots
     }
 
+    /// The label column whose value is a sample's click for the row statistics: the first
+    /// log-loss head's (None: the model has none, and pushes no clicks).
+    pub fn click_column(&self) -> Option<usize> {
+        self.heads.iter().find(|h| h.loss == Loss::LogLoss).map(|h| h.label)
+    }
+
     /// The loss of each head, in order.
     pub fn losses(&self) -> Vec<Loss> {
         self.heads.iter().map(|h| h.loss).collect()
@@ -168,12 +174,13 @@ impl Model {
                     if let Some(lr) = t.lr {
                         optimizer.lr = lr;
                     }
+                    let init = t.init.unwrap_or(Init::Uniform { scale: c.embedding_init });
                     SparseSpec {
-                        name: t.name.clone(),
-                        dim: t.dim,
-                        seed: c.seed.wrapping_add(i as u64),
-                        init: t.init.unwrap_or(Init::Uniform { scale: c.embedding_init }),
-                        optimizer,
+                        accessor: t.accessor.unwrap_or_default(),
+                        entry: t.entry.unwrap_or_default(),
+                        capacity: t.capacity,
+                        filter_capacity: t.filter_capacity.unwrap_or(crate::table::DEFAULT_FILTER_CAPACITY),
+                        ..SparseSpec::new(&t.name, t.dim, c.seed.wrapping_add(i as u64), init, optimizer)
                     }
                 })
                 .collect(),

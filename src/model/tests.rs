@@ -125,7 +125,7 @@ layers = [
     let model = Model::build(&parse(text), &input(3, 2, &["click", "buy"]), &Registry::default()).unwrap();
     let b = batch();
     let mut lookups = Lookups::default();
-    lookups.run(&b, model.table_slots());
+    lookups.run(&b, model.table_slots(), model.click_column());
     let spec = model.table_spec(Default::default(), Default::default());
     let mut params = vec![0.0; spec.dense.total()];
     spec.dense.init_range(0, &mut params);

@@ -19,6 +19,7 @@ pub(super) mod kind {
     // 10 and 11 are the secret's frames (`protocol::auth`).
     pub const PASS_AUC: u8 = 12;
     pub const GLOBAL_AUC: u8 = 13;
+    pub const SHRINK: u8 = 14;
     pub const WELCOME: u8 = 101;
     pub const DONE: u8 = 102;
     pub const VALUES: u8 = 103;
@@ -265,7 +266,7 @@ impl<'a> Request<'a> {
                 e.f32_chunks(&p.dense);
                 e.u64(p.sparse.len() as u64);
                 for s in &p.sparse {
-                    e.u64(s.table as u64).u64s(&s.ids).f32s(&s.grads);
+                    e.u64(s.table as u64).u64s(&s.ids).f32s(&s.counts).f32s(&s.grads);
                 }
                 e.finish()
             }
@@ -298,6 +299,11 @@ impl<'a> Request<'a> {
             Request::GlobalAuc { pass } => {
                 let mut e = Encoder::new(kind::GLOBAL_AUC);
                 e.u64(*pass);
+                e.finish()
+            }
+            Request::Shrink { days } => {
+                let mut e = Encoder::new(kind::SHRINK);
+                e.u64(*days);
                 e.finish()
             }
         }
@@ -347,13 +353,14 @@ impl<'a> Request<'a> {
                     enum_field(d.u64()?, &[Apply::Now, Apply::Merged, Apply::StalenessScaled], "push apply rule")?;
                 let dense: Cow<'a, [f32]> = d.array()?;
                 let dense = if dense.is_empty() { vec![] } else { vec![dense] };
-                let n = d.count(24)?;
+                let n = d.count(32)?;
                 let mut sparse = Vec::with_capacity(n);
                 for _ in 0..n {
                     let table = table_index(d.u64()?)?;
                     let ids = d.array()?;
+                    let counts = d.array()?;
                     let grads = d.array()?;
-                    sparse.push(SparseGrads { table, ids, grads });
+                    sparse.push(SparseGrads { table, ids, counts, grads });
                 }
                 Request::Push(Push { trainer, step, pass, base_version, samples, part, apply, dense, sparse })
             }
@@ -364,6 +371,7 @@ impl<'a> Request<'a> {
             kind::STATS => Request::Stats,
             kind::PASS_AUC => Request::PassAuc { trainer: d.u64()?, pass: d.u64()?, pos: d.array()?, neg: d.array()? },
             kind::GLOBAL_AUC => Request::GlobalAuc { pass: d.u64()? },
+            kind::SHRINK => Request::Shrink { days: d.u64()? },
             other => return Err(ProtocolError::Malformed(format!("unknown request kind {other}"))),
         };
         d.end()?;
@@ -509,7 +517,12 @@ mod tests {
             part: PushPart::Whole,
             apply: Apply::StalenessScaled,
             dense: vec![vec![1.0, 2.0, 3.0].into()],
-            sparse: vec![SparseGrads { table: 0, ids: vec![9].into(), grads: vec![0.5; 3].into() }],
+            sparse: vec![SparseGrads {
+                table: 0,
+                ids: vec![9].into(),
+                counts: vec![2.0, 1.0].into(),
+                grads: vec![0.5; 3].into(),
+            }],
         }));
         round_trip_request(Request::Barrier { trainer: 1, epoch: 2 });
         round_trip_request(Request::EndPass { trainer: 1, pass: 3 });
@@ -523,6 +536,7 @@ mod tests {
             neg: vec![0, 7, 0].into(),
         });
         round_trip_request(Request::GlobalAuc { pass: 2 });
+        round_trip_request(Request::Shrink { days: 1 });
     }
 
     #[test]

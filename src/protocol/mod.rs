@@ -26,7 +26,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 7;
+pub const PROTOCOL_VERSION: u64 = 8;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.
@@ -90,6 +90,9 @@ pub struct SparseGrads<'a> {
     pub table: u32,
     /// Feature ids, unique within a request.
     pub ids: Cow<'a, [u64]>,
+    /// Shows and clicks per id (2 floats each): the row statistics (see
+    /// [`crate::table::accessor`]).
+    pub counts: Cow<'a, [f32]>,
     /// `dim` gradient floats per id.
     pub grads: Cow<'a, [f32]>,
 }
@@ -100,6 +103,7 @@ impl SparseGrads<'_> {
         SparseGrads {
             table: self.table,
             ids: Cow::Owned(self.ids.into_owned()),
+            counts: Cow::Owned(self.counts.into_owned()),
             grads: Cow::Owned(self.grads.into_owned()),
         }
     }
@@ -297,6 +301,21 @@ pub enum Request<'a> {
         /// Pass number.
         pass: u64,
     },
+    /// Shrink every sparse table (decay the statistics, delete rows by score or unseen days)
+    /// after `days` more days; answered as `Stats` JSON ([`Shrunk`]).
+    Shrink {
+        /// Days passed since the last shrink that counted days (0: within the day).
+        days: u64,
+    },
+}
+
+/// What a shrink did on one server, per sparse table.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Shrunk {
+    /// Rows deleted.
+    pub deleted: Vec<u64>,
+    /// Rows left.
+    pub rows: Vec<u64>,
 }
 
 /// A pass's training AUC over every trainer's samples: the trainers whose histograms server 0
@@ -324,6 +343,7 @@ impl Request<'_> {
             Request::Stats => "a stats request",
             Request::PassAuc { .. } => "a pass AUC histogram",
             Request::GlobalAuc { .. } => "a global AUC request",
+            Request::Shrink { .. } => "a shrink",
         }
     }
 }

@@ -159,6 +159,12 @@ pub struct ServerStats {
     pub push_bytes: u64,
     /// Rows held per sparse table.
     pub rows: Vec<usize>,
+    /// Per sparse table, what its rows went through: admitted, filtered, evicted, shrunk.
+    #[serde(default)]
+    pub lifecycle: Vec<crate::table::stripe::Lifecycle>,
+    /// Per sparse table, bytes of its admission filter.
+    #[serde(default)]
+    pub filter_bytes: Vec<usize>,
     /// Requests served per listening port, in port order.
     pub port_requests: Vec<u64>,
     /// Async: how many updates behind each push arrived.

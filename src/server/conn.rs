@@ -196,6 +196,9 @@ enum Sender {
     AnyTrainer,
     /// A connection of this trainer only: its push, pass end, barrier or close.
     Trainer(u64),
+    /// Any greeted connection of the job (past its secret, when it has one): an operator's
+    /// command on the whole table, which `oar shrink` runs against live servers.
+    Operator,
 }
 
 /// Who may send `request`.
@@ -209,6 +212,7 @@ fn sender(request: &Request) -> Sender {
         Request::Declare(_) | Request::Save { .. } => Sender::AnyTrainer,
         Request::Pull(p) if p.create == RowCreation::Create => Sender::AnyTrainer,
         Request::Hello(_) | Request::Pull(_) | Request::Stats | Request::GlobalAuc { .. } => Sender::Anyone,
+        Request::Shrink { .. } => Sender::Operator,
     }
 }
 
@@ -220,7 +224,7 @@ fn may_send(state: &State, connection: Option<u64>, request: &Request) -> bool {
     let trainers = state.config.trainers as u64;
     let own = connection.filter(|c| *c != NOT_A_TRAINER && *c < trainers);
     match sender(request) {
-        Sender::Anyone => true,
+        Sender::Anyone | Sender::Operator => true,
         Sender::AnyTrainer => own.is_some(),
         Sender::Trainer(t) => own == Some(t),
     }
@@ -346,6 +350,7 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         }
         Request::PassAuc { trainer, pass, pos, neg } => members::pass_auc(state, trainer, pass, &pos, &neg),
         Request::GlobalAuc { pass } => members::global_auc(state, pass),
+        Request::Shrink { days } => requests::shrink(state, days).await,
     }
 }
 

@@ -146,6 +146,11 @@ impl State {
         (0..self.config.trainers as u64).filter(|t| !arrived.contains(t)).collect()
     }
 
+    /// `f` of every sparse table (none before the tables are declared).
+    fn tables<T>(&self, f: impl Fn(&crate::table::SparseTable) -> T) -> Vec<T> {
+        self.shard.lock().as_ref().map(|s| s.sparse.iter().map(f).collect()).unwrap_or_default()
+    }
+
     fn stats(&self) -> ServerStats {
         let c = &self.counters;
         ServerStats {
@@ -156,7 +161,9 @@ impl State {
             keys_pulled: c.keys_pulled.load(Relaxed),
             keys_pushed: c.keys_pushed.load(Relaxed),
             push_bytes: c.push_bytes.load(Relaxed),
-            rows: self.shard.lock().as_ref().map(|s| s.sparse.iter().map(|t| t.len()).collect()).unwrap_or_default(),
+            rows: self.tables(|t| t.len()),
+            lifecycle: self.tables(|t| t.lifecycle()),
+            filter_bytes: self.tables(|t| t.filter_bytes()),
             port_requests: c.port_requests.iter().map(|n| n.load(Relaxed)).collect(),
             staleness: {
                 let counts: Vec<u64> = c.staleness.iter().map(|n| n.load(Relaxed)).collect();

@@ -24,7 +24,7 @@ fn apply(
     samples: u64,
     dense_lr_factor: f32,
 ) -> Result<(), (ErrorCode, String)> {
-    let sparse = sparse.iter().map(|s| (s.table as usize, &s.ids[..], &s.grads[..]));
+    let sparse = sparse.iter().map(|s| (s.table as usize, &s.ids[..], &s.counts[..], &s.grads[..]));
     shard.apply(dense, sparse, samples, dense_lr_factor).map_err(table_err)
 }
 
@@ -49,9 +49,22 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
             let m = format!("table {}: {} ids but {} gradient floats", s.table, s.ids.len(), s.grads.len());
             return Err((ErrorCode::Table, m));
         }
+        if Some(s.counts.len()) != s.ids.len().checked_mul(2) {
+            let m = format!(
+                "table {}: {} ids but {} show and click floats (2 per id)",
+                s.table,
+                s.ids.len(),
+                s.counts.len()
+            );
+            return Err((ErrorCode::Table, m));
+        }
+        if s.counts.iter().any(|c| *c < 0.0) {
+            let m = format!("table {}: a negative show or click count", s.table);
+            return Err((ErrorCode::Table, m));
+        }
     }
     let finite = push.dense.iter().all(|c| c.iter().all(|v| v.is_finite()))
-        && push.sparse.iter().all(|s| s.grads.iter().all(|v| v.is_finite()));
+        && push.sparse.iter().all(|s| s.grads.iter().chain(s.counts.iter()).all(|v| v.is_finite()));
     if finite {
         return Ok(true);
     }
@@ -233,30 +246,38 @@ fn merge_sparse<'a>(
     shard: &Shard,
     pushes: impl Iterator<Item = &'a Push<'static>>,
 ) -> Result<Vec<SparseGrads<'static>>, (ErrorCode, String)> {
-    /// One table's merged gradients: id -> position in `ids`/`grads`.
+    /// One table's merged gradients: id -> position in `ids`/`counts`/`grads`.
     #[derive(Default)]
     struct Merged {
         index: hashbrown::HashMap<u64, usize>,
         ids: Vec<u64>,
+        counts: Vec<f32>,
         grads: Vec<f32>,
     }
     let mut merged: BTreeMap<u32, Merged> = BTreeMap::new();
     for p in pushes {
         for s in &p.sparse {
             let dim = shard.table(s.table as usize).map_err(table_err)?.spec().dim;
-            let Merged { index, ids, grads } = merged.entry(s.table).or_default();
+            let Merged { index, ids, counts, grads } = merged.entry(s.table).or_default();
             for (k, &id) in s.ids.iter().enumerate() {
-                let g = &s.grads[k * dim..(k + 1) * dim];
+                let (c, g) = (&s.counts[2 * k..2 * k + 2], &s.grads[k * dim..(k + 1) * dim]);
                 match index.get(&id) {
-                    Some(&at) => grads[at * dim..(at + 1) * dim].iter_mut().zip(g).for_each(|(a, b)| *a += b),
+                    Some(&at) => {
+                        counts[2 * at..2 * at + 2].iter_mut().zip(c).for_each(|(a, b)| *a += b);
+                        grads[at * dim..(at + 1) * dim].iter_mut().zip(g).for_each(|(a, b)| *a += b);
+                    }
                     None => {
                         index.insert(id, ids.len());
                         ids.push(id);
+                        counts.extend_from_slice(c);
                         grads.extend_from_slice(g);
                     }
                 }
             }
         }
     }
-    Ok(merged.into_iter().map(|(table, m)| SparseGrads { table, ids: m.ids.into(), grads: m.grads.into() }).collect())
+    let tables = merged.into_iter();
+    Ok(tables
+        .map(|(table, m)| SparseGrads { table, ids: m.ids.into(), counts: m.counts.into(), grads: m.grads.into() })
+        .collect())
 }

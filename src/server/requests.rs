@@ -140,6 +140,28 @@ pub(super) async fn save(state: &Arc<State>, dir: &str) -> Reply {
     Ok(Answer::Response(Response::Saved { file, bytes, crc32 }))
 }
 
+/// Most days one shrink may add to every row's unseen days: a century.
+const MAX_SHRINK_DAYS: u64 = 36_500;
+
+/// Shrinks every sparse table after `days` more days (off the async workers: a sweep of every
+/// row), as an update: a checkpoint holds the table before or after it, never half of it.
+pub(super) async fn shrink(state: &Arc<State>, days: u64) -> Reply {
+    let shard = state.shard()?;
+    if days > MAX_SHRINK_DAYS {
+        return Err((ErrorCode::State, format!("a shrink of {days} days refused: at most {MAX_SHRINK_DAYS}")));
+    }
+    let gate = Arc::clone(state);
+    let swept = tokio::task::spawn_blocking(move || {
+        let _gate = gate.gate.read();
+        let deleted: Vec<u64> = shard.sparse.iter().map(|t| t.shrink(days as u32)).collect();
+        crate::protocol::Shrunk { deleted, rows: shard.sparse.iter().map(|t| t.len() as u64).collect() }
+    })
+    .await
+    .map_err(|e| (ErrorCode::Io, format!("the shrink stopped: {e}")))?;
+    tracing::info!(days, deleted = ?swept.deleted, rows = ?swept.rows, "shrink");
+    Ok(Answer::Response(Response::Stats(serde_json::to_string(&swept).expect("shrink result serializes"))))
+}
+
 /// `dir` (relative ones taken from `root`, never from the server's working directory) made
 /// absolute if it lies inside `root`: a `..` anywhere is refused rather than resolved, and the
 /// deepest part of it that exists already is resolved through symbolic links, so a link inside

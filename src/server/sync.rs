@@ -153,7 +153,12 @@ mod tests {
             sparse: if part == PushPart::Dense {
                 vec![]
             } else {
-                vec![SparseGrads { table: 0, ids: Cow::Owned(vec![7]), grads: Cow::Owned(vec![dense]) }]
+                vec![SparseGrads {
+                    table: 0,
+                    ids: Cow::Owned(vec![7]),
+                    counts: Cow::Owned(vec![1.0, 0.0]),
+                    grads: Cow::Owned(vec![dense]),
+                }]
             },
         }
     }

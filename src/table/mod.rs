@@ -8,13 +8,21 @@
 //! This module does no I/O and knows nothing of the network: the server, the local trainer and
 //! the offline evaluator all use it directly.
 
+pub mod accessor;
+pub mod admit;
 pub mod dense;
 pub mod optim;
 pub mod records;
 pub mod sparse;
+pub mod stripe;
+
+#[cfg(test)]
+mod lifecycle_tests;
 
 use serde::{Deserialize, Serialize};
 
+pub use accessor::{Accessor, RowStats};
+pub use admit::Entry;
 pub use dense::DenseShard;
 pub use optim::{Optimizer, OptimizerKind};
 pub use sparse::SparseTable;
@@ -113,9 +121,64 @@ pub struct SparseSpec {
     pub init: Init,
     /// Optimizer of this table, with its own learning rate.
     pub optimizer: Optimizer,
+    /// Row statistics and the rules on them (Paddle's `ctr_accessor_param`).
+    #[serde(default)]
+    pub accessor: Accessor,
+    /// Admission of new ids (Paddle's entry attribute).
+    #[serde(default)]
+    pub entry: Entry,
+    /// Most rows each server holds; a new row beyond it evicts the lowest-score row near it.
+    /// None: unbounded.
+    #[serde(default)]
+    pub capacity: Option<u64>,
+    /// Cells (2 bytes each) of each server's count filter, with `count_filter_entry`: ids
+    /// counted at once before some lose their count.
+    #[serde(default = "default_filter_capacity")]
+    pub filter_capacity: usize,
+}
+
+/// Default count-filter cells per table and server: 4 Mi ids, 8 MiB.
+pub const DEFAULT_FILTER_CAPACITY: usize = 1 << 22;
+
+fn default_filter_capacity() -> usize {
+    DEFAULT_FILTER_CAPACITY
 }
 
 impl SparseSpec {
+    /// A table of `dim` floats with Paddle's default statistics, every id admitted, no capacity.
+    pub fn new(name: &str, dim: usize, seed: u64, init: Init, optimizer: Optimizer) -> SparseSpec {
+        SparseSpec {
+            name: name.into(),
+            dim,
+            seed,
+            init,
+            optimizer,
+            accessor: Accessor::default(),
+            entry: Entry::All,
+            capacity: None,
+            filter_capacity: DEFAULT_FILTER_CAPACITY,
+        }
+    }
+
+    /// Floats per full row as checkpoints store it: weights, statistics, optimizer state.
+    pub fn row_len(&self) -> usize {
+        self.dim + accessor::STATS + self.optimizer.state_len(self.dim)
+    }
+
+    /// Bytes of each server's admission filter for this table.
+    pub fn filter_bytes(&self) -> u64 {
+        match self.entry {
+            Entry::Count(_) => 2 * self.filter_capacity as u64,
+            _ => 0,
+        }
+    }
+
+    /// Whether rows are created only by pushes (an admission rule or a capacity), never by a
+    /// training pull.
+    pub fn creates_on_push(&self) -> bool {
+        !self.entry.admits_all() || self.capacity.is_some()
+    }
+
     /// Writes the initial weights of row `id` into `out` (`dim` floats).
     pub fn init_row(&self, id: u64, out: &mut [f32]) {
         let base = mix64(self.seed ^ mix64(id));
@@ -147,6 +210,19 @@ impl TableSpec {
                 return Err(format!("sparse table {} has dim 0", t.name));
             }
             t.optimizer.validate(&format!("sparse table {}", t.name))?;
+            t.accessor.validate(&t.name)?;
+            if t.accessor.embedx_threshold > 0.0 && t.optimizer.prefix_state_len(1).is_none() {
+                return Err(format!(
+                    "sparse table {}: embedx_threshold needs a per-weight optimizer (sgd or adagrad)",
+                    t.name
+                ));
+            }
+            if t.capacity == Some(0) {
+                return Err(format!("sparse table {}: capacity 0 holds no row; leave it out for no bound", t.name));
+            }
+            if matches!(t.entry, Entry::Count(_)) && !(1..=1 << 32).contains(&t.filter_capacity) {
+                return Err(format!("sparse table {}: filter_capacity must be in 1..=2^32", t.name));
+            }
         }
         Ok(())
     }
@@ -162,7 +238,7 @@ pub const MAX_TABLES: usize = 4096;
 /// stripes of 16 slots, a slot a few cache lines wide): what a declaration or a shard file
 /// costs before anything it holds, checked against a budget before it is allocated.
 pub fn empty_sparse_bytes(spec: &TableSpec) -> u64 {
-    spec.sparse.iter().map(|t| 64 * 16 * ((16 + 4 * t.dim as u64).div_ceil(64) * 64)).sum()
+    spec.sparse.iter().map(|t| 64 * 16 * ((16 + 4 * t.dim as u64).div_ceil(64) * 64) + t.filter_bytes()).sum()
 }
 
 /// The most bytes the empty tables of a shard file may take: twice the servers' default
@@ -218,12 +294,13 @@ impl Shard {
     }
 
     /// Applies one update: dense gradient sums for the owned blocks (empty: none) and sparse
-    /// gradient sums as (table, ids, grads), all sums over `samples` samples. The dense
-    /// optimizer's learning rate is multiplied by `dense_lr_factor` (staleness-scaled steps).
+    /// gradient sums as (table, ids, shows and clicks, grads), all sums over `samples` samples.
+    /// The dense optimizer's learning rate is multiplied by `dense_lr_factor` (staleness-scaled
+    /// steps).
     pub fn apply<'a>(
         &self,
         dense: &[f32],
-        sparse: impl IntoIterator<Item = (usize, &'a [u64], &'a [f32])>,
+        sparse: impl IntoIterator<Item = (usize, &'a [u64], &'a [f32], &'a [f32])>,
         samples: u64,
         dense_lr_factor: f32,
     ) -> Result<(), TableError> {
@@ -231,8 +308,8 @@ impl Shard {
         if !dense.is_empty() {
             self.dense.lock().apply(dense, scale, dense_lr_factor)?;
         }
-        for (table, ids, grads) in sparse {
-            self.table(table)?.push(ids, grads, scale)?;
+        for (table, ids, counts, grads) in sparse {
+            self.table(table)?.push(ids, counts, grads, scale)?;
         }
         Ok(())
     }
@@ -269,13 +346,7 @@ mod tests {
 
     #[test]
     fn sparse_rows_depend_on_id_and_seed() {
-        let spec = SparseSpec {
-            name: "emb".into(),
-            dim: 4,
-            seed: 1,
-            init: Init::Uniform { scale: 0.01 },
-            optimizer: Optimizer::adagrad(0.1),
-        };
+        let spec = SparseSpec::new("emb", 4, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.1));
         let (mut a, mut b, mut c) = ([0.0; 4], [0.0; 4], [0.0; 4]);
         spec.init_row(42, &mut a);
         spec.init_row(42, &mut b);

@@ -98,6 +98,17 @@ impl Optimizer {
         }
     }
 
+    /// Floats of state that the first `k` weights of a row own, when the state splits by weight
+    /// (so those weights can be updated alone): SGD and Adagrad; Adam's shared step count does
+    /// not split.
+    pub fn prefix_state_len(&self, k: usize) -> Option<usize> {
+        match self.kind {
+            OptimizerKind::Sgd => Some(0),
+            OptimizerKind::Adagrad => Some(k),
+            OptimizerKind::Adam => None,
+        }
+    }
+
     /// Writes the initial optimizer state.
     pub fn init_state(&self, state: &mut [f32]) {
         match self.kind {

@@ -151,6 +151,42 @@ impl Records {
     pub fn occupied(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.slots).filter(|&s| self.row(s) != EMPTY)
     }
+
+    /// Every occupied slot, from the home slot of `hash` on, around the table once.
+    pub fn occupied_from(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {
+        let home = self.home(hash);
+        (0..self.slots).map(move |k| (home + k) & (self.slots - 1)).filter(|&s| self.row(s) != EMPTY)
+    }
+
+    /// Removes the id in `slot` and returns its state row. Later ids of its probe run move
+    /// back into the hole (backward-shift deletion: no tombstones, so probes stay as short as
+    /// before), so other slot numbers change.
+    pub fn remove(&mut self, slot: usize) -> u32 {
+        let row = self.row(slot);
+        debug_assert!(row != EMPTY);
+        let (mask, stride) = (self.slots - 1, self.stride);
+        let mut hole = slot;
+        let mut s = (slot + 1) & mask;
+        while self.row(s) != EMPTY {
+            let home = self.home(crate::layout::mix64(self.id(s)));
+            if may_fill(home, hole, s, self.slots) {
+                self.lines.copy_within(s * stride..(s + 1) * stride, hole * stride);
+                hole = s;
+            }
+            s = (s + 1) & mask;
+        }
+        self.lines[hole * stride..(hole + 1) * stride].fill(BLANK);
+        self.len -= 1;
+        row
+    }
+}
+
+/// Whether the id in `slot`, whose home is `home`, may move back to `hole` in a table of
+/// `slots` slots: linear probing keeps every id in the run from its home to its slot, so it may
+/// move to a hole inside that run.
+fn may_fill(home: usize, hole: usize, slot: usize, slots: usize) -> bool {
+    let mask = slots - 1;
+    (slot.wrapping_sub(home) & mask) >= (slot.wrapping_sub(hole) & mask)
 }
 
 // SAFETY: `Line` is 8 plain u64s with no padding; any bit pattern is valid.
@@ -187,6 +223,33 @@ mod tests {
                 assert!(r.weights(at).iter().all(|&w| w == k as f32), "dim {dim}");
             }
             assert_eq!(r.occupied().count(), ids.len());
+        }
+    }
+
+    #[test]
+    fn removed_ids_leave_every_other_id_findable() {
+        for dim in [1, 10, 40] {
+            let mut r = Records::new(dim);
+            let ids: Vec<u64> = (0..5_000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 5).collect();
+            for (k, &id) in ids.iter().enumerate() {
+                let at = add(&mut r, id, k as u32);
+                r.weights_mut(at).fill(k as f32);
+            }
+            // Remove every third id; the rest keep their rows and weights wherever they moved.
+            for (k, &id) in ids.iter().enumerate().filter(|(k, _)| k % 3 == 0) {
+                let at = r.find(id, mix64(id)).unwrap();
+                assert_eq!(r.remove(at), k as u32);
+                assert!(r.find(id, mix64(id)).is_err());
+            }
+            assert_eq!(r.len(), ids.len() - ids.len().div_ceil(3));
+            for (k, &id) in ids.iter().enumerate().filter(|(k, _)| k % 3 != 0) {
+                let at = r.find(id, mix64(id)).unwrap();
+                assert_eq!(r.row(at), k as u32);
+                assert!(r.weights(at).iter().all(|&w| w == k as f32));
+            }
+            assert_eq!(r.occupied().count(), r.len());
+            let from: Vec<usize> = r.occupied_from(mix64(ids[1])).collect();
+            assert_eq!(from.len(), r.len());
         }
     }
 

@@ -11,67 +11,42 @@
 
 use parking_lot::Mutex;
 
-use super::records::Records;
+use super::accessor::STATS;
+use super::stripe::{Lifecycle, Stripe};
 use super::{SparseSpec, TableError};
 use crate::layout::{group_positions, mix64, stripe_of, STRIPES};
 
-/// State rows per slab chunk: big enough to amortize allocation, small enough to waste little.
-const CHUNK_ROWS: usize = 4096;
 /// Slot number standing for "no such id".
 const ABSENT: usize = usize::MAX;
 /// How many positions ahead a batch prefetches.
 const PREFETCH_DISTANCE: usize = 8;
 
-struct Stripe {
-    records: Records,
-    /// Optimizer state, `state_len` floats per row, in chunks.
-    state: Vec<Box<[f32]>>,
-    rows: usize,
-}
-
-impl Stripe {
-    fn state_mut(&mut self, row: u32, state_len: usize) -> &mut [f32] {
-        let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
-        &mut self.state[c][r * state_len..(r + 1) * state_len]
-    }
-
-    fn state(&self, row: u32, state_len: usize) -> &[f32] {
-        let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
-        &self.state[c][r * state_len..(r + 1) * state_len]
-    }
-
-    /// Hints the CPU to start loading the state of `row`, every line it spans.
-    #[inline]
-    fn prefetch_state(&self, row: u32, state_len: usize) {
-        #[cfg(target_arch = "x86_64")]
-        if state_len > 0 {
-            let span = self.state(row, state_len);
-            let (first, last) = (span.as_ptr() as usize, span.as_ptr() as usize + state_len * 4 - 1);
-            for line in (first & !63..=last).step_by(64) {
-                // SAFETY: prefetching is only a hint; every line holds part of the live state.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.max(first) as *const i8)
-                };
-            }
-        }
-    }
+/// How a batch treats ids without a row.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Absent {
+    /// Leave them absent.
+    Leave,
+    /// Create them (a training pull, or a push to a table that admits every id unbounded).
+    Create,
 }
 
 /// One server's rows of one sparse table.
 pub struct SparseTable {
     spec: SparseSpec,
+    /// Floats of state per row: statistics, then the optimizer's.
     state_len: usize,
+    /// Most rows per stripe (the capacity dealt over the stripes).
+    stripe_capacity: Option<usize>,
     stripes: Vec<Mutex<Stripe>>,
 }
 
 impl SparseTable {
     /// An empty table.
     pub fn new(spec: SparseSpec) -> SparseTable {
-        let state_len = spec.optimizer.state_len(spec.dim);
-        let stripes = (0..STRIPES)
-            .map(|_| Mutex::new(Stripe { records: Records::new(spec.dim), state: Vec::new(), rows: 0 }))
-            .collect();
-        SparseTable { spec, state_len, stripes }
+        let state_len = STATS + spec.optimizer.state_len(spec.dim);
+        let stripes = (0..STRIPES).map(|_| Mutex::new(Stripe::new(&spec, STRIPES))).collect();
+        let stripe_capacity = spec.capacity.map(|c| (c as usize / STRIPES).max(1));
+        SparseTable { spec, state_len, stripe_capacity, stripes }
     }
 
     /// The table's spec.
@@ -79,9 +54,9 @@ impl SparseTable {
         &self.spec
     }
 
-    /// Floats per full row (weights plus optimizer state), as checkpoints store it.
+    /// Floats per full row (weights, statistics, optimizer state), as checkpoints store it.
     pub fn row_len(&self) -> usize {
-        self.spec.dim + self.state_len
+        self.spec.row_len()
     }
 
     /// Number of rows held.
@@ -94,33 +69,31 @@ impl SparseTable {
         self.len() == 0
     }
 
-    /// Adds `id` (absent) to a stripe: a slot from `find`'s `Err(at)` (after `reserve`) with its
-    /// weights initialized from the seed, and a fresh state row.
-    fn create(&self, stripe: &mut Stripe, at: usize, id: u64) -> usize {
-        let row = stripe.rows as u32;
-        if stripe.rows % CHUNK_ROWS == 0 {
-            stripe.state.push(vec![0.0; CHUNK_ROWS * self.state_len].into_boxed_slice());
-        }
-        stripe.rows += 1;
-        stripe.records.put(at, id, row);
-        self.spec.init_row(id, stripe.records.weights_mut(at));
-        self.spec.optimizer.init_state(stripe.state_mut(row, self.state_len));
-        at
+    /// What rows went through: admissions, filtered pushes, evictions, shrinks.
+    pub fn lifecycle(&self) -> Lifecycle {
+        let mut all = Lifecycle::default();
+        self.stripes.iter().for_each(|s| all.add(&s.lock().counts));
+        all
     }
 
-    /// The slot of every position (created when `create`, else [`ABSENT`]) into `found`. The
-    /// probes are independent of each other and later slots are prefetched, so their cache
-    /// misses overlap.
+    /// Bytes of the admission filter.
+    pub fn filter_bytes(&self) -> usize {
+        self.stripes.iter().map(|s| s.lock().filter_bytes()).sum()
+    }
+
+    /// The slot of every position (created when `absent` says so, else [`ABSENT`]) into
+    /// `found`. The probes are independent of each other and later slots are prefetched, so
+    /// their cache misses overlap.
     fn resolve(
         &self,
         stripe: &mut Stripe,
         ids: &[u64],
         positions: &[u32],
         hashes: &[u64],
-        create: bool,
+        absent: Absent,
         found: &mut Vec<usize>,
     ) {
-        if create {
+        if absent == Absent::Create {
             // No slot moves while the batch is resolved.
             stripe.records.reserve(positions.len());
         }
@@ -132,59 +105,160 @@ impl SparseTable {
             let id = ids[p as usize];
             found.push(match stripe.records.find(id, hashes[p as usize]) {
                 Ok(slot) => slot,
-                Err(at) if create => self.create(stripe, at, id),
+                Err(at) if absent == Absent::Create => {
+                    stripe.counts.admitted += 1;
+                    stripe.create(&self.spec, self.state_len, at, id)
+                }
                 Err(_) => ABSENT,
             });
         }
     }
 
+    /// A push's resolution under admission and capacity: rows for the admitted absent ids,
+    /// after evicting rows (never this batch's) when the stripe would outgrow its capacity.
+    /// Ids left without a row stay [`ABSENT`].
+    fn resolve_admitted(
+        &self,
+        stripe: &mut Stripe,
+        ids: &[u64],
+        counts: &[f32],
+        positions: &[u32],
+        hashes: &[u64],
+        found: &mut Vec<usize>,
+    ) {
+        // Room for every id of the batch first: no slot moves once found, but by an eviction.
+        stripe.records.reserve(positions.len());
+        self.resolve(stripe, ids, positions, hashes, Absent::Leave, found);
+        let mut new: Vec<u32> = Vec::new();
+        for (&p, &slot) in positions.iter().zip(found.iter()) {
+            let (id, hash) = (ids[p as usize], hashes[p as usize]);
+            if slot == ABSENT && stripe.admit(self.spec.entry, id, hash, counts[2 * p as usize]) {
+                new.push(p);
+            }
+        }
+        if new.is_empty() {
+            return;
+        }
+        if let Some(cap) = self.stripe_capacity {
+            let over = (stripe.records.len() + new.len()).saturating_sub(cap);
+            if over > 0 {
+                let batch: hashbrown::HashSet<u64> = positions.iter().map(|&p| ids[p as usize]).collect();
+                let mut evicted = 0;
+                // Each newcomer evicts near its own home (a restored table may even be over).
+                for k in 0..over {
+                    let near = hashes[new[k % new.len()] as usize];
+                    if !stripe.evict_near(&self.spec.accessor, self.state_len, near, |id| batch.contains(&id)) {
+                        break;
+                    }
+                    evicted += 1;
+                }
+                // Without room (the stripe is full of this batch's rows) the last newcomers wait.
+                let room = new.len().saturating_sub(over - evicted);
+                stripe.counts.no_room += (new.len() - room) as u64;
+                new.truncate(room);
+                // Evictions move slots: find this batch's rows again.
+                self.resolve(stripe, ids, positions, hashes, Absent::Leave, found);
+            }
+        }
+        let new: hashbrown::HashSet<u32> = new.into_iter().collect();
+        for (k, &p) in positions.iter().enumerate() {
+            if new.contains(&p) {
+                let id = ids[p as usize];
+                let Err(at) = stripe.records.find(id, hashes[p as usize]) else { unreachable!("ids are unique") };
+                stripe.counts.admitted += 1;
+                found[k] = stripe.create(&self.spec, self.state_len, at, id);
+            }
+        }
+    }
+
     /// Copies the weights of `ids` into `out` (`ids.len() * dim` floats). Absent rows are created
-    /// when `create` is set; otherwise their initial value is returned and nothing is stored
-    /// (evaluation must not grow the model).
+    /// when `create` is set and the table creates rows on pulls; otherwise their initial value is
+    /// returned and nothing is stored (evaluation must not grow the model). A row below the
+    /// accessor's `embedx_threshold` reads its first weight only, the rest as zeros.
     pub fn pull(&self, ids: &[u64], out: &mut [f32], create: bool) -> Result<(), TableError> {
         let dim = self.spec.dim;
         check_len("pulled rows", ids.len() * dim, out.len())?;
+        let absent = if create && !self.spec.creates_on_push() { Absent::Create } else { Absent::Leave };
+        let gated = self.spec.accessor.embedx_threshold > 0.0;
         let mut found = Vec::new();
         self.for_each_stripe(ids, |stripe, positions, hashes| {
-            self.resolve(stripe, ids, positions, hashes, create, &mut found);
+            self.resolve(stripe, ids, positions, hashes, absent, &mut found);
             // The probes brought the slots, and with them the weights, into the cache.
             for (&p, &slot) in positions.iter().zip(&found) {
                 let dst = &mut out[p as usize * dim..(p as usize + 1) * dim];
                 if slot == ABSENT {
                     self.spec.init_row(ids[p as usize], dst);
+                    if gated {
+                        dst[1..].fill(0.0);
+                    }
                 } else {
                     copy_small(dst, stripe.records.weights(slot));
+                    if gated && !self.spec.accessor.embedx_live(stripe.state(stripe.records.row(slot), self.state_len))
+                    {
+                        dst[1..].fill(0.0);
+                    }
                 }
             }
         });
         Ok(())
     }
 
-    /// Applies the optimizer to the rows of `ids` given gradient sums `grads` (`dim` per id),
-    /// multiplied by `scale`. Ids must be unique within one call.
-    pub fn push(&self, ids: &[u64], grads: &[f32], scale: f32) -> Result<(), TableError> {
+    /// Applies one push to the rows of `ids`: `counts` holds each id's shows and clicks (2
+    /// floats per id), `grads` its gradient sums (`dim` per id), multiplied by `scale`. Ids must
+    /// be unique within one call. An id without a row is created when admitted (its gradient
+    /// then applied), or else only counted.
+    pub fn push(&self, ids: &[u64], counts: &[f32], grads: &[f32], scale: f32) -> Result<(), TableError> {
         let dim = self.spec.dim;
         check_len("sparse gradient", ids.len() * dim, grads.len())?;
-        let opt = self.spec.optimizer;
+        check_len("shows and clicks", ids.len() * 2, counts.len())?;
+        let (opt, accessor, state_len) = (self.spec.optimizer, self.spec.accessor, self.state_len);
+        let gated = accessor.embedx_threshold > 0.0;
+        let gated_state = opt.prefix_state_len(1).unwrap_or(0);
+        let admitting = self.spec.creates_on_push();
         let (mut found, mut rows) = (Vec::new(), Vec::new());
         self.for_each_stripe(ids, |stripe, positions, hashes| {
-            self.resolve(stripe, ids, positions, hashes, true, &mut found);
+            if admitting {
+                self.resolve_admitted(stripe, ids, counts, positions, hashes, &mut found);
+            } else {
+                self.resolve(stripe, ids, positions, hashes, Absent::Create, &mut found);
+            }
             rows.clear();
-            rows.extend(found.iter().map(|&slot| stripe.records.row(slot)));
+            rows.extend(found.iter().map(|&slot| if slot == ABSENT { 0 } else { stripe.records.row(slot) }));
             for (k, (&p, &slot)) in positions.iter().zip(&found).enumerate() {
                 if let Some(&ahead) = rows.get(k + PREFETCH_DISTANCE) {
-                    stripe.prefetch_state(ahead, self.state_len);
+                    stripe.prefetch_state(ahead, state_len);
                 }
-                let Stripe { records, state, .. } = &mut *stripe;
-                let (c, r) = (rows[k] as usize / CHUNK_ROWS, rows[k] as usize % CHUNK_ROWS);
-                let st = &mut state[c][r * self.state_len..(r + 1) * self.state_len];
-                opt.update(records.weights_mut(slot), st, &grads[p as usize * dim..(p as usize + 1) * dim], scale);
+                if slot == ABSENT {
+                    continue;
+                }
+                let p = p as usize;
+                let (w, state) = stripe.row_mut(slot, state_len);
+                let (stats, st) = state.split_at_mut(STATS);
+                accessor.update(stats, counts[2 * p], counts[2 * p + 1]);
+                let g = &grads[p * dim..(p + 1) * dim];
+                if gated && !accessor.embedx_live(stats) {
+                    opt.update(&mut w[..1], &mut st[..gated_state], &g[..1], scale);
+                } else {
+                    opt.update(w, st, g, scale);
+                }
             }
         });
         Ok(())
     }
 
-    /// Visits every stored row `[weights | state]` with its id, stripe by stripe.
+    /// One shrink of every row (decay, then deletion by score or unseen days) after `days`
+    /// more days; returns the rows it deleted.
+    pub fn shrink(&self, days: u32) -> u64 {
+        let before = self.lifecycle();
+        for stripe in &self.stripes {
+            stripe.lock().shrink(&self.spec.accessor, self.state_len, days);
+        }
+        let after = self.lifecycle();
+        (after.shrunk_score + after.shrunk_unseen) - (before.shrunk_score + before.shrunk_unseen)
+    }
+
+    /// Visits every stored row `[weights | statistics | optimizer state]` with its id, stripe by
+    /// stripe.
     pub fn for_each_row(&self, mut f: impl FnMut(u64, &[f32])) {
         let mut full = Vec::with_capacity(self.row_len());
         for stripe in &self.stripes {
@@ -198,19 +272,20 @@ impl SparseTable {
         }
     }
 
-    /// Stores a full row `[weights | state]` for `id` (used when loading a checkpoint).
+    /// Stores a full row `[weights | statistics | optimizer state]` for `id` (used when loading
+    /// a checkpoint).
     pub fn insert_row(&self, id: u64, row: &[f32]) -> Result<(), TableError> {
         check_len("checkpoint row", self.row_len(), row.len())?;
         let mut s = self.stripes[stripe_of(id)].lock();
         s.records.reserve(1);
         let slot = match s.records.find(id, mix64(id)) {
             Ok(slot) => slot,
-            Err(at) => self.create(&mut s, at, id),
+            Err(at) => s.create(&self.spec, self.state_len, at, id),
         };
         let dim = self.spec.dim;
-        s.records.weights_mut(slot).copy_from_slice(&row[..dim]);
-        let r = s.records.row(slot);
-        s.state_mut(r, self.state_len).copy_from_slice(&row[dim..]);
+        let (w, state) = s.row_mut(slot, self.state_len);
+        w.copy_from_slice(&row[..dim]);
+        state.copy_from_slice(&row[dim..]);
         Ok(())
     }
 
@@ -273,13 +348,7 @@ mod tests {
     use crate::table::{Init, Optimizer};
 
     fn table() -> SparseTable {
-        SparseTable::new(SparseSpec {
-            name: "emb".into(),
-            dim: 3,
-            seed: 9,
-            init: Init::Uniform { scale: 0.1 },
-            optimizer: Optimizer::sgd(1.0),
-        })
+        SparseTable::new(SparseSpec::new("emb", 3, 9, Init::Uniform { scale: 0.1 }, Optimizer::sgd(1.0)))
     }
 
     #[test]
@@ -293,7 +362,7 @@ mod tests {
         t.spec().init_row(77, &mut want);
         assert_eq!(&out[6..9], &want);
 
-        t.push(&[77], &[2.0, 4.0, 6.0], 0.5).unwrap();
+        t.push(&[77], &[1.0, 0.0], &[2.0, 4.0, 6.0], 0.5).unwrap();
         let mut row = vec![0.0; 3];
         t.pull(&[77], &mut row, true).unwrap();
         for j in 0..3 {
@@ -316,7 +385,7 @@ mod tests {
     fn many_rows_span_chunks_and_survive_a_round_trip() {
         // Enough rows for several state chunks per stripe.
         let t = table();
-        let ids: Vec<u64> = (0..3 * CHUNK_ROWS as u64 * STRIPES as u64 / 16).collect();
+        let ids: Vec<u64> = (0..3 * crate::table::stripe::CHUNK_ROWS as u64 * STRIPES as u64 / 16).collect();
         let mut out = vec![0.0; ids.len() * 3];
         t.pull(&ids, &mut out, true).unwrap();
         let copy = table();
@@ -330,7 +399,7 @@ mod tests {
     #[test]
     fn wrong_lengths_are_typed_errors() {
         let t = table();
-        let err = t.push(&[1, 2], &[0.0; 5], 1.0).unwrap_err();
+        let err = t.push(&[1, 2], &[0.0; 4], &[0.0; 5], 1.0).unwrap_err();
         assert_eq!(err, TableError::LengthMismatch { what: "sparse gradient".into(), expected: 6, got: 5 });
     }
 }

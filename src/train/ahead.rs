@@ -34,8 +34,8 @@ pub struct PushJob {
     pub header: StepHeader,
     /// Dense gradient sums.
     pub dense: Vec<f32>,
-    /// Per table, the unique ids and their gradient sums.
-    pub tables: Vec<(Vec<u64>, Vec<f32>)>,
+    /// Per table, the unique ids, their shows and clicks, and their gradient sums.
+    pub tables: Vec<(Vec<u64>, Vec<f32>, Vec<f32>)>,
     /// The batch's number in the trainer's position log, recorded once the push is answered.
     pub number: Option<u64>,
 }
@@ -89,7 +89,13 @@ impl<'scope> Ahead<'scope> {
                                 .tables
                                 .iter()
                                 .enumerate()
-                                .map(|(t, (ids, grads))| TableGrads { table: t as u32, dim: dims[t], ids, grads })
+                                .map(|(t, (ids, counts, grads))| TableGrads {
+                                    table: t as u32,
+                                    dim: dims[t],
+                                    ids,
+                                    counts,
+                                    grads,
+                                })
                                 .collect();
                             match client.push(&p.header, Some(&p.dense), &tables) {
                                 Ok(r) => {

@@ -34,7 +34,7 @@ pub(super) fn next_prepared(reader: &mut Reader, model: &Model) -> anyhow::Resul
 fn prepare(batch: Batch, model: &Model) -> anyhow::Result<Prepared> {
     model.check_batch(&batch).map_err(anyhow::Error::msg)?;
     let mut lookups = Lookups::default();
-    lookups.run(&batch, model.table_slots());
+    lookups.run(&batch, model.table_slots(), model.click_column());
     Ok(Prepared { batch, lookups })
 }
 
@@ -184,12 +184,20 @@ pub(super) type Next = (Prepared, u64, u64, Option<u64>);
 
 /// One step's gradients, owned (for the communication thread or a delayed update).
 fn push_job(header: StepHeader, r: &Replica, lookups: &Lookups, number: Option<u64>) -> PushJob {
-    let tables = lookups.tables.iter().zip(&r.row_grads).map(|(l, g)| (l.unique.clone(), g.clone()));
+    let tables = lookups.tables.iter().zip(&r.row_grads).map(|(l, g)| (l.unique.clone(), l.counts.clone(), g.clone()));
     PushJob { header, dense: r.grads.clone(), tables: tables.collect(), number }
 }
 
 /// A job's sparse gradients as a push sends them.
 fn job_grads<'a>(job: &'a PushJob, dims: &[usize]) -> Vec<crate::client::TableGrads<'a>> {
     let tables = job.tables.iter().enumerate();
-    tables.map(|(t, (ids, grads))| crate::client::TableGrads { table: t as u32, dim: dims[t], ids, grads }).collect()
+    tables
+        .map(|(t, (ids, counts, grads))| crate::client::TableGrads {
+            table: t as u32,
+            dim: dims[t],
+            ids,
+            counts,
+            grads,
+        })
+        .collect()
 }

@@ -75,7 +75,7 @@ pub fn evaluate_heads(
     for batch in reader {
         let batch = batch?;
         model.check_batch(&batch).map_err(anyhow::Error::msg)?;
-        lookups.run(&batch, model.table_slots());
+        lookups.run(&batch, model.table_slots(), model.click_column());
         store.pull(None, &lookups.ids(&dims), &mut rows, RowCreation::Peek)?;
         model.evaluate(&params, &batch, &lookups.rows(&rows), &mut work);
         metrics.observe(model, &batch, &work.heads());

@@ -64,7 +64,7 @@ impl Store {
         staleness: u64,
     ) -> anyhow::Result<PushReport> {
         let Store::Local(shard) = self else { anyhow::bail!("delayed updates are a local-mode measurement") };
-        let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.grads));
+        let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.counts, t.grads));
         shard.apply(dense, sparse, header.samples as u64, header.apply.dense_lr_factor(staleness))?;
         Ok(PushReport { discarded: 0, staleness })
     }
@@ -99,6 +99,9 @@ pub struct TableLookup {
     /// For every position of `batch.ids`, its position in `unique` (`u32::MAX` where the id's
     /// slot is not looked up in this table); empty when no slot is.
     pub index: Vec<u32>,
+    /// Per unique id, its shows (occurrences in the batch) and clicks (the click label summed
+    /// over those occurrences): what the servers' row statistics count.
+    pub counts: Vec<f32>,
 }
 
 /// A batch's ids made unique per table: the same id in two tables is two rows.
@@ -111,8 +114,30 @@ pub struct Lookups {
 
 impl Lookups {
     /// Deduplicates the ids of `batch` for each table; `table_slots[t][s]` says whether slot
-    /// `s` is looked up in table `t`.
-    pub fn run(&mut self, batch: &Batch, table_slots: &[Vec<bool>]) {
+    /// `s` is looked up in table `t`; `click` is the label column of clicks (see
+    /// [`crate::model::Model::click_column`]).
+    pub fn run(&mut self, batch: &Batch, table_slots: &[Vec<bool>], click: Option<usize>) {
+        self.dedup(batch, table_slots);
+        let width = batch.label_width;
+        let click = click.filter(|&c| c < width);
+        for (t, slots) in self.tables.iter_mut().zip(table_slots) {
+            t.counts.clear();
+            t.counts.resize(2 * t.unique.len(), 0.0);
+            if t.index.is_empty() {
+                continue;
+            }
+            for k in (0..batch.len() * batch.slots).filter(|k| slots[k % batch.slots]) {
+                let clicked = click.map_or(0.0, |c| batch.labels[(k / batch.slots) * width + c]);
+                for i in batch.bag(k) {
+                    let at = t.index[i] as usize;
+                    t.counts[2 * at] += 1.0;
+                    t.counts[2 * at + 1] += clicked;
+                }
+            }
+        }
+    }
+
+    fn dedup(&mut self, batch: &Batch, table_slots: &[Vec<bool>]) {
         self.tables.resize_with(table_slots.len(), TableLookup::default);
         for (t, slots) in self.tables.iter_mut().zip(table_slots) {
             t.unique.clear();
@@ -173,7 +198,13 @@ impl Lookups {
             .iter()
             .zip(grads)
             .enumerate()
-            .map(|(t, (l, g))| TableGrads { table: t as u32, dim: dims[t], ids: &l.unique, grads: g })
+            .map(|(t, (l, g))| TableGrads {
+                table: t as u32,
+                dim: dims[t],
+                ids: &l.unique,
+                counts: &l.counts,
+                grads: g,
+            })
             .collect()
     }
 }
@@ -191,10 +222,15 @@ mod tests {
         b.push_bag(&[7], None);
         b.push_bag(&[], None);
         let mut l = Lookups::default();
-        l.run(&b, &[vec![true, true], vec![false, true], vec![false, false]]);
+        l.run(&b, &[vec![true, true], vec![false, true], vec![false, false]], Some(0));
         assert_eq!((l.tables[0].unique.clone(), l.tables[0].index.clone()), (vec![5, 7], vec![0, 1, 0, 1]));
         assert_eq!(l.tables[1].unique, [7, 5], "slot 1's ids only");
         assert_eq!(l.tables[1].index, [u32::MAX, 0, 1, u32::MAX]);
         assert!(l.tables[2].unique.is_empty() && l.tables[2].index.is_empty());
+        // Sample 0 (clicked) has 5 then 7, 5; sample 1 (not clicked) has 7.
+        assert_eq!(l.tables[0].counts, [2.0, 2.0, 2.0, 1.0], "5: shown twice, clicked twice; 7: twice, once");
+        assert_eq!(l.tables[1].counts, [1.0, 1.0, 1.0, 1.0]);
+        l.run(&b, &[vec![true, true], vec![false, true], vec![false, false]], None);
+        assert_eq!(l.tables[0].counts, [2.0, 0.0, 2.0, 0.0], "no click column: shows only");
     }
 }

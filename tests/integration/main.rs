@@ -11,6 +11,7 @@ mod examples;
 mod faults;
 mod fetch;
 mod global_auc;
+mod lifecycle;
 mod models;
 mod paddle;
 mod predict;

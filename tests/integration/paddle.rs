@@ -303,7 +303,13 @@ fn a_slow_trainers_stale_push_is_discarded_and_counted() {
     let rows = [0.01f32; 10];
     let push = |c: &mut Client, trainer: usize, step: u64, version: u64| {
         let header = StepHeader { trainer, step, pass: 1, base_version: version, samples: 1, apply: Apply::Now };
-        let r = c.push(&header, Some(&grads), &[TableGrads { table: 0, dim: 10, ids: &ids, grads: &rows }]).unwrap();
+        let r = c
+            .push(
+                &header,
+                Some(&grads),
+                &[TableGrads { table: 0, dim: 10, ids: &ids, counts: &[1.0, 0.0], grads: &rows }],
+            )
+            .unwrap();
         (r.discarded, r.staleness)
     };
     for step in 0..3 {

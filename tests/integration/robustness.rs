@@ -462,7 +462,12 @@ fn write_fuzz_seeds() {
             part: PushPart::Whole,
             apply: Apply::Merged,
             dense: vec![dense.into()],
-            sparse: vec![SparseGrads { table: 0, ids: vec![1, 2].into(), grads: vec![0.1; 4].into() }],
+            sparse: vec![SparseGrads {
+                table: 0,
+                ids: vec![1, 2].into(),
+                counts: vec![1.0, 1.0, 2.0, 0.0].into(),
+                grads: vec![0.1; 4].into(),
+            }],
         }),
         Request::EndPass { trainer: 0, pass: 1 },
         Request::Barrier { trainer: 0, epoch: 1 },
@@ -470,6 +475,7 @@ fn write_fuzz_seeds() {
         Request::Stats,
         Request::PassAuc { trainer: 0, pass: 1, pos: vec![1; 8].into(), neg: vec![2; 8].into() },
         Request::GlobalAuc { pass: 1 },
+        Request::Shrink { days: 1 },
         Request::Close { trainer: 0 },
     ]
     .map(|r| r.encode().to_vec());

@@ -1,0 +1,171 @@
+//! Tables that live for months, end to end on 2 servers x 2 trainers: row statistics counted at
+//! the servers against the data's own counts, admission by count, a capacity that is never
+//! exceeded, and `oar shrink` (a real process) against live servers.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use oar::client::{Client, ClientConfig};
+use oar::server::{Mode, ServerConfig, ServerStats};
+
+use crate::util::*;
+
+/// Shows and clicks per id over every training line, as the data says.
+fn counts_in(train: &Path) -> HashMap<u64, (f32, f32)> {
+    let schema = oar::data::schema::Schema::criteo();
+    let mut parser = oar::data::parser(&schema);
+    let mut batch = oar::batch::Batch::new(1, 13, 26);
+    for file in oar::config::resolve_files(train).unwrap() {
+        for line in std::fs::read_to_string(file).unwrap().lines() {
+            parser.parse(line.as_bytes(), &mut batch).unwrap();
+        }
+    }
+    let mut counts: HashMap<u64, (f32, f32)> = HashMap::new();
+    for k in 0..batch.len() * batch.slots {
+        let click = batch.labels[k / batch.slots];
+        for i in batch.bag(k) {
+            let c = counts.entry(batch.ids[i]).or_default();
+            c.0 += 1.0;
+            c.1 += click;
+        }
+    }
+    counts
+}
+
+/// A dim-4 logistic regression over the 26 slots whose table has `table_extra` settings.
+fn job(dir: &Path, table_extra: &str) -> std::path::PathBuf {
+    let path = dir.join(format!("job-{}.toml", table_extra.len()));
+    let text = format!(
+        r#"
+[model]
+output = "logit"
+loss = "log_loss"
+tables = [{{ name = "w", dim = 4 {table_extra} }}]
+layers = [
+  {{ name = "wide", type = "embedding", table = "w", slots = "C1..C26" }},
+  {{ name = "s", type = "reduce_sum", input = "wide", over = "all" }},
+  {{ name = "d", type = "linear", input = "dense", out = 1 }},
+  {{ name = "logit", type = "add", inputs = ["s", "d"] }},
+]
+[sparse_optimizer]
+kind = "adagrad"
+lr = 0.05
+[train]
+batch_size = 256
+"#
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Two servers that stay up after the trainers close (so a tool can still reach them), and
+/// two sync trainers run on `train` with `job`'s model, saving into `out`.
+fn train_on_live_servers(job: &Path, train: &Path, out: &Path) -> Vec<TestServer> {
+    let servers: Vec<TestServer> = (0..2)
+        .map(|i| start_server(ServerConfig { exit_when_done: false, ..server_config(i, 2, 2, Mode::Sync) }))
+        .collect();
+    let configs = (0..2)
+        .map(|t| {
+            let mut c = job_config(job, Mode::Sync, &servers, t, 2, train);
+            c.output = Some(out.to_path_buf());
+            c
+        })
+        .collect();
+    run_trainers(configs);
+    servers
+}
+
+fn stats(servers: &[TestServer]) -> Vec<ServerStats> {
+    let addrs = servers.iter().map(|s| s.addr.clone()).collect();
+    let config = ClientConfig::new(addrs, "test", Duration::from_secs(10), Duration::from_secs(60));
+    Client::connect(&config).unwrap().stats().unwrap()
+}
+
+fn rows(stats: &[ServerStats]) -> usize {
+    stats.iter().map(|s| s.rows[0]).sum()
+}
+
+/// `oar shrink` against the servers: what it printed as its result.
+fn shrink(servers: &[TestServer], days: u32) -> Vec<oar::protocol::Shrunk> {
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let out = oar(&["shrink", "--servers", &addrs.join(","), "--job", "test", "--days", &days.to_string()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let line = text(&out).lines().find_map(|l| l.strip_prefix("OAR_RESULT ").map(str::to_string)).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+#[test]
+fn servers_count_every_rows_shows_and_clicks_and_oar_shrink_deletes_exactly_the_rows_its_rules_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 3_000, 10);
+    let data = counts_in(&train);
+    let out = dir.path().join("out");
+    let servers = train_on_live_servers(&job(dir.path(), ", accessor = { delete_threshold = 0.35 }"), &train, &out);
+
+    // Every id got a row, with the data's own show and click counts (saved by the servers).
+    let held = stats(&servers);
+    assert_eq!(rows(&held), data.len());
+    let (_, shard) = oar::checkpoint::load_merged(&out).unwrap();
+    let mut seen = 0;
+    shard.sparse[0].for_each_row(|id, row| {
+        let stats = oar::table::RowStats::of(&row[4..]);
+        assert_eq!((stats.show, stats.click), data[&id], "id {id}");
+        assert_eq!(stats.unseen_days, 0.0);
+        seen += 1;
+    });
+    assert_eq!(seen, data.len());
+
+    // A shrink after a day deletes the rows whose score 0.1 * (show - click) + click is below
+    // 0.35 (no decay by default), and nothing else.
+    let score = |(show, click): (f32, f32)| 0.1 * (show - click) + 1.0 * click;
+    let low = data.values().filter(|&&c| score(c) < 0.35).count();
+    assert!(low > 0 && low < data.len(), "{low} of {} rows below the threshold", data.len());
+    let shrunk = shrink(&servers, 1);
+    assert_eq!(shrunk.iter().map(|s| s.deleted[0]).sum::<u64>() as usize, low);
+    assert_eq!(shrunk.iter().map(|s| s.rows[0]).sum::<u64>() as usize, data.len() - low);
+    let after = stats(&servers);
+    assert_eq!(rows(&after), data.len() - low);
+    assert_eq!(after.iter().map(|s| s.lifecycle[0].shrunk_score).sum::<u64>() as usize, low);
+
+    // 30 more days unseen (31 in all, more than Paddle's default 30): every row goes.
+    let shrunk = shrink(&servers, 30);
+    assert_eq!(shrunk.iter().map(|s| s.deleted[0]).sum::<u64>() as usize, data.len() - low);
+    let after = stats(&servers);
+    assert_eq!(rows(&after), 0);
+    assert_eq!(after.iter().map(|s| s.lifecycle[0].shrunk_unseen).sum::<u64>() as usize, data.len() - low);
+}
+
+#[test]
+fn count_admission_gives_rows_only_to_ids_seen_twice_and_a_capacity_is_never_exceeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 3_000, 10);
+    let data = counts_in(&train);
+    let twice = data.values().filter(|c| c.0 >= 2.0).count();
+    assert!(twice < data.len() * 9 / 10, "the data has ids seen once: {twice} of {}", data.len());
+
+    let admitted = train_on_live_servers(
+        &job(dir.path(), r#", entry = "count_filter_entry:2""#),
+        &train,
+        &dir.path().join("admitted"),
+    );
+    let held = stats(&admitted);
+    // The filter's cells are far more than the ids: no count is lost or shared.
+    assert_eq!(rows(&held), twice);
+    let filtered: u64 = held.iter().map(|s| s.lifecycle[0].filtered).sum();
+    assert!(filtered as usize >= data.len() - twice, "every id seen once was filtered");
+    assert!(held.iter().all(|s| s.filter_bytes[0] == 2 * oar::table::DEFAULT_FILTER_CAPACITY));
+
+    let capacity = 300;
+    let capped = train_on_live_servers(
+        &job(dir.path(), &format!(", capacity = {capacity}")),
+        &train,
+        &dir.path().join("capped"),
+    );
+    for s in stats(&capped) {
+        let life = s.lifecycle[0];
+        assert!(s.rows[0] <= capacity, "server holds {} rows over a capacity of {capacity}", s.rows[0]);
+        assert!(life.evicted > 0);
+        assert_eq!(s.rows[0] as u64, life.admitted - life.evicted);
+    }
+}
