@@ -279,7 +279,10 @@ pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
         .ok_or_else(|| corrupt(format!("a header of {hlen} bytes runs past the file's end")))?;
     let header: ShardHeader = serde_json::from_slice(header_bytes).map_err(|e| corrupt(format!("header: {e}")))?;
     if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&header.format) {
-        return Err(corrupt(format!("format {} (this build reads {OLDEST_FORMAT} to {FORMAT_VERSION})", header.format)));
+        return Err(corrupt(format!(
+            "format {} (this build reads {OLDEST_FORMAT} to {FORMAT_VERSION})",
+            header.format
+        )));
     }
     let mut pos = 16 + header_bytes.len();
     // Everything the header says is checked against the bytes that follow before anything is

@@ -46,6 +46,9 @@ pub struct TrainSettings {
     /// embedding rows together) is at most this (PaddlePaddle's `ClipGradByGlobalNorm`, applied
     /// per trainer batch as in its parameter-server mode); `None`: no clip.
     pub clip_grad_norm: Option<f32>,
+    /// Save the tables for serving every this many passes (Paddle's `save_delta_frequency`):
+    /// a delta, or a base when none was saved yet; needs an output folder. `None`: no such saves.
+    pub delta_every: Option<u32>,
 }
 
 impl Default for TrainSettings {
@@ -64,6 +67,7 @@ impl Default for TrainSettings {
             sync_warmup: crate::train::DEFAULT_SYNC_WARMUP,
             scale_stale_steps: crate::train::DEFAULT_SCALE_STALE_STEPS,
             clip_grad_norm: None,
+            delta_every: None,
         }
     }
 }
@@ -126,6 +130,9 @@ impl JobConfig {
         anyhow::ensure!(self.train.threads > 0, "threads must be at least 1");
         anyhow::ensure!(self.train.timeout_secs > 0, "timeout must be positive");
         anyhow::ensure!(self.train.lag_ratio > 0.0, "lag_ratio must be positive");
+        if self.train.delta_every == Some(0) {
+            anyhow::bail!("delta_every must be at least 1 (passes between saves for serving)");
+        }
         if let Some(c) = self.train.clip_grad_norm {
             anyhow::ensure!(c.is_finite() && c > 0.0, "clip_grad_norm must be a positive number, not {c}");
         }

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod env;
+pub mod export;
 pub mod fault;
 pub mod launch;
 pub mod layout;

@@ -194,6 +194,10 @@ pub(super) struct JobArgs {
     /// [default: no clip].
     #[arg(long, env = "OAR_CLIP_GRAD_NORM")]
     pub(super) clip_grad_norm: Option<f32>,
+    /// Save the tables for serving every N passes (a delta; a base first) into
+    /// OUTPUT/serving/, each announced in OUTPUT/donefile.txt.
+    #[arg(long, alias = "save_delta_frequency", env = "OAR_DELTA_EVERY")]
+    pub(super) delta_every: Option<u32>,
     /// Train in this process, without servers, whatever else the job says.
     #[arg(long, alias = "is_local", env = "OAR_IS_LOCAL", num_args = 0..=1, default_missing_value = "true")]
     pub(super) is_local: Option<bool>,
@@ -240,6 +244,9 @@ impl JobArgs {
         set(&mut t.scale_stale_steps, self.scale_stale_steps);
         if self.clip_grad_norm.is_some() {
             t.clip_grad_norm = self.clip_grad_norm;
+        }
+        if self.delta_every.is_some() {
+            t.delta_every = self.delta_every;
         }
         t.skip_bad_lines |= self.skip_bad_lines;
         set(&mut t.is_local, self.is_local);

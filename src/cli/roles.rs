@@ -412,6 +412,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
         clip_grad_norm: job.train.clip_grad_norm,
+        delta_every: job.train.delta_every,
         recover: a.recover_timeout.map(Duration::from_secs_f64),
         positions: a.position_dir,
         rejoin: a.rejoin,

@@ -1,5 +1,5 @@
-//! Requests an operator sends to every server, answered with JSON: the counters, and a shrink
-//! of the sparse tables.
+//! Requests to every server answered with JSON: the counters, a shrink of the sparse tables,
+//! a base or delta save.
 
 use super::{Client, ClientError};
 use crate::protocol::{Request, Response, Shrunk};
@@ -15,6 +15,15 @@ impl Client {
     /// server's deletions and rows left per table.
     pub fn shrink(&mut self, days: u32) -> Result<Vec<Shrunk>, ClientError> {
         self.json_round(&Request::Shrink { days: days as u64 })
+    }
+
+    /// Every server's base or delta save into `dir`, with what each wrote.
+    pub fn export(
+        &mut self,
+        dir: &str,
+        kind: crate::export::ExportKind,
+    ) -> Result<Vec<crate::export::Exported>, ClientError> {
+        self.json_round(&Request::Export { dir: dir.to_string(), kind })
     }
 
     /// `request` to every server, each answer read from its JSON.

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::io::IoSlice;
 
 use super::*;
+use crate::export::ExportKind;
 
 pub(super) mod kind {
     pub const HELLO: u8 = 1;
@@ -20,6 +21,7 @@ pub(super) mod kind {
     pub const PASS_AUC: u8 = 12;
     pub const GLOBAL_AUC: u8 = 13;
     pub const SHRINK: u8 = 14;
+    pub const EXPORT: u8 = 15;
     pub const WELCOME: u8 = 101;
     pub const DONE: u8 = 102;
     pub const VALUES: u8 = 103;
@@ -306,6 +308,11 @@ impl<'a> Request<'a> {
                 e.u64(*days);
                 e.finish()
             }
+            Request::Export { dir, kind } => {
+                let mut e = Encoder::new(kind::EXPORT);
+                e.bytes(dir.as_bytes()).u64(*kind as u64);
+                e.finish()
+            }
         }
     }
 
@@ -372,6 +379,10 @@ impl<'a> Request<'a> {
             kind::PASS_AUC => Request::PassAuc { trainer: d.u64()?, pass: d.u64()?, pos: d.array()?, neg: d.array()? },
             kind::GLOBAL_AUC => Request::GlobalAuc { pass: d.u64()? },
             kind::SHRINK => Request::Shrink { days: d.u64()? },
+            kind::EXPORT => Request::Export {
+                dir: d.string()?,
+                kind: enum_field(d.u64()?, &[ExportKind::Base, ExportKind::Delta], "save kind")?,
+            },
             other => return Err(ProtocolError::Malformed(format!("unknown request kind {other}"))),
         };
         d.end()?;
@@ -537,6 +548,7 @@ mod tests {
         });
         round_trip_request(Request::GlobalAuc { pass: 2 });
         round_trip_request(Request::Shrink { days: 1 });
+        round_trip_request(Request::Export { dir: "/tmp/d".into(), kind: ExportKind::Delta });
     }
 
     #[test]

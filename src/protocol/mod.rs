@@ -307,6 +307,14 @@ pub enum Request<'a> {
         /// Days passed since the last shrink that counted days (0: within the day).
         days: u64,
     },
+    /// Write this server's base or delta save into `dir` (see [`crate::export`]); answered as
+    /// `Stats` JSON ([`crate::export::Exported`]).
+    Export {
+        /// The save's folder (on the server's file system, inside its save root).
+        dir: String,
+        /// Base or delta.
+        kind: crate::export::ExportKind,
+    },
 }
 
 /// What a shrink did on one server, per sparse table.
@@ -344,6 +352,7 @@ impl Request<'_> {
             Request::PassAuc { .. } => "a pass AUC histogram",
             Request::GlobalAuc { .. } => "a global AUC request",
             Request::Shrink { .. } => "a shrink",
+            Request::Export { .. } => "a base or delta save",
         }
     }
 }

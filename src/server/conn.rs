@@ -209,7 +209,7 @@ fn sender(request: &Request) -> Sender {
         }
         Request::Push(p) => Sender::Trainer(p.trainer),
         Request::PassAuc { trainer, .. } => Sender::Trainer(*trainer),
-        Request::Declare(_) | Request::Save { .. } => Sender::AnyTrainer,
+        Request::Declare(_) | Request::Save { .. } | Request::Export { .. } => Sender::AnyTrainer,
         Request::Pull(p) if p.create == RowCreation::Create => Sender::AnyTrainer,
         Request::Hello(_) | Request::Pull(_) | Request::Stats | Request::GlobalAuc { .. } => Sender::Anyone,
         Request::Shrink { .. } => Sender::Operator,
@@ -351,6 +351,7 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         Request::PassAuc { trainer, pass, pos, neg } => members::pass_auc(state, trainer, pass, &pos, &neg),
         Request::GlobalAuc { pass } => members::global_auc(state, pass),
         Request::Shrink { days } => requests::shrink(state, days).await,
+        Request::Export { dir, kind } => requests::export(state, &dir, kind).await,
     }
 }
 

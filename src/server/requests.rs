@@ -140,6 +140,31 @@ pub(super) async fn save(state: &Arc<State>, dir: &str) -> Reply {
     Ok(Answer::Response(Response::Saved { file, bytes, crc32 }))
 }
 
+/// Writes this server's base or delta save into `dir` (inside the save root, as a save): the
+/// rows are gathered with updates held off, so the save is one moment of the table, and
+/// written after.
+pub(super) async fn export(state: &Arc<State>, dir: &str, kind: crate::export::ExportKind) -> Reply {
+    let shard = state.shard()?;
+    let root = state.config.save_root.clone();
+    let target = inside(&root, Path::new(dir)).ok_or_else(|| {
+        let m = format!("{} to {dir} refused: not inside this server's --save-root {}", kind.name(), root.display());
+        (ErrorCode::State, m)
+    })?;
+    let gate = Arc::clone(state);
+    let written = tokio::task::spawn_blocking(move || {
+        let tables = {
+            let _gate = gate.gate.write();
+            crate::export::collect(&shard, kind)
+        };
+        crate::export::write(&shard, kind, &tables, &target)
+    })
+    .await
+    .map_err(|e| (ErrorCode::Io, format!("the {} save stopped: {e}", kind.name())))?
+    .map_err(|e| (ErrorCode::Io, e.to_string()))?;
+    tracing::info!(kind = kind.name(), rows = ?written.rows, deleted = ?written.deleted, "saved for serving");
+    Ok(Answer::Response(Response::Stats(serde_json::to_string(&written).expect("a save's result serializes"))))
+}
+
 /// Most days one shrink may add to every row's unseen days: a century.
 const MAX_SHRINK_DAYS: u64 = 36_500;
 

@@ -143,6 +143,26 @@ impl Accessor {
         }
     }
 
+    /// Whether a base save keeps the row: its score reaches `base_threshold`.
+    pub fn in_base(&self, stats: &[f32]) -> bool {
+        self.row_score(stats) >= self.base_threshold
+    }
+
+    /// Whether a delta save keeps the row (Paddle's save mode 1): pushed since the last save
+    /// (a positive delta score) by at least `delta_threshold`, in the base, and seen within
+    /// `delta_keep_days`.
+    pub fn in_delta(&self, stats: &[f32]) -> bool {
+        stats[DELTA] > 0.0
+            && stats[DELTA] >= self.delta_threshold
+            && self.in_base(stats)
+            && stats[UNSEEN] <= self.delta_keep_days
+    }
+
+    /// After a save that kept the row: its delta score starts again.
+    pub fn saved(stats: &mut [f32]) {
+        stats[DELTA] = 0.0;
+    }
+
     /// The statistics of a new row: nothing seen yet.
     pub fn init(stats: &mut [f32]) {
         stats[..STATS].fill(0.0);
@@ -234,6 +254,31 @@ mod tests {
             assert_eq!(a.shrink(&mut s, 1), Verdict::Keep);
         }
         assert_eq!(a.shrink(&mut s, 1), Verdict::Unseen);
+    }
+
+    #[test]
+    fn base_and_delta_saves_keep_the_rows_paddles_rules_name() {
+        let a = paddle_online(); // base 1.5, delta 0.25, keep 16 days
+        let mut s = [0.0; 4];
+        a.update(&mut s, 10.0, 1.0); // score 0.9 + 1 = 1.9, delta 1.9
+        assert!(a.in_base(&s) && a.in_delta(&s));
+        Accessor::saved(&mut s);
+        assert!(a.in_base(&s) && !a.in_delta(&s), "nothing pushed since the save");
+        a.update(&mut s, 2.0, 0.0); // delta 0.2 < 0.25
+        assert!(!a.in_delta(&s));
+        a.update(&mut s, 1.0, 0.0); // delta 0.3
+        assert!(a.in_delta(&s));
+        s[3] = 17.0;
+        assert!(!a.in_delta(&s), "unseen for more than delta_keep_days");
+        let mut low = [0.0; 4];
+        a.update(&mut low, 10.0, 0.0); // score 1.0 < 1.5
+        assert!(!a.in_base(&low) && !a.in_delta(&low));
+        // Fleet's defaults: every row is in the base, every pushed row in the delta.
+        let d = Accessor::default();
+        let mut one = [0.0; 4];
+        assert!(d.in_base(&one) && !d.in_delta(&one));
+        d.update(&mut one, 1.0, 0.0);
+        assert!(d.in_delta(&one));
     }
 
     #[test]

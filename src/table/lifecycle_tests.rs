@@ -176,3 +176,34 @@ fn a_batch_that_grows_an_admitting_table_keeps_every_rows_update() {
     assert_eq!(all.len(), ids.len());
     assert!(all.values().all(|r| r[3] == 2.0 && r[4] == 1.0));
 }
+
+fn as_map(e: &super::TableExport, dim: usize) -> std::collections::BTreeMap<u64, Vec<f32>> {
+    e.ids.iter().zip(e.weights.chunks_exact(dim)).map(|(&id, w)| (id, w.to_vec())).collect()
+}
+
+#[test]
+fn deltas_applied_on_their_base_give_the_base_saved_at_the_same_moment() {
+    let a = Accessor { show_click_decay_rate: 0.9, delete_threshold: 0.15, ..Accessor::default() };
+    let t = SparseTable::new(SparseSpec { accessor: a, capacity: Some(64 * 30), ..spec() });
+    let ids: Vec<u64> = (0..1500).collect();
+    push(&t, &ids, 2.0, 0.0);
+    let mut served = as_map(&t.export(false), 3);
+    assert_eq!(served.len(), t.len());
+    for round in 1..=4u64 {
+        // Old ids again, new ones (evicting under the capacity), then a day's shrink.
+        let again: Vec<u64> = (0..300).map(|i| i * 5 + round).collect();
+        push(&t, &again, 1.0, 1.0);
+        let new: Vec<u64> = (0..400).map(|i| 10_000 * round + i).collect();
+        push(&t, &new, 1.0 + round as f32, 0.0);
+        t.shrink(1);
+        let delta = t.export(true);
+        assert!(delta.ids.len() < t.len(), "a delta holds the rows pushed since the last save only");
+        for id in &delta.deleted {
+            served.remove(id);
+        }
+        served.extend(as_map(&delta, 3));
+        assert_eq!(served, as_map(&t.export(false), 3), "round {round}");
+    }
+    let life = t.lifecycle();
+    assert!(life.evicted > 0 && life.shrunk_score > 0, "{life:?}");
+}

@@ -188,6 +188,17 @@ impl SparseSpec {
     }
 }
 
+/// One table's rows in a base or delta save, as a serving system loads them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TableExport {
+    /// Ids of the rows kept.
+    pub ids: Vec<u64>,
+    /// Their weights, `dim` floats each, as a pull reads them.
+    pub weights: Vec<f32>,
+    /// A delta's ids removed since the last save (a shrink or an eviction); none in a base.
+    pub deleted: Vec<u64>,
+}
+
 /// Every parameter of a model: what trainers declare to servers and checkpoints record.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

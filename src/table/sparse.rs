@@ -257,6 +257,17 @@ impl SparseTable {
         (after.shrunk_score + after.shrunk_unseen) - (before.shrunk_score + before.shrunk_unseen)
     }
 
+    /// A base (`delta` false) or delta save of this table (see [`Stripe::export`]): the kept
+    /// rows' ids and weights, and for a delta the ids removed since the last save.
+    pub fn export(&self, delta: bool) -> super::TableExport {
+        let mut out = super::TableExport::default();
+        for stripe in &self.stripes {
+            let removed = stripe.lock().export(&self.spec, self.state_len, delta, &mut out.ids, &mut out.weights);
+            out.deleted.extend(removed);
+        }
+        out
+    }
+
     /// Visits every stored row `[weights | statistics | optimizer state]` with its id, stripe by
     /// stripe.
     pub fn for_each_row(&self, mut f: impl FnMut(u64, &[f32])) {

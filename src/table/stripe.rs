@@ -58,6 +58,9 @@ pub struct Stripe {
     filter: Option<CountFilter>,
     /// Draws made for `probability_entry`.
     draws: u64,
+    /// Ids removed since the last base or delta save, once the table has been saved so (a
+    /// delta names them); `None` before, so a table never saved this way logs nothing.
+    removed: Option<Vec<u64>>,
     /// What happened to rows here.
     pub(super) counts: Lifecycle,
 }
@@ -76,6 +79,7 @@ impl Stripe {
             free: Vec::new(),
             filter,
             draws: 0,
+            removed: None,
             counts: Lifecycle::default(),
         }
     }
@@ -163,8 +167,49 @@ impl Stripe {
 
     /// Removes the id in `slot`, keeping its state row for reuse. Slots of other ids may move.
     pub fn remove(&mut self, slot: usize) {
+        if let Some(log) = &mut self.removed {
+            log.push(self.records.id(slot));
+        }
         let row = self.records.remove(slot);
         self.free.push(row);
+    }
+
+    /// The rows a base (`delta` false) or delta save keeps, appended as ids and weights as a
+    /// pull reads them; their delta scores start again (a base restarts every row's). Returns
+    /// the ids removed since the last such save (none for a base) and starts a new log.
+    pub fn export(
+        &mut self,
+        spec: &SparseSpec,
+        state_len: usize,
+        delta: bool,
+        ids: &mut Vec<u64>,
+        weights: &mut Vec<f32>,
+    ) -> Vec<u64> {
+        let accessor = &spec.accessor;
+        let slots: Vec<usize> = self.records.occupied().collect();
+        for slot in slots {
+            let (id, row) = (self.records.id(slot), self.records.row(slot));
+            let stats = &self.state(row, state_len)[..STATS];
+            let keep = if delta { accessor.in_delta(stats) } else { accessor.in_base(stats) };
+            if keep {
+                let live = accessor.embedx_live(stats);
+                ids.push(id);
+                let at = weights.len();
+                weights.extend_from_slice(self.records.weights(slot));
+                if !live {
+                    weights[at + 1..].fill(0.0);
+                }
+            }
+            if keep || !delta {
+                Accessor::saved(&mut self.state_mut(row, state_len)[..STATS]);
+            }
+        }
+        let removed = self.removed.replace(Vec::new()).unwrap_or_default();
+        if delta {
+            removed
+        } else {
+            Vec::new()
+        }
     }
 
     /// Evicts the lowest-score row among the occupied slots from `hash`'s home on, skipping

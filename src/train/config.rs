@@ -79,6 +79,10 @@ pub struct TrainConfig {
     /// Clip each step's mean gradient to this L2 norm (see [`crate::config::TrainSettings`]).
     #[serde(default)]
     pub clip_grad_norm: Option<f32>,
+    /// Save the tables for serving every this many passes (see
+    /// [`crate::config::TrainSettings::delta_every`]).
+    #[serde(default)]
+    pub delta_every: Option<u32>,
     /// Under a supervisor that restarts failed servers: how long to wait for a lost server to
     /// come back before failing (`None`: fail at once).
     #[serde(default)]
@@ -120,6 +124,11 @@ impl TrainConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         anyhow::ensure!(self.passes > 0, "--passes must be at least 1");
+        anyhow::ensure!(self.delta_every != Some(0), "--delta-every must be at least 1");
+        anyhow::ensure!(
+            self.delta_every.is_none() || self.output.is_some(),
+            "--delta-every saves for serving into the output folder: give --output"
+        );
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
         anyhow::ensure!(

@@ -152,6 +152,7 @@ pub fn run_with(
         clipped_steps: 0,
     };
     let (mut step, mut bytes_before) = (start.step, 0u64);
+    let mut exports = crate::export::ExportPlan { delta_every: config.delta_every, based: false };
     for pass in start.pass..=config.passes {
         // A rejoining trainer goes on in the pass it was in, after the samples it pushed (and
         // in the warm-up, at the part after its last merged step).
@@ -193,7 +194,7 @@ pub fn run_with(
         if let (Store::Remote(client), Some(b)) = (&mut store, &buckets) {
             client.pass_auc(me, pass, b).with_context(|| format!("sending pass {pass}'s AUC histogram"))?;
         }
-        let tests = end_pass(config, &mut store, &model, &schema, &spec, pass, step)?;
+        let tests = end_pass(config, &mut store, &model, &schema, &spec, pass, step, &mut exports)?;
         let all_trainers = match (&mut store, buckets) {
             (Store::Remote(client), Some(_)) => {
                 let g = client.global_auc(pass).with_context(|| format!("reading pass {pass}'s AUC"))?;
@@ -333,7 +334,31 @@ fn description(config: &TrainConfig, steps: Option<u64>) -> serde_json::Value {
     d
 }
 
-/// Barrier, save and evaluation (trainer 0), barrier.
+/// Trainer 0's save for serving after `pass` of `day`, if one is due: every server's file, the
+/// save's manifest, then its line in the done-file (announced once it is complete).
+fn save_for_serving(
+    out: &std::path::Path,
+    store: &mut Store,
+    spec: &TableSpec,
+    kind: crate::export::ExportKind,
+    day: u32,
+    pass: u32,
+) -> anyhow::Result<()> {
+    use crate::export::{append_done, DoneLine, ExportManifest};
+    let dir = out.join("serving").join(format!("{}-{day:03}-{pass:05}", kind.name()));
+    let files = store.export(kind, &dir).with_context(|| format!("{} save into {}", kind.name(), dir.display()))?;
+    let tables = spec.sparse.iter().map(|t| (t.name.clone(), t.dim)).collect();
+    let manifest = ExportManifest { kind, day, pass, tables, files };
+    crate::state_file::write_atomic(&dir.join("export.json"), &serde_json::to_vec_pretty(&manifest)?)?;
+    let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+    append_done(&out.join("donefile.txt"), &DoneLine { day, pass, kind, path: dir.clone(), unix_ms })?;
+    let rows: u64 = manifest.files.iter().flat_map(|f| &f.rows).sum();
+    tracing::info!(day, pass, kind = kind.name(), rows, dir = %dir.display(), "saved for serving");
+    Ok(())
+}
+
+/// Barrier, the saves and evaluation (trainer 0), barrier.
+#[allow(clippy::too_many_arguments)]
 fn end_pass(
     config: &TrainConfig,
     store: &mut Store,
@@ -342,6 +367,7 @@ fn end_pass(
     spec: &TableSpec,
     pass: u32,
     step: u64,
+    exports: &mut crate::export::ExportPlan,
 ) -> anyhow::Result<Vec<EvalReport>> {
     let me = config.trainer_id;
     if let Store::Remote(client) = store {
@@ -351,6 +377,11 @@ fn end_pass(
     let mut tests = Vec::new();
     if me == 0 {
         if let Some(out) = &config.output {
+            // Before the pass's checkpoint: a crash between the two redoes the pass, saves
+            // again and announces the save once; the other order could lose its line.
+            if let Some(kind) = exports.due(pass, false) {
+                save_for_serving(out, store, spec, kind, 0, pass)?;
+            }
             let dir = out.join(pass_dir_name(pass));
             let shards = store.save(&dir).with_context(|| format!("saving pass {pass} to {}", dir.display()))?;
             let manifest = Manifest {

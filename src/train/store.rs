@@ -69,6 +69,21 @@ impl Store {
         Ok(PushReport { discarded: 0, staleness })
     }
 
+    /// Every shard's base or delta save for serving into `dir` (see [`crate::export`]).
+    pub fn export(
+        &mut self,
+        kind: crate::export::ExportKind,
+        dir: &Path,
+    ) -> anyhow::Result<Vec<crate::export::Exported>> {
+        match self {
+            Store::Local(shard) => {
+                let tables = crate::export::collect(shard, kind);
+                Ok(vec![crate::export::write(shard, kind, &tables, dir)?])
+            }
+            Store::Remote(client) => Ok(client.export(&std::path::absolute(dir)?.to_string_lossy(), kind)?),
+        }
+    }
+
     /// Saves every shard into `dir`.
     pub fn save(&mut self, dir: &Path) -> anyhow::Result<Vec<ShardEntry>> {
         match self {

@@ -169,3 +169,70 @@ fn count_admission_gives_rows_only_to_ids_seen_twice_and_a_capacity_is_never_exc
         assert_eq!(s.rows[0] as u64, life.admitted - life.evicted);
     }
 }
+
+/// Rows by (table, id) of a save for serving: every server's file of the save in `dir`, with
+/// a delta's removals applied first.
+fn apply_save(
+    served: &mut std::collections::BTreeMap<u64, Vec<f32>>,
+    dir: &Path,
+    servers: usize,
+) -> oar::export::ExportKind {
+    let mut kind = None;
+    for i in 0..servers {
+        let (k, tables) = oar::export::read(&dir.join(oar::export::file_name(i))).unwrap();
+        let (dim, t) = &tables["w"];
+        for id in &t.deleted {
+            served.remove(id);
+        }
+        for (id, w) in t.ids.iter().zip(t.weights.chunks_exact(*dim)) {
+            served.insert(*id, w.to_vec());
+        }
+        kind = Some(k);
+    }
+    kind.unwrap()
+}
+
+#[test]
+fn a_base_and_its_deltas_rebuild_the_table_the_servers_saved_and_the_done_file_names_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 2_000, 10);
+    let out = dir.path().join("out");
+    // A capacity, so rows are evicted between saves and the deltas must name them.
+    let job = job(dir.path(), ", capacity = 400");
+    let servers: Vec<TestServer> = (0..2).map(|i| start_server(server_config(i, 2, 2, Mode::Sync))).collect();
+    let configs = (0..2)
+        .map(|t| {
+            let mut c = job_config(&job, Mode::Sync, &servers, t, 2, &train);
+            (c.output, c.passes, c.delta_every) = (Some(out.clone()), 4, Some(1));
+            c
+        })
+        .collect();
+    run_trainers(configs);
+    let stats: Vec<ServerStats> = servers.into_iter().map(|s| s.handle.join().unwrap()).collect();
+    assert!(stats.iter().all(|s| s.lifecycle[0].evicted > 0));
+
+    let done = oar::export::done_lines(&out.join("donefile.txt")).unwrap();
+    let announced: Vec<(u32, &str)> = done.iter().map(|l| (l.pass, l.kind.name())).collect();
+    assert_eq!(announced, [(1, "base"), (2, "delta"), (3, "delta"), (4, "delta")]);
+    let mut served = std::collections::BTreeMap::new();
+    let mut deleted = 0;
+    for line in &done {
+        let before = served.len();
+        assert_eq!(apply_save(&mut served, &line.path, 2), line.kind);
+        let manifest: oar::export::ExportManifest =
+            serde_json::from_slice(&std::fs::read(line.path.join("export.json")).unwrap()).unwrap();
+        assert_eq!((manifest.pass, manifest.kind, manifest.files.len()), (line.pass, line.kind, 2));
+        deleted += manifest.files.iter().map(|f| f.deleted[0]).sum::<u64>();
+        assert!(line.kind == oar::export::ExportKind::Base || before > 0);
+    }
+    assert!(deleted > 0, "the deltas named evicted rows");
+    // The servers' own last checkpoint, saved right after the last delta: the same rows, bit
+    // for bit.
+    let (_, shard) = oar::checkpoint::load_merged(&out).unwrap();
+    let mut saved = std::collections::BTreeMap::new();
+    shard.sparse[0].for_each_row(|id, row| {
+        saved.insert(id, row[..4].to_vec());
+    });
+    assert_eq!(served.len(), saved.len());
+    assert!(served == saved, "base + deltas differ from the table the servers hold");
+}

@@ -129,6 +129,7 @@ pub fn train_config(
         sync_warmup: oar::train::DEFAULT_SYNC_WARMUP,
         scale_stale_steps: oar::train::DEFAULT_SCALE_STALE_STEPS,
         clip_grad_norm: None,
+        delta_every: None,
     }
 }
 

@@ -1,0 +1,322 @@
+//! Base and delta saves for serving (Paddle's save modes 2 and 1): each server writes the rows it
+//! keeps as safetensors, and the driver appends a line to a done-file that a serving system
+//! follows.
+//!
+//! A server's file `server-<i>.safetensors` holds, per sparse table `T`, the tensors `T.ids`
+//! (u64, `[n]`), `T.weights` (f32, `[n, dim]`: the weights a pull reads) and, in a delta,
+//! `T.deleted` (u64, `[m]`: ids removed since the last save). Its metadata says `kind`
+//! (`base` or `delta`), `server` and `num_servers`. A delta applied on its base (deletions
+//! first, then the rows) gives the base saved at the same moment. The done-file has one line
+//! per save: `day pass kind path unix_ms`, tab-separated.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::table::{Shard, TableExport};
+
+/// Which rows a save keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportKind {
+    /// Every row whose score reaches `base_threshold`; starts every row's delta score again.
+    Base,
+    /// The rows pushed since the last save (see [`crate::table::Accessor::in_delta`]), and the
+    /// ids removed since.
+    Delta,
+}
+
+impl ExportKind {
+    /// The kind's name in files and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExportKind::Base => "base",
+            ExportKind::Delta => "delta",
+        }
+    }
+}
+
+/// What one server wrote.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Exported {
+    /// File name inside the save's folder.
+    pub file: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Rows written per table.
+    pub rows: Vec<u64>,
+    /// Ids named as removed per table (a delta).
+    pub deleted: Vec<u64>,
+}
+
+/// Errors of base and delta files; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// A file could not be written or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file is not a save oar wrote.
+    #[error("{path}: not a base or delta save ({reason})")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// The file name of server `index`'s part of a save.
+pub fn file_name(index: usize) -> String {
+    format!("server-{index}.safetensors")
+}
+
+/// The rows of every table of `shard` a save of `kind` keeps (call with updates held off).
+pub fn collect(shard: &Shard, kind: ExportKind) -> Vec<TableExport> {
+    shard.sparse.iter().map(|t| t.export(kind == ExportKind::Delta)).collect()
+}
+
+/// Writes `tables` (from [`collect`]) as server `shard.index`'s file in `dir`, atomically.
+pub fn write(shard: &Shard, kind: ExportKind, tables: &[TableExport], dir: &Path) -> Result<Exported, ExportError> {
+    let path = dir.join(file_name(shard.index));
+    let io = |source| ExportError::Io { path: path.clone(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let mut views = Vec::new();
+    for (spec, t) in shard.spec.sparse.iter().zip(tables) {
+        let view = |dtype, shape, bytes| {
+            safetensors::tensor::TensorView::new(dtype, shape, bytes).expect("shapes match the data")
+        };
+        let ids: &[u8] = bytemuck::cast_slice(&t.ids);
+        views.push((format!("{}.ids", spec.name), view(safetensors::Dtype::U64, vec![t.ids.len()], ids)));
+        let weights: &[u8] = bytemuck::cast_slice(&t.weights);
+        views.push((
+            format!("{}.weights", spec.name),
+            view(safetensors::Dtype::F32, vec![t.ids.len(), spec.dim], weights),
+        ));
+        if kind == ExportKind::Delta {
+            let deleted: &[u8] = bytemuck::cast_slice(&t.deleted);
+            views.push((
+                format!("{}.deleted", spec.name),
+                view(safetensors::Dtype::U64, vec![t.deleted.len()], deleted),
+            ));
+        }
+    }
+    let metadata = HashMap::from([
+        ("kind".to_string(), kind.name().to_string()),
+        ("server".to_string(), shard.index.to_string()),
+        ("num_servers".to_string(), shard.num_servers.to_string()),
+    ]);
+    let bytes = safetensors::serialize(views, Some(metadata))
+        .map_err(|e| ExportError::Invalid { path: path.clone(), reason: e.to_string() })?;
+    crate::state_file::write_atomic(&path, &bytes)
+        .map_err(|e| ExportError::Io { path: path.clone(), source: std::io::Error::other(e.to_string()) })?;
+    Ok(Exported {
+        file: file_name(shard.index),
+        bytes: bytes.len() as u64,
+        rows: tables.iter().map(|t| t.ids.len() as u64).collect(),
+        deleted: tables.iter().map(|t| t.deleted.len() as u64).collect(),
+    })
+}
+
+/// One server's file of a save, per table name: floats per row, and the rows.
+pub type SavedTables = HashMap<String, (usize, TableExport)>;
+
+/// Reads one server's file of a save: its kind and its tables (a reader for tools and tests;
+/// every length is checked against the others).
+pub fn read(path: &Path) -> Result<(ExportKind, SavedTables), ExportError> {
+    let invalid = |reason: String| ExportError::Invalid { path: path.to_path_buf(), reason };
+    let bytes = std::fs::read(path).map_err(|source| ExportError::Io { path: path.to_path_buf(), source })?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let kind = match meta.metadata().as_ref().and_then(|m| m.get("kind")).map(String::as_str) {
+        Some("base") => ExportKind::Base,
+        Some("delta") => ExportKind::Delta,
+        other => return Err(invalid(format!("kind {other:?}"))),
+    };
+    let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let mut tables = SavedTables::new();
+    for (name, view) in file.tensors() {
+        let (table, part) = name.rsplit_once('.').ok_or_else(|| invalid(format!("tensor {name:?}")))?;
+        let entry = tables.entry(table.to_string()).or_default();
+        match (part, view.dtype()) {
+            ("ids", safetensors::Dtype::U64) => entry.1.ids = bytemuck::pod_collect_to_vec(view.data()),
+            ("deleted", safetensors::Dtype::U64) => entry.1.deleted = bytemuck::pod_collect_to_vec(view.data()),
+            ("weights", safetensors::Dtype::F32) if view.shape().len() == 2 => {
+                entry.0 = view.shape()[1];
+                entry.1.weights = bytemuck::pod_collect_to_vec(view.data());
+            }
+            _ => return Err(invalid(format!("tensor {name:?} of {:?}", view.dtype()))),
+        }
+    }
+    if let Some((name, _)) = tables.iter().find(|(_, (dim, t))| t.ids.len() * dim != t.weights.len()) {
+        return Err(invalid(format!("table {name}: ids and weights differ in length")));
+    }
+    Ok((kind, tables))
+}
+
+/// When a job saves for serving: a delta every `delta_every` passes, a base at each day's end
+/// (online training), and a base instead of the first delta of a run (a delta needs a base
+/// saved by the same servers' run: a restored table has no log of what it removed).
+#[derive(Clone, Debug, Default)]
+pub struct ExportPlan {
+    /// Passes between deltas.
+    pub delta_every: Option<u32>,
+    /// Whether this run saved a base yet.
+    pub based: bool,
+}
+
+impl ExportPlan {
+    /// The save due after pass `pass` (counted within the day), if any.
+    pub fn due(&mut self, pass: u32, day_end: bool) -> Option<ExportKind> {
+        let delta = self.delta_every.is_some_and(|n| pass % n == 0);
+        let kind = if day_end || (delta && !self.based) {
+            ExportKind::Base
+        } else if delta {
+            ExportKind::Delta
+        } else {
+            return None;
+        };
+        self.based |= kind == ExportKind::Base;
+        Some(kind)
+    }
+}
+
+/// A save's own description, `export.json` in its folder: what a serving system loads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExportManifest {
+    /// Base or delta.
+    pub kind: ExportKind,
+    /// Day of online training (0 outside it).
+    pub day: u32,
+    /// Pass after which it was saved.
+    pub pass: u32,
+    /// The tables: name and floats per row.
+    pub tables: Vec<(String, usize)>,
+    /// Each server's file, by server index.
+    pub files: Vec<Exported>,
+}
+
+/// One line of the done-file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DoneLine {
+    /// Day of online training (0 outside it).
+    pub day: u32,
+    /// Pass (within the day in online training).
+    pub pass: u32,
+    /// Base or delta.
+    pub kind: ExportKind,
+    /// The save's folder.
+    pub path: PathBuf,
+    /// When it was complete, in milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+}
+
+impl DoneLine {
+    fn render(&self) -> String {
+        format!("{}\t{}\t{}\t{}\t{}\n", self.day, self.pass, self.kind.name(), self.path.display(), self.unix_ms)
+    }
+
+    /// Parses one line; None for one oar did not write.
+    pub fn parse(line: &str) -> Option<DoneLine> {
+        let mut f = line.split('\t');
+        let day = f.next()?.parse().ok()?;
+        let pass = f.next()?.parse().ok()?;
+        let kind = match f.next()? {
+            "base" => ExportKind::Base,
+            "delta" => ExportKind::Delta,
+            _ => return None,
+        };
+        let path = PathBuf::from(f.next()?);
+        let unix_ms = f.next()?.parse().ok()?;
+        f.next().is_none().then_some(DoneLine { day, pass, kind, path, unix_ms })
+    }
+}
+
+/// The done-file's lines (none if there is no file).
+pub fn done_lines(done: &Path) -> Result<Vec<DoneLine>, ExportError> {
+    let text = match crate::state_file::read(done, 1 << 30) {
+        Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+        Ok(None) => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(ExportError::Io { path: done.to_path_buf(), source: std::io::Error::other(e.to_string()) })
+        }
+    };
+    text.lines()
+        .map(|l| {
+            DoneLine::parse(l)
+                .ok_or_else(|| ExportError::Invalid { path: done.to_path_buf(), reason: format!("line {l:?}") })
+        })
+        .collect()
+}
+
+/// Appends `line` to the done-file, durably, unless a line of the same day, pass and kind is
+/// there already (a pass redone after a crash saves again but is announced once).
+pub fn append_done(done: &Path, line: &DoneLine) -> Result<(), ExportError> {
+    let io = |source| ExportError::Io { path: done.to_path_buf(), source };
+    if done_lines(done)?.iter().any(|l| (l.day, l.pass, l.kind) == (line.day, line.pass, line.kind)) {
+        return Ok(());
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(done)
+        .map_err(io)?;
+    f.write_all(line.render().as_bytes()).and_then(|_| f.sync_all()).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
+
+    #[test]
+    fn a_servers_file_reads_back_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = TableSpec {
+            dense: DenseSpec { params: vec![], block_size: 8, seed: 1, optimizer: Optimizer::sgd(0.1) },
+            sparse: vec![SparseSpec::new("emb", 2, 1, Init::Uniform { scale: 0.1 }, Optimizer::sgd(0.1))],
+        };
+        let shard = Shard::new(spec, 1, 2);
+        let t = TableExport { ids: vec![5, u64::MAX], weights: vec![1.0, 2.0, 3.0, 4.0], deleted: vec![9] };
+        let e = write(&shard, ExportKind::Delta, std::slice::from_ref(&t), dir.path()).unwrap();
+        assert_eq!(
+            (e.file.as_str(), e.rows.as_slice(), e.deleted.as_slice()),
+            ("server-1.safetensors", &[2][..], &[1][..])
+        );
+        let (kind, tables) = read(&dir.path().join(&e.file)).unwrap();
+        assert_eq!(kind, ExportKind::Delta);
+        assert_eq!(tables["emb"], (2, t));
+        std::fs::write(dir.path().join("junk"), b"not a save").unwrap();
+        assert!(read(&dir.path().join("junk")).unwrap_err().to_string().contains("not a base or delta save"));
+    }
+
+    #[test]
+    fn a_run_saves_a_base_first_then_deltas_and_a_base_at_each_days_end() {
+        let mut plan = ExportPlan { delta_every: Some(2), based: false };
+        let due: Vec<_> = (1..=6).map(|p| plan.due(p, p == 6)).collect();
+        use ExportKind::*;
+        assert_eq!(due, [None, Some(Base), None, Some(Delta), None, Some(Base)]);
+        assert_eq!(ExportPlan::default().due(4, false), None);
+    }
+
+    #[test]
+    fn the_done_file_announces_each_save_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let done = dir.path().join("donefile.txt");
+        let line = DoneLine { day: 3, pass: 2, kind: ExportKind::Delta, path: "/x/delta".into(), unix_ms: 7 };
+        append_done(&done, &line).unwrap();
+        append_done(&done, &DoneLine { unix_ms: 9, ..line.clone() }).unwrap();
+        append_done(&done, &DoneLine { kind: ExportKind::Base, ..line.clone() }).unwrap();
+        let lines = done_lines(&done).unwrap();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0], line);
+        assert_eq!(std::fs::read_to_string(&done).unwrap().lines().next(), Some("3\t2\tdelta\t/x/delta\t7"));
+    }
+}
