@@ -49,6 +49,13 @@ pub struct TrainSettings {
     /// Save the tables for serving every this many passes (Paddle's `save_delta_frequency`):
     /// a delta, or a base when none was saved yet; needs an output folder. `None`: no such saves.
     pub delta_every: Option<u32>,
+    /// Online training: the folder of day folders (`YYYYMMDD/part-*`, see `oar gen stream`)
+    /// trained day after day instead of passes over the training files.
+    pub online: Option<std::path::PathBuf>,
+    /// Online training: the days to train, `FROM..TO` (`YYYYMMDD`, both included).
+    pub days: Option<String>,
+    /// Online training: passes per day, each over one split of the day's files.
+    pub passes_per_day: u32,
 }
 
 impl Default for TrainSettings {
@@ -68,6 +75,9 @@ impl Default for TrainSettings {
             scale_stale_steps: crate::train::DEFAULT_SCALE_STALE_STEPS,
             clip_grad_norm: None,
             delta_every: None,
+            online: None,
+            days: None,
+            passes_per_day: 1,
         }
     }
 }
@@ -118,6 +128,20 @@ impl JobConfig {
         self.validate_with(&Registry::default())
     }
 
+    /// The online calendar, when the job trains online: its days' files found on disk.
+    pub fn online(&self) -> anyhow::Result<Option<crate::train::online::Online>> {
+        let t = &self.train;
+        match (&t.online, &t.days) {
+            (None, None) => Ok(None),
+            (Some(dir), Some(days)) => Ok(Some(crate::train::online::Online {
+                days: crate::data::gen_stream::days_in(dir, days)?,
+                passes_per_day: t.passes_per_day,
+            })),
+            (Some(_), None) => anyhow::bail!("online training needs its days: --days FROM..TO (YYYYMMDD)"),
+            (None, Some(_)) => anyhow::bail!("--days names the days of online training: give --online DIR too"),
+        }
+    }
+
     /// Checks everything, the model graph with `registry`'s layer types; messages name the
     /// setting (or layer).
     pub fn validate_with(&self, registry: &Registry) -> anyhow::Result<()> {
@@ -130,6 +154,9 @@ impl JobConfig {
         anyhow::ensure!(self.train.threads > 0, "threads must be at least 1");
         anyhow::ensure!(self.train.timeout_secs > 0, "timeout must be positive");
         anyhow::ensure!(self.train.lag_ratio > 0.0, "lag_ratio must be positive");
+        if let Some(online) = self.online()? {
+            online.validate()?;
+        }
         if self.train.delta_every == Some(0) {
             anyhow::bail!("delta_every must be at least 1 (passes between saves for serving)");
         }

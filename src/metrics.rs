@@ -298,6 +298,20 @@ impl std::fmt::Display for EvalReport {
     }
 }
 
+/// This process's resident memory and its peak so far, in bytes (`VmRSS`, `VmHWM` of
+/// /proc/self/status; zeros where there is none).
+pub fn process_memory() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

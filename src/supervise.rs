@@ -54,6 +54,9 @@ pub struct LaunchSummary {
     /// the servers applied, counted where it was applied (`applied_samples` per trainer).
     #[serde(default)]
     pub server_stats: Vec<crate::server::ServerStats>,
+    /// Online training: every day's figures (trainer 0's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub days: Vec<crate::train::DayReport>,
 }
 
 /// One restart of a failed process.
@@ -337,6 +340,7 @@ pub(crate) fn summarize(
             all.merge(&r.staleness);
             all
         }),
+        days: reports.first().map(|r| r.days.clone()).unwrap_or_default(),
         reports,
         restarts,
         server_stats,

@@ -386,6 +386,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         scale_stale_steps: job.train.scale_stale_steps,
         clip_grad_norm: job.train.clip_grad_norm,
         delta_every: None,
+        online: None,
     };
     let r = crate::train::run(&config, &|_, _| {})?;
     let test = r.passes.last().and_then(|p| p.test.as_ref());

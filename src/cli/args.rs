@@ -213,6 +213,31 @@ pub(super) enum GenCommand {
     /// Multi-hot lines in the slots format (one-hot, multi-valued and weighted slots) from a
     /// planted model with per-slot pooling; meta.json has the `[data]` section to read them.
     Slots(GenArgs),
+    /// An online job's logs: a folder of Criteo-format lines per day (OUT/YYYYMMDD/part-*) from
+    /// a planted model that drifts; new ids arrive every day and old ones go quiet.
+    Stream(StreamArgs),
+}
+
+#[derive(Args)]
+pub(super) struct StreamArgs {
+    /// Days.
+    #[arg(long)]
+    pub(super) days: u32,
+    /// Lines per day.
+    #[arg(long)]
+    pub(super) lines_per_day: u64,
+    /// Part files per day.
+    #[arg(long, default_value_t = 4)]
+    pub(super) parts: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    pub(super) seed: u64,
+    /// The first day, YYYYMMDD.
+    #[arg(long, default_value = "20260101")]
+    pub(super) start: String,
+    /// Output folder.
+    #[arg(long)]
+    pub(super) out: PathBuf,
 }
 
 #[derive(Args)]

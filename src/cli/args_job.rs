@@ -194,6 +194,18 @@ pub(super) struct JobArgs {
     /// [default: no clip].
     #[arg(long, env = "OAR_CLIP_GRAD_NORM")]
     pub(super) clip_grad_norm: Option<f32>,
+    /// Online training: a folder of day folders (YYYYMMDD/part-*, e.g. from `oar gen stream`)
+    /// trained day after day by the same processes, instead of --train.
+    #[arg(long, env = "OAR_ONLINE")]
+    pub(super) online: Option<PathBuf>,
+    /// Online training: the days, FROM..TO (YYYYMMDD, both included).
+    #[arg(long, env = "OAR_DAYS")]
+    pub(super) days: Option<String>,
+    /// Online training: passes per day, each over one split of the day's files; each day ends
+    /// with a shrink of the tables and a base save, and its model is evaluated on the next
+    /// day's first split before training goes on [default: 1].
+    #[arg(long, env = "OAR_PASSES_PER_DAY")]
+    pub(super) passes_per_day: Option<u32>,
     /// Save the tables for serving every N passes (a delta; a base first) into
     /// OUTPUT/serving/, each announced in OUTPUT/donefile.txt.
     #[arg(long, alias = "save_delta_frequency", env = "OAR_DELTA_EVERY")]
@@ -248,6 +260,13 @@ impl JobArgs {
         if self.delta_every.is_some() {
             t.delta_every = self.delta_every;
         }
+        if self.online.is_some() {
+            t.online = self.online.clone();
+        }
+        if self.days.is_some() {
+            t.days = self.days.clone();
+        }
+        set(&mut t.passes_per_day, self.passes_per_day);
         t.skip_bad_lines |= self.skip_bad_lines;
         set(&mut t.is_local, self.is_local);
         if let Some(command) = &self.pipe_command {
@@ -382,9 +401,9 @@ pub(super) struct LaunchArgs {
     /// sync or async.
     #[arg(long, env = "OAR_MODE", value_enum, default_value = "async")]
     pub(super) mode: Mode,
-    /// Training data: a file or a folder of part files.
+    /// Training data: a file or a folder of part files (not with --online).
     #[arg(long)]
-    pub(super) train: PathBuf,
+    pub(super) train: Option<PathBuf>,
     /// Test data evaluated after each pass.
     #[arg(long)]
     pub(super) test: Option<PathBuf>,

@@ -99,12 +99,18 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }
         Command::Launch(a) => {
             let job = a.job.resolve(registry)?;
+            let train = match (a.train, &job.train.online) {
+                (Some(t), None) => t,
+                (None, Some(online)) => online.clone(),
+                (Some(_), Some(_)) => anyhow::bail!("--train and --online both name the training data: give one"),
+                (None, None) => anyhow::bail!("no training data: give --train, or --online DIR --days FROM..TO"),
+            };
             let config = crate::launch::LaunchConfig {
                 servers: a.servers,
                 workers: a.workers,
                 mode: a.mode,
                 job,
-                train: a.train,
+                train,
                 test: a.test,
                 output: a.output,
                 resume: a.resume,
@@ -307,6 +313,24 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             print_generated(&a, &r, started);
             Ok(())
         }
+        Command::Gen { what: GenCommand::Stream(a) } => {
+            use crate::data::gen_stream;
+            let config = gen_stream::StreamConfig {
+                days: a.days,
+                lines_per_day: a.lines_per_day,
+                parts: a.parts,
+                seed: a.seed,
+                start: gen_stream::parse_date(&a.start)?,
+                out: a.out.clone(),
+            };
+            let meta = gen_stream::generate(&config, &|d| {
+                let oracle = d.oracle_auc.map_or("n/a".into(), |a| format!("{a:.4}"));
+                println!("{}: {} lines, CTR {:.4}, planted model's AUC {oracle}", d.date, d.lines, d.ctr);
+            })?;
+            let (first, last) = (&meta.days[0].date, &meta.days[meta.days.len() - 1].date);
+            println!("train it with: --online {} --days {first}..{last}", a.out.display());
+            Ok(())
+        }
         Command::Gen { what: GenCommand::Slots(a) } => {
             let started = Instant::now();
             let r = crate::data::gen_slots::generate(&gen_config(&a))?;
@@ -386,6 +410,7 @@ fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()
                 println!("  head {}: train {}{test}", h.output, h.train);
             }
         }
+        report::print_days(&report.days);
     }
     Ok(())
 }

@@ -33,6 +33,7 @@ pub(super) fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
     if let Some(t) = &s.test {
         println!("test {t}");
     }
+    print_days(&s.days);
     if s.staleness.count() > 0 {
         println!("push staleness (updates between a trainer's pull and the server applying its push): {}", s.staleness);
     }
@@ -42,6 +43,28 @@ pub(super) fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
     for r in &s.restarts {
         let from = r.from.as_ref().map(|f| format!(", from {f}")).unwrap_or_default();
         println!("restarted {} ({}) at {:.1} s, restart {}{from}", r.process, r.cause, r.at_seconds, r.epoch);
+    }
+}
+
+/// Online training's days: the AUCs, what the shrink deleted, rows and memory per server.
+pub(super) fn print_days(days: &[crate::train::DayReport]) {
+    if days.is_empty() {
+        return;
+    }
+    println!("day       train AUC  next-day AUC  shrunk rows  rows per server  peak MiB per server");
+    let auc = |a: Option<f64>| a.map_or("-".to_string(), |x| format!("{x:.4}"));
+    for d in days {
+        let mib: Vec<String> =
+            d.peak_rss_bytes.iter().map(|b| format!("{:.0}", *b as f64 / (1 << 20) as f64)).collect();
+        println!(
+            "{}  {:>9}  {:>12}  {:>11}  {:>15}  {}",
+            d.date,
+            auc(d.train_auc),
+            auc(d.next_day.as_ref().and_then(|e| e.auc)),
+            d.shrunk_rows,
+            d.rows.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+            mib.join(",")
+        );
     }
 }
 

@@ -375,8 +375,15 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
     if a.job.threads.is_none() {
         threads = env.trainer_count.unwrap_or(threads);
     }
-    let train = a.train.clone().context("no training data: give --train (or OAR_TRAIN)")?;
-    let train_files = resolve_files(&train)?;
+    // Online: the days' files, trained split by split; else passes over --train.
+    let online = job.online()?;
+    let (train_files, passes) = match &online {
+        Some(o) => (o.days.iter().flat_map(|(_, f)| f.clone()).collect(), o.passes()),
+        None => {
+            let train = a.train.clone().context("no training data: give --train (or OAR_TRAIN), or --online")?;
+            (resolve_files(&train)?, job.train.passes)
+        }
+    };
     let test_files = match &a.test {
         Some(t) => resolve_files(t)?,
         None => Vec::new(),
@@ -394,7 +401,8 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         train_files,
         test_files,
         batch_size: job.train.batch_size,
-        passes: job.train.passes,
+        passes,
+        online,
         threads,
         model: job.model.clone(),
         data: job.data.clone(),

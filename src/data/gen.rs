@@ -118,6 +118,45 @@ fn cat_hex(seed: u64, s: usize, r: u32) -> u32 {
 
 /// Writes line `line` of `stream` into `out` and returns (label, planted probability).
 fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64) {
+    planted_line(seed, stream, line, None, out)
+}
+
+/// How a day of a drifting stream differs from day 0 (see [`super::gen_stream`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Drift {
+    /// Days since the stream began.
+    pub day: u32,
+}
+
+impl Drift {
+    /// Share of a slot's vocabulary, the most frequent values, whose ids never change.
+    const HEAD: u32 = 100;
+    /// Angle (radians) by which each value's planted weight turns per day.
+    const TURN: f64 = 0.05;
+
+    /// The id index of rank `r` of slot `s` today: the head keeps its ids; below it, ranks
+    /// move down by 1% of the vocabulary a day, so new ids enter below the head and old ones
+    /// sink into the tail and go quiet. Tail ids live above bit 31, apart from the head's.
+    fn index(self, s: usize, r: u32) -> u32 {
+        let head = CAT_VOCAB[s] / Self::HEAD;
+        if r < head || head == 0 {
+            r
+        } else {
+            (r.wrapping_sub(head.wrapping_mul(self.day)) & 0x7fff_ffff) | 0x8000_0000
+        }
+    }
+
+    /// The planted weight of id index `i` of slot `s` today: two independent weights mixed by
+    /// an angle that turns slowly, so the model drifts at a constant spread.
+    fn weight(self, seed: u64, s: usize, i: u32) -> f64 {
+        let a = self.day as f64 * Self::TURN;
+        cat_weight(seed, s, i) * a.cos() + cat_weight(seed ^ 0xd81f7, s, i) * a.sin()
+    }
+}
+
+/// Writes line `line` of `stream` (drifting as `drift` says, if at all) into `out` and returns
+/// (label, planted probability).
+pub(crate) fn planted_line(seed: u64, stream: u64, line: u64, drift: Option<Drift>, out: &mut Vec<u8>) -> (f32, f64) {
     let d = Draws::new(seed, stream, line);
     let mut logit = BIAS;
     let mut ints = [None; DENSE];
@@ -141,8 +180,15 @@ fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64
             logit += 0.1 * Draws { base: mix64(seed ^ 0x77 ^ s as u64) }.normal(0);
         } else {
             let r = zipf_rank(d.uniform(400 + s as u64), CAT_VOCAB[s]);
-            logit += cat_weight(seed, s, r);
-            cats[s] = Some(cat_hex(seed, s, r));
+            let (i, w) = match drift {
+                None => (r, cat_weight(seed, s, r)),
+                Some(drift) => {
+                    let i = drift.index(s, r);
+                    (i, drift.weight(seed, s, i))
+                }
+            };
+            logit += w;
+            cats[s] = Some(cat_hex(seed, s, i));
         }
     }
     let p = 1.0 / (1.0 + (-logit).exp());
@@ -172,7 +218,13 @@ type PartResult = std::io::Result<(Vec<f32>, Vec<f32>)>;
 pub(crate) type WriteLine = fn(u64, u64, u64, &mut Vec<u8>) -> (f32, f64);
 
 /// Writes lines `range` of `stream` to `path`; returns labels and planted probabilities.
-fn write_part(write_line: WriteLine, seed: u64, stream: u64, range: std::ops::Range<u64>, path: &Path) -> PartResult {
+pub(crate) fn write_part(
+    write_line: WriteLine,
+    seed: u64,
+    stream: u64,
+    range: std::ops::Range<u64>,
+    path: &Path,
+) -> PartResult {
     let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
     let (mut labels, mut probs) = (Vec::new(), Vec::new());
     let mut buf = Vec::with_capacity(1 << 16);

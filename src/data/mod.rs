@@ -14,6 +14,7 @@ pub mod fetch;
 pub mod files;
 pub mod gen;
 pub mod gen_slots;
+pub mod gen_stream;
 pub mod multislot;
 pub mod plain;
 pub mod prepare;

@@ -77,7 +77,11 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     );
     config.job.validate_with(&config.registry)?;
     // Checked before any process starts: a worker without data would fail only after start-up.
-    let files = crate::config::resolve_files(&config.train)?;
+    let online = config.job.online()?;
+    let files = match &online {
+        Some(o) => o.days.iter().flat_map(|(_, f)| f.clone()).collect(),
+        None => crate::config::resolve_files(&config.train)?,
+    };
     for w in 0..config.workers {
         anyhow::ensure!(
             !crate::data::shard_files(&files, config.workers, w).is_empty(),
@@ -225,8 +229,14 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
 
         // A resumed job trains only the passes after the saved one.
         let done = crate::checkpoint::passes_done(config.resume.as_deref())?;
-        let passes = config.job.train.passes.saturating_sub(done) as u64;
-        let total = crate::data::files::total_bytes(&files) * passes;
+        // Online, every file is read once; else every pass reads them all.
+        let total = match &online {
+            Some(o) => {
+                let per_pass = crate::data::files::total_bytes(&files) / o.passes().max(1) as u64;
+                per_pass * o.passes().saturating_sub(done) as u64
+            }
+            None => crate::data::files::total_bytes(&files) * config.job.train.passes.saturating_sub(done) as u64,
+        };
         let bar =
             if config.progress_bar { indicatif::ProgressBar::new(total) } else { indicatif::ProgressBar::hidden() };
         bar.set_style(

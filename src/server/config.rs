@@ -165,6 +165,12 @@ pub struct ServerStats {
     /// Per sparse table, bytes of its admission filter.
     #[serde(default)]
     pub filter_bytes: Vec<usize>,
+    /// The server process's resident memory, bytes.
+    #[serde(default)]
+    pub rss_bytes: u64,
+    /// Its peak resident memory so far, bytes.
+    #[serde(default)]
+    pub peak_rss_bytes: u64,
     /// Requests served per listening port, in port order.
     pub port_requests: Vec<u64>,
     /// Async: how many updates behind each push arrived.

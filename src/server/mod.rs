@@ -153,7 +153,10 @@ impl State {
 
     fn stats(&self) -> ServerStats {
         let c = &self.counters;
+        let (rss_bytes, peak_rss_bytes) = crate::metrics::process_memory();
         ServerStats {
+            rss_bytes,
+            peak_rss_bytes,
             version: c.version.load(Relaxed),
             discarded: c.discarded.load(Relaxed),
             pulls: c.pulls.load(Relaxed),

@@ -83,6 +83,9 @@ pub struct TrainConfig {
     /// [`crate::config::TrainSettings::delta_every`]).
     #[serde(default)]
     pub delta_every: Option<u32>,
+    /// Online training's calendar; `passes` is then its passes in all.
+    #[serde(default)]
+    pub online: Option<super::online::Online>,
     /// Under a supervisor that restarts failed servers: how long to wait for a lost server to
     /// come back before failing (`None`: fail at once).
     #[serde(default)]

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 mod ahead;
 mod comms;
 mod config;
+pub mod online;
 mod pass;
 pub mod position;
 mod report;
@@ -27,7 +28,7 @@ mod warmup;
 pub use config::{TrainConfig, DEFAULT_SCALE_STALE_STEPS, DEFAULT_SYNC_WARMUP};
 use pass::PassLoop;
 use position::{Position, PositionLog};
-pub use report::{AllTrainersAuc, HeadReport, PassReport, StepTimes, TrainReport};
+pub use report::{AllTrainersAuc, DayReport, HeadReport, PassReport, StepTimes, TrainReport};
 pub use store::{pull_rows, Lookups, StepHeader, Store, TableLookup};
 use warmup::WarmupPlan;
 
@@ -150,6 +151,7 @@ pub fn run_with(
         staleness: Staleness::default(),
         bad_lines: 0,
         clipped_steps: 0,
+        days: Vec::new(),
     };
     let (mut step, mut bytes_before) = (start.step, 0u64);
     let mut exports = crate::export::ExportPlan { delta_every: config.delta_every, based: false };
@@ -163,8 +165,13 @@ pub fn run_with(
                 p.lock().start_pass(pass)?;
             }
         }
+        // Online: this pass's split of its day, this trainer's share of it.
+        let pass_files = match &config.online {
+            Some(o) => shard_files(o.files(pass), config.trainers, me),
+            None => files.clone(),
+        };
         let reader = Reader::spawn(
-            files.clone(),
+            pass_files,
             ReaderConfig {
                 skip_bad_lines: config.skip_bad_lines,
                 skip: plan.reader_skip,
@@ -194,7 +201,7 @@ pub fn run_with(
         if let (Store::Remote(client), Some(b)) = (&mut store, &buckets) {
             client.pass_auc(me, pass, b).with_context(|| format!("sending pass {pass}'s AUC histogram"))?;
         }
-        let tests = end_pass(config, &mut store, &model, &schema, &spec, pass, step, &mut exports)?;
+        let (tests, day) = end_pass(config, &mut store, &model, &schema, &spec, pass, step, &mut exports)?;
         let all_trainers = match (&mut store, buckets) {
             (Store::Remote(client), Some(_)) => {
                 let g = client.global_auc(pass).with_context(|| format!("reading pass {pass}'s AUC"))?;
@@ -217,6 +224,12 @@ pub fn run_with(
         } else {
             Vec::new()
         };
+        if let Some(mut day) = day {
+            day.train_auc = all_trainers.as_ref().and_then(|a| a.auc);
+            let next = day.next_day.as_ref().map_or("-".to_string(), |e| e.to_string());
+            tracing::info!(date = %day.date, rows = ?day.rows, shrunk = day.shrunk_rows, "day done; next day's first split: {next}");
+            report.days.push(day);
+        }
         report.passes.push(PassReport {
             pass,
             train: trains[0].clone(),
@@ -368,19 +381,30 @@ fn end_pass(
     pass: u32,
     step: u64,
     exports: &mut crate::export::ExportPlan,
-) -> anyhow::Result<Vec<EvalReport>> {
+) -> anyhow::Result<(Vec<EvalReport>, Option<DayReport>)> {
     let me = config.trainer_id;
     if let Store::Remote(client) = store {
         client.end_pass(me, pass)?;
         client.barrier(me, 2 * pass as u64 - 1).with_context(|| format!("end of pass {pass}"))?;
     }
     let mut tests = Vec::new();
+    let mut day = None;
+    // Online: the pass's day and its number within the day; a day ends with a shrink.
+    let slot = config.online.as_ref().map(|o| (o, o.slot(pass)));
+    let (date, day_pass, day_end) = match slot {
+        Some((o, s)) => (o.date_number(s.day), s.pass, s.day_end),
+        None => (0, pass, false),
+    };
     if me == 0 {
+        if let (Some((o, s)), true) = (slot, day_end) {
+            let shrunk_rows = store.shrink(1).with_context(|| format!("the shrink at the end of day {date}"))?;
+            day = Some(DayReport { date: o.days[s.day].0.clone(), shrunk_rows, ..DayReport::default() });
+        }
         if let Some(out) = &config.output {
             // Before the pass's checkpoint: a crash between the two redoes the pass, saves
             // again and announces the save once; the other order could lose its line.
-            if let Some(kind) = exports.due(pass, false) {
-                save_for_serving(out, store, spec, kind, 0, pass)?;
+            if let Some(kind) = exports.due(day_pass, day_end) {
+                save_for_serving(out, store, spec, kind, date, day_pass)?;
             }
             let dir = out.join(pass_dir_name(pass));
             let shards = store.save(&dir).with_context(|| format!("saving pass {pass} to {}", dir.display()))?;
@@ -403,9 +427,22 @@ fn end_pass(
                 tracing::info!(pass, samples = r.samples, head = %name, "test: {r}");
             }
         }
+        if let (Some((o, s)), Some(d)) = (slot, day.as_mut()) {
+            // The day's model on the next day's first split, before any training on it.
+            if let Some(next) = o.next_first_split(s.day) {
+                let batch = config.batch_size.max(1024);
+                let heads = evaluate_heads(store, model, schema, next, batch, config.skip_bad_lines)?;
+                d.next_day = heads.into_iter().next();
+            }
+            for (rows, rss, peak) in store.footprint()? {
+                d.rows.push(rows);
+                d.rss_bytes.push(rss);
+                d.peak_rss_bytes.push(peak);
+            }
+        }
     }
     if let Store::Remote(client) = store {
         client.barrier(me, 2 * pass as u64).with_context(|| format!("after saving pass {pass}"))?;
     }
-    Ok(tests)
+    Ok((tests, day))
 }

@@ -71,6 +71,29 @@ pub struct TrainReport {
     /// Steps whose gradients were scaled down by `clip_grad_norm`.
     #[serde(default)]
     pub clipped_steps: u64,
+    /// Online training, trainer 0: every day's figures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub days: Vec<DayReport>,
+}
+
+/// One day of online training, as trainer 0 saw it at the day's end.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct DayReport {
+    /// The day, `YYYYMMDD`.
+    pub date: String,
+    /// The day's last pass: training AUC over every trainer's samples (Paddle's buckets).
+    pub train_auc: Option<f64>,
+    /// The day's model on the next day's first split, before training on it (none after the
+    /// last day).
+    pub next_day: Option<EvalReport>,
+    /// Rows the day's shrink deleted.
+    pub shrunk_rows: u64,
+    /// Per server after the shrink: rows held (all tables).
+    pub rows: Vec<u64>,
+    /// Per server: resident memory, bytes.
+    pub rss_bytes: Vec<u64>,
+    /// Per server: peak resident memory so far, bytes.
+    pub peak_rss_bytes: Vec<u64>,
 }
 
 /// Seconds spent in each phase of the training loop, summed over steps.

@@ -84,6 +84,29 @@ impl Store {
         }
     }
 
+    /// Shrinks every table after `days` more days; returns the rows deleted.
+    pub fn shrink(&mut self, days: u32) -> anyhow::Result<u64> {
+        match self {
+            Store::Local(shard) => Ok(shard.sparse.iter().map(|t| t.shrink(days)).sum()),
+            Store::Remote(client) => Ok(client.shrink(days)?.iter().flat_map(|s| &s.deleted).sum()),
+        }
+    }
+
+    /// Per server (one in-process): rows held in all tables, resident and peak memory (bytes).
+    pub fn footprint(&mut self) -> anyhow::Result<Vec<(u64, u64, u64)>> {
+        match self {
+            Store::Local(shard) => {
+                let (rss, peak) = crate::metrics::process_memory();
+                Ok(vec![(shard.sparse.iter().map(|t| t.len() as u64).sum(), rss, peak)])
+            }
+            Store::Remote(client) => Ok(client
+                .stats()?
+                .iter()
+                .map(|s| (s.rows.iter().map(|&r| r as u64).sum(), s.rss_bytes, s.peak_rss_bytes))
+                .collect()),
+        }
+    }
+
     /// Saves every shard into `dir`.
     pub fn save(&mut self, dir: &Path) -> anyhow::Result<Vec<ShardEntry>> {
         match self {

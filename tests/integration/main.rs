@@ -13,6 +13,7 @@ mod fetch;
 mod global_auc;
 mod lifecycle;
 mod models;
+mod online;
 mod paddle;
 mod predict;
 mod robustness;

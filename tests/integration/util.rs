@@ -130,6 +130,7 @@ pub fn train_config(
         scale_stale_steps: oar::train::DEFAULT_SCALE_STALE_STEPS,
         clip_grad_norm: None,
         delta_every: None,
+        online: None,
     }
 }
 

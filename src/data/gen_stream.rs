@@ -1,0 +1,195 @@
+//! `oar gen stream`: the logs of an online training job, a folder per day (`DIR/YYYYMMDD/part-*`)
+//! of Criteo-format lines from a planted model that drifts (see [`Drift`]): the most frequent
+//! values keep their ids, the rest sink a little each day so new ids keep arriving and old ones
+//! go quiet, and every value's weight turns slowly. `meta.json` has each day's lines, click rate
+//! and the planted model's own AUC on that day (the oracle).
+//!
+//! Also the day ranges (`--days FROM..TO`) and day folders online training reads.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use chrono::NaiveDate;
+
+use super::gen::{planted_line, write_part, Drift};
+use crate::metrics;
+
+/// Streams of a day's lines: far from the fixed data set's (1 and 2).
+const DAY_STREAM: u64 = 1 << 20;
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct StreamConfig {
+    /// Days.
+    pub days: u32,
+    /// Lines per day.
+    pub lines_per_day: u64,
+    /// Part files per day.
+    pub parts: usize,
+    /// Seed of the planted model and the lines.
+    pub seed: u64,
+    /// The first day's date.
+    pub start: NaiveDate,
+    /// Output folder.
+    pub out: PathBuf,
+}
+
+/// One generated day.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct DayMeta {
+    /// `YYYYMMDD`, the folder's name.
+    pub date: String,
+    /// Lines written.
+    pub lines: u64,
+    /// Share of positive labels.
+    pub ctr: f64,
+    /// The planted model's AUC on the day's lines.
+    pub oracle_auc: Option<f64>,
+}
+
+/// `meta.json` of a stream.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct StreamMeta {
+    /// Seed used.
+    pub seed: u64,
+    /// Part files per day.
+    pub parts: usize,
+    /// The days, in order.
+    pub days: Vec<DayMeta>,
+}
+
+/// A date as its folder name.
+pub fn folder_name(date: NaiveDate) -> String {
+    date.format("%Y%m%d").to_string()
+}
+
+/// Parses a `YYYYMMDD` folder name.
+pub fn parse_date(s: &str) -> anyhow::Result<NaiveDate> {
+    NaiveDate::parse_from_str(s, "%Y%m%d").with_context(|| format!("{s:?} is not a date as YYYYMMDD"))
+}
+
+/// Writes the stream described by `config`, a day at a time (each day's parts in parallel).
+pub fn generate(config: &StreamConfig, on_day: &dyn Fn(&DayMeta)) -> anyhow::Result<StreamMeta> {
+    anyhow::ensure!(config.parts > 0, "--parts must be at least 1");
+    anyhow::ensure!(config.days > 0, "--days must be at least 1");
+    let mut days = Vec::new();
+    for day in 0..config.days {
+        let date = config.start + chrono::Days::new(day as u64);
+        let dir = config.out.join(folder_name(date));
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let stream = DAY_STREAM + day as u64;
+        let per = config.lines_per_day.div_ceil(config.parts as u64);
+        let parts: Vec<(std::ops::Range<u64>, PathBuf)> = (0..config.parts as u64)
+            .map(|i| (i * per..((i + 1) * per).min(config.lines_per_day), dir.join(format!("part-{i:05}"))))
+            .collect();
+        let written: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = parts
+                .iter()
+                .map(|(range, path)| {
+                    scope.spawn(move || write_part(day_line, config.seed, stream, range.clone(), path))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a writer thread panicked")).collect()
+        });
+        let (mut labels, mut probs) = (Vec::new(), Vec::new());
+        for (r, (_, path)) in written.into_iter().zip(&parts) {
+            let (l, p) = r.with_context(|| format!("cannot write {}", path.display()))?;
+            labels.extend(l);
+            probs.extend(p);
+        }
+        let meta = DayMeta {
+            date: folder_name(date),
+            lines: config.lines_per_day,
+            ctr: labels.iter().map(|&y| y as f64).sum::<f64>() / labels.len().max(1) as f64,
+            oracle_auc: metrics::auc(&probs, &labels),
+        };
+        on_day(&meta);
+        days.push(meta);
+    }
+    let meta = StreamMeta { seed: config.seed, parts: config.parts, days };
+    let path = config.out.join("meta.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&meta)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(meta)
+}
+
+/// Writes line `line` of a day's stream: the day travels in the stream number, as the part
+/// writers take a plain function.
+fn day_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64) {
+    planted_line(seed, stream, line, Some(Drift { day: (stream - DAY_STREAM) as u32 }), out)
+}
+
+/// The days `FROM..TO` (both included, `YYYYMMDD`) of the stream in `dir`, each with its part
+/// files in name order; every day's folder must exist and hold files.
+pub fn days_in(dir: &Path, range: &str) -> anyhow::Result<Vec<(String, Vec<PathBuf>)>> {
+    let (from, to) = range.split_once("..").with_context(|| format!("--days {range:?} is not FROM..TO"))?;
+    let (from, to) = (parse_date(from.trim())?, parse_date(to.trim())?);
+    anyhow::ensure!(from <= to, "--days {range}: {from} is after {to}");
+    let mut days = Vec::new();
+    let mut date = from;
+    while date <= to {
+        let name = folder_name(date);
+        let folder = dir.join(&name);
+        let files = crate::config::resolve_files(&folder)
+            .with_context(|| format!("day {name} of the online stream {}", dir.display()))?;
+        anyhow::ensure!(!files.is_empty(), "day folder {} holds no files", folder.display());
+        days.push((name, files));
+        date = date + chrono::Days::new(1);
+    }
+    Ok(days)
+}
+
+/// The files of pass `k` (0-based) of `passes` of a day: the day's files dealt in order into
+/// `passes` consecutive splits (as many files as passes at least).
+pub fn split(files: &[PathBuf], k: usize, passes: usize) -> &[PathBuf] {
+    let n = files.len();
+    &files[k * n / passes..(k + 1) * n / passes]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn day_ranges_name_existing_folders_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["20261230", "20261231", "20270101"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+            std::fs::write(dir.path().join(d).join("part-00000"), "x\n").unwrap();
+        }
+        let days = days_in(dir.path(), "20261230..20270101").unwrap();
+        let names: Vec<&str> = days.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["20261230", "20261231", "20270101"]);
+        assert!(days_in(dir.path(), "20270101..20261230").unwrap_err().to_string().contains("after"));
+        assert!(format!("{:#}", days_in(dir.path(), "20261229..20261230").unwrap_err()).contains("20261229"));
+        assert!(days_in(dir.path(), "2026-12-30").is_err());
+    }
+
+    #[test]
+    fn a_days_files_are_split_into_consecutive_passes() {
+        let files: Vec<PathBuf> = (0..4).map(|i| PathBuf::from(format!("p{i}"))).collect();
+        assert_eq!(split(&files, 0, 2), &files[0..2]);
+        assert_eq!(split(&files, 1, 2), &files[2..4]);
+        assert_eq!(split(&files, 2, 4), &files[2..3]);
+    }
+
+    #[test]
+    fn new_ids_arrive_every_day_and_the_head_keeps_its_ids() {
+        let ids = |day: u32| {
+            let mut out = Vec::new();
+            for line in 0..3000 {
+                planted_line(1, DAY_STREAM + day as u64, line, Some(Drift { day }), &mut out);
+            }
+            let mut batch = crate::batch::Batch::new(1, 13, 26);
+            for l in out.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
+                crate::data::criteo::parse_line(l, &mut batch).unwrap();
+            }
+            batch.ids.iter().copied().collect::<std::collections::HashSet<u64>>()
+        };
+        let (d0, d1, d5) = (ids(0), ids(1), ids(5));
+        let new1 = d1.difference(&d0).count() as f64 / d1.len() as f64;
+        let new5 = d5.difference(&d0).count() as f64 / d5.len() as f64;
+        assert!(new1 > 0.05 && new5 > new1, "new ids: {new1:.3} after a day, {new5:.3} after five");
+        assert!(d5.intersection(&d0).count() as f64 > 0.2 * d5.len() as f64, "the head stays");
+    }
+}

@@ -1,0 +1,106 @@
+//! Online training's calendar: the same processes train day after day, each day's files split
+//! into passes (PaddleRec's online trainer: a pass per split of the day's logs). Passes are
+//! numbered across days (day 2's first pass follows day 1's last), so saves per pass, resume and
+//! restarts work as for any job; this module says which day and split a pass is.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The days to train and how each is split.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Online {
+    /// The days in order: the date (`YYYYMMDD`) and the day's files in name order.
+    pub days: Vec<(String, Vec<PathBuf>)>,
+    /// Passes per day, each over one split of the day's files.
+    pub passes_per_day: u32,
+}
+
+/// Where a pass falls in the calendar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// Index of the day (0-based) in [`Online::days`].
+    pub day: usize,
+    /// The pass within its day (1-based).
+    pub pass: u32,
+    /// Whether it is its day's last pass.
+    pub day_end: bool,
+}
+
+impl Online {
+    /// Checks that every day splits into its passes.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.passes_per_day > 0, "--passes-per-day must be at least 1");
+        anyhow::ensure!(!self.days.is_empty(), "no days to train");
+        for (date, files) in &self.days {
+            anyhow::ensure!(
+                files.len() >= self.passes_per_day as usize,
+                "day {date} has {} file(s), fewer than its {} passes (each pass trains a split of the day's files)",
+                files.len(),
+                self.passes_per_day
+            );
+        }
+        Ok(())
+    }
+
+    /// Passes in all.
+    pub fn passes(&self) -> u32 {
+        self.days.len() as u32 * self.passes_per_day
+    }
+
+    /// The day and split of pass `pass` (1-based, counted across days).
+    pub fn slot(&self, pass: u32) -> Slot {
+        let k = pass.saturating_sub(1);
+        let within = k % self.passes_per_day + 1;
+        Slot { day: (k / self.passes_per_day) as usize, pass: within, day_end: within == self.passes_per_day }
+    }
+
+    /// The date of day `day` as a number (`20260101`), as the done-file names it.
+    pub fn date_number(&self, day: usize) -> u32 {
+        self.days[day].0.parse().unwrap_or_default()
+    }
+
+    /// The files of pass `pass` (every trainer's; each reads its share).
+    pub fn files(&self, pass: u32) -> &[PathBuf] {
+        let slot = self.slot(pass);
+        crate::data::gen_stream::split(&self.days[slot.day].1, slot.pass as usize - 1, self.passes_per_day as usize)
+    }
+
+    /// The first split of the day after `day`, on which `day`'s model is evaluated before
+    /// training goes on; `None` after the last day.
+    pub fn next_first_split(&self, day: usize) -> Option<&[PathBuf]> {
+        let (_, files) = self.days.get(day + 1)?;
+        Some(crate::data::gen_stream::split(files, 0, self.passes_per_day as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_days() -> Online {
+        let files = |d: &str| (0..4).map(|i| PathBuf::from(format!("{d}/part-{i:05}"))).collect();
+        Online { days: vec![("20260101".into(), files("a")), ("20260102".into(), files("b"))], passes_per_day: 2 }
+    }
+
+    #[test]
+    fn passes_run_across_days_split_by_split() {
+        let o = two_days();
+        assert_eq!(o.passes(), 4);
+        assert_eq!(o.slot(1), Slot { day: 0, pass: 1, day_end: false });
+        assert_eq!(o.slot(2), Slot { day: 0, pass: 2, day_end: true });
+        assert_eq!(o.slot(3), Slot { day: 1, pass: 1, day_end: false });
+        assert_eq!(o.files(3), &o.days[1].1[0..2]);
+        assert_eq!(o.files(4), &o.days[1].1[2..4]);
+        assert_eq!(o.next_first_split(0), Some(&o.days[1].1[0..2]));
+        assert_eq!(o.next_first_split(1), None);
+        assert_eq!(o.date_number(1), 20260102);
+    }
+
+    #[test]
+    fn a_day_with_fewer_files_than_passes_is_refused() {
+        let mut o = two_days();
+        o.passes_per_day = 5;
+        assert!(o.validate().unwrap_err().to_string().contains("day 20260101 has 4 file(s)"));
+    }
+}

@@ -1,0 +1,145 @@
+//! Online training end to end: a drifting stream of day folders (`oar gen stream`), trained
+//! day after day by `oar launch` on 2 servers x 2 trainers with a shrink and a base save at
+//! each day's end, and by `oar train` killed mid-day and resumed: every save is announced once,
+//! in order, and the resumed job ends with the same tables as an undisturbed one.
+
+use std::path::Path;
+
+use crate::util::*;
+
+fn stream(dir: &Path, days: u32, lines: u64) -> String {
+    let out = dir.join("stream");
+    let o = oar(&[
+        "gen",
+        "stream",
+        "--days",
+        &days.to_string(),
+        "--lines-per-day",
+        &lines.to_string(),
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    out.display().to_string()
+}
+
+/// The job: logistic regression (one dim-1 table over the 26 slots), the shrink deleting rows
+/// whose decayed score falls below 0.15 (seen once).
+fn job(dir: &Path) -> String {
+    let path = dir.join("online.toml");
+    std::fs::write(
+        &path,
+        r#"
+[model]
+output = "logit"
+loss = "log_loss"
+tables = [{ name = "w", dim = 1, accessor = { show_click_decay_rate = 0.9, delete_threshold = 0.15 } }]
+layers = [
+  { name = "wide", type = "embedding", table = "w", slots = "C1..C26" },
+  { name = "s", type = "reduce_sum", input = "wide", over = "all" },
+  { name = "d", type = "linear", input = "dense", out = 1 },
+  { name = "logit", type = "add", inputs = ["s", "d"] },
+]
+[sparse_optimizer]
+kind = "adagrad"
+lr = 0.3
+[train]
+batch_size = 200
+"#,
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn launch_trains_day_after_day_evaluating_each_day_on_the_next_and_shrinking_at_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = stream(dir.path(), 3, 8_000);
+    let (job, out) = (job(dir.path()), dir.path().join("out").display().to_string());
+    let logs = dir.path().join("logs");
+    let (printed, summary) = launch(
+        &logs,
+        &["--config", &job, "--mode", "sync", "--online", &stream, "--days", "20260101..20260103"]
+            .into_iter()
+            .chain(["--passes-per-day", "2", "--delta-every", "1", "--output", &out])
+            .collect::<Vec<_>>(),
+    );
+    let days = &summary.days;
+    let dates: Vec<&str> = days.iter().map(|d| d.date.as_str()).collect();
+    assert_eq!(dates, ["20260101", "20260102", "20260103"], "{printed}");
+    for d in &days[..2] {
+        let next = d.next_day.as_ref().expect("evaluated on the next day");
+        assert_eq!(next.samples, 4_000, "the next day's first split of two");
+        assert!(next.auc.unwrap() > 0.58, "{next}");
+    }
+    assert!(days[2].next_day.is_none());
+    // Each day's shrink halves the counts and deletes the rows seen about once, counted by the
+    // servers: what they hold after the shrink is what they reported holding.
+    assert!(days.iter().all(|d| d.shrunk_rows > 0 && d.rows.len() == 2 && d.peak_rss_bytes.iter().all(|&b| b > 0)));
+    let deleted: u64 =
+        summary.server_stats.iter().map(|s| s.lifecycle[0].shrunk_score + s.lifecycle[0].shrunk_unseen).sum();
+    assert_eq!(deleted, days.iter().map(|d| d.shrunk_rows).sum::<u64>());
+    let held: u64 = summary.server_stats.iter().map(|s| s.rows[0] as u64).sum();
+    assert_eq!(held, days[2].rows.iter().sum::<u64>());
+    assert!(printed.contains("next-day AUC"), "{printed}");
+    // Every pass saved for serving once, a base at each day's end.
+    let done = oar::export::done_lines(&Path::new(&out).join("donefile.txt")).unwrap();
+    let saves: Vec<(u32, u32, &str)> = done.iter().map(|l| (l.day, l.pass, l.kind.name())).collect();
+    assert_eq!(
+        saves,
+        [
+            (20260101, 1, "base"),
+            (20260101, 2, "base"),
+            (20260102, 1, "delta"),
+            (20260102, 2, "base"),
+            (20260103, 1, "delta"),
+            (20260103, 2, "base")
+        ]
+    );
+}
+
+/// Rows of a save's files (both kinds), by id.
+fn save_rows(dir: &Path) -> std::collections::BTreeMap<u64, Vec<f32>> {
+    let (_, tables) = oar::export::read(&dir.join(oar::export::file_name(0))).unwrap();
+    let (dim, t) = &tables["w"];
+    t.ids.iter().zip(t.weights.chunks_exact(*dim)).map(|(&id, w)| (id, w.to_vec())).collect()
+}
+
+#[test]
+fn a_job_killed_mid_day_resumes_at_its_last_pass_and_announces_every_save_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = stream(dir.path(), 3, 6_000);
+    let job = job(dir.path());
+    let args = |out: &Path| -> Vec<String> {
+        ["train", "--config", &job, "--online", &stream, "--days", "20260101..20260103", "--passes-per-day", "2"]
+            .into_iter()
+            .map(String::from)
+            .chain(["--delta-every".into(), "1".into(), "--output".into(), out.display().to_string()])
+            .collect()
+    };
+    let whole = dir.path().join("whole");
+    let o = oar(&args(&whole).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+
+    // Killed in day 2's second pass (a day is 30 steps of 200 lines), then resumed.
+    let out = dir.path().join("out");
+    let mut child = spawn_oar(dir.path(), &args(&out), "trainer0:kill@step=50", "killed.log");
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the fault killed it");
+    let before = oar::export::done_lines(&out.join("donefile.txt")).unwrap();
+    assert_eq!(before.len(), 3, "saves through day 2's first pass");
+    let mut again = args(&out);
+    again.extend(["--resume".into(), out.display().to_string()]);
+    let o = oar(&again.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+
+    let announced = |dir: &Path| -> Vec<(u32, u32, String)> {
+        let lines = oar::export::done_lines(&dir.join("donefile.txt")).unwrap();
+        lines.iter().map(|l| (l.day, l.pass, l.kind.name().to_string())).collect()
+    };
+    assert_eq!(announced(&out), announced(&whole), "no gap, no duplicate");
+    // The last base of the resumed job holds the undisturbed job's rows, bit for bit.
+    let last =
+        |dir: &Path| save_rows(&oar::export::done_lines(&dir.join("donefile.txt")).unwrap().last().unwrap().path);
+    assert_eq!(last(&out), last(&whole));
+}
