@@ -12,6 +12,7 @@ pub mod accessor;
 pub mod admit;
 pub mod dense;
 pub mod optim;
+pub mod paddle_rules;
 pub mod records;
 pub mod sparse;
 pub mod stripe;
@@ -216,6 +217,12 @@ impl TableSpec {
             return Err("dense block_size must be positive".into());
         }
         self.dense.optimizer.validate("dense")?;
+        if self.dense.optimizer.kind.is_paddle() {
+            return Err(format!(
+                "the dense optimizer is sgd, adagrad or adam: {:?} is one of Paddle's sparse rules",
+                self.dense.optimizer.kind
+            ));
+        }
         for t in &self.sparse {
             if t.dim == 0 {
                 return Err(format!("sparse table {} has dim 0", t.name));

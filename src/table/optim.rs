@@ -4,13 +4,14 @@
 //! The update rules follow PyTorch's documented algorithms (`torch.optim.SGD`, `Adagrad`, `Adam`)
 //! with L2 regularization added to the gradient (`weight_decay`), so results can be checked
 //! against PyTorch. Gradients arrive as sums over a batch; `scale` (1 / samples) turns them into
-//! the batch mean before the update.
+//! the batch mean before the update. Sparse tables may instead run PaddlePaddle's own rules
+//! ([`super::paddle_rules`]), with Paddle's defaults.
 
 use serde::{Deserialize, Serialize};
 
 /// Which update rule a table uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum OptimizerKind {
     /// Plain stochastic gradient descent.
     Sgd,
@@ -18,11 +19,34 @@ pub enum OptimizerKind {
     Adagrad,
     /// Adam with bias correction.
     Adam,
+    /// Paddle's `SparseNaiveSGDRule` (sparse tables).
+    #[serde(alias = "SparseNaiveSGDRule")]
+    SparseNaive,
+    /// Paddle's `SparseAdaGradSGDRule`: one accumulator per row (sparse tables).
+    #[serde(alias = "SparseAdaGradSGDRule")]
+    SparseAdagrad,
+    /// Paddle's `StdAdaGradSGDRule`: one accumulator per weight (sparse tables).
+    #[serde(alias = "StdAdaGradSGDRule")]
+    StdAdagrad,
+    /// Paddle's `SparseAdamSGDRule` (sparse tables).
+    #[serde(alias = "SparseAdamSGDRule")]
+    SparseAdam,
+    /// Paddle's `SparseSharedAdamSGDRule`: one moment pair per row (sparse tables).
+    #[serde(alias = "SparseSharedAdamSGDRule")]
+    SparseSharedAdam,
+}
+
+impl OptimizerKind {
+    /// Whether this is one of Paddle's sparse rules.
+    pub fn is_paddle(self) -> bool {
+        !matches!(self, OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam)
+    }
 }
 
 /// An optimizer with its hyper-parameters; the same struct configures dense and sparse tables.
+/// Settings left out of a job file take the rule's defaults (Paddle's for its rules).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(from = "OptimizerFields")]
 pub struct Optimizer {
     /// The update rule.
     pub kind: OptimizerKind,
@@ -36,8 +60,44 @@ pub struct Optimizer {
     pub beta2: f32,
     /// Added to the denominator (Adam: 1e-8, Adagrad: 1e-10 as in PyTorch).
     pub epsilon: f32,
-    /// Adagrad's initial accumulator value.
+    /// Adagrad's initial accumulator value (Paddle's `initial_g2sum` in its Adagrad rules).
     pub initial_accumulator: f32,
+    /// Paddle's rules keep each weight within `[min, max]` (Paddle's `weight_bounds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_bounds: Option<[f32; 2]>,
+}
+
+/// An optimizer as a job file writes it: any setting may be left out.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OptimizerFields {
+    kind: Option<OptimizerKind>,
+    lr: Option<f32>,
+    l2: Option<f32>,
+    beta1: Option<f32>,
+    beta2: Option<f32>,
+    epsilon: Option<f32>,
+    #[serde(alias = "initial_g2sum")]
+    initial_accumulator: Option<f32>,
+    weight_bounds: Option<[f32; 2]>,
+}
+
+impl From<OptimizerFields> for Optimizer {
+    fn from(f: OptimizerFields) -> Optimizer {
+        let kind = f.kind.unwrap_or(OptimizerKind::Adam);
+        // PyTorch's rules keep the defaults job files always had: Adam's, with the kind set.
+        let base = if kind.is_paddle() { Optimizer::paddle(kind) } else { Optimizer { kind, ..Optimizer::default() } };
+        Optimizer {
+            kind,
+            lr: f.lr.unwrap_or(base.lr),
+            l2: f.l2.unwrap_or(base.l2),
+            beta1: f.beta1.unwrap_or(base.beta1),
+            beta2: f.beta2.unwrap_or(base.beta2),
+            epsilon: f.epsilon.unwrap_or(base.epsilon),
+            initial_accumulator: f.initial_accumulator.unwrap_or(base.initial_accumulator),
+            weight_bounds: f.weight_bounds.or(base.weight_bounds),
+        }
+    }
 }
 
 impl Default for Optimizer {
@@ -57,7 +117,15 @@ impl Optimizer {
             beta2: 0.999,
             epsilon: 1e-8,
             initial_accumulator: 0.0,
+            weight_bounds: None,
         }
+    }
+
+    /// One of Paddle's sparse rules with the defaults `the_one_ps.py` sets: learning rate 0.05
+    /// (Adam's 0.001), `initial_g2sum` 3, weights bounded to [-10, 10].
+    pub fn paddle(kind: OptimizerKind) -> Self {
+        let lr = if matches!(kind, OptimizerKind::SparseAdam | OptimizerKind::SparseSharedAdam) { 0.001 } else { 0.05 };
+        Optimizer { kind, initial_accumulator: 3.0, weight_bounds: Some([-10.0, 10.0]), ..Optimizer::sgd(lr) }
     }
 
     /// Adagrad with learning rate `lr`, PyTorch's defaults otherwise.
@@ -78,7 +146,10 @@ impl Optimizer {
             && (0.0..1.0).contains(&self.beta1)
             && (0.0..1.0).contains(&self.beta2)
             && self.epsilon > 0.0
-            && self.initial_accumulator >= 0.0;
+            && self.initial_accumulator >= 0.0
+            && self.weight_bounds.is_none_or(|[lo, hi]| lo <= hi)
+            && !(matches!(self.kind, OptimizerKind::SparseAdagrad | OptimizerKind::StdAdagrad)
+                && self.initial_accumulator <= 0.0);
         if ok {
             Ok(())
         } else {
@@ -89,6 +160,11 @@ impl Optimizer {
     /// Floats of optimizer state kept beside `dim` weights.
     pub fn state_len(&self, dim: usize) -> usize {
         match self.kind {
+            OptimizerKind::SparseNaive
+            | OptimizerKind::SparseAdagrad
+            | OptimizerKind::StdAdagrad
+            | OptimizerKind::SparseAdam
+            | OptimizerKind::SparseSharedAdam => super::paddle_rules::state_len(self.kind, dim),
             OptimizerKind::Sgd => 0,
             OptimizerKind::Adagrad => dim,
             // m, v, then this row's step count t (rows are updated at different times). The
@@ -103,20 +179,37 @@ impl Optimizer {
     /// not split.
     pub fn prefix_state_len(&self, k: usize) -> Option<usize> {
         match self.kind {
-            OptimizerKind::Sgd => Some(0),
-            OptimizerKind::Adagrad => Some(k),
-            OptimizerKind::Adam => None,
+            OptimizerKind::Sgd | OptimizerKind::SparseNaive => Some(0),
+            OptimizerKind::Adagrad | OptimizerKind::StdAdagrad => Some(k),
+            _ => None,
         }
     }
 
     /// Writes the initial optimizer state.
     pub fn init_state(&self, state: &mut [f32]) {
         match self.kind {
+            OptimizerKind::SparseNaive
+            | OptimizerKind::SparseAdagrad
+            | OptimizerKind::StdAdagrad
+            | OptimizerKind::SparseAdam
+            | OptimizerKind::SparseSharedAdam => super::paddle_rules::init_state(self, state),
             OptimizerKind::Sgd => {}
             OptimizerKind::Adagrad => state.fill(self.initial_accumulator),
             OptimizerKind::Adam => {
                 state.fill(0.0);
             }
+        }
+    }
+
+    /// Applies one push to a sparse row: the gradient sum `grad` over a batch (scaled by
+    /// `scale`, 1 / samples) in which the row's id occurred `show` times (Paddle's rules use
+    /// the show count instead of the batch).
+    #[inline]
+    pub fn update_sparse(&self, w: &mut [f32], state: &mut [f32], grad: &[f32], scale: f32, show: f32) {
+        if self.kind.is_paddle() {
+            super::paddle_rules::update(self, w, state, grad, show);
+        } else {
+            self.update(w, state, grad, scale);
         }
     }
 
@@ -156,6 +249,9 @@ impl Optimizer {
                     w[i] -= step_size * m[i] / denom;
                 }
             }
+            // Dense parameters never run them (refused by `TableSpec::validate`); a sparse row
+            // goes through `update_sparse`.
+            _ => super::paddle_rules::update(self, w, state, grad, 1.0 / scale.max(f32::MIN_POSITIVE)),
         }
     }
 }
@@ -201,6 +297,24 @@ mod tests {
     fn adam_with_l2_matches_golden() {
         let opt = Optimizer { l2: 0.01, ..Optimizer::adam(0.1) };
         assert_close(&run(opt), &[0.20707367323594328, -0.7000467282918086, 1.704429343197273]);
+    }
+
+    #[test]
+    fn job_files_name_paddles_rules_and_get_their_defaults() {
+        let o: Optimizer = toml::from_str(r#"kind = "SparseAdaGradSGDRule""#).unwrap();
+        assert_eq!(o, Optimizer::paddle(OptimizerKind::SparseAdagrad));
+        let o: Optimizer =
+            toml::from_str("kind = \"std_adagrad\"\ninitial_g2sum = 1.5\nweight_bounds = [-1.0, 1.0]").unwrap();
+        assert_eq!(
+            (o.kind, o.initial_accumulator, o.weight_bounds),
+            (OptimizerKind::StdAdagrad, 1.5, Some([-1.0, 1.0]))
+        );
+        // PyTorch's rules keep the defaults job files always had.
+        let o: Optimizer = toml::from_str("kind = \"adagrad\"\nlr = 0.05").unwrap();
+        assert_eq!(o, Optimizer { kind: OptimizerKind::Adagrad, lr: 0.05, ..Optimizer::default() });
+        assert!(toml::from_str::<Optimizer>("kind = \"adagrad\"\nlearning_rate = 1").is_err());
+        let bad = Optimizer { weight_bounds: Some([1.0, -1.0]), ..Optimizer::paddle(OptimizerKind::SparseNaive) };
+        assert!(bad.validate("t").is_err());
     }
 
     #[test]

@@ -211,7 +211,7 @@ impl SparseTable {
         let dim = self.spec.dim;
         check_len("sparse gradient", ids.len() * dim, grads.len())?;
         check_len("shows and clicks", ids.len() * 2, counts.len())?;
-        let (opt, accessor, state_len) = (self.spec.optimizer, self.spec.accessor, self.state_len);
+        let (opt, accessor, state_len) = (&self.spec.optimizer, self.spec.accessor, self.state_len);
         let gated = accessor.embedx_threshold > 0.0;
         let gated_state = opt.prefix_state_len(1).unwrap_or(0);
         let admitting = self.spec.creates_on_push();
@@ -235,11 +235,11 @@ impl SparseTable {
                 let (w, state) = stripe.row_mut(slot, state_len);
                 let (stats, st) = state.split_at_mut(STATS);
                 accessor.update(stats, counts[2 * p], counts[2 * p + 1]);
-                let g = &grads[p * dim..(p + 1) * dim];
+                let (g, show) = (&grads[p * dim..(p + 1) * dim], counts[2 * p]);
                 if gated && !accessor.embedx_live(stats) {
-                    opt.update(&mut w[..1], &mut st[..gated_state], &g[..1], scale);
+                    opt.update_sparse(&mut w[..1], &mut st[..gated_state], &g[..1], scale, show);
                 } else {
-                    opt.update(w, st, g, scale);
+                    opt.update_sparse(w, st, g, scale, show);
                 }
             }
         });

@@ -41,7 +41,7 @@ layers = [
   { name = "logit", type = "add", inputs = ["s", "d"] },
 ]
 [sparse_optimizer]
-kind = "adagrad"
+kind = "SparseAdaGradSGDRule"   # Paddle's row-wise Adagrad
 lr = 0.3
 [train]
 batch_size = 200
