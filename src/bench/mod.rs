@@ -110,6 +110,13 @@ impl ServerProc {
         Ok(ticks / 100.0)
     }
 
+    /// The server's resident memory, bytes.
+    fn rss_bytes(&self) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap_or("0");
+        Ok(kb.trim().trim_end_matches("kB").trim().parse::<u64>()? * 1024)
+    }
+
     pub(super) fn stop(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -223,6 +230,8 @@ fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f
 /// server CPU second).
 struct SparseRates {
     unique: usize,
+    /// The server's resident memory grown by the inserts, per row inserted.
+    bytes_per_row: f64,
     rows: Vec<(String, f64, f64, f64)>,
 }
 
@@ -280,7 +289,9 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
         c.pull(None, &[TableIds { table: 0, dim: 10, ids }], &mut out, RowCreation::Create)?;
         anyhow::Ok(())
     };
+    let before = server.rss_bytes()?;
     let (net_insert, _) = timed(&mut pull, &inserts, true, &server_cpu)?;
+    let bytes_per_row = server.rss_bytes()?.saturating_sub(before) as f64 / rows.max(1) as f64;
     // Three alternating rounds of each measurement; the medians are reported.
     let mut net: [Vec<(f64, f64)>; 3] = Default::default();
     for _ in 0..3 {
@@ -320,6 +331,7 @@ fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::R
     let unique = batches.iter().map(Vec::len).sum::<usize>() / batches.len();
     Ok(SparseRates {
         unique,
+        bytes_per_row,
         rows: vec![
             ("insert (new ids)".into(), net_insert, mem_insert, f64::NAN),
             (format!("pull {keys} ids as drawn"), wall(0), mem(0), core(0)),
@@ -493,6 +505,10 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
     println!(
         "    ({} keys drawn per batch hold {} unique ids on average; deps.md counts the drawn keys, trainers send unique ones)",
         config.sparse_keys, r.unique
+    );
+    println!(
+        "    table memory: {:.0} bytes per row (the server's resident memory grown by the {} inserts; index, weights, statistics, Adagrad state)",
+        r.bytes_per_row, config.sparse_rows
     );
     for (what, net, mem, core) in &r.rows {
         let per_core =
