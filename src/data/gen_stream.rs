@@ -1,5 +1,5 @@
 //! `oar gen stream`: the logs of an online training job, a folder per day (`DIR/YYYYMMDD/part-*`)
-//! of Criteo-format lines from a planted model that drifts (see [`Drift`]): the most frequent
+//! of Criteo-format lines from a planted model that drifts (`gen::Drift`): the most frequent
 //! values keep their ids, the rest sink a little each day so new ids keep arriving and old ones
 //! go quiet, and every value's weight turns slowly. `meta.json` has each day's lines, click rate
 //! and the planted model's own AUC on that day (the oracle).

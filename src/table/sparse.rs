@@ -1,13 +1,13 @@
 //! One server's rows of a sparse embedding table.
 //!
-//! The table is split into [`STRIPES`] stripes, each behind its own mutex, and a batch takes
-//! each stripe's lock once: positions are grouped by stripe first, so two requests touching
-//! different stripes never wait on each other. A stripe holds each id's weights inline in its
-//! hash slots ([`Records`]: a pull costs one cache miss per cold id) and the optimizer state in a
-//! slab of fixed-size chunks indexed by the slot's row number (only pushes touch it). Batches are
-//! served in passes that prefetch the slots and state rows of the ids a few positions ahead, so
-//! the cache misses of a batch overlap. Layout measurements: `../shared/research/deps.md` and
-//! `oar bench`.
+//! The table is split into [`STRIPES`] stripes ([`Stripe`]), each behind its own mutex, and a
+//! batch takes each stripe's lock once: positions are grouped by stripe first, so two requests
+//! touching different stripes never wait on each other. A stripe holds each id's weights inline
+//! in its hash slots (a pull costs one cache miss per cold id) and each row's statistics and
+//! optimizer state in a slab of fixed-size chunks indexed by the slot's row number (only pushes
+//! and sweeps touch it). Batches are served in passes that prefetch the slots and state rows of
+//! the ids a few positions ahead, so the cache misses of a batch overlap. Layout measurements:
+//! `../shared/research/deps.md` and `oar bench`.
 
 use parking_lot::Mutex;
 
