@@ -231,7 +231,7 @@ impl TableSpec {
             t.accessor.validate(&t.name)?;
             if t.accessor.embedx_threshold > 0.0 && t.optimizer.prefix_state_len(1).is_none() {
                 return Err(format!(
-                    "sparse table {}: embedx_threshold needs a per-weight optimizer (sgd or adagrad)",
+                    "sparse table {}: embedx_threshold needs an optimizer whose state splits by weight (sgd, adagrad, sparse_naive or std_adagrad)",
                     t.name
                 ));
             }

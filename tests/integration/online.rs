@@ -143,3 +143,36 @@ fn a_job_killed_mid_day_resumes_at_its_last_pass_and_announces_every_save_once()
         |dir: &Path| save_rows(&oar::export::done_lines(&dir.join("donefile.txt")).unwrap().last().unwrap().path);
     assert_eq!(last(&out), last(&whole));
 }
+
+#[test]
+fn a_trainer_killed_mid_day_is_restarted_by_launch_and_every_sample_is_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = stream(dir.path(), 3, 8_000);
+    let (job, out) = (job(dir.path()), dir.path().join("out"));
+    let logs = dir.path().join("logs");
+    let s = |p: &Path| p.display().to_string();
+    // A day is 2 passes of 2 parts, a part per trainer: 10 steps of 200 lines a pass. Trainer 1
+    // dies in its 25th step, in day 2's first pass.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["launch", "--no-progress", "--config", &job, "--mode", "sync", "--online", &stream])
+        .args(["--days", "20260101..20260103", "--passes-per-day", "2", "--delta-every", "1"])
+        .args(["--output", &s(&out), "--logs", &s(&logs), "--max-restarts", "1"])
+        .env_remove("OAR_LAUNCHED")
+        .env("OAR_FAULT", "trainer1:kill@step=25")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let summary: oar::launch::LaunchSummary =
+        serde_json::from_slice(&std::fs::read(logs.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary.restarts.len(), 1, "{}", text(&o));
+    assert_eq!(summary.days.len(), 3);
+    // Counted by the servers: each applied every sample of each trainer's 12,000 once.
+    for s in &summary.server_stats {
+        for t in 0..2 {
+            assert_eq!(s.applied_samples[t] + s.discarded_samples[t], 12_000, "trainer {t}: {s:?}");
+        }
+    }
+    let done = oar::export::done_lines(&out.join("donefile.txt")).unwrap();
+    let saves: Vec<(u32, u32)> = done.iter().map(|l| (l.day, l.pass)).collect();
+    assert_eq!(saves, [(20260101, 1), (20260101, 2), (20260102, 1), (20260102, 2), (20260103, 1), (20260103, 2)]);
+}
