@@ -29,6 +29,11 @@ pub enum ExportKind {
 }
 
 impl ExportKind {
+    /// The kind named `name` in files, if any.
+    pub fn from_name(name: &str) -> Option<ExportKind> {
+        [ExportKind::Base, ExportKind::Delta].into_iter().find(|k| k.name() == name)
+    }
+
     /// The kind's name in files and messages.
     pub fn name(self) -> &'static str {
         match self {
@@ -62,6 +67,9 @@ pub enum ExportError {
         /// The cause.
         source: std::io::Error,
     },
+    /// A state file (a save's file, the done-file) could not be written or read.
+    #[error(transparent)]
+    State(#[from] crate::state_file::StateFileError),
     /// A file is not a save oar wrote.
     #[error("{path}: not a base or delta save ({reason})")]
     Invalid {
@@ -114,8 +122,7 @@ pub fn write(shard: &Shard, kind: ExportKind, tables: &[TableExport], dir: &Path
     ]);
     let bytes = safetensors::serialize(views, Some(metadata))
         .map_err(|e| ExportError::Invalid { path: path.clone(), reason: e.to_string() })?;
-    crate::state_file::write_atomic(&path, &bytes)
-        .map_err(|e| ExportError::Io { path: path.clone(), source: std::io::Error::other(e.to_string()) })?;
+    crate::state_file::write_atomic(&path, &bytes)?;
     Ok(Exported {
         file: file_name(shard.index),
         bytes: bytes.len() as u64,
@@ -133,11 +140,8 @@ pub fn read(path: &Path) -> Result<(ExportKind, SavedTables), ExportError> {
     let invalid = |reason: String| ExportError::Invalid { path: path.to_path_buf(), reason };
     let bytes = std::fs::read(path).map_err(|source| ExportError::Io { path: path.to_path_buf(), source })?;
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| invalid(e.to_string()))?;
-    let kind = match meta.metadata().as_ref().and_then(|m| m.get("kind")).map(String::as_str) {
-        Some("base") => ExportKind::Base,
-        Some("delta") => ExportKind::Delta,
-        other => return Err(invalid(format!("kind {other:?}"))),
-    };
+    let named = meta.metadata().as_ref().and_then(|m| m.get("kind")).map(String::as_str);
+    let kind = named.and_then(ExportKind::from_name).ok_or_else(|| invalid(format!("kind {named:?}")))?;
     let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| invalid(e.to_string()))?;
     let mut tables = SavedTables::new();
     for (name, view) in file.tensors() {
@@ -226,11 +230,7 @@ impl DoneLine {
         let mut f = line.split('\t');
         let day = f.next()?.parse().ok()?;
         let pass = f.next()?.parse().ok()?;
-        let kind = match f.next()? {
-            "base" => ExportKind::Base,
-            "delta" => ExportKind::Delta,
-            _ => return None,
-        };
+        let kind = ExportKind::from_name(f.next()?)?;
         let path = PathBuf::from(f.next()?);
         let unix_ms = f.next()?.parse().ok()?;
         f.next().is_none().then_some(DoneLine { day, pass, kind, path, unix_ms })
@@ -239,13 +239,8 @@ impl DoneLine {
 
 /// The done-file's lines (none if there is no file).
 pub fn done_lines(done: &Path) -> Result<Vec<DoneLine>, ExportError> {
-    let text = match crate::state_file::read(done, 1 << 30) {
-        Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
-        Ok(None) => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(ExportError::Io { path: done.to_path_buf(), source: std::io::Error::other(e.to_string()) })
-        }
-    };
+    let Some(bytes) = crate::state_file::read(done, 1 << 30)? else { return Ok(Vec::new()) };
+    let text = String::from_utf8_lossy(&bytes);
     text.lines()
         .map(|l| {
             DoneLine::parse(l)

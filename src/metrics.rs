@@ -301,7 +301,11 @@ impl std::fmt::Display for EvalReport {
 /// This process's resident memory and its peak so far, in bytes (`VmRSS`, `VmHWM` of
 /// /proc/self/status; zeros where there is none).
 pub fn process_memory() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status_memory(&std::fs::read_to_string("/proc/self/status").unwrap_or_default())
+}
+
+/// Resident memory and its peak (bytes) from the text of a `/proc/<pid>/status` file.
+pub fn status_memory(status: &str) -> (u64, u64) {
     let field = |name: &str| {
         status
             .lines()

@@ -113,8 +113,7 @@ impl ServerProc {
     /// The server's resident memory, bytes.
     fn rss_bytes(&self) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap_or("0");
-        Ok(kb.trim().trim_end_matches("kB").trim().parse::<u64>()? * 1024)
+        Ok(crate::metrics::status_memory(&status).0)
     }
 
     pub(super) fn stop(mut self) {

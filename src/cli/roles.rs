@@ -378,7 +378,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
     // Online: the days' files, trained split by split; else passes over --train.
     let online = job.online()?;
     let (train_files, passes) = match &online {
-        Some(o) => (o.days.iter().flat_map(|(_, f)| f.clone()).collect(), o.passes()),
+        Some(o) => (o.all_files(), o.passes()),
         None => {
             let train = a.train.clone().context("no training data: give --train (or OAR_TRAIN), or --online")?;
             (resolve_files(&train)?, job.train.passes)

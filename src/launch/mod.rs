@@ -79,7 +79,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     // Checked before any process starts: a worker without data would fail only after start-up.
     let online = config.job.online()?;
     let files = match &online {
-        Some(o) => o.days.iter().flat_map(|(_, f)| f.clone()).collect(),
+        Some(o) => o.all_files(),
         None => crate::config::resolve_files(&config.train)?,
     };
     for w in 0..config.workers {

@@ -129,11 +129,12 @@ impl SparseTable {
         // Room for every id of the batch first: no slot moves once found, but by an eviction.
         stripe.records.reserve(positions.len());
         self.resolve(stripe, ids, positions, hashes, Absent::Leave, found);
-        let mut new: Vec<u32> = Vec::new();
-        for (&p, &slot) in positions.iter().zip(found.iter()) {
+        // The admitted newcomers, as indices into `positions`.
+        let mut new: Vec<usize> = Vec::new();
+        for (k, (&p, &slot)) in positions.iter().zip(found.iter()).enumerate() {
             let (id, hash) = (ids[p as usize], hashes[p as usize]);
             if slot == ABSENT && stripe.admit(self.spec.entry, id, hash, counts[2 * p as usize]) {
-                new.push(p);
+                new.push(k);
             }
         }
         if new.is_empty() {
@@ -146,7 +147,7 @@ impl SparseTable {
                 let mut evicted = 0;
                 // Each newcomer evicts near its own home (a restored table may even be over).
                 for k in 0..over {
-                    let near = hashes[new[k % new.len()] as usize];
+                    let near = hashes[positions[new[k % new.len()]] as usize];
                     if !stripe.evict_near(&self.spec.accessor, self.state_len, near, |id| batch.contains(&id)) {
                         break;
                     }
@@ -160,14 +161,11 @@ impl SparseTable {
                 self.resolve(stripe, ids, positions, hashes, Absent::Leave, found);
             }
         }
-        let new: hashbrown::HashSet<u32> = new.into_iter().collect();
-        for (k, &p) in positions.iter().enumerate() {
-            if new.contains(&p) {
-                let id = ids[p as usize];
-                let Err(at) = stripe.records.find(id, hashes[p as usize]) else { unreachable!("ids are unique") };
-                stripe.counts.admitted += 1;
-                found[k] = stripe.create(&self.spec, self.state_len, at, id);
-            }
+        for k in new {
+            let p = positions[k] as usize;
+            let Err(at) = stripe.records.find(ids[p], hashes[p]) else { unreachable!("ids are unique") };
+            stripe.counts.admitted += 1;
+            found[k] = stripe.create(&self.spec, self.state_len, at, ids[p]);
         }
     }
 
@@ -249,12 +247,7 @@ impl SparseTable {
     /// One shrink of every row (decay, then deletion by score or unseen days) after `days`
     /// more days; returns the rows it deleted.
     pub fn shrink(&self, days: u32) -> u64 {
-        let before = self.lifecycle();
-        for stripe in &self.stripes {
-            stripe.lock().shrink(&self.spec.accessor, self.state_len, days);
-        }
-        let after = self.lifecycle();
-        (after.shrunk_score + after.shrunk_unseen) - (before.shrunk_score + before.shrunk_unseen)
+        self.stripes.iter().map(|s| s.lock().shrink(&self.spec.accessor, self.state_len, days)).sum()
     }
 
     /// A base (`delta` false) or delta save of this table (see [`Stripe::export`]): the kept

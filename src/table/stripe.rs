@@ -240,8 +240,8 @@ impl Stripe {
     }
 
     /// One shrink of every row: statistics decayed after `days` days, and rows the accessor
-    /// condemns removed.
-    pub fn shrink(&mut self, accessor: &Accessor, state_len: usize, days: u32) {
+    /// condemns removed; returns how many.
+    pub fn shrink(&mut self, accessor: &Accessor, state_len: usize, days: u32) -> u64 {
         let mut condemned = Vec::new();
         let slots: Vec<usize> = self.records.occupied().collect();
         for slot in slots {
@@ -258,9 +258,10 @@ impl Stripe {
                 }
             }
         }
-        for id in condemned {
+        for &id in &condemned {
             let slot = self.records.find(id, mix64(id)).expect("a condemned id is held");
             self.remove(slot);
         }
+        condemned.len() as u64
     }
 }

@@ -43,6 +43,11 @@ impl Online {
         Ok(())
     }
 
+    /// Every day's files, in order.
+    pub fn all_files(&self) -> Vec<PathBuf> {
+        self.days.iter().flat_map(|(_, f)| f.iter().cloned()).collect()
+    }
+
     /// Passes in all.
     pub fn passes(&self) -> u32 {
         self.days.len() as u32 * self.passes_per_day
