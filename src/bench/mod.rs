@@ -26,6 +26,8 @@ pub struct BenchConfig {
     pub sparse_keys: usize,
     /// Rows in the sparse table before measuring.
     pub sparse_rows: usize,
+    /// Other `oar` binaries whose servers (b) measures beside this build's, alternating.
+    pub baselines: Vec<PathBuf>,
     /// Training data set for (c): a folder with `train/` and `test/`; generated if absent.
     pub data: Option<PathBuf>,
     /// Lines to generate for (c) when no data set is given.
@@ -382,28 +384,51 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
     println!("    oar push + pull through a server  {oar:7.2} GB/s   = {:.0}% of raw TCP", 100.0 * oar / raw);
 
     println!(
-        "(b) sparse rows of dim 10 (Adagrad), {} rows inserted, then batches of {} Zipf-like keys, one server (medians of 3)",
+        "(b) sparse rows of dim 10, {} rows inserted per table, then batches of {} Zipf-like keys, one server (medians of 3 alternating rounds)",
         config.sparse_rows, config.sparse_keys
     );
-    let r = sparse_rates(&config.exe, config.sparse_rows, config.sparse_keys, config.seconds)?;
+    let r = sparse_rates(&config.exe, &config.baselines, config.sparse_rows, config.sparse_keys, config.seconds)?;
     println!(
         "    ({} keys drawn per batch hold {} unique ids on average; deps.md counts the drawn keys, trainers send unique ones)",
         config.sparse_keys, r.unique
     );
-    println!(
-        "    table memory: {:.0} bytes per row (the server's resident memory grown by the {} inserts; index, weights, statistics, Adagrad state)",
-        r.bytes_per_row, config.sparse_rows
-    );
-    for (what, net, mem, core) in &r.rows {
-        let per_core =
-            if core.is_nan() { String::new() } else { format!("; {:5.2} M per server CPU second", core / 1e6) };
+    let this = &r.builds[0];
+    for b in &r.builds {
+        let ratio = |k: usize| {
+            if std::ptr::eq(b, this) {
+                String::new()
+            } else {
+                format!(" (this build: {:.2}x)", this.ops[k].0 / b.ops[k].0)
+            }
+        };
+        println!("    {}:", b.name);
         println!(
-            "    {what:24} {:6.2} M keys/s through the server (in-memory table {:6.2} M keys/s, ratio {:.2}{per_core})",
-            net / 1e6,
-            mem / 1e6,
-            net / mem
+            "      memory per row (resident memory grown by the inserts: index, id, weights, statistics, state): {:.0} bytes per-dimension Adagrad, {:.0} bytes row-wise Adagrad",
+            b.bytes_per_row[0], b.bytes_per_row[1]
         );
+        println!("      insert (new ids)         {:6.2} M keys/s", b.insert / 1e6);
+        let names = [
+            format!("pull {} ids as drawn", config.sparse_keys),
+            format!("pull {} unique ids", r.unique),
+            format!("push {} unique ids", r.unique),
+        ];
+        for (k, what) in names.iter().enumerate() {
+            let (net, core) = b.ops[k];
+            println!(
+                "      {what:24} {:6.2} M keys/s through the server; {:5.2} M per server CPU second{}",
+                net / 1e6,
+                core / 1e6,
+                if std::ptr::eq(b, this) { String::new() } else { ratio(k) }
+            );
+        }
     }
+    println!(
+        "    this build's table in memory: insert {:.2}, pull as drawn {:.2}, pull unique {:.2}, push unique {:.2} M keys/s",
+        r.mem[0] / 1e6,
+        r.mem[1] / 1e6,
+        r.mem[2] / 1e6,
+        r.mem[3] / 1e6
+    );
     if config.skip_training {
         return Ok(());
     }

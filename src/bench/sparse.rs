@@ -1,5 +1,5 @@
-//! `oar bench` (b): the sparse table through one server beside the same table in memory, and
-//! the memory a row takes.
+//! `oar bench` (b): the sparse table through one server (of this build, and of baseline builds
+//! given by path) beside the same table in memory, and the memory a row takes.
 
 use std::path::Path;
 use std::time::Instant;
@@ -9,23 +9,59 @@ use crate::client::{StepHeader, TableGrads, TableIds};
 use crate::protocol::RowCreation;
 use crate::table::{DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
 
-/// Sparse figures, as in `../shared/research/deps.md`: `rows` keys inserted first, then
-/// batches of `keys` ids with log-uniform ranks (Zipf-like, s = 1), deduplicated. Returns
-/// [insert, pull, push] keys/s through one server and the same three on the in-memory table.
-/// Sparse results: per operation (name, keys/s through a server, keys/s in memory, keys per
-/// server CPU second).
-pub(super) struct SparseRates {
-    pub(super) unique: usize,
-    /// The server's resident memory grown by the inserts, per row inserted.
-    pub(super) bytes_per_row: f64,
-    pub(super) rows: Vec<(String, f64, f64, f64)>,
+/// One server build's sparse figures.
+pub(super) struct BuildRates {
+    /// Which build: "this build", or the baseline binary's path.
+    pub(super) name: String,
+    /// New ids per second, pulled into the per-dimension Adagrad table.
+    pub(super) insert: f64,
+    /// The server's resident memory grown by the inserts, per row: per-dimension Adagrad
+    /// (`std_adagrad`-like, 10 floats of state) and row-wise Adagrad (`SparseAdaGradSGDRule`).
+    pub(super) bytes_per_row: [f64; 2],
+    /// Pull as drawn, pull unique, push unique: (keys per wall second, keys per server CPU
+    /// second), medians of the alternating rounds.
+    pub(super) ops: [(f64, f64); 3],
 }
 
-pub(super) fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -> anyhow::Result<SparseRates> {
+/// Sparse results: every build's figures through a server, and this build's table in memory.
+pub(super) struct SparseRates {
+    pub(super) unique: usize,
+    pub(super) builds: Vec<BuildRates>,
+    /// Insert, pull as drawn, pull unique, push unique on this build's table in memory.
+    pub(super) mem: [f64; 4],
+}
+
+/// A measured server: its process, a trainer's connection, and its rounds so far.
+struct Measured {
+    server: ServerProc,
+    client: crate::client::Client,
+    rates: BuildRates,
+    rounds: [Vec<(f64, f64)>; 3],
+    step: u64,
+}
+
+/// Sparse figures, as in `../shared/research/deps.md`: `rows` keys inserted into a dim-10 table
+/// of each Adagrad layout, then batches of `keys` ids with log-uniform ranks (Zipf-like, s = 1),
+/// deduplicated, pulled and pushed through one server of this build and of each `baselines`
+/// binary (same protocol), in alternating rounds; then this build's table in memory.
+pub(super) fn sparse_rates(
+    exe: &Path,
+    baselines: &[std::path::PathBuf],
+    rows: usize,
+    keys: usize,
+    seconds: f64,
+) -> anyhow::Result<SparseRates> {
     let table = SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05));
+    let row_wise = SparseSpec::new(
+        "emb_rw",
+        10,
+        1,
+        Init::Uniform { scale: 0.01 },
+        Optimizer::paddle(crate::table::OptimizerKind::SparseAdagrad),
+    );
     let spec = TableSpec {
         dense: DenseSpec { params: vec![], block_size: 1024, seed: 1, optimizer: Optimizer::sgd(0.1) },
-        sparse: vec![table.clone()],
+        sparse: vec![table.clone(), row_wise],
     };
     let key = |rank: u64| crate::layout::mix64(rank ^ 0x5eed);
     let inserts: Vec<Vec<u64>> =
@@ -51,78 +87,98 @@ pub(super) fn sparse_rates(exe: &Path, rows: usize, keys: usize, seconds: f64) -
         .collect();
     let grads = vec![0.01f32; keys * 10];
     let counts = [1.0f32, 0.0].repeat(keys);
-    // Returns (keys per wall second, keys per server CPU second).
-    let timed = |op: &mut dyn FnMut(&[u64]) -> anyhow::Result<()>,
-                 sets: &[Vec<u64>],
-                 once: bool,
-                 cpu: &dyn Fn() -> anyhow::Result<f64>| {
-        let (started, cpu0, mut n, mut i) = (Instant::now(), cpu()?, 0usize, 0usize);
-        while if once { i < sets.len() } else { started.elapsed().as_secs_f64() < seconds / 4.0 || i < 3 } {
-            let ids = &sets[i % sets.len()];
-            op(ids)?;
-            n += ids.len();
-            i += 1;
-        }
-        let (wall, busy) = (started.elapsed().as_secs_f64(), cpu()? - cpu0);
-        anyhow::Ok((n as f64 / wall, n as f64 / busy.max(1e-3)))
-    };
-    let server = ServerProc::start(exe)?;
-    let server_cpu = || server.cpu_seconds();
-    let no_cpu = || Ok(f64::NAN);
-    let mut c = connect(&server.addr, &spec)?;
     let mut out = [Vec::new()];
-    let mut pull = |ids: &[u64]| {
-        c.pull(None, &[TableIds { table: 0, dim: 10, ids }], &mut out, RowCreation::Create)?;
-        anyhow::Ok(())
-    };
-    let before = server.rss_bytes()?;
-    let (net_insert, _) = timed(&mut pull, &inserts, true, &server_cpu)?;
-    let bytes_per_row = server.rss_bytes()?.saturating_sub(before) as f64 / rows.max(1) as f64;
-    // Three alternating rounds of each measurement; the medians are reported.
-    let mut net: [Vec<(f64, f64)>; 3] = Default::default();
-    for _ in 0..3 {
-        net[0].push(timed(&mut pull, &drawn, false, &server_cpu)?);
-        net[1].push(timed(&mut pull, &batches, false, &server_cpu)?);
+    let mut measured = Vec::new();
+    let exes = std::iter::once(("this build".to_string(), exe.to_path_buf()))
+        .chain(baselines.iter().map(|b| (format!("baseline {}", b.display()), b.clone())));
+    for (name, exe) in exes {
+        let server = ServerProc::start(&exe)?;
+        let mut client = connect(&server.addr, &spec)?;
+        let mut bytes_per_row = [0.0; 2];
+        let mut insert = 0.0;
+        for (t, bytes) in bytes_per_row.iter_mut().enumerate() {
+            let mut pull = |ids: &[u64]| {
+                client.pull(None, &[TableIds { table: t as u32, dim: 10, ids }], &mut out, RowCreation::Create)?;
+                anyhow::Ok(())
+            };
+            let before = server.rss_bytes()?;
+            let rate = timed(&mut pull, &inserts, true, seconds, &|| server.cpu_seconds())?.0;
+            *bytes = server.rss_bytes()?.saturating_sub(before) as f64 / rows.max(1) as f64;
+            if t == 0 {
+                insert = rate;
+            }
+        }
+        let rates = BuildRates { name, insert, bytes_per_row, ops: Default::default() };
+        measured.push(Measured { server, client, rates, rounds: Default::default(), step: 0 });
     }
-    // Each push its own step: servers answer a step sent again without applying it.
-    let mut step = 0;
+    // Three rounds, each measuring every build in turn, so drifts of the machine hit all alike.
     for _ in 0..3 {
-        let mut push = |ids: &[u64]| {
-            let (counts, grads) = (&counts[..ids.len() * 2], &grads[..ids.len() * 10]);
-            let g = TableGrads { table: 0, dim: 10, ids, counts, grads };
-            step += 1;
-            c.push(&StepHeader { step, ..one_sample() }, None, &[g])?;
-            anyhow::Ok(())
-        };
-        net[2].push(timed(&mut push, &batches, false, &server_cpu)?);
+        for m in measured.iter_mut() {
+            let (client, server) = (&mut m.client, &m.server);
+            let mut pull = |ids: &[u64]| {
+                client.pull(None, &[TableIds { table: 0, dim: 10, ids }], &mut out, RowCreation::Create)?;
+                anyhow::Ok(())
+            };
+            m.rounds[0].push(timed(&mut pull, &drawn, false, seconds, &|| server.cpu_seconds())?);
+            m.rounds[1].push(timed(&mut pull, &batches, false, seconds, &|| server.cpu_seconds())?);
+        }
+        for m in measured.iter_mut() {
+            let (client, server, step) = (&mut m.client, &m.server, &mut m.step);
+            // Each push its own step: servers answer a step sent again without applying it.
+            let mut push = |ids: &[u64]| {
+                let (counts, grads) = (&counts[..ids.len() * 2], &grads[..ids.len() * 10]);
+                let g = TableGrads { table: 0, dim: 10, ids, counts, grads };
+                *step += 1;
+                client.push(&StepHeader { step: *step, ..one_sample() }, None, &[g])?;
+                anyhow::Ok(())
+            };
+            m.rounds[2].push(timed(&mut push, &batches, false, seconds, &|| server.cpu_seconds())?);
+        }
     }
-    c.close(0)?;
-    server.stop();
+    let mut builds = Vec::new();
+    for mut m in measured {
+        for (k, r) in m.rounds.iter().enumerate() {
+            m.rates.ops[k] = (median(r.iter().map(|r| r.0).collect()), median(r.iter().map(|r| r.1).collect()));
+        }
+        m.client.close(0)?;
+        m.server.stop();
+        builds.push(m.rates);
+    }
+    let no_cpu = || Ok(f64::NAN);
     let mem = crate::table::SparseTable::new(table);
     let mut rows_out = vec![0.0f32; keys * 10];
     let mut mem_pull = |ids: &[u64]| Ok(mem.pull(ids, &mut rows_out[..ids.len() * 10], true)?);
-    let (mem_insert, _) = timed(&mut mem_pull, &inserts, true, &no_cpu)?;
+    let (mem_insert, _) = timed(&mut mem_pull, &inserts, true, seconds, &no_cpu)?;
     let mut mem_rates: [Vec<f64>; 3] = Default::default();
     for _ in 0..3 {
-        mem_rates[0].push(timed(&mut mem_pull, &drawn, false, &no_cpu)?.0);
-        mem_rates[1].push(timed(&mut mem_pull, &batches, false, &no_cpu)?.0);
+        mem_rates[0].push(timed(&mut mem_pull, &drawn, false, seconds, &no_cpu)?.0);
+        mem_rates[1].push(timed(&mut mem_pull, &batches, false, seconds, &no_cpu)?.0);
     }
     for _ in 0..3 {
         let mut mem_push = |ids: &[u64]| Ok(mem.push(ids, &counts[..ids.len() * 2], &grads[..ids.len() * 10], 1.0)?);
-        mem_rates[2].push(timed(&mut mem_push, &batches, false, &no_cpu)?.0);
+        mem_rates[2].push(timed(&mut mem_push, &batches, false, seconds, &no_cpu)?.0);
     }
-    let wall = |k: usize| median(net[k].iter().map(|r| r.0).collect());
-    let core = |k: usize| median(net[k].iter().map(|r| r.1).collect());
-    let mem = |k: usize| median(mem_rates[k].clone());
+    let m = |k: usize| median(mem_rates[k].clone());
     let unique = batches.iter().map(Vec::len).sum::<usize>() / batches.len();
-    Ok(SparseRates {
-        unique,
-        bytes_per_row,
-        rows: vec![
-            ("insert (new ids)".into(), net_insert, mem_insert, f64::NAN),
-            (format!("pull {keys} ids as drawn"), wall(0), mem(0), core(0)),
-            (format!("pull {unique} unique ids"), wall(1), mem(1), core(1)),
-            (format!("push {unique} unique ids"), wall(2), mem(2), core(2)),
-        ],
-    })
+    Ok(SparseRates { unique, builds, mem: [mem_insert, m(0), m(1), m(2)] })
+}
+
+/// Runs `op` over `sets` (each once if `once`, else round and round for a quarter of `seconds`,
+/// at least 3), returning (keys per wall second, keys per `cpu` second).
+fn timed(
+    op: &mut dyn FnMut(&[u64]) -> anyhow::Result<()>,
+    sets: &[Vec<u64>],
+    once: bool,
+    seconds: f64,
+    cpu: &dyn Fn() -> anyhow::Result<f64>,
+) -> anyhow::Result<(f64, f64)> {
+    let (started, cpu0, mut n, mut i) = (Instant::now(), cpu()?, 0usize, 0usize);
+    while if once { i < sets.len() } else { started.elapsed().as_secs_f64() < seconds / 4.0 || i < 3 } {
+        let ids = &sets[i % sets.len()];
+        op(ids)?;
+        n += ids.len();
+        i += 1;
+    }
+    let (wall, busy) = (started.elapsed().as_secs_f64(), cpu()? - cpu0);
+    anyhow::Ok((n as f64 / wall, n as f64 / busy.max(1e-3)))
 }

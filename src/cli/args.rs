@@ -292,6 +292,10 @@ pub(super) struct BenchArgs {
     /// Rows inserted into the sparse table before (b) measures.
     #[arg(long, default_value_t = 10_000_000)]
     pub(super) sparse_rows: usize,
+    /// Another oar binary (e.g. an earlier build) whose server (b) measures beside this
+    /// build's in alternating rounds; repeatable.
+    #[arg(long = "baseline-exe")]
+    pub(super) baseline_exe: Vec<PathBuf>,
     /// Data set for (c): a folder with train/ and test/ (e.g. from gen_criteo_synth.py).
     #[arg(long)]
     pub(super) data: Option<PathBuf>,

@@ -246,6 +246,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             dense_floats: a.dense_floats,
             sparse_keys: a.sparse_keys,
             sparse_rows: a.sparse_rows,
+            baselines: a.baseline_exe,
             data: a.data,
             lines: a.lines,
             seconds: a.seconds,

@@ -11,9 +11,11 @@
 pub mod accessor;
 pub mod admit;
 pub mod dense;
+pub mod index;
 pub mod optim;
 pub mod paddle_rules;
-pub mod records;
+pub mod pages;
+pub mod rows;
 pub mod sparse;
 pub mod stripe;
 
@@ -253,10 +255,12 @@ pub const MAX_DIM: usize = 1 << 16;
 pub const MAX_TABLES: usize = 4096;
 
 /// Bytes the empty sparse tables of `spec` take before their first row (each table's 64
-/// stripes of 16 slots, a slot a few cache lines wide): what a declaration or a shard file
-/// costs before anything it holds, checked against a budget before it is allocated.
+/// stripes of one index bucket and a stripe's bookkeeping; slab chunks come with rows), and
+/// their admission filters: what a declaration or a shard file costs before anything it holds,
+/// checked against a budget before it is allocated.
 pub fn empty_sparse_bytes(spec: &TableSpec) -> u64 {
-    spec.sparse.iter().map(|t| 64 * 16 * ((16 + 4 * t.dim as u64).div_ceil(64) * 64) + t.filter_bytes()).sum()
+    let stripe = (64 + std::mem::size_of::<stripe::Stripe>()) as u64;
+    spec.sparse.iter().map(|t| 64 * stripe + t.filter_bytes()).sum()
 }
 
 /// The most bytes the empty tables of a shard file may take: twice the servers' default
@@ -283,6 +287,14 @@ pub enum TableError {
         expected: usize,
         /// Actual length.
         got: usize,
+    },
+    /// One of a table's 64 stripes numbers no more rows (a row number has 24 bits).
+    #[error("sparse table {table}: a stripe is full at {rows} rows")]
+    StripeFull {
+        /// The table.
+        table: String,
+        /// Rows the stripe holds.
+        rows: usize,
     },
 }
 

@@ -2,39 +2,37 @@
 //!
 //! The table is split into [`STRIPES`] stripes ([`Stripe`]), each behind its own mutex, and a
 //! batch takes each stripe's lock once: positions are grouped by stripe first, so two requests
-//! touching different stripes never wait on each other. A stripe holds each id's weights inline
-//! in its hash slots (a pull costs one cache miss per cold id) and each row's statistics and
-//! optimizer state in a slab of fixed-size chunks indexed by the slot's row number (only pushes
-//! and sweeps touch it). Batches are served in passes that prefetch the slots and state rows of
-//! the ids a few positions ahead, so the cache misses of a batch overlap. Layout measurements:
-//! `../shared/research/deps.md` and `oar bench`.
+//! touching different stripes never wait on each other. A stripe keeps its rows packed in a slab
+//! and finds them through a compact hash index (4 bytes a slot, 16 slots a cache line): an id
+//! costs two dependent cache misses, the index bucket then the row. Batches are served in a
+//! pipeline that prefetches the buckets of the ids two distances ahead and the rows of the ids
+//! one distance ahead (guessed from the bucket's tag), so the misses of a batch overlap. Layout
+//! and its measurements: `ARCHITECTURE.md` and `oar bench`.
 
 use parking_lot::Mutex;
 
-use super::accessor::STATS;
 use super::stripe::{Lifecycle, Stripe};
 use super::{SparseSpec, TableError};
 use crate::layout::{group_positions, mix64, stripe_of, STRIPES};
 
-/// Slot number standing for "no such id".
-const ABSENT: usize = usize::MAX;
-/// How many positions ahead a batch prefetches.
-const PREFETCH_DISTANCE: usize = 8;
+/// Row number standing for "no such id".
+const ABSENT: u32 = u32::MAX;
+/// How many positions ahead a batch prefetches rows (index buckets: twice as far).
+const PREFETCH_DISTANCE: usize = 16;
 
-/// How a batch treats ids without a row.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Absent {
-    /// Leave them absent.
-    Leave,
-    /// Create them (a training pull, or a push to a table that admits every id unbounded).
-    Create,
+/// How a batch is resolved.
+#[derive(Clone, Copy)]
+struct Resolve {
+    /// Create rows for ids without one (a training pull, or a push to a table that admits
+    /// every id unbounded); otherwise leave them absent.
+    create: bool,
+    /// Prefetch all a push touches of each row, not only what a pull reads.
+    whole: bool,
 }
 
 /// One server's rows of one sparse table.
 pub struct SparseTable {
     spec: SparseSpec,
-    /// Floats of state per row: statistics, then the optimizer's.
-    state_len: usize,
     /// Most rows per stripe (the capacity dealt over the stripes).
     stripe_capacity: Option<usize>,
     stripes: Vec<Mutex<Stripe>>,
@@ -43,10 +41,9 @@ pub struct SparseTable {
 impl SparseTable {
     /// An empty table.
     pub fn new(spec: SparseSpec) -> SparseTable {
-        let state_len = STATS + spec.optimizer.state_len(spec.dim);
         let stripes = (0..STRIPES).map(|_| Mutex::new(Stripe::new(&spec, STRIPES))).collect();
         let stripe_capacity = spec.capacity.map(|c| (c as usize / STRIPES).max(1));
-        SparseTable { spec, state_len, stripe_capacity, stripes }
+        SparseTable { spec, stripe_capacity, stripes }
     }
 
     /// The table's spec.
@@ -61,7 +58,7 @@ impl SparseTable {
 
     /// Number of rows held.
     pub fn len(&self) -> usize {
-        self.stripes.iter().map(|s| s.lock().records.len()).sum()
+        self.stripes.iter().map(|s| s.lock().len()).sum()
     }
 
     /// True if no row is held.
@@ -81,35 +78,47 @@ impl SparseTable {
         self.stripes.iter().map(|s| s.lock().filter_bytes()).sum()
     }
 
-    /// The slot of every position (created when `absent` says so, else [`ABSENT`]) into
-    /// `found`. The probes are independent of each other and later slots are prefetched, so
-    /// their cache misses overlap.
+    /// The row of every position (created when `how` says so, else [`ABSENT`]) into `found`.
+    /// The probes are independent of each other: buckets and rows of later positions are
+    /// prefetched, so their cache misses overlap.
     fn resolve(
         &self,
         stripe: &mut Stripe,
         ids: &[u64],
         positions: &[u32],
         hashes: &[u64],
-        absent: Absent,
-        found: &mut Vec<usize>,
+        how: Resolve,
+        found: &mut Vec<u32>,
     ) {
-        if absent == Absent::Create {
-            // No slot moves while the batch is resolved.
-            stripe.records.reserve(positions.len());
-        }
         found.clear();
+        // Each position's guessed row, made a distance ahead (when its bucket arrived) and
+        // kept until the position is resolved.
+        let mut guesses = [None; PREFETCH_DISTANCE];
+        for &p in positions.iter().take(2 * PREFETCH_DISTANCE) {
+            stripe.prefetch_index(hashes[p as usize]);
+        }
+        for (k, &p) in positions.iter().take(PREFETCH_DISTANCE).enumerate() {
+            guesses[k] = stripe.guess(hashes[p as usize], how.whole);
+        }
         for (k, &p) in positions.iter().enumerate() {
-            if let Some(&ahead) = positions.get(k + PREFETCH_DISTANCE) {
-                stripe.records.prefetch(hashes[ahead as usize]);
+            let guess = guesses[k % PREFETCH_DISTANCE];
+            if let Some(&far) = positions.get(k + 2 * PREFETCH_DISTANCE) {
+                stripe.prefetch_index(hashes[far as usize]);
             }
-            let id = ids[p as usize];
-            found.push(match stripe.records.find(id, hashes[p as usize]) {
-                Ok(slot) => slot,
-                Err(at) if absent == Absent::Create => {
-                    stripe.counts.admitted += 1;
-                    stripe.create(&self.spec, self.state_len, at, id)
-                }
-                Err(_) => ABSENT,
+            if let Some(&near) = positions.get(k + PREFETCH_DISTANCE) {
+                guesses[k % PREFETCH_DISTANCE] = stripe.guess(hashes[near as usize], how.whole);
+            }
+            let (id, hash) = (ids[p as usize], hashes[p as usize]);
+            found.push(match stripe.find_guessed(id, hash, guess) {
+                Some(row) => row,
+                None if how.create => match stripe.create(&self.spec, id, hash) {
+                    Some(row) => {
+                        stripe.counts.admitted += 1;
+                        row
+                    }
+                    None => ABSENT,
+                },
+                None => ABSENT,
             });
         }
     }
@@ -124,16 +133,14 @@ impl SparseTable {
         counts: &[f32],
         positions: &[u32],
         hashes: &[u64],
-        found: &mut Vec<usize>,
+        found: &mut Vec<u32>,
     ) {
-        // Room for every id of the batch first: no slot moves once found, but by an eviction.
-        stripe.records.reserve(positions.len());
-        self.resolve(stripe, ids, positions, hashes, Absent::Leave, found);
+        self.resolve(stripe, ids, positions, hashes, Resolve { create: false, whole: true }, found);
         // The admitted newcomers, as indices into `positions`.
         let mut new: Vec<usize> = Vec::new();
-        for (k, (&p, &slot)) in positions.iter().zip(found.iter()).enumerate() {
+        for (k, (&p, &row)) in positions.iter().zip(found.iter()).enumerate() {
             let (id, hash) = (ids[p as usize], hashes[p as usize]);
-            if slot == ABSENT && stripe.admit(self.spec.entry, id, hash, counts[2 * p as usize]) {
+            if row == ABSENT && stripe.admit(self.spec.entry, id, hash, counts[2 * p as usize]) {
                 new.push(k);
             }
         }
@@ -141,14 +148,14 @@ impl SparseTable {
             return;
         }
         if let Some(cap) = self.stripe_capacity {
-            let over = (stripe.records.len() + new.len()).saturating_sub(cap);
+            let over = (stripe.len() + new.len()).saturating_sub(cap);
             if over > 0 {
                 let batch: hashbrown::HashSet<u64> = positions.iter().map(|&p| ids[p as usize]).collect();
                 let mut evicted = 0;
                 // Each newcomer evicts near its own home (a restored table may even be over).
                 for k in 0..over {
                     let near = hashes[positions[new[k % new.len()]] as usize];
-                    if !stripe.evict_near(&self.spec.accessor, self.state_len, near, |id| batch.contains(&id)) {
+                    if !stripe.evict_near(&self.spec.accessor, near, |id| batch.contains(&id)) {
                         break;
                     }
                     evicted += 1;
@@ -157,15 +164,16 @@ impl SparseTable {
                 let room = new.len().saturating_sub(over - evicted);
                 stripe.counts.no_room += (new.len() - room) as u64;
                 new.truncate(room);
-                // Evictions move slots: find this batch's rows again.
-                self.resolve(stripe, ids, positions, hashes, Absent::Leave, found);
+                // Evictions renumber rows: find this batch's rows again.
+                self.resolve(stripe, ids, positions, hashes, Resolve { create: false, whole: true }, found);
             }
         }
         for k in new {
             let p = positions[k] as usize;
-            let Err(at) = stripe.records.find(ids[p], hashes[p]) else { unreachable!("ids are unique") };
-            stripe.counts.admitted += 1;
-            found[k] = stripe.create(&self.spec, self.state_len, at, ids[p]);
+            if let Some(row) = stripe.create(&self.spec, ids[p], hashes[p]) {
+                stripe.counts.admitted += 1;
+                found[k] = row;
+            }
         }
     }
 
@@ -176,23 +184,22 @@ impl SparseTable {
     pub fn pull(&self, ids: &[u64], out: &mut [f32], create: bool) -> Result<(), TableError> {
         let dim = self.spec.dim;
         check_len("pulled rows", ids.len() * dim, out.len())?;
-        let absent = if create && !self.spec.creates_on_push() { Absent::Create } else { Absent::Leave };
+        let how = Resolve { create: create && !self.spec.creates_on_push(), whole: false };
         let gated = self.spec.accessor.embedx_threshold > 0.0;
         let mut found = Vec::new();
         self.for_each_stripe(ids, |stripe, positions, hashes| {
-            self.resolve(stripe, ids, positions, hashes, absent, &mut found);
-            // The probes brought the slots, and with them the weights, into the cache.
-            for (&p, &slot) in positions.iter().zip(&found) {
+            self.resolve(stripe, ids, positions, hashes, how, &mut found);
+            // The probes brought the rows, and with them the weights, into the cache.
+            for (&p, &row) in positions.iter().zip(&found) {
                 let dst = &mut out[p as usize * dim..(p as usize + 1) * dim];
-                if slot == ABSENT {
+                if row == ABSENT {
                     self.spec.init_row(ids[p as usize], dst);
                     if gated {
                         dst[1..].fill(0.0);
                     }
                 } else {
-                    copy_small(dst, stripe.records.weights(slot));
-                    if gated && !self.spec.accessor.embedx_live(stripe.state(stripe.records.row(slot), self.state_len))
-                    {
+                    copy_small(dst, stripe.rows.weights(row));
+                    if gated && !self.spec.accessor.embedx_live(&stripe.rows.stats(row)) {
                         dst[1..].fill(0.0);
                     }
                 }
@@ -209,35 +216,36 @@ impl SparseTable {
         let dim = self.spec.dim;
         check_len("sparse gradient", ids.len() * dim, grads.len())?;
         check_len("shows and clicks", ids.len() * 2, counts.len())?;
-        let (opt, accessor, state_len) = (&self.spec.optimizer, self.spec.accessor, self.state_len);
+        let (opt, accessor) = (&self.spec.optimizer, self.spec.accessor);
         let gated = accessor.embedx_threshold > 0.0;
         let gated_state = opt.prefix_state_len(1).unwrap_or(0);
         let admitting = self.spec.creates_on_push();
-        let (mut found, mut rows) = (Vec::new(), Vec::new());
+        let mut found = Vec::new();
         self.for_each_stripe(ids, |stripe, positions, hashes| {
             if admitting {
                 self.resolve_admitted(stripe, ids, counts, positions, hashes, &mut found);
             } else {
-                self.resolve(stripe, ids, positions, hashes, Absent::Create, &mut found);
+                self.resolve(stripe, ids, positions, hashes, Resolve { create: true, whole: true }, &mut found);
             }
-            rows.clear();
-            rows.extend(found.iter().map(|&slot| if slot == ABSENT { 0 } else { stripe.records.row(slot) }));
-            for (k, (&p, &slot)) in positions.iter().zip(&found).enumerate() {
-                if let Some(&ahead) = rows.get(k + PREFETCH_DISTANCE) {
-                    stripe.prefetch_state(ahead, state_len);
+            for (k, (&p, &row)) in positions.iter().zip(&found).enumerate() {
+                if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
+                    if ahead != ABSENT {
+                        stripe.rows.prefetch(ahead, true);
+                    }
                 }
-                if slot == ABSENT {
+                if row == ABSENT {
                     continue;
                 }
                 let p = p as usize;
-                let (w, state) = stripe.row_mut(slot, state_len);
-                let (stats, st) = state.split_at_mut(STATS);
-                accessor.update(stats, counts[2 * p], counts[2 * p + 1]);
+                let mut r = stripe.rows.row_mut(row);
+                let mut stats = r.stats4();
+                accessor.update(&mut stats, counts[2 * p], counts[2 * p + 1]);
+                r.set_stats(&stats);
                 let (g, show) = (&grads[p * dim..(p + 1) * dim], counts[2 * p]);
-                if gated && !accessor.embedx_live(stats) {
-                    opt.update_sparse(&mut w[..1], &mut st[..gated_state], &g[..1], scale, show);
+                if gated && !accessor.embedx_live(&stats) {
+                    opt.update_sparse(&mut r.weights[..1], &mut r.state[..gated_state], &g[..1], scale, show);
                 } else {
-                    opt.update_sparse(w, st, g, scale, show);
+                    opt.update_sparse(r.weights, r.state, g, scale, show);
                 }
             }
         });
@@ -247,7 +255,7 @@ impl SparseTable {
     /// One shrink of every row (decay, then deletion by score or unseen days) after `days`
     /// more days; returns the rows it deleted.
     pub fn shrink(&self, days: u32) -> u64 {
-        self.stripes.iter().map(|s| s.lock().shrink(&self.spec.accessor, self.state_len, days)).sum()
+        self.stripes.iter().map(|s| s.lock().shrink(&self.spec.accessor, days)).sum()
     }
 
     /// A base (`delta` false) or delta save of this table (see [`Stripe::export`]): the kept
@@ -255,7 +263,7 @@ impl SparseTable {
     pub fn export(&self, delta: bool) -> super::TableExport {
         let mut out = super::TableExport::default();
         for stripe in &self.stripes {
-            let removed = stripe.lock().export(&self.spec, self.state_len, delta, &mut out.ids, &mut out.weights);
+            let removed = stripe.lock().export(&self.spec, delta, &mut out.ids, &mut out.weights);
             out.deleted.extend(removed);
         }
         out
@@ -267,11 +275,10 @@ impl SparseTable {
         let mut full = Vec::with_capacity(self.row_len());
         for stripe in &self.stripes {
             let s = stripe.lock();
-            for slot in s.records.occupied() {
+            for row in 0..s.len() as u32 {
                 full.clear();
-                full.extend_from_slice(s.records.weights(slot));
-                full.extend_from_slice(s.state(s.records.row(slot), self.state_len));
-                f(s.records.id(slot), &full);
+                s.rows.full_row(row, &mut full);
+                f(s.rows.id(row), &full);
             }
         }
     }
@@ -280,16 +287,15 @@ impl SparseTable {
     /// a checkpoint).
     pub fn insert_row(&self, id: u64, row: &[f32]) -> Result<(), TableError> {
         check_len("checkpoint row", self.row_len(), row.len())?;
+        let hash = mix64(id);
         let mut s = self.stripes[stripe_of(id)].lock();
-        s.records.reserve(1);
-        let slot = match s.records.find(id, mix64(id)) {
-            Ok(slot) => slot,
-            Err(at) => s.create(&self.spec, self.state_len, at, id),
+        let at = match s.find(id, hash) {
+            Some(at) => at,
+            None => s
+                .create(&self.spec, id, hash)
+                .ok_or_else(|| TableError::StripeFull { table: self.spec.name.clone(), rows: s.len() })?,
         };
-        let dim = self.spec.dim;
-        let (w, state) = s.row_mut(slot, self.state_len);
-        w.copy_from_slice(&row[..dim]);
-        state.copy_from_slice(&row[dim..]);
+        s.rows.set_full_row(at, row);
         Ok(())
     }
 
@@ -389,7 +395,8 @@ mod tests {
     fn many_rows_span_chunks_and_survive_a_round_trip() {
         // Enough rows for several state chunks per stripe.
         let t = table();
-        let ids: Vec<u64> = (0..3 * crate::table::stripe::CHUNK_ROWS as u64 * STRIPES as u64 / 16).collect();
+        let per_chunk = crate::table::rows::Rows::new(3, 0).chunk_rows();
+        let ids: Vec<u64> = (0..(3 * per_chunk * STRIPES / 2) as u64).collect();
         let mut out = vec![0.0; ids.len() * 3];
         t.pull(&ids, &mut out, true).unwrap();
         let copy = table();

@@ -1,20 +1,14 @@
-//! One stripe of a sparse table: its ids and weights ([`Records`]), each row's state (statistics
-//! then optimizer state) in a slab of fixed-size chunks, and the lifecycle of rows: creation,
+//! One stripe of a sparse table: its packed rows ([`Rows`]: id, weights, statistics, optimizer
+//! state), the index from ids to rows ([`Index`]), and the lifecycle of rows: creation,
 //! admission counts, eviction of the lowest-score row near a newcomer when the stripe is full,
-//! and removal by a shrink. A removed row's state row is reused by the next new row.
+//! and removal by a shrink. A removed row's place in the slab takes the slab's last row.
 
-use super::accessor::{Accessor, STATS};
+use super::accessor::{Accessor, Verdict};
 use super::admit::{self, CountFilter, Entry};
-use super::records::Records;
+use super::index::{Index, MAX_ROWS};
+use super::rows::Rows;
 use super::SparseSpec;
 use crate::layout::mix64;
-
-/// State rows per slab chunk: big enough to amortize allocation, small enough to waste little.
-pub const CHUNK_ROWS: usize = 4096;
-/// Occupied slots a full stripe looks through, from a newcomer's home slot, for the row it
-/// evicts (HierarchicalKV evicts the lowest score of a 128-slot bucket; linear probing keeps
-/// neighbours in a run, so a few dozen are the same idea).
-const EVICT_WINDOW: usize = 32;
 
 /// What a table's rows went through, counted where it happened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -47,13 +41,8 @@ impl Lifecycle {
 
 /// One stripe's rows.
 pub struct Stripe {
-    pub(super) records: Records,
-    /// State (statistics, then optimizer state), `state_len` floats per row, in chunks.
-    state: Vec<Box<[f32]>>,
-    /// State rows handed out so far (live or free).
-    rows: usize,
-    /// State rows of removed ids, reused first.
-    free: Vec<u32>,
+    index: Index,
+    pub(super) rows: Rows,
     /// Sighting counts of ids not admitted yet (`count_filter_entry`).
     filter: Option<CountFilter>,
     /// Draws made for `probability_entry`.
@@ -73,10 +62,8 @@ impl Stripe {
             _ => None,
         };
         Stripe {
-            records: Records::new(spec.dim),
-            state: Vec::new(),
-            rows: 0,
-            free: Vec::new(),
+            index: Index::new(),
+            rows: Rows::new(spec.dim, spec.optimizer.state_len(spec.dim)),
             filter,
             draws: 0,
             removed: None,
@@ -84,68 +71,65 @@ impl Stripe {
         }
     }
 
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// True if no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
     /// Bytes of the admission filter.
     pub fn filter_bytes(&self) -> usize {
         self.filter.as_ref().map_or(0, CountFilter::bytes)
     }
 
-    /// The state of `row`, writable.
+    /// The row of `id` (whose `mix64` is `hash`).
     #[inline]
-    pub fn state_mut(&mut self, row: u32, state_len: usize) -> &mut [f32] {
-        let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
-        &mut self.state[c][r * state_len..(r + 1) * state_len]
+    pub fn find(&self, id: u64, hash: u64) -> Option<u32> {
+        self.index.find(id, hash, |r| self.rows.id(r))
     }
 
-    /// The state of `row`.
+    /// Hints the CPU to start loading the index bucket of `hash`.
     #[inline]
-    pub fn state(&self, row: u32, state_len: usize) -> &[f32] {
-        let (c, r) = (row as usize / CHUNK_ROWS, row as usize % CHUNK_ROWS);
-        &self.state[c][r * state_len..(r + 1) * state_len]
+    pub fn prefetch_index(&self, hash: u64) {
+        self.index.prefetch(hash);
     }
 
-    /// The weights of `slot` and the state of its row, both writable.
+    /// The row a `find` for `hash` most likely reads (from the tags of its index bucket, which
+    /// should be in the cache already), prefetched: what a pull reads, or all of it (`whole`).
     #[inline]
-    pub fn row_mut(&mut self, slot: usize, state_len: usize) -> (&mut [f32], &mut [f32]) {
-        let row = self.records.row(slot) as usize;
-        let (c, r) = (row / CHUNK_ROWS, row % CHUNK_ROWS);
-        (self.records.weights_mut(slot), &mut self.state[c][r * state_len..(r + 1) * state_len])
+    pub fn guess(&self, hash: u64, whole: bool) -> Option<u32> {
+        let row = self.index.guess(hash)?;
+        self.rows.prefetch(row, whole);
+        Some(row)
     }
 
-    /// Hints the CPU to start loading the state of `row`, every line it spans.
+    /// `find`, trying the row `guess` named first.
     #[inline]
-    pub fn prefetch_state(&self, row: u32, state_len: usize) {
-        #[cfg(target_arch = "x86_64")]
-        if state_len > 0 {
-            let span = self.state(row, state_len);
-            let (first, last) = (span.as_ptr() as usize, span.as_ptr() as usize + state_len * 4 - 1);
-            for line in (first & !63..=last).step_by(64) {
-                // SAFETY: prefetching is only a hint; every line holds part of the live state.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.max(first) as *const i8)
-                };
-            }
+    pub fn find_guessed(&self, id: u64, hash: u64, guess: Option<u32>) -> Option<u32> {
+        match guess {
+            Some(row) if self.rows.id(row) == id => Some(row),
+            _ => self.find(id, hash),
         }
     }
 
-    /// Adds `id` (absent) in the empty slot `at` (from `find`, after `reserve`): weights from
-    /// the seed, statistics at zero, a fresh optimizer state. Returns the slot.
-    pub fn create(&mut self, spec: &SparseSpec, state_len: usize, at: usize, id: u64) -> usize {
-        let row = match self.free.pop() {
-            Some(row) => row,
-            None => {
-                if self.rows % CHUNK_ROWS == 0 {
-                    self.state.push(vec![0.0; CHUNK_ROWS * state_len].into_boxed_slice());
-                }
-                self.rows += 1;
-                (self.rows - 1) as u32
-            }
-        };
-        self.records.put(at, id, row);
-        spec.init_row(id, self.records.weights_mut(at));
-        let state = self.state_mut(row, state_len);
-        Accessor::init(state);
-        spec.optimizer.init_state(&mut state[STATS..]);
-        at
+    /// Adds `id` (absent; its `mix64` is `hash`): weights from the seed, statistics at zero, a
+    /// fresh optimizer state. Returns its row, or `None` when the stripe numbers no more rows.
+    pub fn create(&mut self, spec: &SparseSpec, id: u64, hash: u64) -> Option<u32> {
+        if self.rows.len() >= MAX_ROWS {
+            self.counts.no_room += 1;
+            return None;
+        }
+        let row = self.rows.push(id);
+        let rows = &self.rows;
+        self.index.insert(hash, row, |r| mix64(rows.id(r)));
+        let r = self.rows.row_mut(row);
+        spec.init_row(id, r.weights);
+        spec.optimizer.init_state(r.state);
+        Some(row)
     }
 
     /// Whether an absent id pushed with `show` sightings gets a row now.
@@ -165,43 +149,46 @@ impl Stripe {
         admitted
     }
 
-    /// Removes the id in `slot`, keeping its state row for reuse. Slots of other ids may move.
-    pub fn remove(&mut self, slot: usize) {
+    /// Removes `row`; the slab's last row takes its number.
+    pub fn remove(&mut self, row: u32) {
+        let id = self.rows.id(row);
         if let Some(log) = &mut self.removed {
-            log.push(self.records.id(slot));
+            log.push(id);
         }
-        let row = self.records.remove(slot);
-        self.free.push(row);
+        self.index.remove(mix64(id), row);
+        if let Some((moved, from)) = self.rows.swap_remove(row) {
+            self.index.renumber(mix64(moved), from, row);
+        }
+    }
+
+    /// Rebuilds the index when removals left it far larger than the rows need.
+    fn fit_index(&mut self) {
+        if self.index.oversized() {
+            let rows = &self.rows;
+            self.index.rebuild(rows.len(), (0..rows.len() as u32).map(|r| mix64(rows.id(r))));
+        }
     }
 
     /// The rows a base (`delta` false) or delta save keeps, appended as ids and weights as a
     /// pull reads them; their delta scores start again (a base restarts every row's). Returns
     /// the ids removed since the last such save (none for a base) and starts a new log.
-    pub fn export(
-        &mut self,
-        spec: &SparseSpec,
-        state_len: usize,
-        delta: bool,
-        ids: &mut Vec<u64>,
-        weights: &mut Vec<f32>,
-    ) -> Vec<u64> {
+    pub fn export(&mut self, spec: &SparseSpec, delta: bool, ids: &mut Vec<u64>, weights: &mut Vec<f32>) -> Vec<u64> {
         let accessor = &spec.accessor;
-        let slots: Vec<usize> = self.records.occupied().collect();
-        for slot in slots {
-            let (id, row) = (self.records.id(slot), self.records.row(slot));
-            let stats = &self.state(row, state_len)[..STATS];
-            let keep = if delta { accessor.in_delta(stats) } else { accessor.in_base(stats) };
+        for row in 0..self.rows.len() as u32 {
+            let stats = self.rows.stats(row);
+            let keep = if delta { accessor.in_delta(&stats) } else { accessor.in_base(&stats) };
             if keep {
-                let live = accessor.embedx_live(stats);
-                ids.push(id);
+                ids.push(self.rows.id(row));
                 let at = weights.len();
-                weights.extend_from_slice(self.records.weights(slot));
-                if !live {
+                weights.extend_from_slice(self.rows.weights(row));
+                if !accessor.embedx_live(&stats) {
                     weights[at + 1..].fill(0.0);
                 }
             }
             if keep || !delta {
-                Accessor::saved(&mut self.state_mut(row, state_len)[..STATS]);
+                let mut s = stats;
+                Accessor::saved(&mut s);
+                self.rows.row_mut(row).set_stats(&s);
             }
         }
         let removed = self.removed.replace(Vec::new()).unwrap_or_default();
@@ -212,56 +199,51 @@ impl Stripe {
         }
     }
 
-    /// Evicts the lowest-score row among the occupied slots from `hash`'s home on, skipping
-    /// ids `keep` protects (rows of the batch being applied). False if every candidate is kept.
-    pub fn evict_near(&mut self, accessor: &Accessor, state_len: usize, hash: u64, keep: impl Fn(u64) -> bool) -> bool {
-        let mut best: Option<(f32, u64)> = None;
-        for slot in self.records.occupied_from(hash).take(EVICT_WINDOW) {
-            let id = self.records.id(slot);
-            if keep(id) {
+    /// Evicts the lowest-score row of the two index buckets from `hash`'s home on, skipping
+    /// ids `keep` protects (rows of the batch being applied). False if every row is kept.
+    pub fn evict_near(&mut self, accessor: &Accessor, hash: u64, keep: impl Fn(u64) -> bool) -> bool {
+        let mut best: Option<(f32, u32)> = None;
+        for row in self.index.near(hash) {
+            if keep(self.rows.id(row)) {
                 continue;
             }
-            let score = accessor.row_score(self.state(self.records.row(slot), state_len));
+            let score = accessor.row_score(&self.rows.stats(row));
             if best.is_none_or(|(s, _)| score < s) {
-                best = Some((score, id));
+                best = Some((score, row));
             }
         }
-        let Some((_, victim)) = best.or_else(|| {
-            // The neighbourhood holds only protected rows: any other row of the stripe.
-            let any = self.records.occupied().find(|&s| !keep(self.records.id(s)))?;
-            Some((0.0, self.records.id(any)))
-        }) else {
+        // The neighbourhood holds only protected rows: any other row of the stripe.
+        let victim = best.map(|(_, row)| row).or_else(|| (0..self.rows.len() as u32).find(|&r| !keep(self.rows.id(r))));
+        let Some(victim) = victim else {
             return false;
         };
-        let slot = self.records.find(victim, mix64(victim)).expect("the victim is held");
-        self.remove(slot);
+        self.remove(victim);
         self.counts.evicted += 1;
         true
     }
 
     /// One shrink of every row: statistics decayed after `days` days, and rows the accessor
     /// condemns removed; returns how many.
-    pub fn shrink(&mut self, accessor: &Accessor, state_len: usize, days: u32) -> u64 {
-        let mut condemned = Vec::new();
-        let slots: Vec<usize> = self.records.occupied().collect();
-        for slot in slots {
-            let (id, row) = (self.records.id(slot), self.records.row(slot));
-            match accessor.shrink(self.state_mut(row, state_len), days) {
-                super::accessor::Verdict::Keep => {}
-                super::accessor::Verdict::LowScore => {
-                    self.counts.shrunk_score += 1;
-                    condemned.push(id);
+    pub fn shrink(&mut self, accessor: &Accessor, days: u32) -> u64 {
+        let mut deleted = 0;
+        let mut row = 0;
+        // A removed row's number takes the last row, not yet visited: visit it next.
+        while (row as usize) < self.rows.len() {
+            let mut stats = self.rows.stats(row);
+            let verdict = accessor.shrink(&mut stats, days);
+            self.rows.row_mut(row).set_stats(&stats);
+            match verdict {
+                Verdict::Keep => {
+                    row += 1;
+                    continue;
                 }
-                super::accessor::Verdict::Unseen => {
-                    self.counts.shrunk_unseen += 1;
-                    condemned.push(id);
-                }
+                Verdict::LowScore => self.counts.shrunk_score += 1,
+                Verdict::Unseen => self.counts.shrunk_unseen += 1,
             }
+            self.remove(row);
+            deleted += 1;
         }
-        for &id in &condemned {
-            let slot = self.records.find(id, mix64(id)).expect("a condemned id is held");
-            self.remove(slot);
-        }
-        condemned.len() as u64
+        self.fit_index();
+        deleted
     }
 }
