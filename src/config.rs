@@ -23,6 +23,8 @@ pub struct TrainSettings {
     pub threads: usize,
     /// Log metrics every this many steps.
     pub log_every: u64,
+    /// Steps between two points of the training curves (`metrics.csv`; 0: only pass points).
+    pub metrics_every: u64,
     /// Skip and count bad data lines instead of failing.
     pub skip_bad_lines: bool,
     /// Seconds to wait for servers, sync steps and barriers.
@@ -65,6 +67,7 @@ impl Default for TrainSettings {
             passes: 1,
             threads: 1,
             log_every: 200,
+            metrics_every: 50,
             skip_bad_lines: false,
             timeout_secs: 300,
             lag_ratio: 2.5,

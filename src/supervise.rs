@@ -57,6 +57,9 @@ pub struct LaunchSummary {
     /// Online training: every day's figures (trainer 0's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub days: Vec<crate::train::DayReport>,
+    /// The training curves drawn from the trainers' `metrics.csv` (a PNG), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub curves: Option<std::path::PathBuf>,
 }
 
 /// One restart of a failed process.
@@ -291,6 +294,7 @@ pub(crate) fn summarize(
     wall: f64,
     logs: &Path,
     restarts: Vec<Restart>,
+    curves: Option<std::path::PathBuf>,
 ) -> anyhow::Result<LaunchSummary> {
     // The pipe readers may still be draining the last lines of an exited child.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -344,6 +348,7 @@ pub(crate) fn summarize(
         reports,
         restarts,
         server_stats,
+        curves,
     };
     let path = logs.join("summary.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&summary)?)

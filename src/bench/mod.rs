@@ -271,6 +271,8 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         output: None,
         resume: None,
         log_every: 0,
+        metrics_csv: None,
+        metrics_every: 0,
         job: "bench".into(),
         skip_bad_lines: false,
         recover: None,

@@ -42,6 +42,8 @@ pub(super) enum Command {
     Shrink(ShrinkArgs),
     /// Split a file by line into N balanced parts FILE-00000 .. (for sharding over trainers).
     Split(SplitArgs),
+    /// Draw a job's training curves (a trainer's --metrics-csv file) to a PNG.
+    Plot(PlotArgs),
     /// Prepare public data sets for the examples.
     Data {
         #[command(subcommand)]
@@ -359,6 +361,17 @@ pub(super) struct TlsGenArgs {
     /// The name the server certificate is issued for (--tls-name).
     #[arg(long, default_value = crate::tls::DEFAULT_NAME)]
     pub(super) name: String,
+}
+
+#[derive(Args)]
+pub(super) struct PlotArgs {
+    /// The curves: the metrics.csv the trainers wrote (OUTPUT/metrics.csv, or LOGS/metrics.csv
+    /// under oar launch without --output).
+    #[arg(long)]
+    pub(super) metrics: PathBuf,
+    /// The picture [default: curves.png beside the CSV file].
+    #[arg(long)]
+    pub(super) out: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -162,6 +162,9 @@ pub(super) struct JobArgs {
     /// Log metrics every this many steps.
     #[arg(long, env = "OAR_LOG_EVERY")]
     pub(super) log_every: Option<u64>,
+    /// Steps between two points of the training curves (0: only pass points).
+    #[arg(long, env = "OAR_METRICS_EVERY")]
+    pub(super) metrics_every: Option<u64>,
     /// Skip and count bad data lines instead of failing.
     #[arg(long, env = "OAR_SKIP_BAD_LINES")]
     pub(super) skip_bad_lines: bool,
@@ -248,6 +251,7 @@ impl JobArgs {
         set(&mut t.passes, self.passes);
         set(&mut t.threads, self.threads);
         set(&mut t.log_every, self.log_every);
+        set(&mut t.metrics_every, self.metrics_every);
         set(&mut t.timeout_secs, self.timeout);
         set(&mut t.lag_ratio, self.lag_ratio);
         set(&mut t.delay, self.delay);
@@ -330,6 +334,10 @@ pub(super) struct TrainArgs {
     /// Save the model here after each pass.
     #[arg(long, env = "OAR_OUTPUT")]
     pub(super) output: Option<PathBuf>,
+    /// Append training curves (loss and AUC every --metrics-every steps and per pass) to this
+    /// CSV file [default: OUTPUT/metrics.csv with --output]; `oar plot` draws them.
+    #[arg(long, env = "OAR_METRICS_CSV")]
+    pub(super) metrics_csv: Option<PathBuf>,
     /// Continue from this saved model.
     #[arg(long, env = "OAR_RESUME")]
     pub(super) resume: Option<PathBuf>,

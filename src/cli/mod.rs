@@ -217,6 +217,13 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             dense_floats: a.dense_floats,
             exe: std::env::current_exe().context("cannot find the oar binary")?,
         }),
+        Command::Plot(a) => {
+            let points = crate::curves::read(&a.metrics)?;
+            let out = a.out.unwrap_or_else(|| a.metrics.with_file_name("curves.png"));
+            crate::plot::draw(&points, &format!("training curves: {}", a.metrics.display()), &out)?;
+            println!("{} points drawn to {}", points.len(), out.display());
+            Ok(())
+        }
         Command::Shrink(a) => {
             let timeout = Duration::from_secs(a.timeout.max(1));
             let config = crate::client::ClientConfig {

@@ -40,6 +40,9 @@ pub(super) fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
     if s.discarded_pushes > 0 {
         println!("{} stale pushes discarded", s.discarded_pushes);
     }
+    if let Some(png) = &s.curves {
+        println!("training curves: {} (from the trainers' metrics.csv beside it)", png.display());
+    }
     for r in &s.restarts {
         let from = r.from.as_ref().map(|f| format!(", from {f}")).unwrap_or_default();
         println!("restarted {} ({}) at {:.1} s, restart {}{from}", r.process, r.cause, r.at_seconds, r.epoch);

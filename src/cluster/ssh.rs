@@ -414,7 +414,7 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
         wait_for_servers(&mut procs, servers, &interrupted, &mut keeper)?;
         check_children(&mut procs, &interrupted, &mut keeper)?;
         let restarts = std::mem::take(&mut keeper.restarts);
-        summarize(&procs[..servers], &procs[servers..], started.elapsed().as_secs_f64(), &config.logs, restarts)
+        summarize(&procs[..servers], &procs[servers..], started.elapsed().as_secs_f64(), &config.logs, restarts, None)
     })();
     // Servers still up after their trainers finished (--keep-serving) are stopped as well.
     stop_remote(config, &mut procs, &hosts);

@@ -96,6 +96,16 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     std::fs::create_dir_all(&config.logs).with_context(|| format!("cannot create {}", config.logs.display()))?;
     let job_file = std::path::absolute(config.logs.join("job.toml"))?;
     config.job.to_file(&job_file)?;
+    // The trainers' curves: beside the saved model (a resumed job goes on with them), else with
+    // the logs, where an earlier run's are removed first.
+    let metrics_csv = match &config.output {
+        Some(o) => std::path::absolute(o.join("metrics.csv"))?,
+        None => {
+            let file = std::path::absolute(config.logs.join("metrics.csv"))?;
+            let _ = std::fs::remove_file(&file);
+            file
+        }
+    };
     let job_id = format!("oar-{}-{}", std::process::id(), started.elapsed().as_nanos());
     let timeout = config.job.train.timeout_secs.to_string();
     let interrupted = interrupt_flag();
@@ -215,6 +225,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             if let Some(o) = &config.output {
                 args.extend(["--output".into(), o.display().to_string()]);
             }
+            args.extend(["--metrics-csv".into(), metrics_csv.display().to_string()]);
             if let Some(r) = &config.resume {
                 args.extend(["--resume".into(), r.display().to_string()]);
             }
@@ -249,12 +260,14 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         bar.finish_and_clear();
         wait_for_servers(&mut procs, first_worker, &interrupted, &mut keeper)?;
         let restarts = std::mem::take(&mut keeper.restarts);
+        let curves = draw_curves(&metrics_csv);
         summarize(
             &procs[..first_worker],
             &procs[first_worker..],
             started.elapsed().as_secs_f64(),
             &config.logs,
             restarts,
+            curves,
         )
     })();
     keeper.stop();
@@ -271,6 +284,22 @@ fn child(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args(args).envs(env.iter().cloned()).env("OAR_LAUNCHED", "1").stdin(std::process::Stdio::null());
     cmd
+}
+
+/// Draws the trainers' curves beside their CSV file (`curves.png`); a failure is logged, not
+/// fatal: the job itself went well.
+fn draw_curves(csv: &Path) -> Option<PathBuf> {
+    let png = csv.with_file_name("curves.png");
+    let drawn = crate::curves::read(csv)
+        .map_err(anyhow::Error::from)
+        .and_then(|points| crate::plot::draw(&points, &format!("training curves: {}", csv.display()), &png));
+    match drawn {
+        Ok(()) => Some(png),
+        Err(e) => {
+            tracing::warn!("no curves drawn: {e:#}");
+            None
+        }
+    }
 }
 
 /// Where trainers record their positions: beside the servers' checkpoints, else with the logs.

@@ -50,6 +50,11 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Log metrics every this many steps (0: only at the end of a pass).
     pub log_every: u64,
+    /// Append training curves here ([`crate::curves`]): a point every `metrics_every` steps
+    /// and at the end of each pass.
+    pub metrics_csv: Option<PathBuf>,
+    /// Steps between two curve points (0: only pass points).
+    pub metrics_every: u64,
     /// Job id (servers refuse other jobs).
     pub job: String,
     /// Skip and count bad data lines instead of failing.

@@ -154,6 +154,13 @@ pub fn run_with(
         days: Vec::new(),
     };
     let (mut step, mut bytes_before) = (start.step, 0u64);
+    let curves = match &config.metrics_csv {
+        Some(path) => Some(
+            crate::curves::CurveLog::open(path)
+                .with_context(|| format!("cannot open the curves file {}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut exports = crate::export::ExportPlan { delta_every: config.delta_every, based: false };
     for pass in start.pass..=config.passes {
         // A rejoining trainer goes on in the pass it was in, after the samples it pushed (and
@@ -179,8 +186,15 @@ pub fn run_with(
             },
         );
         let progress = reader.progress();
-        let pass_loop =
-            PassLoop { config, model: &model, pass, step: AtomicU64::new(step), plan, positions: positions.as_ref() };
+        let pass_loop = PassLoop {
+            config,
+            model: &model,
+            pass,
+            step: AtomicU64::new(step),
+            plan,
+            positions: positions.as_ref(),
+            curves: curves.as_ref().map(|log| (log, started)),
+        };
         let metrics = pass_loop.run(&mut store, reader, &mut report, &|samples| {
             on_progress(bytes_before + progress.bytes.load(Relaxed), samples)
         })?;
@@ -224,19 +238,22 @@ pub fn run_with(
         } else {
             Vec::new()
         };
+        let day_ended = day.is_some();
         if let Some(mut day) = day {
             day.train_auc = all_trainers.as_ref().and_then(|a| a.auc);
             let next = day.next_day.as_ref().map_or("-".to_string(), |e| e.to_string());
             tracing::info!(date = %day.date, rows = ?day.rows, shrunk = day.shrunk_rows, "day done; next day's first split: {next}");
             report.days.push(day);
         }
-        report.passes.push(PassReport {
-            pass,
-            train: trains[0].clone(),
-            test: tests.first().cloned(),
-            heads,
-            all_trainers,
-        });
+        let next_day = report.days.last().filter(|_| day_ended).and_then(|d| d.next_day.clone());
+        let done = PassReport { pass, train: trains[0].clone(), test: tests.first().cloned(), heads, all_trainers };
+        if let Some(log) = &curves {
+            let seconds = started.elapsed().as_secs_f64();
+            for p in done.curve_points(me as u32, step, report.samples, seconds, next_day.as_ref()) {
+                log.write(&p);
+            }
+        }
+        report.passes.push(done);
     }
     if let Store::Remote(client) = &mut store {
         client.close(me)?;

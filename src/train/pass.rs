@@ -14,6 +14,7 @@ use super::position::PositionLog;
 use super::step::{clip, compute, Replica};
 use super::warmup::{Warmup, WarmupPlan};
 use super::{dims, HeadMetrics, StepHeader, StepTimes, Store, TrainConfig, TrainReport};
+use crate::curves::{CurveLog, Kind, Point};
 use crate::data::Reader;
 use crate::metrics::Staleness;
 use crate::model::Model;
@@ -42,6 +43,8 @@ pub(super) struct PassLoop<'a> {
     pub(super) plan: WarmupPlan,
     /// Where the trainer's position is recorded after each push.
     pub(super) positions: Option<&'a Mutex<PositionLog>>,
+    /// Where curve points go, and when the trainer started.
+    pub(super) curves: Option<(&'a CurveLog, Instant)>,
 }
 
 impl PassLoop<'_> {
@@ -201,6 +204,8 @@ impl PassLoop<'_> {
             train_seconds: 0.0,
         };
         let mut window = (0.0f64, 0usize, Instant::now());
+        // Loss sum and samples since the last curve point.
+        let mut curve = (0.0f64, 0usize);
         let apply = if c.scale_stale_steps { Apply::StalenessScaled } else { Apply::Now };
         let result = (|| -> anyhow::Result<()> {
             while !failed.load(Relaxed) {
@@ -235,11 +240,30 @@ impl PassLoop<'_> {
                 report.train_seconds += (t3 - t0).as_secs_f64();
                 report.metrics.observe(model, &p.batch, &heads);
                 report.samples += n as u64;
-                samples.fetch_add(n as u64, Relaxed);
+                let so_far = samples.fetch_add(n as u64, Relaxed) + n as u64;
                 window.0 += loss;
                 window.1 += n;
+                curve.0 += loss;
+                curve.1 += n;
                 // Hogwild workers do not log: each sees only its own share of the pass.
                 let hogwild = c.mode == Mode::Async && c.threads > 1;
+                if let (Some((log, started)), false) = (self.curves, hogwild) {
+                    if c.metrics_every > 0 && (step + 1) % c.metrics_every == 0 {
+                        let m = &report.metrics.0[0];
+                        let tail = m.probs.len().saturating_sub(curve.1);
+                        log.write(&Point {
+                            trainer: me as u32,
+                            pass: self.pass,
+                            step: step + 1,
+                            samples: so_far,
+                            seconds: started.elapsed().as_secs_f64(),
+                            kind: Kind::Steps,
+                            loss: Some(curve.0 / curve.1 as f64).filter(|l| l.is_finite()),
+                            auc: crate::metrics::auc(&m.probs[tail..], &m.labels[tail..]),
+                        });
+                        curve = (0.0, 0);
+                    }
+                }
                 if c.log_every > 0 && (step + 1) % c.log_every == 0 && !hogwild {
                     let m = &report.metrics.0[0];
                     let tail = m.probs.len().saturating_sub(window.1);

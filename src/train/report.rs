@@ -117,3 +117,39 @@ impl std::ops::AddAssign for StepTimes {
         self.push += o.push;
     }
 }
+
+impl PassReport {
+    /// The curve points of this pass's end, by trainer `trainer` after `step` steps and
+    /// `samples` samples, `seconds` into its run: its pass figures, the AUC over all trainers,
+    /// the test set's (trainer 0) and the next day's (online training).
+    pub fn curve_points(
+        &self,
+        trainer: u32,
+        step: u64,
+        samples: u64,
+        seconds: f64,
+        next_day: Option<&EvalReport>,
+    ) -> Vec<crate::curves::Point> {
+        use crate::curves::{Kind, Point};
+        let at = |kind, loss: Option<f64>, auc| Point {
+            trainer,
+            pass: self.pass,
+            step,
+            samples,
+            seconds,
+            kind,
+            loss: loss.filter(|l| l.is_finite()),
+            auc,
+        };
+        let mut points = vec![at(Kind::Pass, Some(self.train.loss), self.train.auc)];
+        if let Some(a) = &self.all_trainers {
+            points.push(at(Kind::AllTrainers, None, a.auc));
+        }
+        for (kind, e) in [(Kind::Test, self.test.as_ref()), (Kind::NextDay, next_day)] {
+            if let Some(e) = e {
+                points.push(at(kind, Some(e.loss), e.auc));
+            }
+        }
+        points
+    }
+}

@@ -4,6 +4,7 @@
 mod checkpoints;
 mod cli;
 mod cluster;
+mod curves;
 mod engines;
 mod equivalence;
 mod exactly_once;

@@ -117,6 +117,8 @@ pub fn train_config(
         output: None,
         resume: None,
         log_every: 0,
+        metrics_csv: None,
+        metrics_every: 0,
         job: "test".into(),
         skip_bad_lines: false,
         recover: None,

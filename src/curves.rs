@@ -1,0 +1,190 @@
+//! Training curves as a CSV file (`metrics.csv`): each trainer appends a point every N steps
+//! (the loss and AUC of its batches since the last point) and at the end of each pass (the
+//! pass's training figures, the AUC over all trainers, the test set's, the next day's), so a
+//! long job can be watched and plotted ([`crate::plot`]) instead of read from logs.
+//!
+//! Several trainers append to one file: each point is one `write` of one line to a file opened
+//! with `O_APPEND`, which Linux keeps whole on a local file system. Reading checks every field
+//! and names the line of a malformed one; a header line may repeat (two trainers that found the
+//! file empty at once both wrote it).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+/// What a point measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// The trainer's batches since its last point.
+    Steps,
+    /// The trainer's whole pass.
+    Pass,
+    /// The pass over every trainer's samples (Paddle's bucketed AUC; no loss).
+    AllTrainers,
+    /// The test files after the pass.
+    Test,
+    /// The day's model on the next day's first split (online training).
+    NextDay,
+}
+
+/// One point of a curve: a line of `metrics.csv`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    /// The trainer that wrote it.
+    pub trainer: u32,
+    /// The pass (numbered across days in online training).
+    pub pass: u32,
+    /// The trainer's steps so far.
+    pub step: u64,
+    /// Samples the trainer trained on so far in this run.
+    pub samples: u64,
+    /// Seconds since the trainer started.
+    pub seconds: f64,
+    /// What is measured.
+    pub kind: Kind,
+    /// Mean loss, when measured.
+    pub loss: Option<f64>,
+    /// AUC of the first head (log-loss models), when measured.
+    pub auc: Option<f64>,
+}
+
+/// Errors reading a curves file, each naming the file (and the line).
+#[derive(Debug, thiserror::Error)]
+pub enum CurvesError {
+    /// The file could not be opened or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A line is not a point.
+    #[error("{path}:{line}: not a curve point: {message}")]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// Its 1-based line number.
+        line: u64,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// The header line of a curves file.
+pub const HEADER: &str = "trainer,pass,step,samples,seconds,kind,loss,auc";
+
+/// An open curves file that points are appended to.
+pub struct CurveLog {
+    file: Mutex<std::fs::File>,
+    path: PathBuf,
+}
+
+impl CurveLog {
+    /// Opens `path` for appending (created if absent, with its header line).
+    pub fn open(path: &Path) -> std::io::Result<CurveLog> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        // Checked before opening: opening a named pipe would wait for its other end.
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        if file.metadata()?.len() == 0 {
+            file.write_all(format!("{HEADER}\n").as_bytes())?;
+        }
+        Ok(CurveLog { file: Mutex::new(file), path: path.to_path_buf() })
+    }
+
+    /// Appends `point` as one line (a failure is logged, not fatal: training goes on).
+    pub fn write(&self, point: &Point) {
+        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+        let line = w.serialize(point).ok().and_then(|()| w.into_inner().ok());
+        let result = match line {
+            Some(line) => self.file.lock().write_all(&line),
+            None => Err(std::io::Error::other("cannot format the point")),
+        };
+        if let Err(e) = result {
+            tracing::warn!(file = %self.path.display(), "cannot append to the curves file: {e}");
+        }
+    }
+}
+
+/// Reads every point of a curves file.
+pub fn read(path: &Path) -> Result<Vec<Point>, CurvesError> {
+    let io = |source| CurvesError::Io { path: path.to_path_buf(), source };
+    // Checked before opening: opening a named pipe would wait for its other end.
+    if !std::fs::metadata(path).map_err(io)?.is_file() {
+        return Err(io(std::io::Error::other("not a regular file")));
+    }
+    let file = std::fs::File::open(path).map_err(io)?;
+    parse(std::io::BufReader::new(file), path)
+}
+
+/// Reads the points of curves text (`path` only names it in errors).
+pub fn parse(text: impl std::io::Read, path: &Path) -> Result<Vec<Point>, CurvesError> {
+    let mut r = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text);
+    let mut points = Vec::new();
+    let bad = |line: u64, message: String| CurvesError::Line { path: path.to_path_buf(), line, message };
+    for (k, record) in r.records().enumerate() {
+        let line = record.as_ref().ok().and_then(|r| r.position()).map_or(k as u64 + 1, |p| p.line());
+        let record = record.map_err(|e| bad(line, e.to_string()))?;
+        if record.iter().collect::<Vec<_>>().join(",") == HEADER {
+            continue;
+        }
+        let point: Point = record.deserialize(None).map_err(|e| bad(line, e.to_string()))?;
+        if point.loss.is_some_and(|v| !v.is_finite()) || point.auc.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+            return Err(bad(line, "loss must be finite and AUC within [0, 1]".into()));
+        }
+        points.push(point);
+    }
+    Ok(points)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(trainer: u32, step: u64, kind: Kind) -> Point {
+        Point { trainer, pass: 1, step, samples: step * 512, seconds: 0.5, kind, loss: Some(0.45), auc: Some(0.75) }
+    }
+
+    #[test]
+    fn points_written_by_several_writers_read_back_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/metrics.csv");
+        let (a, b) = (CurveLog::open(&path).unwrap(), CurveLog::open(&path).unwrap());
+        a.write(&point(0, 50, Kind::Steps));
+        b.write(&point(1, 50, Kind::Steps));
+        let all = Point { loss: None, ..point(0, 90, Kind::AllTrainers) };
+        a.write(&all);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(HEADER) && text.lines().count() == 4, "{text}");
+        assert_eq!(read(&path).unwrap(), vec![point(0, 50, Kind::Steps), point(1, 50, Kind::Steps), all]);
+    }
+
+    #[test]
+    fn a_repeated_header_is_skipped_and_a_bad_line_is_named() {
+        let text = format!("{HEADER}\n{HEADER}\n0,1,50,25600,1.5,steps,0.45,0.75\n0,1,60,x,1.5,steps,,\n");
+        let err = parse(text.as_bytes(), Path::new("m.csv")).unwrap_err().to_string();
+        assert!(err.starts_with("m.csv:4: not a curve point"), "{err}");
+        let text = format!("{HEADER}\n0,1,50,25600,1.5,pass,,0.75\n");
+        let p = parse(text.as_bytes(), Path::new("m.csv")).unwrap();
+        assert_eq!((p[0].kind, p[0].loss, p[0].auc), (Kind::Pass, None, Some(0.75)));
+        for bad in ["0,1,50,1,1,steps,NaN,0.5", "0,1,50,1,1,steps,0.4,1.5", "0,1,50,1,1,epoch,0.4,0.5", "0,1"] {
+            assert!(parse(bad.as_bytes(), Path::new("m.csv")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_folder_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(&dir.path().display().to_string()), "{err}");
+        assert!(CurveLog::open(dir.path()).is_err());
+    }
+}

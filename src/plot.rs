@@ -1,0 +1,184 @@
+//! `oar plot`: a job's curves ([`crate::curves`]) drawn to a PNG with plotters, the loss above
+//! and the AUC below, against each trainer's samples: a line per trainer through its step points,
+//! its pass figures as dots, the AUC over all trainers, the test set's and the next day's as
+//! marks of their own. The text uses DejaVu Sans, built in (the `dejavu` crate), so drawing needs
+//! no font installed on the machine.
+
+use std::path::Path;
+
+use anyhow::Context;
+use plotters::prelude::*;
+
+use crate::curves::{Kind, Point};
+
+/// Pixels of the picture.
+const SIZE: (u32, u32) = (1100, 800);
+
+fn register_font() -> anyhow::Result<()> {
+    static FONT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok = *FONT.get_or_init(|| {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_ok()
+    });
+    anyhow::ensure!(ok, "the built-in font could not be loaded");
+    Ok(())
+}
+
+/// The value a panel shows of a point.
+type Value = fn(&Point) -> Option<f64>;
+
+/// Draws `points` to the PNG `out`; `title` heads the picture.
+pub fn draw(points: &[Point], title: &str, out: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(!points.is_empty(), "no curve points to draw");
+    register_font()?;
+    let root = BitMapBackend::new(out, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 22))?;
+    let (upper, lower) = root.split_vertically(SIZE.1 / 2 - 20);
+    // Loss falls and AUC rises: the legend goes where the curves are not.
+    panel(&upper, points, "loss", |p| p.loss, SeriesLabelPosition::LowerLeft)?;
+    panel(&lower, points, "AUC", |p| p.auc, SeriesLabelPosition::LowerRight)?;
+    root.present().with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(())
+}
+
+fn panel(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    points: &[Point],
+    name: &str,
+    value: Value,
+    legend: SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    let shown: Vec<(f64, f64)> = points.iter().filter_map(|p| Some((p.samples as f64, value(p)?))).collect();
+    if shown.is_empty() {
+        area.draw(&Text::new(format!("no {name} measured"), (60, 60), ("sans-serif", 18)))?;
+        return Ok(());
+    }
+    let x_max = shown.iter().map(|p| p.0).fold(1.0, f64::max) * 1.02;
+    let (lo, hi) = shown.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
+    let pad = ((hi - lo) * 0.08).max(1e-3);
+    let mut chart = ChartBuilder::on(area)
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))?;
+    chart
+        .configure_mesh()
+        .x_desc("samples (per trainer)")
+        .y_desc(name)
+        .x_label_formatter(&|x| samples_label(*x))
+        .y_label_formatter(&|y| format!("{y:.3}"))
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    let mut trainers: Vec<u32> = points.iter().map(|p| p.trainer).collect();
+    trainers.sort_unstable();
+    trainers.dedup();
+    for &t in &trainers {
+        let color = Palette99::pick(t as usize).to_rgba();
+        let of = |kind: Kind| -> Vec<(f64, f64)> {
+            points
+                .iter()
+                .filter(|p| p.trainer == t && p.kind == kind)
+                .filter_map(|p| Some((p.samples as f64, value(p)?)))
+                .collect()
+        };
+        let steps = of(Kind::Steps);
+        if !steps.is_empty() {
+            chart
+                .draw_series(LineSeries::new(steps, color.stroke_width(2)))?
+                .label(format!("trainer {t}, every N steps"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        }
+        let passes = of(Kind::Pass);
+        if !passes.is_empty() {
+            chart
+                .draw_series(passes.into_iter().map(|p| Circle::new(p, 5, color.filled())))?
+                .label(format!("trainer {t}, pass"))
+                .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
+        }
+    }
+    let marks: [(Kind, &str, RGBColor); 3] = [
+        (Kind::AllTrainers, "pass, all trainers", BLACK),
+        (Kind::Test, "test", RED),
+        (Kind::NextDay, "next day", BLUE),
+    ];
+    for (kind, label, color) in marks {
+        let at: Vec<(f64, f64)> =
+            points.iter().filter(|p| p.kind == kind).filter_map(|p| Some((p.samples as f64, value(p)?))).collect();
+        if !at.is_empty() {
+            chart
+                .draw_series(at.into_iter().map(|p| TriangleMarker::new(p, 7, color.filled())))?
+                .label(label)
+                .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 6, color.filled()));
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(legend)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()?;
+    Ok(())
+}
+
+/// A sample count as an axis shows it: 25k, 1.5M.
+fn samples_label(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.1}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.0}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_picture_is_drawn_with_curves_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("curves.png");
+        let mut points = Vec::new();
+        for t in 0..2u32 {
+            for s in 1..=10u64 {
+                let loss = Some(0.6 - 0.01 * s as f64);
+                let auc = Some(0.6 + 0.01 * s as f64 + 0.005 * t as f64);
+                points.push(Point {
+                    trainer: t,
+                    pass: 1,
+                    step: s * 50,
+                    samples: s * 25_600,
+                    seconds: s as f64,
+                    kind: Kind::Steps,
+                    loss,
+                    auc,
+                });
+            }
+        }
+        points.push(Point {
+            trainer: 0,
+            pass: 1,
+            step: 500,
+            samples: 256_000,
+            seconds: 10.0,
+            kind: Kind::Test,
+            loss: Some(0.45),
+            auc: Some(0.78),
+        });
+        draw(&points, "test job", &out).unwrap();
+        let decoder = png::Decoder::new(std::fs::File::open(&out).unwrap());
+        let mut reader = decoder.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), SIZE);
+        // Not a blank page: many pixels are neither white nor black (the curves' colours).
+        let coloured = buf[..info.buffer_size()]
+            .chunks(3)
+            .filter(|p| !(p.iter().all(|&c| c > 240) || p.iter().all(|&c| c < 15)) && p[0].abs_diff(p[1]) > 40)
+            .count();
+        assert!(coloured > 500, "{coloured} coloured pixels");
+        assert!(draw(&[], "empty", &out).is_err());
+    }
+}
