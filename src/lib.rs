@@ -29,6 +29,7 @@ pub mod shard_checkpoints;
 pub mod state_file;
 pub mod supervise;
 pub mod table;
+pub mod telemetry;
 pub mod tls;
 pub mod train;
 

@@ -206,22 +206,31 @@ impl Checkpointer {
 }
 
 /// Checkpoints every `policy.every` until `stop` is dropped (or sent to). `cut` takes a
-/// consistent cut once tables are declared. Runs on its own thread.
-pub fn run(mut checkpointer: Checkpointer, cut: impl Fn() -> Option<Cut>, stop: std::sync::mpsc::Receiver<()>) {
+/// consistent cut once tables are declared; `written` is called after each checkpoint is in
+/// place. Runs on its own thread.
+pub fn run(
+    mut checkpointer: Checkpointer,
+    cut: impl Fn() -> Option<Cut>,
+    written: impl Fn(),
+    stop: std::sync::mpsc::Receiver<()>,
+) {
     let every = checkpointer.policy.every;
     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
         let (started, cpu) = (std::time::Instant::now(), thread_cpu_seconds());
         let Some(cut) = cut() else { continue };
         let version = cut.version;
         match checkpointer.write(cut) {
-            Ok(e) => tracing::info!(
-                seq = e.seq,
-                version,
-                bytes = e.bytes,
-                seconds = started.elapsed().as_secs_f64(),
-                cpu_seconds = thread_cpu_seconds() - cpu,
-                "checkpoint written"
-            ),
+            Ok(e) => {
+                written();
+                tracing::info!(
+                    seq = e.seq,
+                    version,
+                    bytes = e.bytes,
+                    seconds = started.elapsed().as_secs_f64(),
+                    cpu_seconds = thread_cpu_seconds() - cpu,
+                    "checkpoint written"
+                )
+            }
             Err(e @ CheckpointError::Superseded { .. }) => return tracing::error!("checkpoints stop: {e}"),
             Err(e) => tracing::error!("checkpoint failed, training goes on: {e}"),
         }

@@ -57,6 +57,9 @@ pub struct LaunchSummary {
     /// Online training: every day's figures (trainer 0's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub days: Vec<crate::train::DayReport>,
+    /// Every process's Prometheus endpoint (`oar launch`): (process, URL).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<(String, String)>,
     /// The training curves drawn from the trainers' `metrics.csv` (a PNG), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub curves: Option<std::path::PathBuf>,
@@ -86,6 +89,8 @@ pub(crate) struct ChildState {
     pub result: Option<String>,
     /// The process id on the remote host, from a remote wrapper's `OAR_PID` line.
     pub remote_pid: Option<u32>,
+    /// Where it serves Prometheus metrics, from its `OAR_METRICS` line.
+    pub metrics: Option<String>,
 }
 
 /// A supervised child process.
@@ -125,7 +130,7 @@ pub(crate) fn spawn(
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
     for stream in [Box::new(stdout) as Box<dyn std::io::Read + Send>, Box::new(stderr)] {
-        let (state, file, ready) = (state.clone(), file.clone(), ready.clone());
+        let (state, file, ready, name) = (state.clone(), file.clone(), ready.clone(), name.to_string());
         std::thread::spawn(move || {
             for line in BufReader::new(stream).lines() {
                 let Ok(line) = line else { break };
@@ -141,6 +146,10 @@ pub(crate) fn spawn(
                     }
                 } else if let Some(r) = line.strip_prefix("OAR_RESULT ") {
                     st.result = Some(r.to_string());
+                } else if let Some(addr) = line.strip_prefix("OAR_METRICS ") {
+                    let url = format!("http://{}/metrics", addr.trim());
+                    eprintln!("{name}: metrics at {url}");
+                    st.metrics = Some(url);
                 } else if let Some(pid) = line.strip_prefix("OAR_PID ") {
                     st.remote_pid = pid.trim().parse().ok();
                 } else {
@@ -348,6 +357,11 @@ pub(crate) fn summarize(
         reports,
         restarts,
         server_stats,
+        metrics: servers
+            .iter()
+            .chain(workers)
+            .filter_map(|p| Some((p.name.clone(), p.with_state(|s| s.metrics.clone())?)))
+            .collect(),
         curves,
     };
     let path = logs.join("summary.json");

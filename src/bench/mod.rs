@@ -271,6 +271,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         output: None,
         resume: None,
         log_every: 0,
+        metrics_addr: None,
         metrics_csv: None,
         metrics_every: 0,
         job: "bench".into(),

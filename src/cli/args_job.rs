@@ -24,6 +24,10 @@ pub(super) struct PserverArgs {
     pub(super) nics: Option<String>,
     #[command(flatten)]
     pub(super) ports: PortArgs,
+    /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT; port 0: any free port,
+    /// printed as `OAR_METRICS addr`).
+    #[arg(long, env = "OAR_METRICS_ADDR")]
+    pub(super) metrics_addr: Option<String>,
     /// This server's index among all servers (found from the Paddle env, or learned from the
     /// first trainer's handshake when not given).
     #[arg(long, env = "OAR_SERVER_INDEX")]
@@ -334,6 +338,10 @@ pub(super) struct TrainArgs {
     /// Save the model here after each pass.
     #[arg(long, env = "OAR_OUTPUT")]
     pub(super) output: Option<PathBuf>,
+    /// Serve this trainer's Prometheus metrics at http://ADDR/metrics (HOST:PORT; port 0: any
+    /// free port, printed as `OAR_METRICS addr`).
+    #[arg(long, env = "OAR_METRICS_ADDR")]
+    pub(super) metrics_addr: Option<String>,
     /// Append training curves (loss and AUC every --metrics-every steps and per pass) to this
     /// CSV file [default: OUTPUT/metrics.csv with --output]; `oar plot` draws them.
     #[arg(long, env = "OAR_METRICS_CSV")]

@@ -53,6 +53,7 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
         recover_server(&mut a, index, num_servers)?;
     }
     let config = ServerConfig {
+        metrics_addr: a.metrics_addr.clone(),
         index: index.unwrap_or(0),
         num_servers,
         trainers: a.trainers.or(env.trainers).unwrap_or(1),
@@ -178,6 +179,8 @@ pub(super) fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         host: a.server.host.clone(),
         nics: a.server.nics.clone(),
         ports: a.ports.clone(),
+        // A server role of `oar train` serves its metrics where the trainer would have.
+        metrics_addr: a.metrics_addr.clone(),
         index: None,
         num_servers: None,
         trainers: a.trainers,
@@ -411,6 +414,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         output: a.output.clone(),
         resume: a.resume,
         log_every: job.train.log_every,
+        metrics_addr: a.metrics_addr.clone(),
         metrics_csv: a.metrics_csv.clone().or_else(|| a.output.as_ref().map(|o| o.join("metrics.csv"))),
         metrics_every: job.train.metrics_every,
         job: a.job_id,

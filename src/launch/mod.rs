@@ -161,6 +161,8 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
                 timeout.clone(),
                 "--lag-ratio".into(),
                 config.job.train.lag_ratio.to_string(),
+                "--metrics-addr".into(),
+                "127.0.0.1:0".into(),
             ];
             if let Some(r) = &config.resume {
                 args.extend(["--resume".into(), r.display().to_string()]);
@@ -226,6 +228,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
                 args.extend(["--output".into(), o.display().to_string()]);
             }
             args.extend(["--metrics-csv".into(), metrics_csv.display().to_string()]);
+            args.extend(["--metrics-addr".into(), "127.0.0.1:0".into()]);
             if let Some(r) = &config.resume {
                 args.extend(["--resume".into(), r.display().to_string()]);
             }

@@ -28,6 +28,8 @@ impl std::fmt::Display for Mode {
 pub struct ServerConfig {
     /// This server's index.
     pub index: usize,
+    /// Serve Prometheus metrics here (`--metrics-addr`; port 0: any free port).
+    pub metrics_addr: Option<String>,
     /// Number of servers in the job; 0: learn index and count from the first trainer's
     /// handshake (PaddlePaddle v2's `paddle pserver` is not told its place either).
     pub num_servers: usize,

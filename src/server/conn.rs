@@ -160,7 +160,19 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     dense_on_sparse_port(r).unwrap_or("dense traffic")
                 ),
             )),
-            _ => handle(state, request, &mut scratch).await,
+            _ => {
+                let timed = match &request {
+                    Request::Pull(_) => Some(&state.telemetry.pull),
+                    Request::Push(_) => Some(&state.telemetry.push),
+                    _ => None,
+                };
+                let started = std::time::Instant::now();
+                let reply = handle(state, request, &mut scratch).await;
+                if let Some(latency) = timed {
+                    latency.observe(started.elapsed());
+                }
+                reply
+            }
         };
         let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State | ErrorCode::Fenced, _))) && !greeted;
         greeted |= reply.is_ok();

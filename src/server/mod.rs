@@ -34,6 +34,7 @@ mod members;
 mod push;
 mod requests;
 pub mod sync;
+mod telemetry;
 
 pub use config::{Limits, Mode, NonFinite, ServerConfig, ServerStats};
 pub use requests::inside;
@@ -95,6 +96,8 @@ struct State {
     recording: Mutex<()>,
     /// Connections open now (bounded by `--max-connections`).
     open: AtomicUsize,
+    /// Latencies and checkpoint times for the metrics endpoint.
+    telemetry: telemetry::Telemetry,
 }
 
 type Reply = Result<Answer, (ErrorCode, String)>;
@@ -275,8 +278,16 @@ pub async fn run(
         step_errors: Mutex::new(BTreeMap::new()),
         recording: Mutex::new(()),
         open: AtomicUsize::new(0),
+        telemetry: telemetry::Telemetry::default(),
         config,
     });
+    let _metrics = match &state.config.metrics_addr {
+        Some(addr) => {
+            let watched = state.clone();
+            Some(crate::telemetry::Exporter::start(addr, Arc::new(move || telemetry::render(&watched)))?)
+        }
+        None => None,
+    };
     if state.config.epoch > 0 {
         let ended = state.sync.lock().ended.clone();
         tracing::info!(epoch = state.config.epoch, version, closed = ?state.config.closed, ?ended, "restarted server");
@@ -352,10 +363,12 @@ pub async fn run(
         // as though a restart could go on from it.
         let checkpointer = crate::shard_checkpoints::Checkpointer::new(policy, index, fence)
             .context("cannot claim the checkpoint folder (--checkpoint-dir)")?;
+        let written = watched.clone();
         let cut = move || watched.cut();
+        let on_written = move || *written.telemetry.last_checkpoint.lock() = Some(std::time::Instant::now());
         let thread = std::thread::Builder::new()
             .name("oar-checkpoint".into())
-            .spawn(move || crate::shard_checkpoints::run(checkpointer, cut, stopped))
+            .spawn(move || crate::shard_checkpoints::run(checkpointer, cut, on_written, stopped))
             .context("starting the checkpoint thread")?;
         checkpoint_thread = Some(thread);
     }

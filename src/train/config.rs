@@ -50,6 +50,8 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Log metrics every this many steps (0: only at the end of a pass).
     pub log_every: u64,
+    /// Serve this trainer's Prometheus metrics here (port 0: any free port).
+    pub metrics_addr: Option<String>,
     /// Append training curves here ([`crate::curves`]): a point every `metrics_every` steps
     /// and at the end of each pass.
     pub metrics_csv: Option<PathBuf>,

@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -23,6 +24,7 @@ pub mod position;
 mod report;
 mod step;
 mod store;
+pub mod telemetry;
 mod warmup;
 
 pub use config::{TrainConfig, DEFAULT_SCALE_STALE_STEPS, DEFAULT_SYNC_WARMUP};
@@ -138,6 +140,14 @@ pub fn run_with(
         Some(dir) => Some(Mutex::new(PositionLog::create(dir, start.clone())?)),
         None => None,
     };
+    let telemetry = config.metrics_addr.as_ref().map(|_| Arc::new(telemetry::TrainerTelemetry::new(me)));
+    let _metrics = match (&config.metrics_addr, &telemetry) {
+        (Some(addr), Some(t)) => {
+            let t = t.clone();
+            Some(crate::telemetry::Exporter::start(addr, Arc::new(move || t.render()))?)
+        }
+        _ => None,
+    };
     tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, first_pass = start.pass, model = %model.summary(), "training");
 
     let mut report = TrainReport {
@@ -194,7 +204,11 @@ pub fn run_with(
             plan,
             positions: positions.as_ref(),
             curves: curves.as_ref().map(|log| (log, started)),
+            telemetry: telemetry.as_deref(),
         };
+        if let Some(t) = &telemetry {
+            t.pass.store(pass as u64, Relaxed);
+        }
         let metrics = pass_loop.run(&mut store, reader, &mut report, &|samples| {
             on_progress(bytes_before + progress.bytes.load(Relaxed), samples)
         })?;
@@ -247,6 +261,10 @@ pub fn run_with(
         }
         let next_day = report.days.last().filter(|_| day_ended).and_then(|d| d.next_day.clone());
         let done = PassReport { pass, train: trains[0].clone(), test: tests.first().cloned(), heads, all_trainers };
+        if let Some(t) = &telemetry {
+            t.pass_loss.store(done.train.loss.to_bits(), Relaxed);
+            t.pass_auc.store(done.train.auc.unwrap_or(f64::NAN).to_bits(), Relaxed);
+        }
         if let Some(log) = &curves {
             let seconds = started.elapsed().as_secs_f64();
             for p in done.curve_points(me as u32, step, report.samples, seconds, next_day.as_ref()) {

@@ -45,6 +45,8 @@ pub(super) struct PassLoop<'a> {
     pub(super) positions: Option<&'a Mutex<PositionLog>>,
     /// Where curve points go, and when the trainer started.
     pub(super) curves: Option<(&'a CurveLog, Instant)>,
+    /// What the metrics endpoint shows.
+    pub(super) telemetry: Option<&'a super::telemetry::TrainerTelemetry>,
 }
 
 impl PassLoop<'_> {
@@ -226,6 +228,9 @@ impl PassLoop<'_> {
                     report.discarded += pushed.discarded as u64;
                     if c.mode == Mode::Async || c.delay > 0 {
                         report.staleness.add(pushed.staleness);
+                        if let Some(t) = self.telemetry {
+                            t.staleness.lock().add(pushed.staleness);
+                        }
                     }
                 }
                 // The communication thread records its pushes itself, once they are answered.
@@ -247,10 +252,19 @@ impl PassLoop<'_> {
                 curve.1 += n;
                 // Hogwild workers do not log: each sees only its own share of the pass.
                 let hogwild = c.mode == Mode::Async && c.threads > 1;
-                if let (Some((log, started)), false) = (self.curves, hogwild) {
-                    if c.metrics_every > 0 && (step + 1) % c.metrics_every == 0 {
-                        let m = &report.metrics.0[0];
-                        let tail = m.probs.len().saturating_sub(curve.1);
+                if let Some(t) = self.telemetry {
+                    t.samples.store(so_far, Relaxed);
+                    t.steps.store(step + 1, Relaxed);
+                    t.pull.observe(t1 - t0);
+                    t.push.observe(t3 - t2);
+                }
+                let watched = self.curves.is_some() || self.telemetry.is_some();
+                if watched && !hogwild && c.metrics_every > 0 && (step + 1) % c.metrics_every == 0 {
+                    let m = &report.metrics.0[0];
+                    let tail = m.probs.len().saturating_sub(curve.1);
+                    let loss = Some(curve.0 / curve.1 as f64).filter(|l| l.is_finite());
+                    let auc = crate::metrics::auc(&m.probs[tail..], &m.labels[tail..]);
+                    if let Some((log, started)) = self.curves {
                         log.write(&Point {
                             trainer: me as u32,
                             pass: self.pass,
@@ -258,11 +272,14 @@ impl PassLoop<'_> {
                             samples: so_far,
                             seconds: started.elapsed().as_secs_f64(),
                             kind: Kind::Steps,
-                            loss: Some(curve.0 / curve.1 as f64).filter(|l| l.is_finite()),
-                            auc: crate::metrics::auc(&m.probs[tail..], &m.labels[tail..]),
+                            loss,
+                            auc,
                         });
-                        curve = (0.0, 0);
                     }
+                    if let Some(t) = self.telemetry {
+                        t.window(loss, auc);
+                    }
+                    curve = (0.0, 0);
                 }
                 if c.log_every > 0 && (step + 1) % c.log_every == 0 && !hogwild {
                     let m = &report.metrics.0[0];

@@ -23,6 +23,13 @@ fn a_launched_job_writes_every_trainers_curves_and_draws_them() {
     assert_eq!(png, logs.join("curves.png"));
     assert!(out.contains(&format!("training curves: {}", png.display())), "{out}");
     assert_eq!(png_size(&png), (1100, 800));
+    // Every process served its metrics; the launcher printed and recorded each endpoint.
+    let names: Vec<&str> = summary.metrics.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(names, ["server 0", "server 1", "worker 0", "worker 1"]);
+    for (p, url) in &summary.metrics {
+        assert!(url.starts_with("http://127.0.0.1:") && url.ends_with("/metrics"), "{url}");
+        assert!(out.contains(&format!("{p}: metrics at {url}")), "{out}");
+    }
 
     let points = oar::curves::read(&csv).unwrap();
     for (t, report) in summary.reports.iter().enumerate() {

@@ -21,6 +21,7 @@ mod robustness;
 mod security;
 mod staleness;
 mod state_files;
+mod telemetry;
 mod tls;
 mod util;
 mod zoo;

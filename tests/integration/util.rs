@@ -38,6 +38,7 @@ pub struct TestServer {
 pub fn server_config(index: usize, num_servers: usize, trainers: usize, mode: Mode) -> ServerConfig {
     ServerConfig {
         index,
+        metrics_addr: None,
         num_servers,
         trainers,
         mode,
@@ -117,6 +118,7 @@ pub fn train_config(
         output: None,
         resume: None,
         log_every: 0,
+        metrics_addr: None,
         metrics_csv: None,
         metrics_every: 0,
         job: "test".into(),

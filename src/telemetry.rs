@@ -1,0 +1,173 @@
+//! Prometheus metrics over HTTP (`--metrics-addr HOST:PORT` on servers and trainers): `GET
+//! /metrics` answers the process's figures in the OpenMetrics text format, encoded by the
+//! `prometheus-client` crate and served by axum on a thread of its own, so a scrape never waits
+//! on training and a busy trainer never delays a scrape. A process that listens prints
+//! `OAR_METRICS <addr>` on stdout, which launchers collect.
+//!
+//! A [`Sheet`] is filled on each scrape from the process's own counters (servers: their
+//! `ServerStats`), plus [`Latency`] histograms observed where requests are timed.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// What a scrape answers: the text of the process's metrics.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// A latency histogram in seconds, 10 us to about 10 s, kept across scrapes.
+#[derive(Clone)]
+pub struct Latency(Histogram);
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency(Histogram::new(exponential_buckets(1e-5, 2.0, 21)))
+    }
+}
+
+impl Latency {
+    /// Records one duration.
+    pub fn observe(&self, d: Duration) {
+        self.0.observe(d.as_secs_f64());
+    }
+}
+
+/// One scrape's metrics, all named `oar_...`.
+pub struct Sheet(Registry);
+
+impl Default for Sheet {
+    fn default() -> Self {
+        Sheet(Registry::with_prefix("oar"))
+    }
+}
+
+impl Sheet {
+    /// A counter (exposed as `oar_<name>_total`).
+    pub fn counter(&mut self, name: &str, help: &str, value: u64) {
+        let c: Counter = Counter::default();
+        c.inc_by(value);
+        self.0.register(name, help, c);
+    }
+
+    /// A gauge.
+    pub fn gauge(&mut self, name: &str, help: &str, value: f64) {
+        let g: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
+        g.set(value);
+        self.0.register(name, help, g);
+    }
+
+    /// A gauge per value of one label (`label="value"`).
+    pub fn gauges(&mut self, name: &str, help: &str, label: &str, values: &[(String, f64)]) {
+        let family = Family::<Vec<(String, String)>, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        for (v, x) in values {
+            family.get_or_create(&vec![(label.to_string(), v.clone())]).set(*x);
+        }
+        self.0.register(name, help, family);
+    }
+
+    /// A latency histogram, in seconds.
+    pub fn latency(&mut self, name: &str, help: &str, h: &Latency) {
+        self.0.register_with_unit(name, help, prometheus_client::registry::Unit::Seconds, h.0.clone());
+    }
+
+    /// The OpenMetrics text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.0).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// A metrics endpoint serving until dropped.
+pub struct Exporter {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Exporter {
+    /// Listens on `addr` (port 0: any free port) and answers scrapes with `render()`, printing
+    /// `OAR_METRICS <addr>` on stdout.
+    pub fn start(addr: &str, render: Render) -> anyhow::Result<Exporter> {
+        let listener =
+            std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen for metrics on {addr}"))?;
+        listener.set_nonblocking(true)?;
+        let bound = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let thread = std::thread::Builder::new().name("metrics".into()).spawn(move || {
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+                let app = axum::Router::new().route(
+                    "/metrics",
+                    axum::routing::get(move || {
+                        let render = render.clone();
+                        async move {
+                            let body = tokio::task::spawn_blocking(move || render()).await.unwrap_or_default();
+                            (
+                                [(
+                                    axum::http::header::CONTENT_TYPE,
+                                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                                )],
+                                body,
+                            )
+                        }
+                    }),
+                );
+                let served = axum::serve(listener, app).with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                });
+                if let Err(e) = served.await {
+                    tracing::warn!("the metrics endpoint stopped: {e}");
+                }
+            })
+        })?;
+        tracing::info!(address = %bound, "metrics at http://{bound}/metrics");
+        println!("OAR_METRICS {bound}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        Ok(Exporter { addr: bound, stop: Some(stop), thread: Some(thread) })
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sheet_renders_counters_gauges_labels_and_histograms() {
+        let lat = Latency::default();
+        lat.observe(Duration::from_millis(3));
+        let mut s = Sheet::default();
+        s.counter("pulls", "Pull requests served.", 7);
+        s.gauge("rss_bytes", "Resident memory.", 1024.0);
+        s.gauges("rows", "Rows per table.", "table", &[("emb".into(), 5.0)]);
+        s.latency("pull", "Pull latency.", &lat);
+        let text = s.render();
+        for want in
+            ["oar_pulls_total 7", "oar_rss_bytes 1024.0", "oar_rows{table=\"emb\"} 5.0", "oar_pull_seconds_count 1"]
+        {
+            assert!(text.contains(want), "{want} not in\n{text}");
+        }
+        assert!(text.trim_end().ends_with("# EOF"));
+    }
+}

@@ -1,0 +1,125 @@
+//! Prometheus metrics: a real server and real trainers serve `/metrics`, scraped over HTTP
+//! (ureq) and read by a Prometheus text parser (prometheus-parse); what the server reports is
+//! checked against what the trainers sent; `oar launch` collects every process's endpoint.
+
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+
+use crate::util::*;
+use prometheus_parse::{Scrape, Value};
+
+/// Starts `oar` with `args` and returns it with the addresses it announced on `OAR_READY`
+/// and `OAR_METRICS` (only the lines asked for, in the order the process prints them).
+fn start(args: &[&str], want: &[&str]) -> (Child, Vec<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(args)
+        .env_remove("OAR_LAUNCHED")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut got = Vec::new();
+    for w in want {
+        let addr = lines
+            .by_ref()
+            .map(|l| l.unwrap())
+            .find_map(|l| l.strip_prefix(&format!("{w} ")).map(str::to_string))
+            .unwrap_or_else(|| panic!("no {w} line"));
+        got.push(addr);
+    }
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, got)
+}
+
+fn scrape(addr: &str) -> Scrape {
+    let resp = ureq::get(&format!("http://{addr}/metrics")).call().unwrap();
+    assert!(resp.content_type().contains("openmetrics-text"), "{}", resp.content_type());
+    let body = resp.into_string().unwrap();
+    Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap()
+}
+
+/// The value of the sample `name` (with label `label` if given).
+fn value(s: &Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+    let sample = s
+        .samples
+        .iter()
+        .find(|x| x.metric == name && label.is_none_or(|(k, v)| x.labels.get(k) == Some(v)))
+        .unwrap_or_else(|| {
+            panic!("no {name} {label:?} in {:?}", s.samples.iter().map(|x| &x.metric).collect::<Vec<_>>())
+        });
+    match &sample.value {
+        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => *v,
+        other => panic!("{name} is {other:?}"),
+    }
+}
+
+fn histogram_count(s: &Scrape, name: &str) -> f64 {
+    let sample = s.samples.iter().find(|x| x.metric == name).unwrap_or_else(|| panic!("no histogram {name}"));
+    let Value::Histogram(buckets) = &sample.value else { panic!("{name} is not a histogram") };
+    buckets.iter().map(|b| b.count).fold(0.0, f64::max)
+}
+
+#[test]
+fn servers_and_trainers_serve_metrics_that_a_prometheus_parser_reads_and_that_match_what_was_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 1000, 0);
+    let base = ["--host", "127.0.0.1", "--port", "0", "--trainers", "2", "--mode", "sync", "--job", "m"];
+    let (mut server, got) = start(
+        &[&["pserver"][..], &base[..], &["--keep-serving", "--metrics-addr", "127.0.0.1:0"]].concat(),
+        &["OAR_READY", "OAR_METRICS"],
+    );
+    let (addr, server_metrics) = (got[0].clone(), got[1].clone());
+    let trainer = |id: &str| {
+        let part = train.join(format!("part-0000{id}")).display().to_string();
+        let args = ["train", "--servers", &addr, "--trainers", "2", "--trainer-id", id, "--mode", "sync", "--job", "m"];
+        let more = [
+            "--train",
+            &part,
+            "--hidden",
+            "8",
+            "--batch-size",
+            "100",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--metrics-every",
+            "2",
+        ];
+        start(&[&args[..], &more[..]].concat(), &["OAR_METRICS"])
+    };
+    // Trainer 0 alone waits at its first sync step for trainer 1: its endpoint answers meanwhile.
+    let (mut t0, t0_metrics) = trainer("0");
+    let s = scrape(&t0_metrics[0]);
+    assert_eq!(value(&s, "oar_trainer", None), 0.0);
+    for name in ["oar_trained_samples_total", "oar_steps_total", "oar_pass", "oar_resident_memory_bytes"] {
+        assert!(value(&s, name, None) >= 0.0, "{name}");
+    }
+    histogram_count(&s, "oar_push_seconds");
+    let (mut t1, _) = trainer("1");
+    assert!(t0.wait().unwrap().success() && t1.wait().unwrap().success());
+
+    // Counted where it was applied: 2 trainers x 1000 samples in steps of 100.
+    let s = scrape(&server_metrics);
+    assert_eq!(value(&s, "oar_applied_samples_total", None), 2000.0);
+    assert_eq!(value(&s, "oar_updates_total", None), 10.0, "sync: one update per step");
+    assert_eq!(value(&s, "oar_pushes_total", None), 20.0);
+    let pulls = value(&s, "oar_pulls_total", None);
+    assert!(pulls >= 20.0);
+    assert_eq!(histogram_count(&s, "oar_pull_seconds"), pulls, "every pull timed once");
+    assert_eq!(histogram_count(&s, "oar_push_seconds"), 20.0);
+    let stats: oar::server::ServerStats = {
+        let config = oar::client::ClientConfig::new(
+            vec![addr.clone()],
+            "m",
+            std::time::Duration::from_secs(10),
+            std::time::Duration::from_secs(10),
+        );
+        oar::client::Client::connect(&config).unwrap().stats().unwrap().remove(0)
+    };
+    assert_eq!(value(&s, "oar_rows", Some(("table", "embedding"))), stats.rows[0] as f64);
+    assert!(value(&s, "oar_resident_memory_bytes", None) > 1e6);
+    assert!(value(&s, "oar_checkpoint_age_seconds", None).is_nan(), "no background checkpoints");
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
