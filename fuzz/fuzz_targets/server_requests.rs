@@ -19,6 +19,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 
 fn config(save_root: std::path::PathBuf) -> ServerConfig {
     ServerConfig {
+        metrics_addr: None,
         index: 0,
         num_servers: 0, // learned from the handshake, as `oar pserver` without --num-servers
         trainers: 2,
