@@ -39,7 +39,7 @@ pub struct Layout {
 
 impl Layout {
     /// The layout of rows of `dim` weights and `state` optimizer words: hot rows whole cache
-    /// lines where that costs at most [`MAX_PAD`] words of padding, else one unpadded part.
+    /// lines where that costs at most `MAX_PAD` (3) words of padding, else one unpadded part.
     pub fn of(dim: usize, state: usize) -> Layout {
         let base = ID_WORDS + dim + STAT_WORDS;
         let lines = |w: usize| w.next_multiple_of(LINE_WORDS);
