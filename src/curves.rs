@@ -114,15 +114,24 @@ impl CurveLog {
     }
 }
 
-/// Reads every point of a curves file.
+/// Most bytes of a curves file read (a point a line of about 80 bytes: millions of points).
+pub const MAX_BYTES: u64 = 1 << 30;
+
+/// Reads every point of a curves file. A last line without its newline is a point still being
+/// written by a running job, and is left out.
 pub fn read(path: &Path) -> Result<Vec<Point>, CurvesError> {
     let io = |source| CurvesError::Io { path: path.to_path_buf(), source };
     // Checked before opening: opening a named pipe would wait for its other end.
-    if !std::fs::metadata(path).map_err(io)?.is_file() {
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
         return Err(io(std::io::Error::other("not a regular file")));
     }
-    let file = std::fs::File::open(path).map_err(io)?;
-    parse(std::io::BufReader::new(file), path)
+    if meta.len() > MAX_BYTES {
+        return Err(io(std::io::Error::other(format!("{} bytes, more than a curves file holds", meta.len()))));
+    }
+    let mut text = std::fs::read(path).map_err(io)?;
+    text.truncate(text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1));
+    parse(text.as_slice(), path)
 }
 
 /// Reads the points of curves text (`path` only names it in errors).
@@ -178,6 +187,14 @@ mod tests {
         for bad in ["0,1,50,1,1,steps,NaN,0.5", "0,1,50,1,1,steps,0.4,1.5", "0,1,50,1,1,epoch,0.4,0.5", "0,1"] {
             assert!(parse(bad.as_bytes(), Path::new("m.csv")).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_line_still_being_written_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.csv");
+        std::fs::write(&path, format!("{HEADER}\n0,1,50,25600,1.5,steps,0.45,0.75\n0,1,100,51")).unwrap();
+        assert_eq!(read(&path).unwrap().len(), 1);
     }
 
     #[test]
