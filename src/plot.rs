@@ -26,6 +26,13 @@ fn register_font() -> anyhow::Result<()> {
 /// The value a panel shows of a point.
 type Value = fn(&Point) -> Option<f64>;
 
+/// Reads the curves file `csv` and draws it to the PNG `out`; returns the points drawn.
+pub fn draw_file(csv: &Path, out: &Path) -> anyhow::Result<usize> {
+    let points = crate::curves::read(csv)?;
+    draw(&points, &format!("training curves: {}", csv.display()), out)?;
+    Ok(points.len())
+}
+
 /// Draws `points` to the PNG `out`; `title` heads the picture.
 pub fn draw(points: &[Point], title: &str, out: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(!points.is_empty(), "no curve points to draw");

@@ -72,6 +72,12 @@ impl Sheet {
         self.0.register(name, help, family);
     }
 
+    /// Pushes by how many updates behind they arrived, a gauge per count (`behind="k"`).
+    pub fn staleness(&mut self, help: &str, s: &crate::metrics::Staleness) {
+        let counts: Vec<(String, f64)> = s.0.iter().enumerate().map(|(k, &n)| (k.to_string(), n as f64)).collect();
+        self.gauges("pushes_by_staleness", help, "behind", &counts);
+    }
+
     /// A latency histogram, in seconds.
     pub fn latency(&mut self, name: &str, help: &str, h: &Latency) {
         self.0.register_with_unit(name, help, prometheus_client::registry::Unit::Seconds, h.0.clone());

@@ -421,7 +421,7 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
                 "      {what:24} {:6.2} M keys/s through the server; {:5.2} M per server CPU second{}",
                 net / 1e6,
                 core / 1e6,
-                if std::ptr::eq(b, this) { String::new() } else { ratio(k) }
+                ratio(k)
             );
         }
     }

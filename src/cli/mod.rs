@@ -218,10 +218,9 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             exe: std::env::current_exe().context("cannot find the oar binary")?,
         }),
         Command::Plot(a) => {
-            let points = crate::curves::read(&a.metrics)?;
             let out = a.out.unwrap_or_else(|| a.metrics.with_file_name("curves.png"));
-            crate::plot::draw(&points, &format!("training curves: {}", a.metrics.display()), &out)?;
-            println!("{} points drawn to {}", points.len(), out.display());
+            let points = crate::plot::draw_file(&a.metrics, &out)?;
+            println!("{points} points drawn to {}", out.display());
             Ok(())
         }
         Command::Shrink(a) => {

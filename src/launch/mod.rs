@@ -293,11 +293,8 @@ fn child(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
 /// fatal: the job itself went well.
 fn draw_curves(csv: &Path) -> Option<PathBuf> {
     let png = csv.with_file_name("curves.png");
-    let drawn = crate::curves::read(csv)
-        .map_err(anyhow::Error::from)
-        .and_then(|points| crate::plot::draw(&points, &format!("training curves: {}", csv.display()), &png));
-    match drawn {
-        Ok(()) => Some(png),
+    match crate::plot::draw_file(csv, &png) {
+        Ok(_) => Some(png),
         Err(e) => {
             tracing::warn!("no curves drawn: {e:#}");
             None

@@ -44,9 +44,7 @@ pub(super) fn render(state: &State) -> String {
     m.gauge("resident_memory_bytes", "The process's resident memory.", s.rss_bytes as f64);
     m.gauge("peak_resident_memory_bytes", "The process's peak resident memory.", s.peak_rss_bytes as f64);
     m.gauge("connections", "Connections open now.", state.open.load(Relaxed) as f64);
-    let staleness: Vec<(String, f64)> =
-        s.staleness.0.iter().enumerate().map(|(k, &n)| (k.to_string(), n as f64)).collect();
-    m.gauges("pushes_by_staleness", "Async pushes by how many updates behind they arrived.", "behind", &staleness);
+    m.staleness("Async pushes by how many updates behind they arrived.", &s.staleness);
     m.gauge("restarts", "Times this server was restarted (its epoch).", state.config.epoch as f64);
     let age = state.telemetry.last_checkpoint.lock().map_or(f64::NAN, |t| t.elapsed().as_secs_f64());
     m.gauge("checkpoint_age_seconds", "Seconds since the last background checkpoint (NaN: none yet).", age);

@@ -238,7 +238,7 @@ impl Index {
 
     /// Rebuilds the index for `rows` rows numbered 0.. whose hashes `hashes` yields in row
     /// order, sized so the rows fill 4/5 of the slots.
-    pub fn rebuild(&mut self, rows: usize, hashes: impl Iterator<Item = u64>) {
+    fn rebuild(&mut self, rows: usize, hashes: impl Iterator<Item = u64>) {
         let buckets = (rows * 5).div_ceil(4 * BUCKET).max(1);
         *self = Index { live: self.live, ..Index::with_buckets(buckets) };
         for (row, hash) in hashes.enumerate() {
@@ -247,8 +247,16 @@ impl Index {
     }
 
     /// Whether the index is far larger than its rows need (after a shrink): below 2/5 used.
-    pub fn oversized(&self) -> bool {
+    fn oversized(&self) -> bool {
         self.nb > 1 && self.live * 5 < self.nb * BUCKET * 2
+    }
+
+    /// Rebuilds the index smaller when removals left it far larger than its rows need
+    /// (rehashing every row's id with `hash_of`, as `insert` does when it grows).
+    pub fn fit(&mut self, hash_of: impl Fn(u32) -> u64) {
+        if self.oversized() {
+            self.rebuild(self.live, (0..self.live as u32).map(hash_of));
+        }
     }
 }
 

@@ -291,12 +291,8 @@ impl Rows {
     pub fn swap_remove(&mut self, row: u32) -> Option<(u64, u32)> {
         let last = self.len as u32 - 1;
         let moved = if row != last {
-            let mut full = Vec::with_capacity(self.dim + STATS + self.state);
-            self.full_row(last, &mut full);
-            let id = self.id(last);
-            self.set_id(row, id);
-            self.set_full_row(row, &full);
-            Some((id, last))
+            self.copy_row(last, row);
+            Some((self.id(row), last))
         } else {
             None
         };
@@ -307,6 +303,29 @@ impl Rows {
             self.chunks.pop();
         }
         moved
+    }
+
+    /// Copies every stored part of row `from` over row `to` (`to` < `from`), as stored.
+    fn copy_row(&mut self, from: u32, to: u32) {
+        let ((fc, fr), (tc, tr), l) = (self.place(from), self.place(to), self.layout);
+        let (hot, cold) = (|r: usize| r * l.hot..(r + 1) * l.hot, |r: usize| r * l.cold..(r + 1) * l.cold);
+        if fc == tc {
+            let c = &mut self.chunks[fc];
+            c.hot.as_mut_slice::<u32>().copy_within(hot(fr), hot(tr).start);
+            c.cold.copy_within(cold(fr), cold(tr).start);
+            if !c.unseen.is_empty() {
+                c.unseen[tr] = c.unseen[fr];
+            }
+        } else {
+            // Rows move down: the destination's chunk comes first.
+            let (head, tail) = self.chunks.split_at_mut(fc);
+            let (dst, src) = (&mut head[tc], &tail[0]);
+            dst.hot.as_mut_slice::<u32>()[hot(tr)].copy_from_slice(&src.hot.as_slice::<u32>()[hot(fr)]);
+            dst.cold[cold(tr)].copy_from_slice(&src.cold[cold(fr)]);
+            if !src.unseen.is_empty() {
+                dst.unseen[tr] = src.unseen[fr];
+            }
+        }
     }
 
     fn set_id(&mut self, row: u32, id: u64) {

@@ -161,14 +161,6 @@ impl Stripe {
         }
     }
 
-    /// Rebuilds the index when removals left it far larger than the rows need.
-    fn fit_index(&mut self) {
-        if self.index.oversized() {
-            let rows = &self.rows;
-            self.index.rebuild(rows.len(), (0..rows.len() as u32).map(|r| mix64(rows.id(r))));
-        }
-    }
-
     /// The rows a base (`delta` false) or delta save keeps, appended as ids and weights as a
     /// pull reads them; their delta scores start again (a base restarts every row's). Returns
     /// the ids removed since the last such save (none for a base) and starts a new log.
@@ -243,7 +235,8 @@ impl Stripe {
             self.remove(row);
             deleted += 1;
         }
-        self.fit_index();
+        let rows = &self.rows;
+        self.index.fit(|r| mix64(rows.id(r)));
         deleted
     }
 }

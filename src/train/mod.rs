@@ -94,6 +94,13 @@ impl HeadMetrics {
         HeadMetrics(model.losses().into_iter().map(PassMetrics::new).collect())
     }
 
+    /// The first head's AUC over its last `n` predictions (a window of steps).
+    fn recent_auc(&self, n: usize) -> Option<f64> {
+        let m = &self.0[0];
+        let tail = m.probs.len().saturating_sub(n);
+        crate::metrics::auc(&m.probs[tail..], &m.labels[tail..])
+    }
+
     fn observe(&mut self, model: &Model, batch: &Batch, heads: &[(f64, Vec<f32>)]) {
         for (h, (m, (loss, probs))) in self.0.iter_mut().zip(heads).enumerate() {
             m.observe(*loss, probs, &model.labels(batch, h));
@@ -140,13 +147,13 @@ pub fn run_with(
         Some(dir) => Some(Mutex::new(PositionLog::create(dir, start.clone())?)),
         None => None,
     };
-    let telemetry = config.metrics_addr.as_ref().map(|_| Arc::new(telemetry::TrainerTelemetry::new(me)));
-    let _metrics = match (&config.metrics_addr, &telemetry) {
-        (Some(addr), Some(t)) => {
-            let t = t.clone();
-            Some(crate::telemetry::Exporter::start(addr, Arc::new(move || t.render()))?)
+    let (telemetry, _metrics) = match &config.metrics_addr {
+        Some(addr) => {
+            let t = Arc::new(telemetry::TrainerTelemetry::new(me));
+            let shown = t.clone();
+            (Some(t), Some(crate::telemetry::Exporter::start(addr, Arc::new(move || shown.render()))?))
         }
-        _ => None,
+        None => (None, None),
     };
     tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, first_pass = start.pass, model = %model.summary(), "training");
 
@@ -252,14 +259,13 @@ pub fn run_with(
         } else {
             Vec::new()
         };
-        let day_ended = day.is_some();
+        let next_day = day.as_ref().and_then(|d| d.next_day.clone());
         if let Some(mut day) = day {
             day.train_auc = all_trainers.as_ref().and_then(|a| a.auc);
             let next = day.next_day.as_ref().map_or("-".to_string(), |e| e.to_string());
             tracing::info!(date = %day.date, rows = ?day.rows, shrunk = day.shrunk_rows, "day done; next day's first split: {next}");
             report.days.push(day);
         }
-        let next_day = report.days.last().filter(|_| day_ended).and_then(|d| d.next_day.clone());
         let done = PassReport { pass, train: trains[0].clone(), test: tests.first().cloned(), heads, all_trainers };
         if let Some(t) = &telemetry {
             t.pass_loss.store(done.train.loss.to_bits(), Relaxed);

@@ -260,10 +260,8 @@ impl PassLoop<'_> {
                 }
                 let watched = self.curves.is_some() || self.telemetry.is_some();
                 if watched && !hogwild && c.metrics_every > 0 && (step + 1) % c.metrics_every == 0 {
-                    let m = &report.metrics.0[0];
-                    let tail = m.probs.len().saturating_sub(curve.1);
                     let loss = Some(curve.0 / curve.1 as f64).filter(|l| l.is_finite());
-                    let auc = crate::metrics::auc(&m.probs[tail..], &m.labels[tail..]);
+                    let auc = report.metrics.recent_auc(curve.1);
                     if let Some((log, started)) = self.curves {
                         log.write(&Point {
                             trainer: me as u32,
@@ -282,9 +280,7 @@ impl PassLoop<'_> {
                     curve = (0.0, 0);
                 }
                 if c.log_every > 0 && (step + 1) % c.log_every == 0 && !hogwild {
-                    let m = &report.metrics.0[0];
-                    let tail = m.probs.len().saturating_sub(window.1);
-                    let auc = crate::metrics::auc(&m.probs[tail..], &m.labels[tail..]);
+                    let auc = report.metrics.recent_auc(window.1);
                     tracing::info!(
                         trainer = me,
                         pass = self.pass,

@@ -12,7 +12,7 @@ use crate::telemetry::{Latency, Sheet};
 /// What the training loop reports to the metrics endpoint.
 #[derive(Default)]
 pub struct TrainerTelemetry {
-    pub(super) trainer: AtomicU64,
+    trainer: u64,
     pub(super) samples: AtomicU64,
     pub(super) steps: AtomicU64,
     pub(super) pass: AtomicU64,
@@ -29,16 +29,15 @@ pub struct TrainerTelemetry {
 impl TrainerTelemetry {
     /// Nothing measured yet, for trainer `trainer`.
     pub fn new(trainer: usize) -> TrainerTelemetry {
-        let nan = AtomicU64::new(f64::NAN.to_bits());
-        let t = TrainerTelemetry {
-            loss: nan,
-            auc: AtomicU64::new(f64::NAN.to_bits()),
-            pass_loss: AtomicU64::new(f64::NAN.to_bits()),
-            pass_auc: AtomicU64::new(f64::NAN.to_bits()),
+        let nan = || AtomicU64::new(f64::NAN.to_bits());
+        TrainerTelemetry {
+            trainer: trainer as u64,
+            loss: nan(),
+            auc: nan(),
+            pass_loss: nan(),
+            pass_auc: nan(),
             ..TrainerTelemetry::default()
-        };
-        t.trainer.store(trainer as u64, Relaxed);
-        t
+        }
     }
 
     /// The latest window's loss and AUC.
@@ -51,7 +50,7 @@ impl TrainerTelemetry {
     pub fn render(&self) -> String {
         let f = |a: &AtomicU64| f64::from_bits(a.load(Relaxed));
         let mut m = Sheet::default();
-        m.gauge("trainer", "This trainer's id.", self.trainer.load(Relaxed) as f64);
+        m.gauge("trainer", "This trainer's id.", self.trainer as f64);
         m.counter("trained_samples", "Samples trained on in this run.", self.samples.load(Relaxed));
         m.counter("steps", "Steps taken (the trainer's step number).", self.steps.load(Relaxed));
         m.gauge("pass", "The pass being trained.", self.pass.load(Relaxed) as f64);
@@ -62,9 +61,7 @@ impl TrainerTelemetry {
         let (rss, peak) = crate::metrics::process_memory();
         m.gauge("resident_memory_bytes", "The process's resident memory.", rss as f64);
         m.gauge("peak_resident_memory_bytes", "The process's peak resident memory.", peak as f64);
-        let staleness: Vec<(String, f64)> =
-            self.staleness.lock().0.iter().enumerate().map(|(k, &n)| (k.to_string(), n as f64)).collect();
-        m.gauges("pushes_by_staleness", "Pushes by how many updates behind they arrived.", "behind", &staleness);
+        m.staleness("Pushes by how many updates behind they arrived.", &self.staleness.lock());
         m.latency("pull", "Time to get a step's parameters (waiting for a pull ahead included).", &self.pull);
         m.latency("push", "Time to push a step's gradients and have them answered.", &self.push);
         m.render()
