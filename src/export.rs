@@ -95,33 +95,15 @@ pub fn write(shard: &Shard, kind: ExportKind, tables: &[TableExport], dir: &Path
     let path = dir.join(file_name(shard.index));
     let io = |source| ExportError::Io { path: path.clone(), source };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let mut views = Vec::new();
-    for (spec, t) in shard.spec.sparse.iter().zip(tables) {
-        let view = |dtype, shape, bytes| {
-            safetensors::tensor::TensorView::new(dtype, shape, bytes).expect("shapes match the data")
-        };
-        let ids: &[u8] = bytemuck::cast_slice(&t.ids);
-        views.push((format!("{}.ids", spec.name), view(safetensors::Dtype::U64, vec![t.ids.len()], ids)));
-        let weights: &[u8] = bytemuck::cast_slice(&t.weights);
-        views.push((
-            format!("{}.weights", spec.name),
-            view(safetensors::Dtype::F32, vec![t.ids.len(), spec.dim], weights),
-        ));
-        if kind == ExportKind::Delta {
-            let deleted: &[u8] = bytemuck::cast_slice(&t.deleted);
-            views.push((
-                format!("{}.deleted", spec.name),
-                view(safetensors::Dtype::U64, vec![t.deleted.len()], deleted),
-            ));
-        }
-    }
+    let named: Vec<(&str, usize, &TableExport)> =
+        shard.spec.sparse.iter().zip(tables).map(|(spec, t)| (spec.name.as_str(), spec.dim, t)).collect();
     let metadata = HashMap::from([
         ("kind".to_string(), kind.name().to_string()),
         ("server".to_string(), shard.index.to_string()),
         ("num_servers".to_string(), shard.num_servers.to_string()),
     ]);
-    let bytes = safetensors::serialize(views, Some(metadata))
-        .map_err(|e| ExportError::Invalid { path: path.clone(), reason: e.to_string() })?;
+    let bytes = encode_tables(&named, kind == ExportKind::Delta, metadata)
+        .map_err(|reason| ExportError::Invalid { path: path.clone(), reason })?;
     crate::state_file::write_atomic(&path, &bytes)?;
     Ok(Exported {
         file: file_name(shard.index),
@@ -129,6 +111,30 @@ pub fn write(shard: &Shard, kind: ExportKind, tables: &[TableExport], dir: &Path
         rows: tables.iter().map(|t| t.ids.len() as u64).collect(),
         deleted: tables.iter().map(|t| t.deleted.len() as u64).collect(),
     })
+}
+
+/// The safetensors bytes of `tables` (name, floats per row, rows): per table `T.ids`,
+/// `T.weights` and, `with_deleted`, `T.deleted`; the one row format of saves and exports.
+pub fn encode_tables(
+    tables: &[(&str, usize, &TableExport)],
+    with_deleted: bool,
+    metadata: HashMap<String, String>,
+) -> Result<Vec<u8>, String> {
+    let mut views = Vec::new();
+    for &(name, dim, t) in tables {
+        let view = |dtype, shape, bytes| {
+            safetensors::tensor::TensorView::new(dtype, shape, bytes).expect("shapes match the data")
+        };
+        let ids: &[u8] = bytemuck::cast_slice(&t.ids);
+        views.push((format!("{name}.ids"), view(safetensors::Dtype::U64, vec![t.ids.len()], ids)));
+        let weights: &[u8] = bytemuck::cast_slice(&t.weights);
+        views.push((format!("{name}.weights"), view(safetensors::Dtype::F32, vec![t.ids.len(), dim], weights)));
+        if with_deleted {
+            let deleted: &[u8] = bytemuck::cast_slice(&t.deleted);
+            views.push((format!("{name}.deleted"), view(safetensors::Dtype::U64, vec![t.deleted.len()], deleted)));
+        }
+    }
+    safetensors::serialize(views, Some(metadata)).map_err(|e| e.to_string())
 }
 
 /// One server's file of a save, per table name: floats per row, and the rows.

@@ -112,6 +112,9 @@ pub fn predict(
                 }
             });
         }
+        // Only the workers hold the work queue: should they all stop, the feeder's sends fail
+        // and it stops too instead of waiting forever.
+        drop(work_rx);
         drop(done_tx);
         // Batches go out numbered; their lines are written back in that order.
         let feeder = s.spawn(move || -> anyhow::Result<()> {

@@ -27,6 +27,9 @@ pub(super) enum Command {
     Eval(EvalArgs),
     /// Score data files with a saved model: one line per sample, every head's score.
     Predict(PredictArgs),
+    /// Export a saved model for other tools: the dense graph and the complete model as ONNX,
+    /// the tables as safetensors, a manifest (see src/model_export.rs).
+    Export(ExportArgs),
     /// Measure throughput against baselines, side by side (see README for recorded figures).
     Bench(BenchArgs),
     /// Generate data sets.
@@ -361,6 +364,20 @@ pub(super) struct TlsGenArgs {
     /// The name the server certificate is issued for (--tls-name).
     #[arg(long, default_value = crate::tls::DEFAULT_NAME)]
     pub(super) name: String,
+}
+
+#[derive(Args)]
+pub(super) struct ExportArgs {
+    /// A saved model (output folder or one of its pass folders).
+    #[arg(long)]
+    pub(super) model: PathBuf,
+    /// The export folder (created; an earlier export's files there are replaced).
+    #[arg(long)]
+    pub(super) out: PathBuf,
+    /// The most bytes of tables the complete model (model.onnx) may hold; beyond it only
+    /// dense.onnx and the tables are written; 0 never writes it.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub(super) complete_limit: u64,
 }
 
 #[derive(Args)]

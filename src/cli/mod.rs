@@ -178,6 +178,23 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             );
             Ok(())
         }
+        Command::Export(a) => {
+            let saved = crate::predict::load(&a.model, registry)?;
+            let config = crate::model_export::ExportConfig { out: a.out.clone(), complete_limit: a.complete_limit };
+            let m = crate::model_export::export(&saved, &a.model, &config)?;
+            let rows: u64 = m.tables.iter().map(|t| t.rows).sum();
+            let complete = match &m.model_skipped {
+                None => "model.onnx, ".to_string(),
+                Some(why) => format!("(no model.onnx: {why}) "),
+            };
+            println!(
+                "model pass {}: exported to {}: dense.onnx, {complete}tables.safetensors ({rows} rows in {} tables), manifest.json",
+                m.pass,
+                a.out.display(),
+                m.tables.len()
+            );
+            Ok(())
+        }
         Command::Eval(a) => {
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let crate::predict::Saved { manifest, model, schema, shard } = crate::predict::load(&a.model, registry)?;

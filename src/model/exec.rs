@@ -35,7 +35,8 @@ pub struct Work {
     seeds: Vec<u64>,
     dloss: Vec<f32>,
     /// Per head, the last batch's predictions for per-sample metrics: click probabilities
-    /// (log-loss) or values (square); empty for softmax.
+    /// (log-loss) or values (square); for softmax the true class's probability in evaluation,
+    /// nothing in training.
     pub head_probs: Vec<Vec<f32>>,
     /// Per head, the last batch's summed loss (not weighted).
     pub head_losses: Vec<f64>,
@@ -161,8 +162,17 @@ impl Model {
                     square_error(out, &labels, &mut work.dloss)
                 }
                 Loss::Softmax => {
+                    let loss = softmax_cross_entropy(out, &labels, head.width, &mut work.dloss);
                     probs.clear();
-                    softmax_cross_entropy(out, &labels, head.width, &mut work.dloss)
+                    if !training {
+                        // The true class's probability, for `oar predict`.
+                        probs.extend(out.chunks_exact(head.width).zip(labels.iter()).map(|(z, &y)| {
+                            let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                            let sum: f32 = z.iter().map(|v| (v - max).exp()).sum();
+                            (z[y as usize] - max).exp() / sum
+                        }));
+                    }
+                    loss
                 }
             };
             work.head_losses[h] = loss;

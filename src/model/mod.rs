@@ -18,6 +18,7 @@ mod config;
 mod embedding;
 mod exec;
 mod graph;
+mod onnx;
 #[cfg(test)]
 mod tests;
 
@@ -28,6 +29,7 @@ pub use config::{HeadConfig, LayerConfig, Loss, ModelConfig, TableConfig, SHORTH
 pub use embedding::{Embedding, Pooling};
 pub use exec::{Grads, TableRows, Work};
 pub use graph::Model;
+pub use onnx::{OnnxModel, OnnxTable, Port};
 
 use crate::batch::Batch;
 use crate::nn::layer::{Factory, Layer, LayerArgs, Shape};
@@ -135,6 +137,22 @@ impl Model {
         self.heads
             .iter()
             .map(|h| self.nodes.iter().find(|n| n.output == h.tensor).map_or(String::new(), |n| n.name.clone()))
+            .collect()
+    }
+
+    /// The label column head `head` is trained on.
+    pub fn label_column(&self, head: usize) -> usize {
+        self.heads[head].label
+    }
+
+    /// Every embedding layer, in running order, with its name.
+    pub fn embeddings(&self) -> Vec<(String, Embedding)> {
+        self.nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                graph::Op::Embedding(e) => Some((n.name.clone(), e.clone())),
+                graph::Op::Layer(_) => None,
+            })
             .collect()
     }
 

@@ -82,6 +82,14 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     /// Computes `y` (rows x output size) from the inputs `x` (rows x each input's size).
     fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], scratch: &mut [f32]);
 
+    /// Writes the layer's evaluation-mode computation (dropout off) into `g`: `x` names its
+    /// inputs (`[N, size]` f32 each), `y` the value to write (`[N, output size]`). A layer
+    /// without an ONNX form keeps this default, and `oar export` refuses the model naming it.
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, params: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        let _ = (g, params, x, y);
+        Err("has no ONNX form (a custom layer provides one by implementing Layer::export_onnx)".into())
+    }
+
     /// Given `dy`, *adds* the parameter gradients into `grads` (the layer's own slice) and the
     /// input gradients into `dx[i]` (`None`: input `i` needs no gradient). `y` and `scratch` are
     /// as forward left them.

@@ -105,6 +105,15 @@ impl Linear {
         false
     }
 
+    /// Writes `x W + b` into `g` (a `Gemm` with the layer's weights as constants); returns
+    /// the value's name.
+    pub fn export_onnx(&self, g: &mut crate::onnx::Graph, params: &[f32], x: &str) -> String {
+        let (i, o) = (self.input, self.output);
+        let w = g.floats("w", &[i, o], &params[self.w..self.w + i * o]);
+        let b = g.floats("b", &[o], &params[self.b..self.b + o]);
+        g.op("Gemm", &[x, &w, &b], Vec::new())
+    }
+
     /// `y (rows x output) = x (rows x input) W + b`.
     pub fn forward(&self, params: &[f32], x: &[f32], rows: usize, y: &mut [f32]) {
         let (i, o) = (self.input, self.output);
@@ -176,6 +185,16 @@ impl Activation {
             "tanh" => Ok(Activation::Tanh),
             "identity" | "none" => Ok(Activation::Identity),
             other => Err(format!("unknown activation {other:?} (relu, sigmoid, tanh, identity)")),
+        }
+    }
+
+    /// Writes the activation of `x` into the ONNX value `out`.
+    pub fn export_onnx(self, g: &mut crate::onnx::Graph, x: &str, out: &str) {
+        match self {
+            Activation::Relu => g.op_to("Relu", &[x], Vec::new(), out),
+            Activation::Sigmoid => g.op_to("Sigmoid", &[x], Vec::new(), out),
+            Activation::Tanh => g.op_to("Tanh", &[x], Vec::new(), out),
+            Activation::Identity => g.identity(x, out),
         }
     }
 

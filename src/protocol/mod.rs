@@ -70,7 +70,8 @@ pub enum DenseSelection {
 pub enum RowCreation {
     /// Create absent rows (training).
     Create,
-    /// Return initial values for absent rows without storing them (evaluation).
+    /// Return zeros for absent rows without storing them (evaluation, prediction, export: an
+    /// unknown id contributes nothing, as in a serving key-value store).
     Peek,
 }
 

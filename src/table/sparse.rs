@@ -177,9 +177,10 @@ impl SparseTable {
         }
     }
 
-    /// Copies the weights of `ids` into `out` (`ids.len() * dim` floats). Absent rows are created
-    /// when `create` is set and the table creates rows on pulls; otherwise their initial value is
-    /// returned and nothing is stored (evaluation must not grow the model). A row below the
+    /// Copies the weights of `ids` into `out` (`ids.len() * dim` floats). With `create` (a
+    /// training pull) an absent row is created when the table creates rows on pulls, else its
+    /// initial value is returned; without (evaluation, which must not grow the model) an absent
+    /// row reads as zeros. Nothing absent is stored in either case but the first. A row below the
     /// accessor's `embedx_threshold` reads its first weight only, the rest as zeros.
     pub fn pull(&self, ids: &[u64], out: &mut [f32], create: bool) -> Result<(), TableError> {
         let dim = self.spec.dim;
@@ -192,7 +193,11 @@ impl SparseTable {
             // The probes brought the rows, and with them the weights, into the cache.
             for (&p, &row) in positions.iter().zip(&found) {
                 let dst = &mut out[p as usize * dim..(p as usize + 1) * dim];
-                if row == ABSENT {
+                if row == ABSENT && !create {
+                    // Evaluation and prediction: an id without a row reads as zeros, the rule an
+                    // export's lookups and a serving key-value store apply too.
+                    dst.fill(0.0);
+                } else if row == ABSENT {
                     self.spec.init_row(ids[p as usize], dst);
                     if gated {
                         dst[1..].fill(0.0);

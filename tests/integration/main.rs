@@ -9,6 +9,7 @@ mod engines;
 mod equivalence;
 mod exactly_once;
 mod examples;
+mod export;
 mod faults;
 mod fetch;
 mod global_auc;

@@ -182,6 +182,44 @@ impl Layer for CrossLayer {
         }
     }
 
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, params: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        use crate::onnx::Attr;
+        let w = self.width;
+        let x0 = x[0];
+        let mut xl = x0.to_string();
+        for l in 0..self.layers {
+            let o = self.offsets(l);
+            let b = g.floats("b", &[w], &params[o.b..o.b + w]);
+            let trans_b = || vec![Attr::Int("transB", 1)];
+            let next = match self.kind {
+                CrossKind::Vector => {
+                    let wv = g.floats("w", &[w, 1], &params[o.w..o.w + w]);
+                    let z = g.op("MatMul", &[&xl, &wv], Vec::new());
+                    let p = g.op("Mul", &[x0, &z], Vec::new());
+                    let pb = g.op("Add", &[&p, &b], Vec::new());
+                    g.op("Add", &[&pb, &xl], Vec::new())
+                }
+                CrossKind::Matrix => {
+                    let m = g.floats("w", &[w, w], &params[o.w..o.w + w * w]);
+                    let z = g.op("Gemm", &[&xl, &m, &b], trans_b());
+                    let p = g.op("Mul", &[x0, &z], Vec::new());
+                    g.op("Add", &[&p, &xl], Vec::new())
+                }
+                CrossKind::LowRank(k) => {
+                    let u = g.floats("u", &[w, k], &params[o.w..o.w + w * k]);
+                    let v = g.floats("v", &[k, w], &params[o.v..o.v + k * w]);
+                    let t = g.op("Gemm", &[&xl, &v], trans_b());
+                    let z = g.op("Gemm", &[&t, &u, &b], trans_b());
+                    let p = g.op("Mul", &[x0, &z], Vec::new());
+                    g.op("Add", &[&p, &xl], Vec::new())
+                }
+            };
+            xl = next;
+        }
+        g.identity(&xl, y);
+        Ok(())
+    }
+
     fn backward(
         &self,
         ctx: &Ctx,

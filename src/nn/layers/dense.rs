@@ -57,6 +57,18 @@ impl Layer for LinearLayer {
         self.activation.forward(y);
     }
 
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, params: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        let z = if self.bias {
+            self.linear.export_onnx(g, params, x[0])
+        } else {
+            let (i, o) = (self.linear.input, self.linear.output);
+            let w = g.floats("w", &[i, o], &params[..i * o]);
+            g.op("MatMul", &[x[0], &w], Vec::new())
+        };
+        self.activation.export_onnx(g, &z, y);
+        Ok(())
+    }
+
     fn backward(
         &self,
         ctx: &Ctx,
@@ -225,6 +237,22 @@ impl Layer for MlpLayer {
             let (_, next) = self.spans(self.hidden() - 1, rows);
             y.copy_from_slice(&saved[next]);
         }
+    }
+
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, params: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        // Dropout is the identity in evaluation, so the stack is Gemm and activation in turn.
+        let mut h = x[0].to_string();
+        for (l, (layer, act)) in self.layers.iter().zip(&self.activations).enumerate() {
+            let z = layer.export_onnx(g, params, &h);
+            if l + 1 == self.layers.len() {
+                act.export_onnx(g, &z, y);
+            } else {
+                let a = format!("{z}.act");
+                act.export_onnx(g, &z, &a);
+                h = a;
+            }
+        }
+        Ok(())
     }
 
     fn backward(

@@ -72,6 +72,22 @@ impl Layer for DotInteractionLayer {
         }
     }
 
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, _: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        use crate::onnx::Attr;
+        let (f, d) = (self.fields as i64, self.dim as i64);
+        let dense = g.reshape(x[0], &[-1, 1, d]);
+        let fields = g.reshape(x[1], &[-1, f, d]);
+        let z = g.op("Concat", &[&dense, &fields], vec![Attr::Int("axis", 1)]);
+        let zt = g.op("Transpose", &[&z], vec![Attr::Ints("perm", vec![0, 2, 1])]);
+        let products = g.op("MatMul", &[&z, &zt], Vec::new());
+        let flat = g.reshape(&products, &[-1, (f + 1) * (f + 1)]);
+        let pairs: Vec<i64> = (0..=f).flat_map(|i| (i + 1..=f).map(move |j| i * (f + 1) + j)).collect();
+        let at = g.ints("pairs", &pairs);
+        let dots = g.op("Gather", &[&flat, &at], vec![Attr::Int("axis", 1)]);
+        g.op_to("Concat", &[x[0], &dots], vec![Attr::Int("axis", 1)], y);
+        Ok(())
+    }
+
     fn backward(
         &self,
         ctx: &Ctx,

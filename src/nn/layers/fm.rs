@@ -52,6 +52,20 @@ impl Layer for FmLayer {
         }
     }
 
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, _: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        // 0.5 * (|sum of fields|^2 - sum of squares), per sample.
+        let fields = g.reshape(x[0], &[-1, self.input.fields as i64, self.input.dim as i64]);
+        let s = g.reduce_sum(&fields, &[1], false);
+        let ss = g.op("Mul", &[&s, &s], Vec::new());
+        let sum_squared = g.reduce_sum(&ss, &[1], true);
+        let xx = g.op("Mul", &[x[0], x[0]], Vec::new());
+        let squares = g.reduce_sum(&xx, &[1], true);
+        let d = g.op("Sub", &[&sum_squared, &squares], Vec::new());
+        let half = g.scalar("half", 0.5);
+        g.op_to("Mul", &[&d, &half], Vec::new(), y);
+        Ok(())
+    }
+
     fn backward(
         &self,
         ctx: &Ctx,

@@ -52,6 +52,17 @@ impl Layer for ReduceSumLayer {
         }
     }
 
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, _: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        let s = if self.all {
+            g.reduce_sum(x[0], &[1], true)
+        } else {
+            let fields = g.reshape(x[0], &[-1, self.input.fields as i64, self.input.dim as i64]);
+            g.reduce_sum(&fields, &[1], false)
+        };
+        g.identity(&s, y);
+        Ok(())
+    }
+
     fn backward(
         &self,
         ctx: &Ctx,

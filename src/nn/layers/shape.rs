@@ -46,6 +46,11 @@ impl Layer for ActivationLayer {
         self.activation.forward(y);
     }
 
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, _: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        self.activation.export_onnx(g, x[0], y);
+        Ok(())
+    }
+
     fn backward(
         &self,
         _: &Ctx,
@@ -96,6 +101,11 @@ impl Layer for DropoutLayer {
     fn forward(&self, ctx: &Ctx, _: &[f32], x: &[&[f32]], y: &mut [f32], _: &mut [f32]) {
         y.copy_from_slice(x[0]);
         dropout_forward(ctx, self.salt, self.rate, self.shape.size(), y);
+    }
+
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, _: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        g.identity(x[0], y);
+        Ok(())
     }
 
     fn backward(
@@ -154,6 +164,12 @@ impl Layer for ConcatLayer {
         }
     }
 
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, _: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        // Sample-major bytes: concatenating the flat [N, size] views is the field concatenation too.
+        g.op_to("Concat", x, vec![crate::onnx::Attr::Int("axis", 1)], y);
+        Ok(())
+    }
+
     fn backward(
         &self,
         ctx: &Ctx,
@@ -207,6 +223,11 @@ impl Layer for AddLayer {
         for input in &x[1..] {
             y.iter_mut().zip(input.iter()).for_each(|(a, b)| *a += b);
         }
+    }
+
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, _: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        g.op_to("Sum", x, Vec::new(), y);
+        Ok(())
     }
 
     fn backward(

@@ -50,6 +50,16 @@ impl Layer for WeightMultiplyLayer {
         }
     }
 
+    fn export_onnx(&self, g: &mut crate::onnx::Graph, params: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        let (k, d) = (self.values, self.dim);
+        let w = g.floats("w", &[k, d], &params[..k * d]);
+        let values = g.reshape(x[0], &[-1, k as i64, 1]);
+        let m = g.op("Mul", &[&values, &w], Vec::new());
+        let out = g.reshape(&m, &[-1, (k * d) as i64]);
+        g.identity(&out, y);
+        Ok(())
+    }
+
     fn backward(
         &self,
         ctx: &Ctx,

@@ -1,0 +1,186 @@
+//! `oar export`: every zoo model (and the multi-hot, multi-task and softmax examples) trained,
+//! exported, checked by `onnx.checker`, and scored by onnxruntime through
+//! `examples/serve/onnx_predict.py` with both the complete model and the dense graph plus numpy
+//! lookups: the scores equal `oar predict`'s within 1e-5 and give `oar eval`'s AUC. Needs a
+//! Python with onnx, onnxruntime, numpy and safetensors (CI installs them); skips with a message
+//! without one.
+
+use std::path::{Path, PathBuf};
+
+use crate::util::*;
+
+/// A Python that can run the script (`OAR_PYTHON`, else `python3`), if there is one.
+fn python() -> Option<String> {
+    let py = std::env::var("OAR_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&py)
+        .args(["-c", "import onnx, onnxruntime, numpy, safetensors"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: no Python with onnx, onnxruntime, numpy and safetensors ({py}; .ci/run installs them)");
+    }
+    ok.then_some(py)
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/serve/onnx_predict.py")
+}
+
+/// Every line's scores (one column per head).
+fn scores(file: &Path) -> Vec<Vec<f32>> {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .map(|l| l.split('\t').map(|v| v.parse().unwrap()).collect())
+        .collect()
+}
+
+/// Trains `job` on `train` for one pass, then checks the export against `oar predict` on the
+/// file `test`; returns the largest score difference seen.
+fn check(py: &str, dir: &Path, job: &Path, train: &Path, test: &Path) -> f32 {
+    let name = job.file_stem().unwrap().to_string_lossy().into_owned();
+    let (model, export, predicted) = (dir.join(&name), dir.join(format!("{name}.export")), dir.join("predicted"));
+    let s = |p: &Path| p.display().to_string();
+    let o = oar(&["train", "--config", &s(job), "--train", &s(train), "--output", &s(&model), "--passes", "1"]);
+    assert!(o.status.success(), "{name}: {}", text(&o));
+    let o = oar(&["export", "--model", &s(&model), "--out", &s(&export)]);
+    assert!(o.status.success(), "{name}: {}", text(&o));
+    assert!(text(&o).contains("model.onnx, tables.safetensors"), "{name}: {}", text(&o));
+    let o = oar(&["predict", "--model", &s(&model), "--data", &s(test), "--out", &s(&predicted), "--no-progress"]);
+    assert!(o.status.success(), "{name}: {}", text(&o));
+    let want = scores(&predicted);
+
+    // The files are valid ONNX by ONNX's own checker.
+    let checker = "import onnx, sys\nfor p in sys.argv[1:]: onnx.checker.check_model(onnx.load(p), full_check=True)";
+    let o = std::process::Command::new(py)
+        .args(["-c", checker, &s(&export.join("dense.onnx")), &s(&export.join("model.onnx"))])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{name}: onnx.checker: {}", text(&o));
+
+    let saved = oar::predict::load(&model, &Default::default()).unwrap();
+    let files = vec![test.to_path_buf()];
+    let mut store = oar::train::Store::Local(Box::new(saved.shard));
+    let evals = oar::train::evaluate_heads(&mut store, &saved.model, &saved.schema, &files, 4096, false).unwrap();
+    let mut labels = vec![Vec::new(); evals.len()];
+    for batch in oar::data::Reader::spawn(files, oar::data::ReaderConfig::new(&saved.schema, 4096)) {
+        let batch = batch.unwrap();
+        for (h, l) in labels.iter_mut().enumerate() {
+            l.extend_from_slice(&saved.model.labels(&batch, h));
+        }
+    }
+    let mut worst = 0f32;
+    for graph in ["model", "dense"] {
+        let out = dir.join(format!("{name}.{graph}.tsv"));
+        let o = std::process::Command::new(py)
+            .arg(script())
+            .args(["--export", &s(&export), "--data", &s(test), "--out", &s(&out), "--graph", graph])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name} {graph}: {}", text(&o));
+        let got = scores(&out);
+        assert_eq!(got.len(), want.len(), "{name} {graph}: one line per input line");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.len(), w.len(), "{name} {graph} line {}: one score per head", i + 1);
+            for (a, b) in g.iter().zip(w) {
+                let d = (a - b).abs();
+                assert!(d <= 1e-5, "{name} {graph} line {}: onnxruntime {a}, oar predict {b}", i + 1);
+                worst = worst.max(d);
+            }
+        }
+        for (h, eval) in evals.iter().enumerate() {
+            if saved.model.losses()[h] == oar::model::Loss::LogLoss {
+                let column: Vec<f32> = got.iter().map(|l| l[h]).collect();
+                let (auc, want) = (oar::metrics::auc(&column, &labels[h]).unwrap(), eval.auc.unwrap());
+                assert!((auc - want).abs() < 1e-4, "{name} {graph} head {h}: AUC {auc}, oar eval {want}");
+            }
+        }
+    }
+    eprintln!("{name}: onnxruntime within {worst:e} of oar predict on {} lines", want.len());
+    worst
+}
+
+#[test]
+fn every_zoo_model_exports_to_onnx_that_scores_as_oar_predict() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = gen_data(&dir.path().join("data"), 1, 4000, 1500);
+    let test = test.join("part-00000");
+    for name in ["lr", "fm", "wide_deep", "deepfm", "dcn", "dcn_v2", "dlrm"] {
+        check(&py, dir.path(), &zoo_job(name), &train, &test);
+    }
+    check(&py, dir.path(), &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml"), &train, &test);
+}
+
+#[test]
+fn multi_hot_multi_task_and_softmax_models_export_too() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    // Multi-hot bags with sum, mean and weighted pooling; a two-head model behind a pipe_command.
+    let data = dir.path().join("slots");
+    oar::data::gen_slots::generate(&oar::data::gen::GenConfig {
+        lines: 4000,
+        test_lines: 1000,
+        seed: 3,
+        parts: 1,
+        out: data.clone(),
+    })
+    .unwrap();
+    let test = data.join("test/part-00000");
+    check(&py, dir.path(), &examples.join("multi_hot.toml"), &data.join("train"), &test);
+    check(&py, dir.path(), &examples.join("multi_task.toml"), &data.join("train"), &test);
+    // A softmax head over the PTB dictionary (the true word's probability), real data.
+    let Some(shared) = shared_data() else {
+        eprintln!("skipped the softmax model: ../shared/data is absent");
+        return;
+    };
+    let ptb = dir.path().join("ptb");
+    let o = oar(&["data", "prepare", "imikolov", "--src", &shared.join("ptb").display().to_string(), "--out"]
+        .into_iter()
+        .chain([ptb.to_str().unwrap()])
+        .collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+    let lines: Vec<String> =
+        std::fs::read_to_string(ptb.join("train.txt")).unwrap().lines().map(String::from).collect();
+    std::fs::write(ptb.join("small.txt"), lines[..20000].join("\n") + "\n").unwrap();
+    std::fs::write(ptb.join("few.txt"), lines[20000..21000].join("\n") + "\n").unwrap();
+    check(&py, dir.path(), &examples.join("imikolov_graph.toml"), &ptb.join("small.txt"), &ptb.join("few.txt"));
+}
+
+#[test]
+fn a_layer_without_an_onnx_form_is_refused_by_name() {
+    // The custom layer example's `gate` type has no export: the refusal names the layer.
+    #[derive(Debug)]
+    struct Opaque;
+    impl oar::nn::layer::Layer for Opaque {
+        fn output(&self) -> oar::nn::layer::Shape {
+            oar::nn::layer::Shape::flat(1)
+        }
+        fn forward(&self, _: &oar::nn::layer::Ctx, _: &[f32], x: &[&[f32]], y: &mut [f32], _: &mut [f32]) {
+            y.copy_from_slice(&x[0][..y.len()]);
+        }
+        fn backward(
+            &self,
+            _: &oar::nn::layer::Ctx,
+            _: &[f32],
+            _: &[&[f32]],
+            _: &[f32],
+            _: &[f32],
+            _: &mut [f32],
+            _: &mut [f32],
+            _: &mut [Option<&mut [f32]>],
+        ) {
+        }
+    }
+    let registry = oar::model::Registry::default().register("opaque", |_, _| Ok(Box::new(Opaque)));
+    let mut b = oar::model::GraphBuilder::new();
+    b.table("t", 1);
+    let e = b.embedding("e", "t", &["C1"], oar::model::Pooling::Sum);
+    let r = b.layer("mystery", "opaque", &[&e], serde_json::json!({}));
+    b.output(&r, oar::model::Loss::LogLoss);
+    let (model, _) = oar::config::build_model(&b.build(), &oar::data::DataConfig::default(), &registry).unwrap();
+    let params = vec![0.0; model.dense_len()];
+    let err = model.to_onnx(&params, None).err().expect("refused");
+    assert!(err.contains("layer \"mystery\" (opaque) cannot be exported"), "{err}");
+}
