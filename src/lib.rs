@@ -26,6 +26,7 @@ pub mod plot;
 pub mod predict;
 pub mod protocol;
 pub mod rendezvous;
+pub mod serve;
 pub mod server;
 pub mod shard_checkpoints;
 pub mod state_file;

@@ -146,15 +146,34 @@ pub fn predict(
     Ok(report)
 }
 
-/// One thread's buffers.
+/// One thread's buffers for scoring batches of a saved model (`oar predict`, `oar serve`).
 #[derive(Default)]
-struct Scorer {
+pub struct Scorer {
     lookups: Lookups,
     rows: Vec<Vec<f32>>,
     work: Work,
 }
 
 impl Scorer {
+    /// Every head's scores of `batch` (per head, one per sample): the numbers `oar predict`
+    /// writes, `params` being the model's dense parameters.
+    pub fn scores(
+        &mut self,
+        model: &Model,
+        shard: &Shard,
+        params: &[f32],
+        batch: &Batch,
+    ) -> anyhow::Result<&[Vec<f32>]> {
+        model.check_batch(batch).map_err(anyhow::Error::msg)?;
+        self.lookups.run(batch, model.table_slots(), None);
+        self.rows.resize_with(model.tables().len(), Vec::new);
+        let dims: Vec<usize> = model.tables().iter().map(|t| t.dim).collect();
+        // Ids without a row read as zeros, and no row is created.
+        pull_rows(shard, &self.lookups.ids(&dims), &mut self.rows, RowCreation::Peek)?;
+        model.evaluate(params, batch, &self.lookups.rows(&self.rows), &mut self.work);
+        Ok(&self.work.head_probs)
+    }
+
     /// The output lines of `batch`, with their number.
     fn lines(
         &mut self,
@@ -163,14 +182,7 @@ impl Scorer {
         params: &[f32],
         batch: &Batch,
     ) -> anyhow::Result<(usize, String)> {
-        model.check_batch(batch).map_err(anyhow::Error::msg)?;
-        self.lookups.run(batch, model.table_slots(), None);
-        self.rows.resize_with(model.tables().len(), Vec::new);
-        let dims: Vec<usize> = model.tables().iter().map(|t| t.dim).collect();
-        // Unseen ids read as their initial value, and no row is created.
-        pull_rows(shard, &self.lookups.ids(&dims), &mut self.rows, RowCreation::Peek)?;
-        model.evaluate(params, batch, &self.lookups.rows(&self.rows), &mut self.work);
-        let heads = &self.work.head_probs;
+        let heads = self.scores(model, shard, params, batch)?;
         let mut text = String::with_capacity(batch.len() * 12 * heads.len());
         for i in 0..batch.len() {
             for (h, probs) in heads.iter().enumerate() {

@@ -30,6 +30,8 @@ pub(super) enum Command {
     /// Export a saved model for other tools: the dense graph and the complete model as ONNX,
     /// the tables as safetensors, a manifest (see src/model_export.rs).
     Export(ExportArgs),
+    /// Serve a saved model over HTTP with KServe's v2 inference protocol, reloading newer saves.
+    Serve(ServeArgs),
     /// Measure throughput against baselines, side by side (see README for recorded figures).
     Bench(BenchArgs),
     /// Generate data sets.
@@ -378,6 +380,26 @@ pub(super) struct ExportArgs {
     /// dense.onnx and the tables are written; 0 never writes it.
     #[arg(long, default_value_t = 1 << 30)]
     pub(super) complete_limit: u64,
+}
+
+#[derive(Args)]
+pub(super) struct ServeArgs {
+    /// A saved model: a training job's output folder (newer passes are picked up as they are
+    /// saved) or one of its pass folders.
+    #[arg(long)]
+    pub(super) model: PathBuf,
+    /// Where to listen (port 0: any free port, printed as `OAR_SERVE HOST:PORT`).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub(super) addr: String,
+    /// The model's name in the URLs (/v2/models/NAME/infer).
+    #[arg(long, default_value = "oar")]
+    pub(super) name: String,
+    /// Milliseconds between checks of the model folder for a newer save.
+    #[arg(long, default_value_t = 1000)]
+    pub(super) poll_ms: u64,
+    /// The largest request body, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub(super) max_body_mib: usize,
 }
 
 #[derive(Args)]

@@ -195,6 +195,16 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             );
             Ok(())
         }
+        Command::Serve(a) => crate::serve::run(
+            &crate::serve::ServeConfig {
+                model: a.model.clone(),
+                addr: a.addr.clone(),
+                name: a.name.clone(),
+                poll: std::time::Duration::from_millis(a.poll_ms.max(1)),
+                max_body: a.max_body_mib.saturating_mul(1 << 20),
+            },
+            registry,
+        ),
         Command::Eval(a) => {
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let crate::predict::Saved { manifest, model, schema, shard } = crate::predict::load(&a.model, registry)?;

@@ -106,7 +106,7 @@ fn a_full_table_evicts_the_lowest_score_row_and_never_outgrows_its_capacity() {
     // Re-admitted ids start from their seed again, bit for bit.
     let gone = *first.keys().find(|id| !after.contains_key(id)).expect("some row was evicted");
     let mut out = vec![0.0; 3];
-    t.pull(&[gone], &mut out, false).unwrap();
+    t.pull(&[gone], &mut out, true).unwrap();
     let mut init = vec![0.0; 3];
     t.spec().init_row(gone, &mut init);
     assert_eq!(out, init);

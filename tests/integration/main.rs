@@ -20,6 +20,7 @@ mod paddle;
 mod predict;
 mod robustness;
 mod security;
+mod serve;
 mod staleness;
 mod state_files;
 mod telemetry;

@@ -1,0 +1,265 @@
+//! `oar serve`: online prediction over HTTP with KServe's v2 inference protocol, from a saved
+//! model, reloading a newer one when the training job saves it.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /v2/health/live`, `GET /v2/health/ready` | `{"live": true}`, `{"ready": true}` |
+//! | `GET /v2/models/NAME` | name, version (the saved pass), platform, inputs, outputs |
+//! | `GET /v2/models/NAME/ready` | `{"name": .., "ready": true}` |
+//! | `POST /v2/models/NAME/infer` | one FP32 `[N, 1]` output per head ([`v2`]) |
+//!
+//! Scores come from oar's own forward pass ([`crate::predict::Scorer`], the numbers of `oar
+//! predict`), on tokio's blocking pool so a long batch never stalls the connections. A watcher
+//! polls the model folder (`latest` and the pass's `manifest.json`, which a save writes last);
+//! when they change it loads the new pass beside the old one and swaps it in: a request holds
+//! the model it started with to its end, so none is dropped or mixed. A pass that fails to load
+//! (torn, another job's) is reported and the old one kept.
+
+pub mod v2;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use parking_lot::{Mutex, RwLock};
+use serde_json::json;
+
+use crate::model::Registry;
+use crate::predict::{Saved, Scorer};
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The saved model: a training job's output folder (follows its `latest`) or a pass folder.
+    pub model: PathBuf,
+    /// Where to listen.
+    pub addr: String,
+    /// The model's name in URLs.
+    pub name: String,
+    /// How often the model folder is checked for a newer save.
+    pub poll: Duration,
+    /// The largest request body accepted.
+    pub max_body: usize,
+}
+
+/// A loaded model and what identifies its files.
+struct Loaded {
+    saved: Saved,
+    params: Vec<f32>,
+    /// The heads' output names.
+    names: Vec<String>,
+    /// Per slot: whether the model looks it up.
+    reads: Vec<bool>,
+    stamp: Stamp,
+}
+
+/// What changes when a job saves a newer pass: the pass folder `latest` names and its
+/// manifest's size and time.
+#[derive(Clone, Debug, PartialEq)]
+struct Stamp {
+    pass_dir: PathBuf,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+fn stamp(dir: &Path) -> anyhow::Result<Stamp> {
+    let (_, pass_dir) = crate::checkpoint::Manifest::find(dir)?;
+    let meta = std::fs::metadata(pass_dir.join("manifest.json"))
+        .with_context(|| format!("{}: no manifest.json", pass_dir.display()))?;
+    Ok(Stamp { pass_dir, len: meta.len(), modified: meta.modified().ok() })
+}
+
+fn load(dir: &Path, registry: &Registry) -> anyhow::Result<Loaded> {
+    let stamp = stamp(dir)?;
+    let saved = crate::predict::load(&stamp.pass_dir, registry)?;
+    let mut params = Vec::new();
+    saved.shard.dense.lock().read(&mut params);
+    let model = &saved.model;
+    let names = (0..model.losses().len()).map(|h| model.score_name(h)).collect();
+    let reads = (0..saved.schema.slots.len()).map(|s| model.table_slots().iter().any(|t| t[s])).collect();
+    Ok(Loaded { saved, params, names, reads, stamp })
+}
+
+/// The server's shared state.
+struct Server {
+    name: String,
+    current: RwLock<Arc<Loaded>>,
+    scorers: Mutex<Vec<Scorer>>,
+    answered: AtomicU64,
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    (status, json_body(&json!({ "error": message.to_string() }))).into_response()
+}
+
+fn json_body(v: &serde_json::Value) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], v.to_string())
+}
+
+impl Server {
+    /// The model named `name`, or why not (answered 404).
+    fn model(&self, name: &str) -> Result<Arc<Loaded>, String> {
+        if name != self.name {
+            return Err(format!("no model {name:?} (this server serves {:?})", self.name));
+        }
+        Ok(self.current.read().clone())
+    }
+
+    fn metadata(&self, m: &Loaded) -> serde_json::Value {
+        let schema = &m.saved.schema;
+        let mut inputs = vec![json!({ "name": "lines", "datatype": "BYTES", "shape": [-1] })];
+        if schema.dense_width > 0 {
+            inputs.push(json!({ "name": "dense", "datatype": "FP32", "shape": [-1, schema.dense_width] }));
+        }
+        for (_, name) in schema.slots.iter().enumerate().filter(|(s, _)| m.reads[*s]) {
+            inputs.push(json!({ "name": format!("{name}.ids"), "datatype": "INT64", "shape": [-1, -1] }));
+            inputs.push(json!({ "name": format!("{name}.lengths"), "datatype": "INT64", "shape": [-1] }));
+            inputs.push(json!({ "name": format!("{name}.weights"), "datatype": "FP32", "shape": [-1, -1] }));
+        }
+        let outputs: Vec<_> =
+            m.names.iter().map(|n| json!({ "name": n, "datatype": "FP32", "shape": [-1, 1] })).collect();
+        json!({
+            "name": self.name,
+            "versions": [m.saved.manifest.pass.to_string()],
+            "platform": "oar",
+            "inputs": inputs,
+            "outputs": outputs,
+        })
+    }
+
+    /// Answers one `infer` body (on a blocking thread).
+    fn infer(&self, m: &Loaded, body: &[u8]) -> Response {
+        let req: v2::InferRequest = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("not an infer request: {e}")),
+        };
+        let batch = match v2::batch(&req, &m.saved.schema, &m.reads) {
+            Ok(b) => b,
+            Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        };
+        let mut scorer = self.scorers.lock().pop().unwrap_or_default();
+        let scored = scorer.scores(&m.saved.model, &m.saved.shard, &m.params, &batch).map(|s| s.to_vec());
+        self.scorers.lock().push(scorer);
+        match scored {
+            Ok(scores) => {
+                let r = v2::response(&self.name, m.saved.manifest.pass, req.id, &m.names, &scores);
+                self.answered.fetch_add(1, Ordering::Relaxed);
+                let body = serde_json::to_string(&r).expect("a response serializes");
+                ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Err(e) => error(StatusCode::BAD_REQUEST, format!("{e:#}")),
+        }
+    }
+
+    /// Loads the saved model again whenever its stamp changes; keeps the old one on failure.
+    fn watch(self: Arc<Self>, dir: PathBuf, registry: Registry, poll: Duration, stop: std::sync::mpsc::Receiver<()>) {
+        let mut failed: Option<Stamp> = None;
+        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(poll) {
+            let Ok(now) = stamp(&dir) else { continue };
+            if now == self.current.read().stamp || failed.as_ref() == Some(&now) {
+                continue;
+            }
+            match load(&dir, &registry) {
+                Ok(next) => {
+                    let pass = next.saved.manifest.pass;
+                    *self.current.write() = Arc::new(next);
+                    failed = None;
+                    tracing::info!("serving pass {pass} of {}", dir.display());
+                    println!("reloaded: serving model pass {pass}");
+                }
+                Err(e) => {
+                    tracing::warn!("{}: a newer save did not load, still serving the old one: {e:#}", dir.display());
+                    failed = Some(now);
+                }
+            }
+        }
+    }
+}
+
+/// Serves `config.model` until the process is stopped.
+pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
+    let loaded = load(&config.model, registry)?;
+    let pass = loaded.saved.manifest.pass;
+    let listener =
+        std::net::TcpListener::bind(&config.addr).with_context(|| format!("cannot listen on {}", config.addr))?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let server = Arc::new(Server {
+        name: config.name.clone(),
+        current: RwLock::new(Arc::new(loaded)),
+        scorers: Mutex::new(Vec::new()),
+        answered: AtomicU64::new(0),
+    });
+    let (_stop, stopped) = std::sync::mpsc::channel();
+    let watcher = {
+        let (server, dir, registry, poll) = (server.clone(), config.model.clone(), registry.clone(), config.poll);
+        std::thread::Builder::new().name("reload".into()).spawn(move || server.watch(dir, registry, poll, stopped))?
+    };
+    let app = axum::Router::new()
+        .route(
+            "/v2",
+            get(|| async {
+                json_body(&json!({ "name": "oar", "version": env!("CARGO_PKG_VERSION"), "extensions": [] }))
+            }),
+        )
+        .route("/v2/health/live", get(|| async { json_body(&json!({ "live": true })) }))
+        .route("/v2/health/ready", get(|| async { json_body(&json!({ "ready": true })) }))
+        .route(
+            "/v2/models/{name}",
+            get(|State(s): State<Arc<Server>>, UrlPath(name): UrlPath<String>| async move {
+                match s.model(&name) {
+                    Ok(m) => json_body(&s.metadata(&m)).into_response(),
+                    Err(e) => error(StatusCode::NOT_FOUND, e),
+                }
+            }),
+        )
+        .route(
+            "/v2/models/{name}/ready",
+            get(|State(s): State<Arc<Server>>, UrlPath(name): UrlPath<String>| async move {
+                match s.model(&name) {
+                    Ok(_) => json_body(&json!({ "name": name, "ready": true })).into_response(),
+                    Err(e) => error(StatusCode::NOT_FOUND, e),
+                }
+            }),
+        )
+        .route(
+            "/v2/models/{name}/infer",
+            post(|State(s): State<Arc<Server>>, UrlPath(name): UrlPath<String>, body: Bytes| async move {
+                let m = match s.model(&name) {
+                    Ok(m) => m,
+                    Err(e) => return error(StatusCode::NOT_FOUND, e),
+                };
+                let s2 = s.clone();
+                match tokio::task::spawn_blocking(move || s2.infer(&m, &body)).await {
+                    Ok(r) => r,
+                    Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("scoring failed: {e}")),
+                }
+            }),
+        )
+        .layer(DefaultBodyLimit::max(config.max_body))
+        .with_state(server.clone());
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    println!("OAR_SERVE {bound}");
+    println!(
+        "serving model {:?} pass {pass} of {} at http://{bound}/v2/models/{}",
+        config.name,
+        config.model.display(),
+        config.name
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let served = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        axum::serve(listener, app).await
+    });
+    drop(_stop);
+    let _ = watcher.join();
+    served.context("the HTTP server stopped")
+}

@@ -1,0 +1,294 @@
+//! KServe's v2 inference protocol (the Open Inference Protocol), the pure part: an `infer`
+//! request's JSON turned into a [`Batch`] of the served model's data, and the scores turned into
+//! the response. No I/O: the HTTP edge is [`super`].
+//!
+//! A request carries either one BYTES input named `lines` (raw data lines in the job's format,
+//! read by the job's own parser, label fields included and ignored) or typed tensors named as the
+//! export's complete model's inputs: `dense` FP32 `[N, width]`, per slot `S.ids` INT64 or UINT64
+//! `[N, K]`, optional `S.lengths` INT64 `[N]` (default `K`) and `S.weights` FP32 `[N, K]`
+//! (default 1), and optionally one FP32 `[N]` per label column (a softmax head scores the class
+//! named there; default 0).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::batch::Batch;
+use crate::data::Schema;
+
+/// The most samples one request may carry.
+pub const MAX_ROWS: usize = 1 << 20;
+
+/// One tensor of a request or response.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Tensor {
+    /// Its name.
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// `BYTES`, `FP32`, `INT64`, `UINT64`, ...
+    pub datatype: String,
+    /// The elements, row-major (nested arrays are flattened).
+    pub data: Value,
+}
+
+/// An `infer` request.
+#[derive(Clone, Debug, Deserialize)]
+pub struct InferRequest {
+    /// Echoed in the response.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The inputs.
+    pub inputs: Vec<Tensor>,
+}
+
+/// An `infer` response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct InferResponse {
+    /// The model's name.
+    pub model_name: String,
+    /// The model's version: its passes completed.
+    pub model_version: String,
+    /// The request's id, if it had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// One output per head.
+    pub outputs: Vec<Tensor>,
+}
+
+/// A request's error, answered with status 400 and `{"error": ...}`.
+pub type BadRequest = String;
+
+fn flatten(v: &Value, out: &mut Vec<Value>) {
+    match v {
+        Value::Array(items) => items.iter().for_each(|i| flatten(i, out)),
+        other => out.push(other.clone()),
+    }
+}
+
+/// A tensor's elements, checked against its shape.
+fn elements(t: &Tensor) -> Result<Vec<Value>, BadRequest> {
+    let mut out = Vec::new();
+    flatten(&t.data, &mut out);
+    let want = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    if want != Some(out.len() as u64) {
+        return Err(format!("input {:?}: shape {:?} does not match its {} elements", t.name, t.shape, out.len()));
+    }
+    Ok(out)
+}
+
+fn floats(t: &Tensor) -> Result<Vec<f32>, BadRequest> {
+    if t.datatype != "FP32" && t.datatype != "FP64" {
+        return Err(format!("input {:?}: datatype {} (FP32 expected)", t.name, t.datatype));
+    }
+    elements(t)?
+        .iter()
+        .map(|v| {
+            v.as_f64()
+                .map(|x| x as f32)
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| format!("input {:?}: {v} is not a finite number", t.name))
+        })
+        .collect()
+}
+
+fn ints(t: &Tensor) -> Result<Vec<u64>, BadRequest> {
+    let signed = match t.datatype.as_str() {
+        "INT64" | "INT32" => true,
+        "UINT64" | "UINT32" => false,
+        other => return Err(format!("input {:?}: datatype {other} (INT64 or UINT64 expected)", t.name)),
+    };
+    elements(t)?
+        .iter()
+        .map(|v| {
+            // INT64 ids are the u64 ids bit-cast, as the export's graphs take them.
+            let x = if signed { v.as_i64().map(|i| i as u64) } else { v.as_u64() };
+            x.ok_or_else(|| format!("input {:?}: {v} is not a {}", t.name, t.datatype))
+        })
+        .collect()
+}
+
+/// The request's samples as a batch of `schema`'s data; `reads` are the slots the model looks
+/// up (their ids are required in a typed request).
+pub fn batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Batch, BadRequest> {
+    match req.inputs.as_slice() {
+        [t] if t.name == "lines" => lines_batch(t, schema),
+        inputs if inputs.iter().any(|t| t.name == "lines") => {
+            Err("input \"lines\" comes alone (raw lines, or typed tensors, not both)".into())
+        }
+        _ => typed_batch(req, schema, reads),
+    }
+}
+
+fn lines_batch(t: &Tensor, schema: &Schema) -> Result<Batch, BadRequest> {
+    if t.datatype != "BYTES" {
+        return Err(format!("input \"lines\": datatype {} (BYTES expected)", t.datatype));
+    }
+    let lines = elements(t)?;
+    if lines.len() > MAX_ROWS {
+        return Err(format!("{} lines, more than {MAX_ROWS} in one request", lines.len()));
+    }
+    let mut parser = crate::data::parser(schema);
+    let mut batch = Batch::new(schema.labels.len(), schema.dense_width, schema.slots.len());
+    for (i, line) in lines.iter().enumerate() {
+        let text = line.as_str().ok_or_else(|| format!("lines[{i}] is not a string"))?;
+        let text = text.strip_suffix('\n').unwrap_or(text);
+        parser.parse(text.as_bytes(), &mut batch).map_err(|e| format!("lines[{i}]: {e}"))?;
+    }
+    Ok(batch)
+}
+
+fn typed_batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Batch, BadRequest> {
+    let find = |name: &str| req.inputs.iter().find(|t| t.name == name);
+    let known = |name: &str| {
+        name == "dense"
+            || schema.labels.iter().any(|l| l == name)
+            || schema.slots.iter().any(|s| [".ids", ".lengths", ".weights"].iter().any(|x| format!("{s}{x}") == name))
+    };
+    if let Some(t) = req.inputs.iter().find(|t| !known(&t.name)) {
+        return Err(format!(
+            "unknown input {:?} (lines, dense, SLOT.ids, SLOT.lengths, SLOT.weights, a label)",
+            t.name
+        ));
+    }
+    let rows = req.inputs.first().and_then(|t| t.shape.first()).copied().ok_or("no inputs")? as usize;
+    if rows > MAX_ROWS {
+        return Err(format!("{rows} samples, more than {MAX_ROWS} in one request"));
+    }
+    if let Some(t) = req.inputs.iter().find(|t| t.shape.first() != Some(&(rows as u64))) {
+        return Err(format!("input {:?}: {:?} samples, the first input has {rows}", t.name, t.shape.first()));
+    }
+    let mut batch = Batch::new(schema.labels.len(), schema.dense_width, schema.slots.len());
+    let mut labels = vec![vec![0.0; rows]; schema.labels.len()];
+    for (l, name) in schema.labels.iter().enumerate() {
+        if let Some(t) = find(name) {
+            labels[l] = floats(t)?;
+        }
+    }
+    let dense = match (find("dense"), schema.dense_width) {
+        (_, 0) => Vec::new(),
+        (Some(t), w) if t.shape == [rows as u64, w as u64] => floats(t)?,
+        (Some(t), w) => return Err(format!("input \"dense\": shape {:?}, [{rows}, {w}] expected", t.shape)),
+        (None, w) => return Err(format!("input \"dense\" (FP32 [{rows}, {w}]) is missing")),
+    };
+    // Per slot: ids [rows, k], lengths, weights.
+    let mut slots = Vec::new();
+    for (s, name) in schema.slots.iter().enumerate() {
+        let Some(t) = find(&format!("{name}.ids")) else {
+            if reads[s] {
+                return Err(format!("input \"{name}.ids\" is missing (the model looks slot {name} up)"));
+            }
+            slots.push(None);
+            continue;
+        };
+        let [_, k] = t.shape[..] else {
+            return Err(format!("input \"{name}.ids\": shape {:?}, [N, K] expected", t.shape));
+        };
+        let ids = ints(t)?;
+        let k = k as usize;
+        let lengths = match find(&format!("{name}.lengths")) {
+            Some(l) => ints(l)?.into_iter().map(|n| n as usize).collect(),
+            None => vec![k; rows],
+        };
+        if lengths.len() != rows || lengths.iter().any(|&n| n > k) {
+            return Err(format!("input \"{name}.lengths\": {rows} lengths of at most {k} expected"));
+        }
+        let weights = match find(&format!("{name}.weights")) {
+            Some(w) if w.shape == t.shape => Some(floats(w)?),
+            Some(w) => return Err(format!("input \"{name}.weights\": shape {:?}, as {name}.ids expected", w.shape)),
+            None => None,
+        };
+        slots.push(Some((k, ids, lengths, weights)));
+    }
+    for r in 0..rows {
+        batch.labels.extend(labels.iter().map(|l| l[r]));
+        batch.dense.extend_from_slice(&dense[r * schema.dense_width..(r + 1) * schema.dense_width]);
+        for slot in &slots {
+            match slot {
+                None => batch.push_bag(&[], None),
+                Some((k, ids, lengths, weights)) => {
+                    let at = r * k;
+                    let n = lengths[r];
+                    batch.push_bag(&ids[at..at + n], weights.as_ref().map(|w| &w[at..at + n]));
+                }
+            }
+        }
+    }
+    Ok(batch)
+}
+
+/// The response: one FP32 `[N, 1]` output per head, named as the export names them.
+pub fn response(
+    model_name: &str,
+    version: u32,
+    id: Option<String>,
+    names: &[String],
+    scores: &[Vec<f32>],
+) -> InferResponse {
+    let outputs = names
+        .iter()
+        .zip(scores)
+        .map(|(name, s)| Tensor {
+            name: name.clone(),
+            shape: vec![s.len() as u64, 1],
+            datatype: "FP32".into(),
+            data: Value::Array(s.iter().map(|&v| Value::from(v as f64)).collect()),
+        })
+        .collect();
+    InferResponse { model_name: model_name.into(), model_version: version.to_string(), id, outputs }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(json: &str) -> InferRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn lines_are_read_by_the_jobs_parser() {
+        let schema = Schema::criteo();
+        let line = format!("1{}{}", "\t1".repeat(13), "\t68fd1e64".repeat(26));
+        let r = req(&serde_json::json!({"inputs": [{"name": "lines", "shape": [2], "datatype": "BYTES", "data": [line, line]}]})
+            .to_string());
+        let b = batch(&r, &schema, &[true; 26]).unwrap();
+        assert_eq!(b.len(), 2);
+        let bad = req(r#"{"inputs":[{"name":"lines","shape":[1],"datatype":"BYTES","data":["2\tx"]}]}"#);
+        assert!(batch(&bad, &schema, &[true; 26]).unwrap_err().starts_with("lines[0]: label"));
+    }
+
+    #[test]
+    fn typed_tensors_make_the_same_bags() {
+        let data = crate::data::DataConfig {
+            format: crate::data::Format::Plain,
+            slots: Some(vec!["a".into(), "b".into()]),
+            dense: Some(vec![]),
+            hash_slots: Some(false),
+            ..Default::default()
+        };
+        let schema = Schema::resolve(&data, None).unwrap();
+        let r = req(r#"{"inputs":[
+            {"name":"a.ids","shape":[2,2],"datatype":"UINT64","data":[[7,8],[9,0]]},
+            {"name":"a.lengths","shape":[2],"datatype":"INT64","data":[2,1]},
+            {"name":"a.weights","shape":[2,2],"datatype":"FP32","data":[0.5,1,2,0]}]}"#);
+        let b = batch(&r, &schema, &[true, false]).unwrap();
+        assert_eq!(b.len(), 2);
+        assert_eq!(&b.ids[b.bag(0)], &[7, 8]);
+        assert_eq!(&b.ids[b.bag(2)], &[9]);
+        assert!(b.bag(1).is_empty() && b.bag(3).is_empty());
+        assert_eq!(b.weight(b.bag(0).start), 0.5);
+        // A slot the model reads must be given; shapes must add up; names must be known.
+        let missing = req(r#"{"inputs":[{"name":"b.ids","shape":[1,1],"datatype":"INT64","data":[1]}]}"#);
+        assert!(batch(&missing, &schema, &[true, false]).unwrap_err().contains("\"a.ids\" is missing"));
+        let torn = req(r#"{"inputs":[{"name":"a.ids","shape":[2,2],"datatype":"INT64","data":[1,2,3]}]}"#);
+        assert!(batch(&torn, &schema, &[true, false]).unwrap_err().contains("does not match"));
+        let huge =
+            req(r#"{"inputs":[{"name":"a.ids","shape":[18446744073709551615,2],"datatype":"INT64","data":[1]}]}"#);
+        assert!(batch(&huge, &schema, &[true, false]).is_err());
+        let nan = req(r#"{"inputs":[{"name":"a.ids","shape":[1,1],"datatype":"INT64","data":[1]},
+            {"name":"a.weights","shape":[1,1],"datatype":"FP32","data":["NaN"]}]}"#);
+        assert!(batch(&nan, &schema, &[true, false]).unwrap_err().contains("not a finite number"));
+        let unknown = req(r#"{"inputs":[{"name":"c.ids","shape":[1,1],"datatype":"INT64","data":[1]}]}"#);
+        assert!(batch(&unknown, &schema, &[true, false]).unwrap_err().starts_with("unknown input \"c.ids\""));
+    }
+}

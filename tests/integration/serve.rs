@@ -1,0 +1,273 @@
+//! `oar serve`: a real `oar serve` process answers KServe v2 requests from a real HTTP client
+//! (ureq) with `oar predict`'s scores, from raw lines and from typed tensors; refuses bad
+//! requests with 400/404/413 and a message; and swaps in a newer save under load without
+//! losing or failing a request (counted by the clients and by the versions they saw).
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::util::*;
+
+/// A running `oar serve`, killed when dropped.
+struct Serving {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(model: &Path, extra: &[&str]) -> Serving {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["serve", "--model", model.to_str().unwrap(), "--addr", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(addr) = line.strip_prefix("OAR_SERVE ") {
+                let _ = tx.send(addr.to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(60)).expect("oar serve printed its address within 60 s");
+    Serving { child, url: format!("http://{addr}") }
+}
+
+fn get(url: &str) -> (u16, Value) {
+    match ureq::get(url).timeout(Duration::from_secs(30)).call() {
+        Ok(r) => (r.status(), serde_json::from_str(&r.into_string().unwrap()).unwrap()),
+        Err(ureq::Error::Status(code, r)) => {
+            (code, serde_json::from_str(&r.into_string().unwrap_or_default()).unwrap_or(Value::Null))
+        }
+        Err(e) => panic!("{url}: {e}"),
+    }
+}
+
+fn post(url: &str, body: &str) -> (u16, Value) {
+    let r = ureq::post(url).timeout(Duration::from_secs(60)).set("Content-Type", "application/json").send_string(body);
+    match r {
+        Ok(r) => (r.status(), serde_json::from_str(&r.into_string().unwrap()).unwrap()),
+        Err(ureq::Error::Status(code, r)) => {
+            (code, serde_json::from_str(&r.into_string().unwrap_or_default()).unwrap_or(Value::Null))
+        }
+        Err(e) => panic!("{url}: {e}"),
+    }
+}
+
+fn lines_request(lines: &[String]) -> String {
+    json!({ "id": "t", "inputs": [{ "name": "lines", "shape": [lines.len()], "datatype": "BYTES", "data": lines }] })
+        .to_string()
+}
+
+/// The first output's scores of a 200 response.
+fn scores(v: &Value) -> Vec<f32> {
+    v["outputs"][0]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// Trains the default CTR-DNN (small) on generated data for `passes`; returns the output
+/// folder and the test lines.
+fn trained(dir: &Path, passes: &str) -> (PathBuf, Vec<String>, PathBuf) {
+    let (train, test) = gen_data(&dir.join("data"), 1, 4000, 600);
+    let out = dir.join("model");
+    let o = oar(&[
+        "train",
+        "--train",
+        train.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--hidden",
+        "8",
+        "--passes",
+        passes,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let test = test.join("part-00000");
+    let lines = std::fs::read_to_string(&test).unwrap().lines().map(String::from).collect();
+    (out, lines, test)
+}
+
+fn predicted(model: &Path, test: &Path, dir: &Path) -> Vec<f32> {
+    let out = dir.join("predicted.tsv");
+    let o = oar(&[
+        "predict",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        test.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--no-progress",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::read_to_string(out).unwrap().lines().map(|l| l.parse().unwrap()).collect()
+}
+
+#[test]
+fn serve_answers_kserve_v2_with_the_scores_of_oar_predict() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, lines, test) = trained(dir.path(), "1");
+    let want = predicted(&model, &test, dir.path());
+    let s = serve(&model, &["--max-body-mib", "1"]);
+
+    assert_eq!(get(&format!("{}/v2/health/live", s.url)), (200, json!({ "live": true })));
+    assert_eq!(get(&format!("{}/v2/health/ready", s.url)), (200, json!({ "ready": true })));
+    let (code, meta) = get(&format!("{}/v2/models/oar", s.url));
+    assert_eq!(code, 200);
+    assert_eq!(meta["versions"], json!(["1"]));
+    assert_eq!(meta["outputs"][0]["name"], "fc.score");
+    assert_eq!(get(&format!("{}/v2/models/oar/ready", s.url)).0, 200);
+    let (code, body) = get(&format!("{}/v2/models/other", s.url));
+    assert_eq!(code, 404);
+    assert!(body["error"].as_str().unwrap().contains("no model \"other\""), "{body}");
+
+    // Raw lines, in batches of 256 (and one of 1): oar predict's numbers.
+    let infer = format!("{}/v2/models/oar/infer", s.url);
+    let mut got = Vec::new();
+    for chunk in lines.chunks(256) {
+        let (code, r) = post(&infer, &lines_request(chunk));
+        assert_eq!(code, 200, "{r}");
+        assert_eq!(
+            (r["model_name"].as_str(), r["model_version"].as_str(), r["id"].as_str()),
+            (Some("oar"), Some("1"), Some("t"))
+        );
+        assert_eq!(r["outputs"][0]["shape"], json!([chunk.len(), 1]));
+        got.extend(scores(&r));
+    }
+    let one = scores(&post(&infer, &lines_request(&lines[..1])).1);
+    assert_eq!(got.len(), want.len());
+    let worst =
+        got.iter().chain(&one).zip(want.iter().chain(&want[..1])).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-6, "served scores differ from oar predict's by {worst}");
+
+    // Typed tensors (the export's inputs), built from the same lines by the job's parser.
+    let schema = oar::data::Schema::criteo();
+    let mut parser = oar::data::parser(&schema);
+    let mut batch = oar::batch::Batch::new(1, 13, 26);
+    for l in &lines[..100] {
+        parser.parse(l.as_bytes(), &mut batch).unwrap();
+    }
+    let mut inputs = vec![json!({ "name": "dense", "shape": [100, 13], "datatype": "FP32", "data": batch.dense })];
+    for (s, name) in schema.slots.iter().enumerate() {
+        let ids: Vec<u64> = (0..100).map(|r| batch.ids[batch.bag(r * 26 + s).start]).collect();
+        inputs.push(json!({ "name": format!("{name}.ids"), "shape": [100, 1], "datatype": "UINT64", "data": ids }));
+    }
+    let (code, r) = post(&infer, &json!({ "inputs": inputs }).to_string());
+    assert_eq!(code, 200, "{r}");
+    let typed = scores(&r);
+    let worst = typed.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-6, "typed-tensor scores differ from oar predict's by {worst}");
+
+    // Bad requests: a clear 4xx with a message, and the server goes on.
+    for (body, code, says) in [
+        ("{not json", 400, "not an infer request"),
+        (r#"{"inputs":[{"name":"lines","shape":[1],"datatype":"FP32","data":[1]}]}"#, 400, "BYTES expected"),
+        (r#"{"inputs":[{"name":"lines","shape":[1],"datatype":"BYTES","data":["7\tx"]}]}"#, 400, "lines[0]"),
+        (
+            r#"{"inputs":[{"name":"dense","shape":[1,13],"datatype":"FP32","data":[1,2,3,4,5,6,7,8,9,10,11,12,13]}]}"#,
+            400,
+            "C1.ids\" is missing",
+        ),
+    ] {
+        let (c, r) = post(&infer, body);
+        assert_eq!(c, code, "{body}: {r}");
+        assert!(r["error"].as_str().unwrap_or_default().contains(says), "{body}: {r}");
+    }
+    let huge = lines_request(&vec![lines[0].clone(); 20_000]);
+    assert!(huge.len() > 1 << 20);
+    // Refused: a 413, or the connection closed under the client still sending (hyper answers
+    // 413 and closes without reading the rest).
+    match ureq::post(&infer).set("Content-Type", "application/json").send_string(&huge) {
+        Err(ureq::Error::Status(413, _)) | Err(ureq::Error::Transport(_)) => {}
+        Ok(r) => panic!("a body over --max-body-mib was answered {}", r.status()),
+        Err(e) => panic!("a body over --max-body-mib: {e}"),
+    }
+    assert_eq!(post(&infer, &lines_request(&lines[..1])).0, 200, "still serving");
+}
+
+#[test]
+fn a_newer_save_is_swapped_in_under_load_without_losing_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, lines, test) = trained(dir.path(), "2");
+    let pass = |p: u32| model.join(format!("pass-{p:04}"));
+    assert!(pass(1).join("manifest.json").is_file() && pass(2).join("manifest.json").is_file());
+    let second = predicted(&pass(2), &test, dir.path());
+    // Serve pass 1 first, as if the job had saved only that far.
+    oar::state_file::write_atomic(&model.join("latest"), b"pass-0001").unwrap();
+    let s = serve(&model, &["--poll-ms", "20"]);
+    let infer = format!("{}/v2/models/oar/infer", s.url);
+    let body = Arc::new(lines_request(&lines[..32]));
+
+    let (sent, answered, failed) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (warm_tx, warm_rx) = mpsc::channel();
+    let (seen_tx, seen_rx) = mpsc::channel();
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let (infer, body, sent, answered, failed, stop) =
+                (infer.clone(), body.clone(), sent.clone(), answered.clone(), failed.clone(), stop.clone());
+            let (warm_tx, seen_tx) = (warm_tx.clone(), seen_tx.clone());
+            std::thread::spawn(move || {
+                let mut versions = Vec::new();
+                let mut second_scores = None;
+                while !stop.load(Ordering::SeqCst) {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    let (code, r) = post(&infer, &body);
+                    if code != 200 || r["outputs"][0]["data"].as_array().map(Vec::len) != Some(32) {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    let v: u32 = r["model_version"].as_str().unwrap().parse().unwrap();
+                    if versions.last() != Some(&v) {
+                        versions.push(v);
+                    }
+                    if versions.len() == 1 && versions[0] == 1 && answered.load(Ordering::SeqCst) >= 10 {
+                        let _ = warm_tx.send(());
+                    }
+                    if v == 2 {
+                        second_scores.get_or_insert_with(|| scores(&r));
+                        let _ = seen_tx.send(());
+                    }
+                }
+                (versions, second_scores)
+            })
+        })
+        .collect();
+    // Under load, the job "saves" pass 2.
+    warm_rx.recv_timeout(Duration::from_secs(60)).expect("the clients were answered by pass 1");
+    oar::state_file::write_atomic(&model.join("latest"), b"pass-0002").unwrap();
+    for _ in 0..30 {
+        seen_rx.recv_timeout(Duration::from_secs(60)).expect("pass 2 was served within 60 s of its save");
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        let (versions, second_scores) = c.join().unwrap();
+        assert_eq!(versions.first(), Some(&1), "each client saw pass 1 first: {versions:?}");
+        assert_eq!(versions.last(), Some(&2), "and pass 2 last, never going back: {versions:?}");
+        assert!(versions.len() == 2, "{versions:?}");
+        let got = second_scores.unwrap();
+        let worst = got.iter().zip(&second).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-6, "pass 2's served scores differ from its oar predict by {worst}");
+    }
+    let (sent, answered, failed) =
+        (sent.load(Ordering::SeqCst), answered.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
+    assert_eq!(failed, 0, "no request failed during the reload");
+    assert_eq!(sent, answered, "every request sent was answered");
+    eprintln!("{answered} requests answered across the reload, none lost");
+}
