@@ -149,23 +149,13 @@ pub fn tables(saved: &Saved) -> anyhow::Result<Vec<TableExport>> {
 }
 
 fn data_of(schema: &Schema) -> ManifestData {
-    use crate::data::schema::Field;
-    let fields = schema
-        .fields
-        .iter()
-        .map(|f| match *f {
-            Field::Label(i) => schema.labels[i].clone(),
-            Field::Dense(c) => schema.dense[c].name.clone(),
-            Field::Slot(s) => schema.slots[s].clone(),
-        })
-        .collect();
     ManifestData {
         format: schema.format,
         labels: schema.labels.clone(),
         dense: schema.dense.clone(),
         slots: schema.slots.clone(),
         hash_slots: schema.hash_slots,
-        fields,
+        fields: schema.field_names(),
         pipe_command: schema.pipe_command.clone(),
     }
 }

@@ -47,15 +47,7 @@ impl MultiSlotParser {
             columns.push((start, c.width));
             start += c.width;
         }
-        let names = schema
-            .fields
-            .iter()
-            .map(|f| match *f {
-                Field::Label(i) => schema.labels[i].clone(),
-                Field::Dense(c) => schema.dense[c].name.clone(),
-                Field::Slot(s) => schema.slots[s].clone(),
-            })
-            .collect();
+        let names = schema.field_names();
         MultiSlotParser {
             fields: schema.fields.clone(),
             names,

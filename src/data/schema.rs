@@ -170,6 +170,18 @@ impl Schema {
         }
     }
 
+    /// The names of a MultiSlot line's fields, in line order (empty for other formats).
+    pub fn field_names(&self) -> Vec<String> {
+        self.fields
+            .iter()
+            .map(|f| match *f {
+                Field::Label(i) => self.labels[i].clone(),
+                Field::Dense(c) => self.dense[c].name.clone(),
+                Field::Slot(s) => self.slots[s].clone(),
+            })
+            .collect()
+    }
+
     /// Resolves and checks `data`. `shorthand` = the model's legacy (slots, dense_features)
     /// counts, used for the plain format when `[data]` does not declare them (plain slot names
     /// default to "1".."N", dense to one column named "dense" of that width). Errors are one

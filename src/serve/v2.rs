@@ -127,6 +127,9 @@ fn lines_batch(t: &Tensor, schema: &Schema) -> Result<Batch, BadRequest> {
     if lines.len() > MAX_ROWS {
         return Err(format!("{} lines, more than {MAX_ROWS} in one request", lines.len()));
     }
+    if lines.is_empty() {
+        return Err("no lines".into());
+    }
     let mut parser = crate::data::parser(schema);
     let mut batch = Batch::new(schema.labels.len(), schema.dense_width, schema.slots.len());
     for (i, line) in lines.iter().enumerate() {
@@ -150,7 +153,12 @@ fn typed_batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Ba
             t.name
         ));
     }
-    let rows = req.inputs.first().and_then(|t| t.shape.first()).copied().ok_or("no inputs")? as usize;
+    let rows =
+        req.inputs.first().and_then(|t| t.shape.first()).copied().ok_or("no inputs, or an input without a shape")?;
+    let rows = usize::try_from(rows).unwrap_or(usize::MAX);
+    if rows == 0 {
+        return Err("no samples".into());
+    }
     if rows > MAX_ROWS {
         return Err(format!("{rows} samples, more than {MAX_ROWS} in one request"));
     }
@@ -162,6 +170,9 @@ fn typed_batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Ba
     for (l, name) in schema.labels.iter().enumerate() {
         if let Some(t) = find(name) {
             labels[l] = floats(t)?;
+            if labels[l].len() != rows {
+                return Err(format!("input {name:?}: {rows} labels expected, found {}", labels[l].len()));
+            }
         }
     }
     let dense = match (find("dense"), schema.dense_width) {
