@@ -117,7 +117,14 @@ impl JobConfig {
     /// Reads a TOML job file; unknown keys are errors that name the file.
     pub fn from_file(path: &Path) -> anyhow::Result<JobConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        let mut job: JobConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        // A statistics file is read now, so the job (and the model it saves) carries the numbers.
+        if let Some(source @ crate::data::StatsSource::File(_)) = &job.data.dense_stats {
+            let base = path.parent().unwrap_or(Path::new("."));
+            let stats = source.resolve(base).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            job.data.dense_stats = Some(crate::data::StatsSource::Inline(stats));
+        }
+        Ok(job)
     }
 
     /// Writes the job as TOML (the launcher hands its resolved job to children this way).

@@ -93,6 +93,10 @@ pub struct ManifestData {
     /// Multislot: the line's fields in order (names).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<String>,
+    /// The scaling of the dense values after the format's own transform (`(x - shift) *
+    /// scale`), which the graphs apply to their `dense` input themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dense_scaling: Option<(Vec<f32>, Vec<f32>)>,
     /// A command the job piped its files through (an export's reader must do the same).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipe_command: Option<String>,
@@ -156,6 +160,7 @@ fn data_of(schema: &Schema) -> ManifestData {
         slots: schema.slots.clone(),
         hash_slots: schema.hash_slots,
         fields: schema.field_names(),
+        dense_scaling: schema.dense_affine.as_ref().map(|a| (a.shift.clone(), a.scale.clone())),
         pipe_command: schema.pipe_command.clone(),
     }
 }
@@ -165,7 +170,8 @@ pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Re
     let model = &saved.model;
     let mut params = Vec::new();
     saved.shard.dense.lock().read(&mut params);
-    let dense = model.to_onnx(&params, None).map_err(anyhow::Error::msg)?;
+    let affine = saved.schema.dense_affine.as_ref();
+    let dense = model.to_onnx(&params, None, affine).map_err(anyhow::Error::msg)?;
     let tables = tables(saved)?;
     let table_bytes: u64 = tables.iter().map(|t| 4 * t.weights.len() as u64 + 16 * t.ids.len() as u64).sum();
     let (complete, model_skipped) = if config.complete_limit == 0 {
@@ -178,7 +184,7 @@ pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Re
         (None, Some(why))
     } else {
         let views: Vec<OnnxTable> = tables.iter().map(|t| OnnxTable { ids: &t.ids, weights: &t.weights }).collect();
-        (Some(model.to_onnx(&params, Some(&views)).map_err(anyhow::Error::msg)?), None)
+        (Some(model.to_onnx(&params, Some(&views), affine).map_err(anyhow::Error::msg)?), None)
     };
     let out = &config.out;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;

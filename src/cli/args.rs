@@ -171,6 +171,22 @@ pub(super) enum DataCommand {
     Get(GetArgs),
     /// Turn a raw data set into plain-format train/test files, as PaddlePaddle prepares it.
     Prepare(PrepareArgs),
+    /// The dense values' statistics over training files (count, mean, std, min, max per value,
+    /// after the format's own transform), for `[data] dense_transform`.
+    Stats(StatsArgs),
+}
+
+#[derive(Args)]
+pub(super) struct StatsArgs {
+    /// The job file whose `[data]` reads the files [default: Criteo].
+    #[arg(long)]
+    pub(super) config: Option<PathBuf>,
+    /// Data files or folders.
+    #[arg(long, required = true, num_args = 1..)]
+    pub(super) data: Vec<PathBuf>,
+    /// The statistics file (JSON), named by `[data] dense_stats`.
+    #[arg(long)]
+    pub(super) out: PathBuf,
 }
 
 #[derive(Args)]

@@ -321,6 +321,43 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             );
             Ok(())
         }
+        Command::Data { what: DataCommand::Stats(a) } => {
+            let job = match &a.config {
+                Some(path) => crate::config::JobConfig::from_file(path)?,
+                None => crate::config::JobConfig::default(),
+            };
+            // The values before any scaling: the statistics are what a scaling is made from.
+            let data = crate::data::DataConfig { dense_transform: None, dense_stats: None, ..job.data.clone() };
+            let schema =
+                crate::data::Schema::resolve(&data, job.model.shorthand_shape()).map_err(anyhow::Error::msg)?;
+            anyhow::ensure!(schema.dense_width > 0, "the data has no dense values");
+            let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
+            let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
+                    .expect("valid template"),
+            );
+            let reader = crate::data::Reader::spawn(files, crate::data::ReaderConfig::new(&schema, 4096));
+            let progress = reader.progress();
+            let mut acc = crate::data::transform::StatsAccumulator::default();
+            for batch in reader {
+                acc.add(&batch?);
+                bar.set_position(progress.bytes.load(std::sync::atomic::Ordering::Relaxed));
+            }
+            bar.finish_and_clear();
+            let stats = acc.stats();
+            let json = serde_json::to_vec_pretty(&stats).expect("statistics serialize");
+            crate::state_file::write_atomic(&a.out, &json)?;
+            println!(
+                "{} samples, {} dense values: statistics in {} (add to [data]: dense_transform = \"standardize\" or \"minmax\", dense_stats = {:?})",
+                stats.count,
+                stats.mean.len(),
+                a.out.display(),
+                a.out.display().to_string()
+            );
+            Ok(())
+        }
         Command::Data { what: DataCommand::Prepare(a) } => {
             let p = match a.name {
                 PrepareName::UciHousing => crate::data::prepare::uci_housing(&a.src, &a.out)?,

@@ -21,11 +21,13 @@ pub mod prepare;
 pub mod reader;
 pub mod schema;
 pub mod slots;
+pub mod transform;
 
 pub use crate::batch::Batch;
 pub use files::{list_files, shard_files};
 pub use reader::{DataError, Reader, ReaderConfig};
 pub use schema::{expand_names, DenseColumn, Schema};
+pub use transform::{DenseStats, DenseTransform, StatsSource};
 
 use serde::{Deserialize, Serialize};
 
@@ -89,6 +91,14 @@ pub struct DataConfig {
     /// columns (PaddleRec's readers: `click 1 .. 26 dense_feature`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fields: Option<Vec<String>>,
+    /// Scaling of the dense values after the format's own transform: `standardize` or `minmax`
+    /// with `dense_stats` (default none; see [`transform`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_transform: Option<DenseTransform>,
+    /// The training files' dense statistics (`oar data stats`' file, relative to the job file;
+    /// a saved model holds the numbers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_stats: Option<StatsSource>,
 }
 
 /// Turns one line into one sample. Implementations keep their scratch buffers between lines
@@ -100,11 +110,15 @@ pub trait LineParser: Send {
 
 /// The parser of `schema`'s format (each reader thread makes its own).
 pub fn parser(schema: &Schema) -> Box<dyn LineParser> {
-    match schema.format {
+    let inner: Box<dyn LineParser> = match schema.format {
         Format::Criteo => Box::new(criteo::CriteoParser),
         Format::Plain => Box::new(plain::PlainParser::new(schema)),
         Format::Slots => Box::new(slots::SlotsParser::new(schema)),
         Format::Multislot => Box::new(multislot::MultiSlotParser::new(schema)),
+    };
+    match &schema.dense_affine {
+        None => inner,
+        Some(affine) => Box::new(transform::Scaled { inner, affine: affine.clone() }),
     }
 }
 

@@ -47,6 +47,8 @@ pub struct Schema {
     pub pipe_command: Option<String>,
     /// `multislot`: what each field of a line fills, in line order (empty for other formats).
     pub fields: Vec<Field>,
+    /// The scaling of the dense values after the format's own transform, if any.
+    pub dense_affine: Option<super::transform::Affine>,
 }
 
 /// One field of a MultiSlot line: a count, then that many values for this target.
@@ -167,6 +169,7 @@ impl Schema {
             hash_slots: true,
             pipe_command: None,
             fields: Vec::new(),
+            dense_affine: None,
         }
     }
 
@@ -276,9 +279,24 @@ impl Schema {
             (_, None) => Vec::new(),
             (_, Some(_)) => return Err("[data] fields: only the multislot format has an order of fields".into()),
         };
+        let dense_width: usize = dense.iter().map(|c| c.width).sum();
+        let transform = data.dense_transform.unwrap_or_default();
+        let dense_affine = match (&data.dense_stats, transform) {
+            (_, super::DenseTransform::None) => None,
+            (None, _) => {
+                return Err(
+                    "[data] dense_transform needs dense_stats (the training files' statistics: oar data stats)".into()
+                )
+            }
+            (Some(super::StatsSource::File(f)), _) => {
+                return Err(format!("[data] dense_stats: {f:?} was not read (job files read it when they are read)"))
+            }
+            (Some(super::StatsSource::Inline(stats)), t) => super::transform::Affine::new(t, stats, dense_width)?,
+        };
         Ok(Schema {
             format: data.format,
-            dense_width: dense.iter().map(|c| c.width).sum(),
+            dense_width,
+            dense_affine,
             labels,
             dense,
             slots,

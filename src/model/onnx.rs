@@ -99,10 +99,25 @@ impl Model {
     /// The model as ONNX with parameters `params`: the dense graph (`tables` `None`) or the
     /// complete model with `tables` (one per model table). Errors name the layer that has no
     /// ONNX form.
-    pub fn to_onnx(&self, params: &[f32], tables: Option<&[OnnxTable]>) -> Result<OnnxModel, String> {
+    pub fn to_onnx(
+        &self,
+        params: &[f32],
+        tables: Option<&[OnnxTable]>,
+        dense_affine: Option<&crate::data::transform::Affine>,
+    ) -> Result<OnnxModel, String> {
         let mut p = Ports { g: Graph::new(), inputs: Vec::new(), outputs: Vec::new() };
+        // The dense values as the format gives them; the data's scaling, if any, is the graph's.
+        let mut dense = "dense".to_string();
         if self.nodes.iter().any(|n| n.inputs.contains(&DENSE)) {
-            p.input("dense", Elem::Float, &[-1, self.input.dense_width as i64]);
+            let w = self.input.dense_width;
+            p.input("dense", Elem::Float, &[-1, w as i64]);
+            if let Some(a) = dense_affine {
+                p.g.scope("dense");
+                let shift = p.g.floats("shift", &[w], &a.shift);
+                let scale = p.g.floats("scale", &[w], &a.scale);
+                let centred = p.g.op("Sub", &["dense", &shift], Vec::new());
+                dense = p.g.op("Mul", &[&centred, &scale], Vec::new());
+            }
         }
         let kinds: HashMap<String, String> = match self.config.graph() {
             Ok(g) => g.layers.into_iter().map(|l| (l.name, l.kind)).collect(),
@@ -117,7 +132,11 @@ impl Model {
                     Some(tables) => lookups.pool(&mut p, self, e, &tables[e.table], &node.name),
                 },
                 Op::Layer(layer) => {
-                    let names: Vec<String> = node.inputs.iter().map(|&t| self.tensor_name(t)).collect();
+                    let names: Vec<String> = node
+                        .inputs
+                        .iter()
+                        .map(|&t| if t == DENSE { dense.clone() } else { self.tensor_name(t) })
+                        .collect();
                     let xs: Vec<&str> = names.iter().map(String::as_str).collect();
                     layer.export_onnx(&mut p.g, &params[node.params.clone()], &xs, &node.name).map_err(|e| {
                         let kind = kinds.get(&node.name).map_or("custom", String::as_str);
@@ -128,7 +147,8 @@ impl Model {
         }
         for (h, head) in self.heads.iter().enumerate() {
             p.g.scope("heads");
-            let (x, out) = (self.tensor_name(head.tensor), self.score_name(h));
+            let x = if head.tensor == DENSE { dense.clone() } else { self.tensor_name(head.tensor) };
+            let out = self.score_name(h);
             match head.loss {
                 Loss::LogLoss => p.g.op_to("Sigmoid", &[&x], Vec::new(), &out),
                 Loss::Square => p.g.identity(&x, &out),

@@ -177,7 +177,14 @@ fn typed_batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Ba
     }
     let dense = match (find("dense"), schema.dense_width) {
         (_, 0) => Vec::new(),
-        (Some(t), w) if t.shape == [rows as u64, w as u64] => floats(t)?,
+        (Some(t), w) if t.shape == [rows as u64, w as u64] => {
+            // As the format gives them (the export's `dense` input); scaled as the reader would.
+            let mut v = floats(t)?;
+            if let Some(a) = &schema.dense_affine {
+                a.apply(&mut v);
+            }
+            v
+        }
         (Some(t), w) => return Err(format!("input \"dense\": shape {:?}, [{rows}, {w}] expected", t.shape)),
         (None, w) => return Err(format!("input \"dense\" (FP32 [{rows}, {w}]) is missing")),
     };

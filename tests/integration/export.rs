@@ -110,6 +110,18 @@ fn every_zoo_model_exports_to_onnx_that_scores_as_oar_predict() {
         check(&py, dir.path(), &zoo_job(name), &train, &test);
     }
     check(&py, dir.path(), &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml"), &train, &test);
+    // Standardized dense values: the graphs scale their `dense` input themselves.
+    let stats = dir.path().join("stats.json");
+    let o = oar(&["data", "stats", "--data", train.to_str().unwrap(), "--out", stats.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let job = dir.path().join("deepfm_standardized.toml");
+    let zoo = std::fs::read_to_string(zoo_job("deepfm")).unwrap();
+    std::fs::write(
+        &job,
+        zoo.replace("[data]", "[data]\ndense_transform = \"standardize\"\ndense_stats = \"stats.json\""),
+    )
+    .unwrap();
+    check(&py, dir.path(), &job, &train, &test);
 }
 
 #[test]
@@ -181,6 +193,6 @@ fn a_layer_without_an_onnx_form_is_refused_by_name() {
     b.output(&r, oar::model::Loss::LogLoss);
     let (model, _) = oar::config::build_model(&b.build(), &oar::data::DataConfig::default(), &registry).unwrap();
     let params = vec![0.0; model.dense_len()];
-    let err = model.to_onnx(&params, None).err().expect("refused");
+    let err = model.to_onnx(&params, None, None).err().expect("refused");
     assert!(err.contains("layer \"mystery\" (opaque) cannot be exported"), "{err}");
 }

@@ -133,3 +133,35 @@ fn predict_names_a_bad_line_and_a_missing_model() {
     assert!(!o.status.success() && text(&o).contains("bad.txt:2"), "{}", text(&o));
     assert!(!Path::new(&scores).exists(), "a failed run leaves no half file");
 }
+
+#[test]
+fn standardized_dense_values_travel_with_the_model() {
+    // `oar data stats` over the training files, a job that standardizes with them: the saved
+    // model carries the numbers, so prediction and evaluation need no statistics file, and give
+    // the same figures; a job naming a missing statistics file is refused naming it.
+    let dir = tempfile::tempdir().unwrap();
+    gen_data(&dir.path().join("data"), 1, 3000, 1000);
+    let s = |p: &Path| p.display().to_string();
+    let stats = dir.path().join("stats.json");
+    let o = oar(&["data", "stats", "--data", &s(&dir.path().join("data/train")), "--out", &s(&stats)]);
+    assert!(o.status.success() && text(&o).contains("3000 samples, 13 dense values"), "{}", text(&o));
+    let parsed: oar::data::DenseStats = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!((parsed.count, parsed.mean.len()), (3000, 13));
+    assert!(parsed.std.iter().all(|&v| v > 0.0), "{parsed:?}");
+    let job = dir.path().join("job.toml");
+    let zoo = std::fs::read_to_string(zoo_job("deepfm")).unwrap();
+    let with = zoo.replace("[data]", "[data]\ndense_transform = \"standardize\"\ndense_stats = \"stats.json\"");
+    std::fs::write(&job, with).unwrap();
+    let data = dir.path().join("data");
+    predict_matches_eval(dir.path(), &data, Some(&job), 1);
+    let manifest = std::fs::read_to_string(dir.path().join("model/pass-0001/manifest.json")).unwrap();
+    assert!(
+        manifest.contains("\"dense_transform\": \"standardize\"") && manifest.contains("\"mean\""),
+        "the numbers are saved"
+    );
+    std::fs::remove_file(&stats).unwrap();
+    let o = oar(&["eval", "--model", &s(&dir.path().join("model")), "--data", &s(&data.join("test"))]);
+    assert!(o.status.success() && text(&o).contains("1000 samples, AUC"), "{}", text(&o));
+    let o = oar(&["train", "--config", &s(&job), "--train", &s(&data.join("train"))]);
+    assert!(!o.status.success() && text(&o).contains("dense_stats") && text(&o).contains("stats.json"), "{}", text(&o));
+}

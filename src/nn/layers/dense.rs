@@ -12,20 +12,30 @@ pub struct LinearLayer {
     linear: Linear,
     bias: bool,
     activation: Activation,
+    /// Whether the weights start at zero (a linear term) instead of PyTorch's default.
+    zero_init: bool,
 }
 
-/// `linear`: `out` (required), `bias = true`, `activation = "identity"`.
+/// `linear`: `out` (required), `bias = true`, `activation = "identity"`, `init = "uniform"`
+/// (PyTorch's default, +-1/sqrt(inputs), for a hidden layer) or `"zeros"` (weights and bias at
+/// zero, for a linear term on raw features, as the reference LR parts start near zero: a random
+/// start on unscaled inputs is a random logit the first steps must undo).
 pub fn linear(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let [input] = inputs else { return Err("takes one input".into()) };
     let out = args.required_usize("out")?;
     let bias = args.bool("bias")?.unwrap_or(true);
     let activation = args.activation("activation")?.unwrap_or(Activation::Identity);
+    let zero_init = match args.string("init")?.as_deref() {
+        None | Some("uniform") => false,
+        Some("zeros") => true,
+        Some(other) => return Err(format!("init must be \"uniform\" or \"zeros\", got {other:?}")),
+    };
     args.finish()?;
     if out == 0 {
         return Err("out must be positive".into());
     }
     let (linear, _) = Linear::new("", input.size(), out, 0);
-    Ok(Box::new(LinearLayer { linear, bias, activation }))
+    Ok(Box::new(LinearLayer { linear, bias, activation, zero_init }))
 }
 
 impl Layer for LinearLayer {
@@ -35,7 +45,7 @@ impl Layer for LinearLayer {
 
     fn params(&self) -> Vec<DenseParam> {
         let (i, o) = (self.linear.input, self.linear.output);
-        let init = Init::Uniform { scale: 1.0 / (i as f32).sqrt() };
+        let init = if self.zero_init { Init::Zeros } else { Init::Uniform { scale: 1.0 / (i as f32).sqrt() } };
         let mut p = vec![DenseParam { name: "w".into(), len: i * o, init }];
         if self.bias {
             p.push(DenseParam { name: "b".into(), len: o, init });

@@ -1,0 +1,217 @@
+//! Dense feature scaling: `[data] dense_transform` (`standardize` or `minmax`) with the
+//! statistics of the training files (`oar data stats`), applied after the format's own transform
+//! (Criteo: `ln(1 + x)`) by every reader of the job's data: training, evaluation, `oar predict`,
+//! `oar serve`; the export's graphs apply it to their `dense` input.
+//!
+//! The statistics travel with the model: a job file may name the statistics file
+//! (`dense_stats = "stats.json"`, relative to the job file), which is read once when the job file
+//! is, and the saved model's manifest holds the numbers themselves.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Batch, LineParser};
+
+/// How dense values are scaled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenseTransform {
+    /// As the format gives them.
+    #[default]
+    None,
+    /// `(x - mean) / std` per value.
+    Standardize,
+    /// `(x - min) / (max - min)` per value.
+    Minmax,
+}
+
+/// Per dense value of the training files: count, mean, standard deviation, minimum, maximum
+/// (after the format's own transform).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DenseStats {
+    /// Samples read.
+    pub count: u64,
+    /// Means.
+    pub mean: Vec<f64>,
+    /// Standard deviations (population).
+    pub std: Vec<f64>,
+    /// Minima.
+    pub min: Vec<f64>,
+    /// Maxima.
+    pub max: Vec<f64>,
+}
+
+/// `dense_stats` in a job file: a file's path, or (in a saved model) the numbers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StatsSource {
+    /// `oar data stats`' output file.
+    File(String),
+    /// The statistics themselves.
+    Inline(DenseStats),
+}
+
+impl StatsSource {
+    /// The numbers, reading a file relative to `base` (the job file's folder).
+    pub fn resolve(&self, base: &Path) -> Result<DenseStats, String> {
+        match self {
+            StatsSource::Inline(s) => Ok(s.clone()),
+            StatsSource::File(f) => {
+                let path = base.join(f);
+                let bad = |e: String| format!("[data] dense_stats: {}: {e}", path.display());
+                let meta = std::fs::metadata(&path).map_err(|e| bad(e.to_string()))?;
+                if !meta.is_file() || meta.len() > 64 << 20 {
+                    return Err(bad("not a statistics file (a regular file of at most 64 MiB)".into()));
+                }
+                let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+                serde_json::from_slice(&text)
+                    .map_err(|e| format!("[data] dense_stats: {}: not oar data stats output: {e}", path.display()))
+            }
+        }
+    }
+}
+
+/// `y = (x - shift) * scale`, per dense value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Affine {
+    /// Subtracted first.
+    pub shift: Vec<f32>,
+    /// Then multiplied.
+    pub scale: Vec<f32>,
+}
+
+impl Affine {
+    /// The affine map of `transform` with `stats` for `width` values; an error names what does
+    /// not fit (another width, a non-finite number). A constant value is only shifted.
+    pub fn new(transform: DenseTransform, stats: &DenseStats, width: usize) -> Result<Option<Affine>, String> {
+        if transform == DenseTransform::None {
+            return Ok(None);
+        }
+        let lens = [stats.mean.len(), stats.std.len(), stats.min.len(), stats.max.len()];
+        if lens.iter().any(|&n| n != width) {
+            return Err(format!(
+                "[data] dense_stats: {lens:?} values per statistic, the data has {width} dense values"
+            ));
+        }
+        let all = stats.mean.iter().chain(&stats.std).chain(&stats.min).chain(&stats.max);
+        if all.clone().any(|v| !v.is_finite()) {
+            return Err("[data] dense_stats: a statistic is not a finite number".into());
+        }
+        let inverse = |d: f64| if d > 1e-12 { (1.0 / d) as f32 } else { 1.0 };
+        let (shift, scale) = match transform {
+            DenseTransform::Standardize => {
+                (stats.mean.iter().map(|&m| m as f32).collect(), stats.std.iter().map(|&s| inverse(s)).collect())
+            }
+            DenseTransform::Minmax => (
+                stats.min.iter().map(|&m| m as f32).collect(),
+                stats.min.iter().zip(&stats.max).map(|(a, b)| inverse(b - a)).collect(),
+            ),
+            DenseTransform::None => unreachable!("returned above"),
+        };
+        Ok(Some(Affine { shift, scale }))
+    }
+
+    /// Scales `values` (samples of `shift.len()` values each) in place.
+    pub fn apply(&self, values: &mut [f32]) {
+        for row in values.chunks_exact_mut(self.shift.len()) {
+            for ((v, s), k) in row.iter_mut().zip(&self.shift).zip(&self.scale) {
+                *v = (*v - s) * k;
+            }
+        }
+    }
+}
+
+/// A parser whose samples' dense values are scaled.
+pub struct Scaled {
+    /// The format's parser.
+    pub inner: Box<dyn LineParser>,
+    /// The scaling.
+    pub affine: Affine,
+}
+
+impl LineParser for Scaled {
+    fn parse(&mut self, line: &[u8], batch: &mut Batch) -> Result<(), String> {
+        self.inner.parse(line, batch)?;
+        let w = self.affine.shift.len();
+        let at = batch.dense.len() - w;
+        self.affine.apply(&mut batch.dense[at..]);
+        Ok(())
+    }
+}
+
+/// Accumulates [`DenseStats`] over batches.
+#[derive(Clone, Debug, Default)]
+pub struct StatsAccumulator {
+    count: u64,
+    sum: Vec<f64>,
+    sum_sq: Vec<f64>,
+    min: Vec<f64>,
+    max: Vec<f64>,
+}
+
+impl StatsAccumulator {
+    /// Adds a batch's dense values.
+    pub fn add(&mut self, batch: &Batch) {
+        let w = batch.dense_width;
+        if self.sum.len() != w {
+            *self = StatsAccumulator {
+                count: 0,
+                sum: vec![0.0; w],
+                sum_sq: vec![0.0; w],
+                min: vec![f64::INFINITY; w],
+                max: vec![f64::NEG_INFINITY; w],
+            };
+        }
+        for row in batch.dense.chunks_exact(w.max(1)).take(batch.len()) {
+            for (j, &v) in row.iter().enumerate() {
+                let v = v as f64;
+                self.sum[j] += v;
+                self.sum_sq[j] += v * v;
+                self.min[j] = self.min[j].min(v);
+                self.max[j] = self.max[j].max(v);
+            }
+        }
+        self.count += batch.len() as u64;
+    }
+
+    /// The statistics so far.
+    pub fn stats(&self) -> DenseStats {
+        let n = self.count.max(1) as f64;
+        let mean: Vec<f64> = self.sum.iter().map(|s| s / n).collect();
+        let std = self.sum_sq.iter().zip(&mean).map(|(q, m)| (q / n - m * m).max(0.0).sqrt()).collect();
+        DenseStats { count: self.count, mean, std, min: self.min.clone(), max: self.max.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_and_both_scalings_by_hand() {
+        let mut b = Batch::new(1, 2, 0);
+        b.labels.extend([0.0, 1.0, 0.0]);
+        b.dense.extend([1.0, 5.0, 3.0, 5.0, 5.0, 5.0]);
+        let mut acc = StatsAccumulator::default();
+        acc.add(&b);
+        let s = acc.stats();
+        assert_eq!(
+            (s.count, s.mean.clone(), s.min.clone(), s.max.clone()),
+            (3, vec![3.0, 5.0], vec![1.0, 5.0], vec![5.0, 5.0])
+        );
+        assert!((s.std[0] - (8.0f64 / 3.0).sqrt()).abs() < 1e-12 && s.std[1] == 0.0);
+        let std = Affine::new(DenseTransform::Standardize, &s, 2).unwrap().unwrap();
+        let mut v = vec![1.0, 5.0];
+        std.apply(&mut v);
+        assert!((v[0] + 2.0 / (8.0f32 / 3.0).sqrt()).abs() < 1e-6 && v[1] == 0.0, "{v:?}: a constant is only shifted");
+        let mm = Affine::new(DenseTransform::Minmax, &s, 2).unwrap().unwrap();
+        let mut v = vec![3.0, 5.0, 5.0, 5.0];
+        mm.apply(&mut v);
+        assert_eq!(v, [0.5, 0.0, 1.0, 0.0]);
+        assert!(Affine::new(DenseTransform::Standardize, &s, 3).unwrap_err().contains("3 dense values"));
+        let nan = DenseStats { mean: vec![f64::NAN, 0.0], ..s };
+        assert!(Affine::new(DenseTransform::Minmax, &nan, 2).unwrap_err().contains("finite"));
+    }
+}
