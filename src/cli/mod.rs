@@ -134,12 +134,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         Command::Predict(a) => {
             let saved = crate::predict::load(&a.model, registry)?;
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
-            let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
-            let bar = indicatif::ProgressBar::new(total);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
-                    .expect("valid template"),
-            );
+            let bar = files_bar(&files);
             if a.no_progress {
                 bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
             }
@@ -332,12 +327,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 crate::data::Schema::resolve(&data, job.model.shorthand_shape()).map_err(anyhow::Error::msg)?;
             anyhow::ensure!(schema.dense_width > 0, "the data has no dense values");
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
-            let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
-            let bar = indicatif::ProgressBar::new(total);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
-                    .expect("valid template"),
-            );
+            let bar = files_bar(&files);
             let reader = crate::data::Reader::spawn(files, crate::data::ReaderConfig::new(&schema, 4096));
             let progress = reader.progress();
             let mut acc = crate::data::transform::StatsAccumulator::default();
@@ -484,4 +474,15 @@ fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()
         report::print_days(&report.days);
     }
     Ok(())
+}
+
+/// A progress bar over the bytes of `files`.
+fn files_bar(files: &[std::path::PathBuf]) -> indicatif::ProgressBar {
+    let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
+            .expect("valid template"),
+    );
+    bar
 }
