@@ -25,6 +25,9 @@ pub struct TrainSettings {
     pub log_every: u64,
     /// Steps between two points of the training curves (`metrics.csv`; 0: only pass points).
     pub metrics_every: u64,
+    /// Also write the curves as TensorBoard event files under this folder (`trainer-K/`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensorboard: Option<PathBuf>,
     /// Skip and count bad data lines instead of failing.
     pub skip_bad_lines: bool,
     /// Seconds to wait for servers, sync steps and barriers.
@@ -68,6 +71,7 @@ impl Default for TrainSettings {
             threads: 1,
             log_every: 200,
             metrics_every: 50,
+            tensorboard: None,
             skip_bad_lines: false,
             timeout_secs: 300,
             lag_ratio: 2.5,

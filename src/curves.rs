@@ -77,9 +77,11 @@ pub enum CurvesError {
 /// The header line of a curves file.
 pub const HEADER: &str = "trainer,pass,step,samples,seconds,kind,loss,auc";
 
-/// An open curves file that points are appended to.
+/// Where points go: a curves file they are appended to and, optionally, a TensorBoard event
+/// file ([`crate::tfevents`]).
 pub struct CurveLog {
-    file: Mutex<std::fs::File>,
+    file: Option<Mutex<std::fs::File>>,
+    events: Option<Mutex<crate::tfevents::EventFile>>,
     path: PathBuf,
 }
 
@@ -97,19 +99,47 @@ impl CurveLog {
         if file.metadata()?.len() == 0 {
             file.write_all(format!("{HEADER}\n").as_bytes())?;
         }
-        Ok(CurveLog { file: Mutex::new(file), path: path.to_path_buf() })
+        Ok(CurveLog { file: Some(Mutex::new(file)), events: None, path: path.to_path_buf() })
     }
 
-    /// Appends `point` as one line (a failure is logged, not fatal: training goes on).
-    pub fn write(&self, point: &Point) {
-        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
-        let line = w.serialize(point).ok().and_then(|()| w.into_inner().ok());
-        let result = match line {
-            Some(line) => self.file.lock().write_all(&line),
-            None => Err(std::io::Error::other("cannot format the point")),
+    /// Where trainer `trainer`'s points go: the curves file `csv`, TensorBoard event files under
+    /// `tensorboard`, both, or neither (`None`). Errors name the file or folder.
+    pub fn open_all(csv: Option<&Path>, tensorboard: Option<&Path>, trainer: u32) -> anyhow::Result<Option<CurveLog>> {
+        use anyhow::Context;
+        let mut log = match csv {
+            Some(p) => CurveLog::open(p).with_context(|| format!("cannot open the curves file {}", p.display()))?,
+            None => CurveLog { file: None, events: None, path: PathBuf::new() },
         };
-        if let Err(e) = result {
-            tracing::warn!(file = %self.path.display(), "cannot append to the curves file: {e}");
+        if let Some(dir) = tensorboard {
+            let events = crate::tfevents::EventFile::create(dir, trainer)
+                .with_context(|| format!("cannot write TensorBoard events under {}", dir.display()))?;
+            if csv.is_none() {
+                log.path = events.path().to_path_buf();
+            }
+            log.events = Some(Mutex::new(events));
+        }
+        Ok((log.file.is_some() || log.events.is_some()).then_some(log))
+    }
+
+    /// Appends `point` as one line, and as scalars to the event file (a failure is logged, not
+    /// fatal: training goes on).
+    pub fn write(&self, point: &Point) {
+        if let Some(file) = &self.file {
+            let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+            let line = w.serialize(point).ok().and_then(|()| w.into_inner().ok());
+            let result = match line {
+                Some(line) => file.lock().write_all(&line),
+                None => Err(std::io::Error::other("cannot format the point")),
+            };
+            if let Err(e) = result {
+                tracing::warn!(file = %self.path.display(), "cannot append to the curves file: {e}");
+            }
+        }
+        if let Some(events) = &self.events {
+            let mut e = events.lock();
+            if let Err(err) = e.write(point) {
+                tracing::warn!(file = %e.path().display(), "cannot append to the TensorBoard events: {err}");
+            }
         }
     }
 }

@@ -33,6 +33,7 @@ pub mod state_file;
 pub mod supervise;
 pub mod table;
 pub mod telemetry;
+pub mod tfevents;
 pub mod tls;
 pub mod train;
 

@@ -274,6 +274,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         metrics_addr: None,
         metrics_csv: None,
         metrics_every: 0,
+        tensorboard: None,
         job: "bench".into(),
         skip_bad_lines: false,
         recover: None,

@@ -169,6 +169,9 @@ pub(super) struct JobArgs {
     /// Steps between two points of the training curves (0: only pass points).
     #[arg(long, env = "OAR_METRICS_EVERY")]
     pub(super) metrics_every: Option<u64>,
+    /// Also write the training curves as TensorBoard event files under DIR (trainer-K/).
+    #[arg(long, env = "OAR_TENSORBOARD")]
+    pub(super) tensorboard: Option<PathBuf>,
     /// Skip and count bad data lines instead of failing.
     #[arg(long, env = "OAR_SKIP_BAD_LINES")]
     pub(super) skip_bad_lines: bool,
@@ -256,6 +259,9 @@ impl JobArgs {
         set(&mut t.threads, self.threads);
         set(&mut t.log_every, self.log_every);
         set(&mut t.metrics_every, self.metrics_every);
+        if let Some(dir) = &self.tensorboard {
+            t.tensorboard = Some(dir.clone());
+        }
         set(&mut t.timeout_secs, self.timeout);
         set(&mut t.lag_ratio, self.lag_ratio);
         set(&mut t.delay, self.delay);

@@ -417,6 +417,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         metrics_addr: a.metrics_addr.clone(),
         metrics_csv: a.metrics_csv.clone().or_else(|| a.output.as_ref().map(|o| o.join("metrics.csv"))),
         metrics_every: job.train.metrics_every,
+        tensorboard: job.train.tensorboard.clone(),
         job: a.job_id,
         skip_bad_lines: job.train.skip_bad_lines,
         connect_timeout: timeout.min(Duration::from_secs(60)),

@@ -57,6 +57,8 @@ pub struct TrainConfig {
     pub metrics_csv: Option<PathBuf>,
     /// Steps between two curve points (0: only pass points).
     pub metrics_every: u64,
+    /// Also write the curve points as TensorBoard event files under `DIR/trainer-K/`.
+    pub tensorboard: Option<PathBuf>,
     /// Job id (servers refuse other jobs).
     pub job: String,
     /// Skip and count bad data lines instead of failing.

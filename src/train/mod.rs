@@ -171,13 +171,8 @@ pub fn run_with(
         days: Vec::new(),
     };
     let (mut step, mut bytes_before) = (start.step, 0u64);
-    let curves = match &config.metrics_csv {
-        Some(path) => Some(
-            crate::curves::CurveLog::open(path)
-                .with_context(|| format!("cannot open the curves file {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let curves =
+        crate::curves::CurveLog::open_all(config.metrics_csv.as_deref(), config.tensorboard.as_deref(), me as u32)?;
     let mut exports = crate::export::ExportPlan { delta_every: config.delta_every, based: false };
     for pass in start.pass..=config.passes {
         // A rejoining trainer goes on in the pass it was in, after the samples it pushed (and

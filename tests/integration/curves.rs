@@ -80,3 +80,58 @@ fn a_launched_job_writes_every_trainers_curves_and_draws_them() {
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(!o.status.success() && err.contains("not a regular file"), "{err}");
 }
+
+#[test]
+fn tensorboard_reads_the_same_curves_from_the_event_files() {
+    // TensorBoard's own reader (its EventAccumulator) on the event files a launched 2x2 job wrote
+    // gives, per trainer, the points of metrics.csv: same tags, steps and values (as f32).
+    let py = std::env::var("OAR_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has =
+        std::process::Command::new(&py).args(["-c", "import tensorboard"]).output().is_ok_and(|o| o.status.success());
+    if !has {
+        eprintln!("skipped: no Python with tensorboard ({py}; .ci/run installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = gen_data(dir.path(), 2, 2000, 500);
+    let (logs, board) = (dir.path().join("logs"), dir.path().join("board"));
+    let (train, test, b) = (train.display().to_string(), test.display().to_string(), board.display().to_string());
+    let args = ["--mode", "sync", "--train", &train, "--test", &test, "--hidden", "8", "--passes", "2"];
+    launch(&logs, &[&args[..], &["--batch-size", "100", "--metrics-every", "5", "--tensorboard", &b]].concat());
+    let points = oar::curves::read(&logs.join("metrics.csv")).unwrap();
+    let reader = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+out = {}
+for t in sys.argv[1:]:
+    ea = EventAccumulator(t)
+    ea.Reload()
+    out[t] = {tag: [[e.step, e.value] for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
+print(json.dumps(out))
+"#;
+    for t in 0..2u32 {
+        let run = board.join(format!("trainer-{t}"));
+        let o = std::process::Command::new(&py).args(["-c", reader, run.to_str().unwrap()]).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let read: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let scalars = &read[run.to_str().unwrap()];
+        let mut want: std::collections::BTreeMap<String, Vec<(u64, f32)>> = Default::default();
+        for p in points.iter().filter(|p| p.trainer == t) {
+            for (tag, v) in oar::tfevents::tags(p) {
+                want.entry(tag).or_default().push((p.step, v));
+            }
+        }
+        assert!(want.contains_key("loss/steps") && want.contains_key("auc/pass"), "{want:?}");
+        let tags: Vec<&String> = scalars.as_object().unwrap().keys().collect();
+        assert_eq!(tags, want.keys().collect::<Vec<_>>(), "trainer {t}: the same tags");
+        for (tag, values) in &want {
+            let got: Vec<(u64, f32)> = scalars[tag]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| (e[0].as_u64().unwrap(), e[1].as_f64().unwrap() as f32))
+                .collect();
+            assert_eq!(&got, values, "trainer {t} {tag}");
+        }
+    }
+}

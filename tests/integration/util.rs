@@ -121,6 +121,7 @@ pub fn train_config(
         metrics_addr: None,
         metrics_csv: None,
         metrics_every: 0,
+        tensorboard: None,
         job: "test".into(),
         skip_bad_lines: false,
         recover: None,
