@@ -7,6 +7,7 @@
 //! | `GET /v2/models/NAME` | name, version (the saved pass), platform, inputs, outputs |
 //! | `GET /v2/models/NAME/ready` | `{"name": .., "ready": true}` |
 //! | `POST /v2/models/NAME/infer` | one FP32 `[N, 1]` output per head ([`v2`]) |
+//! | `GET /metrics` | Prometheus: requests, samples, refusals, reloads, the served pass, latency |
 //!
 //! Scores come from oar's own forward pass ([`crate::predict::Scorer`], the numbers of `oar
 //! predict`), on tokio's blocking pool so a long batch never stalls the connections. A watcher
@@ -93,6 +94,11 @@ struct Server {
     current: RwLock<Arc<Loaded>>,
     scorers: Mutex<Vec<Scorer>>,
     answered: AtomicU64,
+    samples: AtomicU64,
+    refused: AtomicU64,
+    reloads: AtomicU64,
+    failed_reloads: AtomicU64,
+    latency: crate::telemetry::Latency,
 }
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
@@ -134,8 +140,42 @@ impl Server {
         })
     }
 
-    /// Answers one `infer` body (on a blocking thread).
+    /// The Prometheus text of `GET /metrics`.
+    fn metrics(&self) -> String {
+        let mut sheet = crate::telemetry::Sheet::default();
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        sheet.counter("serve_requests", "Infer requests answered with scores.", n(&self.answered));
+        sheet.counter("serve_samples", "Samples scored.", n(&self.samples));
+        sheet.counter("serve_refused", "Infer requests refused (a bad request or an unknown model).", n(&self.refused));
+        sheet.counter("serve_reloads", "Newer saves swapped in.", n(&self.reloads));
+        sheet.counter(
+            "serve_failed_reloads",
+            "Newer saves that did not load (the old model kept).",
+            n(&self.failed_reloads),
+        );
+        sheet.gauge(
+            "serve_model_pass",
+            "The served model's saved pass.",
+            self.current.read().saved.manifest.pass as f64,
+        );
+        sheet.latency("serve_request", "Time to score an infer request, parsing included.", &self.latency);
+        sheet.render()
+    }
+
+    /// Answers one `infer` body (on a blocking thread), counting it.
     fn infer(&self, m: &Loaded, body: &[u8]) -> Response {
+        let started = std::time::Instant::now();
+        let r = self.score(m, body);
+        if r.status() == StatusCode::OK {
+            self.answered.fetch_add(1, Ordering::Relaxed);
+            self.latency.observe(started.elapsed());
+        } else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn score(&self, m: &Loaded, body: &[u8]) -> Response {
         let req: v2::InferRequest = match serde_json::from_slice(body) {
             Ok(r) => r,
             Err(e) => return error(StatusCode::BAD_REQUEST, format!("not an infer request: {e}")),
@@ -150,7 +190,7 @@ impl Server {
         match scored {
             Ok(scores) => {
                 let r = v2::response(&self.name, m.saved.manifest.pass, req.id, &m.names, &scores);
-                self.answered.fetch_add(1, Ordering::Relaxed);
+                self.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 let body = serde_json::to_string(&r).expect("a response serializes");
                 ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
             }
@@ -170,12 +210,14 @@ impl Server {
                 Ok(next) => {
                     let pass = next.saved.manifest.pass;
                     *self.current.write() = Arc::new(next);
+                    self.reloads.fetch_add(1, Ordering::Relaxed);
                     failed = None;
                     tracing::info!("serving pass {pass} of {}", dir.display());
                     println!("reloaded: serving model pass {pass}");
                 }
                 Err(e) => {
                     tracing::warn!("{}: a newer save did not load, still serving the old one: {e:#}", dir.display());
+                    self.failed_reloads.fetch_add(1, Ordering::Relaxed);
                     failed = Some(now);
                 }
             }
@@ -196,6 +238,11 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
         current: RwLock::new(Arc::new(loaded)),
         scorers: Mutex::new(Vec::new()),
         answered: AtomicU64::new(0),
+        samples: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+        reloads: AtomicU64::new(0),
+        failed_reloads: AtomicU64::new(0),
+        latency: crate::telemetry::Latency::default(),
     });
     let (_stop, stopped) = std::sync::mpsc::channel();
     let watcher = {
@@ -210,6 +257,16 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
             }),
         )
         .route("/v2/health/live", get(|| async { json_body(&json!({ "live": true })) }))
+        .route(
+            "/metrics",
+            get(|State(s): State<Arc<Server>>| async move {
+                let body = tokio::task::spawn_blocking(move || s.metrics()).await.unwrap_or_default();
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                    body,
+                )
+            }),
+        )
         .route("/v2/health/ready", get(|| async { json_body(&json!({ "ready": true })) }))
         .route(
             "/v2/models/{name}",
@@ -234,7 +291,10 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
             post(|State(s): State<Arc<Server>>, UrlPath(name): UrlPath<String>, body: Bytes| async move {
                 let m = match s.model(&name) {
                     Ok(m) => m,
-                    Err(e) => return error(StatusCode::NOT_FOUND, e),
+                    Err(e) => {
+                        s.refused.fetch_add(1, Ordering::Relaxed);
+                        return error(StatusCode::NOT_FOUND, e);
+                    }
                 };
                 let s2 = s.clone();
                 match tokio::task::spawn_blocking(move || s2.infer(&m, &body)).await {

@@ -197,6 +197,17 @@ fn serve_answers_kserve_v2_with_the_scores_of_oar_predict() {
         Err(e) => panic!("a body over --max-body-mib: {e}"),
     }
     assert_eq!(post(&infer, &lines_request(&lines[..1])).0, 200, "still serving");
+
+    // Its Prometheus metrics, read by a Prometheus parser, count exactly what was asked: 6
+    // requests scored (3 batches of the 600 lines, 1 line, 100 typed, 1 line), 702 samples, the
+    // 4 bad bodies refused (the oversized one never reached the handler), pass 1 served.
+    let m = crate::telemetry::scrape(s.url.trim_start_matches("http://"));
+    let v = |name| crate::telemetry::value(&m, name, None);
+    assert_eq!(v("oar_serve_requests_total"), 6.0);
+    assert_eq!(v("oar_serve_samples_total"), 702.0);
+    assert_eq!(v("oar_serve_refused_total"), 4.0);
+    assert_eq!((v("oar_serve_reloads_total"), v("oar_serve_model_pass")), (0.0, 1.0));
+    assert_eq!(crate::telemetry::histogram_count(&m, "oar_serve_request_seconds"), 6.0);
 }
 
 #[test]
@@ -269,5 +280,13 @@ fn a_newer_save_is_swapped_in_under_load_without_losing_a_request() {
         (sent.load(Ordering::SeqCst), answered.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
     assert_eq!(failed, 0, "no request failed during the reload");
     assert_eq!(sent, answered, "every request sent was answered");
+    let m = crate::telemetry::scrape(s.url.trim_start_matches("http://"));
+    assert_eq!(crate::telemetry::value(&m, "oar_serve_reloads_total", None), 1.0);
+    assert_eq!(crate::telemetry::value(&m, "oar_serve_model_pass", None), 2.0);
+    assert_eq!(
+        crate::telemetry::value(&m, "oar_serve_requests_total", None),
+        answered as f64,
+        "the server counted them too"
+    );
     eprintln!("{answered} requests answered across the reload, none lost");
 }

@@ -33,7 +33,7 @@ fn start(args: &[&str], want: &[&str]) -> (Child, Vec<String>) {
     (child, got)
 }
 
-fn scrape(addr: &str) -> Scrape {
+pub fn scrape(addr: &str) -> Scrape {
     let resp = ureq::get(&format!("http://{addr}/metrics")).call().unwrap();
     assert!(resp.content_type().contains("openmetrics-text"), "{}", resp.content_type());
     let body = resp.into_string().unwrap();
@@ -41,7 +41,7 @@ fn scrape(addr: &str) -> Scrape {
 }
 
 /// The value of the sample `name` (with label `label` if given).
-fn value(s: &Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+pub fn value(s: &Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
     let sample = s
         .samples
         .iter()
@@ -55,7 +55,7 @@ fn value(s: &Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
     }
 }
 
-fn histogram_count(s: &Scrape, name: &str) -> f64 {
+pub fn histogram_count(s: &Scrape, name: &str) -> f64 {
     let sample = s.samples.iter().find(|x| x.metric == name).unwrap_or_else(|| panic!("no histogram {name}"));
     let Value::Histogram(buckets) = &sample.value else { panic!("{name} is not a histogram") };
     buckets.iter().map(|b| b.count).fold(0.0, f64::max)
