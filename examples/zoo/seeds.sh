@@ -2,8 +2,8 @@
 # A zoo model's test AUC over 5 seeds on the real Criteo lines of ../shared (local training, one
 # pass): split A trains on the first 9,000 lines and tests on the next 1,000, split B trains on
 # the last 9,000 and tests on the first 1,000. Prints each split's 5 AUCs, mean and standard
-# deviation. With TRANSFORM (standardize or minmax), the dense values are scaled with the
-# split's own training statistics (oar data stats).
+# deviation. With TRANSFORM (none, standardize or minmax) the job's dense_transform is replaced
+# by it (scaling with the split's own training statistics, from oar data stats).
 #
 #   examples/zoo/seeds.sh JOB [TRANSFORM]
 set -euo pipefail
@@ -18,10 +18,12 @@ trap 'rm -rf "$work"' EXIT
 head -9000 "$lines" >"$work/a_train.txt"; tail -1000 "$lines" >"$work/a_test.txt"
 tail -9000 "$lines" >"$work/b_train.txt"; head -1000 "$lines" >"$work/b_test.txt"
 for split in a b; do
-    cp "$job" "$work/job.toml"
-    if [ -n "$transform" ]; then
-        "$oar" data stats --config "$job" --data "$work/${split}_train.txt" --out "$work/stats.json" >/dev/null
+    grep -v '^dense_transform' "$job" >"$work/job.toml"
+    if [ -n "$transform" ] && [ "$transform" != none ]; then
+        "$oar" data stats --config "$work/job.toml" --data "$work/${split}_train.txt" --out "$work/stats.json" >/dev/null
         sed -i "s/^\[data\]/[data]\ndense_transform = \"$transform\"\ndense_stats = \"stats.json\"/" "$work/job.toml"
+    elif [ -z "$transform" ]; then
+        cp "$job" "$work/job.toml"
     fi
     aucs=()
     for seed in 1 2 3 4 5; do

@@ -226,7 +226,10 @@ pub(super) struct JobArgs {
 }
 
 impl JobArgs {
-    pub(super) fn resolve(&self, registry: &Registry) -> anyhow::Result<JobConfig> {
+    /// The job: its file (or the defaults) with the flags applied, checked. With a dense
+    /// transform and no statistics, the statistics of all of `train` are computed first (the
+    /// same numbers in every trainer; `oar launch` computes them once for its children).
+    pub(super) fn resolve(&self, registry: &Registry, train: Option<&std::path::Path>) -> anyhow::Result<JobConfig> {
         let mut job = match &self.config {
             Some(path) => JobConfig::from_file(path)?,
             None => JobConfig::default(),
@@ -285,6 +288,12 @@ impl JobArgs {
         set(&mut t.is_local, self.is_local);
         if let Some(command) = &self.pipe_command {
             job.data.pipe_command = Some(command.clone());
+        }
+        if let (Some(train), None) = (train, &job.train.online) {
+            let files = crate::config::resolve_files(train)?;
+            if let Some(data) = crate::data::transform::fill_stats(&job.data, &files, job.model.shorthand_shape())? {
+                job.data = data;
+            }
         }
         job.validate_with(registry)?;
         Ok(job)

@@ -98,7 +98,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             Ok(())
         }
         Command::Launch(a) => {
-            let job = a.job.resolve(registry)?;
+            let job = a.job.resolve(registry, a.train.as_deref())?;
             let train = match (a.train, &job.train.online) {
                 (Some(t), None) => t,
                 (None, Some(online)) => online.clone(),
@@ -321,22 +321,12 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 Some(path) => crate::config::JobConfig::from_file(path)?,
                 None => crate::config::JobConfig::default(),
             };
-            // The values before any scaling: the statistics are what a scaling is made from.
-            let data = crate::data::DataConfig { dense_transform: None, dense_stats: None, ..job.data.clone() };
-            let schema =
-                crate::data::Schema::resolve(&data, job.model.shorthand_shape()).map_err(anyhow::Error::msg)?;
-            anyhow::ensure!(schema.dense_width > 0, "the data has no dense values");
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let bar = files_bar(&files);
-            let reader = crate::data::Reader::spawn(files, crate::data::ReaderConfig::new(&schema, 4096));
-            let progress = reader.progress();
-            let mut acc = crate::data::transform::StatsAccumulator::default();
-            for batch in reader {
-                acc.add(&batch?);
-                bar.set_position(progress.bytes.load(std::sync::atomic::Ordering::Relaxed));
-            }
+            let stats = crate::data::transform::compute(files, &job.data, job.model.shorthand_shape(), &|b| {
+                bar.set_position(b)
+            })?;
             bar.finish_and_clear();
-            let stats = acc.stats();
             let json = serde_json::to_vec_pretty(&stats).expect("statistics serialize");
             crate::state_file::write_atomic(&a.out, &json)?;
             println!(

@@ -285,7 +285,7 @@ impl Schema {
             (_, super::DenseTransform::None) => None,
             (None, _) => {
                 return Err(
-                    "[data] dense_transform needs dense_stats (the training files' statistics: oar data stats)".into()
+                    "[data] dense_transform needs dense_stats (the training files' statistics: oar data stats, or give --train and they are computed)".into()
                 )
             }
             (Some(super::StatsSource::File(f)), _) => {

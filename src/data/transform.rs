@@ -185,6 +185,49 @@ impl StatsAccumulator {
     }
 }
 
+/// The dense statistics of `files` read as `data` describes them (before any scaling);
+/// `on_progress(bytes read)` is called as batches arrive.
+pub fn compute(
+    files: Vec<std::path::PathBuf>,
+    data: &super::DataConfig,
+    shorthand: Option<(usize, usize)>,
+    on_progress: &dyn Fn(u64),
+) -> anyhow::Result<DenseStats> {
+    let unscaled = super::DataConfig { dense_transform: None, dense_stats: None, ..data.clone() };
+    let schema = super::Schema::resolve(&unscaled, shorthand).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(schema.dense_width > 0, "the data has no dense values");
+    let reader = super::Reader::spawn(files, super::ReaderConfig::new(&schema, 4096));
+    let progress = reader.progress();
+    let mut acc = StatsAccumulator::default();
+    for batch in reader {
+        acc.add(&batch?);
+        on_progress(progress.bytes.load(std::sync::atomic::Ordering::Relaxed));
+    }
+    anyhow::ensure!(acc.count > 0, "the files hold no samples");
+    Ok(acc.stats())
+}
+
+/// `data` with the statistics of `files` filled in, when it scales its dense values and has
+/// none yet (None: nothing to fill). Every trainer computing them over the same files gets the
+/// same numbers.
+pub fn fill_stats(
+    data: &super::DataConfig,
+    files: &[std::path::PathBuf],
+    shorthand: Option<(usize, usize)>,
+) -> anyhow::Result<Option<super::DataConfig>> {
+    let scaled = data.dense_transform.is_some_and(|t| t != DenseTransform::None);
+    if !scaled || data.dense_stats.is_some() || files.is_empty() {
+        return Ok(None);
+    }
+    tracing::info!(
+        files = files.len(),
+        "computing the dense statistics of the training files (set [data] dense_stats to skip)"
+    );
+    let stats = compute(files.to_vec(), data, shorthand, &|_| {})
+        .map_err(|e| anyhow::anyhow!("[data] dense_transform: the training files' statistics: {e:#}"))?;
+    Ok(Some(super::DataConfig { dense_stats: Some(StatsSource::Inline(stats)), ..data.clone() }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

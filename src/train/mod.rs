@@ -128,6 +128,17 @@ pub fn run_with(
     registry: &Registry,
     on_progress: &dyn Fn(u64, u64),
 ) -> anyhow::Result<TrainReport> {
+    // Dense statistics not given: those of all the training files (as `oar train` computes
+    // them), saved with the model.
+    let filled;
+    let config =
+        match crate::data::transform::fill_stats(&config.data, &config.train_files, config.model.shorthand_shape())? {
+            Some(data) if config.online.is_none() => {
+                filled = TrainConfig { data, ..config.clone() };
+                &filled
+            }
+            _ => config,
+        };
     config.validate()?;
     let started = Instant::now();
     let (model, schema) = crate::config::build_model(&config.model, &config.data, registry)?;

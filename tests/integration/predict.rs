@@ -150,7 +150,8 @@ fn standardized_dense_values_travel_with_the_model() {
     assert!(parsed.std.iter().all(|&v| v > 0.0), "{parsed:?}");
     let job = dir.path().join("job.toml");
     let zoo = std::fs::read_to_string(zoo_job("deepfm")).unwrap();
-    let with = zoo.replace("[data]", "[data]\ndense_transform = \"standardize\"\ndense_stats = \"stats.json\"");
+    assert!(zoo.contains("dense_transform = \"standardize\""), "the zoo's DeepFM standardizes");
+    let with = zoo.replace("[data]", "[data]\ndense_stats = \"stats.json\"");
     std::fs::write(&job, with).unwrap();
     let data = dir.path().join("data");
     predict_matches_eval(dir.path(), &data, Some(&job), 1);
