@@ -295,7 +295,15 @@ impl JobArgs {
                 job.data = data;
             }
         }
-        job.validate_with(registry)?;
+        // Without training files (a server) the statistics stay unknown: a server reads no data,
+        // and the rest of the job is checked as it is.
+        let scaled = job.data.dense_transform.is_some_and(|t| t != crate::data::DenseTransform::None);
+        if scaled && job.data.dense_stats.is_none() {
+            let unscaled = crate::data::DataConfig { dense_transform: None, ..job.data.clone() };
+            JobConfig { data: unscaled, ..job.clone() }.validate_with(registry)?;
+        } else {
+            job.validate_with(registry)?;
+        }
         Ok(job)
     }
 }

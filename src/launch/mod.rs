@@ -75,13 +75,23 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         "--max-restarts needs --output and --checkpoint-every: a restarted server resumes from its newest \
          checkpoint in OUTPUT/checkpoints, and without one would start from an empty shard"
     );
-    config.job.validate_with(&config.registry)?;
     // Checked before any process starts: a worker without data would fail only after start-up.
     let online = config.job.online()?;
     let files = match &online {
         Some(o) => o.all_files(),
         None => crate::config::resolve_files(&config.train)?,
     };
+    // Dense statistics a scaling job does not give: computed once here, and handed to every
+    // child in the job file.
+    let filled = match &online {
+        None => crate::data::transform::fill_stats(&config.job.data, &files, config.job.model.shorthand_shape())?,
+        Some(_) => None,
+    };
+    let job = match filled {
+        Some(data) => crate::config::JobConfig { data, ..config.job.clone() },
+        None => config.job.clone(),
+    };
+    job.validate_with(&config.registry)?;
     for w in 0..config.workers {
         anyhow::ensure!(
             !crate::data::shard_files(&files, config.workers, w).is_empty(),
@@ -95,7 +105,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     let started = Instant::now();
     std::fs::create_dir_all(&config.logs).with_context(|| format!("cannot create {}", config.logs.display()))?;
     let job_file = std::path::absolute(config.logs.join("job.toml"))?;
-    config.job.to_file(&job_file)?;
+    job.to_file(&job_file)?;
     // The trainers' curves: beside the saved model (a resumed job goes on with them), else with
     // the logs, where an earlier run's are removed first.
     let metrics_csv = match &config.output {
