@@ -159,7 +159,10 @@ impl JobConfig {
     /// Checks everything, the model graph with `registry`'s layer types; messages name the
     /// setting (or layer).
     pub fn validate_with(&self, registry: &Registry) -> anyhow::Result<()> {
-        let (model, _) = build_model(&self.model, &self.data, registry)?;
+        // Statistics a scaling job does not give are computed when it starts (a server never
+        // needs them): the rest is checked without them.
+        let data = if self.data.needs_stats() { self.data.unscaled() } else { self.data.clone() };
+        let (model, _) = build_model(&self.model, &data, registry)?;
         model.table_spec(self.dense_optimizer, self.sparse_optimizer).validate().map_err(anyhow::Error::msg)?;
         self.dense_optimizer.validate("dense").map_err(anyhow::Error::msg)?;
         self.sparse_optimizer.validate("sparse").map_err(anyhow::Error::msg)?;

@@ -167,11 +167,9 @@ fn data_of(schema: &Schema) -> ManifestData {
 
 /// Exports `saved` (read from `source`) into `config.out`; returns the manifest written.
 pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Result<ExportManifest> {
-    let model = &saved.model;
-    let mut params = Vec::new();
-    saved.shard.dense.lock().read(&mut params);
+    let (model, params) = (&saved.model, &saved.params);
     let affine = saved.schema.dense_affine.as_ref();
-    let dense = model.to_onnx(&params, None, affine).map_err(anyhow::Error::msg)?;
+    let dense = model.to_onnx(params, None, affine).map_err(anyhow::Error::msg)?;
     let tables = tables(saved)?;
     let table_bytes: u64 = tables.iter().map(|t| 4 * t.weights.len() as u64 + 16 * t.ids.len() as u64).sum();
     let (complete, model_skipped) = if config.complete_limit == 0 {
@@ -184,7 +182,7 @@ pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Re
         (None, Some(why))
     } else {
         let views: Vec<OnnxTable> = tables.iter().map(|t| OnnxTable { ids: &t.ids, weights: &t.weights }).collect();
-        (Some(model.to_onnx(&params, Some(&views), affine).map_err(anyhow::Error::msg)?), None)
+        (Some(model.to_onnx(params, Some(&views), affine).map_err(anyhow::Error::msg)?), None)
     };
     let out = &config.out;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;

@@ -27,6 +27,8 @@ pub struct Saved {
     pub schema: Schema,
     /// Its parameters, every server's shard merged.
     pub shard: Shard,
+    /// Its dense parameters, read out of the shard once.
+    pub params: Vec<f32>,
 }
 
 /// Loads the saved model in `dir` (an output folder or one of its pass folders), checking that
@@ -51,7 +53,9 @@ pub fn load(dir: &Path, registry: &Registry) -> anyhow::Result<Saved> {
         "{}: the saved parameters do not fit the saved model description (layers or tables differ)",
         dir.display()
     );
-    Ok(Saved { manifest, model, schema, shard })
+    let mut params = Vec::new();
+    shard.dense.lock().read(&mut params);
+    Ok(Saved { manifest, model, schema, shard, params })
 }
 
 /// What [`predict`] did.
@@ -85,9 +89,7 @@ pub fn predict(
     out: &mut dyn Write,
     on_progress: &dyn Fn(u64),
 ) -> anyhow::Result<PredictReport> {
-    let (model, shard) = (&saved.model, &saved.shard);
-    let mut params = Vec::new();
-    shard.dense.lock().read(&mut params);
+    let (model, shard, params) = (&saved.model, &saved.shard, &saved.params);
     let reader = Reader::spawn(
         config.files.clone(),
         ReaderConfig { skip_bad_lines: config.skip_bad_lines, ..ReaderConfig::new(&saved.schema, config.batch_size) },
@@ -100,7 +102,7 @@ pub fn predict(
     let mut report = PredictReport::default();
     std::thread::scope(|s| -> anyhow::Result<()> {
         for _ in 0..threads {
-            let (work_rx, done_tx, params) = (work_rx.clone(), done_tx.clone(), &params);
+            let (work_rx, done_tx, params) = (work_rx.clone(), done_tx.clone(), params);
             s.spawn(move || {
                 let mut scorer = Scorer::default();
                 loop {

@@ -226,10 +226,8 @@ pub(super) struct JobArgs {
 }
 
 impl JobArgs {
-    /// The job: its file (or the defaults) with the flags applied, checked. With a dense
-    /// transform and no statistics, the statistics of all of `train` are computed first (the
-    /// same numbers in every trainer; `oar launch` computes them once for its children).
-    pub(super) fn resolve(&self, registry: &Registry, train: Option<&std::path::Path>) -> anyhow::Result<JobConfig> {
+    /// The job: its file (or the defaults) with the flags applied, checked.
+    pub(super) fn resolve(&self, registry: &Registry) -> anyhow::Result<JobConfig> {
         let mut job = match &self.config {
             Some(path) => JobConfig::from_file(path)?,
             None => JobConfig::default(),
@@ -289,21 +287,7 @@ impl JobArgs {
         if let Some(command) = &self.pipe_command {
             job.data.pipe_command = Some(command.clone());
         }
-        if let (Some(train), None) = (train, &job.train.online) {
-            let files = crate::config::resolve_files(train)?;
-            if let Some(data) = crate::data::transform::fill_stats(&job.data, &files, job.model.shorthand_shape())? {
-                job.data = data;
-            }
-        }
-        // Without training files (a server) the statistics stay unknown: a server reads no data,
-        // and the rest of the job is checked as it is.
-        let scaled = job.data.dense_transform.is_some_and(|t| t != crate::data::DenseTransform::None);
-        if scaled && job.data.dense_stats.is_none() {
-            let unscaled = crate::data::DataConfig { dense_transform: None, ..job.data.clone() };
-            JobConfig { data: unscaled, ..job.clone() }.validate_with(registry)?;
-        } else {
-            job.validate_with(registry)?;
-        }
+        job.validate_with(registry)?;
         Ok(job)
     }
 }

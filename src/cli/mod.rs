@@ -98,7 +98,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             Ok(())
         }
         Command::Launch(a) => {
-            let job = a.job.resolve(registry, a.train.as_deref())?;
+            let job = a.job.resolve(registry)?;
             let train = match (a.train, &job.train.online) {
                 (Some(t), None) => t,
                 (None, Some(online)) => online.clone(),
@@ -202,7 +202,8 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         ),
         Command::Eval(a) => {
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
-            let crate::predict::Saved { manifest, model, schema, shard } = crate::predict::load(&a.model, registry)?;
+            let crate::predict::Saved { manifest, model, schema, shard, .. } =
+                crate::predict::load(&a.model, registry)?;
             let mut store = crate::train::Store::Local(Box::new(shard));
             let heads =
                 crate::train::evaluate_heads(&mut store, &model, &schema, &files, a.batch_size, a.skip_bad_lines)?;
@@ -468,8 +469,7 @@ fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()
 
 /// A progress bar over the bytes of `files`.
 fn files_bar(files: &[std::path::PathBuf]) -> indicatif::ProgressBar {
-    let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
-    let bar = indicatif::ProgressBar::new(total);
+    let bar = indicatif::ProgressBar::new(crate::data::files::total_bytes(files));
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
             .expect("valid template"),

@@ -341,9 +341,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
             a.servers.clear();
         }
     }
-    // A server reads no data, so it computes no statistics.
-    let train = if env.role == Some(Role::Pserver) { None } else { a.train.as_deref() };
-    let job = a.job.resolve(registry, train)?;
+    let job = a.job.resolve(registry)?;
     if env.role == Some(Role::Pserver) {
         // One command line for both roles, as with PaddlePaddle's Fluid and Fleet launchers.
         return pserver(server_role_args(&a, &job), &env).map(|_| None);

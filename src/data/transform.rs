@@ -73,6 +73,19 @@ impl StatsSource {
     }
 }
 
+impl super::DataConfig {
+    /// Whether the dense values are scaled but the statistics are not given yet (they are
+    /// computed over the training files when the job starts).
+    pub fn needs_stats(&self) -> bool {
+        self.dense_transform.is_some_and(|t| t != DenseTransform::None) && self.dense_stats.is_none()
+    }
+
+    /// The same data read without any scaling.
+    pub fn unscaled(&self) -> super::DataConfig {
+        super::DataConfig { dense_transform: None, dense_stats: None, ..self.clone() }
+    }
+}
+
 /// `y = (x - shift) * scale`, per dense value.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Affine {
@@ -193,8 +206,7 @@ pub fn compute(
     shorthand: Option<(usize, usize)>,
     on_progress: &dyn Fn(u64),
 ) -> anyhow::Result<DenseStats> {
-    let unscaled = super::DataConfig { dense_transform: None, dense_stats: None, ..data.clone() };
-    let schema = super::Schema::resolve(&unscaled, shorthand).map_err(anyhow::Error::msg)?;
+    let schema = super::Schema::resolve(&data.unscaled(), shorthand).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(schema.dense_width > 0, "the data has no dense values");
     let reader = super::Reader::spawn(files, super::ReaderConfig::new(&schema, 4096));
     let progress = reader.progress();
@@ -215,8 +227,7 @@ pub fn fill_stats(
     files: &[std::path::PathBuf],
     shorthand: Option<(usize, usize)>,
 ) -> anyhow::Result<Option<super::DataConfig>> {
-    let scaled = data.dense_transform.is_some_and(|t| t != DenseTransform::None);
-    if !scaled || data.dense_stats.is_some() || files.is_empty() {
+    if !data.needs_stats() || files.is_empty() {
         return Ok(None);
     }
     tracing::info!(

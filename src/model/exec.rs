@@ -162,17 +162,10 @@ impl Model {
                     square_error(out, &labels, &mut work.dloss)
                 }
                 Loss::Softmax => {
-                    let loss = softmax_cross_entropy(out, &labels, head.width, &mut work.dloss);
                     probs.clear();
-                    if !training {
-                        // The true class's probability, for `oar predict`.
-                        probs.extend(out.chunks_exact(head.width).zip(labels.iter()).map(|(z, &y)| {
-                            let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                            let sum: f32 = z.iter().map(|v| (v - max).exp()).sum();
-                            (z[y as usize] - max).exp() / sum
-                        }));
-                    }
-                    loss
+                    // In evaluation, the true class's probability, for `oar predict`.
+                    let true_probs = (!training).then_some(&mut *probs);
+                    softmax_cross_entropy(out, &labels, head.width, &mut work.dloss, true_probs)
                 }
             };
             work.head_losses[h] = loss;

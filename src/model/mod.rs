@@ -134,10 +134,15 @@ impl Model {
 
     /// The output tensor of each head, in order.
     pub fn head_names(&self) -> Vec<String> {
-        self.heads
-            .iter()
-            .map(|h| self.nodes.iter().find(|n| n.output == h.tensor).map_or(String::new(), |n| n.name.clone()))
-            .collect()
+        self.heads.iter().map(|h| self.tensor_name(h.tensor)).collect()
+    }
+
+    /// The name of tensor `t`: `dense`, or the layer writing it.
+    fn tensor_name(&self, t: usize) -> String {
+        if t == graph::DENSE {
+            return "dense".into();
+        }
+        self.nodes.iter().find(|n| n.output == t).map(|n| n.name.clone()).expect("every tensor but dense has a node")
     }
 
     /// The label column head `head` is trained on.

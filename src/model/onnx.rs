@@ -89,13 +89,6 @@ impl Model {
         format!("{}.score", self.tensor_name(self.heads[h].tensor))
     }
 
-    fn tensor_name(&self, t: usize) -> String {
-        if t == DENSE {
-            return "dense".into();
-        }
-        self.nodes.iter().find(|n| n.output == t).map(|n| n.name.clone()).expect("every tensor but dense has a node")
-    }
-
     /// The model as ONNX with parameters `params`: the dense graph (`tables` `None`) or the
     /// complete model with `tables` (one per model table). Errors name the layer that has no
     /// ONNX form.

@@ -253,9 +253,16 @@ pub fn square_error(preds: &[f32], labels: &[f32], dpreds: &mut [f32]) -> f64 {
 }
 
 /// Softmax cross-entropy over `classes` logits per sample with integer class labels: returns
-/// the summed `-ln p(label)` and writes `d loss / d logit = softmax - onehot`. Labels must be
-/// checked to lie in `0..classes` beforehand.
-pub fn softmax_cross_entropy(logits: &[f32], labels: &[f32], classes: usize, dlogits: &mut [f32]) -> f64 {
+/// the summed `-ln p(label)` and writes `d loss / d logit = softmax - onehot`; with
+/// `true_probs`, appends each sample's `p(label)` there. Labels must be checked to lie in
+/// `0..classes` beforehand.
+pub fn softmax_cross_entropy(
+    logits: &[f32],
+    labels: &[f32],
+    classes: usize,
+    dlogits: &mut [f32],
+    mut true_probs: Option<&mut Vec<f32>>,
+) -> f64 {
     let mut loss = 0.0f64;
     for (r, (z, d)) in logits.chunks_exact(classes).zip(dlogits.chunks_exact_mut(classes)).enumerate() {
         let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -268,6 +275,9 @@ pub fn softmax_cross_entropy(logits: &[f32], labels: &[f32], classes: usize, dlo
         loss += (sum.ln() - (z[label] - max)) as f64;
         let inv = 1.0 / sum;
         d.iter_mut().for_each(|v| *v *= inv);
+        if let Some(p) = true_probs.as_deref_mut() {
+            p.push(d[label]);
+        }
         d[label] -= 1.0;
     }
     loss
@@ -293,7 +303,7 @@ mod tests {
         let logits = [0.5f32, -1.0, 2.0, 300.0, 0.0, -300.0];
         let labels = [2.0f32, 1.0];
         let mut d = [0.0f32; 6];
-        let l = softmax_cross_entropy(&logits, &labels, 3, &mut d);
+        let l = softmax_cross_entropy(&logits, &labels, 3, &mut d, None);
         assert!(l.is_finite() && (l - (0.24131 + 300.0)).abs() < 1e-3, "{l}");
         let eps = 1e-2f32;
         for k in 0..3 {
@@ -301,8 +311,8 @@ mod tests {
             hi[k] += eps;
             lo[k] -= eps;
             let mut scratch = [0.0f32; 6];
-            let numeric = (softmax_cross_entropy(&hi, &labels, 3, &mut scratch)
-                - softmax_cross_entropy(&lo, &labels, 3, &mut scratch))
+            let numeric = (softmax_cross_entropy(&hi, &labels, 3, &mut scratch, None)
+                - softmax_cross_entropy(&lo, &labels, 3, &mut scratch, None))
                 / (2.0 * eps as f64);
             assert!((numeric - d[k] as f64).abs() < 1e-3, "logit {k}: {numeric} vs {}", d[k]);
         }

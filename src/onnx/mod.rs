@@ -27,12 +27,8 @@ pub const BATCH: &str = "N";
 pub enum Attr {
     /// An integer.
     Int(&'static str, i64),
-    /// A float.
-    Float(&'static str, f32),
     /// A list of integers.
     Ints(&'static str, Vec<i64>),
-    /// A string.
-    Str(&'static str, String),
 }
 
 impl Attr {
@@ -40,9 +36,7 @@ impl Attr {
         let mut a = AttributeProto::default();
         match self {
             Attr::Int(name, i) => (a.name, a.i, a.r#type) = (name.into(), i, attribute_type::INT),
-            Attr::Float(name, f) => (a.name, a.f, a.r#type) = (name.into(), f, attribute_type::FLOAT),
             Attr::Ints(name, v) => (a.name, a.ints, a.r#type) = (name.into(), v, attribute_type::INTS),
-            Attr::Str(name, s) => (a.name, a.s, a.r#type) = (name.into(), s.into_bytes(), attribute_type::STRING),
         }
         a
     }
@@ -121,11 +115,10 @@ impl Graph {
     }
 
     /// Adds node `op` of the `ai.onnx.ml` domain, writing a fresh value.
-    pub fn ml_op(&mut self, op: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> String {
+    pub fn ml_op(&mut self, op: &str, inputs: &[&str], attrs: Vec<Attr>) -> String {
         self.uses_ml = true;
         let out = self.fresh(&op.to_lowercase());
-        self.node("ai.onnx.ml", op, inputs, Vec::new(), &out);
-        self.graph.node.last_mut().expect("just added").attribute = attrs;
+        self.node("ai.onnx.ml", op, inputs, attrs, &out);
         out
     }
 
@@ -222,11 +215,6 @@ impl Graph {
         }
         .encode_to_vec()
     }
-
-    /// The graph's nodes so far (for tests).
-    pub fn nodes(&self) -> &[NodeProto] {
-        &self.graph.node
-    }
 }
 
 fn value_info(name: &str, elem: Elem, dims: &[Dim]) -> ValueInfoProto {
@@ -245,18 +233,8 @@ fn value_info(name: &str, elem: Elem, dims: &[Dim]) -> ValueInfoProto {
     }
 }
 
-/// An `ai.onnx.ml.LabelEncoder` attribute list mapping int64 `keys` to int64 `values`, others
+/// An `ai.onnx.ml.LabelEncoder`'s attributes mapping int64 `keys` to int64 `values`, others
 /// to `default`.
-pub fn label_encoder_attrs(keys: Vec<i64>, values: Vec<i64>, default: i64) -> Vec<AttributeProto> {
-    let ints = |name: &str, v: Vec<i64>| AttributeProto {
-        name: name.into(),
-        ints: v,
-        r#type: attribute_type::INTS,
-        ..Default::default()
-    };
-    vec![
-        ints("keys_int64s", keys),
-        ints("values_int64s", values),
-        AttributeProto { name: "default_int64".into(), i: default, r#type: attribute_type::INT, ..Default::default() },
-    ]
+pub fn label_encoder_attrs(keys: Vec<i64>, values: Vec<i64>, default: i64) -> Vec<Attr> {
+    vec![Attr::Ints("keys_int64s", keys), Attr::Ints("values_int64s", values), Attr::Int("default_int64", default)]
 }

@@ -53,7 +53,6 @@ pub struct ServeConfig {
 /// A loaded model and what identifies its files.
 struct Loaded {
     saved: Saved,
-    params: Vec<f32>,
     /// The heads' output names.
     names: Vec<String>,
     /// Per slot: whether the model looks it up.
@@ -77,15 +76,13 @@ fn stamp(dir: &Path) -> anyhow::Result<Stamp> {
     Ok(Stamp { pass_dir, len: meta.len(), modified: meta.modified().ok() })
 }
 
-fn load(dir: &Path, registry: &Registry) -> anyhow::Result<Loaded> {
-    let stamp = stamp(dir)?;
+/// Loads the pass `stamp` names.
+fn load(stamp: Stamp, registry: &Registry) -> anyhow::Result<Loaded> {
     let saved = crate::predict::load(&stamp.pass_dir, registry)?;
-    let mut params = Vec::new();
-    saved.shard.dense.lock().read(&mut params);
     let model = &saved.model;
     let names = (0..model.losses().len()).map(|h| model.score_name(h)).collect();
     let reads = (0..saved.schema.slots.len()).map(|s| model.table_slots().iter().any(|t| t[s])).collect();
-    Ok(Loaded { saved, params, names, reads, stamp })
+    Ok(Loaded { saved, names, reads, stamp })
 }
 
 /// The server's shared state.
@@ -105,8 +102,8 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
     (status, json_body(&json!({ "error": message.to_string() }))).into_response()
 }
 
-fn json_body(v: &serde_json::Value) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    ([(axum::http::header::CONTENT_TYPE, "application/json")], v.to_string())
+fn json_body(v: &impl serde::Serialize) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], serde_json::to_string(v).expect("JSON values serialize"))
 }
 
 impl Server {
@@ -124,7 +121,7 @@ impl Server {
         if schema.dense_width > 0 {
             inputs.push(json!({ "name": "dense", "datatype": "FP32", "shape": [-1, schema.dense_width] }));
         }
-        for (_, name) in schema.slots.iter().enumerate().filter(|(s, _)| m.reads[*s]) {
+        for (name, _) in schema.slots.iter().zip(&m.reads).filter(|(_, reads)| **reads) {
             inputs.push(json!({ "name": format!("{name}.ids"), "datatype": "INT64", "shape": [-1, -1] }));
             inputs.push(json!({ "name": format!("{name}.lengths"), "datatype": "INT64", "shape": [-1] }));
             inputs.push(json!({ "name": format!("{name}.weights"), "datatype": "FP32", "shape": [-1, -1] }));
@@ -185,14 +182,13 @@ impl Server {
             Err(e) => return error(StatusCode::BAD_REQUEST, e),
         };
         let mut scorer = self.scorers.lock().pop().unwrap_or_default();
-        let scored = scorer.scores(&m.saved.model, &m.saved.shard, &m.params, &batch).map(|s| s.to_vec());
+        let scored = scorer.scores(&m.saved.model, &m.saved.shard, &m.saved.params, &batch).map(|s| s.to_vec());
         self.scorers.lock().push(scorer);
         match scored {
             Ok(scores) => {
                 let r = v2::response(&self.name, m.saved.manifest.pass, req.id, &m.names, &scores);
                 self.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                let body = serde_json::to_string(&r).expect("a response serializes");
-                ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
+                json_body(&r).into_response()
             }
             Err(e) => error(StatusCode::BAD_REQUEST, format!("{e:#}")),
         }
@@ -206,7 +202,7 @@ impl Server {
             if now == self.current.read().stamp || failed.as_ref() == Some(&now) {
                 continue;
             }
-            match load(&dir, &registry) {
+            match load(now.clone(), &registry) {
                 Ok(next) => {
                     let pass = next.saved.manifest.pass;
                     *self.current.write() = Arc::new(next);
@@ -227,7 +223,7 @@ impl Server {
 
 /// Serves `config.model` until the process is stopped.
 pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
-    let loaded = load(&config.model, registry)?;
+    let loaded = load(stamp(&config.model)?, registry)?;
     let pass = loaded.saved.manifest.pass;
     let listener =
         std::net::TcpListener::bind(&config.addr).with_context(|| format!("cannot listen on {}", config.addr))?;

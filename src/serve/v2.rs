@@ -58,15 +58,15 @@ pub struct InferResponse {
 /// A request's error, answered with status 400 and `{"error": ...}`.
 pub type BadRequest = String;
 
-fn flatten(v: &Value, out: &mut Vec<Value>) {
+fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
     match v {
         Value::Array(items) => items.iter().for_each(|i| flatten(i, out)),
-        other => out.push(other.clone()),
+        other => out.push(other),
     }
 }
 
 /// A tensor's elements, checked against its shape.
-fn elements(t: &Tensor) -> Result<Vec<Value>, BadRequest> {
+fn elements(t: &Tensor) -> Result<Vec<&Value>, BadRequest> {
     let mut out = Vec::new();
     flatten(&t.data, &mut out);
     let want = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));

@@ -131,14 +131,17 @@ pub fn run_with(
     // Dense statistics not given: those of all the training files (as `oar train` computes
     // them), saved with the model.
     let filled;
-    let config =
-        match crate::data::transform::fill_stats(&config.data, &config.train_files, config.model.shorthand_shape())? {
-            Some(data) if config.online.is_none() => {
-                filled = TrainConfig { data, ..config.clone() };
-                &filled
-            }
-            _ => config,
-        };
+    let stats = match &config.online {
+        None => crate::data::transform::fill_stats(&config.data, &config.train_files, config.model.shorthand_shape())?,
+        Some(_) => None,
+    };
+    let config = match stats {
+        Some(data) => {
+            filled = TrainConfig { data, ..config.clone() };
+            &filled
+        }
+        None => config,
+    };
     config.validate()?;
     let started = Instant::now();
     let (model, schema) = crate::config::build_model(&config.model, &config.data, registry)?;

@@ -49,17 +49,16 @@ fn serve(model: &Path, extra: &[&str]) -> Serving {
 }
 
 fn get(url: &str) -> (u16, Value) {
-    match ureq::get(url).timeout(Duration::from_secs(30)).call() {
-        Ok(r) => (r.status(), serde_json::from_str(&r.into_string().unwrap()).unwrap()),
-        Err(ureq::Error::Status(code, r)) => {
-            (code, serde_json::from_str(&r.into_string().unwrap_or_default()).unwrap_or(Value::Null))
-        }
-        Err(e) => panic!("{url}: {e}"),
-    }
+    answer(url, ureq::get(url).timeout(Duration::from_secs(30)).call())
 }
 
 fn post(url: &str, body: &str) -> (u16, Value) {
     let r = ureq::post(url).timeout(Duration::from_secs(60)).set("Content-Type", "application/json").send_string(body);
+    answer(url, r)
+}
+
+/// A response's status and JSON body (an error status included).
+fn answer(url: &str, r: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
     match r {
         Ok(r) => (r.status(), serde_json::from_str(&r.into_string().unwrap()).unwrap()),
         Err(ureq::Error::Status(code, r)) => {
