@@ -252,6 +252,18 @@ pub fn square_error(preds: &[f32], labels: &[f32], dpreds: &mut [f32]) -> f64 {
     loss
 }
 
+/// `p = softmax(z)`, shifted by the largest logit so no exponent overflows.
+pub fn softmax(z: &[f32], p: &mut [f32]) {
+    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for (p, &z) in p.iter_mut().zip(z) {
+        *p = (z - max).exp();
+        sum += *p;
+    }
+    let inv = 1.0 / sum;
+    p.iter_mut().for_each(|v| *v *= inv);
+}
+
 /// Softmax cross-entropy over `classes` logits per sample with integer class labels: returns
 /// the summed `-ln p(label)` and writes `d loss / d logit = softmax - onehot`; with
 /// `true_probs`, appends each sample's `p(label)` there. Labels must be checked to lie in

@@ -29,6 +29,10 @@ pub enum Attr {
     Int(&'static str, i64),
     /// A list of integers.
     Ints(&'static str, Vec<i64>),
+    /// A float.
+    Float(&'static str, f32),
+    /// A string.
+    Str(&'static str, String),
 }
 
 impl Attr {
@@ -37,6 +41,8 @@ impl Attr {
         match self {
             Attr::Int(name, i) => (a.name, a.i, a.r#type) = (name.into(), i, attribute_type::INT),
             Attr::Ints(name, v) => (a.name, a.ints, a.r#type) = (name.into(), v, attribute_type::INTS),
+            Attr::Float(name, f) => (a.name, a.f, a.r#type) = (name.into(), f, attribute_type::FLOAT),
+            Attr::Str(name, v) => (a.name, a.s, a.r#type) = (name.into(), v.into_bytes(), attribute_type::STRING),
         }
         a
     }
@@ -168,6 +174,12 @@ impl Graph {
     pub fn reshape(&mut self, x: &str, shape: &[i64]) -> String {
         let s = self.ints("shape", shape);
         self.op("Reshape", &[x, &s], Vec::new())
+    }
+
+    /// `x` reshaped to `shape` into the value named `out`.
+    pub fn reshape_to(&mut self, x: &str, shape: &[i64], out: &str) {
+        let s = self.ints("shape", shape);
+        self.op_to("Reshape", &[x, &s], Vec::new(), out);
     }
 
     /// `ReduceSum` of `x` over `axes`.

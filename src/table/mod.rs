@@ -43,6 +43,11 @@ pub enum Init {
         /// Half-width of the interval.
         scale: f32,
     },
+    /// Every value `value` (a normalization's gain starts at 1).
+    Constant {
+        /// The value.
+        value: f32,
+    },
 }
 
 impl Init {
@@ -51,6 +56,7 @@ impl Init {
     pub fn value(&self, key: u64) -> f32 {
         match *self {
             Init::Zeros => 0.0,
+            Init::Constant { value } => value,
             Init::Uniform { scale } => {
                 // 24 random bits give a uniform f32 in [0, 1) exactly.
                 let u = (mix64(key) >> 40) as f32 / (1u64 << 24) as f32;

@@ -14,19 +14,40 @@
 //! | `cross` | W -> W: DCN cross network | `layers`, `version = 1` (2: matrix form), `rank` (v2 low rank) |
 //! | `dot_interaction` | D + (F, D) -> D + (F+1)F/2: DLRM pairwise dots | |
 //! | `weight_multiply` | K -> (K, `dim`): each value times its own vector | `dim` |
+//! | `ffm` | (F, F K) -> 1: field-aware FM's second-order term | |
+//! | `cin` | (F, D) -> sum of `layers`: xDeepFM's compressed interaction network | `layers` |
+//! | `self_attention` | (F, D) [+ mask F] -> (F, heads dim): AutoInt / BST | `heads = 2`, `dim`, `residual = true`, `scale = false`, `positions = false` |
+//! | `gate` | (F, D) -> (F, D): GateNet's embedding gate | `mode = "vector"` (or `"bit"`) |
+//! | `layer_norm` | any -> same: over each vector's D values | `eps = 1e-5` |
+//! | `mixture` | (E, D) + E -> D: experts mixed by a softmax gate (MMoE, PLE) | |
+//! | `prob_product` | 1 + 1 -> 1: logit of sigmoid(a) sigmoid(b) (ESMM's CTCVR) | |
 
+mod attention;
+mod cin;
 mod cross;
 mod dense;
 mod dot;
+mod ffm;
 mod fm;
+mod gate;
+mod layer_norm;
+mod mixture;
+mod prob_product;
 mod reduce;
 mod shape;
 mod weight_multiply;
 
+pub use attention::{self_attention, SelfAttentionLayer};
+pub use cin::{cin, CinLayer};
 pub use cross::{cross, CrossKind, CrossLayer};
 pub use dense::{linear, mlp, LinearLayer, MlpLayer};
 pub use dot::{dot_interaction, DotInteractionLayer};
+pub use ffm::{ffm, FfmLayer};
 pub use fm::{fm, FmLayer};
+pub use gate::{gate, GateLayer, GateMode};
+pub use layer_norm::{layer_norm, LayerNormLayer};
+pub use mixture::{mixture, MixtureLayer};
+pub use prob_product::{prob_product, ProbProductLayer};
 pub use reduce::{reduce_sum, ReduceSumLayer};
 pub use shape::{activation_layer, add, concat, dropout};
 pub use weight_multiply::{weight_multiply, WeightMultiplyLayer};
@@ -49,6 +70,13 @@ pub fn builtin() -> Vec<(&'static str, Factory)> {
         ("cross", cross),
         ("dot_interaction", dot_interaction),
         ("weight_multiply", weight_multiply),
+        ("ffm", ffm),
+        ("cin", cin),
+        ("self_attention", self_attention),
+        ("gate", gate),
+        ("layer_norm", layer_norm),
+        ("mixture", mixture),
+        ("prob_product", prob_product),
     ]
 }
 
