@@ -43,7 +43,7 @@ pub struct BenchConfig {
 }
 
 /// The model zoo's job files (`examples/zoo/`, and the CTR-DNN), built in.
-pub const ZOO: [(&str, &str); 8] = [
+pub const ZOO: [(&str, &str); 11] = [
     ("LR", include_str!("../../examples/zoo/lr.toml")),
     ("FM", include_str!("../../examples/zoo/fm.toml")),
     ("Wide&Deep", include_str!("../../examples/zoo/wide_deep.toml")),
@@ -51,6 +51,9 @@ pub const ZOO: [(&str, &str); 8] = [
     ("DCN", include_str!("../../examples/zoo/dcn.toml")),
     ("DCN-V2", include_str!("../../examples/zoo/dcn_v2.toml")),
     ("DLRM", include_str!("../../examples/zoo/dlrm.toml")),
+    ("FFM", include_str!("../../examples/zoo/ffm.toml")),
+    ("xDeepFM", include_str!("../../examples/zoo/xdeepfm.toml")),
+    ("AutoInt+", include_str!("../../examples/zoo/autoint.toml")),
     ("CTR-DNN", include_str!("../../examples/ctr_dnn.toml")),
 ];
 

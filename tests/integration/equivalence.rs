@@ -61,11 +61,12 @@ fn sync_run_model(
 
 #[test]
 fn two_sync_trainers_of_batch_b_equal_local_training_with_batch_2b() {
-    sync_equals_local(&|_| {});
+    sync_equals_local(&|_| {}, 1e-5);
 }
 
-/// Sync 2 x B against local 2B for a model set by `model` (on generated data).
-fn sync_equals_local(model: &dyn Fn(&mut oar::train::TrainConfig)) {
+/// Sync 2 x B against local 2B for a model set by `model` (on generated data), every value
+/// within `rel` (of itself or of the values' scale: the order of float summation differs).
+fn sync_equals_local(model: &dyn Fn(&mut oar::train::TrainConfig), rel: f32) {
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = gen_data(&dir.path().join("data"), 2, STEPS * B as u64, 10);
     sync_run_model(2, &train, &dir.path().join("dist"), 1, None, model);
@@ -79,7 +80,7 @@ fn sync_equals_local(model: &dyn Fn(&mut oar::train::TrainConfig)) {
     let report = oar::train::run(&c, &|_, _| {}).unwrap();
     assert_eq!(report.samples, 2 * STEPS * B as u64);
 
-    assert_same_params(&load_params(&dir.path().join("dist")), &load_params(&dir.path().join("local")), 1e-5);
+    assert_same_params(&load_params(&dir.path().join("dist")), &load_params(&dir.path().join("local")), rel);
 }
 
 /// The zoo's job file `name`'s model (with its own optimizers' kinds, the sparse one given the
@@ -96,8 +97,18 @@ fn zoo_model(name: &'static str) -> impl Fn(&mut oar::train::TrainConfig) {
 
 #[test]
 fn deepfm_and_dcn_train_the_same_in_sync_2x2_as_locally_at_the_doubled_batch() {
-    sync_equals_local(&zoo_model("deepfm"));
-    sync_equals_local(&zoo_model("dcn"));
+    sync_equals_local(&zoo_model("deepfm"), 1e-5);
+    sync_equals_local(&zoo_model("dcn"), 1e-5);
+}
+
+#[test]
+fn ffm_xdeepfm_and_autoint_train_the_same_in_sync_2x2_as_locally_at_the_doubled_batch() {
+    // AutoInt's 433,220 dense values hold 2 beyond 1e-5 of their scale (in its MLP, 3.8e-7
+    // apart at a scale of 0.032: Adam's normalized step magnifies the summation order of
+    // near-zero gradients); 2e-5 holds them all.
+    for (name, rel) in [("ffm", 1e-5), ("xdeepfm", 1e-5), ("autoint", 2e-5)] {
+        sync_equals_local(&zoo_model(name), rel);
+    }
 }
 
 #[test]

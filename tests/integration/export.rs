@@ -110,7 +110,7 @@ fn every_zoo_model_exports_to_onnx_that_scores_as_oar_predict() {
     let dir = tempfile::tempdir().unwrap();
     let (train, test) = gen_data(&dir.path().join("data"), 1, 4000, 1500);
     let test = test.join("part-00000");
-    for name in ["lr", "fm", "wide_deep", "deepfm", "dcn", "dcn_v2", "dlrm"] {
+    for name in ZOO {
         check(&py, dir.path(), &zoo_job(name), &train, &test);
     }
     check(&py, dir.path(), &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml"), &train, &test);

@@ -293,6 +293,9 @@ pub fn criteo_model(config: &oar::model::ModelConfig) -> oar::model::Model {
     oar::config::build_model(config, &oar::data::DataConfig::default(), &oar::model::Registry::default()).unwrap().0
 }
 
+/// The zoo's Criteo models (`examples/zoo/NAME.toml`).
+pub const ZOO: [&str; 10] = ["lr", "fm", "wide_deep", "deepfm", "dcn", "dcn_v2", "dlrm", "ffm", "xdeepfm", "autoint"];
+
 /// The job file of zoo model `name` (`examples/zoo/NAME.toml`).
 pub fn zoo_job(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/zoo").join(format!("{name}.toml"))

@@ -54,10 +54,7 @@ fn every_zoo_model_trains_locally_and_on_two_servers_above_chance() {
         return;
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut jobs: Vec<(String, PathBuf)> = ["lr", "fm", "wide_deep", "deepfm", "dcn", "dcn_v2", "dlrm"]
-        .iter()
-        .map(|n| (n.to_string(), zoo_job(n)))
-        .collect();
+    let mut jobs: Vec<(String, PathBuf)> = ZOO.iter().map(|n| (n.to_string(), zoo_job(n))).collect();
     jobs.push(("ctr_dnn".into(), root.join("examples/ctr_dnn.toml")));
     jobs.push(("ctr_dnn_graph".into(), root.join("examples/ctr_dnn_graph.toml")));
     let mut table = Vec::new();
