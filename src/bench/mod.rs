@@ -43,7 +43,7 @@ pub struct BenchConfig {
 }
 
 /// The model zoo's job files (`examples/zoo/`, and the CTR-DNN), built in.
-pub const ZOO: [(&str, &str); 11] = [
+pub const ZOO: [(&str, &str); 12] = [
     ("LR", include_str!("../../examples/zoo/lr.toml")),
     ("FM", include_str!("../../examples/zoo/fm.toml")),
     ("Wide&Deep", include_str!("../../examples/zoo/wide_deep.toml")),
@@ -54,6 +54,7 @@ pub const ZOO: [(&str, &str); 11] = [
     ("FFM", include_str!("../../examples/zoo/ffm.toml")),
     ("xDeepFM", include_str!("../../examples/zoo/xdeepfm.toml")),
     ("AutoInt+", include_str!("../../examples/zoo/autoint.toml")),
+    ("GateNet", include_str!("../../examples/zoo/gatenet.toml")),
     ("CTR-DNN", include_str!("../../examples/ctr_dnn.toml")),
 ];
 

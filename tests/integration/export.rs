@@ -1,4 +1,5 @@
-//! `oar export`: every zoo model (and the multi-hot, multi-task and softmax examples) trained,
+//! `oar export`: every zoo model (and the multi-hot, multi-task and softmax examples, MMoE, PLE
+//! and ESMM) trained,
 //! exported, checked by `onnx.checker`, and scored by onnxruntime through
 //! `examples/serve/onnx_predict.py` with both the complete model and the dense graph plus numpy
 //! lookups: the scores equal `oar predict`'s within 1e-5 and give `oar eval`'s AUC. Needs a
@@ -113,6 +114,7 @@ fn every_zoo_model_exports_to_onnx_that_scores_as_oar_predict() {
     for name in ZOO {
         check(&py, dir.path(), &zoo_job(name), &train, &test);
     }
+    check(&py, dir.path(), &gatenet_variant(dir.path()), &train, &test);
     check(&py, dir.path(), &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml"), &train, &test);
     // Statistics from a file instead of computed at start (the zoo models above computed
     // theirs): the graphs scale their `dense` input themselves either way.
@@ -159,6 +161,14 @@ fn multi_hot_multi_task_and_softmax_models_export_too() {
     std::fs::write(ptb.join("small.txt"), lines[..20000].join("\n") + "\n").unwrap();
     std::fs::write(ptb.join("few.txt"), lines[20000..21000].join("\n") + "\n").unwrap();
     check(&py, dir.path(), &examples.join("imikolov_graph.toml"), &ptb.join("small.txt"), &ptb.join("few.txt"));
+    // Expert mixtures (MMoE, PLE) on census lines through their reader; ESMM's CTCVR product
+    // on the Ali-CCP sample (its training lines: the test file has no CTCVR positive).
+    let (train, test) = census_split(&dir.path().join("census")).unwrap();
+    for name in ["mmoe", "ple"] {
+        check(&py, dir.path(), &zoo_job(name), &train, &test.join("part-00000"));
+    }
+    let aliccp = shared.join("multitask/paddlerec_esmm_aliccp_train_small.txt");
+    check(&py, dir.path(), &zoo_job("esmm"), &aliccp, &aliccp);
 }
 
 #[test]

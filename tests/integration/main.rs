@@ -15,6 +15,7 @@ mod fetch;
 mod global_auc;
 mod lifecycle;
 mod models;
+mod multitask;
 mod online;
 mod paddle;
 mod predict;
