@@ -63,6 +63,11 @@ pub struct ManifestEmbedding {
     /// `sum`, `mean` or `sqrt_n` (of a bag's weighted rows; mean and sqrt_n divide by the
     /// number of ids, at least 1).
     pub pooling: Pooling,
+    /// A sequence's length `L`: instead of pooling, each bag's last `L` weighted rows in order,
+    /// zeros after them, the slots side by side per position (`[N, L x slots x dim]`); its
+    /// mask (1 for a real position, by the first slot) is the input `LAYER.mask` `[N, L]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<usize>,
 }
 
 /// One head in the manifest.
@@ -242,6 +247,7 @@ pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Re
                 table: model.tables()[e.table].name.clone(),
                 slots: e.slots.iter().map(|&s| input.slots[s].clone()).collect(),
                 pooling: e.pooling,
+                sequence: e.sequence,
             })
             .collect(),
         data: data_of(&saved.schema),

@@ -182,6 +182,20 @@ def slot_arrays(samples, s):
     return ids.view(np.int64), weights, lengths
 
 
+def ordered(rows, lengths, length):
+    """A sequence embedding's input: each bag's last `length` rows in order, zero-padded after
+    them, (N, length, D), and the mask of real positions (N, length)."""
+    n = len(lengths)
+    seq = np.zeros((n, length, rows.shape[2]), dtype=np.float32)
+    mask = np.zeros((n, length), dtype=np.float32)
+    for r in range(n):
+        start = max(int(lengths[r]) - length, 0)
+        kept = int(lengths[r]) - start
+        seq[r, :kept] = rows[r, start : start + kept]
+        mask[r, :kept] = 1.0
+    return seq, mask
+
+
 class Scorer:
     def __init__(self, export, graph):
         with open(os.path.join(export, "manifest.json")) as f:
@@ -221,9 +235,15 @@ class Scorer:
             return feeds
         for e in self.manifest["embeddings"]:
             parts = []
-            for slot in e["slots"]:
+            for j, slot in enumerate(e["slots"]):
                 ids, weights, lengths = slot_arrays(samples, self.slot_index[slot])
                 rows = self.lookup(e["table"], ids.view(np.uint64))
+                if e.get("sequence"):
+                    seq, mask = ordered(rows * weights[:, :, None], lengths, e["sequence"])
+                    parts.append(seq)
+                    if j == 0:
+                        feeds[e["layer"] + ".mask"] = mask
+                    continue
                 pooled = (rows * weights[:, :, None]).sum(axis=1)
                 n = np.maximum(lengths, 1).astype(np.float32)[:, None]
                 if e["pooling"] == "mean":
@@ -231,7 +251,8 @@ class Scorer:
                 elif e["pooling"] == "sqrt_n":
                     pooled = pooled / np.sqrt(n)
                 parts.append(pooled)
-            feeds[e["layer"]] = np.concatenate(parts, axis=1).astype(np.float32)
+            axis = 2 if e.get("sequence") else 1
+            feeds[e["layer"]] = np.concatenate(parts, axis=axis).reshape(len(samples), -1).astype(np.float32)
         return feeds
 
     def lines(self, samples):

@@ -1,5 +1,7 @@
 //! The built-in `embedding` layer: each sample's bags of ids in some slots, looked up in one
-//! sparse table and pooled into one vector per slot, giving a (slots x dim) field tensor.
+//! sparse table and pooled into one vector per slot, giving a (slots x dim) field tensor; or,
+//! with `sequence = L`, kept in order as an (L x slots*dim) tensor with a mask (behaviour
+//! sequences for attention and recurrent layers).
 //!
 //! It is not a [`crate::nn::layer::Layer`]: its rows come from the parameter servers (pulled for
 //! the batch's unique ids of its table) and its gradients go back to them as per-row sums.
@@ -53,12 +55,34 @@ pub struct Embedding {
     pub slots: Vec<usize>,
     /// Pooling of each bag.
     pub pooling: Pooling,
+    /// With `Some(L)`, no pooling: each bag kept in order as `L` positions (see
+    /// [`Embedding::forward`]).
+    pub sequence: Option<usize>,
 }
 
 impl Embedding {
-    /// Pools the rows of every (sample, slot) bag into `y` (rows x slots x dim). `index` maps
-    /// each position of `batch.ids` to its row in `rows` (the table's unique ids of the batch).
-    pub fn forward(&self, batch: &Batch, index: &[u32], rows: &[f32], y: &mut [f32]) {
+    /// Floats per sample of the output.
+    pub fn width(&self) -> usize {
+        self.sequence.unwrap_or(1) * self.slots.len() * self.dim
+    }
+
+    /// Where a sequence position `p` of a bag of `n` ids reads: the bag's last `L` ids (the
+    /// most recent, behaviour logs being oldest first) fill positions `0..min(n, L)` in their
+    /// order, the rest is padding (zeros, mask 0).
+    #[inline]
+    pub fn position(n: usize, len: usize, p: usize) -> Option<usize> {
+        let start = n.saturating_sub(len);
+        (start + p < n).then_some(start + p)
+    }
+
+    /// Pools the rows of every (sample, slot) bag into `y` (rows x slots x dim); a sequence
+    /// embedding writes `y` (rows x L x slots*dim), each id's row times its weight, and
+    /// `mask` (rows x L: 1 for a real position, by the first slot's bag). `index` maps each
+    /// position of `batch.ids` to its row in `rows` (the table's unique ids of the batch).
+    pub fn forward(&self, batch: &Batch, index: &[u32], rows: &[f32], y: &mut [f32], mask: &mut [f32]) {
+        if let Some(len) = self.sequence {
+            return self.forward_sequence(batch, index, rows, len, y, mask);
+        }
         let (d, f, s) = (self.dim, self.slots.len(), batch.slots);
         for r in 0..batch.len() {
             for (j, &slot) in self.slots.iter().enumerate() {
@@ -80,10 +104,54 @@ impl Embedding {
         }
     }
 
-    /// Adds the gradient of every pooled vector, `dy` (rows x slots x dim), onto the gradient
-    /// sums of the rows it came from.
+    fn forward_sequence(
+        &self,
+        batch: &Batch,
+        index: &[u32],
+        rows: &[f32],
+        len: usize,
+        y: &mut [f32],
+        mask: &mut [f32],
+    ) {
+        let (d, f, s) = (self.dim, self.slots.len(), batch.slots);
+        y.fill(0.0);
+        for r in 0..batch.len() {
+            for (j, &slot) in self.slots.iter().enumerate() {
+                let bag = batch.bag(r * s + slot);
+                for p in 0..len {
+                    let at = ((r * len + p) * f + j) * d;
+                    let Some(k) = Self::position(bag.len(), len, p) else { continue };
+                    let (u, w) = (index[bag.start + k] as usize, batch.weight(bag.start + k));
+                    y[at..at + d].iter_mut().zip(&rows[u * d..(u + 1) * d]).for_each(|(o, v)| *o = w * v);
+                }
+                if j == 0 {
+                    for p in 0..len {
+                        mask[r * len + p] = Self::position(bag.len(), len, p).map_or(0.0, |_| 1.0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds the gradient of every pooled vector, `dy` (rows x slots x dim; a sequence's rows x
+    /// L x slots*dim), onto the gradient sums of the rows it came from.
     pub fn backward(&self, batch: &Batch, index: &[u32], dy: &[f32], row_grads: &mut [f32]) {
         let (d, f, s) = (self.dim, self.slots.len(), batch.slots);
+        if let Some(len) = self.sequence {
+            for r in 0..batch.len() {
+                for (j, &slot) in self.slots.iter().enumerate() {
+                    let bag = batch.bag(r * s + slot);
+                    for p in 0..len {
+                        let Some(k) = Self::position(bag.len(), len, p) else { break };
+                        let at = ((r * len + p) * f + j) * d;
+                        let (u, w) = (index[bag.start + k] as usize, batch.weight(bag.start + k));
+                        let dst = &mut row_grads[u * d..(u + 1) * d];
+                        dst.iter_mut().zip(&dy[at..at + d]).for_each(|(a, b)| *a += w * b);
+                    }
+                }
+            }
+            return;
+        }
         for r in 0..batch.len() {
             for (j, &slot) in self.slots.iter().enumerate() {
                 let g = &dy[(r * f + j) * d..(r * f + j + 1) * d];
@@ -125,16 +193,16 @@ mod tests {
     fn bags_pool_by_sum_mean_and_sqrt_n_and_empty_bags_are_zero() {
         let (b, index, rows) = fixture();
         let mut y = vec![0.0; 8];
-        let e = |pooling| Embedding { table: 0, dim: 2, slots: vec![0, 1], pooling };
-        e(Pooling::Sum).forward(&b, &index, &rows, &mut y);
+        let e = |pooling| Embedding { table: 0, dim: 2, slots: vec![0, 1], pooling, sequence: None };
+        e(Pooling::Sum).forward(&b, &index, &rows, &mut y, &mut []);
         assert_eq!(y, [1.0, 2.0, 310.0, 620.0, 0.0, 0.0, 201.0, 402.0]);
-        e(Pooling::Mean).forward(&b, &index, &rows, &mut y);
+        e(Pooling::Mean).forward(&b, &index, &rows, &mut y, &mut []);
         assert_eq!(y, [1.0, 2.0, 155.0, 310.0, 0.0, 0.0, 67.0, 134.0]);
-        e(Pooling::SqrtN).forward(&b, &index, &rows, &mut y);
+        e(Pooling::SqrtN).forward(&b, &index, &rows, &mut y, &mut []);
         assert!((y[6] - 201.0 / 3f32.sqrt()).abs() < 1e-3);
-        let only_second = Embedding { table: 0, dim: 2, slots: vec![1], pooling: Pooling::Sum };
+        let only_second = Embedding { table: 0, dim: 2, slots: vec![1], pooling: Pooling::Sum, sequence: None };
         let mut y = vec![0.0; 4];
-        only_second.forward(&b, &index, &rows, &mut y);
+        only_second.forward(&b, &index, &rows, &mut y, &mut []);
         assert_eq!(y, [310.0, 620.0, 201.0, 402.0]);
     }
 
@@ -142,11 +210,11 @@ mod tests {
     fn gradients_match_finite_differences_for_every_pooling() {
         let (b, index, rows) = fixture();
         for pooling in [Pooling::Sum, Pooling::Mean, Pooling::SqrtN] {
-            let e = Embedding { table: 0, dim: 2, slots: vec![1, 0], pooling };
+            let e = Embedding { table: 0, dim: 2, slots: vec![1, 0], pooling, sequence: None };
             let weights: Vec<f32> = (0..8).map(|k| (k as f32 - 3.5) / 4.0).collect();
             let loss = |rows: &[f32]| {
                 let mut y = vec![0.0; 8];
-                e.forward(&b, &index, rows, &mut y);
+                e.forward(&b, &index, rows, &mut y, &mut []);
                 y.iter().zip(&weights).map(|(a, w)| (*a * w) as f64).sum::<f64>()
             };
             let mut grads = vec![0.0; rows.len()];
@@ -162,6 +230,46 @@ mod tests {
                     grads[k]
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_sequence_keeps_the_last_ids_in_order_padded_with_zeros_and_masked() {
+        let (b, index, rows) = fixture();
+        // Slot 1's bags: [11, 12] weighted 1 and 3; [12, 10, 12]. Length 2 keeps the last two.
+        let e = Embedding { table: 0, dim: 2, slots: vec![1], pooling: Pooling::Sum, sequence: Some(2) };
+        let (mut y, mut mask) = (vec![9.0; 8], vec![9.0; 4]);
+        e.forward(&b, &index, &rows, &mut y, &mut mask);
+        assert_eq!(y, [10.0, 20.0, 300.0, 600.0, 1.0, 2.0, 100.0, 200.0]);
+        assert_eq!(mask, [1.0, 1.0, 1.0, 1.0]);
+        // Length 3 over slots 0 and 1: slot 0's one id, then padding; mask by slot 0.
+        let e = Embedding { table: 0, dim: 2, slots: vec![0, 1], pooling: Pooling::Sum, sequence: Some(3) };
+        let (mut y, mut mask) = (vec![9.0; 24], vec![9.0; 6]);
+        e.forward(&b, &index, &rows, &mut y, &mut mask);
+        assert_eq!(y[..12], [1.0, 2.0, 10.0, 20.0, 0.0, 0.0, 300.0, 600.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(y[12..], [0.0, 0.0, 100.0, 200.0, 0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 100.0, 200.0]);
+        assert_eq!(mask, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn a_sequences_gradient_matches_finite_differences() {
+        let (b, index, rows) = fixture();
+        let e = Embedding { table: 0, dim: 2, slots: vec![1, 0], pooling: Pooling::Sum, sequence: Some(2) };
+        let n = 2 * e.width();
+        let weights: Vec<f32> = (0..n).map(|k| (k as f32 - 7.5) / 8.0).collect();
+        let loss = |rows: &[f32]| {
+            let mut y = vec![0.0; n];
+            e.forward(&b, &index, rows, &mut y, &mut [0.0; 4]);
+            y.iter().zip(&weights).map(|(a, w)| (*a * w) as f64).sum::<f64>()
+        };
+        let mut grads = vec![0.0; rows.len()];
+        e.backward(&b, &index, &weights, &mut grads);
+        for k in 0..rows.len() {
+            let (mut hi, mut lo) = (rows.clone(), rows.clone());
+            hi[k] += 0.5;
+            lo[k] -= 0.5;
+            let numeric = loss(&hi) - loss(&lo);
+            assert!((numeric - grads[k] as f64).abs() < 1e-3, "row float {k}: {numeric} vs {}", grads[k]);
         }
     }
 }

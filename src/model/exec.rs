@@ -113,7 +113,12 @@ impl Model {
             match &node.op {
                 Op::Embedding(e) => {
                     let t = &tables[e.table];
-                    e.forward(batch, t.index, t.rows, &mut out);
+                    let mut mask = node.mask.map(|m| std::mem::take(&mut work.values[m])).unwrap_or_default();
+                    mask.resize(rows * e.sequence.unwrap_or(0), 0.0);
+                    e.forward(batch, t.index, t.rows, &mut out, &mut mask);
+                    if let Some(m) = node.mask {
+                        work.values[m] = mask;
+                    }
                 }
                 Op::Layer(layer) => {
                     let xs: Vec<&[f32]> = node

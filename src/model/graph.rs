@@ -30,6 +30,8 @@ pub(super) struct Node {
     pub op: Op,
     pub inputs: Vec<usize>,
     pub output: usize,
+    /// A sequence embedding's mask tensor (`NAME.mask`).
+    pub mask: Option<usize>,
     /// Its slice of the flat dense parameters.
     pub params: Range<usize>,
 }
@@ -82,9 +84,9 @@ impl Model {
             }
         }
         // Tensor 0 is the dense features; then one per layer, in file order.
-        let mut tensor_of: HashMap<&str, usize> = HashMap::from([("dense", DENSE)]);
+        let mut tensor_of: HashMap<String, usize> = HashMap::from([("dense".to_string(), DENSE)]);
         for (i, l) in g.layers.iter().enumerate() {
-            if l.name == "dense" || tensor_of.insert(&l.name, i + 1).is_some() {
+            if l.name == "dense" || tensor_of.insert(l.name.clone(), i + 1).is_some() {
                 return Err(format!("model: the layer name {:?} is taken (by `dense` or another layer)", l.name));
             }
             if l.kind != "embedding" && !registry.contains(&l.kind) {
@@ -96,12 +98,23 @@ impl Model {
                 ));
             }
         }
+        // A sequence embedding's mask is one more tensor, `NAME.mask`, after the layers'.
+        let mut mask_of = HashMap::new();
+        for (i, l) in g.layers.iter().enumerate() {
+            if l.kind == "embedding" && l.settings.contains_key("sequence") {
+                let t = g.layers.len() + 1 + mask_of.len();
+                mask_of.insert(i, t);
+                if tensor_of.insert(format!("{}.mask", l.name), t).is_some() {
+                    return Err(format!("model: the layer name \"{}.mask\" is taken by a sequence's mask", l.name));
+                }
+            }
+        }
         let mut inputs_of = Vec::new();
         for l in &g.layers {
             let mut ids = Vec::new();
             for name in l.all_inputs() {
                 let t = *tensor_of.get(name.as_str()).ok_or_else(|| {
-                    let mut known: Vec<&str> = tensor_of.keys().copied().collect();
+                    let mut known: Vec<&str> = tensor_of.keys().map(String::as_str).collect();
                     known.sort_unstable();
                     format!("model: layer {:?}: unknown input {name:?} (tensors: {})", l.name, known.join(", "))
                 })?;
@@ -121,9 +134,13 @@ impl Model {
             }
             inputs_of.push(ids);
         }
-        let order = running_order(&g.layers, &inputs_of)?;
+        // A mask is ready when its embedding is.
+        let owner: HashMap<usize, usize> = mask_of.iter().map(|(&i, &t)| (t, i + 1)).collect();
+        let ordering: Vec<Vec<usize>> =
+            inputs_of.iter().map(|ins| ins.iter().map(|t| *owner.get(t).unwrap_or(t)).collect()).collect();
+        let order = running_order(&g.layers, &ordering)?;
 
-        let n_tensors = g.layers.len() + 1;
+        let n_tensors = g.layers.len() + 1 + mask_of.len();
         let mut shapes = vec![Shape::flat(0); n_tensors];
         shapes[DENSE] = Shape::flat(input.dense_width);
         let mut needs_grad = vec![false; n_tensors];
@@ -144,8 +161,15 @@ impl Model {
                 let mut args = LayerArgs::new(&l.name, l.settings.clone());
                 Op::Layer(registry.build(&l.kind, &mut args, &shapes_in).map_err(at)?)
             };
+            let mask = mask_of.get(&i).copied();
             let (shape, own) = match &op {
-                Op::Embedding(e) => (Shape { fields: e.slots.len(), dim: e.dim }, Vec::new()),
+                Op::Embedding(e) => match e.sequence {
+                    Some(len) => {
+                        shapes[mask.expect("a sequence has a mask")] = Shape::flat(len);
+                        (Shape { fields: len, dim: e.slots.len() * e.dim }, Vec::new())
+                    }
+                    None => (Shape { fields: e.slots.len(), dim: e.dim }, Vec::new()),
+                },
                 Op::Layer(layer) => (layer.output(), layer.params()),
             };
             if shape.size() == 0 {
@@ -161,6 +185,7 @@ impl Model {
                 op,
                 inputs: ins.clone(),
                 output: i + 1,
+                mask,
                 params: start..start + len,
             });
         }
@@ -200,7 +225,8 @@ impl Model {
         let mut used = vec![false; n_tensors];
         resolved.iter().for_each(|h| used[h.tensor] = true);
         for node in nodes.iter().rev() {
-            if used[node.output] {
+            if used[node.output] || node.mask.is_some_and(|m| used[m]) {
+                used[node.output] = true;
                 node.inputs.iter().for_each(|&t| used[t] = true);
             }
         }
@@ -253,7 +279,9 @@ fn running_order(layers: &[LayerConfig], inputs_of: &[Vec<usize>]) -> Result<Vec
 }
 
 /// An `embedding` layer's settings: `table` (optional when the model has one table), `slots`
-/// (a name, a range like `C1..C26`, or a list of them; default every slot) and `pooling`.
+/// (a name, a range like `C1..C26`, or a list of them; default every slot) and `pooling`, or
+/// `sequence = L` (ids kept in order, at most the last `L`; the mask is the tensor
+/// `NAME.mask`).
 fn embedding(
     l: &LayerConfig,
     tables: &[TableConfig],
@@ -269,7 +297,16 @@ fn embedding(
         None if tables.len() == 1 => 0,
         None => return Err("name its `table` (the model has several)".into()),
     };
-    let pooling = Pooling::parse(&args.string("pooling")?.unwrap_or_else(|| "sum".into()))?;
+    let pooling_name = args.string("pooling")?;
+    let sequence = args.usize("sequence")?;
+    match (sequence, &pooling_name) {
+        (Some(0), _) => return Err("sequence (the longest sequence kept) must be positive".into()),
+        (Some(_), Some(p)) => {
+            return Err(format!("a sequence keeps its ids in order: it has no pooling (got pooling = {p:?})"))
+        }
+        _ => {}
+    }
+    let pooling = Pooling::parse(&pooling_name.unwrap_or_else(|| "sum".into()))?;
     let specs: Vec<String> = match l.settings.get("slots") {
         None => vec!["*".into()],
         Some(serde_json::Value::String(s)) => vec![s.clone()],
@@ -298,7 +335,7 @@ fn embedding(
     if slots.is_empty() {
         return Err("looks up no slot (the data has none)".into());
     }
-    Ok(Embedding { table, dim: tables[table].dim, slots, pooling })
+    Ok(Embedding { table, dim: tables[table].dim, slots, pooling, sequence })
 }
 
 /// A short list of names for messages: all of them, or the first few and the last.

@@ -137,10 +137,13 @@ impl Model {
         self.heads.iter().map(|h| self.tensor_name(h.tensor)).collect()
     }
 
-    /// The name of tensor `t`: `dense`, or the layer writing it.
+    /// The name of tensor `t`: `dense`, the layer writing it, or `NAME.mask` (a sequence's).
     fn tensor_name(&self, t: usize) -> String {
         if t == graph::DENSE {
             return "dense".into();
+        }
+        if let Some(n) = self.nodes.iter().find(|n| n.mask == Some(t)) {
+            return format!("{}.mask", n.name);
         }
         self.nodes.iter().find(|n| n.output == t).map(|n| n.name.clone()).expect("every tensor but dense has a node")
     }

@@ -121,7 +121,12 @@ impl Model {
             p.g.scope(&node.name);
             match &node.op {
                 Op::Embedding(e) => match tables {
-                    None => p.input(&node.name, Elem::Float, &[-1, (e.slots.len() * e.dim) as i64]),
+                    None => {
+                        p.input(&node.name, Elem::Float, &[-1, e.width() as i64]);
+                        if let Some(len) = e.sequence {
+                            p.input(&format!("{}.mask", node.name), Elem::Float, &[-1, len as i64]);
+                        }
+                    }
                     Some(tables) => lookups.pool(&mut p, self, e, &tables[e.table], &node.name),
                 },
                 Op::Layer(layer) => {
@@ -229,7 +234,7 @@ impl Lookups {
             }
         };
         let mut pooled = Vec::new();
-        for &s in &e.slots {
+        for (j, &s) in e.slots.iter().enumerate() {
             let (_, w3, len) = self.slot(p, model, s);
             let rows = match self.rows.get(&(e.table, s)) {
                 Some(r) => r.clone(),
@@ -239,6 +244,15 @@ impl Lookups {
                 }
             };
             let weighted = p.g.op("Mul", &[&rows, &w3], Vec::new());
+            if let Some(l) = e.sequence {
+                let name = &model.input.slots[s];
+                let (seq, mask) = sequence(p, &weighted, &format!("{name}.lengths"), l);
+                if j == 0 {
+                    p.g.identity(&mask, &format!("{out}.mask"));
+                }
+                pooled.push(seq);
+                continue;
+            }
             let sum = p.g.reduce_sum(&weighted, &[1], false);
             let v = match e.pooling {
                 Pooling::Sum => sum,
@@ -251,6 +265,39 @@ impl Lookups {
             pooled.push(v);
         }
         let refs: Vec<&str> = pooled.iter().map(String::as_str).collect();
-        p.g.op_to("Concat", &refs, vec![Attr::Int("axis", 1)], out);
+        match e.sequence {
+            None => p.g.op_to("Concat", &refs, vec![Attr::Int("axis", 1)], out),
+            Some(l) => {
+                // Per position, the slots side by side: (N, L, S x D), flat.
+                let joined = p.g.op("Concat", &refs, vec![Attr::Int("axis", 2)]);
+                p.g.reshape_to(&joined, &[-1, (l * e.slots.len() * e.dim) as i64], out);
+            }
+        }
     }
+}
+
+/// A slot's weighted rows `rows` `[N, K, D]` (bags padded to `K`) as `len` ordered positions
+/// `[N, len, D]` and their mask `[N, len]`, as [`Embedding::forward`] places them: position `p`
+/// of a bag of `n` ids holds id `max(n - len, 0) + p` when that is below `n`, else zeros.
+fn sequence(p: &mut Ports, rows: &str, lengths: &str, len: usize) -> (String, String) {
+    let g = &mut p.g;
+    // A zero row in front, so padding reads index 0 (and a batch of empty bags, K = 0, works).
+    let pads = g.ints("pads", &[0, 1, 0, 0, 0, 0]);
+    let padded = g.op("Pad", &[rows, &pads], Vec::new());
+    let n = g.reshape(lengths, &[-1, 1]);
+    let l = g.ints("len", &[len as i64]);
+    let start = g.op("Sub", &[&n, &l], Vec::new());
+    let zero = g.ints("zero", &[0]);
+    let start = g.op("Max", &[&start, &zero], Vec::new());
+    let positions = g.ints("positions", &(0..len as i64).collect::<Vec<_>>());
+    let index = g.op("Add", &[&start, &positions], Vec::new());
+    let real = g.op("Less", &[&index, &n], Vec::new());
+    let one = g.ints("one", &[1]);
+    let shifted = g.op("Add", &[&index, &one], Vec::new());
+    let index = g.op("Where", &[&real, &shifted, &zero], Vec::new());
+    let axes = g.ints("axes", &[2]);
+    let index = g.op("Unsqueeze", &[&index, &axes], Vec::new());
+    let seq = g.op("GatherND", &[&padded, &index], vec![Attr::Int("batch_dims", 1)]);
+    let mask = g.op("Cast", &[&real], vec![Attr::Int("to", crate::onnx::proto::data_type::FLOAT as i64)]);
+    (seq, mask)
 }

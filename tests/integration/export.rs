@@ -169,6 +169,9 @@ fn multi_hot_multi_task_and_softmax_models_export_too() {
     }
     let aliccp = shared.join("multitask/paddlerec_esmm_aliccp_train_small.txt");
     check(&py, dir.path(), &zoo_job("esmm"), &aliccp, &aliccp);
+    // A sequence embedding (ordered, truncated, padded, masked) and target attention.
+    let amazon = shared.join("din/paddlerec_din_amazon_sample.txt");
+    check(&py, dir.path(), &zoo_job("din"), &amazon, &amazon);
 }
 
 #[test]

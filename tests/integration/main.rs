@@ -21,6 +21,7 @@ mod paddle;
 mod predict;
 mod robustness;
 mod security;
+mod sequences;
 mod serve;
 mod staleness;
 mod state_files;

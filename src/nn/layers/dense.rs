@@ -120,10 +120,14 @@ pub struct MlpLayer {
     saved_at: Vec<usize>,
     saved: usize,
     widest: usize,
+    /// Glorot-uniform weights and zero biases instead of PyTorch's default.
+    xavier: bool,
 }
 
 /// `mlp`: `hidden = [..]`, `activation = "relu"`, `dropout = 0`, `out` (optional final width),
-/// `out_activation = "identity"`. Parameters are named `0.w`, `0.b`, `1.w`, ... by layer.
+/// `out_activation = "identity"`, `init = "uniform"` (PyTorch's default, +-1/sqrt(inputs) for
+/// weights and biases) or `"xavier"` (Glorot-uniform weights, zero biases, as FuxiCTR and
+/// Keras start). Parameters are named `0.w`, `0.b`, `1.w`, ... by layer.
 pub fn mlp(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let [input] = inputs else { return Err("takes one input".into()) };
     let hidden = args.usize_list("hidden")?.unwrap_or_default();
@@ -131,6 +135,11 @@ pub fn mlp(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, Str
     let dropout = args.f32("dropout")?.unwrap_or(0.0);
     let out = args.usize("out")?;
     let out_activation = args.activation("out_activation")?.unwrap_or(Activation::Identity);
+    let xavier = match args.string("init")?.as_deref() {
+        None | Some("uniform") => false,
+        Some("xavier") => true,
+        Some(other) => return Err(format!("init must be \"uniform\" or \"xavier\", got {other:?}")),
+    };
     args.finish()?;
     if hidden.contains(&0) || out == Some(0) {
         return Err("layer widths must be positive".into());
@@ -141,7 +150,9 @@ pub fn mlp(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, Str
     if !(0.0..1.0).contains(&dropout) {
         return Err(format!("dropout must be in [0, 1), got {dropout}"));
     }
-    Ok(Box::new(MlpLayer::new(input.size(), &hidden, activation, dropout, out, out_activation, args.salt())))
+    let mut mlp = MlpLayer::new(input.size(), &hidden, activation, dropout, out, out_activation, args.salt());
+    mlp.xavier = xavier;
+    Ok(Box::new(mlp))
 }
 
 impl MlpLayer {
@@ -172,7 +183,7 @@ impl MlpLayer {
             saved += copies * h;
         }
         let widest = *widths.iter().max().expect("at least input and one layer");
-        MlpLayer { layers, activations, has_out: out.is_some(), dropout, salt, saved_at, saved, widest }
+        MlpLayer { layers, activations, has_out: out.is_some(), dropout, salt, saved_at, saved, widest, xavier: false }
     }
 
     fn hidden(&self) -> usize {
@@ -198,9 +209,15 @@ impl Layer for MlpLayer {
     fn params(&self) -> Vec<DenseParam> {
         let mut p = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
-            let init = Init::Uniform { scale: 1.0 / (layer.input as f32).sqrt() };
-            p.push(DenseParam { name: format!("{l}.w"), len: layer.input * layer.output, init });
-            p.push(DenseParam { name: format!("{l}.b"), len: layer.output, init });
+            let (i, o) = (layer.input as f32, layer.output as f32);
+            let (w, b) = if self.xavier {
+                (Init::Uniform { scale: (6.0 / (i + o)).sqrt() }, Init::Zeros)
+            } else {
+                let init = Init::Uniform { scale: 1.0 / i.sqrt() };
+                (init, init)
+            };
+            p.push(DenseParam { name: format!("{l}.w"), len: layer.input * layer.output, init: w });
+            p.push(DenseParam { name: format!("{l}.b"), len: layer.output, init: b });
         }
         p
     }

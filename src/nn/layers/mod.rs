@@ -21,6 +21,7 @@
 //! | `layer_norm` | any -> same: over each vector's D values | `eps = 1e-5` |
 //! | `mixture` | (E, D) + E -> D: experts mixed by a softmax gate (MMoE, PLE) | |
 //! | `prob_product` | 1 + 1 -> 1: logit of sigmoid(a) sigmoid(b) (ESMM's CTCVR) | |
+//! | `target_attention` | E + (L, E) [+ mask L] -> E: DIN's activation unit | `hidden = [80, 40]`, `activation = "prelu"`, `softmax = false` |
 
 mod attention;
 mod cin;
@@ -35,6 +36,7 @@ mod mixture;
 mod prob_product;
 mod reduce;
 mod shape;
+mod target_attention;
 mod weight_multiply;
 
 pub use attention::{self_attention, SelfAttentionLayer};
@@ -50,6 +52,7 @@ pub use mixture::{mixture, MixtureLayer};
 pub use prob_product::{prob_product, ProbProductLayer};
 pub use reduce::{reduce_sum, ReduceSumLayer};
 pub use shape::{activation_layer, add, concat, dropout};
+pub use target_attention::{target_attention, TargetAttentionLayer};
 pub use weight_multiply::{weight_multiply, WeightMultiplyLayer};
 
 use super::layer::{Ctx, Factory, Shape};
@@ -77,6 +80,7 @@ pub fn builtin() -> Vec<(&'static str, Factory)> {
         ("layer_norm", layer_norm),
         ("mixture", mixture),
         ("prob_product", prob_product),
+        ("target_attention", target_attention),
     ]
 }
 
