@@ -236,6 +236,9 @@ pub(super) enum GenCommand {
     /// Multi-hot lines in the slots format (one-hot, multi-valued and weighted slots) from a
     /// planted model with per-slot pooling; meta.json has the `[data]` section to read them.
     Slots(GenArgs),
+    /// Behaviour sequences in PaddleRec's DIN format from a planted model where the click
+    /// depends on how much of the history shares the candidate's category.
+    Sequences(GenArgs),
     /// An online job's logs: a folder of Criteo-format lines per day (OUT/YYYYMMDD/part-*) from
     /// a planted model that drifts; new ids arrive every day and old ones go quiet.
     Stream(StreamArgs),

@@ -365,6 +365,13 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             print_generated(&a, &r, started);
             Ok(())
         }
+        Command::Gen { what: GenCommand::Sequences(a) } => {
+            let started = Instant::now();
+            let r = crate::data::gen_sequences::generate(&gen_config(&a))?;
+            print_generated(&a, &r.report, started);
+            println!("read it with examples/zoo/din.toml (DIN) or examples/zoo/din_base.toml (the pooled history)");
+            Ok(())
+        }
         Command::Gen { what: GenCommand::Stream(a) } => {
             use crate::data::gen_stream;
             let config = gen_stream::StreamConfig {

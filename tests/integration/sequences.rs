@@ -53,3 +53,33 @@ fn din_trains_on_paddlerecs_amazon_sample_locally_and_on_two_servers() {
     let offline = oar::train::evaluate(&mut store, &saved.model, &saved.schema, &[file], 64, false).unwrap();
     assert!((offline.auc.unwrap() - local_auc).abs() < 1e-6, "offline {offline} vs {local_auc}");
 }
+
+/// On generated sequences whose clicks depend on how much of the history shares the
+/// candidate's category (`oar gen sequences`), DIN's target attention beats the same model with
+/// the history mean-pooled, by a clear margin (measured: 0.745 against 0.691, the planted
+/// model's own AUC 0.810).
+#[test]
+fn din_beats_the_pooled_history_on_generated_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = oar::data::gen::GenConfig {
+        lines: 100_000,
+        test_lines: 10_000,
+        seed: 1,
+        parts: 2,
+        out: dir.path().to_path_buf(),
+    };
+    let generated = oar::data::gen_sequences::generate(&config).unwrap();
+    let auc = |job: &str| {
+        let mut c = job_config(&zoo_job(job), Mode::Local, &[], 0, 1, &dir.path().join("train"));
+        c.passes = 1;
+        c.batch_size = 256;
+        c.test_files = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+        let r = oar::train::run(&c, &|_, _| {}).unwrap();
+        r.passes[0].test.as_ref().unwrap().auc.unwrap()
+    };
+    let (din, pooled) = (auc("din"), auc("din_base"));
+    let oracle = generated.report.oracle_test_auc.unwrap();
+    eprintln!("generated sequences: DIN AUC {din:.4}, pooled history {pooled:.4}, planted model {oracle:.4}");
+    assert!(din > pooled + 0.03, "DIN {din} vs pooled {pooled}");
+    assert!(din < oracle, "no model beats the planted one: {din} vs {oracle}");
+}

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""The reference (FuxiCTR 2.3.10) for examples/zoo/din.toml and din_base.toml: FuxiCTR's `DIN`
+class and its `DNN` class (the history mean-pooled by FuxiCTR's `MaskedAveragePooling`), sized
+and trained as oar's job files, on the lines of `oar gen sequences` (PaddleRec's DIN format,
+`hist_items;hist_cates;target_item;target_cate;label`, histories oldest first).
+
+    run_din.py DIR [--model din din_base] [--seed N ...] [--init library|oar] [--batch-size 256]
+
+DIR holds train/part-* and test/part-* (read in sorted order, as oar reads a folder). Prints one
+line per (model, seed): `MODEL init I seed N test AUC X (T s)`.
+
+Matched (see README.md): embedding dim 8; item and category ids each in one table shared by the
+candidate and the history (oar keeps both in one table: the ids are disjoint, so one table or two
+is the same function and the same per-element Adagrad); the history's last 50 behaviours in order,
+padded after them, masked (padding index 0 is a zero row: FuxiCTR's DIN masks by `hist_item != 0`);
+DIN's attention = FuxiCTR's `DIN_Attention` over [q, k, q - k, q * k] with hidden [80, 40] PReLU
+(per-unit slopes) and one output, no softmax, the scores times the mask; DNN [200, 80] -> 1 ReLU
+over [candidate (16), pooled history (16)] (FuxiCTR's feature order, a permutation of oar's
+concat: the same function); no dropout, batch norm or regularization; Adagrad 0.05 (accumulator
+0, eps 1e-10) on the tables, Adam 1e-3 on the rest; batches in file order, one pass.
+"""
+import argparse
+import glob
+import os
+import sys
+import time
+from collections import OrderedDict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run as ref  # noqa: E402  (import_zoo's path handling, optimizers, inits)
+
+EMB = 8
+SEQ = 50
+ZOO = ref.ZOO
+
+
+def read_dir(d):
+    files = sorted(glob.glob(os.path.join(d, "part-*")))
+    if not files:
+        sys.exit(f"no part-* files in {d}")
+    rows = []
+    for f in files:
+        with open(f) as fh:
+            for line in fh:
+                line = line.rstrip("\n")
+                if not line:
+                    continue
+                h, c, t, tc, y = line.split(";")
+                rows.append((h.split(), c.split(), t, tc, float(y)))
+    return rows
+
+
+def encode(train, test):
+    """Index >= 1 for every item / category id of the training lines (history or candidate);
+    0 is the padding row, held at zero, which unseen test ids also read (oar's evaluation reads
+    an absent row as zeros)."""
+    import numpy as np
+    import torch
+
+    items, cates = {}, {}
+    for h, c, t, tc, _ in train:
+        for i in h + [t]:
+            items.setdefault(i, len(items) + 1)
+        for i in c + [tc]:
+            cates.setdefault(i, len(cates) + 1)
+
+    def tensors(rows):
+        n = len(rows)
+        hi = np.zeros((n, SEQ), np.int64)
+        hc = np.zeros((n, SEQ), np.int64)
+        ti = np.zeros(n, np.int64)
+        tc_ = np.zeros(n, np.int64)
+        y = np.zeros(n, np.float32)
+        unseen = 0
+        for r, (h, c, t, tc, lab) in enumerate(rows):
+            h, c = h[-SEQ:], c[-SEQ:]  # the most recent SEQ behaviours, in order, padded after
+            for p, (a, b) in enumerate(zip(h, c)):
+                hi[r, p] = items.get(a, 0)
+                hc[r, p] = cates.get(b, 0)
+                unseen += (a not in items) + (b not in cates)
+            ti[r] = items.get(t, 0)
+            tc_[r] = cates.get(tc, 0)
+            unseen += (t not in items) + (tc not in cates)
+            y[r] = lab
+        return {"item": torch.tensor(ti), "cate": torch.tensor(tc_), "hist_item": torch.tensor(hi),
+                "hist_cate": torch.tensor(hc), "y": torch.tensor(y), "unseen": unseen}
+
+    return {"items": len(items) + 1, "cates": len(cates) + 1, "train": tensors(train), "test": tensors(test)}
+
+
+def feature_map(data, pooled):
+    from fuxictr.features import FeatureMap
+
+    fm = FeatureMap("din_oar_reference", "/tmp")
+    enc = {"feature_encoder": "layers.MaskedAveragePooling()"} if pooled else {}
+    fm.features = OrderedDict([
+        ("item", {"source": "item", "type": "categorical", "padding_idx": 0, "vocab_size": data["items"]}),
+        ("cate", {"source": "item", "type": "categorical", "padding_idx": 0, "vocab_size": data["cates"]}),
+        ("hist_item", dict({"source": "user", "type": "sequence", "padding_idx": 0, "max_len": SEQ,
+                            "vocab_size": data["items"], "share_embedding": "item"}, **enc)),
+        ("hist_cate", dict({"source": "user", "type": "sequence", "padding_idx": 0, "max_len": SEQ,
+                            "vocab_size": data["cates"], "share_embedding": "cate"}, **enc)),
+    ])
+    fm.labels = ["label"]
+    fm.default_emb_dim = EMB
+    fm.num_fields = fm.get_num_fields()
+    fm.set_column_index()
+    return fm
+
+
+def load(name, path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ZOO, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build(model, data):
+    if not os.path.isdir(ZOO):
+        sys.exit(f"FuxiCTR's model_zoo not found at {ZOO} (set FUXICTR_ZOO; see README.md)")
+    kw = dict(ref.COMMON)
+    if model == "din":
+        DIN = load("fx_DIN", "DIN/src/DIN.py").DIN
+        return DIN(feature_map(data, False), embedding_dim=EMB, dnn_hidden_units=[200, 80],
+                   dnn_activations="ReLU", attention_hidden_units=[80, 40],
+                   attention_hidden_activations="PReLU", attention_output_activation=None,
+                   attention_dropout=0, din_target_field=[("item", "cate")],
+                   din_sequence_field=[("hist_item", "hist_cate")], din_use_softmax=False, **kw)
+    DNN = load("fx_DNN", "DNN/DNN_torch/src/DNN.py").DNN
+    return DNN(feature_map(data, True), embedding_dim=EMB, hidden_units=[200, 80], hidden_activations="ReLU", **kw)
+
+
+def oar_init(model):
+    """run.py's oar_init (embeddings U(+-0.05), Linear weights and biases U(+-1/sqrt(fan-in))) and
+    PReLU slopes 0.25 (oar's target_attention; FuxiCTR starts them at 0.1)."""
+    import torch
+    from torch import nn
+
+    ref.oar_init(model)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.PReLU):
+                m.weight.fill_(0.25)
+
+
+def run(model_name, init, data, seed, batch):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from sklearn.metrics import roc_auc_score
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    model = build(model_name, data)
+    if init == "library":
+        ref.library_init(model)
+    else:
+        oar_init(model)
+    opts = ref.optimizers(model, 1e-3)
+    keys = ["item", "cate", "hist_item", "hist_cate"]
+    tr = data["train"]
+    n = len(tr["y"])
+    model.train()
+    for start in range(0, n, batch):  # file order, one pass, last batch partial
+        sl = slice(start, start + batch)
+        X = OrderedDict((k, tr[k][sl]) for k in keys)
+        p = model(X)["y_pred"].view(-1)
+        loss = F.binary_cross_entropy(p, tr["y"][sl])
+        for o in opts:
+            o.zero_grad()
+        loss.backward()
+        for o in opts:
+            o.step()
+    model.eval()
+    te = data["test"]
+    with torch.no_grad():
+        p = model(OrderedDict((k, te[k]) for k in keys))["y_pred"].view(-1)
+    return roc_auc_score(te["y"].numpy(), p.numpy())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir")
+    ap.add_argument("--model", nargs="+", default=["din", "din_base"], choices=["din", "din_base"])
+    ap.add_argument("--seed", nargs="+", type=int, default=[1, 2, 3, 4, 5])
+    ap.add_argument("--init", default="library", choices=["library", "oar"])
+    ap.add_argument("--batch-size", type=int, default=256)
+    a = ap.parse_args()
+    import torch
+    torch.set_num_threads(1)
+    t = time.time()
+    data = encode(read_dir(os.path.join(a.dir, "train")), read_dir(os.path.join(a.dir, "test")))
+    print(f"# {len(data['train']['y'])} train / {len(data['test']['y'])} test lines, {data['items'] - 1} items, "
+          f"{data['cates'] - 1} categories, {data['test']['unseen']} unseen test ids "
+          f"({time.time() - t:.1f} s)", file=sys.stderr, flush=True)
+    for m in a.model:
+        for seed in a.seed:
+            t = time.time()
+            auc = run(m, a.init, data, seed, a.batch_size)
+            print(f"{m} init {a.init} seed {seed} test AUC {auc:.6f} ({time.time() - t:.1f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

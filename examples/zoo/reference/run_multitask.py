@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""The reference (FuxiCTR 2.3.10) for examples/zoo/mmoe.toml and ple.toml on UCI census-income,
+two tasks (income over 50,000; never married), read as examples/readers/census.py reads them.
+
+    run_multitask.py TRAIN TEST [--model mmoe ple] [--seed N ...] [--init library|oar]
+                     [--variant graph|class]
+
+TRAIN and TEST are raw UCI lines (oar's split: the first 8,000 and the last 2,000 lines of
+census-income.test.first10k.txt.gz). Prints one line per (model, seed):
+`MODEL init I seed N income X marital Y (T s)` (MODEL gets a `_class` suffix with --variant class).
+
+Variants (see README.md):
+  graph  (the matched one) oar's job-file graph from FuxiCTR's layers: `FeatureEmbedding` of the
+         29 categorical columns (dim 4), concatenated with the 11 standardized numeric values
+         (127 = 29 x 4 + 11, oar's `concat [emb, dense]`); MMoE = FuxiCTR's `MMoE_Layer` (8 experts
+         MLP [16] ReLU, one linear gate per task, softmax); PLE = FuxiCTR's `CGC_Layer` x 2 (3
+         experts per task + 1 shared, MLP [16] ReLU, linear gates, softmax) with the shared gate of
+         the lower level over all 7 experts, as oar's ple.toml and the PLE paper (FuxiCTR's
+         shared gate mixes only the shared experts: with one shared expert it is the identity);
+         towers MLP [8] -> 1 ReLU.
+  class  FuxiCTR's `MMoE` and `PLE` classes as shipped, the 11 values as FuxiCTR numeric fields
+         (value x learned dim-4 vector), PLE's shared gate over the shared expert only.
+Both: loss = sum of the two tasks' mean log-losses; Adagrad 0.05 (accumulator 0, eps 1e-10) on
+the tables, Adam 1e-3 on the rest; batch 32 in file order, one pass; no dropout, batch norm or
+regularization.
+"""
+import argparse
+import math
+import os
+import sys
+import time
+from collections import Counter, OrderedDict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run as ref  # noqa: E402  (inits, optimizers, COMMON)
+
+ZOO = ref.ZOO
+EMB = 4
+BATCH = 32
+NAMES = (
+    "age class_worker det_ind_code det_occ_code education wage_per_hour hs_college marital_stat "
+    "major_ind_code major_occ_code race hisp_origin sex union_member unemp_reason full_or_part_emp "
+    "capital_gains capital_losses stock_dividends tax_filer_stat region_prev_res state_prev_res "
+    "det_hh_fam_stat det_hh_summ instance_weight mig_chg_msa mig_chg_reg mig_move_reg mig_same "
+    "mig_prev_sunbelt num_emp fam_under_18 country_father country_mother country_self citizenship "
+    "own_or_self vet_question vet_benefits weeks_worked year income_50k"
+).split()
+NUMERIC = [0, 5, 16, 17, 18, 24, 30, 36, 38, 39, 40]  # as examples/readers/census.py
+MARITAL, INCOME = 7, 41
+CATEGORICAL = [i for i in range(len(NAMES)) if i not in NUMERIC and i not in (MARITAL, INCOME)]
+LABELS = ["income", "marital"]
+
+
+def parse(path):
+    y, num, cat = [], [], []
+    with open(path, encoding="latin-1") as fh:
+        for line in fh:
+            f = [x.strip() for x in line.rstrip("\n").split(",")]
+            if f == [""]:
+                continue
+            assert len(f) == len(NAMES), f"{path}: {len(f)} fields"
+            y.append([float(f[INCOME] == "50000+."), float(f[MARITAL] == "Never married")])
+            num.append([float(f[i]) for i in NUMERIC])
+            cat.append([f[i] for i in CATEGORICAL])
+    return y, num, cat
+
+
+def encode(train, test):
+    """Numeric values standardized with the training lines' mean and population std (a std
+    <= 1e-12 leaves the value unscaled), as src/data/transform.rs; every distinct (column, value)
+    of the training lines its own index >= 1 (census.py hashes each value, oar's slot hashing
+    keeps columns apart); index 0 a zero padding row, read by unseen test values (oar's
+    evaluation reads an absent row as zeros)."""
+    import numpy as np
+    import torch
+
+    ytr, ntr, ctr = parse(train)
+    yte, nte, cte = parse(test)
+    ntr, nte = np.asarray(ntr, np.float64), np.asarray(nte, np.float64)
+    mean = ntr.mean(0)
+    std = np.sqrt(np.maximum((ntr * ntr).mean(0) - mean * mean, 0.0))
+    scale = np.where(std > 1e-12, 1.0 / np.where(std > 1e-12, std, 1.0), 1.0).astype(np.float32)
+    ntr = (ntr.astype(np.float32) - mean.astype(np.float32)) * scale
+    nte = (nte.astype(np.float32) - mean.astype(np.float32)) * scale
+    vocab = []
+    for s in range(len(CATEGORICAL)):
+        counts = Counter(row[s] for row in ctr)
+        words = sorted(counts.items(), key=lambda x: (-x[1], x[0]))
+        vocab.append({w: i for i, (w, _) in enumerate(words, 1)})
+    itr = np.array([[vocab[s][row[s]] for s in range(len(CATEGORICAL))] for row in ctr], np.int64)
+    ite = np.array([[vocab[s].get(row[s], 0) for s in range(len(CATEGORICAL))] for row in cte], np.int64)
+    t = lambda a, dt: torch.tensor(np.asarray(a), dtype=dt)
+    return {
+        "vocab_sizes": [len(v) + 1 for v in vocab],
+        "train": (t(ytr, torch.float32), t(ntr, torch.float32), t(itr, torch.long)),
+        "test": (t(yte, torch.float32), t(nte, torch.float32), t(ite, torch.long)),
+        "unseen_test": int((ite == 0).sum()),
+    }
+
+
+def feature_map(vocab_sizes, numeric):
+    from fuxictr.features import FeatureMap
+
+    fm = FeatureMap("census_oar_reference", "/tmp")
+    feats = OrderedDict()
+    for s, c in enumerate(CATEGORICAL):
+        feats[NAMES[c]] = {"source": "", "type": "categorical", "padding_idx": 0, "vocab_size": vocab_sizes[s]}
+    if numeric:
+        for c in NUMERIC:
+            feats[NAMES[c]] = {"source": "", "type": "numeric"}
+    fm.features = feats
+    fm.labels = list(LABELS)
+    fm.default_emb_dim = EMB
+    fm.num_fields = fm.get_num_fields()
+    fm.set_column_index()
+    return fm
+
+
+def inputs_of(num, ids, numeric):
+    X = OrderedDict((NAMES[c], ids[:, s]) for s, c in enumerate(CATEGORICAL))
+    if numeric:
+        for j, c in enumerate(NUMERIC):
+            X[NAMES[c]] = num[:, j:j + 1]
+    return X
+
+
+def load(name, path):
+    import importlib.util
+
+    if not os.path.isdir(ZOO):
+        sys.exit(f"FuxiCTR's model_zoo not found at {ZOO} (set FUXICTR_ZOO; see README.md)")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ZOO, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build_graph(name, vocab_sizes):
+    """oar's job-file graph from FuxiCTR's layers; forward returns the two tasks' logits."""
+    import torch
+    from torch import nn
+    from fuxictr.pytorch.layers import FeatureEmbedding, MLP_Block
+
+    width = len(CATEGORICAL) * EMB + len(NUMERIC)  # 127
+    mmoe_mod = load("fx_MMoE", "multitask/MMoE/src/MMoE.py")
+    ple_mod = load("fx_PLE", "multitask/PLE/src/PLE.py")
+
+    class CGC(ple_mod.CGC_Layer):
+        """FuxiCTR's CGC_Layer; with `shared_over_all`, the shared gate mixes every expert (the
+        tasks' then the shared ones, oar's `s1_experts` order), as the PLE paper's lower levels
+        and oar's ple.toml; otherwise FuxiCTR's forward (shared gate over the shared experts)."""
+
+        def __init__(self, input_dim, shared_over_all):
+            super().__init__(num_shared_experts=1, num_specific_experts=3, num_tasks=2, input_dim=input_dim,
+                             expert_hidden_units=[16], gate_hidden_units=[], hidden_activations="ReLU",
+                             net_dropout=0, batch_norm=False)
+            self.shared_over_all = shared_over_all
+            if shared_over_all:
+                self.gate[self.num_tasks] = MLP_Block(input_dim=input_dim, output_dim=2 * 3 + 1, hidden_units=[])
+
+        def forward(self, x, require_gate=False):
+            if not self.shared_over_all:
+                return super().forward(x, require_gate)
+            specific = [[e(x[i]) for e in self.specific_experts[i]] for i in range(self.num_tasks)]
+            shared = [e(x[-1]) for e in self.shared_experts]
+            outs = []
+            for i in range(self.num_tasks + 1):
+                stack = specific[i] + shared if i < self.num_tasks else sum(specific, []) + shared
+                g = self.gate_activation(self.gate[i](x[i] if i < self.num_tasks else x[-1]))
+                outs.append(torch.sum(g.unsqueeze(-1) * torch.stack(stack, dim=1), dim=1))
+            return outs
+
+    class Graph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.name = name
+            self.emb = FeatureEmbedding(feature_map(vocab_sizes, False), EMB)
+            if name == "mmoe":
+                self.mmoe = mmoe_mod.MMoE_Layer(num_experts=8, num_tasks=2, input_dim=width,
+                                                expert_hidden_units=[16], gate_hidden_units=[],
+                                                hidden_activations="ReLU", net_dropout=0, batch_norm=False)
+            else:
+                self.levels = nn.ModuleList([CGC(width, True), CGC(16, False)])
+            self.towers = nn.ModuleList([MLP_Block(16, hidden_units=[8], output_dim=1) for _ in LABELS])
+
+        def forward(self, X, num):
+            x = torch.cat([self.emb(X).flatten(1), num], 1)
+            if self.name == "mmoe":
+                h = self.mmoe(x)
+            else:
+                h = [x, x, x]
+                for level in self.levels:
+                    h = level(h)
+            return [tower(h[i]).view(-1) for i, tower in enumerate(self.towers)]
+
+    return Graph()
+
+
+def build_class(name, vocab_sizes):
+    kw = dict(ref.COMMON)
+    kw["loss"] = "binary_crossentropy"
+    fmap = feature_map(vocab_sizes, True)
+    common = dict(task=["binary_classification"] * 2, num_tasks=2, embedding_dim=EMB, expert_hidden_units=[16],
+                  gate_hidden_units=[], tower_hidden_units=[8], hidden_activations="ReLU")
+    if name == "mmoe":
+        return load("fx_MMoE", "multitask/MMoE/src/MMoE.py").MMoE(fmap, num_experts=8, **common, **kw)
+    return load("fx_PLE", "multitask/PLE/src/PLE.py").PLE(fmap, num_layers=2, num_shared_experts=1,
+                                                          num_specific_experts=3, **common, **kw)
+
+
+def run(name, variant, init, data, seed):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from sklearn.metrics import roc_auc_score
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    cls = variant == "class"
+    model = build_class(name, data["vocab_sizes"]) if cls else build_graph(name, data["vocab_sizes"])
+    if init == "library":
+        ref.library_init(model)
+    else:
+        ref.oar_init(model)
+    opts = ref.optimizers(model, 1e-3)
+
+    def forward(num, ids):
+        if cls:
+            out = model(inputs_of(num, ids, True))
+            return [out[f"{l}_pred"].view(-1) for l in LABELS]
+        return model(inputs_of(num, ids, False), num)
+
+    model.train()
+    y, num, ids = data["train"]
+    for start in range(0, len(y), BATCH):  # file order, one pass, last batch partial
+        sl = slice(start, start + BATCH)
+        outs = forward(num[sl], ids[sl])
+        lossf = F.binary_cross_entropy if cls else F.binary_cross_entropy_with_logits
+        loss = sum(lossf(o, y[sl, k]) for k, o in enumerate(outs))
+        for o in opts:
+            o.zero_grad()
+        loss.backward()
+        for o in opts:
+            o.step()
+    model.eval()
+    y, num, ids = data["test"]
+    with torch.no_grad():
+        outs = forward(num, ids)
+    return [roc_auc_score(y[:, k].numpy(), o.numpy()) for k, o in enumerate(outs)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("train")
+    ap.add_argument("test")
+    ap.add_argument("--model", nargs="+", default=["mmoe", "ple"], choices=["mmoe", "ple"])
+    ap.add_argument("--seed", nargs="+", type=int, default=[1, 2, 3, 4, 5])
+    ap.add_argument("--init", default="library", choices=["library", "oar"])
+    ap.add_argument("--variant", default="graph", choices=["graph", "class"])
+    a = ap.parse_args()
+    import torch
+    torch.set_num_threads(1)
+    data = encode(a.train, a.test)
+    print(f"# {len(data['train'][0])} train / {len(data['test'][0])} test lines, "
+          f"{sum(data['vocab_sizes']) - len(CATEGORICAL)} categorical ids, {data['unseen_test']} unseen test values",
+          file=sys.stderr, flush=True)
+    for m in a.model:
+        for seed in a.seed:
+            t = time.time()
+            inc, mar = run(m, a.variant, a.init, data, seed)
+            tag = m + ("_class" if a.variant == "class" else "")
+            print(f"{tag} init {a.init} seed {seed} income {inc:.6f} marital {mar:.6f} ({time.time() - t:.1f} s)",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
