@@ -1,4 +1,4 @@
-//! The `gate` layer of `examples/custom_layer`: `y = x * sigmoid(x Wg + bg)`, each input value
+//! The `glu_gate` layer of `examples/custom_layer`: `y = x * sigmoid(x Wg + bg)`, each input value
 //! scaled by a gate computed from the whole input. `tests/integration/models.rs` includes this
 //! file to check its backward pass against finite differences.
 
@@ -12,7 +12,7 @@ struct Gate {
     w: usize,
 }
 
-/// The factory a job file's `type = "gate"` calls: no settings, one input of any shape.
+/// The factory a job file's `type = "glu_gate"` calls: no settings, one input of any shape.
 pub fn gate(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     args.finish()?;
     match inputs {

@@ -176,7 +176,7 @@ fn multi_hot_multi_task_and_softmax_models_export_too() {
 
 #[test]
 fn a_layer_without_an_onnx_form_is_refused_by_name() {
-    // The custom layer example's `gate` type has no export: the refusal names the layer.
+    // The custom layer example's `glu_gate` type has no export: the refusal names the layer.
     #[derive(Debug)]
     struct Opaque;
     impl oar::nn::layer::Layer for Opaque {

@@ -97,9 +97,9 @@ fn a_programs_own_layer_trains_on_two_servers_and_two_trainers_and_oar_names_it_
     let a = args(&logs);
     let out = oar(&a.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(text(&out).contains("layer \"gated\" has unknown type \"gate\""), "{}", text(&out));
+    assert!(text(&out).contains("layer \"gated\" has unknown type \"glu_gate\""), "{}", text(&out));
     assert!(!Path::new(&logs).join("server.0.log").exists(), "nothing was started");
-    // The example program, built on the library with `gate` registered, trains it.
+    // The example program, built on the library with `glu_gate` registered, trains it.
     let exe = Path::new(env!("CARGO_BIN_EXE_oar")).parent().unwrap().join("examples/custom_layer");
     let logs = dir.path().join("logs").display().to_string();
     let out = std::process::Command::new(exe).args(args(&logs)).env_remove("OAR_LAUNCHED").output().unwrap();
