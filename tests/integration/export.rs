@@ -172,6 +172,8 @@ fn multi_hot_multi_task_and_softmax_models_export_too() {
     // A sequence embedding (ordered, truncated, padded, masked) and target attention.
     let amazon = shared.join("din/paddlerec_din_amazon_sample.txt");
     check(&py, dir.path(), &zoo_job("din"), &amazon, &amazon);
+    let amazon = shared.join("din/paddlerec_bst_amazon_sample.txt");
+    check(&py, dir.path(), &zoo_job("bst"), &amazon, &amazon);
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! Sequence inputs end to end: DIN (a sequence embedding with its mask, target attention) on
-//! PaddleRec's Amazon Electronics sample read as stored, locally and on 2 servers x 2 trainers
+//! Sequence inputs end to end: DIN (a sequence embedding with its mask, target attention) and
+//! BST (the candidate as one more position, masked self-attention, layer norm) on PaddleRec's
+//! Amazon Electronics samples read as stored, locally and on 2 servers x 2 trainers
 //! (async and sync); saved, evaluated offline to the trainer's figure.
 //! Skipped, with a message, when `../shared/data` is absent.
 
@@ -7,51 +8,53 @@ use crate::util::*;
 use oar::server::Mode;
 
 #[test]
-fn din_trains_on_paddlerecs_amazon_sample_locally_and_on_two_servers() {
+fn din_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_servers() {
     let Some(shared) = shared_data() else {
-        eprintln!("skipped: ../shared/data is absent (DIN reads PaddleRec's Amazon sample)");
+        eprintln!("skipped: ../shared/data is absent (DIN and BST read PaddleRec's Amazon samples)");
         return;
     };
-    let file = shared.join("din/paddlerec_din_amazon_sample.txt");
-    let dir = tempfile::tempdir().unwrap();
-    let parts = dir.path().join("parts");
-    std::fs::create_dir_all(&parts).unwrap();
-    let text = std::fs::read_to_string(&file).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    for (k, half) in lines.chunks(50).enumerate() {
-        std::fs::write(parts.join(format!("part-{k:05}")), half.join("\n") + "\n").unwrap();
-    }
-    let config = |mode, servers: &[TestServer], id, trainers| {
-        let mut c = job_config(&zoo_job("din"), mode, servers, id, trainers, &parts);
-        c.passes = 3;
-        c.batch_size = 8;
-        c.test_files = vec![file.clone()];
-        c
-    };
-    let mut local = config(Mode::Local, &[], 0, 1);
-    local.output = Some(dir.path().join("model"));
-    let r = oar::train::run(&local, &|_, _| {}).unwrap();
-    assert_eq!(r.samples, 300, "3 passes of the 100 lines");
-    let last = |r: &oar::train::TrainReport| r.passes.last().unwrap().test.as_ref().unwrap().auc.unwrap();
-    let local_auc = last(&r);
-    // 100 lines seen 3 times: the model learns them (a check that the gradients flow through
-    // the attention into both tables, not a quality figure).
-    assert!(local_auc > 0.9, "local AUC on the training lines {local_auc}");
-    for mode in [Mode::Async, Mode::Sync] {
-        let cluster = start_cluster(2, 2, mode, None);
-        let reports = run_trainers((0..2).map(|t| config(mode, &cluster, t, 2)).collect());
-        for s in cluster {
-            s.handle.join().unwrap();
+    for (job, sample) in [("din", "paddlerec_din_amazon_sample.txt"), ("bst", "paddlerec_bst_amazon_sample.txt")] {
+        let file = shared.join("din").join(sample);
+        let dir = tempfile::tempdir().unwrap();
+        let parts = dir.path().join("parts");
+        std::fs::create_dir_all(&parts).unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (k, half) in lines.chunks(50).enumerate() {
+            std::fs::write(parts.join(format!("part-{k:05}")), half.join("\n") + "\n").unwrap();
         }
-        assert_eq!(reports.iter().map(|r| r.samples).sum::<u64>(), 300, "{mode:?}");
-        assert!(last(&reports[0]) > 0.9, "{mode:?}: AUC {}", last(&reports[0]));
-    }
+        let config = |mode, servers: &[TestServer], id, trainers| {
+            let mut c = job_config(&zoo_job(job), mode, servers, id, trainers, &parts);
+            c.passes = 3;
+            c.batch_size = 8;
+            c.test_files = vec![file.clone()];
+            c
+        };
+        let mut local = config(Mode::Local, &[], 0, 1);
+        local.output = Some(dir.path().join("model"));
+        let r = oar::train::run(&local, &|_, _| {}).unwrap();
+        assert_eq!(r.samples, 3 * lines.len() as u64, "{job}: 3 passes of the sample");
+        let last = |r: &oar::train::TrainReport| r.passes.last().unwrap().test.as_ref().unwrap().auc.unwrap();
+        let local_auc = last(&r);
+        // About 100 lines seen 3 times: the model learns them (a check that the gradients flow
+        // through the attention into the table, not a quality figure).
+        assert!(local_auc > 0.9, "{job}: local AUC on the training lines {local_auc}");
+        for mode in [Mode::Async, Mode::Sync] {
+            let cluster = start_cluster(2, 2, mode, None);
+            let reports = run_trainers((0..2).map(|t| config(mode, &cluster, t, 2)).collect());
+            for s in cluster {
+                s.handle.join().unwrap();
+            }
+            assert_eq!(reports.iter().map(|r| r.samples).sum::<u64>(), 3 * lines.len() as u64, "{job} {mode:?}");
+            assert!(last(&reports[0]) > 0.9, "{job} {mode:?}: AUC {}", last(&reports[0]));
+        }
 
-    // The saved model evaluates offline to the figure the trainer printed.
-    let saved = oar::predict::load(local.output.as_ref().unwrap(), &Default::default()).unwrap();
-    let mut store = oar::train::Store::Local(Box::new(saved.shard));
-    let offline = oar::train::evaluate(&mut store, &saved.model, &saved.schema, &[file], 64, false).unwrap();
-    assert!((offline.auc.unwrap() - local_auc).abs() < 1e-6, "offline {offline} vs {local_auc}");
+        // The saved model evaluates offline to the figure the trainer printed.
+        let saved = oar::predict::load(local.output.as_ref().unwrap(), &Default::default()).unwrap();
+        let mut store = oar::train::Store::Local(Box::new(saved.shard));
+        let offline = oar::train::evaluate(&mut store, &saved.model, &saved.schema, &[file], 64, false).unwrap();
+        assert!((offline.auc.unwrap() - local_auc).abs() < 1e-6, "{job}: offline {offline} vs {local_auc}");
+    }
 }
 
 /// On generated sequences whose clicks depend on how much of the history shares the

@@ -4,7 +4,7 @@ class and its `DNN` class (the history mean-pooled by FuxiCTR's `MaskedAveragePo
 and trained as oar's job files, on the lines of `oar gen sequences` (PaddleRec's DIN format,
 `hist_items;hist_cates;target_item;target_cate;label`, histories oldest first).
 
-    run_din.py DIR [--model din din_base] [--seed N ...] [--init library|oar] [--batch-size 256]
+    run_din.py DIR [--model din din_base] [--seed N ...] [--init library|oar|oar-emb|oar-dense] [--batch-size 256]
 
 DIR holds train/part-* and test/part-* (read in sorted order, as oar reads a folder). Prints one
 line per (model, seed): `MODEL init I seed N test AUC X (T s)`.
@@ -146,6 +146,32 @@ def oar_init(model):
                 m.weight.fill_(0.25)
 
 
+def embedding_params(model):
+    from torch import nn
+    return {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+
+
+def apply_init(model, init, oar):
+    """library / oar (see run.py), or a mix for finding which part matters: `oar-emb` = oar's
+    embedding rows with FuxiCTR's dense init, `oar-dense` = FuxiCTR's embedding rows with oar's
+    dense init. `oar` is the function applying oar's init to the whole model."""
+    import torch
+
+    if init == "oar":
+        oar(model)
+        return
+    ref.library_init(model)
+    if init == "library":
+        return
+    keep = {n: p.detach().clone() for n, p in model.named_parameters()}
+    oar(model)
+    emb = embedding_params(model)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if (id(p) in emb) == (init == "oar-dense"):  # restore FuxiCTR's values of the other part
+                p.copy_(keep[n])
+
+
 def run(model_name, init, data, seed, batch):
     import numpy as np
     import torch
@@ -155,10 +181,7 @@ def run(model_name, init, data, seed, batch):
     torch.manual_seed(seed)
     np.random.seed(seed)
     model = build(model_name, data)
-    if init == "library":
-        ref.library_init(model)
-    else:
-        oar_init(model)
+    apply_init(model, init, oar_init)
     opts = ref.optimizers(model, 1e-3)
     keys = ["item", "cate", "hist_item", "hist_cate"]
     tr = data["train"]
@@ -186,7 +209,7 @@ def main():
     ap.add_argument("dir")
     ap.add_argument("--model", nargs="+", default=["din", "din_base"], choices=["din", "din_base"])
     ap.add_argument("--seed", nargs="+", type=int, default=[1, 2, 3, 4, 5])
-    ap.add_argument("--init", default="library", choices=["library", "oar"])
+    ap.add_argument("--init", default="library", choices=["library", "oar", "oar-emb", "oar-dense"])
     ap.add_argument("--batch-size", type=int, default=256)
     a = ap.parse_args()
     import torch

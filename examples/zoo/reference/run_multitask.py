@@ -2,7 +2,7 @@
 """The reference (FuxiCTR 2.3.10) for examples/zoo/mmoe.toml and ple.toml on UCI census-income,
 two tasks (income over 50,000; never married), read as examples/readers/census.py reads them.
 
-    run_multitask.py TRAIN TEST [--model mmoe ple] [--seed N ...] [--init library|oar]
+    run_multitask.py TRAIN TEST [--model mmoe ple] [--seed N ...] [--init library|oar|oar-emb|oar-dense]
                      [--variant graph|class]
 
 TRAIN and TEST are raw UCI lines (oar's split: the first 8,000 and the last 2,000 lines of
@@ -34,6 +34,7 @@ from collections import Counter, OrderedDict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import run as ref  # noqa: E402  (inits, optimizers, COMMON)
+from run_din import apply_init  # noqa: E402
 
 ZOO = ref.ZOO
 EMB = 4
@@ -219,10 +220,7 @@ def run(name, variant, init, data, seed):
     np.random.seed(seed)
     cls = variant == "class"
     model = build_class(name, data["vocab_sizes"]) if cls else build_graph(name, data["vocab_sizes"])
-    if init == "library":
-        ref.library_init(model)
-    else:
-        ref.oar_init(model)
+    apply_init(model, init, ref.oar_init)
     opts = ref.optimizers(model, 1e-3)
 
     def forward(num, ids):
@@ -256,7 +254,7 @@ def main():
     ap.add_argument("test")
     ap.add_argument("--model", nargs="+", default=["mmoe", "ple"], choices=["mmoe", "ple"])
     ap.add_argument("--seed", nargs="+", type=int, default=[1, 2, 3, 4, 5])
-    ap.add_argument("--init", default="library", choices=["library", "oar"])
+    ap.add_argument("--init", default="library", choices=["library", "oar", "oar-emb", "oar-dense"])
     ap.add_argument("--variant", default="graph", choices=["graph", "class"])
     a = ap.parse_args()
     import torch
