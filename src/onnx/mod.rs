@@ -117,22 +117,27 @@ impl Graph {
 
     /// Adds node `op` reading `inputs` and writing the value named `out`.
     pub fn op_to(&mut self, op: &str, inputs: &[&str], attrs: Vec<Attr>, out: &str) {
-        self.node("", op, inputs, attrs, out);
+        self.node("", op, inputs, attrs, &[out]);
+    }
+
+    /// Adds node `op` with several outputs, named `outputs` (`""` for an optional one left out).
+    pub fn op_outputs(&mut self, op: &str, inputs: &[&str], attrs: Vec<Attr>, outputs: &[&str]) {
+        self.node("", op, inputs, attrs, outputs);
     }
 
     /// Adds node `op` of the `ai.onnx.ml` domain, writing a fresh value.
     pub fn ml_op(&mut self, op: &str, inputs: &[&str], attrs: Vec<Attr>) -> String {
         self.uses_ml = true;
         let out = self.fresh(&op.to_lowercase());
-        self.node("ai.onnx.ml", op, inputs, attrs, &out);
+        self.node("ai.onnx.ml", op, inputs, attrs, &[&out]);
         out
     }
 
-    fn node(&mut self, domain: &str, op: &str, inputs: &[&str], attrs: Vec<Attr>, out: &str) {
-        let name = format!("{out}:{op}");
+    fn node(&mut self, domain: &str, op: &str, inputs: &[&str], attrs: Vec<Attr>, outputs: &[&str]) {
+        let name = format!("{}:{op}", outputs.iter().find(|o| !o.is_empty()).copied().unwrap_or(op));
         self.graph.node.push(NodeProto {
             input: inputs.iter().map(|s| s.to_string()).collect(),
-            output: vec![out.to_string()],
+            output: outputs.iter().map(|s| s.to_string()).collect(),
             name,
             op_type: op.to_string(),
             attribute: attrs.into_iter().map(Attr::proto).collect(),

@@ -143,6 +143,8 @@ pub struct AttributeProto {
 pub mod data_type {
     /// f32.
     pub const FLOAT: i32 = 1;
+    /// i32.
+    pub const INT32: i32 = 6;
     /// i64.
     pub const INT64: i32 = 7;
 }

@@ -12,30 +12,66 @@ pub struct LinearLayer {
     linear: Linear,
     bias: bool,
     activation: Activation,
-    /// Whether the weights start at zero (a linear term) instead of PyTorch's default.
-    zero_init: bool,
+    init: LinearInit,
+}
+
+/// How a `linear` layer's parameters start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearInit {
+    /// PyTorch's default: weights and bias uniform in +-1/sqrt(inputs).
+    Uniform,
+    /// All zero (a linear term on raw features).
+    Zeros,
+    /// Glorot-uniform weights, zero bias (FuxiCTR's and Keras's start).
+    Xavier,
+}
+
+impl LinearInit {
+    /// The (weights, bias) initializers of an `inputs` x `outputs` layer.
+    pub fn of(self, inputs: usize, outputs: usize) -> (Init, Init) {
+        let (i, o) = (inputs as f32, outputs as f32);
+        match self {
+            LinearInit::Uniform => {
+                let u = Init::Uniform { scale: 1.0 / i.sqrt() };
+                (u, u)
+            }
+            LinearInit::Zeros => (Init::Zeros, Init::Zeros),
+            LinearInit::Xavier => (Init::Uniform { scale: (6.0 / (i + o)).sqrt() }, Init::Zeros),
+        }
+    }
+
+    /// The job file's `init` setting among `uniform` and `xavier` (for stacks of hidden layers).
+    pub fn parse_hidden(args: &mut LayerArgs) -> Result<LinearInit, String> {
+        match args.string("init")?.as_deref() {
+            None | Some("uniform") => Ok(LinearInit::Uniform),
+            Some("xavier") => Ok(LinearInit::Xavier),
+            Some(other) => Err(format!("init must be \"uniform\" or \"xavier\", got {other:?}")),
+        }
+    }
 }
 
 /// `linear`: `out` (required), `bias = true`, `activation = "identity"`, `init = "uniform"`
-/// (PyTorch's default, +-1/sqrt(inputs), for a hidden layer) or `"zeros"` (weights and bias at
+/// (PyTorch's default, +-1/sqrt(inputs), for a hidden layer), `"zeros"` (weights and bias at
 /// zero, for a linear term on raw features, as the reference LR parts start near zero: a random
-/// start on unscaled inputs is a random logit the first steps must undo).
+/// start on unscaled inputs is a random logit the first steps must undo) or `"xavier"`
+/// (Glorot-uniform weights, zero bias).
 pub fn linear(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let [input] = inputs else { return Err("takes one input".into()) };
     let out = args.required_usize("out")?;
     let bias = args.bool("bias")?.unwrap_or(true);
     let activation = args.activation("activation")?.unwrap_or(Activation::Identity);
-    let zero_init = match args.string("init")?.as_deref() {
-        None | Some("uniform") => false,
-        Some("zeros") => true,
-        Some(other) => return Err(format!("init must be \"uniform\" or \"zeros\", got {other:?}")),
+    let init = match args.string("init")?.as_deref() {
+        None | Some("uniform") => LinearInit::Uniform,
+        Some("zeros") => LinearInit::Zeros,
+        Some("xavier") => LinearInit::Xavier,
+        Some(other) => return Err(format!("init must be \"uniform\", \"zeros\" or \"xavier\", got {other:?}")),
     };
     args.finish()?;
     if out == 0 {
         return Err("out must be positive".into());
     }
     let (linear, _) = Linear::new("", input.size(), out, 0);
-    Ok(Box::new(LinearLayer { linear, bias, activation, zero_init }))
+    Ok(Box::new(LinearLayer { linear, bias, activation, init }))
 }
 
 impl Layer for LinearLayer {
@@ -45,10 +81,10 @@ impl Layer for LinearLayer {
 
     fn params(&self) -> Vec<DenseParam> {
         let (i, o) = (self.linear.input, self.linear.output);
-        let init = if self.zero_init { Init::Zeros } else { Init::Uniform { scale: 1.0 / (i as f32).sqrt() } };
-        let mut p = vec![DenseParam { name: "w".into(), len: i * o, init }];
+        let (w, b) = self.init.of(i, o);
+        let mut p = vec![DenseParam { name: "w".into(), len: i * o, init: w }];
         if self.bias {
-            p.push(DenseParam { name: "b".into(), len: o, init });
+            p.push(DenseParam { name: "b".into(), len: o, init: b });
         }
         p
     }
@@ -120,8 +156,7 @@ pub struct MlpLayer {
     saved_at: Vec<usize>,
     saved: usize,
     widest: usize,
-    /// Glorot-uniform weights and zero biases instead of PyTorch's default.
-    xavier: bool,
+    init: LinearInit,
 }
 
 /// `mlp`: `hidden = [..]`, `activation = "relu"`, `dropout = 0`, `out` (optional final width),
@@ -135,11 +170,7 @@ pub fn mlp(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, Str
     let dropout = args.f32("dropout")?.unwrap_or(0.0);
     let out = args.usize("out")?;
     let out_activation = args.activation("out_activation")?.unwrap_or(Activation::Identity);
-    let xavier = match args.string("init")?.as_deref() {
-        None | Some("uniform") => false,
-        Some("xavier") => true,
-        Some(other) => return Err(format!("init must be \"uniform\" or \"xavier\", got {other:?}")),
-    };
+    let init = LinearInit::parse_hidden(args)?;
     args.finish()?;
     if hidden.contains(&0) || out == Some(0) {
         return Err("layer widths must be positive".into());
@@ -151,7 +182,7 @@ pub fn mlp(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, Str
         return Err(format!("dropout must be in [0, 1), got {dropout}"));
     }
     let mut mlp = MlpLayer::new(input.size(), &hidden, activation, dropout, out, out_activation, args.salt());
-    mlp.xavier = xavier;
+    mlp.init = init;
     Ok(Box::new(mlp))
 }
 
@@ -183,7 +214,17 @@ impl MlpLayer {
             saved += copies * h;
         }
         let widest = *widths.iter().max().expect("at least input and one layer");
-        MlpLayer { layers, activations, has_out: out.is_some(), dropout, salt, saved_at, saved, widest, xavier: false }
+        MlpLayer {
+            layers,
+            activations,
+            has_out: out.is_some(),
+            dropout,
+            salt,
+            saved_at,
+            saved,
+            widest,
+            init: LinearInit::Uniform,
+        }
     }
 
     fn hidden(&self) -> usize {
@@ -209,13 +250,7 @@ impl Layer for MlpLayer {
     fn params(&self) -> Vec<DenseParam> {
         let mut p = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
-            let (i, o) = (layer.input as f32, layer.output as f32);
-            let (w, b) = if self.xavier {
-                (Init::Uniform { scale: (6.0 / (i + o)).sqrt() }, Init::Zeros)
-            } else {
-                let init = Init::Uniform { scale: 1.0 / i.sqrt() };
-                (init, init)
-            };
+            let (w, b) = self.init.of(layer.input, layer.output);
             p.push(DenseParam { name: format!("{l}.w"), len: layer.input * layer.output, init: w });
             p.push(DenseParam { name: format!("{l}.b"), len: layer.output, init: b });
         }

@@ -21,6 +21,8 @@
 //! | `layer_norm` | any -> same: over each vector's D values | `eps = 1e-5` |
 //! | `mixture` | (E, D) + E -> D: experts mixed by a softmax gate (MMoE, PLE) | |
 //! | `prob_product` | 1 + 1 -> 1: logit of sigmoid(a) sigmoid(b) (ESMM's CTCVR) | |
+//! | `gru` | (L, E) [+ mask L] -> H (or (L, H) with `output = "all"`): DIEN's interest extractor | `hidden`, `output = "last"` |
+//! | `augru` | (L, E) + scores L [+ mask L] -> H: DIEN's attention-update GRU | `hidden` |
 //! | `target_attention` | E + (L, E) [+ mask L] -> E: DIN's activation unit | `hidden = [80, 40]`, `activation = "prelu"`, `softmax = false` |
 
 mod attention;
@@ -31,6 +33,7 @@ mod dot;
 mod ffm;
 mod fm;
 mod gate;
+mod gru;
 mod layer_norm;
 mod mixture;
 mod prob_product;
@@ -42,11 +45,12 @@ mod weight_multiply;
 pub use attention::{self_attention, SelfAttentionLayer};
 pub use cin::{cin, CinLayer};
 pub use cross::{cross, CrossKind, CrossLayer};
-pub use dense::{linear, mlp, LinearLayer, MlpLayer};
+pub use dense::{linear, mlp, LinearInit, LinearLayer, MlpLayer};
 pub use dot::{dot_interaction, DotInteractionLayer};
 pub use ffm::{ffm, FfmLayer};
 pub use fm::{fm, FmLayer};
 pub use gate::{gate, GateLayer, GateMode};
+pub use gru::{augru, gru, GruLayer};
 pub use layer_norm::{layer_norm, LayerNormLayer};
 pub use mixture::{mixture, MixtureLayer};
 pub use prob_product::{prob_product, ProbProductLayer};
@@ -81,6 +85,8 @@ pub fn builtin() -> Vec<(&'static str, Factory)> {
         ("mixture", mixture),
         ("prob_product", prob_product),
         ("target_attention", target_attention),
+        ("gru", gru),
+        ("augru", augru),
     ]
 }
 

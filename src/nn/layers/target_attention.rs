@@ -29,13 +29,17 @@ pub struct TargetAttentionLayer {
     unit: Unit,
     softmax: bool,
     masked: bool,
+    /// Output the weights `w_l` (`L`) instead of the pooled keys (for DIEN's AUGRU).
+    scores: bool,
     /// Offset of each hidden layer's PReLU slopes.
     slopes: Vec<usize>,
+    init: super::dense::LinearInit,
 }
 
 /// `target_attention`: `hidden = [80, 40]`, `activation = "prelu"` (or relu, sigmoid, tanh),
-/// `softmax = false`; inputs the query (`E`), the sequence (`(L, E)`) and optionally its mask
-/// (`L`, a sequence embedding's `NAME.mask`) -> `E`.
+/// `softmax = false`, `init = "uniform"` (or `"xavier"`, as `mlp`), `output = "pooled"` (or `"scores"`: the weights `w_l` themselves, `L`
+/// values, as DIEN's AUGRU takes them); inputs the query (`E`), the sequence (`(L, E)`) and
+/// optionally its mask (`L`, a sequence embedding's `NAME.mask`) -> `E`.
 pub fn target_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let widths = args.usize_list("hidden")?.unwrap_or_else(|| vec![80, 40]);
     let unit = match args.string("activation")?.as_deref() {
@@ -48,6 +52,12 @@ pub fn target_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dy
         Some(other) => Unit::Fixed(Activation::parse(other)?),
     };
     let softmax = args.bool("softmax")?.unwrap_or(false);
+    let init = super::dense::LinearInit::parse_hidden(args)?;
+    let scores = match args.string("output")?.as_deref() {
+        None | Some("pooled") => false,
+        Some("scores") => true,
+        Some(other) => return Err(format!("output must be \"pooled\" or \"scores\", got {other:?}")),
+    };
     args.finish()?;
     let (query, keys, masked) = match inputs {
         [q, k] => (q, k, false),
@@ -78,7 +88,18 @@ pub fn target_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dy
         width = w;
     }
     let (out, _) = Linear::new("", width, 1, at);
-    Ok(Box::new(TargetAttentionLayer { len: keys.fields, dim: keys.dim, hidden, out, unit, softmax, masked, slopes }))
+    Ok(Box::new(TargetAttentionLayer {
+        len: keys.fields,
+        dim: keys.dim,
+        hidden,
+        out,
+        unit,
+        softmax,
+        masked,
+        scores,
+        slopes,
+        init,
+    }))
 }
 
 impl TargetAttentionLayer {
@@ -129,22 +150,22 @@ impl TargetAttentionLayer {
 
 impl Layer for TargetAttentionLayer {
     fn output(&self) -> Shape {
-        Shape::flat(self.dim)
+        Shape::flat(if self.scores { self.len } else { self.dim })
     }
 
     fn params(&self) -> Vec<DenseParam> {
         let mut p = Vec::new();
         for (k, l) in self.hidden.iter().enumerate() {
-            let scale = 1.0 / (l.input as f32).sqrt();
-            p.push(DenseParam { name: format!("{k}.w"), len: l.input * l.output, init: Init::Uniform { scale } });
-            p.push(DenseParam { name: format!("{k}.b"), len: l.output, init: Init::Uniform { scale } });
+            let (w, b) = self.init.of(l.input, l.output);
+            p.push(DenseParam { name: format!("{k}.w"), len: l.input * l.output, init: w });
+            p.push(DenseParam { name: format!("{k}.b"), len: l.output, init: b });
             if self.unit == Unit::Prelu {
                 p.push(DenseParam { name: format!("{k}.slope"), len: l.output, init: Init::Constant { value: 0.25 } });
             }
         }
-        let scale = 1.0 / (self.out.input as f32).sqrt();
-        p.push(DenseParam { name: "out.w".into(), len: self.out.input, init: Init::Uniform { scale } });
-        p.push(DenseParam { name: "out.b".into(), len: 1, init: Init::Uniform { scale } });
+        let (w, b) = self.init.of(self.out.input, 1);
+        p.push(DenseParam { name: "out.w".into(), len: self.out.input, init: w });
+        p.push(DenseParam { name: "out.b".into(), len: 1, init: b });
         p
     }
 
@@ -193,6 +214,10 @@ impl Layer for TargetAttentionLayer {
                 for l in 0..len {
                     w[l] = if self.is_masked(x, r, l) { 0.0 } else { s[l] };
                 }
+            }
+            if self.scores {
+                y[r * len..(r + 1) * len].copy_from_slice(w);
+                continue;
             }
             let out = &mut y[r * e..(r + 1) * e];
             out.fill(0.0);
@@ -256,6 +281,10 @@ impl Layer for TargetAttentionLayer {
                 }
             }
         };
+        if self.scores {
+            g.identity(&weights, y);
+            return Ok(());
+        }
         let weights = g.reshape(&weights, &[-1, len, 1]);
         let pooled = g.op("Mul", &[&weights, &keys], Vec::new());
         let pooled = g.reduce_sum(&pooled, &[1], false);
@@ -282,15 +311,22 @@ impl Layer for TargetAttentionLayer {
         let mut ds = vec![0.0f32; n];
         let mut dkeys = vec![0.0f32; n * e];
         for r in 0..ctx.rows {
-            let g = &dy[r * e..(r + 1) * e];
-            let dw: Vec<f32> = (0..len)
-                .map(|l| {
-                    let k = &x[1][(r * len + l) * e..(r * len + l + 1) * e];
-                    let w = weights[r * len + l];
-                    dkeys[(r * len + l) * e..(r * len + l + 1) * e].iter_mut().zip(g).for_each(|(d, g)| *d += w * g);
-                    k.iter().zip(g).map(|(a, b)| a * b).sum()
-                })
-                .collect();
+            let dw: Vec<f32> = if self.scores {
+                dy[r * len..(r + 1) * len].to_vec()
+            } else {
+                let g = &dy[r * e..(r + 1) * e];
+                (0..len)
+                    .map(|l| {
+                        let k = &x[1][(r * len + l) * e..(r * len + l + 1) * e];
+                        let w = weights[r * len + l];
+                        dkeys[(r * len + l) * e..(r * len + l + 1) * e]
+                            .iter_mut()
+                            .zip(g)
+                            .for_each(|(d, g)| *d += w * g);
+                        k.iter().zip(g).map(|(a, b)| a * b).sum()
+                    })
+                    .collect()
+            };
             if self.softmax {
                 let w = &weights[r * len..(r + 1) * len];
                 let mean: f32 = w.iter().zip(&dw).map(|(a, b)| a * b).sum();
@@ -374,6 +410,10 @@ mod tests {
             check_layer(layer.as_ref(), &[q, seq], 3, 4).unwrap_or_else(|e| panic!("{json}: {e}"));
             let masked = target_attention(&mut args(json), &[q, seq, Shape::flat(4)]).unwrap();
             check_layer(masked.as_ref(), &[q, seq, Shape::flat(4)], 3, 5).unwrap_or_else(|e| panic!("{json}: {e}"));
+            let scores = json.replace('{', r#"{"output": "scores", "#);
+            let layer = target_attention(&mut args(&scores), &[q, seq, Shape::flat(4)]).unwrap();
+            assert_eq!(layer.output(), Shape::flat(4));
+            check_layer(layer.as_ref(), &[q, seq, Shape::flat(4)], 3, 6).unwrap_or_else(|e| panic!("{scores}: {e}"));
         }
     }
 
