@@ -172,8 +172,33 @@ fn multi_hot_multi_task_and_softmax_models_export_too() {
     // A sequence embedding (ordered, truncated, padded, masked) and target attention.
     let amazon = shared.join("din/paddlerec_din_amazon_sample.txt");
     check(&py, dir.path(), &zoo_job("din"), &amazon, &amazon);
+    // DIEN with its AUGRU swapped for DIN's pooling over the GRU's states: the GRU as ONNX's.
+    let dien = std::fs::read_to_string(zoo_job("dien")).unwrap();
+    let start = dien.find("  { name = \"scores\"").unwrap();
+    let end = dien.find("  { name = \"x\"").unwrap();
+    let pooled = "  { name = \"evolution\", type = \"target_attention\", inputs = [\"target\", \"interests\", \"hist.mask\"] },\n";
+    let gru_job = dir.path().join("gru.toml");
+    std::fs::write(&gru_job, format!("{}{pooled}{}", &dien[..start], &dien[end..])).unwrap();
+    check(&py, dir.path(), &gru_job, &amazon, &amazon);
     let amazon = shared.join("din/paddlerec_bst_amazon_sample.txt");
     check(&py, dir.path(), &zoo_job("bst"), &amazon, &amazon);
+}
+
+#[test]
+fn dien_is_refused_by_its_augrus_name() {
+    let Some(shared) = shared_data() else {
+        eprintln!("skipped: ../shared/data is absent (DIEN reads PaddleRec's Amazon sample)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (model, out) = (dir.path().join("model"), dir.path().join("export"));
+    let s = |p: &Path| p.display().to_string();
+    let amazon = shared.join("din/paddlerec_din_amazon_sample.txt");
+    let o = oar(&["train", "--config", &s(&zoo_job("dien")), "--train", &s(&amazon), "--output", &s(&model)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = oar(&["export", "--model", &s(&model), "--out", &s(&out)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("layer \"evolution\" (augru) cannot be exported"), "{}", text(&o));
 }
 
 #[test]

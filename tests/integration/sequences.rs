@@ -1,5 +1,5 @@
-//! Sequence inputs end to end: DIN (a sequence embedding with its mask, target attention) and
-//! BST (the candidate as one more position, masked self-attention, layer norm) on PaddleRec's
+//! Sequence inputs end to end: DIN (a sequence embedding with its mask, target attention), DIEN
+//! (a GRU, attention scores, an AUGRU) and BST (the candidate as one more position, masked self-attention, layer norm) on PaddleRec's
 //! Amazon Electronics samples read as stored, locally and on 2 servers x 2 trainers
 //! (async and sync); saved, evaluated offline to the trainer's figure.
 //! Skipped, with a message, when `../shared/data` is absent.
@@ -8,12 +8,17 @@ use crate::util::*;
 use oar::server::Mode;
 
 #[test]
-fn din_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_servers() {
+fn din_dien_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_servers() {
     let Some(shared) = shared_data() else {
         eprintln!("skipped: ../shared/data is absent (DIN and BST read PaddleRec's Amazon samples)");
         return;
     };
-    for (job, sample) in [("din", "paddlerec_din_amazon_sample.txt"), ("bst", "paddlerec_bst_amazon_sample.txt")] {
+    let samples = [
+        ("din", "paddlerec_din_amazon_sample.txt"),
+        ("dien", "paddlerec_din_amazon_sample.txt"),
+        ("bst", "paddlerec_bst_amazon_sample.txt"),
+    ];
+    for (job, sample) in samples {
         let file = shared.join("din").join(sample);
         let dir = tempfile::tempdir().unwrap();
         let parts = dir.path().join("parts");
