@@ -206,30 +206,31 @@ mod tests {
         assert_eq!(y, [310.0, 620.0, 201.0, 402.0]);
     }
 
+    /// `e`'s row gradients against central differences of a fixed weighting of its output.
+    fn check_gradients(e: &Embedding) {
+        let (b, index, rows) = fixture();
+        let (n, masks) = (b.len() * e.width(), b.len() * e.sequence.unwrap_or(0));
+        let weights: Vec<f32> = (0..n).map(|k| (k as f32 - n as f32 / 2.0) / 8.0).collect();
+        let loss = |rows: &[f32]| {
+            let mut y = vec![0.0; n];
+            e.forward(&b, &index, rows, &mut y, &mut vec![0.0; masks]);
+            y.iter().zip(&weights).map(|(a, w)| (*a * w) as f64).sum::<f64>()
+        };
+        let mut grads = vec![0.0; rows.len()];
+        e.backward(&b, &index, &weights, &mut grads);
+        for k in 0..rows.len() {
+            let (mut hi, mut lo) = (rows.clone(), rows.clone());
+            hi[k] += 0.5;
+            lo[k] -= 0.5;
+            let numeric = loss(&hi) - loss(&lo);
+            assert!((numeric - grads[k] as f64).abs() < 1e-3, "{e:?} row float {k}: {numeric} vs {}", grads[k]);
+        }
+    }
+
     #[test]
     fn gradients_match_finite_differences_for_every_pooling() {
-        let (b, index, rows) = fixture();
         for pooling in [Pooling::Sum, Pooling::Mean, Pooling::SqrtN] {
-            let e = Embedding { table: 0, dim: 2, slots: vec![1, 0], pooling, sequence: None };
-            let weights: Vec<f32> = (0..8).map(|k| (k as f32 - 3.5) / 4.0).collect();
-            let loss = |rows: &[f32]| {
-                let mut y = vec![0.0; 8];
-                e.forward(&b, &index, rows, &mut y, &mut []);
-                y.iter().zip(&weights).map(|(a, w)| (*a * w) as f64).sum::<f64>()
-            };
-            let mut grads = vec![0.0; rows.len()];
-            e.backward(&b, &index, &weights, &mut grads);
-            for k in 0..rows.len() {
-                let (mut hi, mut lo) = (rows.clone(), rows.clone());
-                hi[k] += 0.5;
-                lo[k] -= 0.5;
-                let numeric = (loss(&hi) - loss(&lo)) / 1.0;
-                assert!(
-                    (numeric - grads[k] as f64).abs() < 1e-3,
-                    "{pooling:?} row float {k}: {numeric} vs {}",
-                    grads[k]
-                );
-            }
+            check_gradients(&Embedding { table: 0, dim: 2, slots: vec![1, 0], pooling, sequence: None });
         }
     }
 
@@ -253,23 +254,6 @@ mod tests {
 
     #[test]
     fn a_sequences_gradient_matches_finite_differences() {
-        let (b, index, rows) = fixture();
-        let e = Embedding { table: 0, dim: 2, slots: vec![1, 0], pooling: Pooling::Sum, sequence: Some(2) };
-        let n = 2 * e.width();
-        let weights: Vec<f32> = (0..n).map(|k| (k as f32 - 7.5) / 8.0).collect();
-        let loss = |rows: &[f32]| {
-            let mut y = vec![0.0; n];
-            e.forward(&b, &index, rows, &mut y, &mut [0.0; 4]);
-            y.iter().zip(&weights).map(|(a, w)| (*a * w) as f64).sum::<f64>()
-        };
-        let mut grads = vec![0.0; rows.len()];
-        e.backward(&b, &index, &weights, &mut grads);
-        for k in 0..rows.len() {
-            let (mut hi, mut lo) = (rows.clone(), rows.clone());
-            hi[k] += 0.5;
-            lo[k] -= 0.5;
-            let numeric = loss(&hi) - loss(&lo);
-            assert!((numeric - grads[k] as f64).abs() < 1e-3, "row float {k}: {numeric} vs {}", grads[k]);
-        }
+        check_gradients(&Embedding { table: 0, dim: 2, slots: vec![1, 0], pooling: Pooling::Sum, sequence: Some(2) });
     }
 }

@@ -39,17 +39,10 @@ from run_din import apply_init  # noqa: E402
 ZOO = ref.ZOO
 EMB = 4
 BATCH = 32
-NAMES = (
-    "age class_worker det_ind_code det_occ_code education wage_per_hour hs_college marital_stat "
-    "major_ind_code major_occ_code race hisp_origin sex union_member unemp_reason full_or_part_emp "
-    "capital_gains capital_losses stock_dividends tax_filer_stat region_prev_res state_prev_res "
-    "det_hh_fam_stat det_hh_summ instance_weight mig_chg_msa mig_chg_reg mig_move_reg mig_same "
-    "mig_prev_sunbelt num_emp fam_under_18 country_father country_mother country_self citizenship "
-    "own_or_self vet_question vet_benefits weeks_worked year income_50k"
-).split()
-NUMERIC = [0, 5, 16, 17, 18, 24, 30, 36, 38, 39, 40]  # as examples/readers/census.py
-MARITAL, INCOME = 7, 41
-CATEGORICAL = [i for i in range(len(NAMES)) if i not in NUMERIC and i not in (MARITAL, INCOME)]
+# The columns as oar's reader splits them: the same module, so both sides read one definition.
+sys.path.insert(0, os.path.join(HERE, "..", "..", "readers"))
+from census import CATEGORICAL, INCOME, MARITAL, NAMES, NUMERIC  # noqa: E402,F401
+
 LABELS = ["income", "marital"]
 
 
