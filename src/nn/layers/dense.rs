@@ -6,13 +6,16 @@ use crate::nn::layer::{Ctx, Layer, LayerArgs, Shape};
 use crate::nn::{Activation, Linear};
 use crate::table::{DenseParam, Init};
 
-/// `y = act(x W + b)`.
+/// `y = act(x W + b)`; with `per_field`, the same `W` and `b` applied to each of a field
+/// tensor's vectors (a transformer's position-wise layer).
 #[derive(Debug)]
 pub struct LinearLayer {
     linear: Linear,
     bias: bool,
     activation: Activation,
     init: LinearInit,
+    /// Vectors per sample it maps one by one (1: the whole input as one vector).
+    fields: usize,
 }
 
 /// How a `linear` layer's parameters start.
@@ -54,7 +57,8 @@ impl LinearInit {
 /// (PyTorch's default, +-1/sqrt(inputs), for a hidden layer), `"zeros"` (weights and bias at
 /// zero, for a linear term on raw features, as the reference LR parts start near zero: a random
 /// start on unscaled inputs is a random logit the first steps must undo) or `"xavier"`
-/// (Glorot-uniform weights, zero bias).
+/// (Glorot-uniform weights, zero bias); `per_field = false` (true: `(F, D) -> (F, out)`, each
+/// vector mapped by the same weights).
 pub fn linear(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let [input] = inputs else { return Err("takes one input".into()) };
     let out = args.required_usize("out")?;
@@ -66,17 +70,19 @@ pub fn linear(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, 
         Some("xavier") => LinearInit::Xavier,
         Some(other) => return Err(format!("init must be \"uniform\", \"zeros\" or \"xavier\", got {other:?}")),
     };
+    let per_field = args.bool("per_field")?.unwrap_or(false);
     args.finish()?;
     if out == 0 {
         return Err("out must be positive".into());
     }
-    let (linear, _) = Linear::new("", input.size(), out, 0);
-    Ok(Box::new(LinearLayer { linear, bias, activation, init }))
+    let (fields, width) = if per_field { (input.fields, input.dim) } else { (1, input.size()) };
+    let (linear, _) = Linear::new("", width, out, 0);
+    Ok(Box::new(LinearLayer { linear, bias, activation, init, fields }))
 }
 
 impl Layer for LinearLayer {
     fn output(&self) -> Shape {
-        Shape::flat(self.linear.output)
+        Shape { fields: self.fields, dim: self.linear.output }
     }
 
     fn params(&self) -> Vec<DenseParam> {
@@ -90,28 +96,37 @@ impl Layer for LinearLayer {
     }
 
     fn scratch(&self) -> usize {
-        self.linear.output
+        self.fields * self.linear.output
     }
 
     fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], _: &mut [f32]) {
+        let rows = ctx.rows * self.fields;
         if self.bias {
-            self.linear.forward(params, x[0], ctx.rows, y);
+            self.linear.forward(params, x[0], rows, y);
         } else {
             let (i, o) = (self.linear.input, self.linear.output);
-            crate::nn::matmul(ctx.rows, o, i, y, false, x[0], (i, 1), &params[..i * o], (o, 1));
+            crate::nn::matmul(rows, o, i, y, false, x[0], (i, 1), &params[..i * o], (o, 1));
         }
         self.activation.forward(y);
     }
 
     fn export_onnx(&self, g: &mut crate::onnx::Graph, params: &[f32], x: &[&str], y: &str) -> Result<(), String> {
+        let (i, o) = (self.linear.input, self.linear.output);
+        let input = if self.fields > 1 { g.reshape(x[0], &[-1, i as i64]) } else { x[0].to_string() };
         let z = if self.bias {
-            self.linear.export_onnx(g, params, x[0])
+            self.linear.export_onnx(g, params, &input)
         } else {
-            let (i, o) = (self.linear.input, self.linear.output);
             let w = g.floats("w", &[i, o], &params[..i * o]);
-            g.op("MatMul", &[x[0], &w], Vec::new())
+            g.op("MatMul", &[&input, &w], Vec::new())
         };
-        self.activation.export_onnx(g, &z, y);
+        if self.fields > 1 {
+            let a = g.op("Identity", &[&z], Vec::new());
+            let act = format!("{y}/act");
+            self.activation.export_onnx(g, &a, &act);
+            g.reshape_to(&act, &[-1, (self.fields * o) as i64], y);
+        } else {
+            self.activation.export_onnx(g, &z, y);
+        }
         Ok(())
     }
 
@@ -126,7 +141,7 @@ impl Layer for LinearLayer {
         grads: &mut [f32],
         dx: &mut [Option<&mut [f32]>],
     ) {
-        let (i, o, rows) = (self.linear.input, self.linear.output, ctx.rows);
+        let (i, o, rows) = (self.linear.input, self.linear.output, ctx.rows * self.fields);
         let dz = &mut scratch[..rows * o];
         dz.copy_from_slice(dy);
         self.activation.backward(y, dz);
@@ -371,11 +386,25 @@ mod tests {
     use super::super::test_args as args;
 
     #[test]
+    fn a_per_field_linear_maps_each_vector_alike() {
+        let layer = linear(&mut args(r#"{"out": 1, "per_field": true}"#), &[Shape { fields: 3, dim: 2 }]).unwrap();
+        assert_eq!(layer.output(), Shape { fields: 3, dim: 1 });
+        let mut y = [0.0; 3];
+        let mut scratch = vec![0.0; layer.scratch()];
+        let ctx = Ctx { rows: 1, train: false, seeds: &[] };
+        // w = (1, 10), b = 0.5: each field's (a, b) -> a + 10 b + 0.5.
+        layer.forward(&ctx, &[1.0, 10.0, 0.5], &[&[1.0, 2.0, 3.0, 4.0, -1.0, 0.0]], &mut y, &mut scratch);
+        assert_eq!(y, [21.5, 43.5, -0.5]);
+    }
+
+    #[test]
     fn linear_gradients_match_finite_differences() {
         for json in [
             r#"{"out": 3}"#,
             r#"{"out": 2, "bias": false, "activation": "tanh"}"#,
             r#"{"out": 4, "activation": "sigmoid"}"#,
+            r#"{"out": 4, "activation": "tanh", "per_field": true}"#,
+            r#"{"out": 2, "bias": false, "per_field": true}"#,
         ] {
             let layer = linear(&mut args(json), &[Shape { fields: 2, dim: 3 }]).unwrap();
             check_layer(layer.as_ref(), &[Shape { fields: 2, dim: 3 }], 4, 7).unwrap_or_else(|e| panic!("{json}: {e}"));

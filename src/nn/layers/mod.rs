@@ -3,7 +3,7 @@
 //!
 //! | type | inputs -> output | settings |
 //! |---|---|---|
-//! | `linear` | any -> `out` | `out`, `bias = true`, `activation = "identity"` |
+//! | `linear` | any -> `out`; (F, D) -> (F, `out`) with `per_field` | `out`, `bias = true`, `activation = "identity"`, `init = "uniform"`, `per_field = false` |
 //! | `mlp` | any -> last width | `hidden`, `activation = "relu"`, `dropout = 0`, `out`, `out_activation` |
 //! | `relu`, `sigmoid`, `tanh` | same shape | |
 //! | `dropout` | same shape | `rate` (training only) |
