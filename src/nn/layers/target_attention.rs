@@ -5,10 +5,14 @@ use crate::nn::layer::{Ctx, Layer, LayerArgs, Shape};
 use crate::nn::{Activation, Linear};
 use crate::table::{DenseParam, Init};
 
+/// Where the PReLU slopes start: FuxiCTR's DIN starts them at 0.1 (PyTorch's default is 0.25);
+/// on `oar gen sequences` 0.1 measured 0.7506 +- 0.0090 over 5 seeds against 0.7433 +- 0.0143.
+const PRELU_START: f32 = 0.1;
+
 /// The hidden layers' non-linearity.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Unit {
-    /// `max(0, z) + a min(0, z)`, `a` learned per unit (starting at 0.25, PyTorch's).
+    /// `max(0, z) + a min(0, z)`, `a` learned per unit (starting at [`PRELU_START`]).
     Prelu,
     /// A fixed activation.
     Fixed(Activation),
@@ -160,7 +164,11 @@ impl Layer for TargetAttentionLayer {
             p.push(DenseParam { name: format!("{k}.w"), len: l.input * l.output, init: w });
             p.push(DenseParam { name: format!("{k}.b"), len: l.output, init: b });
             if self.unit == Unit::Prelu {
-                p.push(DenseParam { name: format!("{k}.slope"), len: l.output, init: Init::Constant { value: 0.25 } });
+                p.push(DenseParam {
+                    name: format!("{k}.slope"),
+                    len: l.output,
+                    init: Init::Constant { value: PRELU_START },
+                });
             }
         }
         let (w, b) = self.init.of(self.out.input, 1);
