@@ -252,16 +252,17 @@ pub fn square_error(preds: &[f32], labels: &[f32], dpreds: &mut [f32]) -> f64 {
     loss
 }
 
-/// `p = softmax(z)`, shifted by the largest logit so no exponent overflows.
-pub fn softmax(z: &[f32], p: &mut [f32]) {
-    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+/// Logits `v` turned into their softmax in place, shifted by the largest so no exponent
+/// overflows (a logit of -inf gets probability 0).
+pub fn softmax(v: &mut [f32]) {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
-    for (p, &z) in p.iter_mut().zip(z) {
-        *p = (z - max).exp();
+    for p in v.iter_mut() {
+        *p = (*p - max).exp();
         sum += *p;
     }
     let inv = 1.0 / sum;
-    p.iter_mut().for_each(|v| *v *= inv);
+    v.iter_mut().for_each(|p| *p *= inv);
 }
 
 /// Softmax cross-entropy over `classes` logits per sample with integer class labels: returns

@@ -1,6 +1,7 @@
 //! `self_attention`: multi-head self-attention over a field (or sequence) tensor, AutoInt's
 //! interacting layer and BST's transformer attention.
 
+use super::{export_real, is_real};
 use crate::nn::layer::{Ctx, Layer, LayerArgs, Shape};
 use crate::nn::{matmul, Activation};
 use crate::table::{DenseParam, Init};
@@ -158,10 +159,9 @@ impl Layer for SelfAttentionLayer {
                     let row = &mut scores[i * f..(i + 1) * f];
                     for (j, z) in row.iter_mut().enumerate() {
                         // A masked score is a constant: no gradient flows through it.
-                        *z = if self.masked && x[1][r * f + j] <= 0.5 { MASKED } else { *z * s };
+                        *z = if self.masked && !is_real(x[1][r * f + j]) { MASKED } else { *z * s };
                     }
-                    let logits = row.to_vec();
-                    crate::nn::softmax(&logits, row);
+                    crate::nn::softmax(row);
                 }
                 matmul(f, a, f, &mut head, false, scores, (f, 1), &v[at + h * a..], (w, 1));
                 add_columns(&mut y[at..at + f * w], w, h * a, &head);
@@ -200,8 +200,7 @@ impl Layer for SelfAttentionLayer {
             scores = g.op("Mul", &[&scores, &s], Vec::new());
         }
         if self.masked {
-            let half = g.scalar("half", 0.5);
-            let keep = g.op("Greater", &[x[1], &half], Vec::new());
+            let keep = export_real(g, x[1]);
             let keep = g.reshape(&keep, &[-1, 1, 1, f]);
             let masked = g.scalar("masked", MASKED);
             scores = g.op("Where", &[&keep, &scores, &masked], Vec::new());
@@ -256,7 +255,7 @@ impl Layer for SelfAttentionLayer {
                     let (p, g) = (&weights[i * f..(i + 1) * f], &da[i * f..(i + 1) * f]);
                     let dot: f32 = p.iter().zip(g).map(|(p, g)| p * g).sum();
                     for j in 0..f {
-                        let hidden = self.masked && x[1][r * f + j] <= 0.5;
+                        let hidden = self.masked && !is_real(x[1][r * f + j]);
                         ds[i * f + j] = if hidden { 0.0 } else { p[j] * (g[j] - dot) * s };
                     }
                 }

@@ -120,9 +120,8 @@ impl Layer for LinearLayer {
             g.op("MatMul", &[&input, &w], Vec::new())
         };
         if self.fields > 1 {
-            let a = g.op("Identity", &[&z], Vec::new());
             let act = format!("{y}/act");
-            self.activation.export_onnx(g, &a, &act);
+            self.activation.export_onnx(g, &z, &act);
             g.reshape_to(&act, &[-1, (self.fields * o) as i64], y);
         } else {
             self.activation.export_onnx(g, &z, y);

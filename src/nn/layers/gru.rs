@@ -104,7 +104,7 @@ impl GruLayer {
     }
 
     fn valid(&self, x: &[&[f32]], r: usize, t: usize) -> bool {
-        !self.masked || x[x.len() - 1][r * self.len + t] > 0.5
+        !self.masked || super::is_real(x[x.len() - 1][r * self.len + t])
     }
 
     fn score(&self, x: &[&[f32]], r: usize, t: usize) -> f32 {
@@ -149,7 +149,6 @@ impl Layer for GruLayer {
         for row in xg.chunks_exact_mut(3 * h) {
             row.iter_mut().zip(&params[bi..bi + 3 * h]).for_each(|(v, b)| *v += b);
         }
-        let rest_len = rest.len();
         let (states, gates) = rest.split_at_mut(g.r - g.h);
         states[..rows * h].fill(0.0);
         let mut hh = vec![0.0f32; rows * 3 * h];
@@ -183,7 +182,6 @@ impl Layer for GruLayer {
                 }
             }
         }
-        debug_assert!(rest_len >= g.end - g.h);
         for r in 0..rows {
             if self.all {
                 for t in 0..l {
@@ -228,8 +226,7 @@ impl Layer for GruLayer {
         let seq = g.reshape(x[0], &[-1, l, e as i64]);
         let seq = g.op("Transpose", &[&seq], vec![Attr::Ints("perm", vec![1, 0, 2])]);
         let lens = if self.masked {
-            let half = g.scalar("half", 0.5);
-            let real = g.op("Greater", &[x[x.len() - 1], &half], Vec::new());
+            let real = super::export_real(g, x[x.len() - 1]);
             let real = g.op("Cast", &[&real], vec![Attr::Int("to", crate::onnx::proto::data_type::INT32 as i64)]);
             g.reduce_sum(&real, &[1], false)
         } else {

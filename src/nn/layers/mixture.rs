@@ -48,7 +48,8 @@ impl Layer for MixtureLayer {
         let (e, d) = (self.experts, self.dim);
         for r in 0..ctx.rows {
             let p = &mut scratch[r * e..(r + 1) * e];
-            crate::nn::softmax(&x[1][r * e..(r + 1) * e], p);
+            p.copy_from_slice(&x[1][r * e..(r + 1) * e]);
+            crate::nn::softmax(p);
             let out = &mut y[r * d..(r + 1) * d];
             out.fill(0.0);
             for (k, expert) in x[0][r * e * d..(r + 1) * e * d].chunks_exact(d).enumerate() {
@@ -81,22 +82,17 @@ impl Layer for MixtureLayer {
         dx: &mut [Option<&mut [f32]>],
     ) {
         let (e, d) = (self.experts, self.dim);
-        let (dexperts, dgate) = match dx {
-            [a, b] => (a.as_deref_mut(), b.as_deref_mut()),
-            _ => unreachable!("mixture has two inputs"),
-        };
-        let mut dexperts = dexperts;
-        let mut dgate = dgate;
+        let [dexperts, dgate] = dx else { unreachable!("mixture has two inputs") };
         for r in 0..ctx.rows {
             let p = &scratch[r * e..(r + 1) * e];
             let g = &dy[r * d..(r + 1) * d];
             let experts = &x[0][r * e * d..(r + 1) * e * d];
-            if let Some(dx) = dexperts.as_deref_mut() {
+            if let Some(dx) = dexperts {
                 for (k, de) in dx[r * e * d..(r + 1) * e * d].chunks_exact_mut(d).enumerate() {
                     de.iter_mut().zip(g).for_each(|(a, b)| *a += p[k] * b);
                 }
             }
-            if let Some(dg) = dgate.as_deref_mut() {
+            if let Some(dg) = dgate {
                 let dots: Vec<f32> =
                     experts.chunks_exact(d).map(|v| v.iter().zip(g).map(|(a, b)| a * b).sum()).collect();
                 let mean: f32 = dots.iter().zip(p).map(|(a, b)| a * b).sum();

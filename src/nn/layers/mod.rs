@@ -117,6 +117,19 @@ pub(crate) fn dropout_backward(ctx: &Ctx, salt: u64, rate: f32, width: usize, g:
     dropout_forward(ctx, salt, rate, width, g)
 }
 
+/// Whether a sequence mask's value marks a real position (masks hold 1 or 0; a value above 1/2
+/// counts as 1), the one rule every masked layer and its export follow.
+#[inline]
+pub(crate) fn is_real(mask: f32) -> bool {
+    mask > 0.5
+}
+
+/// [`is_real`] in ONNX: the bool tensor of mask `mask`'s real positions.
+pub(crate) fn export_real(g: &mut crate::onnx::Graph, mask: &str) -> String {
+    let half = g.scalar("half", 0.5);
+    g.op("Greater", &[mask, &half], Vec::new())
+}
+
 /// A layer that leaves the shape alone, for the helpers below.
 pub(crate) fn one_input(inputs: &[Shape]) -> Result<Shape, String> {
     match inputs {

@@ -127,7 +127,7 @@ impl TargetAttentionLayer {
     }
 
     fn is_masked(&self, x: &[&[f32]], r: usize, l: usize) -> bool {
-        self.masked && x[2][r * self.len + l] <= 0.5
+        self.masked && !super::is_real(x[2][r * self.len + l])
     }
 }
 
@@ -210,17 +210,16 @@ impl Layer for TargetAttentionLayer {
         let (scores, weights) = rest.split_at_mut(n);
         for r in 0..ctx.rows {
             let (s, w) = (&scores[r * len..(r + 1) * len], &mut weights[r * len..(r + 1) * len]);
+            // Masked scores get no weight: 0, or -inf before a softmax.
+            let hidden = if self.softmax { f32::NEG_INFINITY } else { 0.0 };
+            for l in 0..len {
+                w[l] = if self.is_masked(x, r, l) { hidden } else { s[l] };
+            }
             if self.softmax {
-                let kept: Vec<f32> =
-                    (0..len).map(|l| if self.is_masked(x, r, l) { f32::NEG_INFINITY } else { s[l] }).collect();
-                if kept.iter().all(|v| *v == f32::NEG_INFINITY) {
+                if w.iter().all(|v| *v == f32::NEG_INFINITY) {
                     w.fill(0.0);
                 } else {
-                    crate::nn::softmax(&kept, w);
-                }
-            } else {
-                for l in 0..len {
-                    w[l] = if self.is_masked(x, r, l) { 0.0 } else { s[l] };
+                    crate::nn::softmax(w);
                 }
             }
             if self.scores {
@@ -274,8 +273,7 @@ impl Layer for TargetAttentionLayer {
             (false, true) => g.op("Mul", &[&s, x[2]], Vec::new()),
             (true, masked) => {
                 let s = if masked {
-                    let half = g.scalar("half", 0.5);
-                    let keep = g.op("Greater", &[x[2], &half], Vec::new());
+                    let keep = super::export_real(g, x[2]);
                     let low = g.scalar("masked", -1e30);
                     g.op("Where", &[&keep, &s, &low], Vec::new())
                 } else {
