@@ -237,11 +237,21 @@ pub(super) enum GenCommand {
     /// planted model with per-slot pooling; meta.json has the `[data]` section to read them.
     Slots(GenArgs),
     /// Behaviour sequences in PaddleRec's DIN format from a planted model where the click
-    /// depends on how much of the history shares the candidate's category.
-    Sequences(GenArgs),
+    /// depends on how much of the history shares the candidate's category (`--effect share`)
+    /// or of its recent half only (`--effect order`, which only order-aware models can see).
+    Sequences(SequencesArgs),
     /// An online job's logs: a folder of Criteo-format lines per day (OUT/YYYYMMDD/part-*) from
     /// a planted model that drifts; new ids arrive every day and old ones go quiet.
     Stream(StreamArgs),
+}
+
+#[derive(Args)]
+pub(super) struct SequencesArgs {
+    #[command(flatten)]
+    pub(super) gen: GenArgs,
+    /// The planted effect.
+    #[arg(long, value_enum, default_value_t)]
+    pub(super) effect: crate::data::gen_sequences::Effect,
 }
 
 #[derive(Args)]

@@ -367,9 +367,11 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }
         Command::Gen { what: GenCommand::Sequences(a) } => {
             let started = Instant::now();
-            let r = crate::data::gen_sequences::generate(&gen_config(&a))?;
-            print_generated(&a, &r.report, started);
-            println!("read it with examples/zoo/din.toml (DIN) or examples/zoo/din_base.toml (the pooled history)");
+            let r = crate::data::gen_sequences::generate(&gen_config(&a.gen), a.effect)?;
+            print_generated(&a.gen, &r.report, started);
+            println!(
+                "read it with examples/zoo/din.toml (DIN), dien.toml, bst_din_format.toml or din_base.toml (the pooled history)"
+            );
             Ok(())
         }
         Command::Gen { what: GenCommand::Stream(a) } => {

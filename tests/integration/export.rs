@@ -172,6 +172,8 @@ fn multi_hot_multi_task_and_softmax_models_export_too() {
     // A sequence embedding (ordered, truncated, padded, masked) and target attention.
     let amazon = shared.join("din/paddlerec_din_amazon_sample.txt");
     check(&py, dir.path(), &zoo_job("din"), &amazon, &amazon);
+    // BST with learned positions over a history of 20.
+    check(&py, dir.path(), &zoo_job("bst_din_format"), &amazon, &amazon);
     // DIEN with its AUGRU swapped for DIN's pooling over the GRU's states: the GRU as ONNX's.
     let dien = std::fs::read_to_string(zoo_job("dien")).unwrap();
     let start = dien.find("  { name = \"scores\"").unwrap();
