@@ -522,7 +522,7 @@ mod tests {
     fn spec() -> TableSpec {
         TableSpec {
             dense: DenseSpec {
-                params: vec![DenseParam { name: "w".into(), len: 50, init: Init::Uniform { scale: 0.1 } }],
+                params: vec![DenseParam::new("w", 50, Init::Uniform { scale: 0.1 })],
                 block_size: 8,
                 seed: 3,
                 optimizer: Optimizer::adam(0.01),

@@ -29,9 +29,9 @@ impl Layer for Gate {
     fn params(&self) -> Vec<DenseParam> {
         let scale = 1.0 / (self.w as f32).sqrt();
         vec![
-            DenseParam { name: "w".into(), len: self.w * self.w, init: Init::Uniform { scale } },
+            DenseParam::new("w", self.w * self.w, Init::Uniform { scale }),
             // Gates start half open and learn from there.
-            DenseParam { name: "b".into(), len: self.w, init: Init::Zeros },
+            DenseParam::new("b", self.w, Init::Zeros),
         ]
     }
 

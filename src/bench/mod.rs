@@ -195,7 +195,7 @@ pub(super) fn median(mut v: Vec<f64>) -> f64 {
 fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f64)> {
     let spec = TableSpec {
         dense: DenseSpec {
-            params: vec![DenseParam { name: "w".into(), len: floats, init: Init::Zeros }],
+            params: vec![DenseParam::new("w", floats, Init::Zeros)],
             block_size: 1 << 16,
             seed: 1,
             optimizer: Optimizer::sgd(1e-6),

@@ -87,7 +87,7 @@ pub fn run(config: &SecurityConfig) -> anyhow::Result<()> {
 fn measure(config: &SecurityConfig, dir: &Path) -> anyhow::Result<()> {
     let spec = TableSpec {
         dense: DenseSpec {
-            params: vec![DenseParam { name: "w".into(), len: config.dense_floats, init: Init::Zeros }],
+            params: vec![DenseParam::new("w", config.dense_floats, Init::Zeros)],
             block_size: 1 << 16,
             seed: 1,
             optimizer: Optimizer::sgd(1e-6),

@@ -33,7 +33,7 @@ pub use onnx::{OnnxModel, OnnxTable, Port};
 
 use crate::batch::Batch;
 use crate::nn::layer::{Factory, Layer, LayerArgs, Shape};
-use crate::table::{DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
+use crate::table::{DenseParam, DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
 
 /// What a model reads from the data: label columns, dense width, slot names (in batch order).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,6 +171,11 @@ impl Model {
         } else {
             std::borrow::Cow::Owned(batch.label_column(self.heads[head].label).collect())
         }
+    }
+
+    /// The dense parameters, in their order in the flat vector.
+    pub fn params(&self) -> &[DenseParam] {
+        &self.params
     }
 
     /// Number of dense floats.

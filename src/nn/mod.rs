@@ -89,8 +89,8 @@ impl Linear {
         let scale = 1.0 / (input as f32).sqrt();
         let layer = Linear { input, output, w: offset, b: offset + input * output };
         let params = vec![
-            DenseParam { name: format!("{name}.w"), len: input * output, init: Init::Uniform { scale } },
-            DenseParam { name: format!("{name}.b"), len: output, init: Init::Uniform { scale } },
+            DenseParam::new(format!("{name}.w"), input * output, Init::Uniform { scale }),
+            DenseParam::new(format!("{name}.b"), output, Init::Uniform { scale }),
         ];
         (layer, params)
     }

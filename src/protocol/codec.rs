@@ -502,7 +502,7 @@ mod tests {
         round_trip_request(Request::Declare(Declaration {
             spec: TableSpec {
                 dense: DenseSpec {
-                    params: vec![DenseParam { name: "w".into(), len: 5, init: Init::Uniform { scale: 0.1 } }],
+                    params: vec![DenseParam::new("w", 5, Init::Uniform { scale: 0.1 })],
                     block_size: 8,
                     seed: 1,
                     optimizer: Optimizer::adam(1e-3),

@@ -23,6 +23,9 @@ pub struct Block {
     pub weights: Arc<[f32]>,
     /// Optimizer state (`optimizer.state_len(weights.len())` floats).
     pub state: Vec<f32>,
+    /// The block's floats that are summary statistics ([`super::Update::Summary`]): block-local
+    /// ranges and their decay.
+    summaries: Vec<(std::ops::Range<usize>, f32)>,
 }
 
 /// The dense blocks of one server.
@@ -38,6 +41,7 @@ impl DenseShard {
     pub fn new(spec: &DenseSpec, index: usize, num_servers: usize) -> DenseShard {
         let layout: DenseLayout = spec.layout(num_servers);
         let optimizer = spec.optimizer;
+        let summaries = super::summaries(&spec.params);
         let blocks: Vec<Block> = layout
             .blocks_of(index)
             .map(|b| {
@@ -46,7 +50,14 @@ impl DenseShard {
                 spec.init_range(range.start, &mut weights);
                 let mut state = vec![0.0; optimizer.state_len(range.len())];
                 optimizer.init_state(&mut state);
-                Block { index: b, start: range.start, weights: Arc::from(weights), state }
+                let summaries = summaries
+                    .iter()
+                    .filter(|(r, _)| r.start < range.end && range.start < r.end)
+                    .map(|(r, decay)| {
+                        (r.start.max(range.start) - range.start..r.end.min(range.end) - range.start, *decay)
+                    })
+                    .collect();
+                Block { index: b, start: range.start, weights: Arc::from(weights), state, summaries }
             })
             .collect();
         let len = blocks.iter().map(|b| b.weights.len()).sum();
@@ -77,7 +88,8 @@ impl DenseShard {
     }
 
     /// Applies the optimizer to every owned block; `grads` holds gradient sums for the owned
-    /// floats in wire order, `scale` turns them into means.
+    /// floats in wire order, `scale` turns them into means. Summary statistics take their
+    /// sums as they are: `p = decay * p + sum`.
     /// The optimizer's learning rate is multiplied by `lr_factor` for this update.
     pub fn apply(&mut self, grads: &[f32], scale: f32, lr_factor: f32) -> Result<(), TableError> {
         if grads.len() != self.len {
@@ -91,7 +103,23 @@ impl DenseShard {
         let mut off = 0;
         for b in &mut self.blocks {
             let n = b.weights.len();
-            optimizer.update(Arc::make_mut(&mut b.weights), &mut b.state, &grads[off..off + n], scale);
+            let g = &grads[off..off + n];
+            let summed: Vec<f32> = b
+                .summaries
+                .iter()
+                .flat_map(|(r, decay)| r.clone().map(move |i| (i, *decay)))
+                .map(|(i, decay)| decay * b.weights[i] + g[i])
+                .collect();
+            let weights = Arc::make_mut(&mut b.weights);
+            optimizer.update(weights, &mut b.state, g, scale);
+            // The optimizer ran over the statistics too (one pass over the block is faster than
+            // cutting it); their values are replaced by the rule's.
+            let mut summed = summed.into_iter();
+            for (r, _) in &b.summaries {
+                for (w, v) in weights[r.clone()].iter_mut().zip(&mut summed) {
+                    *w = v;
+                }
+            }
             off += n;
         }
         Ok(())

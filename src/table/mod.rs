@@ -76,6 +76,59 @@ pub struct DenseParam {
     pub len: usize,
     /// Initializer.
     pub init: Init,
+    /// How the servers update it.
+    #[serde(default, skip_serializing_if = "Update::is_optimizer")]
+    pub update: Update,
+}
+
+impl DenseParam {
+    /// A parameter the dense optimizer trains.
+    pub fn new(name: impl Into<String>, len: usize, init: Init) -> DenseParam {
+        DenseParam { name: name.into(), len, init, update: Update::Optimizer }
+    }
+
+    /// A statistic the servers accumulate with Paddle's summary rule (see [`Update::Summary`]).
+    pub fn summary(name: impl Into<String>, len: usize, init: Init, decay: f32) -> DenseParam {
+        DenseParam { name: name.into(), len, init, update: Update::Summary { decay } }
+    }
+}
+
+/// The flat ranges of the summary statistics among `params` (in flat-vector order), with their
+/// decay.
+pub fn summaries(params: &[DenseParam]) -> Vec<(std::ops::Range<usize>, f32)> {
+    let mut start = 0;
+    let mut out = Vec::new();
+    for p in params {
+        if let Update::Summary { decay } = p.update {
+            out.push((start..start + p.len, decay));
+        }
+        start += p.len;
+    }
+    out
+}
+
+/// How the servers update a dense parameter from what trainers push for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Update {
+    /// The dense optimizer, on the pushed gradient sums' batch mean.
+    #[default]
+    Optimizer,
+    /// Paddle's summary rule for non-trained statistics (`data_norm`'s batch size, sum and
+    /// square sum, kept by its parameter servers): `p = decay * p + s`, with `s` the pushed sums
+    /// as they are (no batch mean, no learning rate). Sums add over trainers and threads, so
+    /// a sync step applies what one trainer with the whole batch would.
+    Summary {
+        /// Factor on the old value per update (Paddle's `summary_decay_rate`).
+        decay: f32,
+    },
+}
+
+impl Update {
+    /// True for [`Update::Optimizer`].
+    pub fn is_optimizer(&self) -> bool {
+        *self == Update::Optimizer
+    }
 }
 
 /// All dense parameters of a model, concatenated in order into one flat vector.
@@ -225,6 +278,13 @@ impl TableSpec {
             return Err("dense block_size must be positive".into());
         }
         self.dense.optimizer.validate("dense")?;
+        for p in &self.dense.params {
+            if let Update::Summary { decay } = p.update {
+                if !(0.0..=1.0).contains(&decay) {
+                    return Err(format!("dense parameter {}: summary decay must be in [0, 1], got {decay}", p.name));
+                }
+            }
+        }
         if self.dense.optimizer.kind.is_paddle() {
             return Err(format!(
                 "the dense optimizer is sgd, adagrad or adam: {:?} is one of Paddle's sparse rules",
@@ -363,10 +423,7 @@ mod tests {
     #[test]
     fn init_depends_only_on_seed_and_position() {
         let spec = DenseSpec {
-            params: vec![
-                DenseParam { name: "w".into(), len: 10, init: Init::Uniform { scale: 0.5 } },
-                DenseParam { name: "b".into(), len: 3, init: Init::Zeros },
-            ],
+            params: vec![DenseParam::new("w", 10, Init::Uniform { scale: 0.5 }), DenseParam::new("b", 3, Init::Zeros)],
             block_size: 4,
             seed: 7,
             optimizer: Optimizer::sgd(0.1),
@@ -378,6 +435,40 @@ mod tests {
         assert_eq!(&all[8..13], &part[..]);
         assert!(all[..10].iter().all(|v| v.abs() <= 0.5) && all[..10].iter().any(|v| *v != 0.0));
         assert_eq!(&all[10..], &[0.0; 3]);
+    }
+
+    #[test]
+    fn summary_statistics_take_the_pushed_sums_with_their_decay_across_blocks_and_servers() {
+        // w (3, sgd 0.5) then a statistic of 4 (decay 0.5) across blocks of 2 on 2 servers:
+        // blocks [w0 w1] [w2 s0] [s1 s2] [s3]; server 0 owns blocks 0 and 2, server 1 1 and 3.
+        let spec = DenseSpec {
+            params: vec![
+                DenseParam::new("w", 3, Init::Constant { value: 1.0 }),
+                DenseParam::summary("s", 4, Init::Constant { value: 10.0 }, 0.5),
+            ],
+            block_size: 2,
+            seed: 1,
+            optimizer: Optimizer::sgd(0.5),
+        };
+        let mut servers: Vec<DenseShard> = (0..2).map(|i| DenseShard::new(&spec, i, 2)).collect();
+        // Sums over 4 samples: the weights' gradients are means (scale 1/4), the statistic's
+        // sums are taken as they are.
+        servers[0].apply(&[4.0, 8.0, 1.0, 2.0], 0.25, 1.0).unwrap();
+        servers[1].apply(&[4.0, 3.0, 4.0], 0.25, 1.0).unwrap();
+        let read = |s: &DenseShard| {
+            let mut v = Vec::new();
+            s.read(&mut v);
+            v
+        };
+        // Server 0: w0 = 1 - 0.5 * 1, w1 = 1 - 0.5 * 2; s1 = 5 + 1, s2 = 5 + 2.
+        assert_eq!(read(&servers[0]), [0.5, 0.0, 6.0, 7.0]);
+        // Server 1: w2 = 1 - 0.5 * 1; s0 = 5 + 3; s3 = 5 + 4.
+        assert_eq!(read(&servers[1]), [0.5, 8.0, 9.0]);
+        let bad = TableSpec {
+            dense: DenseSpec { params: vec![DenseParam::summary("s", 1, Init::Zeros, f32::NAN)], ..spec },
+            sparse: Vec::new(),
+        };
+        assert!(bad.validate().unwrap_err().contains("decay"));
     }
 
     #[test]

@@ -196,6 +196,7 @@ impl PassLoop<'_> {
     ) -> anyhow::Result<WorkerReport> {
         let (c, model, me) = (self.config, self.model, self.config.trainer_id);
         let mut replicas: Vec<Replica> = (0..replicas).map(|_| Replica::default()).collect();
+        let stats: Vec<_> = crate::table::summaries(model.params()).into_iter().map(|(r, _)| r).collect();
         let mut report = WorkerReport {
             metrics: HeadMetrics::new(model),
             staleness: Staleness::default(),
@@ -219,7 +220,7 @@ impl PassLoop<'_> {
                 let (loss, heads) = compute(model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
                 let t2 = Instant::now();
                 let n = p.batch.len();
-                if c.clip_grad_norm.is_some_and(|max| clip(&mut replicas[0], n, max)) {
+                if c.clip_grad_norm.is_some_and(|max| clip(&mut replicas[0], n, max, &stats)) {
                     report.clipped += 1;
                 }
                 let header =

@@ -28,15 +28,20 @@ impl Replica {
 
 /// Scales a step's gradient sums (dense and rows) so that the L2 norm of the batch's mean
 /// gradient (the sums over `samples`) is at most `max`; says whether it had to. A non-finite
-/// gradient is left as it is, for the servers to refuse.
-pub fn clip(replica: &mut Replica, samples: usize, max: f32) -> bool {
-    let all = replica.grads.iter().chain(replica.row_grads.iter().flatten());
+/// gradient is left as it is, for the servers to refuse. The dense ranges `stats` hold summary
+/// statistics' sums (`batch_norm`, `data_norm`), not gradients: they are neither counted nor
+/// scaled.
+pub fn clip(replica: &mut Replica, samples: usize, max: f32, stats: &[std::ops::Range<usize>]) -> bool {
+    let trained = |i: usize| !stats.iter().any(|r| r.contains(&i));
+    let dense = replica.grads.iter().enumerate().filter(|(i, _)| trained(*i)).map(|(_, g)| g);
+    let all = dense.chain(replica.row_grads.iter().flatten());
     let norm = all.map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt() / samples.max(1) as f64;
     if !(norm.is_finite() && norm > max as f64) {
         return false;
     }
     let scale = (max as f64 / norm) as f32;
-    replica.grads.iter_mut().chain(replica.row_grads.iter_mut().flatten()).for_each(|g| *g *= scale);
+    let dense = replica.grads.iter_mut().enumerate().filter(|(i, _)| trained(*i)).map(|(_, g)| g);
+    dense.chain(replica.row_grads.iter_mut().flatten()).for_each(|g| *g *= scale);
     true
 }
 
@@ -121,13 +126,19 @@ mod tests {
         // Sums over 2 samples: mean gradient (3, 0) dense and (0, 4) in a row, norm 5.
         let replica = || Replica { work: Work::default(), grads: vec![6.0, 0.0], row_grads: vec![vec![0.0, 8.0]] };
         let mut r = replica();
-        assert!(clip(&mut r, 2, 1.0));
+        assert!(clip(&mut r, 2, 1.0, &[]));
         assert_eq!((r.grads.clone(), r.row_grads.clone()), (vec![1.2, 0.0], vec![vec![0.0, 1.6]]));
         let mut r = replica();
-        assert!(!clip(&mut r, 2, 5.0), "a norm at the bound is left");
+        assert!(!clip(&mut r, 2, 5.0, &[]), "a norm at the bound is left");
         assert_eq!(r.grads, [6.0, 0.0]);
         let mut r = replica();
         r.grads[1] = f32::NAN;
-        assert!(!clip(&mut r, 2, 1.0), "NaN is the servers' to refuse");
+        assert!(!clip(&mut r, 2, 1.0, &[]), "NaN is the servers' to refuse");
+        // A statistic's sum (dense float 1) is neither counted nor scaled.
+        let mut r = replica();
+        r.grads[1] = 1000.0;
+        let stats = vec![std::ops::Range { start: 1, end: 2 }];
+        assert!(clip(&mut r, 2, 1.0, &stats));
+        assert_eq!((r.grads.clone(), r.row_grads.clone()), (vec![1.2, 1000.0], vec![vec![0.0, 1.6]]));
     }
 }

@@ -259,3 +259,29 @@ fn delayed_local_updates_are_deterministic_and_only_local() {
     let err = oar::train::run(&c, &|_, _| {}).unwrap_err().to_string();
     assert!(err.contains("--delay") && err.contains("local-mode"), "{err}");
 }
+
+/// Paddle's data_norm normalizes with the servers' statistics, not the batch's, so sync
+/// training stays data parallelism exactly: 2 x B equals local 2B, statistics included.
+#[test]
+fn data_norm_trains_the_same_in_sync_2x2_as_locally_at_the_doubled_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("data_norm.toml");
+    std::fs::write(
+        &job,
+        r#"
+[model]
+output = "fc"
+loss = "log_loss"
+tables = [{ name = "v", dim = 8 }]
+layers = [
+  { name = "emb", type = "embedding", table = "v", slots = "C1..C26" },
+  { name = "dn", type = "data_norm", input = "dense", prior = 10.0 },
+  { name = "x", type = "concat", inputs = ["emb", "dn"] },
+  { name = "fc", type = "mlp", input = "x", hidden = [32, 16], out = 1 },
+]
+"#,
+    )
+    .unwrap();
+    let model = oar::config::JobConfig::from_file(&job).unwrap().model;
+    sync_equals_local(&move |c| c.model = model.clone(), 1e-5);
+}

@@ -128,7 +128,7 @@ fn every_zoo_model_exports_to_onnx_that_scores_as_oar_predict() {
 }
 
 #[test]
-fn multi_hot_multi_task_and_softmax_models_export_too() {
+fn multi_hot_multi_task_normalizing_and_softmax_models_export_too() {
     let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
@@ -145,6 +145,9 @@ fn multi_hot_multi_task_and_softmax_models_export_too() {
     let test = data.join("test/part-00000");
     check(&py, dir.path(), &examples.join("multi_hot.toml"), &data.join("train"), &test);
     check(&py, dir.path(), &examples.join("multi_task.toml"), &data.join("train"), &test);
+    // data_norm and batch_norm: the servers' statistics folded into a scale and a shift.
+    let (train, criteo_test) = gen_data(&dir.path().join("criteo"), 1, 2000, 500);
+    check(&py, dir.path(), &examples.join("ctr_dnn_norm.toml"), &train, &criteo_test.join("part-00000"));
     // A softmax head over the PTB dictionary (the true word's probability), real data.
     let Some(shared) = shared_data() else {
         eprintln!("skipped the softmax model: ../shared/data is absent");

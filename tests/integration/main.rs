@@ -16,6 +16,7 @@ mod global_auc;
 mod lifecycle;
 mod models;
 mod multitask;
+mod norm_stats;
 mod online;
 mod paddle;
 mod predict;

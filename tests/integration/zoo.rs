@@ -57,6 +57,7 @@ fn every_zoo_model_trains_locally_and_on_two_servers_above_chance() {
     let mut jobs: Vec<(String, PathBuf)> = ZOO.iter().map(|n| (n.to_string(), zoo_job(n))).collect();
     jobs.push(("ctr_dnn".into(), root.join("examples/ctr_dnn.toml")));
     jobs.push(("ctr_dnn_graph".into(), root.join("examples/ctr_dnn_graph.toml")));
+    jobs.push(("ctr_dnn_norm".into(), root.join("examples/ctr_dnn_norm.toml")));
     jobs.push(("gatenet_bit_ln".into(), gatenet_variant(dir.path())));
     let mut table = Vec::new();
     for (name, job) in &jobs {

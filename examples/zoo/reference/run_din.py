@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""The reference (FuxiCTR 2.3.10) for examples/zoo/din.toml and din_base.toml: FuxiCTR's `DIN`
-class and its `DNN` class (the history mean-pooled by FuxiCTR's `MaskedAveragePooling`), sized
-and trained as oar's job files, on the lines of `oar gen sequences` (PaddleRec's DIN format,
+"""The reference (FuxiCTR 2.3.10) for examples/zoo/din.toml, din_base.toml, dien.toml and
+bst_din_format.toml: FuxiCTR's `DIN` class, its `DNN` class (the history mean-pooled by FuxiCTR's
+`MaskedAveragePooling`), its `DIEN` class, and BST as oar's graph from FuxiCTR's and torch's layers
+(`bst`; `bst_class` is FuxiCTR's `BST` class as shipped, for information), sized and trained as
+oar's job files, on the lines of `oar gen sequences` (PaddleRec's DIN format,
 `hist_items;hist_cates;target_item;target_cate;label`, histories oldest first).
 
-    run_din.py DIR [--model din din_base] [--seed N ...] [--init library|oar|oar-emb|oar-dense] [--batch-size 256]
+    run_din.py DIR [--model din din_base dien bst bst_class] [--seed N ...] [--init library|oar|oar-emb|oar-dense] [--batch-size 256]
 
 DIR holds train/part-* and test/part-* (read in sorted order, as oar reads a folder). Prints one
 line per (model, seed): `MODEL init I seed N test AUC X (T s)`.
@@ -31,8 +33,9 @@ sys.path.insert(0, HERE)
 import run as ref  # noqa: E402  (import_zoo's path handling, optimizers, inits)
 
 EMB = 8
-SEQ = 50
 ZOO = ref.ZOO
+# The history length each job file keeps (its `sequence = L`).
+SEQ = {"din": 50, "din_base": 50, "dien": 50, "bst": 20, "bst_class": 20}
 
 
 def read_dir(d):
@@ -51,7 +54,7 @@ def read_dir(d):
     return rows
 
 
-def encode(train, test):
+def encode(train, test, SEQ):
     """Index >= 1 for every item / category id of the training lines (history or candidate);
     0 is the padding row, held at zero, which unseen test ids also read (oar's evaluation reads
     an absent row as zeros)."""
@@ -86,7 +89,8 @@ def encode(train, test):
         return {"item": torch.tensor(ti), "cate": torch.tensor(tc_), "hist_item": torch.tensor(hi),
                 "hist_cate": torch.tensor(hc), "y": torch.tensor(y), "unseen": unseen}
 
-    return {"items": len(items) + 1, "cates": len(cates) + 1, "train": tensors(train), "test": tensors(test)}
+    return {"items": len(items) + 1, "cates": len(cates) + 1, "train": tensors(train), "test": tensors(test),
+            "seq": SEQ}
 
 
 def feature_map(data, pooled):
@@ -97,9 +101,9 @@ def feature_map(data, pooled):
     fm.features = OrderedDict([
         ("item", {"source": "item", "type": "categorical", "padding_idx": 0, "vocab_size": data["items"]}),
         ("cate", {"source": "item", "type": "categorical", "padding_idx": 0, "vocab_size": data["cates"]}),
-        ("hist_item", dict({"source": "user", "type": "sequence", "padding_idx": 0, "max_len": SEQ,
+        ("hist_item", dict({"source": "user", "type": "sequence", "padding_idx": 0, "max_len": data["seq"],
                             "vocab_size": data["items"], "share_embedding": "item"}, **enc)),
-        ("hist_cate", dict({"source": "user", "type": "sequence", "padding_idx": 0, "max_len": SEQ,
+        ("hist_cate", dict({"source": "user", "type": "sequence", "padding_idx": 0, "max_len": data["seq"],
                             "vocab_size": data["cates"], "share_embedding": "cate"}, **enc)),
     ])
     fm.labels = ["label"]
@@ -129,8 +133,72 @@ def build(model, data):
                    attention_hidden_activations="PReLU", attention_output_activation=None,
                    attention_dropout=0, din_target_field=[("item", "cate")],
                    din_sequence_field=[("hist_item", "hist_cate")], din_use_softmax=False, **kw)
+    if model == "dien":
+        # dien.toml: GRU (hidden 16 = the behaviour's width) over the history, DIN's unit over
+        # [q, k, q - k, q * k] with PReLU and a softmax over the real positions, an AUGRU, MLP
+        # [200, 80] over [last AUGRU state, candidate]; no auxiliary loss, no batch norm.
+        DIEN = load("fx_DIEN", "DIEN/src/DIEN.py").DIEN
+        return DIEN(feature_map(data, False), embedding_dim=EMB, dnn_hidden_units=[200, 80],
+                    dnn_activations="ReLU", dien_target_field=[("item", "cate")],
+                    dien_sequence_field=[("hist_item", "hist_cate")], dien_neg_seq_field=[],
+                    gru_type="AUGRU", enable_sum_pooling=False, attention_type="din_attention",
+                    attention_hidden_units=[80, 40], attention_activation="PReLU",
+                    use_attention_softmax=True, aux_loss_alpha=0, **kw)
+    if model == "bst":
+        return bst_graph(feature_map(data, False), kw)
+    if model == "bst_class":
+        BST = load("fx_BST", "BST/src/BST.py").BST
+        return BST(feature_map(data, False), embedding_dim=EMB, dnn_hidden_units=[200, 80],
+                   dnn_activations="ReLU", num_heads=2, stacked_transformer_layers=1,
+                   bst_target_field=[("item", "cate")], bst_sequence_field=[("hist_item", "hist_cate")],
+                   seq_pooling_type="mean", use_position_emb=True, layer_norm=True, use_residual=True, **kw)
     DNN = load("fx_DNN", "DNN/DNN_torch/src/DNN.py").DNN
     return DNN(feature_map(data, True), embedding_dim=EMB, hidden_units=[200, 80], hidden_activations="ReLU", **kw)
+
+
+def bst_graph(fm, kw):
+    """examples/zoo/bst_din_format.toml from FuxiCTR's layers (`FeatureEmbeddingDict`,
+    `ScaledDotProductAttention`, `MLP_Block`) and torch's (`Linear`, `LayerNorm`): the history
+    [item | cate] (L x 16) and the candidate as one more position (L + 1 x 16), learned
+    positions added; 2 heads of 8, Q/K/V and the residual projection without biases, keys of the
+    padding masked, no scaling, no activation; LayerNorm; per-position Linear 16 -> 32 ReLU ->
+    16, added to its input; LayerNorm; MLP [200, 80] -> 1 over the flattened (L + 1) x 16."""
+    import torch
+    from torch import nn
+    from fuxictr.pytorch.models import BaseModel
+    from fuxictr.pytorch.layers import FeatureEmbeddingDict, MLP_Block, ScaledDotProductAttention
+
+    class BSTGraph(BaseModel):
+        def __init__(self):
+            super().__init__(fm, model_id="bst_graph", **kw)
+            d, n = 2 * EMB, fm.features["hist_item"]["max_len"] + 1
+            self.emb = FeatureEmbeddingDict(fm, EMB)
+            self.positions = nn.Parameter(torch.empty(n, d).uniform_(-d ** -0.5, d ** -0.5))
+            self.q, self.k, self.v, self.r = (nn.Linear(d, d, bias=False) for _ in range(4))
+            self.att = ScaledDotProductAttention()
+            self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.ffn = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d))
+            self.dnn = MLP_Block(input_dim=n * d, output_dim=1, hidden_units=[200, 80],
+                                 hidden_activations="ReLU", output_activation=self.output_activation)
+            self.compile(kw["optimizer"], kw["loss"], 1e-3)
+            self.reset_parameters()
+
+        def forward(self, inputs):
+            X = self.get_inputs(inputs)
+            e = self.emb(X)
+            hist = torch.cat([e["hist_item"], e["hist_cate"]], dim=-1)
+            cand = torch.cat([e["item"], e["cate"]], dim=-1).unsqueeze(1)
+            x = torch.cat([hist, cand], dim=1) + self.positions
+            b, n, d = x.shape
+            mask = torch.cat([X["hist_item"] != 0, torch.ones(b, 1, dtype=torch.bool)], dim=1)
+            heads = lambda t: t.view(b, n, 2, d // 2).transpose(1, 2)  # noqa: E731
+            mask = mask[:, None, None, :].expand(b, 2, n, n)
+            o, _ = self.att(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), mask=mask)
+            a = self.norm1(o.transpose(1, 2).reshape(b, n, d) + self.r(x))
+            h = self.norm2(a + self.ffn(a))
+            return {"y_pred": self.dnn(h.flatten(start_dim=1))}
+
+    return BSTGraph()
 
 
 def oar_init(model):
@@ -181,7 +249,12 @@ def run(model_name, init, data, seed, batch):
     torch.manual_seed(seed)
     np.random.seed(seed)
     model = build(model_name, data)
+    positions = getattr(model, "positions", None)  # bst: U(+-1/sqrt(16)) under every init
+    start = positions.detach().clone() if positions is not None else None
     apply_init(model, init, oar_init)
+    if start is not None:
+        with torch.no_grad():
+            positions.copy_(start)
     opts = ref.optimizers(model, 1e-3)
     keys = ["item", "cate", "hist_item", "hist_cate"]
     tr = data["train"]
@@ -207,7 +280,7 @@ def run(model_name, init, data, seed, batch):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
-    ap.add_argument("--model", nargs="+", default=["din", "din_base"], choices=["din", "din_base"])
+    ap.add_argument("--model", nargs="+", default=["din", "din_base"], choices=list(SEQ))
     ap.add_argument("--seed", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     ap.add_argument("--init", default="library", choices=["library", "oar", "oar-emb", "oar-dense"])
     ap.add_argument("--batch-size", type=int, default=256)
@@ -215,11 +288,15 @@ def main():
     import torch
     torch.set_num_threads(1)
     t = time.time()
-    data = encode(read_dir(os.path.join(a.dir, "train")), read_dir(os.path.join(a.dir, "test")))
-    print(f"# {len(data['train']['y'])} train / {len(data['test']['y'])} test lines, {data['items'] - 1} items, "
-          f"{data['cates'] - 1} categories, {data['test']['unseen']} unseen test ids "
-          f"({time.time() - t:.1f} s)", file=sys.stderr, flush=True)
+    rows = read_dir(os.path.join(a.dir, "train")), read_dir(os.path.join(a.dir, "test"))
+    encoded = {}
     for m in a.model:
+        if SEQ[m] not in encoded:
+            encoded[SEQ[m]] = data = encode(*rows, SEQ[m])
+            print(f"# {len(data['train']['y'])} train / {len(data['test']['y'])} test lines, {data['items'] - 1} items, "
+                  f"{data['cates'] - 1} categories, {data['test']['unseen']} unseen test ids, history {SEQ[m]} "
+                  f"({time.time() - t:.1f} s)", file=sys.stderr, flush=True)
+        data = encoded[SEQ[m]]
         for seed in a.seed:
             t = time.time()
             auc = run(m, a.init, data, seed, a.batch_size)

@@ -108,10 +108,10 @@ impl Layer for SelfAttentionLayer {
         let init = Init::Uniform { scale: 1.0 / (d as f32).sqrt() };
         let mut p: Vec<DenseParam> = ["q", "k", "v", "residual"][..self.projections()]
             .iter()
-            .map(|n| DenseParam { name: format!("w_{n}"), len: d * w, init })
+            .map(|n| DenseParam::new(format!("w_{n}"), d * w, init))
             .collect();
         if self.positions {
-            p.push(DenseParam { name: "positions".into(), len: f * d, init });
+            p.push(DenseParam::new("positions", f * d, init));
         }
         p
     }

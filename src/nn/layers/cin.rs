@@ -64,8 +64,8 @@ impl Layer for CinLayer {
         for (k, &h) in self.layers.iter().enumerate() {
             let fan_in = self.before(k) * f;
             let init = Init::Uniform { scale: 1.0 / (fan_in as f32).sqrt() };
-            p.push(DenseParam { name: format!("{k}.w"), len: h * fan_in, init });
-            p.push(DenseParam { name: format!("{k}.b"), len: h, init });
+            p.push(DenseParam::new(format!("{k}.w"), h * fan_in, init));
+            p.push(DenseParam::new(format!("{k}.b"), h, init));
         }
         p
     }

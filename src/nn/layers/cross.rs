@@ -112,17 +112,17 @@ impl Layer for CrossLayer {
     fn params(&self) -> Vec<DenseParam> {
         let w = self.width;
         let scale = 1.0 / (w as f32).sqrt();
-        let bias = |l: usize| DenseParam { name: format!("{l}.b"), len: w, init: Init::Zeros };
+        let bias = |l: usize| DenseParam::new(format!("{l}.b"), w, Init::Zeros);
         let mut p = Vec::new();
         for l in 0..self.layers {
             match self.kind {
                 CrossKind::Vector | CrossKind::Matrix => {
-                    p.push(DenseParam { name: format!("{l}.w"), len: self.weights(), init: Init::Uniform { scale } });
+                    p.push(DenseParam::new(format!("{l}.w"), self.weights(), Init::Uniform { scale }));
                 }
                 CrossKind::LowRank(r) => {
                     let u_scale = 1.0 / (r as f32).sqrt();
-                    p.push(DenseParam { name: format!("{l}.u"), len: w * r, init: Init::Uniform { scale: u_scale } });
-                    p.push(DenseParam { name: format!("{l}.v"), len: r * w, init: Init::Uniform { scale } });
+                    p.push(DenseParam::new(format!("{l}.u"), w * r, Init::Uniform { scale: u_scale }));
+                    p.push(DenseParam::new(format!("{l}.v"), r * w, Init::Uniform { scale }));
                 }
             }
             p.push(bias(l));

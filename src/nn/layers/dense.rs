@@ -88,9 +88,9 @@ impl Layer for LinearLayer {
     fn params(&self) -> Vec<DenseParam> {
         let (i, o) = (self.linear.input, self.linear.output);
         let (w, b) = self.init.of(i, o);
-        let mut p = vec![DenseParam { name: "w".into(), len: i * o, init: w }];
+        let mut p = vec![DenseParam::new("w", i * o, w)];
         if self.bias {
-            p.push(DenseParam { name: "b".into(), len: o, init: b });
+            p.push(DenseParam::new("b", o, b));
         }
         p
     }
@@ -265,8 +265,8 @@ impl Layer for MlpLayer {
         let mut p = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
             let (w, b) = self.init.of(layer.input, layer.output);
-            p.push(DenseParam { name: format!("{l}.w"), len: layer.input * layer.output, init: w });
-            p.push(DenseParam { name: format!("{l}.b"), len: layer.output, init: b });
+            p.push(DenseParam::new(format!("{l}.w"), layer.input * layer.output, w));
+            p.push(DenseParam::new(format!("{l}.b"), layer.output, b));
         }
         p
     }

@@ -57,7 +57,7 @@ impl Layer for GateLayer {
     fn params(&self) -> Vec<DenseParam> {
         let (f, d) = (self.input.fields, self.input.dim);
         let init = Init::Uniform { scale: 1.0 / (d as f32).sqrt() };
-        vec![DenseParam { name: "w".into(), len: f * self.width() * d, init }]
+        vec![DenseParam::new("w", f * self.width() * d, init)]
     }
 
     /// The gates.

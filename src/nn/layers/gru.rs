@@ -129,10 +129,10 @@ impl Layer for GruLayer {
         let (e, h) = (self.input, self.hidden);
         let init = Init::Uniform { scale: 1.0 / (h as f32).sqrt() };
         vec![
-            DenseParam { name: "w_input".into(), len: e * 3 * h, init },
-            DenseParam { name: "w_state".into(), len: h * 3 * h, init },
-            DenseParam { name: "b_input".into(), len: 3 * h, init },
-            DenseParam { name: "b_state".into(), len: 3 * h, init },
+            DenseParam::new("w_input", e * 3 * h, init),
+            DenseParam::new("w_state", h * 3 * h, init),
+            DenseParam::new("b_input", 3 * h, init),
+            DenseParam::new("b_state", 3 * h, init),
         ]
     }
 

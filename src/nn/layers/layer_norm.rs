@@ -34,10 +34,7 @@ impl Layer for LayerNormLayer {
 
     fn params(&self) -> Vec<DenseParam> {
         let d = self.input.dim;
-        vec![
-            DenseParam { name: "gain".into(), len: d, init: Init::Constant { value: 1.0 } },
-            DenseParam { name: "bias".into(), len: d, init: Init::Zeros },
-        ]
+        vec![DenseParam::new("gain", d, Init::Constant { value: 1.0 }), DenseParam::new("bias", d, Init::Zeros)]
     }
 
     /// Each vector's normalized values, then its inverse standard deviation.

@@ -19,6 +19,8 @@
 //! | `self_attention` | (F, D) [+ mask F] -> (F, heads dim): AutoInt / BST | `heads = 2`, `dim`, `residual = true`, `scale = false`, `positions = false` |
 //! | `gate` | (F, D) -> (F, D): GateNet's embedding gate | `mode = "vector"` (or `"bit"`) |
 //! | `layer_norm` | any -> same: over each vector's D values | `eps = 1e-5` |
+//! | `batch_norm` | any -> same: each value over the batch; statistics kept by the servers | `decay = 0.9`, `prior = 1`, `eps = 1e-5` |
+//! | `data_norm` | any -> same: Paddle's data_norm, the servers' statistics in training too | `decay = 0.9999999`, `prior = 1e4`, `eps = 1e-4` |
 //! | `mixture` | (E, D) + E -> D: experts mixed by a softmax gate (MMoE, PLE) | |
 //! | `prob_product` | 1 + 1 -> 1: logit of sigmoid(a) sigmoid(b) (ESMM's CTCVR) | |
 //! | `gru` | (L, E) [+ mask L] -> H (or (L, H) with `output = "all"`): DIEN's interest extractor | `hidden`, `output = "last"` |
@@ -26,6 +28,7 @@
 //! | `target_attention` | E + (L, E) [+ mask L] -> E: DIN's activation unit | `hidden = [80, 40]`, `activation = "prelu"`, `softmax = false` |
 
 mod attention;
+mod batch_norm;
 mod cin;
 mod cross;
 mod dense;
@@ -43,6 +46,7 @@ mod target_attention;
 mod weight_multiply;
 
 pub use attention::{self_attention, SelfAttentionLayer};
+pub use batch_norm::{batch_norm, data_norm, NormKind, NormStatsLayer};
 pub use cin::{cin, CinLayer};
 pub use cross::{cross, CrossKind, CrossLayer};
 pub use dense::{linear, mlp, LinearInit, LinearLayer, MlpLayer};
@@ -82,6 +86,8 @@ pub fn builtin() -> Vec<(&'static str, Factory)> {
         ("self_attention", self_attention),
         ("gate", gate),
         ("layer_norm", layer_norm),
+        ("batch_norm", batch_norm),
+        ("data_norm", data_norm),
         ("mixture", mixture),
         ("prob_product", prob_product),
         ("target_attention", target_attention),

@@ -161,19 +161,15 @@ impl Layer for TargetAttentionLayer {
         let mut p = Vec::new();
         for (k, l) in self.hidden.iter().enumerate() {
             let (w, b) = self.init.of(l.input, l.output);
-            p.push(DenseParam { name: format!("{k}.w"), len: l.input * l.output, init: w });
-            p.push(DenseParam { name: format!("{k}.b"), len: l.output, init: b });
+            p.push(DenseParam::new(format!("{k}.w"), l.input * l.output, w));
+            p.push(DenseParam::new(format!("{k}.b"), l.output, b));
             if self.unit == Unit::Prelu {
-                p.push(DenseParam {
-                    name: format!("{k}.slope"),
-                    len: l.output,
-                    init: Init::Constant { value: PRELU_START },
-                });
+                p.push(DenseParam::new(format!("{k}.slope"), l.output, Init::Constant { value: PRELU_START }));
             }
         }
         let (w, b) = self.init.of(self.out.input, 1);
-        p.push(DenseParam { name: "out.w".into(), len: self.out.input, init: w });
-        p.push(DenseParam { name: "out.b".into(), len: 1, init: b });
+        p.push(DenseParam::new("out.w", self.out.input, w));
+        p.push(DenseParam::new("out.b", 1, b));
         p
     }
 

@@ -36,7 +36,7 @@ impl Layer for WeightMultiplyLayer {
     }
 
     fn params(&self) -> Vec<DenseParam> {
-        vec![DenseParam { name: "w".into(), len: self.values * self.dim, init: Init::Uniform { scale: INIT_SCALE } }]
+        vec![DenseParam::new("w", self.values * self.dim, Init::Uniform { scale: INIT_SCALE })]
     }
 
     fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], _: &mut [f32]) {
