@@ -175,6 +175,8 @@ fn multi_hot_multi_task_normalizing_and_softmax_models_export_too() {
     // A sequence embedding (ordered, truncated, padded, masked) and target attention.
     let amazon = shared.join("din/paddlerec_din_amazon_sample.txt");
     check(&py, dir.path(), &zoo_job("din"), &amazon, &amazon);
+    // DIN with Dice: its running statistics folded into a scale and a shift per unit.
+    check(&py, dir.path(), &din_dice_variant(dir.path()), &amazon, &amazon);
     // BST with learned positions over a history of 20.
     check(&py, dir.path(), &zoo_job("bst_din_format"), &amazon, &amazon);
     // DIEN with its AUGRU swapped for DIN's pooling over the GRU's states: the GRU as ONNX's.

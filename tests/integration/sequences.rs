@@ -14,13 +14,16 @@ fn din_dien_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_server
         eprintln!("skipped: ../shared/data is absent (DIN and BST read PaddleRec's Amazon samples)");
         return;
     };
+    let variants = tempfile::tempdir().unwrap();
     let samples = [
-        ("din", "paddlerec_din_amazon_sample.txt"),
-        ("dien", "paddlerec_din_amazon_sample.txt"),
-        ("bst", "paddlerec_bst_amazon_sample.txt"),
-        ("bst_din_format", "paddlerec_din_amazon_sample.txt"),
+        (zoo_job("din"), "paddlerec_din_amazon_sample.txt"),
+        (din_dice_variant(variants.path()), "paddlerec_din_amazon_sample.txt"),
+        (zoo_job("dien"), "paddlerec_din_amazon_sample.txt"),
+        (zoo_job("bst"), "paddlerec_bst_amazon_sample.txt"),
+        (zoo_job("bst_din_format"), "paddlerec_din_amazon_sample.txt"),
     ];
-    for (job, sample) in samples {
+    for (job_file, sample) in samples {
+        let job = job_file.file_stem().unwrap().to_str().unwrap();
         let file = shared.join("din").join(sample);
         let dir = tempfile::tempdir().unwrap();
         let parts = dir.path().join("parts");
@@ -31,7 +34,7 @@ fn din_dien_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_server
             std::fs::write(parts.join(format!("part-{k:05}")), half.join("\n") + "\n").unwrap();
         }
         let config = |mode, servers: &[TestServer], id, trainers| {
-            let mut c = job_config(&zoo_job(job), mode, servers, id, trainers, &parts);
+            let mut c = job_config(&job_file, mode, servers, id, trainers, &parts);
             c.passes = 3;
             c.batch_size = 8;
             c.test_files = vec![file.clone()];

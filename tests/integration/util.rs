@@ -314,6 +314,16 @@ pub fn gatenet_variant(dir: &Path) -> PathBuf {
     path
 }
 
+/// DIN's job file with Dice in the attention unit instead of PReLU, written into `dir`.
+pub fn din_dice_variant(dir: &Path) -> PathBuf {
+    let shipped = std::fs::read_to_string(zoo_job("din")).unwrap();
+    let variant = shipped.replace("hidden = [80, 40] }", "hidden = [80, 40], activation = \"dice\" }");
+    assert!(variant.contains("\"dice\""), "the variant's edit applies");
+    let path = dir.join("din_dice.toml");
+    std::fs::write(&path, variant).unwrap();
+    path
+}
+
 /// The job file of zoo model `name` (`examples/zoo/NAME.toml`).
 pub fn zoo_job(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/zoo").join(format!("{name}.toml"))

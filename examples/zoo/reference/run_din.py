@@ -5,8 +5,9 @@ bst_din_format.toml: FuxiCTR's `DIN` class, its `DNN` class (the history mean-po
 (`bst`; `bst_class` is FuxiCTR's `BST` class as shipped, for information), sized and trained as
 oar's job files, on the lines of `oar gen sequences` (PaddleRec's DIN format,
 `hist_items;hist_cates;target_item;target_cate;label`, histories oldest first).
+`din_dice` is DIN with FuxiCTR's Dice in the attention unit.
 
-    run_din.py DIR [--model din din_base dien bst bst_class] [--seed N ...] [--init library|oar|oar-emb|oar-dense] [--batch-size 256]
+    run_din.py DIR [--model din din_dice din_base dien bst bst_class] [--seed N ...] [--init library|oar|oar-emb|oar-dense] [--batch-size 256]
 
 DIR holds train/part-* and test/part-* (read in sorted order, as oar reads a folder). Prints one
 line per (model, seed): `MODEL init I seed N test AUC X (T s)`.
@@ -35,7 +36,7 @@ import run as ref  # noqa: E402  (import_zoo's path handling, optimizers, inits)
 EMB = 8
 ZOO = ref.ZOO
 # The history length each job file keeps (its `sequence = L`).
-SEQ = {"din": 50, "din_base": 50, "dien": 50, "bst": 20, "bst_class": 20}
+SEQ = {"din": 50, "din_dice": 50, "din_base": 50, "dien": 50, "bst": 20, "bst_class": 20}
 
 
 def read_dir(d):
@@ -126,11 +127,13 @@ def build(model, data):
     if not os.path.isdir(ZOO):
         sys.exit(f"FuxiCTR's model_zoo not found at {ZOO} (set FUXICTR_ZOO; see README.md)")
     kw = dict(ref.COMMON)
-    if model == "din":
+    if model in ("din", "din_dice"):
+        # din_dice: the attention unit's hidden layers with FuxiCTR's Dice (oar's
+        # `activation = "dice"`) instead of PReLU.
         DIN = load("fx_DIN", "DIN/src/DIN.py").DIN
         return DIN(feature_map(data, False), embedding_dim=EMB, dnn_hidden_units=[200, 80],
                    dnn_activations="ReLU", attention_hidden_units=[80, 40],
-                   attention_hidden_activations="PReLU", attention_output_activation=None,
+                   attention_hidden_activations="Dice" if model == "din_dice" else "PReLU", attention_output_activation=None,
                    attention_dropout=0, din_target_field=[("item", "cate")],
                    din_sequence_field=[("hist_item", "hist_cate")], din_use_softmax=False, **kw)
     if model == "dien":

@@ -79,6 +79,73 @@ pub fn data_norm(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer
     build(NormKind::Data, args, inputs)
 }
 
+/// The statistics' parameters (count, sum, square sum of `w` values each), starting as `prior`
+/// samples of mean 0 and variance 1.
+pub(super) fn stats_params(w: usize, prior: f32, decay: f32) -> [DenseParam; 3] {
+    let prior = Init::Constant { value: prior };
+    [
+        DenseParam::summary("count", w, prior, decay),
+        DenseParam::summary("sum", w, Init::Zeros, decay),
+        DenseParam::summary("square_sum", w, prior, decay),
+    ]
+}
+
+/// The kept mean and (biased) variance of value `k` from statistics `st` (count, sum, square
+/// sum of `w` values each).
+pub(super) fn kept(st: &[f32], w: usize, k: usize) -> (f32, f32) {
+    let (n, s, q) = (st[k], st[w + k], st[2 * w + k]);
+    (s / n, q / n)
+}
+
+/// Adds the batch's sums to the statistics' pushed sums `g` (count, sum, square sum of `w`
+/// values each) for `rows` rows of `x`: the square sum around the batch's own mean.
+pub(super) fn push_batch_sums(x: &[f32], rows: usize, w: usize, g: &mut [f32]) {
+    for k in 0..w {
+        let sum: f32 = (0..rows).map(|r| x[r * w + k]).sum();
+        let mean = sum / rows as f32;
+        g[k] += rows as f32;
+        g[w + k] += sum;
+        g[2 * w + k] += (0..rows).map(|r| (x[r * w + k] - mean).powi(2)).sum::<f32>();
+    }
+}
+
+/// Normalizes each of the `w` values of `rows` rows of `x` over the rows (batch mean, biased
+/// variance): the normalized values into `normed`, each value's `1 / std` into `inv_std`.
+pub(super) fn normalize_batch(x: &[f32], rows: usize, w: usize, eps: f32, normed: &mut [f32], inv_std: &mut [f32]) {
+    for k in 0..w {
+        let mean = (0..rows).map(|r| x[r * w + k]).sum::<f32>() / rows as f32;
+        let var = (0..rows).map(|r| (x[r * w + k] - mean).powi(2)).sum::<f32>() / rows as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        inv_std[k] = inv;
+        for r in 0..rows {
+            normed[r * w + k] = (x[r * w + k] - mean) * inv;
+        }
+    }
+}
+
+/// Backward of [`normalize_batch`]: given `g`, the gradient of the normalized values, adds
+/// `dx = inv / N * (N g - sum g - h sum(g h))` into `dx`.
+pub(super) fn normalize_batch_backward(
+    g: &[f32],
+    normed: &[f32],
+    inv_std: &[f32],
+    rows: usize,
+    w: usize,
+    dx: &mut [f32],
+) {
+    for k in 0..w {
+        let (mut sum, mut dot) = (0.0f32, 0.0f32);
+        for r in 0..rows {
+            sum += g[r * w + k];
+            dot += g[r * w + k] * normed[r * w + k];
+        }
+        let scale = inv_std[k] / rows as f32;
+        for r in 0..rows {
+            dx[r * w + k] += scale * (rows as f32 * g[r * w + k] - sum - normed[r * w + k] * dot);
+        }
+    }
+}
+
 impl NormStatsLayer {
     /// Floats per sample.
     fn width(&self) -> usize {
@@ -95,13 +162,10 @@ impl NormStatsLayer {
 
     /// The kept mean and the factor `1 / std` for value `k`.
     fn kept(&self, params: &[f32], k: usize) -> (f32, f32) {
-        let w = self.width();
-        let st = &params[self.stats_at()..];
-        let (n, s, q) = (st[k], st[w + k], st[2 * w + k]);
-        let mean = s / n;
+        let (mean, var) = kept(&params[self.stats_at()..], self.width(), k);
         let inv = match self.kind {
-            NormKind::Batch => 1.0 / (q / n + self.eps).sqrt(),
-            NormKind::Data => (n / q).sqrt(),
+            NormKind::Batch => 1.0 / (var + self.eps).sqrt(),
+            NormKind::Data => 1.0 / var.sqrt(),
         };
         (mean, inv)
     }
@@ -124,10 +188,7 @@ impl Layer for NormStatsLayer {
             p.push(DenseParam::new("gain", w, Init::Constant { value: 1.0 }));
             p.push(DenseParam::new("bias", w, Init::Zeros));
         }
-        let prior = Init::Constant { value: self.prior };
-        p.push(DenseParam::summary("count", w, prior, self.decay));
-        p.push(DenseParam::summary("sum", w, Init::Zeros, self.decay));
-        p.push(DenseParam::summary("square_sum", w, prior, self.decay));
+        p.extend(stats_params(w, self.prior, self.decay));
         p
     }
 
@@ -158,16 +219,9 @@ impl Layer for NormStatsLayer {
         }
         let (gain, bias) = params.split_at(w);
         let (normed, inv_std) = scratch.split_at_mut(rows * w);
-        for k in 0..w {
-            let mean = (0..rows).map(|r| x[0][r * w + k]).sum::<f32>() / rows as f32;
-            let var = (0..rows).map(|r| (x[0][r * w + k] - mean).powi(2)).sum::<f32>() / rows as f32;
-            let inv = 1.0 / (var + self.eps).sqrt();
-            inv_std[k] = inv;
-            for r in 0..rows {
-                let h = (x[0][r * w + k] - mean) * inv;
-                normed[r * w + k] = h;
-                y[r * w + k] = gain[k] * h + bias[k];
-            }
+        normalize_batch(x[0], rows, w, self.eps, normed, inv_std);
+        for (i, (y, h)) in y.iter_mut().zip(normed.iter()).enumerate() {
+            *y = gain[i % w] * h + bias[i % w];
         }
     }
 
@@ -203,27 +257,25 @@ impl Layer for NormStatsLayer {
         let (w, rows) = (self.width(), ctx.rows);
         // The statistics' pushed sums (not derivatives: the servers' summary rule adds them).
         let at = self.stats_at();
-        let extra = if self.kind == NormKind::Data { self.eps * rows as f32 } else { 0.0 };
-        for k in 0..w {
-            let sum: f32 = (0..rows).map(|r| x[0][r * w + k]).sum();
-            // data_norm squares around the kept mean (Paddle's kernel); batch_norm around the
-            // batch's own, so the kept variance is the recent batches' variance (PyTorch's
-            // running_var) and not inflated by how far the kept mean lags behind the weights.
-            let mean = match self.kind {
-                NormKind::Data => params[at + w + k] / params[at + k],
-                NormKind::Batch => sum / rows as f32,
-            };
-            let square: f32 = (0..rows).map(|r| (x[0][r * w + k] - mean).powi(2)).sum();
-            grads[at + k] += rows as f32;
-            grads[at + w + k] += sum;
-            grads[at + 2 * w + k] += square + extra;
+        match self.kind {
+            NormKind::Batch => push_batch_sums(x[0], rows, w, &mut grads[at..]),
+            NormKind::Data => {
+                // Paddle's kernel: the square sum around the kept mean, plus N * eps.
+                for k in 0..w {
+                    let mean = kept(&params[at..], w, k).0;
+                    grads[at + k] += rows as f32;
+                    grads[at + w + k] += (0..rows).map(|r| x[0][r * w + k]).sum::<f32>();
+                    grads[at + 2 * w + k] +=
+                        (0..rows).map(|r| (x[0][r * w + k] - mean).powi(2)).sum::<f32>() + self.eps * rows as f32;
+                }
+            }
         }
         let mut dx = dx[0].as_deref_mut();
         if !self.batch_stats(ctx) {
             // data_norm: the statistics are constants of the step, dx = dy * scale.
-            for k in 0..w {
-                let (_, inv) = self.kept(params, k);
-                if let Some(dx) = dx.as_deref_mut() {
+            if let Some(dx) = dx.as_deref_mut() {
+                for k in 0..w {
+                    let (_, inv) = self.kept(params, k);
                     for r in 0..rows {
                         dx[r * w + k] += dy[r * w + k] * inv;
                     }
@@ -235,22 +287,13 @@ impl Layer for NormStatsLayer {
         let (normed, inv_std) = scratch.split_at(rows * w);
         let (dgain, rest) = grads.split_at_mut(w);
         let dbias = &mut rest[..w];
-        for k in 0..w {
-            let (mut sum, mut dot) = (0.0f32, 0.0f32);
-            for r in 0..rows {
-                let (g, h) = (dy[r * w + k], normed[r * w + k]);
-                sum += g;
-                dot += g * h;
-            }
-            dgain[k] += dot;
-            dbias[k] += sum;
-            if let Some(dx) = dx.as_deref_mut() {
-                // dx = gain * inv / N * (N dy - sum dy - h sum(dy h)).
-                let scale = gain[k] * inv_std[k] / rows as f32;
-                for r in 0..rows {
-                    dx[r * w + k] += scale * (rows as f32 * dy[r * w + k] - sum - normed[r * w + k] * dot);
-                }
-            }
+        for (i, (g, h)) in dy.iter().zip(normed).enumerate() {
+            dgain[i % w] += g * h;
+            dbias[i % w] += g;
+        }
+        if let Some(dx) = dx {
+            let dh: Vec<f32> = dy.iter().enumerate().map(|(i, g)| g * gain[i % w]).collect();
+            normalize_batch_backward(&dh, normed, inv_std, rows, w, dx);
         }
     }
 }

@@ -25,13 +25,14 @@
 //! | `prob_product` | 1 + 1 -> 1: logit of sigmoid(a) sigmoid(b) (ESMM's CTCVR) | |
 //! | `gru` | (L, E) [+ mask L] -> H (or (L, H) with `output = "all"`): DIEN's interest extractor | `hidden`, `output = "last"` |
 //! | `augru` | (L, E) + scores L [+ mask L] -> H: DIEN's attention-update GRU | `hidden` |
-//! | `target_attention` | E + (L, E) [+ mask L] -> E: DIN's activation unit | `hidden = [80, 40]`, `activation = "prelu"`, `softmax = false` |
+//! | `target_attention` | E + (L, E) [+ mask L] -> E: DIN's activation unit | `hidden = [80, 40]`, `activation = "prelu"` (or `"dice"`), `softmax = false` |
 
 mod attention;
 mod batch_norm;
 mod cin;
 mod cross;
 mod dense;
+mod dice;
 mod dot;
 mod ffm;
 mod fm;

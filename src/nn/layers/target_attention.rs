@@ -14,6 +14,8 @@ const PRELU_START: f32 = 0.1;
 enum Unit {
     /// `max(0, z) + a min(0, z)`, `a` learned per unit (starting at [`PRELU_START`]).
     Prelu,
+    /// DIN's Dice: a sigmoid gate over each unit's batch-normalized value (see [`super::dice`]).
+    Dice,
     /// A fixed activation.
     Fixed(Activation),
 }
@@ -35,12 +37,13 @@ pub struct TargetAttentionLayer {
     masked: bool,
     /// Output the weights `w_l` (`L`) instead of the pooled keys (for DIEN's AUGRU).
     scores: bool,
-    /// Offset of each hidden layer's PReLU slopes.
-    slopes: Vec<usize>,
+    /// Offset of each hidden layer's activation parameters (PReLU slopes, Dice's alpha and
+    /// statistics).
+    unit_params: Vec<usize>,
     init: super::dense::LinearInit,
 }
 
-/// `target_attention`: `hidden = [80, 40]`, `activation = "prelu"` (or relu, sigmoid, tanh),
+/// `target_attention`: `hidden = [80, 40]`, `activation = "prelu"` (or `"dice"`, relu, sigmoid, tanh),
 /// `softmax = false`, `init = "uniform"` (or `"xavier"`, as `mlp`), `output = "pooled"` (or `"scores"`: the weights `w_l` themselves, `L`
 /// values, as DIEN's AUGRU takes them); inputs the query (`E`), the sequence (`(L, E)`) and
 /// optionally its mask (`L`, a sequence embedding's `NAME.mask`) -> `E`.
@@ -48,11 +51,7 @@ pub fn target_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dy
     let widths = args.usize_list("hidden")?.unwrap_or_else(|| vec![80, 40]);
     let unit = match args.string("activation")?.as_deref() {
         None | Some("prelu") => Unit::Prelu,
-        Some("dice") => {
-            return Err("activation \"dice\" needs batch statistics kept by the servers, which oar does not keep \
-                        yet; use \"prelu\" (DIN's paper reports both)"
-                .into())
-        }
+        Some("dice") => Unit::Dice,
         Some(other) => Unit::Fixed(Activation::parse(other)?),
     };
     let softmax = args.bool("softmax")?.unwrap_or(false);
@@ -80,15 +79,17 @@ pub fn target_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dy
         return Err("hidden widths must be positive".into());
     }
     let mut hidden = Vec::new();
-    let (mut slopes, mut at, mut width) = (Vec::new(), 0, 4 * keys.dim);
+    let (mut unit_params, mut at, mut width) = (Vec::new(), 0, 4 * keys.dim);
     for &w in &widths {
         let (l, _) = Linear::new("", width, w, at);
         at += l.len();
         hidden.push(l);
-        if unit == Unit::Prelu {
-            slopes.push(at);
-            at += w;
-        }
+        unit_params.push(at);
+        at += match unit {
+            Unit::Prelu => w,
+            Unit::Dice => super::dice::params_len(w),
+            Unit::Fixed(_) => 0,
+        };
         width = w;
     }
     let (out, _) = Linear::new("", width, 1, at);
@@ -101,28 +102,39 @@ pub fn target_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dy
         softmax,
         masked,
         scores,
-        slopes,
+        unit_params,
         init,
     }))
 }
 
 impl TargetAttentionLayer {
-    /// Per position: the features, each hidden layer's pre-activation and activation, the
-    /// score and the weight.
-    fn per_position(&self) -> usize {
-        4 * self.dim + self.hidden.iter().map(|l| 2 * l.output).sum::<usize>() + 2
+    /// Floats per position of hidden layer `k`: pre-activation, activation and (Dice) its
+    /// normalized values.
+    fn layer_width(&self, k: usize) -> usize {
+        let o = self.hidden[k].output;
+        2 * o + if self.unit == Unit::Dice { super::dice::scratch_len(o) } else { 0 }
     }
 
-    fn activate(&self, k: usize, params: &[f32], z: &[f32], a: &mut [f32]) {
-        a.copy_from_slice(z);
+    /// Per position: the features, each hidden layer's floats, the score and the weight.
+    fn per_position(&self) -> usize {
+        4 * self.dim + (0..self.hidden.len()).map(|k| self.layer_width(k)).sum::<usize>() + 2
+    }
+
+    /// The activation `a` (and Dice's normalized values in `extra`) of `n` positions' `z`.
+    fn activate(&self, ctx: &Ctx, k: usize, params: &[f32], z: &[f32], a: &mut [f32], extra: &mut [f32]) {
+        let (o, at) = (self.hidden[k].output, self.unit_params[k]);
         match self.unit {
-            Unit::Fixed(act) => act.forward(a),
+            Unit::Fixed(act) => {
+                a.copy_from_slice(z);
+                act.forward(a)
+            }
             Unit::Prelu => {
-                let slope = &params[self.slopes[k]..self.slopes[k] + self.hidden[k].output];
-                for row in a.chunks_exact_mut(slope.len()) {
-                    row.iter_mut().zip(slope).for_each(|(v, s)| *v = if *v > 0.0 { *v } else { s * *v });
+                let slope = &params[at..at + o];
+                for ((a, z), s) in a.iter_mut().zip(z).zip(slope.iter().cycle()) {
+                    *a = if *z > 0.0 { *z } else { s * z };
                 }
             }
+            Unit::Dice => super::dice::forward(ctx.train, &params[at..], z, z.len() / o, o, a, extra),
         }
     }
 
@@ -144,9 +156,9 @@ impl TargetAttentionLayer {
     fn regions(&self, n: usize) -> Regions {
         let mut at = n * 4 * self.dim;
         let mut layers = Vec::new();
-        for l in &self.hidden {
+        for (k, l) in self.hidden.iter().enumerate() {
             layers.push((at, at + n * l.output));
-            at += 2 * n * l.output;
+            at += n * self.layer_width(k);
         }
         Regions { feat: 0, layers, score: at, weight: at + n }
     }
@@ -163,8 +175,12 @@ impl Layer for TargetAttentionLayer {
             let (w, b) = self.init.of(l.input, l.output);
             p.push(DenseParam::new(format!("{k}.w"), l.input * l.output, w));
             p.push(DenseParam::new(format!("{k}.b"), l.output, b));
-            if self.unit == Unit::Prelu {
-                p.push(DenseParam::new(format!("{k}.slope"), l.output, Init::Constant { value: PRELU_START }));
+            match self.unit {
+                Unit::Prelu => {
+                    p.push(DenseParam::new(format!("{k}.slope"), l.output, Init::Constant { value: PRELU_START }))
+                }
+                Unit::Dice => p.extend(super::dice::params(&format!("{k}.dice"), l.output)),
+                Unit::Fixed(_) => {}
             }
         }
         let (w, b) = self.init.of(self.out.input, 1);
@@ -196,9 +212,10 @@ impl Layer for TargetAttentionLayer {
             let z_at = reg.layers[k].0;
             let (before, rest) = scratch.split_at_mut(z_at);
             let input: &[f32] = if k == 0 { &before[reg.feat..] } else { &before[reg.layers[k - 1].1..] };
-            let (z, a) = rest.split_at_mut(n * layer.output);
+            let (z, rest) = rest.split_at_mut(n * layer.output);
+            let (a, extra) = rest.split_at_mut(n * layer.output);
             layer.forward(params, input, n, z);
-            self.activate(k, params, z, &mut a[..n * layer.output]);
+            self.activate(ctx, k, params, z, a, extra);
         }
         let last = reg.layers.last().map_or(reg.feat, |l| l.1);
         let (before, rest) = scratch.split_at_mut(reg.score);
@@ -249,9 +266,11 @@ impl Layer for TargetAttentionLayer {
             let z = g.op("Add", &[&z, &b], Vec::new());
             h = match self.unit {
                 Unit::Prelu => {
-                    let slope = g.floats("slope", &[o], &params[self.slopes[k]..self.slopes[k] + o]);
+                    let at = self.unit_params[k];
+                    let slope = g.floats("slope", &[o], &params[at..at + o]);
                     g.op("PRelu", &[&z, &slope], Vec::new())
                 }
+                Unit::Dice => super::dice::export(g, &params[self.unit_params[k]..], &z, o),
                 Unit::Fixed(act) => {
                     let out = format!("{y}/act{k}");
                     act.export_onnx(g, &z, &out);
@@ -352,7 +371,7 @@ impl Layer for TargetAttentionLayer {
             // dz = dh * act'(z) (and the PReLU slopes' gradient).
             match self.unit {
                 Unit::Prelu => {
-                    let (s_at, o) = (self.slopes[k], layer.output);
+                    let (s_at, o) = (self.unit_params[k], layer.output);
                     for (i, (d, z)) in dh.iter_mut().zip(z).enumerate() {
                         if *z <= 0.0 {
                             grads[s_at + i % o] += *d * z;
@@ -363,6 +382,11 @@ impl Layer for TargetAttentionLayer {
                 Unit::Fixed(act) => {
                     let a = &scratch[reg.layers[k].1..reg.layers[k].1 + n * layer.output];
                     act.backward(a, &mut dh);
+                }
+                Unit::Dice => {
+                    let (at, o) = (self.unit_params[k], layer.output);
+                    let extra = &scratch[reg.layers[k].1 + n * o..];
+                    super::dice::backward(&params[at..], z, n, o, extra, &mut dh, &mut grads[at..]);
                 }
             }
             let input_at = if k == 0 { reg.feat } else { reg.layers[k - 1].1 };
@@ -448,12 +472,49 @@ mod tests {
     }
 
     #[test]
-    fn target_attention_refuses_mismatched_inputs_and_dice() {
+    fn target_attention_refuses_mismatched_inputs() {
         let e = target_attention(&mut args("{}"), &[Shape::flat(4), Shape { fields: 5, dim: 3 }]).unwrap_err();
         assert!(e.contains("query has 4 values") && e.contains("position 3"), "{e}");
-        let e =
-            target_attention(&mut args(r#"{"activation": "dice"}"#), &[Shape::flat(3), Shape { fields: 5, dim: 3 }])
-                .unwrap_err();
-        assert!(e.contains("dice") && e.contains("prelu"), "{e}");
+    }
+
+    #[test]
+    fn dice_matches_finite_differences_and_keeps_statistics_for_evaluation() {
+        let (q, seq, mask) = (Shape::flat(3), Shape { fields: 4, dim: 3 }, Shape::flat(4));
+        let layer =
+            target_attention(&mut args(r#"{"hidden": [5, 4], "activation": "dice"}"#), &[q, seq, mask]).unwrap();
+        check_layer(layer.as_ref(), &[q, seq, mask], 3, 7).unwrap();
+        let names: Vec<String> = layer.params().iter().map(|p| p.name.clone()).collect();
+        for n in ["0.dice.alpha", "0.dice.count", "0.dice.sum", "0.dice.square_sum", "1.dice.alpha"] {
+            assert!(names.iter().any(|p| p == n), "{n} in {names:?}");
+        }
+        // One training step pushes each unit's count: 2 samples x 4 positions.
+        let params: Vec<f32> =
+            layer.params().iter().flat_map(|p| (0..p.len).map(move |k| p.init.value(k as u64))).collect();
+        let (rows, seeds) = (2, [1u64, 2]);
+        let x: Vec<Vec<f32>> = [6, 24, 8].iter().map(|&n| (0..n).map(|i| (i as f32 * 0.37).sin()).collect()).collect();
+        let refs: Vec<&[f32]> = x.iter().map(|v| &v[..]).collect();
+        let mut scratch = vec![0.0; rows * layer.scratch()];
+        let mut y = vec![0.0; rows * 3];
+        let ctx = Ctx { rows, train: true, seeds: &seeds };
+        layer.forward(&ctx, &params, &refs, &mut y, &mut scratch);
+        let mut grads = vec![0.0; params.len()];
+        let dy = vec![1.0; y.len()];
+        layer.backward(&ctx, &params, &refs, &y, &dy, &mut scratch, &mut grads, &mut [None, None, None]);
+        let mut at = 0;
+        for p in layer.params() {
+            if p.name.ends_with(".count") {
+                assert!(grads[at..at + p.len].iter().all(|&c| c == 8.0), "{}: {:?}", p.name, &grads[at..at + p.len]);
+            }
+            at += p.len;
+        }
+        // Evaluation reads the kept statistics, not the batch: one sample scores the same alone
+        // or beside another.
+        let eval = Ctx { rows: 1, train: false, seeds: &[] };
+        let mut alone = vec![0.0; 3];
+        let one: Vec<&[f32]> = vec![&x[0][..3], &x[1][..12], &x[2][..4]];
+        layer.forward(&eval, &params, &one, &mut alone, &mut scratch);
+        let eval2 = Ctx { rows: 2, train: false, seeds: &[] };
+        layer.forward(&eval2, &params, &refs, &mut y, &mut scratch);
+        assert_eq!(&y[..3], &alone[..]);
     }
 }
