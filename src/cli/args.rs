@@ -240,6 +240,9 @@ pub(super) enum GenCommand {
     /// depends on how much of the history shares the candidate's category (`--effect share`)
     /// or of its recent half only (`--effect order`, which only order-aware models can see).
     Sequences(SequencesArgs),
+    /// Impressions with a click and a conversion after it, in PaddleRec's Ali-CCP format, from
+    /// a planted model where the same ids drive both (ESMM's setting).
+    Conversions(GenArgs),
     /// An online job's logs: a folder of Criteo-format lines per day (OUT/YYYYMMDD/part-*) from
     /// a planted model that drifts; new ids arrive every day and old ones go quiet.
     Stream(StreamArgs),

@@ -374,6 +374,13 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             );
             Ok(())
         }
+        Command::Gen { what: GenCommand::Conversions(a) } => {
+            let started = Instant::now();
+            let r = crate::data::gen_conversions::generate(&gen_config(&a))?;
+            print_generated(&a, &r.report, started);
+            println!("labels: click and ctcvr; read it with examples/zoo/esmm.toml (or esmm_base.toml: CTCVR alone)");
+            Ok(())
+        }
         Command::Gen { what: GenCommand::Stream(a) } => {
             use crate::data::gen_stream;
             let config = gen_stream::StreamConfig {

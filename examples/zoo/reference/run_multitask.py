@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The reference (FuxiCTR 2.3.10) for examples/zoo/mmoe.toml and ple.toml on UCI census-income,
+"""The reference (FuxiCTR 2.3.10) for examples/zoo/mmoe.toml, ple.toml and shared_bottom.toml (the
+graph variant only) on UCI census-income,
 two tasks (income over 50,000; never married), read as examples/readers/census.py reads them.
 
     run_multitask.py TRAIN TEST [--model mmoe ple] [--seed N ...] [--init library|oar|oar-emb|oar-dense]
@@ -170,17 +171,23 @@ def build_graph(name, vocab_sizes):
             super().__init__()
             self.name = name
             self.emb = FeatureEmbedding(feature_map(vocab_sizes, False), EMB)
-            if name == "mmoe":
+            if name == "shared_bottom":
+                # shared_bottom.toml: one shared MLP [128] (FuxiCTR's ShareBottom's bottom), towers [8].
+                self.bottom = MLP_Block(width, hidden_units=[128])
+            elif name == "mmoe":
                 self.mmoe = mmoe_mod.MMoE_Layer(num_experts=8, num_tasks=2, input_dim=width,
                                                 expert_hidden_units=[16], gate_hidden_units=[],
                                                 hidden_activations="ReLU", net_dropout=0, batch_norm=False)
             else:
                 self.levels = nn.ModuleList([CGC(width, True), CGC(16, False)])
-            self.towers = nn.ModuleList([MLP_Block(16, hidden_units=[8], output_dim=1) for _ in LABELS])
+            top = 128 if name == "shared_bottom" else 16
+            self.towers = nn.ModuleList([MLP_Block(top, hidden_units=[8], output_dim=1) for _ in LABELS])
 
         def forward(self, X, num):
             x = torch.cat([self.emb(X).flatten(1), num], 1)
-            if self.name == "mmoe":
+            if self.name == "shared_bottom":
+                h = [self.bottom(x)] * 2
+            elif self.name == "mmoe":
                 h = self.mmoe(x)
             else:
                 h = [x, x, x]
@@ -245,7 +252,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("train")
     ap.add_argument("test")
-    ap.add_argument("--model", nargs="+", default=["mmoe", "ple"], choices=["mmoe", "ple"])
+    ap.add_argument("--model", nargs="+", default=["mmoe", "ple"], choices=["mmoe", "ple", "shared_bottom"])
     ap.add_argument("--seed", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     ap.add_argument("--init", default="library", choices=["library", "oar", "oar-emb", "oar-dense"])
     ap.add_argument("--variant", default="graph", choices=["graph", "class"])

@@ -1,0 +1,156 @@
+//! `oar gen conversions`: impressions with a click and a conversion after the click, in
+//! PaddleRec's Ali-CCP format (`id,click,ctcvr,field:id,...`, what `examples/zoo/esmm.toml`
+//! reads), from a planted model with a task relation: the same ids drive both the click and the
+//! conversion, and a conversion is only ever seen after a click (ESMM's setting: CTCVR =
+//! CTR x CVR over every impression). Built like [`super::gen`]: every draw a pure function of
+//! (seed, stream, line); `meta.json` has the planted model's CTCVR test AUC (and its CTR AUC
+//! in `planted`).
+//!
+//! A line is one impression of an item to a user, five fields (Ali-CCP's names):
+//! - `101` user (Zipf(1.1) over 20,000), `121` the user's group (user mod 100), `205` item
+//!   (Zipf(1.1) over 10,000), `206` the item's category (item mod 200), `207` its shop (item mod
+//!   1,000);
+//! - each id has a click weight and a conversion weight, normal with standard deviation 0.5,
+//!   correlated 0.5 (the tasks' relation);
+//! - `pCTR = sigmoid(-2.2 + sum of click weights)`, `pCVR = sigmoid(-1.8 + sum of conversion
+//!   weights)`; click ~ pCTR, then a conversion ~ pCVR only after a click; `ctcvr` = click and
+//!   conversion (about 2% of impressions).
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use super::gen::{write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
+use crate::layout::mix64;
+
+/// Users.
+pub const USERS: u32 = 50_000;
+/// Items.
+pub const ITEMS: u32 = 50_000;
+/// Bias of the click logit.
+pub const CTR_BIAS: f64 = -2.2;
+/// Bias of the conversion logit (given a click).
+pub const CVR_BIAS: f64 = -1.8;
+/// Standard deviation of each id's click weight.
+pub const CTR_STD: f64 = 0.8;
+/// Standard deviation of each id's conversion weight.
+pub const CVR_STD: f64 = 0.4;
+/// Correlation of an id's click and conversion weights.
+pub const CORRELATION: f64 = 0.5;
+
+/// What `oar gen conversions` wrote: the usual report (labels: ctcvr) and the planted model.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConversionsGenReport {
+    /// Lines, CTCVR rate, the planted CTCVR's test AUC and log-loss.
+    #[serde(flatten)]
+    pub report: GenReport,
+    /// The planted model's constants and its CTR test AUC.
+    pub planted: serde_json::Value,
+}
+
+/// The click and conversion weights of id `value` in field `field`.
+fn weights(seed: u64, field: u32, value: u32) -> (f64, f64) {
+    let d = Draws { base: mix64(seed ^ 0xc0de ^ mix64((field as u64) << 32 | value as u64)) };
+    let (a, b) = (d.normal(0), d.normal(1));
+    let cvr = CORRELATION * a + (1.0 - CORRELATION * CORRELATION).sqrt() * b;
+    (CTR_STD * a, CVR_STD * cvr)
+}
+
+/// The five (field, id) pairs of line `line` of `stream`.
+fn fields(d: &Draws) -> [(u32, u32); 5] {
+    let user = zipf(d.uniform(1), USERS, 1.1);
+    let item = zipf(d.uniform(2), ITEMS, 1.1);
+    [(101, user), (121, user % 100), (205, item), (206, item % 200), (207, item % 1000)]
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// (pCTR, pCVR) of an impression.
+fn planted(seed: u64, f: &[(u32, u32); 5]) -> (f64, f64) {
+    let (mut ctr, mut cvr) = (CTR_BIAS, CVR_BIAS);
+    for &(field, value) in f {
+        let (a, b) = weights(seed, field, value);
+        ctr += a;
+        cvr += b;
+    }
+    (sigmoid(ctr), sigmoid(cvr))
+}
+
+/// Writes line `line` of `stream` into `out`; returns (ctcvr label, planted pCTCVR).
+fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64) {
+    let d = Draws::new(seed ^ 0xe55, stream, line);
+    let f = fields(&d);
+    let (ctr, cvr) = planted(seed, &f);
+    let click = d.uniform(10) < ctr;
+    let conversion = click && d.uniform(11) < cvr;
+    let w = |r: std::io::Result<()>| r.expect("writing to a Vec cannot fail");
+    w(write!(out, "{line},{},{}", click as u8, conversion as u8));
+    for (field, value) in f {
+        w(write!(out, ",{field}:{}", field as u64 * 1_000_000 + value as u64));
+    }
+    w(writeln!(out));
+    (conversion as u8 as f32, ctr * cvr)
+}
+
+/// Generates the data set described by `config`.
+pub fn generate(config: &GenConfig) -> anyhow::Result<ConversionsGenReport> {
+    let report = write_parts(config, write_line)?;
+    // The planted CTR's AUC on the test lines' clicks (the report's AUC is CTCVR's).
+    let (mut clicks, mut probs) = (Vec::new(), Vec::new());
+    for line in 0..config.test_lines {
+        // The same draws as write_line's for test line `line` (stream 2).
+        let d = Draws::new(config.seed ^ 0xe55, 2, line);
+        let (ctr, _) = planted(config.seed, &fields(&d));
+        clicks.push((d.uniform(10) < ctr) as u8 as f32);
+        probs.push(ctr as f32);
+    }
+    let planted = serde_json::json!({
+        "users": USERS,
+        "items": ITEMS,
+        "ctr_bias": CTR_BIAS,
+        "cvr_bias": CVR_BIAS,
+        "ctr_std": CTR_STD,
+        "cvr_std": CVR_STD,
+        "correlation": CORRELATION,
+        "oracle_test_ctr_auc": crate::metrics::auc(&probs, &clicks),
+        "format": "id,click,ctcvr,field:id,... (PaddleRec's Ali-CCP sample format; labels click and ctcvr)",
+    });
+    let r = ConversionsGenReport { report, planted };
+    write_meta(config, &r)?;
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_reproducible_in_aliccp_format_and_convert_only_after_a_click() {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let (mut clicks, mut conversions, mut labels, mut probs) = (0, 0, Vec::new(), Vec::new());
+        for line in 0..20_000 {
+            let (y, p) = write_line(3, 1, line, &mut a);
+            write_line(3, 1, line, &mut b);
+            labels.push(y);
+            probs.push(p as f32);
+        }
+        assert_eq!(a, b);
+        for line in String::from_utf8(a).unwrap().lines() {
+            let f: Vec<&str> = line.split(',').collect();
+            assert_eq!(f.len(), 8, "{line}");
+            let (click, ctcvr): (u8, u8) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+            assert!(ctcvr <= click, "a conversion only after a click: {line}");
+            clicks += click as u32;
+            conversions += ctcvr as u32;
+            for (token, field) in f[3..].iter().zip(["101", "121", "205", "206", "207"]) {
+                assert_eq!(token.split(':').next().unwrap(), field, "{line}");
+            }
+        }
+        let (ctr, ctcvr) = (clicks as f64 / 20_000.0, conversions as f64 / 20_000.0);
+        assert!((0.08..0.2).contains(&ctr) && (0.01..0.04).contains(&ctcvr), "CTR {ctr}, CTCVR {ctcvr}");
+        let auc = crate::metrics::auc(&probs, &labels).unwrap();
+        assert!(auc > 0.75, "planted CTCVR AUC {auc}");
+    }
+}
