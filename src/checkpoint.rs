@@ -9,7 +9,9 @@
 //! ```
 //! A shard file is `b"OARSHRD1"`, a length-prefixed JSON header (spec, server index, number of
 //! servers, row counts), the dense blocks (weights then optimizer state, block by block), every
-//! sparse table's ids then rows, and a trailing CRC-32 of all preceding bytes. Every file is
+//! sparse table's ids then rows, every sparse table's admission state (format 3: per stripe, the
+//! draws made for `probability_entry` and the count filter's cells), and a trailing CRC-32 of
+//! all preceding bytes. Every file is
 //! written to `NAME.tmp`, synced, then renamed, and the manifest is written last: a directory
 //! with a manifest is complete, and a crash never leaves a half-written file under a real name.
 
@@ -22,8 +24,10 @@ use serde::{Deserialize, Serialize};
 use crate::table::{Shard, TableSpec};
 
 const SHARD_MAGIC: &[u8; 8] = b"OARSHRD1";
-/// Version of the checkpoint format (2: sparse rows carry their statistics).
-pub const FORMAT_VERSION: u32 = 2;
+/// Version of the checkpoint format (2: sparse rows carry their statistics; 3: the admission
+/// state follows the rows, so a restarted server remembers the sightings of ids not admitted
+/// yet).
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format this build reads: format 1's sparse rows have no statistics, which read as
 /// nothing seen yet.
 pub const OLDEST_FORMAT: u32 = 1;
@@ -144,8 +148,19 @@ impl ShardHeader {
             let table = (rows as u64).checked_mul(8 + 4 * row).ok_or_else(too_big)?;
             bytes = bytes.checked_add(table).ok_or_else(too_big)?;
         }
+        if self.format >= 3 {
+            for t in &spec.sparse {
+                bytes = bytes.checked_add(admission_bytes(t)).ok_or_else(too_big)?;
+            }
+        }
         Ok(bytes)
     }
+}
+
+/// Bytes of a table's admission state in a shard file: per stripe the draws (8) and the
+/// filter's cells (2 each).
+fn admission_bytes(t: &crate::table::SparseSpec) -> u64 {
+    crate::layout::STRIPES as u64 * (8 + 2 * t.filter_cells_per_stripe() as u64)
 }
 
 /// A writer that keeps the CRC-32 of everything written.
@@ -177,6 +192,8 @@ pub struct ShardSnapshot {
     dense: Vec<(std::sync::Arc<[f32]>, Vec<f32>)>,
     /// Per table: ids and their full rows `[weights | state]`.
     sparse: Vec<(Vec<u64>, Vec<f32>)>,
+    /// Per table, per stripe: the admission state.
+    admission: Vec<Vec<(u64, Vec<u16>)>>,
 }
 
 impl ShardSnapshot {
@@ -195,6 +212,7 @@ impl ShardSnapshot {
                 (ids, data)
             })
             .collect();
+        let admission = shard.sparse.iter().map(|t| t.admission()).collect();
         let header = ShardHeader {
             format: FORMAT_VERSION,
             server_index: shard.index,
@@ -203,7 +221,7 @@ impl ShardSnapshot {
             dense_blocks: dense.len(),
             sparse_rows: sparse.iter().map(|(ids, _)| ids.len()).collect(),
         };
-        ShardSnapshot { header, dense, sparse }
+        ShardSnapshot { header, dense, sparse, admission }
     }
 }
 
@@ -239,6 +257,12 @@ pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u
         for (ids, data) in &snapshot.sparse {
             w.write_all(bytemuck::cast_slice(ids))?;
             w.write_all(bytemuck::cast_slice(data))?;
+        }
+        for stripes in &snapshot.admission {
+            for (draws, cells) in stripes {
+                w.write_all(&draws.to_le_bytes())?;
+                w.write_all(bytemuck::cast_slice(cells))?;
+            }
         }
         let crc = w.crc.clone().finalize();
         w.inner.write_all(&crc.to_le_bytes())?;
@@ -323,6 +347,17 @@ pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
             full[..dim].copy_from_slice(&row[..dim]);
             full[t.row_len() - (stored - dim)..].copy_from_slice(&row[dim..]);
             t.insert_row(*id, &full).map_err(|e| corrupt(e.to_string()))?;
+        }
+    }
+    if header.format >= 3 {
+        for t in &shard.sparse {
+            let cells = t.spec().filter_cells_per_stripe();
+            let mut state = Vec::with_capacity(crate::layout::STRIPES);
+            for _ in 0..crate::layout::STRIPES {
+                let draws = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"));
+                state.push((draws, bytemuck::pod_collect_to_vec::<u8, u16>(take(2 * cells)?)));
+            }
+            t.restore_admission(&state).map_err(|e| corrupt(format!("table {}: {e}", t.spec().name)))?;
         }
     }
     if pos != body.len() {
@@ -563,6 +598,37 @@ mod tests {
         std::fs::write(&path, &damaged).unwrap();
         let err = read_shard(&path).err().expect("corruption must be detected").to_string();
         assert!(err.contains("server-1.shard") && err.contains("CRC-32 mismatch"), "{err}");
+    }
+
+    #[test]
+    fn a_restarted_server_remembers_the_sightings_of_ids_not_admitted_yet() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec();
+        spec.sparse[0].entry = crate::table::Entry::Count(2);
+        spec.sparse[0].filter_capacity = 4096;
+        spec.sparse.push(SparseSpec {
+            entry: crate::table::Entry::Probability(0.5),
+            ..SparseSpec::new("p", 2, 6, Init::Zeros, Optimizer::adagrad(0.1))
+        });
+        let shard = Shard::new(spec, 0, 1);
+        let ids: Vec<u64> = (1..=200).collect();
+        let push = |s: &Shard, t: usize, dim: usize| {
+            s.sparse[t].push(&ids, &vec![1.0; 2 * ids.len()], &vec![0.1; dim * ids.len()], 1.0).unwrap();
+        };
+        // One sighting each: no row under count_filter_entry:2.
+        push(&shard, 0, 4);
+        push(&shard, 1, 2);
+        assert_eq!(shard.sparse[0].len(), 0);
+        let draws = shard.sparse[1].admission();
+        let back = read_shard(&dir.path().join(write_shard(&shard, dir.path()).unwrap().0)).unwrap();
+        assert_eq!(back.sparse[1].admission(), draws, "the probability entry's draws carry on");
+        // The second sighting after the restart admits every id (a 4,096-cell filter holds 200).
+        push(&back, 0, 4);
+        assert_eq!(back.sparse[0].len(), 200);
+        // A server that forgot (format 2) would have given none.
+        let fresh = Shard::new(back.spec.clone(), 0, 1);
+        push(&fresh, 0, 4);
+        assert_eq!(fresh.sparse[0].len(), 0);
     }
 
     #[test]

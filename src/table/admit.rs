@@ -90,10 +90,29 @@ pub struct CountFilter {
     cells: Vec<u16>,
 }
 
+/// Cells of a filter asked for `capacity` (whole buckets, at least one).
+pub fn cells_for(capacity: usize) -> usize {
+    capacity.div_ceil(BUCKET).max(1) * BUCKET
+}
+
 impl CountFilter {
     /// A filter of at least `capacity` cells (whole buckets).
     pub fn new(capacity: usize) -> CountFilter {
-        CountFilter { cells: vec![0; capacity.div_ceil(BUCKET).max(1) * BUCKET] }
+        CountFilter { cells: vec![0; cells_for(capacity)] }
+    }
+
+    /// The cells, as a checkpoint keeps them.
+    pub fn cells(&self) -> &[u16] {
+        &self.cells
+    }
+
+    /// Takes back cells a checkpoint kept; there must be as many as this filter has.
+    pub fn restore(&mut self, cells: &[u16]) -> Result<(), String> {
+        if cells.len() != self.cells.len() {
+            return Err(format!("an admission filter of {} cells for one of {}", cells.len(), self.cells.len()));
+        }
+        self.cells.copy_from_slice(cells);
+        Ok(())
     }
 
     /// Bytes the filter holds.

@@ -227,6 +227,14 @@ impl SparseSpec {
         self.dim + accessor::STATS + self.optimizer.state_len(self.dim)
     }
 
+    /// Cells of each stripe's admission filter (0 without a count filter).
+    pub fn filter_cells_per_stripe(&self) -> usize {
+        match self.entry {
+            Entry::Count(_) => admit::cells_for(self.filter_capacity.div_ceil(crate::layout::STRIPES)),
+            _ => 0,
+        }
+    }
+
     /// Bytes of each server's admission filter for this table.
     pub fn filter_bytes(&self) -> u64 {
         match self.entry {

@@ -274,6 +274,30 @@ impl SparseTable {
         out
     }
 
+    /// What admission remembers, stripe by stripe: the draws made and the count filter's cells
+    /// (see [`Stripe::admission`]).
+    pub fn admission(&self) -> Vec<(u64, Vec<u16>)> {
+        self.stripes
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                let (draws, cells) = s.admission();
+                (draws, cells.to_vec())
+            })
+            .collect()
+    }
+
+    /// Takes back what [`admission`](Self::admission) gave (from a checkpoint).
+    pub fn restore_admission(&self, state: &[(u64, Vec<u16>)]) -> Result<(), String> {
+        if state.len() != self.stripes.len() {
+            return Err(format!("admission state for {} stripes, the table has {}", state.len(), self.stripes.len()));
+        }
+        for (stripe, (draws, cells)) in self.stripes.iter().zip(state) {
+            stripe.lock().restore_admission(*draws, cells)?;
+        }
+        Ok(())
+    }
+
     /// Visits every stored row `[weights | statistics | optimizer state]` with its id, stripe by
     /// stripe.
     pub fn for_each_row(&self, mut f: impl FnMut(u64, &[f32])) {

@@ -59,6 +59,7 @@ impl Stripe {
     pub fn new(spec: &SparseSpec, stripes: usize) -> Stripe {
         let filter = match spec.entry {
             Entry::Count(_) => Some(CountFilter::new(spec.filter_capacity.div_ceil(stripes))),
+            // (spec.filter_cells_per_stripe() counts the same cells for checkpoints.)
             _ => None,
         };
         Stripe {
@@ -79,6 +80,22 @@ impl Stripe {
     /// True if no row is held.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
+    }
+
+    /// What admission remembers between pushes, for a checkpoint: the draws made for
+    /// `probability_entry` and the count filter's cells (none without one).
+    pub fn admission(&self) -> (u64, &[u16]) {
+        (self.draws, self.filter.as_ref().map_or(&[][..], CountFilter::cells))
+    }
+
+    /// Takes back what [`admission`](Self::admission) gave.
+    pub fn restore_admission(&mut self, draws: u64, cells: &[u16]) -> Result<(), String> {
+        self.draws = draws;
+        match &mut self.filter {
+            Some(f) => f.restore(cells),
+            None if cells.is_empty() => Ok(()),
+            None => Err(format!("{} admission filter cells for a table without a count filter", cells.len())),
+        }
     }
 
     /// Bytes of the admission filter.
