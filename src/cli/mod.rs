@@ -31,6 +31,7 @@ use roles::*;
 
 /// Runs the `oar` command line with the layer types of `registry`, then exits the process.
 pub fn main_with(registry: Registry) {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let launched = std::env::var_os("OAR_LAUNCHED").is_some();
     tracing_subscriber::fmt()
@@ -45,6 +46,26 @@ pub fn main_with(registry: Registry) {
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         std::process::exit(1);
     }
+}
+
+/// When the reader of this process's output goes away (`oar gen ... | head -1`), `println!`
+/// panics on the broken pipe; exit as Unix tools do there (status 141, as SIGPIPE would give)
+/// without a panic message. SIGPIPE itself stays ignored, as Rust sets it: a closed socket or
+/// `pipe_command` pipe must be an error the code reports, never a silent death.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info)
+    }));
 }
 
 fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<()> {

@@ -152,6 +152,24 @@ fn the_launcher_stops_everyone_when_a_worker_fails_and_names_it() {
     assert!(err.contains("part-00001:2: label must be 0 or 1"), "the last log line is quoted: {err}");
 }
 
+/// `oar ... | head -1`: a reader that closed its end before oar printed is not a panic; oar exits
+/// with 141, as a process killed by SIGPIPE would.
+#[test]
+fn output_into_a_closed_pipe_exits_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = dir.path().join("gen");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["gen", "sequences", "--lines", "100", "--test-lines", "10", "--out", out.to_str().unwrap()])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn usage_errors_exit_with_code_2() {
     let out = oar(&["train", "--batch-size", "many"]);
