@@ -38,8 +38,13 @@ pub struct BenchConfig {
     pub exe: PathBuf,
     /// Skip (c).
     pub skip_training: bool,
-    /// Instead of (a) to (c): every zoo model, locally and on 2 servers x 2 workers.
+    /// Instead of (a) to (c): every zoo model, locally and on 2 servers x 2 workers (with
+    /// `baselines`, each baseline's 2 x 2 beside this build's, alternating).
     pub models: bool,
+    /// With `models`: only these zoo models (names as the table prints them); empty: all.
+    pub only: Vec<String>,
+    /// With `models` and `baselines`: alternating rounds per model (medians are reported).
+    pub rounds: usize,
 }
 
 /// The model zoo's job files (`examples/zoo/`, and the CTR-DNN), built in.
@@ -352,27 +357,70 @@ fn train_cluster(
     })
 }
 
-/// Every zoo model on `data` (a folder with `train/` and `test/`), 1 pass, locally (1 thread)
-/// and on 2 servers x 2 workers (async): a markdown table of test AUC, log-loss and samples/s.
-fn models(data: &Path, exe: &Path) -> anyhow::Result<()> {
+/// Every zoo model (or those `config.only` names) on `data` (a folder with `train/` and
+/// `test/`), 1 pass, locally (1 thread) and on 2 servers x 2 workers (async): a markdown table
+/// of test AUC, log-loss and samples/s. With baselines, each model's 2 x 2 job also runs on
+/// each baseline binary, alternating with this build for `config.rounds` rounds, and the table
+/// gives the medians of the end-to-end samples/s and their ratio; a baseline that cannot run
+/// the job file (a layer or setting it predates) shows "-".
+fn models(data: &Path, config: &BenchConfig) -> anyhow::Result<()> {
     let logs = std::env::temp_dir().join(format!("oar-bench-models-{}", std::process::id()));
+    let unknown: Vec<&String> = config.only.iter().filter(|n| !ZOO.iter().any(|(z, _)| z == n)).collect();
+    anyhow::ensure!(unknown.is_empty(), "--model {unknown:?}: the zoo has {:?}", ZOO.map(|(n, _)| n));
+    let rounds = if config.baselines.is_empty() { 1 } else { config.rounds.max(1) };
     println!("models on {}, 1 pass, batch 512, test set after the pass", data.display());
-    println!("| model | local AUC | local log-loss | local samples/s | 2x2 AUC | 2x2 log-loss | 2x2 samples/s |");
-    println!("|---|---|---|---|---|---|---|");
-    for (name, text) in ZOO {
+    let mut head =
+        "| model | local AUC | local log-loss | local samples/s | 2x2 AUC | 2x2 log-loss | 2x2 samples/s |".to_string();
+    for b in &config.baselines {
+        head += &format!(" {} 2x2 samples/s | ratio |", b.display());
+    }
+    println!("{head}");
+    println!("|---|---|---|---|---|---|---|{}", "---|---|".repeat(config.baselines.len()));
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (name, text) in ZOO.iter().filter(|(n, _)| config.only.is_empty() || config.only.iter().any(|o| o == n)) {
         let job: crate::config::JobConfig = toml::from_str(text)?;
         let local = train_local(data, 1, job.clone(), name)?;
-        let dist = train_cluster(Mode::Async, data, exe, &logs, job, name)?;
+        let (mut ours, mut theirs) = (Vec::new(), vec![Some(Vec::new()); config.baselines.len()]);
+        let mut dist = None;
+        for _ in 0..rounds {
+            let run = train_cluster(Mode::Async, data, &config.exe, &logs, job.clone(), name)?;
+            ours.push(run.samples_per_sec);
+            dist.get_or_insert(run);
+            for (b, rates) in config.baselines.iter().zip(&mut theirs) {
+                match (rates.as_mut(), train_cluster(Mode::Async, data, b, &logs, job.clone(), name)) {
+                    (Some(r), Ok(run)) => r.push(run.samples_per_sec),
+                    (_, Err(e)) => {
+                        tracing::warn!(baseline = %b.display(), model = name, "the baseline cannot run this model: {e:#}");
+                        *rates = None;
+                    }
+                    (None, Ok(_)) => {}
+                }
+            }
+        }
+        let dist = dist.expect("at least one round");
+        let ours = median(ours);
         let auc = |r: &TrainRun| r.auc.map_or("-".into(), |a| format!("{a:.4}"));
-        println!(
-            "| {name} | {} | {:.4} | {:.0} | {} | {:.4} | {:.0} |",
+        let mut line = format!(
+            "| {name} | {} | {:.4} | {:.0} | {} | {:.4} | {ours:.0} |",
             auc(&local),
             local.log_loss,
             local.samples_per_sec,
             auc(&dist),
             dist.log_loss,
-            dist.samples_per_sec
         );
+        for rates in theirs {
+            line += &match rates {
+                Some(r) => {
+                    let theirs = median(r);
+                    format!(" {theirs:.0} | {:.2} |", ours / theirs)
+                }
+                None => " - | - |".into(),
+            };
+        }
+        println!("{line}");
     }
     let _ = std::fs::remove_dir_all(&logs);
     Ok(())
@@ -383,7 +431,7 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
     if config.models {
         let data =
             config.data.as_deref().ok_or_else(|| anyhow::anyhow!("--models needs --data DIR (train/ and test/)"))?;
-        return models(data, &config.exe);
+        return models(data, config);
     }
     let bytes = config.dense_floats * 4;
     println!("(a) dense push+pull of {:.1} MiB each way, loopback TCP", bytes as f64 / (1 << 20) as f64);

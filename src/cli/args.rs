@@ -351,6 +351,12 @@ pub(super) struct BenchArgs {
     /// x 2 workers, as a markdown table of test AUC, log-loss and samples/s.
     #[arg(long)]
     pub(super) models: bool,
+    /// With --models: only this zoo model (as the table names it, e.g. DCN, CTR-DNN); repeatable.
+    #[arg(long = "model")]
+    pub(super) model: Vec<String>,
+    /// With --models and --baseline-exe: alternating rounds per model (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub(super) rounds: usize,
     /// Instead: local vs sync vs async 2x2 quality of the CTR-DNN on --real (rotated through
     /// --folds) and generated sets of --sizes lines under --seeds seeds, as paired differences.
     #[arg(long)]

@@ -303,6 +303,8 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             exe: std::env::current_exe().context("cannot find the oar binary")?,
             skip_training: a.skip_training,
             models: a.models,
+            only: a.model,
+            rounds: a.rounds,
         }),
         Command::Split(a) => {
             let (files, lines) = crate::data::files::split_file(&a.file, a.parts)?;

@@ -171,6 +171,15 @@ fn output_into_a_closed_pipe_exits_quietly() {
 }
 
 #[test]
+fn bench_models_refuses_a_model_the_zoo_does_not_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let o = oar(&["bench", "--models", "--data", data, "--model", "DCN", "--model", "NoSuchNet"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("NoSuchNet") && text(&o).contains("CTR-DNN"), "{}", text(&o));
+}
+
+#[test]
 fn usage_errors_exit_with_code_2() {
     let out = oar(&["train", "--batch-size", "many"]);
     assert_eq!(out.status.code(), Some(2));

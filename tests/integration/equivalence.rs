@@ -260,14 +260,20 @@ fn delayed_local_updates_are_deterministic_and_only_local() {
     assert!(err.contains("--delay") && err.contains("local-mode"), "{err}");
 }
 
+/// The `[model]` of a job file holding `text`, written into `dir`.
+fn model_from(dir: &std::path::Path, text: &str) -> oar::model::ModelConfig {
+    let job = dir.join("job.toml");
+    std::fs::write(&job, text).unwrap();
+    oar::config::JobConfig::from_file(&job).unwrap().model
+}
+
 /// Paddle's data_norm normalizes with the servers' statistics, not the batch's, so sync
 /// training stays data parallelism exactly: 2 x B equals local 2B, statistics included.
 #[test]
 fn data_norm_trains_the_same_in_sync_2x2_as_locally_at_the_doubled_batch() {
     let dir = tempfile::tempdir().unwrap();
-    let job = dir.path().join("data_norm.toml");
-    std::fs::write(
-        &job,
+    let model = model_from(
+        dir.path(),
         r#"
 [model]
 output = "fc"
@@ -280,9 +286,7 @@ layers = [
   { name = "fc", type = "mlp", input = "x", hidden = [32, 16], out = 1 },
 ]
 "#,
-    )
-    .unwrap();
-    let model = oar::config::JobConfig::from_file(&job).unwrap().model;
+    );
     sync_equals_local(&move |c| c.model = model.clone(), 1e-5);
 }
 
@@ -292,9 +296,8 @@ layers = [
 #[test]
 fn save_stop_and_resume_under_count_admission_gives_the_same_model() {
     let dir = tempfile::tempdir().unwrap();
-    let job = dir.path().join("admission.toml");
-    std::fs::write(
-        &job,
+    let model = model_from(
+        dir.path(),
         r#"
 [model]
 output = "fc"
@@ -306,9 +309,7 @@ layers = [
   { name = "fc", type = "mlp", input = "x", hidden = [16], out = 1 },
 ]
 "#,
-    )
-    .unwrap();
-    let model = oar::config::JobConfig::from_file(&job).unwrap().model;
+    );
     let set = move |c: &mut oar::train::TrainConfig| c.model = model.clone();
     let (train, _) = gen_data(&dir.path().join("data"), 2, STEPS * B as u64, 10);
     let straight = dir.path().join("straight");

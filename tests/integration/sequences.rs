@@ -67,12 +67,9 @@ fn din_dien_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_server
     }
 }
 
-/// On generated sequences whose clicks depend on how much of the history shares the
-/// candidate's category (`oar gen sequences`), DIN's target attention beats the same model with
-/// the history mean-pooled (measured over seeds 1..5: 0.751 +- 0.009 against 0.732 +- 0.003;
-/// seed 1, this test's: 0.750 against 0.728; the planted model's own AUC 0.810).
-#[test]
-fn din_beats_the_pooled_history_on_generated_sequences() {
+/// Generates 100,000 lines (seed 1) with `effect` and trains each of `jobs` on them locally (1
+/// pass, batch 256): their test AUCs and the planted model's.
+fn generated_aucs(effect: oar::data::gen_sequences::Effect, jobs: &[&str]) -> (Vec<f64>, f64) {
     let dir = tempfile::tempdir().unwrap();
     let config = oar::data::gen::GenConfig {
         lines: 100_000,
@@ -81,17 +78,29 @@ fn din_beats_the_pooled_history_on_generated_sequences() {
         parts: 2,
         out: dir.path().to_path_buf(),
     };
-    let generated = oar::data::gen_sequences::generate(&config, oar::data::gen_sequences::Effect::Share).unwrap();
-    let auc = |job: &str| {
-        let mut c = job_config(&zoo_job(job), Mode::Local, &[], 0, 1, &dir.path().join("train"));
-        c.passes = 1;
-        c.batch_size = 256;
-        c.test_files = oar::config::resolve_files(&dir.path().join("test")).unwrap();
-        let r = oar::train::run(&c, &|_, _| {}).unwrap();
-        r.passes[0].test.as_ref().unwrap().auc.unwrap()
-    };
-    let (din, pooled) = (auc("din"), auc("din_base"));
-    let oracle = generated.report.oracle_test_auc.unwrap();
+    let generated = oar::data::gen_sequences::generate(&config, effect).unwrap();
+    let aucs = jobs
+        .iter()
+        .map(|job| {
+            let mut c = job_config(&zoo_job(job), Mode::Local, &[], 0, 1, &dir.path().join("train"));
+            c.passes = 1;
+            c.batch_size = 256;
+            c.test_files = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+            let r = oar::train::run(&c, &|_, _| {}).unwrap();
+            r.passes[0].test.as_ref().unwrap().auc.unwrap()
+        })
+        .collect();
+    (aucs, generated.report.oracle_test_auc.unwrap())
+}
+
+/// On generated sequences whose clicks depend on how much of the history shares the
+/// candidate's category (`oar gen sequences`), DIN's target attention beats the same model with
+/// the history mean-pooled (measured over seeds 1..5: 0.751 +- 0.009 against 0.732 +- 0.003;
+/// seed 1, this test's: 0.750 against 0.728; the planted model's own AUC 0.810).
+#[test]
+fn din_beats_the_pooled_history_on_generated_sequences() {
+    let (aucs, oracle) = generated_aucs(oar::data::gen_sequences::Effect::Share, &["din", "din_base"]);
+    let (din, pooled) = (aucs[0], aucs[1]);
     eprintln!("generated sequences: DIN AUC {din:.4}, pooled history {pooled:.4}, planted model {oracle:.4}");
     assert!(din > pooled + 0.01, "DIN {din} vs pooled {pooled}");
     assert!(din < oracle, "no model beats the planted one: {din} vs {oracle}");
@@ -104,25 +113,9 @@ fn din_beats_the_pooled_history_on_generated_sequences() {
 /// below them (seed 1: README "More models" has 5 seeds and the reference library's figures).
 #[test]
 fn bst_and_dien_see_the_order_that_pooling_and_din_cannot() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = oar::data::gen::GenConfig {
-        lines: 100_000,
-        test_lines: 10_000,
-        seed: 1,
-        parts: 2,
-        out: dir.path().to_path_buf(),
-    };
-    let generated = oar::data::gen_sequences::generate(&config, oar::data::gen_sequences::Effect::Order).unwrap();
-    let auc = |job: &str| {
-        let mut c = job_config(&zoo_job(job), Mode::Local, &[], 0, 1, &dir.path().join("train"));
-        c.passes = 1;
-        c.batch_size = 256;
-        c.test_files = oar::config::resolve_files(&dir.path().join("test")).unwrap();
-        let r = oar::train::run(&c, &|_, _| {}).unwrap();
-        r.passes[0].test.as_ref().unwrap().auc.unwrap()
-    };
-    let (pooled, din, bst, dien) = (auc("din_base"), auc("din"), auc("bst_din_format"), auc("dien"));
-    let oracle = generated.report.oracle_test_auc.unwrap();
+    let jobs = ["din_base", "din", "bst_din_format", "dien"];
+    let (aucs, oracle) = generated_aucs(oar::data::gen_sequences::Effect::Order, &jobs);
+    let (pooled, din, bst, dien) = (aucs[0], aucs[1], aucs[2], aucs[3]);
     eprintln!(
         "order effect: pooled {pooled:.4}, DIN {din:.4}, BST {bst:.4}, DIEN {dien:.4}, planted model {oracle:.4}"
     );
