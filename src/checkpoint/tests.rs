@@ -1,0 +1,88 @@
+//! Shard files: round trips, corruption, the admission state.
+
+use super::*;
+use crate::table::{DenseParam, DenseSpec, Init, Optimizer, SparseSpec};
+
+fn spec() -> TableSpec {
+    TableSpec {
+        dense: DenseSpec {
+            params: vec![DenseParam::new("w", 50, Init::Uniform { scale: 0.1 })],
+            block_size: 8,
+            seed: 3,
+            optimizer: Optimizer::adam(0.01),
+        },
+        sparse: vec![SparseSpec::new("emb", 4, 5, Init::Uniform { scale: 0.1 }, Optimizer::adagrad(0.1))],
+    }
+}
+
+#[test]
+fn a_shard_survives_save_and_load_and_corruption_is_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = Shard::new(spec(), 1, 2);
+    let ids = [3u64, 99, 1 << 50];
+    let mut rows = vec![0.0; 12];
+    shard.sparse[0].pull(&ids, &mut rows, true).unwrap();
+    shard.sparse[0].push(&ids, &[1.0; 6], &[0.5; 12], 1.0).unwrap();
+    let n = shard.dense.lock().len();
+    shard.dense.lock().apply(&vec![1.0; n], 1.0, 1.0).unwrap();
+
+    let (name, bytes, crc) = write_shard(&shard, dir.path()).unwrap();
+    let path = dir.path().join(&name);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), bytes);
+    assert_eq!(crc32fast::hash(&std::fs::read(&path).unwrap()[..bytes as usize - 4]), crc);
+
+    let back = read_shard(&path).unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    shard.dense.lock().read(&mut a);
+    back.dense.lock().read(&mut b);
+    assert_eq!(a, b);
+    let mut again = vec![0.0; 12];
+    back.sparse[0].pull(&ids, &mut again, false).unwrap();
+    shard.sparse[0].pull(&ids, &mut rows, false).unwrap();
+    assert_eq!(rows, again);
+
+    let mut damaged = std::fs::read(&path).unwrap();
+    let mid = damaged.len() / 2;
+    damaged[mid] ^= 0x40;
+    std::fs::write(&path, &damaged).unwrap();
+    let err = read_shard(&path).err().expect("corruption must be detected").to_string();
+    assert!(err.contains("server-1.shard") && err.contains("CRC-32 mismatch"), "{err}");
+}
+
+#[test]
+fn a_restarted_server_remembers_the_sightings_of_ids_not_admitted_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec();
+    spec.sparse[0].entry = crate::table::Entry::Count(2);
+    spec.sparse[0].filter_capacity = 4096;
+    spec.sparse.push(SparseSpec {
+        entry: crate::table::Entry::Probability(0.5),
+        ..SparseSpec::new("p", 2, 6, Init::Zeros, Optimizer::adagrad(0.1))
+    });
+    let shard = Shard::new(spec, 0, 1);
+    let ids: Vec<u64> = (1..=200).collect();
+    let push = |s: &Shard, t: usize, dim: usize| {
+        s.sparse[t].push(&ids, &vec![1.0; 2 * ids.len()], &vec![0.1; dim * ids.len()], 1.0).unwrap();
+    };
+    // One sighting each: no row under count_filter_entry:2.
+    push(&shard, 0, 4);
+    push(&shard, 1, 2);
+    assert_eq!(shard.sparse[0].len(), 0);
+    let draws = shard.sparse[1].admission();
+    let back = read_shard(&dir.path().join(write_shard(&shard, dir.path()).unwrap().0)).unwrap();
+    assert_eq!(back.sparse[1].admission(), draws, "the probability entry's draws carry on");
+    // The second sighting after the restart admits every id (a 4,096-cell filter holds 200).
+    push(&back, 0, 4);
+    assert_eq!(back.sparse[0].len(), 200);
+    // A server that forgot (format 2) would have given none.
+    let fresh = Shard::new(back.spec.clone(), 0, 1);
+    push(&fresh, 0, 4);
+    assert_eq!(fresh.sparse[0].len(), 0);
+}
+
+#[test]
+fn a_missing_model_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Manifest::find(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("not a saved model"), "{err}");
+}
