@@ -223,9 +223,15 @@ fn cluster_ssh_restarts_a_killed_server_and_trainer_where_they_ran() {
     let dir = tempfile::tempdir().unwrap();
     let Some(hosts) = Hosts::start(dir.path()) else { return };
     let rws = dir.path().join("remote-ws");
+    // A complete checkpoint: `ckpt-NNNNNN`, not the `ckpt-NNNNNN.tmp` folder still being written
+    // (a kill then leaves the restarted server nothing to resume from).
     let checkpointed = |rws: &Path| {
-        std::fs::read_dir(rws.join("model/checkpoints/server-1"))
-            .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("ckpt-")))
+        std::fs::read_dir(rws.join("model/checkpoints/server-1")).is_ok_and(|d| {
+            d.flatten().any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("ckpt-") && !name.ends_with(".tmp")
+            })
+        })
     };
     let options = ["--dispatch", "--max-restarts", "2"];
     let extra = ["--test", "data/test", "--checkpoint-every", "0.3"];
