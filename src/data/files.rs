@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 
 /// The data files named by `path`: the file itself, the regular files of a folder in name
 /// order (hidden files and `.json` metadata skipped), or the files a `*` pattern in the last
-/// component matches (as `oar split` writes them: `train.txt-*`).
+/// component matches (as `oar split` writes them: `train.txt-*`). Symbolic links inside a
+/// folder are not followed (a link planted in a data folder must not make a trainer read, and
+/// quote in its errors, a file elsewhere); skipping them is logged, and said when nothing is left.
 pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     if let Some((prefix, suffix)) = name.split_once('*') {
@@ -35,22 +37,31 @@ pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     if meta.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let mut files = Vec::new();
+    let (mut files, mut links) = (Vec::new(), 0usize);
     for entry in
         std::fs::read_dir(path).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?
     {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') || name.ends_with(".json") || !entry.file_type()?.is_file() {
+        let kind = entry.file_type()?;
+        links += kind.is_symlink() as usize;
+        if name.starts_with('.') || name.ends_with(".json") || !kind.is_file() {
             continue;
         }
         files.push(entry.path());
     }
     files.sort();
+    if links > 0 {
+        tracing::warn!(folder = %path.display(), links, "symbolic links in a data folder are not followed");
+    }
     if files.is_empty() {
+        let skipped = match links {
+            0 => String::new(),
+            n => format!(" ({n} symbolic link(s) skipped: data is read only from regular files)"),
+        };
         return Err(std::io::Error::new(
             std::io::ErrorKind::NotFound,
-            format!("{}: folder holds no data file", path.display()),
+            format!("{}: folder holds no data file{skipped}", path.display()),
         ));
     }
     Ok(files)
@@ -147,6 +158,18 @@ mod tests {
         assert_eq!(shard_files(&files, 2, 1), vec![PathBuf::from("d/part-00001"), PathBuf::from("d/part-00003")]);
         let named: Vec<PathBuf> = ["a.txt", "b.txt", "c.txt"].iter().map(PathBuf::from).collect();
         assert_eq!(shard_files(&named, 2, 0), vec![PathBuf::from("a.txt"), PathBuf::from("c.txt")]);
+    }
+
+    #[test]
+    fn links_in_a_data_folder_are_not_followed_and_an_empty_result_says_so() {
+        let (data, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let real = elsewhere.path().join("day1.txt");
+        std::fs::write(&real, "1\t2\n").unwrap();
+        std::os::unix::fs::symlink(&real, data.path().join("part-00000")).unwrap();
+        let err = list_files(data.path()).unwrap_err().to_string();
+        assert!(err.contains("no data file") && err.contains("1 symbolic link(s) skipped"), "{err}");
+        std::fs::write(data.path().join("part-00001"), "1\t2\n").unwrap();
+        assert_eq!(list_files(data.path()).unwrap(), [data.path().join("part-00001")]);
     }
 
     #[test]
