@@ -376,10 +376,6 @@ fn models(data: &Path, config: &BenchConfig) -> anyhow::Result<()> {
     }
     println!("{head}");
     println!("|---|---|---|---|---|---|---|{}", "---|---|".repeat(config.baselines.len()));
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     for (name, text) in ZOO.iter().filter(|(n, _)| config.only.is_empty() || config.only.iter().any(|o| o == n)) {
         let job: crate::config::JobConfig = toml::from_str(text)?;
         let local = train_local(data, 1, job.clone(), name)?;

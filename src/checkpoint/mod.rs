@@ -11,9 +11,9 @@
 //! servers, row counts), the dense blocks (weights then optimizer state, block by block), every
 //! sparse table's ids then rows, every sparse table's admission state (format 3: per stripe, the
 //! draws made for `probability_entry` and the count filter's cells), and a trailing CRC-32 of
-//! all preceding bytes. Every file is
-//! written to `NAME.tmp`, synced, then renamed, and the manifest is written last: a directory
-//! with a manifest is complete, and a crash never leaves a half-written file under a real name.
+//! all preceding bytes. Every file is written to `NAME.tmp`, synced, then renamed, and the
+//! manifest is written last: a directory with a manifest is complete, and a crash never leaves
+//! a half-written file under a real name.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};

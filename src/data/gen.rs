@@ -102,6 +102,11 @@ fn zipf_rank(u: f64, v: u32) -> u32 {
     zipf(u, v, if v >= 1000 { 1.1 } else { 0.8 })
 }
 
+/// The logistic function: a planted model's probability of its logit.
+pub(crate) fn sigmoid(logit: f64) -> f64 {
+    1.0 / (1.0 + (-logit).exp())
+}
+
 /// Rank in 0..v of uniform `u` under the continuous power law of exponent `a` (not 1).
 pub(crate) fn zipf(u: f64, v: u32, a: f64) -> u32 {
     let n = v as f64 + 1.0;
@@ -191,7 +196,7 @@ pub(crate) fn planted_line(seed: u64, stream: u64, line: u64, drift: Option<Drif
             cats[s] = Some(cat_hex(seed, s, i));
         }
     }
-    let p = 1.0 / (1.0 + (-logit).exp());
+    let p = sigmoid(logit);
     let label = (d.uniform(999) < p) as u8;
     write!(out, "{label}").expect("writing to a Vec cannot fail");
     for x in ints {

@@ -20,7 +20,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::gen::{write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
+use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
 use crate::layout::mix64;
 
 /// Users.
@@ -56,42 +56,43 @@ fn weights(seed: u64, field: u32, value: u32) -> (f64, f64) {
     (CTR_STD * a, CVR_STD * cvr)
 }
 
-/// The five (field, id) pairs of line `line` of `stream`.
-fn fields(d: &Draws) -> [(u32, u32); 5] {
+/// One impression: its five (field, id) pairs, the planted pCTR and pCVR, and what happened.
+struct Impression {
+    fields: [(u32, u32); 5],
+    ctr: f64,
+    cvr: f64,
+    click: bool,
+    conversion: bool,
+}
+
+/// Line `line` of `stream`.
+fn impression(seed: u64, stream: u64, line: u64) -> Impression {
+    let d = Draws::new(seed ^ 0xe55, stream, line);
     let user = zipf(d.uniform(1), USERS, 1.1);
     let item = zipf(d.uniform(2), ITEMS, 1.1);
-    [(101, user), (121, user % 100), (205, item), (206, item % 200), (207, item % 1000)]
-}
-
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// (pCTR, pCVR) of an impression.
-fn planted(seed: u64, f: &[(u32, u32); 5]) -> (f64, f64) {
+    let fields = [(101, user), (121, user % 100), (205, item), (206, item % 200), (207, item % 1000)];
     let (mut ctr, mut cvr) = (CTR_BIAS, CVR_BIAS);
-    for &(field, value) in f {
+    for &(field, value) in &fields {
         let (a, b) = weights(seed, field, value);
         ctr += a;
         cvr += b;
     }
-    (sigmoid(ctr), sigmoid(cvr))
+    let (ctr, cvr) = (sigmoid(ctr), sigmoid(cvr));
+    let click = d.uniform(10) < ctr;
+    let conversion = click && d.uniform(11) < cvr;
+    Impression { fields, ctr, cvr, click, conversion }
 }
 
 /// Writes line `line` of `stream` into `out`; returns (ctcvr label, planted pCTCVR).
 fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64) {
-    let d = Draws::new(seed ^ 0xe55, stream, line);
-    let f = fields(&d);
-    let (ctr, cvr) = planted(seed, &f);
-    let click = d.uniform(10) < ctr;
-    let conversion = click && d.uniform(11) < cvr;
+    let i = impression(seed, stream, line);
     let w = |r: std::io::Result<()>| r.expect("writing to a Vec cannot fail");
-    w(write!(out, "{line},{},{}", click as u8, conversion as u8));
-    for (field, value) in f {
+    w(write!(out, "{line},{},{}", i.click as u8, i.conversion as u8));
+    for (field, value) in i.fields {
         w(write!(out, ",{field}:{}", field as u64 * 1_000_000 + value as u64));
     }
     w(writeln!(out));
-    (conversion as u8 as f32, ctr * cvr)
+    (i.conversion as u8 as f32, i.ctr * i.cvr)
 }
 
 /// Generates the data set described by `config`.
@@ -100,11 +101,9 @@ pub fn generate(config: &GenConfig) -> anyhow::Result<ConversionsGenReport> {
     // The planted CTR's AUC on the test lines' clicks (the report's AUC is CTCVR's).
     let (mut clicks, mut probs) = (Vec::new(), Vec::new());
     for line in 0..config.test_lines {
-        // The same draws as write_line's for test line `line` (stream 2).
-        let d = Draws::new(config.seed ^ 0xe55, 2, line);
-        let (ctr, _) = planted(config.seed, &fields(&d));
-        clicks.push((d.uniform(10) < ctr) as u8 as f32);
-        probs.push(ctr as f32);
+        let i = impression(config.seed, 2, line);
+        clicks.push(i.click as u8 as f32);
+        probs.push(i.ctr as f32);
     }
     let planted = serde_json::json!({
         "users": USERS,

@@ -32,7 +32,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::gen::{write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
+use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
 use crate::layout::mix64;
 
 /// Categories.
@@ -85,31 +85,24 @@ fn item_bias(seed: u64, i: u32) -> f64 {
     ITEM_STD * d.normal(0)
 }
 
-/// A line's category draws.
-struct User<'a> {
-    d: &'a Draws,
+/// Any category (uniform), from draw `k`.
+fn any(d: &Draws, k: u64) -> u32 {
+    ((d.uniform(k) * CATEGORIES as f64) as u32).min(CATEGORIES - 1)
 }
 
-impl User<'_> {
-    /// Any category (uniform).
-    fn any(&self, k: u64) -> u32 {
-        ((self.d.uniform(k) * CATEGORIES as f64) as u32).min(CATEGORIES - 1)
-    }
-
-    /// One of `interests` (uniform) with probability `p`, else any category.
-    fn pick(&self, k: u64, p: f64, interests: &[u32]) -> u32 {
-        if self.d.uniform(k) < p {
-            let n = interests.len();
-            interests[((self.d.uniform(k + 1) * n as f64) as usize).min(n - 1)]
-        } else {
-            self.any(k + 2)
-        }
+/// One of `interests` (uniform) with probability `p`, else any category, from draws `k..k + 3`.
+fn pick(d: &Draws, k: u64, p: f64, interests: &[u32]) -> u32 {
+    if d.uniform(k) < p {
+        let n = interests.len();
+        interests[((d.uniform(k + 1) * n as f64) as usize).min(n - 1)]
+    } else {
+        any(d, k + 2)
     }
 }
 
 /// Writes the line and returns (label, planted probability) for the given logit.
 fn finish(d: &Draws, history: &[(u32, u32)], target: (u32, u32), logit: f64, out: &mut Vec<u8>) -> (f32, f64) {
-    let p = 1.0 / (1.0 + (-logit).exp());
+    let p = sigmoid(logit);
     let label = d.uniform(999) < p;
     let items: Vec<String> = history.iter().map(|(i, _)| i.to_string()).collect();
     let cats: Vec<String> = history.iter().map(|(_, c)| c.to_string()).collect();
@@ -128,17 +121,16 @@ fn share(history: &[(u32, u32)], c: u32) -> f64 {
 /// probability).
 fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64) {
     let d = Draws::new(seed ^ 0x5e9, stream, line);
-    let user = User { d: &d };
-    let interests: Vec<u32> = (0..INTERESTS as u64).map(|k| user.any(10 + k)).collect();
+    let interests: Vec<u32> = (0..INTERESTS as u64).map(|k| any(&d, 10 + k)).collect();
     let span = HISTORY.1 - HISTORY.0 + 1;
     let len = HISTORY.0 + ((d.uniform(1) * span as f64) as u32).min(span - 1);
     let history: Vec<(u32, u32)> = (0..len as u64)
         .map(|i| {
-            let c = user.pick(1000 + 4 * i, 0.8, &interests);
+            let c = pick(&d, 1000 + 4 * i, 0.8, &interests);
             (item(&d, 5000 + i, c), c)
         })
         .collect();
-    let target_category = user.pick(20, 0.5, &interests);
+    let target_category = pick(&d, 20, 0.5, &interests);
     let target = item(&d, 30, target_category);
     let logit = BIAS + SHARE_WEIGHT * share(&history, target_category) + item_bias(seed, target);
     finish(&d, &history, (target, target_category), logit, out)
@@ -147,21 +139,20 @@ fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64
 /// Writes line `line` of `stream` with the order effect.
 fn write_order_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64) {
     let d = Draws::new(seed ^ 0x0bde, stream, line);
-    let user = User { d: &d };
-    let old = user.any(10);
+    let old = any(&d, 10);
     // The current interest differs from the old one: one of the other categories, uniform.
     let current = (old + 1 + ((d.uniform(11) * (CATEGORIES - 1) as f64) as u32).min(CATEGORIES - 2)) % CATEGORIES;
     let half = ORDER_HISTORY as u64 / 2;
     let history: Vec<(u32, u32)> = (0..ORDER_HISTORY as u64)
         .map(|i| {
-            let c = user.pick(1000 + 4 * i, 0.8, &[if i < half { old } else { current }]);
+            let c = pick(&d, 1000 + 4 * i, 0.8, &[if i < half { old } else { current }]);
             (item(&d, 5000 + i, c), c)
         })
         .collect();
     let target_category = match ((d.uniform(20) * 3.0) as u32).min(2) {
         0 => current,
         1 => old,
-        _ => user.any(21),
+        _ => any(&d, 21),
     };
     let target = item(&d, 30, target_category);
     let recent = share(&history[half as usize..], target_category);

@@ -24,7 +24,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::gen::{write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
+use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
 use super::{DataConfig, DenseColumn, Format};
 use crate::layout::mix64;
 
@@ -185,7 +185,7 @@ fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64
         logit += pooled;
     }
     out.push(b'\n');
-    let p = 1.0 / (1.0 + (-logit).exp());
+    let p = sigmoid(logit);
     let label = d.uniform(999) < p;
     if label {
         out[label_at] = b'1';

@@ -227,7 +227,8 @@ impl SparseSpec {
         self.dim + accessor::STATS + self.optimizer.state_len(self.dim)
     }
 
-    /// Cells of each stripe's admission filter (0 without a count filter).
+    /// Cells of each stripe's admission filter (0 without a count filter): the table's
+    /// `filter_capacity` dealt over the stripes, in whole buckets.
     pub fn filter_cells_per_stripe(&self) -> usize {
         match self.entry {
             Entry::Count(_) => admit::cells_for(self.filter_capacity.div_ceil(crate::layout::STRIPES)),

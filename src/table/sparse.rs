@@ -41,7 +41,7 @@ pub struct SparseTable {
 impl SparseTable {
     /// An empty table.
     pub fn new(spec: SparseSpec) -> SparseTable {
-        let stripes = (0..STRIPES).map(|_| Mutex::new(Stripe::new(&spec, STRIPES))).collect();
+        let stripes = (0..STRIPES).map(|_| Mutex::new(Stripe::new(&spec))).collect();
         let stripe_capacity = spec.capacity.map(|c| (c as usize / STRIPES).max(1));
         SparseTable { spec, stripe_capacity, stripes }
     }

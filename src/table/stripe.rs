@@ -56,12 +56,9 @@ pub struct Stripe {
 
 impl Stripe {
     /// An empty stripe for `spec`, with its share of the admission filter.
-    pub fn new(spec: &SparseSpec, stripes: usize) -> Stripe {
-        let filter = match spec.entry {
-            Entry::Count(_) => Some(CountFilter::new(spec.filter_capacity.div_ceil(stripes))),
-            // (spec.filter_cells_per_stripe() counts the same cells for checkpoints.)
-            _ => None,
-        };
+    pub fn new(spec: &SparseSpec) -> Stripe {
+        let cells = spec.filter_cells_per_stripe();
+        let filter = (cells > 0).then(|| CountFilter::new(cells));
         Stripe {
             index: Index::new(),
             rows: Rows::new(spec.dim, spec.optimizer.state_len(spec.dim)),

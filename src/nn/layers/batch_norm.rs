@@ -98,14 +98,16 @@ pub(super) fn kept(st: &[f32], w: usize, k: usize) -> (f32, f32) {
 }
 
 /// Adds the batch's sums to the statistics' pushed sums `g` (count, sum, square sum of `w`
-/// values each) for `rows` rows of `x`: the square sum around the batch's own mean.
-pub(super) fn push_batch_sums(x: &[f32], rows: usize, w: usize, g: &mut [f32]) {
+/// values each) for `rows` rows of `x`: the square sum around the mean of the statistics
+/// `kept` (Paddle's data_norm kernel) or, without, around the batch's own mean, plus `extra`
+/// per row (data_norm's eps).
+pub(super) fn push_sums(x: &[f32], rows: usize, w: usize, kept_stats: Option<&[f32]>, extra: f32, g: &mut [f32]) {
     for k in 0..w {
         let sum: f32 = (0..rows).map(|r| x[r * w + k]).sum();
-        let mean = sum / rows as f32;
+        let mean = kept_stats.map_or(sum / rows as f32, |st| kept(st, w, k).0);
         g[k] += rows as f32;
         g[w + k] += sum;
-        g[2 * w + k] += (0..rows).map(|r| (x[r * w + k] - mean).powi(2)).sum::<f32>();
+        g[2 * w + k] += (0..rows).map(|r| (x[r * w + k] - mean).powi(2)).sum::<f32>() + extra * rows as f32;
     }
 }
 
@@ -170,6 +172,19 @@ impl NormStatsLayer {
         (mean, inv)
     }
 
+    /// Evaluation's (and data_norm's) `y = a x + b` for value `k`, from the kept statistics
+    /// (and batch_norm's gain and bias).
+    fn affine(&self, params: &[f32], k: usize) -> (f32, f32) {
+        let (mean, inv) = self.kept(params, k);
+        match self.kind {
+            NormKind::Batch => {
+                let (gain, bias) = (params[k], params[self.width() + k]);
+                (gain * inv, bias - mean * inv * gain)
+            }
+            NormKind::Data => (inv, -mean * inv),
+        }
+    }
+
     /// Training with batch statistics (batch_norm in training).
     fn batch_stats(&self, ctx: &Ctx) -> bool {
         self.kind == NormKind::Batch && ctx.train
@@ -203,14 +218,8 @@ impl Layer for NormStatsLayer {
     fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], scratch: &mut [f32]) {
         let (w, rows) = (self.width(), ctx.rows);
         if !self.batch_stats(ctx) {
-            let (gain, bias) = match self.kind {
-                NormKind::Batch => (&params[..w], &params[w..2 * w]),
-                NormKind::Data => (&[][..], &[][..]),
-            };
             for k in 0..w {
-                let (mean, inv) = self.kept(params, k);
-                let (a, b) =
-                    if gain.is_empty() { (inv, -mean * inv) } else { (gain[k] * inv, bias[k] - mean * inv * gain[k]) };
+                let (a, b) = self.affine(params, k);
                 for r in 0..rows {
                     y[r * w + k] = a * x[0][r * w + k] + b;
                 }
@@ -228,14 +237,7 @@ impl Layer for NormStatsLayer {
     fn export_onnx(&self, g: &mut crate::onnx::Graph, params: &[f32], x: &[&str], y: &str) -> Result<(), String> {
         // Evaluation: y = a * x + b per value, from the kept statistics.
         let w = self.width();
-        let (mut a, mut b) = (vec![0.0; w], vec![0.0; w]);
-        for k in 0..w {
-            let (mean, inv) = self.kept(params, k);
-            (a[k], b[k]) = match self.kind {
-                NormKind::Batch => (params[k] * inv, params[w + k] - mean * inv * params[k]),
-                NormKind::Data => (inv, -mean * inv),
-            };
-        }
+        let (a, b): (Vec<f32>, Vec<f32>) = (0..w).map(|k| self.affine(params, k)).unzip();
         let a = g.floats("scale", &[w], &a);
         let b = g.floats("shift", &[w], &b);
         let scaled = g.op("Mul", &[x[0], &a], vec![]);
@@ -258,17 +260,8 @@ impl Layer for NormStatsLayer {
         // The statistics' pushed sums (not derivatives: the servers' summary rule adds them).
         let at = self.stats_at();
         match self.kind {
-            NormKind::Batch => push_batch_sums(x[0], rows, w, &mut grads[at..]),
-            NormKind::Data => {
-                // Paddle's kernel: the square sum around the kept mean, plus N * eps.
-                for k in 0..w {
-                    let mean = kept(&params[at..], w, k).0;
-                    grads[at + k] += rows as f32;
-                    grads[at + w + k] += (0..rows).map(|r| x[0][r * w + k]).sum::<f32>();
-                    grads[at + 2 * w + k] +=
-                        (0..rows).map(|r| (x[0][r * w + k] - mean).powi(2)).sum::<f32>() + self.eps * rows as f32;
-                }
-            }
+            NormKind::Batch => push_sums(x[0], rows, w, None, 0.0, &mut grads[at..]),
+            NormKind::Data => push_sums(x[0], rows, w, Some(&params[at..]), self.eps, &mut grads[at..]),
         }
         let mut dx = dx[0].as_deref_mut();
         if !self.batch_stats(ctx) {

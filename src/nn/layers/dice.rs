@@ -6,7 +6,7 @@
 //! batches with PyTorch's momentum 0.01 (decay 0.99); the batch is every position of every
 //! sample (padding included), as the attention MLP sees them.
 
-use super::batch_norm::{kept, normalize_batch, normalize_batch_backward, push_batch_sums, stats_params};
+use super::batch_norm::{kept, normalize_batch, normalize_batch_backward, push_sums, stats_params};
 use crate::table::{DenseParam, Init};
 
 /// Added to the variance (FuxiCTR's Dice).
@@ -66,7 +66,7 @@ pub(super) fn backward(p: &[f32], z: &[f32], n: usize, w: usize, scratch: &[f32]
     let alpha = &p[..w];
     let (normed, inv) = scratch[..2 * n * w].split_at(n * w);
     let (dalpha, dstats) = grads[..params_len(w)].split_at_mut(w);
-    push_batch_sums(z, n, w, dstats);
+    push_sums(z, n, w, None, 0.0, dstats);
     // a = z (alpha + (1 - alpha) p(h)): the direct part, and dh through the gate.
     let mut dh = vec![0.0f32; n * w];
     for i in 0..n * w {
