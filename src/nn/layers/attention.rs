@@ -1,6 +1,7 @@
 //! `self_attention`: multi-head self-attention over a field (or sequence) tensor, AutoInt's
 //! interacting layer and BST's transformer attention.
 
+use super::dense::LinearInit;
 use super::{export_real, is_real};
 use crate::nn::layer::{Ctx, Layer, LayerArgs, Shape};
 use crate::nn::{matmul, Activation};
@@ -25,10 +26,13 @@ pub struct SelfAttentionLayer {
     positions: bool,
     masked: bool,
     activation: Activation,
+    init: LinearInit,
 }
 
 /// `self_attention`: `heads = 2`, `dim` (per head, default the input's D), `residual = true`,
-/// `scale = false`, `positions = false`, `activation = "relu"`; inputs a field tensor `(F, D)` and optionally its
+/// `scale = false`, `positions = false`, `activation = "relu"`, `init = "uniform"` (the
+/// projections +-1/sqrt(D), as PyTorch's default) or `"xavier"` (Glorot-uniform, as FuxiCTR's
+/// AutoInt starts them; position vectors stay +-1/sqrt(D)); inputs a field tensor `(F, D)` and optionally its
 /// mask (`F`) -> `(F, heads * dim)`.
 pub fn self_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let heads = args.usize("heads")?.unwrap_or(2);
@@ -37,6 +41,7 @@ pub fn self_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn 
     let scale = args.bool("scale")?.unwrap_or(false);
     let positions = args.bool("positions")?.unwrap_or(false);
     let activation = args.activation("activation")?.unwrap_or(Activation::Relu);
+    let init = LinearInit::parse_hidden(args)?;
     args.finish()?;
     let (input, masked) = match inputs {
         [x] => (*x, false),
@@ -51,7 +56,7 @@ pub fn self_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn 
     if heads == 0 || dim == 0 {
         return Err("heads and dim must be positive".into());
     }
-    Ok(Box::new(SelfAttentionLayer { input, heads, dim, residual, scale, positions, masked, activation }))
+    Ok(Box::new(SelfAttentionLayer { input, heads, dim, residual, scale, positions, masked, activation, init }))
 }
 
 impl SelfAttentionLayer {
@@ -105,13 +110,13 @@ impl Layer for SelfAttentionLayer {
 
     fn params(&self) -> Vec<DenseParam> {
         let (f, d, w) = (self.input.fields, self.input.dim, self.width());
-        let init = Init::Uniform { scale: 1.0 / (d as f32).sqrt() };
+        let weights = self.init.of(d, w).0;
         let mut p: Vec<DenseParam> = ["q", "k", "v", "residual"][..self.projections()]
             .iter()
-            .map(|n| DenseParam::new(format!("w_{n}"), d * w, init))
+            .map(|n| DenseParam::new(format!("w_{n}"), d * w, weights))
             .collect();
         if self.positions {
-            p.push(DenseParam::new("positions", f * d, init));
+            p.push(DenseParam::new("positions", f * d, Init::Uniform { scale: 1.0 / (d as f32).sqrt() }));
         }
         p
     }
@@ -310,6 +315,20 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{json} {s}: {e}"));
             }
         }
+    }
+
+    #[test]
+    fn xavier_starts_the_projections_glorot_uniform_and_leaves_the_positions() {
+        let s = Shape { fields: 4, dim: 10 };
+        let json = r#"{"heads": 2, "dim": 8, "positions": true, "init": "xavier"}"#;
+        let params = self_attention(&mut args(json), &[s]).unwrap().params();
+        // 10 inputs, 16 outputs: sqrt(6 / 26); the default is 1 / sqrt(10).
+        let glorot = Init::Uniform { scale: (6.0f32 / 26.0).sqrt() };
+        assert!(params[..4].iter().all(|p| p.init == glorot), "{params:?}");
+        assert_eq!(params[4].init, Init::Uniform { scale: 1.0 / 10f32.sqrt() });
+        let default = self_attention(&mut args(r#"{"heads": 2, "dim": 8}"#), &[s]).unwrap().params();
+        assert!(default.iter().all(|p| p.init == Init::Uniform { scale: 1.0 / 10f32.sqrt() }));
+        assert!(self_attention(&mut args(r#"{"init": "zeros"}"#), &[s]).is_err());
     }
 
     #[test]
