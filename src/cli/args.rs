@@ -243,6 +243,10 @@ pub(super) enum GenCommand {
     /// Impressions with a click and a conversion after it, in PaddleRec's Ali-CCP format, from
     /// a planted model where the same ids drive both (ESMM's setting).
     Conversions(GenArgs),
+    /// Criteo-format lines from a planted model whose click depends on pairs of 12 of the 26
+    /// fields: one vector per value (`--effect pairs`, an FM's model) or one per value and
+    /// partner field (`--effect field-pairs`, a field-aware FM's).
+    Interactions(InteractionsArgs),
     /// An online job's logs: a folder of Criteo-format lines per day (OUT/YYYYMMDD/part-*) from
     /// a planted model that drifts; new ids arrive every day and old ones go quiet.
     Stream(StreamArgs),
@@ -255,6 +259,15 @@ pub(super) struct SequencesArgs {
     /// The planted effect.
     #[arg(long, value_enum, default_value_t)]
     pub(super) effect: crate::data::gen_sequences::Effect,
+}
+
+#[derive(Args)]
+pub(super) struct InteractionsArgs {
+    #[command(flatten)]
+    pub(super) gen: GenArgs,
+    /// The planted interaction.
+    #[arg(long, value_enum, default_value_t)]
+    pub(super) effect: crate::data::gen_interactions::Effect,
 }
 
 #[derive(Args)]

@@ -404,6 +404,13 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             println!("labels: click and ctcvr; read it with examples/zoo/esmm.toml (or esmm_base.toml: CTCVR alone)");
             Ok(())
         }
+        Command::Gen { what: GenCommand::Interactions(a) } => {
+            let started = Instant::now();
+            let r = crate::data::gen_interactions::generate(&gen_config(&a.gen), a.effect)?;
+            print_generated(&a.gen, &r.report, started);
+            println!("read it with examples/zoo/fm.toml, ffm.toml, xdeepfm.toml, autoint.toml or examples/ctr_dnn.toml (no pairs)");
+            Ok(())
+        }
         Command::Gen { what: GenCommand::Stream(a) } => {
             use crate::data::gen_stream;
             let config = gen_stream::StreamConfig {

@@ -14,6 +14,7 @@ pub mod fetch;
 pub mod files;
 pub mod gen;
 pub mod gen_conversions;
+pub mod gen_interactions;
 pub mod gen_sequences;
 pub mod gen_slots;
 pub mod gen_stream;

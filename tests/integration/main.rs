@@ -13,6 +13,7 @@ mod export;
 mod faults;
 mod fetch;
 mod global_auc;
+mod interactions;
 mod lifecycle;
 mod models;
 mod multitask;

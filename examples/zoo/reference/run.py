@@ -3,8 +3,10 @@
 trained on the same real Criteo lines as examples/zoo/seeds.sh, with oar's settings.
 
     run.py MODEL [--split A|B ...] [--seed N ...] [--variant graph|class] [--init library|oar]
+    run.py MODEL --data DIR [--batch 256] ...   # a generated set: DIR/train/part-*, DIR/test/part-*
 
-MODEL is a zoo job name (lr, fm, wide_deep, deepfm, dcn, dcn_v2, dlrm, ffm, xdeepfm, autoint).
+MODEL is a zoo job name (lr, fm, wide_deep, deepfm, dcn, dcn_v2, dlrm, ffm, xdeepfm, autoint) or
+dnn (examples/ctr_dnn.toml: an MLP over the concatenated embeddings and dense values).
 Prints one line per (split, seed): `MODEL variant init split S seed N test AUC X`.
 
 Variants (see README.md):
@@ -36,7 +38,7 @@ DATA = os.path.join(REPO, "..", "shared", "data", "criteo", "criteo_train_first1
 ZOO = os.environ.get("FUXICTR_ZOO", "/tmp/fx_zoo/model_zoo")
 
 DENSE, SLOTS = 13, 26
-MODELS = ["lr", "fm", "wide_deep", "deepfm", "dcn", "dcn_v2", "dlrm", "ffm", "xdeepfm", "autoint"]
+MODELS = ["dnn", "lr", "fm", "wide_deep", "deepfm", "dcn", "dcn_v2", "dlrm", "ffm", "xdeepfm", "autoint"]
 # Adam learning rate of each job file's [dense_optimizer]; [sparse_optimizer] is Adagrad 0.05 in all.
 DENSE_LR = {"lr": 1e-2, "fm": 1e-2, "ffm": 1e-2}
 SPARSE_LR = 0.05
@@ -47,11 +49,20 @@ EMB = 10
 # ---------------------------------------------------------------- data, as src/data/criteo.rs
 
 
-def read_lines():
-    with open(DATA, "rb") as f:
+def read_lines(path=DATA):
+    with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
+    return lines
+
+
+def read_folder(folder):
+    """The lines of a folder's part files in name order (oar's order for one trainer)."""
+    lines = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("part-"):
+            lines += read_lines(os.path.join(folder, name))
     return lines
 
 
@@ -228,11 +239,11 @@ def build_graph(name, zoo, vocab_sizes):
             if name in ("lr", "fm", "wide_deep", "deepfm", "ffm", "xdeepfm"):
                 self.wide = LogisticRegression(cat, use_bias=False)      # dim-1 table "w", summed
                 self.lr_d = zero_linear(DENSE, 1)                           # lr_d, global bias
-            if name in ("fm", "wide_deep", "deepfm", "dcn", "dcn_v2", "xdeepfm"):
+            if name in ("dnn", "fm", "wide_deep", "deepfm", "dcn", "dcn_v2", "xdeepfm"):
                 self.emb = FeatureEmbedding(cat, EMB)
             if name in ("fm", "deepfm"):
                 self.fm = InnerProductInteraction(SLOTS, output="product_sum")
-            if name in ("wide_deep", "deepfm", "xdeepfm"):
+            if name in ("dnn", "wide_deep", "deepfm", "xdeepfm"):
                 self.deep = MLP_Block(W, hidden_units=deep, output_dim=1)
             if name == "xdeepfm":
                 self.cin = CompressedInteractionNet(SLOTS, [32, 32], output_dim=1)
@@ -268,6 +279,8 @@ def build_graph(name, zoo, vocab_sizes):
                 att = self.att(e).flatten(1)
                 x = torch.cat([e[:, :SLOTS].flatten(1), dense], 1)
                 return self.att_out(att) + self.deep(x)
+            if n == "dnn":
+                return self.deep(torch.cat([self.emb(X, flatten_emb=True), dense], 1))
             if n in ("dcn", "dcn_v2"):
                 x0 = torch.cat([self.emb(X, flatten_emb=True), dense], 1)
                 return self.fc(torch.cat([self.cross(x0), self.deep(x0)], 1))
@@ -376,7 +389,7 @@ def optimizers(model, dense_lr):
 # ---------------------------------------------------------------- one run
 
 
-def run(name, variant, init, data, seed, zoo):
+def run(name, variant, init, data, seed, zoo, batch=BATCH):
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -403,8 +416,8 @@ def run(name, variant, init, data, seed, zoo):
     opts = optimizers(model, DENSE_LR.get(name, 1e-3))
     model.train()
     y, d, ids = data["train"]
-    for start in range(0, len(y), BATCH):  # file order, one pass, last batch partial
-        sl = slice(start, start + BATCH)
+    for start in range(0, len(y), batch):  # file order, one pass, last batch partial
+        sl = slice(start, start + batch)
         out = model(inputs_of(d[sl], ids[sl], numeric), d[sl]) if not prob_out else \
             model(inputs_of(d[sl], ids[sl], numeric))["y_pred"]
         out = out.view(-1)
@@ -430,7 +443,20 @@ def main():
     ap.add_argument("--seed", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     ap.add_argument("--variant", default="graph", choices=["graph", "class"])
     ap.add_argument("--init", default="library", choices=["library", "oar"])
+    ap.add_argument("--data", help="a generated set (oar gen interactions): DIR/train and DIR/test")
+    ap.add_argument("--batch", type=int, default=BATCH)
     a = ap.parse_args()
+    if a.data:
+        import torch
+        torch.set_num_threads(1)
+        zoo = import_zoo()
+        data = encode(read_folder(os.path.join(a.data, "train")), read_folder(os.path.join(a.data, "test")))
+        for seed in a.seed:
+            t = time.time()
+            auc = run(a.model, a.variant, a.init, data, seed, zoo, a.batch)
+            print(f"{a.model} {a.variant} {a.init} {a.data} seed {seed} test AUC {auc:.6f} "
+                  f"({time.time() - t:.1f} s)", flush=True)
+        return
     if not os.path.isfile(DATA):
         print(f"skipped: {os.path.normpath(DATA)} is absent")
         return
