@@ -411,6 +411,16 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             println!("read it with examples/zoo/fm.toml, ffm.toml, xdeepfm.toml, autoint.toml or examples/ctr_dnn.toml (no pairs)");
             Ok(())
         }
+        Command::Gen { what: GenCommand::Tasks(a) } => {
+            let started = Instant::now();
+            let r = crate::data::gen_tasks::generate(&gen_config(&a.gen), a.correlation)?;
+            print_generated(&a.gen, &r.report, started);
+            println!(
+                "labels: task1 and task2 (planted AUCs {}); read it with examples/zoo/mmoe_tasks.toml, ple_tasks.toml or shared_bottom_tasks.toml",
+                r.planted["oracle_test_auc"]
+            );
+            Ok(())
+        }
         Command::Gen { what: GenCommand::Stream(a) } => {
             use crate::data::gen_stream;
             let config = gen_stream::StreamConfig {

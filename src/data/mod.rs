@@ -18,6 +18,7 @@ pub mod gen_interactions;
 pub mod gen_sequences;
 pub mod gen_slots;
 pub mod gen_stream;
+pub mod gen_tasks;
 pub mod multislot;
 pub mod plain;
 pub mod prepare;

@@ -382,8 +382,10 @@ def optimizers(model, dense_lr):
                     seen.add(id(p))
                     sparse.append(p)
     dense = [p for p in model.parameters() if id(p) not in seen and p.requires_grad]
-    return [torch.optim.Adagrad(sparse, lr=SPARSE_LR, initial_accumulator_value=0.0, eps=1e-10),
-            torch.optim.Adam(dense, lr=dense_lr, betas=(0.9, 0.999), eps=1e-8)]
+    adam = torch.optim.Adam(dense, lr=dense_lr, betas=(0.9, 0.999), eps=1e-8)
+    if not sparse:  # a model without tables (oar gen tasks' dense inputs)
+        return [adam]
+    return [torch.optim.Adagrad(sparse, lr=SPARSE_LR, initial_accumulator_value=0.0, eps=1e-10), adam]
 
 
 # ---------------------------------------------------------------- one run

@@ -5,6 +5,7 @@ two tasks (income over 50,000; never married), read as examples/readers/census.p
 
     run_multitask.py TRAIN TEST [--model mmoe ple] [--seed N ...] [--init library|oar|oar-emb|oar-dense]
                      [--variant graph|class]
+    run_multitask.py --tasks DIR [--model ...] [--seed N ...]   # `oar gen tasks` lines, the *_tasks.toml jobs
 
 TRAIN and TEST are raw UCI lines (oar's split: the first 8,000 and the last 2,000 lines of
 census-income.test.first10k.txt.gz). Prints one line per (model, seed):
@@ -21,6 +22,9 @@ Variants (see README.md):
          towers MLP [8] -> 1 ReLU.
   class  FuxiCTR's `MMoE` and `PLE` classes as shipped, the 11 values as FuxiCTR numeric fields
          (value x learned dim-4 vector), PLE's shared gate over the shared expert only.
+With --tasks, DIR/train and DIR/test hold `oar gen tasks` lines (two labels, 100 dense values,
+read unscaled, as examples/zoo/*_tasks.toml) and the graphs read the 100 values alone (no
+embeddings), batch 256; prints `task1` and `task2` for income and marital.
 Both: loss = sum of the two tasks' mean log-losses; Adagrad 0.05 (accumulator 0, eps 1e-10) on
 the tables, Adam 1e-3 on the rest; batch 32 in file order, one pass; no dropout, batch norm or
 regularization.
@@ -94,6 +98,23 @@ def encode(train, test):
     }
 
 
+def encode_tasks(folder):
+    """`oar gen tasks` lines of DIR/train and DIR/test (part files in name order): two labels,
+    then the dense values, which the *_tasks.toml jobs read unscaled; no categorical columns."""
+    import numpy as np
+    import torch
+
+    def read(sub):
+        rows = []
+        for name in sorted(os.listdir(os.path.join(folder, sub))):
+            if name.startswith("part-"):
+                rows += [list(map(float, l.split())) for l in open(os.path.join(folder, sub, name)) if l.strip()]
+        a = np.asarray(rows, np.float32)
+        return torch.tensor(a[:, :2]), torch.tensor(a[:, 2:]), torch.zeros((len(a), 0), dtype=torch.long)
+
+    return {"vocab_sizes": [], "train": read("train"), "test": read("test"), "unseen_test": 0}
+
+
 def feature_map(vocab_sizes, numeric):
     from fuxictr.features import FeatureMap
 
@@ -113,6 +134,8 @@ def feature_map(vocab_sizes, numeric):
 
 
 def inputs_of(num, ids, numeric):
+    if ids.shape[1] == 0:  # oar gen tasks: no categorical columns
+        return OrderedDict()
     X = OrderedDict((NAMES[c], ids[:, s]) for s, c in enumerate(CATEGORICAL))
     if numeric:
         for j, c in enumerate(NUMERIC):
@@ -131,13 +154,14 @@ def load(name, path):
     return mod
 
 
-def build_graph(name, vocab_sizes):
+def build_graph(name, vocab_sizes, dense_width=0):
     """oar's job-file graph from FuxiCTR's layers; forward returns the two tasks' logits."""
     import torch
     from torch import nn
     from fuxictr.pytorch.layers import FeatureEmbedding, MLP_Block
 
-    width = len(CATEGORICAL) * EMB + len(NUMERIC)  # 127
+    # 127 = 29 x 4 + 11 on census; the 100 dense values alone on `oar gen tasks` lines.
+    width = len(CATEGORICAL) * EMB + len(NUMERIC) if vocab_sizes else dense_width
     mmoe_mod = load("fx_MMoE", "multitask/MMoE/src/MMoE.py")
     ple_mod = load("fx_PLE", "multitask/PLE/src/PLE.py")
 
@@ -170,7 +194,7 @@ def build_graph(name, vocab_sizes):
         def __init__(self):
             super().__init__()
             self.name = name
-            self.emb = FeatureEmbedding(feature_map(vocab_sizes, False), EMB)
+            self.emb = FeatureEmbedding(feature_map(vocab_sizes, False), EMB) if vocab_sizes else None
             if name == "shared_bottom":
                 # shared_bottom.toml: one shared MLP [128] (FuxiCTR's ShareBottom's bottom), towers [8].
                 self.bottom = MLP_Block(width, hidden_units=[128])
@@ -184,7 +208,7 @@ def build_graph(name, vocab_sizes):
             self.towers = nn.ModuleList([MLP_Block(top, hidden_units=[8], output_dim=1) for _ in LABELS])
 
         def forward(self, X, num):
-            x = torch.cat([self.emb(X).flatten(1), num], 1)
+            x = num if self.emb is None else torch.cat([self.emb(X).flatten(1), num], 1)
             if self.name == "shared_bottom":
                 h = [self.bottom(x)] * 2
             elif self.name == "mmoe":
@@ -210,7 +234,7 @@ def build_class(name, vocab_sizes):
                                                           num_specific_experts=3, **common, **kw)
 
 
-def run(name, variant, init, data, seed):
+def run(name, variant, init, data, seed, batch=BATCH):
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -219,7 +243,8 @@ def run(name, variant, init, data, seed):
     torch.manual_seed(seed)
     np.random.seed(seed)
     cls = variant == "class"
-    model = build_class(name, data["vocab_sizes"]) if cls else build_graph(name, data["vocab_sizes"])
+    model = build_class(name, data["vocab_sizes"]) if cls else \
+        build_graph(name, data["vocab_sizes"], data["train"][1].shape[1])
     apply_init(model, init, ref.oar_init)
     opts = ref.optimizers(model, 1e-3)
 
@@ -231,8 +256,8 @@ def run(name, variant, init, data, seed):
 
     model.train()
     y, num, ids = data["train"]
-    for start in range(0, len(y), BATCH):  # file order, one pass, last batch partial
-        sl = slice(start, start + BATCH)
+    for start in range(0, len(y), batch):  # file order, one pass, last batch partial
+        sl = slice(start, start + batch)
         outs = forward(num[sl], ids[sl])
         lossf = F.binary_cross_entropy if cls else F.binary_cross_entropy_with_logits
         loss = sum(lossf(o, y[sl, k]) for k, o in enumerate(outs))
@@ -250,8 +275,9 @@ def run(name, variant, init, data, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("train")
-    ap.add_argument("test")
+    ap.add_argument("train", nargs="?")
+    ap.add_argument("test", nargs="?")
+    ap.add_argument("--tasks", help="a folder of `oar gen tasks` (DIR/train, DIR/test) instead of census lines")
     ap.add_argument("--model", nargs="+", default=["mmoe", "ple"], choices=["mmoe", "ple", "shared_bottom"])
     ap.add_argument("--seed", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     ap.add_argument("--init", default="library", choices=["library", "oar", "oar-emb", "oar-dense"])
@@ -259,6 +285,16 @@ def main():
     a = ap.parse_args()
     import torch
     torch.set_num_threads(1)
+    if a.tasks:
+        data = encode_tasks(a.tasks)
+        for m in a.model:
+            for seed in a.seed:
+                t = time.time()
+                t1, t2 = run(m, a.variant, a.init, data, seed, 256)
+                print(f"{m} init {a.init} seed {seed} task1 {t1:.6f} task2 {t2:.6f} ({time.time() - t:.1f} s)", flush=True)
+        return
+    if not (a.train and a.test):
+        ap.error("TRAIN and TEST (census lines) or --tasks DIR")
     data = encode(a.train, a.test)
     print(f"# {len(data['train'][0])} train / {len(data['test'][0])} test lines, "
           f"{sum(data['vocab_sizes']) - len(CATEGORICAL)} categorical ids, {data['unseen_test']} unseen test values",

@@ -1,0 +1,257 @@
+//! `oar gen tasks`: two binary tasks over the same 100 dense inputs whose relation is set by
+//! `--correlation`, the synthetic setting of the MMoE paper (Ma et al., KDD 2018, section 4.1)
+//! with its regression labels turned into clicks. It is where a shared bottom pays for serving
+//! two tasks that want different things and MMoE's gates do not. Built like [`super::gen`]:
+//! every draw a pure function of (seed, stream, line); `meta.json` has the planted model's test
+//! AUC of each task.
+//!
+//! - inputs `x`: 100 independent standard normals;
+//! - two orthogonal unit vectors `u1`, `u2` (drawn from the seed), `w1 = u1` and
+//!   `w2 = r u1 + sqrt(1 - r^2) u2`, so the tasks' linear parts are correlated `r`;
+//! - each task's score `s_k = w_k . x + sum over 10 terms of sin(a_i w_k . x + b_i)` (`a_i`,
+//!   `b_i` standard normals shared by the tasks, as in the paper), standardized with its mean
+//!   and standard deviation over 10,000 lines of a separate stream;
+//! - `label_k ~ Bernoulli(sigmoid(3 z_k))`, `z_k` the standardized score.
+//!
+//! A line is plain text: `label1 label2 x1 .. x100` (the `plain` format; `meta.json` has the
+//! `[data]` section).
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use super::gen::{sigmoid, write_meta, Draws, GenConfig, GenReport};
+use crate::layout::mix64;
+
+/// Dense inputs per line.
+pub const INPUTS: usize = 100;
+/// Sine terms per score.
+pub const SINES: usize = 10;
+/// Slope of the click probability in the standardized score.
+pub const SHARPNESS: f64 = 3.0;
+/// Lines of stream 3 that fix each score's mean and standard deviation.
+const CALIBRATION_LINES: u64 = 10_000;
+
+/// The planted model of one seed and correlation.
+#[derive(Clone, Debug)]
+struct Planted {
+    w: [[f64; INPUTS]; 2],
+    sines: [(f64, f64); SINES],
+    /// Each task's score mean and standard deviation.
+    scale: [(f64, f64); 2],
+}
+
+impl Planted {
+    fn new(seed: u64, correlation: f64) -> Planted {
+        let d = Draws { base: mix64(seed ^ 0x7a5c) };
+        let unit = |v: &mut [f64; INPUTS]| {
+            let n = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+            v.iter_mut().for_each(|x| *x /= n);
+        };
+        let mut u1 = [0.0; INPUTS];
+        let mut u2 = [0.0; INPUTS];
+        for k in 0..INPUTS {
+            u1[k] = d.normal(k as u64);
+            u2[k] = d.normal((INPUTS + k) as u64);
+        }
+        unit(&mut u1);
+        // Gram-Schmidt: u2 orthogonal to u1.
+        let dot: f64 = u1.iter().zip(&u2).map(|(a, b)| a * b).sum();
+        u2.iter_mut().zip(&u1).for_each(|(b, a)| *b -= dot * a);
+        unit(&mut u2);
+        let r = correlation;
+        let mut w2 = [0.0; INPUTS];
+        for k in 0..INPUTS {
+            w2[k] = r * u1[k] + (1.0 - r * r).sqrt() * u2[k];
+        }
+        let mut sines = [(0.0, 0.0); SINES];
+        for (i, s) in sines.iter_mut().enumerate() {
+            *s = (d.normal((2 * INPUTS + 2 * i) as u64), d.normal((2 * INPUTS + 2 * i + 1) as u64));
+        }
+        let mut planted = Planted { w: [u1, w2], sines, scale: [(0.0, 1.0); 2] };
+        let mut sums = [(0.0, 0.0); 2];
+        for line in 0..CALIBRATION_LINES {
+            let s = planted.scores(&inputs(seed, 3, line));
+            for k in 0..2 {
+                sums[k].0 += s[k];
+                sums[k].1 += s[k] * s[k];
+            }
+        }
+        let n = CALIBRATION_LINES as f64;
+        planted.scale = sums.map(|(s, q)| (s / n, (q / n - (s / n).powi(2)).sqrt()));
+        planted
+    }
+
+    /// Each task's raw score of inputs `x`.
+    fn scores(&self, x: &[f64; INPUTS]) -> [f64; 2] {
+        self.w.map(|w| {
+            let z: f64 = w.iter().zip(x).map(|(a, b)| a * b).sum();
+            z + self.sines.iter().map(|(a, b)| (a * z + b).sin()).sum::<f64>()
+        })
+    }
+
+    /// Each task's click probability of inputs `x`.
+    fn probabilities(&self, x: &[f64; INPUTS]) -> [f64; 2] {
+        let s = self.scores(x);
+        [0, 1].map(|k| sigmoid(SHARPNESS * (s[k] - self.scale[k].0) / self.scale[k].1))
+    }
+}
+
+/// The inputs of line `line` of `stream`.
+fn inputs(seed: u64, stream: u64, line: u64) -> [f64; INPUTS] {
+    let d = Draws::new(seed ^ 0x7a5c, stream, line);
+    std::array::from_fn(|k| d.normal(k as u64))
+}
+
+/// What `oar gen tasks` wrote: the usual report (labels: the first task's) and the planted
+/// model.
+#[derive(Clone, Debug, Serialize)]
+pub struct TasksGenReport {
+    /// Lines, the first task's positive rate, its planted test AUC and log-loss.
+    #[serde(flatten)]
+    pub report: GenReport,
+    /// The planted model's constants and each task's test AUC.
+    pub planted: serde_json::Value,
+    /// The `[data]` section that reads the files.
+    pub data: serde_json::Value,
+}
+
+/// Writes lines `range` of `stream` to `path`; returns each line's labels and probabilities.
+fn write_part(
+    planted: &Planted,
+    seed: u64,
+    stream: u64,
+    range: std::ops::Range<u64>,
+    path: &std::path::Path,
+) -> std::io::Result<Vec<([f32; 2], [f64; 2])>> {
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut out = Vec::with_capacity(range.end.saturating_sub(range.start) as usize);
+    for line in range {
+        let x = inputs(seed, stream, line);
+        let p = planted.probabilities(&x);
+        let d = Draws::new(seed ^ 0x7a5c, stream, line);
+        let labels = [0, 1].map(|k| (d.uniform(1000 + k as u64) < p[k]) as u8 as f32);
+        write!(f, "{} {}", labels[0], labels[1])?;
+        for v in x {
+            write!(f, " {v:.4}")?;
+        }
+        writeln!(f)?;
+        out.push((labels, p));
+    }
+    f.flush()?;
+    Ok(out)
+}
+
+/// Generates the data set described by `config` with tasks correlated `correlation`.
+pub fn generate(config: &GenConfig, correlation: f64) -> anyhow::Result<TasksGenReport> {
+    use anyhow::Context;
+    anyhow::ensure!((-1.0..=1.0).contains(&correlation), "--correlation must be in [-1, 1], got {correlation}");
+    anyhow::ensure!(config.parts > 0, "--parts must be at least 1");
+    let planted = Planted::new(config.seed, correlation);
+    let (train_dir, test_dir) = (config.out.join("train"), config.out.join("test"));
+    for d in [&train_dir, &test_dir] {
+        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    let mut jobs = Vec::new();
+    let (per, extra) = (config.lines / config.parts as u64, config.lines % config.parts as u64);
+    let mut start = 0;
+    for i in 0..config.parts as u64 {
+        let n = per + (i < extra) as u64;
+        jobs.push((1, start..start + n, train_dir.join(format!("part-{i:05}"))));
+        start += n;
+    }
+    jobs.push((2, 0..config.test_lines, test_dir.join("part-00000")));
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|(stream, range, path)| {
+                let planted = &planted;
+                scope.spawn(move || write_part(planted, config.seed, *stream, range.clone(), path))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a part writer does not panic")).collect()
+    });
+    let (mut positives, mut test) = (0.0, Vec::new());
+    for ((stream, _, path), r) in jobs.iter().zip(results) {
+        let lines = r.with_context(|| format!("cannot write {}", path.display()))?;
+        if *stream == 1 {
+            positives += lines.iter().map(|l| l.0[0] as f64).sum::<f64>();
+        } else {
+            test = lines;
+        }
+    }
+    let task = |k: usize| {
+        let (labels, probs): (Vec<f32>, Vec<f32>) = test.iter().map(|(y, p)| (y[k], p[k] as f32)).unzip();
+        (crate::metrics::auc(&probs, &labels), crate::metrics::log_loss(&probs, &labels))
+    };
+    let (auc1, logloss1) = task(0);
+    let report = GenReport {
+        seed: config.seed,
+        train_lines: config.lines,
+        test_lines: config.test_lines,
+        parts: config.parts,
+        train_ctr: positives / config.lines.max(1) as f64,
+        oracle_test_auc: auc1,
+        oracle_test_logloss: logloss1,
+    };
+    let planted_json = serde_json::json!({
+        "correlation": correlation,
+        "inputs": INPUTS,
+        "sines": SINES,
+        "sharpness": SHARPNESS,
+        "oracle_test_auc": [auc1, task(1).0],
+        "format": "plain: task1 task2 x1 .. x100",
+    });
+    let data = serde_json::json!({
+        "format": "plain",
+        "labels": ["task1", "task2"],
+        "dense": [{ "name": "x", "width": INPUTS }],
+        "slots": [],
+    });
+    let r = TasksGenReport { report, planted: planted_json, data };
+    write_meta(config, &r)?;
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dot(a: &[f64; INPUTS], b: &[f64; INPUTS]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    #[test]
+    fn the_tasks_linear_parts_have_the_asked_correlation() {
+        for r in [0.0, 0.5, -0.9, 1.0] {
+            let p = Planted::new(4, r);
+            assert!((dot(&p.w[0], &p.w[0]) - 1.0).abs() < 1e-12 && (dot(&p.w[1], &p.w[1]) - 1.0).abs() < 1e-12);
+            assert!((dot(&p.w[0], &p.w[1]) - r).abs() < 1e-12, "r {r}");
+            // Standardized scores: mean 0 and standard deviation 1 on the calibration stream.
+            assert!(p.scale.iter().all(|&(_, sd)| sd > 0.1));
+        }
+        // Equal tasks at correlation 1: the same probabilities.
+        let p = Planted::new(4, 1.0);
+        let x = inputs(4, 1, 9);
+        let q = p.probabilities(&x);
+        assert!((q[0] - q[1]).abs() < 1e-9);
+    }
+
+    #[test]
+    fn lines_are_reproducible_plain_text_with_two_labels_and_the_inputs() {
+        let dir = tempfile::tempdir().unwrap();
+        let planted = Planted::new(2, 0.0);
+        let a = write_part(&planted, 2, 1, 0..300, &dir.path().join("a")).unwrap();
+        let b = write_part(&planted, 2, 1, 0..300, &dir.path().join("b")).unwrap();
+        assert_eq!(a, b);
+        let text = std::fs::read_to_string(dir.path().join("a")).unwrap();
+        for (line, (labels, _)) in text.lines().zip(&a) {
+            let v: Vec<f64> = line.split(' ').map(|t| t.parse().unwrap()).collect();
+            assert_eq!(v.len(), 2 + INPUTS);
+            assert_eq!([v[0] as f32, v[1] as f32], *labels);
+        }
+        assert!(
+            generate(&GenConfig { lines: 1, test_lines: 1, seed: 1, parts: 1, out: dir.path().into() }, 1.5).is_err()
+        );
+    }
+}
