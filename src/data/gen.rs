@@ -219,8 +219,8 @@ pub(crate) fn planted_line(seed: u64, stream: u64, line: u64, drift: Option<Drif
 type PartResult = std::io::Result<(Vec<f32>, Vec<f32>)>;
 
 /// A line writer: line `line` of `stream` for `seed` into the buffer; returns (label, planted
-/// probability).
-pub(crate) type WriteLine = fn(u64, u64, u64, &mut Vec<u8>) -> (f32, f64);
+/// probability). A closure, so a generator may carry a planted model it computed once.
+pub(crate) type WriteLine<'a> = &'a (dyn Fn(u64, u64, u64, &mut Vec<u8>) -> (f32, f64) + Sync);
 
 /// Writes lines `range` of `stream` to `path`; returns labels and planted probabilities.
 pub(crate) fn write_part(
@@ -249,7 +249,7 @@ pub(crate) fn write_part(
 
 /// Generates the data set described by `config`.
 pub fn generate(config: &GenConfig) -> anyhow::Result<GenReport> {
-    let report = write_parts(config, write_line)?;
+    let report = write_parts(config, &write_line)?;
     write_meta(config, &report)?;
     Ok(report)
 }

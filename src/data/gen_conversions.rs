@@ -97,7 +97,7 @@ fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64
 
 /// Generates the data set described by `config`.
 pub fn generate(config: &GenConfig) -> anyhow::Result<ConversionsGenReport> {
-    let report = write_parts(config, write_line)?;
+    let report = write_parts(config, &write_line)?;
     // The planted CTR's AUC on the test lines' clicks (the report's AUC is CTCVR's).
     let (mut clicks, mut probs) = (Vec::new(), Vec::new());
     for line in 0..config.test_lines {

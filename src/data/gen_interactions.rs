@@ -24,7 +24,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::criteo::{DENSE, SLOTS};
-use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport, WriteLine};
+use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
 use crate::layout::mix64;
 
 /// Values per field.
@@ -113,17 +113,9 @@ fn write(effect: Effect, seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -
     (label as f32, p)
 }
 
-/// The line writer of `effect` (a plain function, as [`write_parts`] takes).
-fn writer(effect: Effect) -> WriteLine {
-    match effect {
-        Effect::Pairs => |seed, stream, line, out| write(Effect::Pairs, seed, stream, line, out),
-        Effect::FieldPairs => |seed, stream, line, out| write(Effect::FieldPairs, seed, stream, line, out),
-    }
-}
-
 /// Generates the data set described by `config` with the planted `effect`.
 pub fn generate(config: &GenConfig, effect: Effect) -> anyhow::Result<InteractionsGenReport> {
-    let report = write_parts(config, writer(effect))?;
+    let report = write_parts(config, &|seed, stream, line, out| write(effect, seed, stream, line, out))?;
     let planted = serde_json::json!({
         "effect": format!("{effect:?}"),
         "vocab": VOCAB,
@@ -148,8 +140,8 @@ mod tests {
     fn lines_are_reproducible_criteo_with_the_planted_pairs_in_their_logit() {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for line in 0..300 {
-            writer(Effect::Pairs)(5, 1, line, &mut a);
-            writer(Effect::Pairs)(5, 1, line, &mut b);
+            write(Effect::Pairs, 5, 1, line, &mut a);
+            write(Effect::Pairs, 5, 1, line, &mut b);
         }
         assert_eq!(a, b);
         let mut batch = crate::data::Batch::new(1, DENSE, SLOTS);
@@ -158,7 +150,7 @@ mod tests {
         }
         assert_eq!(batch.len(), 300);
         let (labels, probs): (Vec<f32>, Vec<f32>) =
-            (0..300).map(|line| writer(Effect::Pairs)(5, 1, line, &mut Vec::new())).map(|(y, p)| (y, p as f32)).unzip();
+            (0..300).map(|line| write(Effect::Pairs, 5, 1, line, &mut Vec::new())).map(|(y, p)| (y, p as f32)).unzip();
         assert!(crate::metrics::auc(&probs, &labels).unwrap() > 0.8);
     }
 

@@ -164,8 +164,8 @@ fn write_order_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f3
 /// `oar gen criteo`).
 pub fn generate(config: &GenConfig, effect: Effect) -> anyhow::Result<SequencesGenReport> {
     let (report, history) = match effect {
-        Effect::Share => (write_parts(config, write_line)?, [HISTORY.0, HISTORY.1]),
-        Effect::Order => (write_parts(config, write_order_line)?, [ORDER_HISTORY; 2]),
+        Effect::Share => (write_parts(config, &write_line)?, [HISTORY.0, HISTORY.1]),
+        Effect::Order => (write_parts(config, &write_order_line)?, [ORDER_HISTORY; 2]),
     };
     let planted = serde_json::json!({
         "effect": format!("{effect:?}").to_lowercase(),
@@ -188,7 +188,7 @@ mod tests {
     use super::*;
 
     fn lines(seed: u64, n: u64) -> (String, Vec<f32>, Vec<f32>) {
-        written(write_line, seed, n)
+        written(&write_line, seed, n)
     }
 
     fn written(write: crate::data::gen::WriteLine, seed: u64, n: u64) -> (String, Vec<f32>, Vec<f32>) {
@@ -238,8 +238,8 @@ mod tests {
 
     #[test]
     fn the_order_effect_is_in_the_recent_half_and_invisible_to_the_whole_historys_share() {
-        let (text, labels, probs) = written(write_order_line, 3, 30_000);
-        assert_eq!(text, written(write_order_line, 3, 30_000).0);
+        let (text, labels, probs) = written(&write_order_line, 3, 30_000);
+        assert_eq!(text, written(&write_order_line, 3, 30_000).0);
         let (mut whole, mut recent) = (Vec::new(), Vec::new());
         // Lines whose candidate is one of the user's two interests (old or current): there the
         // whole history's share says nothing of the label, the recent half's says it all.

@@ -195,7 +195,7 @@ fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64
 
 /// Generates the data set described by `config` (same layout as `oar gen criteo`).
 pub fn generate(config: &GenConfig) -> anyhow::Result<SlotsGenReport> {
-    let report = write_parts(config, write_line)?;
+    let report = write_parts(config, &write_line)?;
     let r = SlotsGenReport {
         report,
         slots: SLOTS.to_vec(),

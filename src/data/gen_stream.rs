@@ -86,7 +86,7 @@ pub fn generate(config: &StreamConfig, on_day: &dyn Fn(&DayMeta)) -> anyhow::Res
             let handles: Vec<_> = parts
                 .iter()
                 .map(|(range, path)| {
-                    scope.spawn(move || write_part(day_line, config.seed, stream, range.clone(), path))
+                    scope.spawn(move || write_part(&day_line, config.seed, stream, range.clone(), path))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().expect("a writer thread panicked")).collect()

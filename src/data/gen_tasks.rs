@@ -20,7 +20,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::gen::{sigmoid, write_meta, Draws, GenConfig, GenReport};
+use super::gen::{sigmoid, write_meta, write_parts, Draws, GenConfig, GenReport};
 use crate::layout::mix64;
 
 /// Dense inputs per line.
@@ -116,90 +116,44 @@ pub struct TasksGenReport {
     pub data: serde_json::Value,
 }
 
-/// Writes lines `range` of `stream` to `path`; returns each line's labels and probabilities.
-fn write_part(
-    planted: &Planted,
-    seed: u64,
-    stream: u64,
-    range: std::ops::Range<u64>,
-    path: &std::path::Path,
-) -> std::io::Result<Vec<([f32; 2], [f64; 2])>> {
-    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-    let mut out = Vec::with_capacity(range.end.saturating_sub(range.start) as usize);
-    for line in range {
-        let x = inputs(seed, stream, line);
-        let p = planted.probabilities(&x);
-        let d = Draws::new(seed ^ 0x7a5c, stream, line);
-        let labels = [0, 1].map(|k| (d.uniform(1000 + k as u64) < p[k]) as u8 as f32);
-        write!(f, "{} {}", labels[0], labels[1])?;
-        for v in x {
-            write!(f, " {v:.4}")?;
-        }
-        writeln!(f)?;
-        out.push((labels, p));
+/// Line `line` of `stream`: its inputs, each task's click probability and label.
+fn sample(planted: &Planted, seed: u64, stream: u64, line: u64) -> ([f64; INPUTS], [f64; 2], [f32; 2]) {
+    let x = inputs(seed, stream, line);
+    let p = planted.probabilities(&x);
+    let d = Draws::new(seed ^ 0x7a5c, stream, line);
+    (x, p, [0, 1].map(|k| (d.uniform(1000 + k as u64) < p[k]) as u8 as f32))
+}
+
+/// Writes line `line` of `stream` into `out`; returns the first task's label and probability.
+fn write_line(planted: &Planted, seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64) {
+    let (x, p, labels) = sample(planted, seed, stream, line);
+    let w = |r: std::io::Result<()>| r.expect("writing to a Vec cannot fail");
+    w(write!(out, "{} {}", labels[0], labels[1]));
+    for v in x {
+        w(write!(out, " {v:.4}"));
     }
-    f.flush()?;
-    Ok(out)
+    out.push(b'\n');
+    (labels[0], p[0])
 }
 
 /// Generates the data set described by `config` with tasks correlated `correlation`.
 pub fn generate(config: &GenConfig, correlation: f64) -> anyhow::Result<TasksGenReport> {
-    use anyhow::Context;
     anyhow::ensure!((-1.0..=1.0).contains(&correlation), "--correlation must be in [-1, 1], got {correlation}");
-    anyhow::ensure!(config.parts > 0, "--parts must be at least 1");
     let planted = Planted::new(config.seed, correlation);
-    let (train_dir, test_dir) = (config.out.join("train"), config.out.join("test"));
-    for d in [&train_dir, &test_dir] {
-        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-    }
-    let mut jobs = Vec::new();
-    let (per, extra) = (config.lines / config.parts as u64, config.lines % config.parts as u64);
-    let mut start = 0;
-    for i in 0..config.parts as u64 {
-        let n = per + (i < extra) as u64;
-        jobs.push((1, start..start + n, train_dir.join(format!("part-{i:05}"))));
-        start += n;
-    }
-    jobs.push((2, 0..config.test_lines, test_dir.join("part-00000")));
-    let results: Vec<_> = std::thread::scope(|scope| {
-        let handles: Vec<_> = jobs
-            .iter()
-            .map(|(stream, range, path)| {
-                let planted = &planted;
-                scope.spawn(move || write_part(planted, config.seed, *stream, range.clone(), path))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("a part writer does not panic")).collect()
-    });
-    let (mut positives, mut test) = (0.0, Vec::new());
-    for ((stream, _, path), r) in jobs.iter().zip(results) {
-        let lines = r.with_context(|| format!("cannot write {}", path.display()))?;
-        if *stream == 1 {
-            positives += lines.iter().map(|l| l.0[0] as f64).sum::<f64>();
-        } else {
-            test = lines;
-        }
-    }
-    let task = |k: usize| {
-        let (labels, probs): (Vec<f32>, Vec<f32>) = test.iter().map(|(y, p)| (y[k], p[k] as f32)).unzip();
-        (crate::metrics::auc(&probs, &labels), crate::metrics::log_loss(&probs, &labels))
-    };
-    let (auc1, logloss1) = task(0);
-    let report = GenReport {
-        seed: config.seed,
-        train_lines: config.lines,
-        test_lines: config.test_lines,
-        parts: config.parts,
-        train_ctr: positives / config.lines.max(1) as f64,
-        oracle_test_auc: auc1,
-        oracle_test_logloss: logloss1,
-    };
+    let report = write_parts(config, &|seed, stream, line, out| write_line(&planted, seed, stream, line, out))?;
+    // The second task's planted AUC on the test lines (the report's is the first task's).
+    let (labels, probs): (Vec<f32>, Vec<f32>) = (0..config.test_lines)
+        .map(|line| {
+            let (_, p, y) = sample(&planted, config.seed, 2, line);
+            (y[1], p[1] as f32)
+        })
+        .unzip();
     let planted_json = serde_json::json!({
         "correlation": correlation,
         "inputs": INPUTS,
         "sines": SINES,
         "sharpness": SHARPNESS,
-        "oracle_test_auc": [auc1, task(1).0],
+        "oracle_test_auc": [report.oracle_test_auc, crate::metrics::auc(&probs, &labels)],
         "format": "plain: task1 task2 x1 .. x100",
     });
     let data = serde_json::json!({
@@ -239,17 +193,21 @@ mod tests {
 
     #[test]
     fn lines_are_reproducible_plain_text_with_two_labels_and_the_inputs() {
-        let dir = tempfile::tempdir().unwrap();
         let planted = Planted::new(2, 0.0);
-        let a = write_part(&planted, 2, 1, 0..300, &dir.path().join("a")).unwrap();
-        let b = write_part(&planted, 2, 1, 0..300, &dir.path().join("b")).unwrap();
+        let (mut a, mut b, mut labels) = (Vec::new(), Vec::new(), Vec::new());
+        for line in 0..300 {
+            write_line(&planted, 2, 1, line, &mut a);
+            write_line(&planted, 2, 1, line, &mut b);
+            labels.push(sample(&planted, 2, 1, line).2);
+        }
         assert_eq!(a, b);
-        let text = std::fs::read_to_string(dir.path().join("a")).unwrap();
-        for (line, (labels, _)) in text.lines().zip(&a) {
+        let text = String::from_utf8(a).unwrap();
+        for (line, y) in text.lines().zip(&labels) {
             let v: Vec<f64> = line.split(' ').map(|t| t.parse().unwrap()).collect();
             assert_eq!(v.len(), 2 + INPUTS);
-            assert_eq!([v[0] as f32, v[1] as f32], *labels);
+            assert_eq!([v[0] as f32, v[1] as f32], *y);
         }
+        let dir = tempfile::tempdir().unwrap();
         assert!(
             generate(&GenConfig { lines: 1, test_lines: 1, seed: 1, parts: 1, out: dir.path().into() }, 1.5).is_err()
         );

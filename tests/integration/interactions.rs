@@ -19,21 +19,18 @@ fn generate(dir: &std::path::Path, effect: Effect) -> f64 {
 /// one pass at batch 256.
 fn auc(job: &std::path::Path, dir: &std::path::Path, mode: Mode, trainers: usize) -> f64 {
     let test = oar::config::resolve_files(&dir.join("test")).unwrap();
-    let cluster = if mode == Mode::Local { Vec::new() } else { start_cluster(trainers, trainers, mode, None) };
-    let configs = (0..trainers)
-        .map(|t| {
-            let mut c = job_config(job, mode, &cluster, t, trainers, &dir.join("train"));
-            c.passes = 1;
-            c.batch_size = 256;
-            c.test_files = test.clone();
-            c
-        })
-        .collect();
-    let reports = run_trainers(configs);
-    for s in cluster {
-        s.handle.join().unwrap();
-    }
-    reports[0].passes[0].test.as_ref().unwrap().auc.unwrap()
+    let config = |cluster: &[TestServer], t| {
+        let mut c = job_config(job, mode, cluster, t, trainers, &dir.join("train"));
+        c.passes = 1;
+        c.batch_size = 256;
+        c.test_files = test.clone();
+        c
+    };
+    let report = match mode {
+        Mode::Local => oar::train::run(&config(&[], 0), &|_, _| {}).unwrap(),
+        _ => train_on_cluster(trainers, trainers, mode, config).swap_remove(0),
+    };
+    report.passes[0].test.as_ref().unwrap().auc.unwrap()
 }
 
 #[test]

@@ -46,12 +46,7 @@ fn the_paddlerec_slot_sample_file_trains_as_it_is() {
     for (k, half) in lines.chunks(40).enumerate() {
         std::fs::write(dir.path().join(format!("part-{k:05}")), half.join("\n") + "\n").unwrap();
     }
-    let cluster = start_cluster(2, 2, Mode::Async, None);
-    let configs = (0..2).map(|t| job_config(&job, Mode::Async, &cluster, t, 2, dir.path())).collect();
-    let reports = run_trainers(configs);
-    for s in cluster {
-        s.handle.join().unwrap();
-    }
+    let reports = train_on_cluster(2, 2, Mode::Async, |c, t| job_config(&job, Mode::Async, c, t, 2, dir.path()));
     assert_eq!(reports.iter().map(|r| r.samples).sum::<u64>(), 80);
 }
 

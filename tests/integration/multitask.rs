@@ -40,11 +40,7 @@ fn mmoe_and_ple_learn_both_census_tasks_locally_and_on_two_servers() {
         assert_eq!(local.samples, 8000, "{name}: every census line read through the reader");
         let mut aucs = vec![("local", head_aucs(&local))];
         for mode in [Mode::Async, Mode::Sync] {
-            let cluster = start_cluster(2, 2, mode, None);
-            let reports = run_trainers((0..2).map(|t| config(&job, mode, &cluster, t, 2)).collect());
-            for s in cluster {
-                s.handle.join().unwrap();
-            }
+            let reports = train_on_cluster(2, 2, mode, |cluster, t| config(&job, mode, cluster, t, 2));
             assert_eq!(reports.iter().map(|r| r.samples).sum::<u64>(), 8000, "{name} {mode:?}");
             aucs.push((if mode == Mode::Async { "2x2 async" } else { "2x2 sync" }, head_aucs(&reports[0])));
         }
@@ -124,19 +120,12 @@ fn esmm_beats_a_dnn_on_the_ctcvr_label_alone_on_generated_conversions() {
     let oracle = generated.report.oracle_test_auc.unwrap();
     eprintln!("generated conversions: ESMM CTCVR AUC {esmm:.4}, CTCVR DNN {base:.4}, planted model {oracle:.4}");
     assert!(esmm > base + 0.01 && esmm < oracle, "ESMM {esmm} vs DNN {base}, planted {oracle}");
-    let cluster = start_cluster(2, 2, Mode::Async, None);
-    let configs = (0..2)
-        .map(|t| {
-            let mut c = job_config(&zoo_job("esmm"), Mode::Async, &cluster, t, 2, &dir.path().join("train"));
-            c.batch_size = 256;
-            c.test_files = test.clone();
-            c
-        })
-        .collect();
-    let reports = run_trainers(configs);
-    for s in cluster {
-        s.handle.join().unwrap();
-    }
+    let reports = train_on_cluster(2, 2, Mode::Async, |cluster, t| {
+        let mut c = job_config(&zoo_job("esmm"), Mode::Async, cluster, t, 2, &dir.path().join("train"));
+        c.batch_size = 256;
+        c.test_files = test.clone();
+        c
+    });
     let two_by_two = ctcvr(&reports[0]);
     eprintln!("ESMM 2x2 async: CTCVR AUC {two_by_two:.4}");
     assert!(two_by_two > base, "2x2 async ESMM {two_by_two} vs the local DNN {base}");
@@ -170,10 +159,6 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
         let report = oar::train::run(&config(job, Mode::Local, &[], 0, 1), &|_, _| {}).unwrap();
         check(job, &head_aucs(&report));
     }
-    let cluster = start_cluster(2, 2, Mode::Async, None);
-    let reports = run_trainers((0..2).map(|t| config("mmoe_tasks", Mode::Async, &cluster, t, 2)).collect());
-    for s in cluster {
-        s.handle.join().unwrap();
-    }
+    let reports = train_on_cluster(2, 2, Mode::Async, |cluster, t| config("mmoe_tasks", Mode::Async, cluster, t, 2));
     check("MMoE 2x2 async", &head_aucs(&reports[0]));
 }

@@ -91,20 +91,13 @@ fn the_servers_statistics_count_every_training_sample_once_in_every_mode() {
 
     for (mode, threads) in [(Mode::Sync, 2), (Mode::Async, 1), (Mode::Async, 2)] {
         let out = dir.path().join(format!("{mode:?}-{threads}"));
-        let cluster = start_cluster(2, 2, mode, None);
-        let configs = (0..2)
-            .map(|t| {
-                let mut c = job_config(&job, mode, &cluster, t, 2, &train);
-                c.passes = passes;
-                c.threads = threads;
-                c.output = Some(out.clone());
-                c
-            })
-            .collect();
-        let reports = run_trainers(configs);
-        for s in cluster {
-            s.handle.join().unwrap();
-        }
+        let reports = train_on_cluster(2, 2, mode, |cluster, t| {
+            let mut c = job_config(&job, mode, cluster, t, 2, &train);
+            c.passes = passes;
+            c.threads = threads;
+            c.output = Some(out.clone());
+            c
+        });
         assert_eq!(reports.iter().map(|r| r.samples).sum::<u64>(), passes as u64 * lines);
         check(&out, &format!("{mode:?} 2x2, {threads} threads"));
     }
@@ -115,21 +108,14 @@ fn a_model_with_batch_norm_evaluates_offline_with_the_servers_statistics() {
     let dir = tempfile::tempdir().unwrap();
     let (train, test) = gen_data(&dir.path().join("data"), 2, 4000, 1000);
     let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn_norm.toml");
-    let cluster = start_cluster(2, 2, Mode::Async, None);
     let out = dir.path().join("model");
-    let configs = (0..2)
-        .map(|t| {
-            let mut c = job_config(&job, Mode::Async, &cluster, t, 2, &train);
-            c.batch_size = 128;
-            c.test_files = oar::config::resolve_files(&test).unwrap();
-            c.output = Some(out.clone());
-            c
-        })
-        .collect();
-    let reports = run_trainers(configs);
-    for s in cluster {
-        s.handle.join().unwrap();
-    }
+    let reports = train_on_cluster(2, 2, Mode::Async, |cluster, t| {
+        let mut c = job_config(&job, Mode::Async, cluster, t, 2, &train);
+        c.batch_size = 128;
+        c.test_files = oar::config::resolve_files(&test).unwrap();
+        c.output = Some(out.clone());
+        c
+    });
     let online = reports[0].passes[0].test.as_ref().unwrap().auc.unwrap();
     assert!(online > 0.6, "test AUC {online}");
     // `oar eval` (a separate process) reads the saved statistics and scores as the trainer did.

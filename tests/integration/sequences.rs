@@ -50,11 +50,7 @@ fn din_dien_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_server
         // through the attention into the table, not a quality figure).
         assert!(local_auc > 0.9, "{job}: local AUC on the training lines {local_auc}");
         for mode in [Mode::Async, Mode::Sync] {
-            let cluster = start_cluster(2, 2, mode, None);
-            let reports = run_trainers((0..2).map(|t| config(mode, &cluster, t, 2)).collect());
-            for s in cluster {
-                s.handle.join().unwrap();
-            }
+            let reports = train_on_cluster(2, 2, mode, |cluster, t| config(mode, cluster, t, 2));
             assert_eq!(reports.iter().map(|r| r.samples).sum::<u64>(), 3 * lines.len() as u64, "{job} {mode:?}");
             assert!(last(&reports[0]) > 0.9, "{job} {mode:?}: AUC {}", last(&reports[0]));
         }

@@ -140,6 +140,22 @@ pub fn train_config(
 }
 
 /// Runs one trainer thread per config and waits for all of them.
+/// Starts `servers` servers for `trainers` trainers in `mode`, trains every trainer with
+/// `config(cluster, trainer)` and returns their reports once the servers have stopped.
+pub fn train_on_cluster(
+    servers: usize,
+    trainers: usize,
+    mode: Mode,
+    config: impl Fn(&[TestServer], usize) -> TrainConfig,
+) -> Vec<oar::train::TrainReport> {
+    let cluster = start_cluster(servers, trainers, mode, None);
+    let reports = run_trainers((0..trainers).map(|t| config(&cluster, t)).collect());
+    for s in cluster {
+        s.handle.join().unwrap();
+    }
+    reports
+}
+
 pub fn run_trainers(configs: Vec<TrainConfig>) -> Vec<oar::train::TrainReport> {
     let handles: Vec<_> =
         configs.into_iter().map(|c| std::thread::spawn(move || oar::train::run(&c, &|_, _| {}).unwrap())).collect();

@@ -67,12 +67,8 @@ fn every_zoo_model_trains_locally_and_on_two_servers_above_chance() {
         let local_auc = r.passes[0].test.as_ref().unwrap().auc.unwrap();
 
         let two_by_two = |mode: Mode| {
-            let cluster = start_cluster(2, 2, mode, None);
-            let configs = (0..2).map(|t| zoo_config(job, mode, &cluster, t, 2, &train, &test)).collect();
-            let reports = run_trainers(configs);
-            for s in cluster {
-                s.handle.join().unwrap();
-            }
+            let reports =
+                train_on_cluster(2, 2, mode, |cluster, t| zoo_config(job, mode, cluster, t, 2, &train, &test));
             assert_eq!(reports.iter().map(|r| r.samples).sum::<u64>(), 9000, "{name} {mode:?}");
             reports[0].passes[0].test.as_ref().unwrap().auc.unwrap()
         };
@@ -136,11 +132,7 @@ fn autoint_trains_on_paddlerecs_autoint_sample_as_stored() {
     let auc = |r: &oar::train::TrainReport| r.passes.last().unwrap().test.as_ref().unwrap().auc.unwrap();
     let local = oar::train::run(&config(Mode::Local, &[], 0, 1), &|_, _| {}).unwrap();
     assert_eq!(local.samples, 800);
-    let cluster = start_cluster(2, 2, Mode::Async, None);
-    let reports = run_trainers((0..2).map(|t| config(Mode::Async, &cluster, t, 2)).collect());
-    for s in cluster {
-        s.handle.join().unwrap();
-    }
+    let reports = train_on_cluster(2, 2, Mode::Async, |cluster, t| config(Mode::Async, cluster, t, 2));
     assert_eq!(reports.iter().map(|r| r.samples).sum::<u64>(), 800);
     eprintln!("PaddleRec's AutoInt sample: local AUC {:.4}, 2x2 async {:.4}", auc(&local), auc(&reports[0]));
     assert!(auc(&local) > 0.6 && auc(&reports[0]) > 0.6, "{} {}", auc(&local), auc(&reports[0]));
