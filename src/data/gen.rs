@@ -67,6 +67,25 @@ pub struct GenReport {
     pub oracle_test_logloss: f64,
 }
 
+/// What a model family's generator wrote (`meta.json`): the usual report and the planted
+/// model's constants.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PlantedReport {
+    /// Lines, label rate, the planted model's test AUC and log-loss.
+    #[serde(flatten)]
+    pub report: GenReport,
+    /// The planted model's constants (and figures the report has no field for).
+    pub planted: serde_json::Value,
+}
+
+impl PlantedReport {
+    /// Writes it to `config.out/meta.json` and returns it.
+    pub(crate) fn save(self, config: &GenConfig) -> anyhow::Result<PlantedReport> {
+        write_meta(config, &self)?;
+        Ok(self)
+    }
+}
+
 /// Counter-based random numbers: draw `k` of line `line` in `stream`.
 #[derive(Clone, Copy)]
 pub(crate) struct Draws {

@@ -18,9 +18,7 @@
 
 use std::io::Write;
 
-use serde::Serialize;
-
-use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
+use super::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
 use crate::layout::mix64;
 
 /// Users.
@@ -37,16 +35,6 @@ pub const CTR_STD: f64 = 0.8;
 pub const CVR_STD: f64 = 0.4;
 /// Correlation of an id's click and conversion weights.
 pub const CORRELATION: f64 = 0.5;
-
-/// What `oar gen conversions` wrote: the usual report (labels: ctcvr) and the planted model.
-#[derive(Clone, Debug, Serialize)]
-pub struct ConversionsGenReport {
-    /// Lines, CTCVR rate, the planted CTCVR's test AUC and log-loss.
-    #[serde(flatten)]
-    pub report: GenReport,
-    /// The planted model's constants and its CTR test AUC.
-    pub planted: serde_json::Value,
-}
 
 /// The click and conversion weights of id `value` in field `field`.
 fn weights(seed: u64, field: u32, value: u32) -> (f64, f64) {
@@ -96,7 +84,7 @@ fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64
 }
 
 /// Generates the data set described by `config`.
-pub fn generate(config: &GenConfig) -> anyhow::Result<ConversionsGenReport> {
+pub fn generate(config: &GenConfig) -> anyhow::Result<PlantedReport> {
     let report = write_parts(config, &write_line)?;
     // The planted CTR's AUC on the test lines' clicks (the report's AUC is CTCVR's).
     let (mut clicks, mut probs) = (Vec::new(), Vec::new());
@@ -116,9 +104,7 @@ pub fn generate(config: &GenConfig) -> anyhow::Result<ConversionsGenReport> {
         "oracle_test_ctr_auc": crate::metrics::auc(&probs, &clicks),
         "format": "id,click,ctcvr,field:id,... (PaddleRec's Ali-CCP sample format; labels click and ctcvr)",
     });
-    let r = ConversionsGenReport { report, planted };
-    write_meta(config, &r)?;
-    Ok(r)
+    PlantedReport { report, planted }.save(config)
 }
 
 #[cfg(test)]

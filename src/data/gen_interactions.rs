@@ -21,10 +21,8 @@
 
 use std::io::Write;
 
-use serde::Serialize;
-
 use super::criteo::{DENSE, SLOTS};
-use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
+use super::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
 use crate::layout::mix64;
 
 /// Values per field.
@@ -48,16 +46,6 @@ pub enum Effect {
     Pairs,
     /// One vector per value and partner field: a field-aware factorization machine's model.
     FieldPairs,
-}
-
-/// What `oar gen interactions` wrote: the usual report and the planted model's constants.
-#[derive(Clone, Debug, Serialize)]
-pub struct InteractionsGenReport {
-    /// Lines, CTR, oracle AUC and log-loss.
-    #[serde(flatten)]
-    pub report: GenReport,
-    /// The planted model's constants.
-    pub planted: serde_json::Value,
 }
 
 /// The planted first-order weight of value `value` of field `field`.
@@ -114,7 +102,7 @@ fn write(effect: Effect, seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -
 }
 
 /// Generates the data set described by `config` with the planted `effect`.
-pub fn generate(config: &GenConfig, effect: Effect) -> anyhow::Result<InteractionsGenReport> {
+pub fn generate(config: &GenConfig, effect: Effect) -> anyhow::Result<PlantedReport> {
     let report = write_parts(config, &|seed, stream, line, out| write(effect, seed, stream, line, out))?;
     let planted = serde_json::json!({
         "effect": format!("{effect:?}"),
@@ -127,9 +115,7 @@ pub fn generate(config: &GenConfig, effect: Effect) -> anyhow::Result<Interactio
         "bias": BIAS,
         "format": "criteo (13 empty integer fields, 26 categorical)",
     });
-    let r = InteractionsGenReport { report, planted };
-    write_meta(config, &r)?;
-    Ok(r)
+    PlantedReport { report, planted }.save(config)
 }
 
 #[cfg(test)]

@@ -30,9 +30,7 @@
 
 use std::io::Write;
 
-use serde::Serialize;
-
-use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
+use super::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
 use crate::layout::mix64;
 
 /// Categories.
@@ -61,17 +59,6 @@ pub enum Effect {
     Share,
     /// The click depends on the share of the recent half of the history only.
     Order,
-}
-
-/// What `oar gen sequences` wrote: the usual report and the planted model's constants.
-#[derive(Clone, Debug, Serialize)]
-pub struct SequencesGenReport {
-    /// Lines, CTR, oracle AUC and log-loss.
-    #[serde(flatten)]
-    pub report: GenReport,
-    /// Categories, items per category, interests, history lengths, bias, share weight and
-    /// item-bias spread, as in the module's documentation.
-    pub planted: serde_json::Value,
 }
 
 /// A category and an item drawn from it (rank Zipf within the category).
@@ -162,7 +149,7 @@ fn write_order_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f3
 
 /// Generates the data set described by `config` with the planted `effect` (same layout as
 /// `oar gen criteo`).
-pub fn generate(config: &GenConfig, effect: Effect) -> anyhow::Result<SequencesGenReport> {
+pub fn generate(config: &GenConfig, effect: Effect) -> anyhow::Result<PlantedReport> {
     let (report, history) = match effect {
         Effect::Share => (write_parts(config, &write_line)?, [HISTORY.0, HISTORY.1]),
         Effect::Order => (write_parts(config, &write_order_line)?, [ORDER_HISTORY; 2]),
@@ -178,9 +165,7 @@ pub fn generate(config: &GenConfig, effect: Effect) -> anyhow::Result<SequencesG
         "item_std": ITEM_STD,
         "format": "hist_items;hist_cates;target_item;target_cate;label (PaddleRec's DIN sample format)",
     });
-    let r = SequencesGenReport { report, planted };
-    write_meta(config, &r)?;
-    Ok(r)
+    PlantedReport { report, planted }.save(config)
 }
 
 #[cfg(test)]
