@@ -1,7 +1,8 @@
 //! `oar gen tasks`: two binary tasks over the same 100 dense inputs whose relation is set by
 //! `--correlation`, the synthetic setting of the MMoE paper (Ma et al., KDD 2018, section 4.1)
-//! with its regression labels turned into clicks. It is where a shared bottom pays for serving
-//! two tasks that want different things and MMoE's gates do not. Built like [`super::gen`]:
+//! with its regression labels turned into clicks: where the paper found a shared bottom losing
+//! to MMoE's gates as the correlation falls (not reproduced here: README "A task relation").
+//! Built like [`super::gen`]:
 //! every draw a pure function of (seed, stream, line); `meta.json` has the planted model's test
 //! AUC of each task.
 //!
