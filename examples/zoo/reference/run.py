@@ -448,6 +448,8 @@ def main():
     ap.add_argument("--data", help="a generated set (oar gen interactions): DIR/train and DIR/test")
     ap.add_argument("--batch", type=int, default=BATCH)
     a = ap.parse_args()
+    if a.model == "dnn" and a.variant == "class":
+        ap.error("dnn has no FuxiCTR class: it is the graph variant only")
     if a.data:
         import torch
         torch.set_num_threads(1)
