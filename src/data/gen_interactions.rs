@@ -75,10 +75,16 @@ fn sample(seed: u64, stream: u64, line: u64, effect: Effect) -> ([u32; SLOTS], f
         *value = zipf(d.uniform(s as u64), VOCAB, 1.1);
         logit += weight(seed, s, *value);
     }
-    let partner = |j: usize| (effect == Effect::FieldPairs).then_some(j);
+    // The pairs effect's vectors are drawn once per field, not once per pair they enter.
+    let own: Option<[[f64; RANK]; INTERACTING]> =
+        (effect == Effect::Pairs).then(|| std::array::from_fn(|i| vector(seed, i, None, values[i])));
+    let v = |i: usize, partner: usize| match &own {
+        Some(own) => own[i],
+        None => vector(seed, i, Some(partner), values[i]),
+    };
     for i in 0..INTERACTING {
         for j in i + 1..INTERACTING {
-            let (a, b) = (vector(seed, i, partner(j), values[i]), vector(seed, j, partner(i), values[j]));
+            let (a, b) = (v(i, j), v(j, i));
             logit += a.iter().zip(&b).map(|(a, b)| a * b).sum::<f64>();
         }
     }
