@@ -242,11 +242,19 @@ impl Rows {
 
     /// Hints the CPU to start loading `row`: what a pull reads (`whole` false) or all a push
     /// touches.
-    #[inline]
+    #[inline(always)]
     pub fn prefetch(&self, row: u32, whole: bool) {
         let hot = self.hot(row);
         prefetch_words(if whole { hot } else { &hot[..ID_WORDS + self.dim] });
         if whole {
+            self.prefetch_rest(row);
+        }
+    }
+
+    /// The prefetches of a push beyond the hot part: the cold state and the unseen days.
+    #[inline]
+    fn prefetch_rest(&self, row: u32) {
+        {
             if self.layout.cold > 0 {
                 prefetch_words(self.cold(row));
             }
@@ -354,7 +362,7 @@ impl Rows {
 }
 
 /// Prefetches every cache line `words` span.
-#[inline]
+#[inline(always)]
 fn prefetch_words(words: &[u32]) {
     if let (Some(first), Some(last)) = (words.first(), words.last()) {
         let (a, b) = (first as *const u32 as usize, last as *const u32 as usize);
@@ -364,7 +372,7 @@ fn prefetch_words(words: &[u32]) {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn prefetch_ptr(addr: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetching is only a hint; callers pass addresses inside the slab.

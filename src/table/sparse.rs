@@ -79,8 +79,6 @@ impl SparseTable {
     }
 
     /// The row of every position (created when `how` says so, else [`ABSENT`]) into `found`.
-    /// The probes are independent of each other: buckets and rows of later positions are
-    /// prefetched, so their cache misses overlap.
     fn resolve(
         &self,
         stripe: &mut Stripe,
@@ -91,6 +89,23 @@ impl SparseTable {
         found: &mut Vec<u32>,
     ) {
         found.clear();
+        self.resolve_each(stripe, ids, positions, hashes, how, |_, _, row| found.push(row));
+    }
+
+    /// Calls `f(stripe, position, row)` for every position in order, with its row (created when
+    /// `how` says so, else [`ABSENT`]), as soon as the row is found: what a pull copies is then
+    /// still in the nearest cache. The probes are independent of each other: buckets and rows of
+    /// later positions are prefetched, so their cache misses overlap.
+    #[inline(always)]
+    fn resolve_each(
+        &self,
+        stripe: &mut Stripe,
+        ids: &[u64],
+        positions: &[u32],
+        hashes: &[u64],
+        how: Resolve,
+        mut f: impl FnMut(&Stripe, usize, u32),
+    ) {
         // Each position's guessed row, made a distance ahead (when its bucket arrived) and
         // kept until the position is resolved.
         let mut guesses = [None; PREFETCH_DISTANCE];
@@ -109,7 +124,7 @@ impl SparseTable {
                 guesses[k % PREFETCH_DISTANCE] = stripe.guess(hashes[near as usize], how.whole);
             }
             let (id, hash) = (ids[p as usize], hashes[p as usize]);
-            found.push(match stripe.find_guessed(id, hash, guess) {
+            let row = match stripe.find_guessed(id, hash, guess) {
                 Some(row) => row,
                 None if how.create => match stripe.create(&self.spec, id, hash) {
                     Some(row) => {
@@ -119,7 +134,8 @@ impl SparseTable {
                     None => ABSENT,
                 },
                 None => ABSENT,
-            });
+            };
+            f(stripe, p as usize, row);
         }
     }
 
@@ -187,28 +203,26 @@ impl SparseTable {
         check_len("pulled rows", ids.len() * dim, out.len())?;
         let how = Resolve { create: create && !self.spec.creates_on_push(), whole: false };
         let gated = self.spec.accessor.embedx_threshold > 0.0;
-        let mut found = Vec::new();
         self.for_each_stripe(ids, |stripe, positions, hashes| {
-            self.resolve(stripe, ids, positions, hashes, how, &mut found);
-            // The probes brought the rows, and with them the weights, into the cache.
-            for (&p, &row) in positions.iter().zip(&found) {
-                let dst = &mut out[p as usize * dim..(p as usize + 1) * dim];
+            self.resolve_each(stripe, ids, positions, hashes, how, |stripe, p, row| {
+                let dst = &mut out[p * dim..(p + 1) * dim];
                 if row == ABSENT && !create {
                     // Evaluation and prediction: an id without a row reads as zeros, the rule an
                     // export's lookups and a serving key-value store apply too.
                     dst.fill(0.0);
                 } else if row == ABSENT {
-                    self.spec.init_row(ids[p as usize], dst);
+                    self.spec.init_row(ids[p], dst);
                     if gated {
                         dst[1..].fill(0.0);
                     }
                 } else {
+                    // The probe has just read the row's id: its weights are in the nearest cache.
                     copy_small(dst, stripe.rows.weights(row));
                     if gated && !self.spec.accessor.embedx_live(&stripe.rows.stats(row)) {
                         dst[1..].fill(0.0);
                     }
                 }
-            }
+            });
         });
         Ok(())
     }

@@ -101,20 +101,20 @@ impl Stripe {
     }
 
     /// The row of `id` (whose `mix64` is `hash`).
-    #[inline]
+    #[inline(always)]
     pub fn find(&self, id: u64, hash: u64) -> Option<u32> {
         self.index.find(id, hash, |r| self.rows.id(r))
     }
 
     /// Hints the CPU to start loading the index bucket of `hash`.
-    #[inline]
+    #[inline(always)]
     pub fn prefetch_index(&self, hash: u64) {
         self.index.prefetch(hash);
     }
 
     /// The row a `find` for `hash` most likely reads (from the tags of its index bucket, which
     /// should be in the cache already), prefetched: what a pull reads, or all of it (`whole`).
-    #[inline]
+    #[inline(always)]
     pub fn guess(&self, hash: u64, whole: bool) -> Option<u32> {
         let row = self.index.guess(hash)?;
         self.rows.prefetch(row, whole);
@@ -122,7 +122,7 @@ impl Stripe {
     }
 
     /// `find`, trying the row `guess` named first.
-    #[inline]
+    #[inline(always)]
     pub fn find_guessed(&self, id: u64, hash: u64, guess: Option<u32>) -> Option<u32> {
         match guess {
             Some(row) if self.rows.id(row) == id => Some(row),

@@ -1,0 +1,70 @@
+//! `cargo bench --bench sparse_table`: one server's sparse table in memory (no network), dim 10,
+//! per-dimension Adagrad: 10M rows inserted, then batches of 50,000 Zipf-like keys pulled as
+//! drawn, pulled deduplicated and pushed. Prints keys per second, medians of 5 rounds. The same
+//! draws as `oar bench` (b), so its "in memory" figures and these agree; this one is quicker to
+//! run while working on the table.
+
+use std::time::Instant;
+
+use oar::layout::mix64;
+use oar::table::sparse::SparseTable;
+use oar::table::{Init, Optimizer, SparseSpec};
+
+fn main() {
+    let rows: usize = std::env::var("ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
+    let keys = 50_000usize;
+    let table = SparseTable::new(SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05)));
+    let key = |rank: u64| mix64(rank ^ 0x5eed);
+    let mut out = vec![0.0f32; keys * 10];
+    let started = Instant::now();
+    let all: Vec<u64> = (0..rows as u64).map(key).collect();
+    for chunk in all.chunks(keys) {
+        table.pull(chunk, &mut out[..chunk.len() * 10], true).expect("insert");
+    }
+    let insert = rows as f64 / started.elapsed().as_secs_f64();
+    let drawn: Vec<Vec<u64>> = (0..64u64)
+        .map(|b| {
+            (0..keys as u64)
+                .map(|i| {
+                    let u = (mix64(b << 32 | i) >> 11) as f64 / (1u64 << 53) as f64;
+                    key(((u * (rows as f64).ln()).exp() as u64).min(rows as u64 - 1))
+                })
+                .collect()
+        })
+        .collect();
+    let unique: Vec<Vec<u64>> = drawn
+        .iter()
+        .map(|d| {
+            let mut v = d.clone();
+            v.sort_unstable();
+            v.dedup();
+            v
+        })
+        .collect();
+    let grads = vec![0.01f32; keys * 10];
+    let counts = [1.0f32, 0.0].repeat(keys);
+    let rate = |op: &mut dyn FnMut(&[u64]), sets: &[Vec<u64>]| {
+        let mut r: Vec<f64> = (0..5)
+            .map(|_| {
+                let (t, mut n) = (Instant::now(), 0);
+                for s in sets {
+                    op(s);
+                    n += s.len();
+                }
+                n as f64 / t.elapsed().as_secs_f64() / 1e6
+            })
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r[2]
+    };
+    let mut pull = |ids: &[u64]| table.pull(ids, &mut out[..ids.len() * 10], true).expect("pull");
+    let drawn_rate = rate(&mut pull, &drawn);
+    let unique_rate = rate(&mut pull, &unique);
+    let mut push =
+        |ids: &[u64]| table.push(ids, &counts[..ids.len() * 2], &grads[..ids.len() * 10], 1.0).expect("push");
+    let push_rate = rate(&mut push, &unique);
+    println!(
+        "sparse table in memory, {rows} rows: insert {:.2}, pull as drawn {drawn_rate:.2}, pull unique {unique_rate:.2}, push unique {push_rate:.2} M keys/s",
+        insert / 1e6
+    );
+}
