@@ -13,7 +13,8 @@ use oar::table::{Init, Optimizer, SparseSpec};
 fn main() {
     let rows: usize = std::env::var("ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
     let keys = 50_000usize;
-    let table = SparseTable::new(SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05)));
+    let table =
+        SparseTable::new(SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05)));
     let key = |rank: u64| mix64(rank ^ 0x5eed);
     let mut out = vec![0.0f32; keys * 10];
     let started = Instant::now();

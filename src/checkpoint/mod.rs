@@ -10,7 +10,8 @@
 //! A shard file is `b"OARSHRD1"`, a length-prefixed JSON header (spec, server index, number of
 //! servers, row counts), the dense blocks (weights then optimizer state, block by block), every
 //! sparse table's ids then rows, every sparse table's admission state (format 3: per stripe, the
-//! draws made for `probability_entry` and the count filter's cells), and a trailing CRC-32 of
+//! draws made for `probability_entry` and the count filter's cells; format 4 adds each cell's
+//! days since its id was last seen), and a trailing CRC-32 of
 //! all preceding bytes. Every file is written to `NAME.tmp`, synced, then renamed, and the
 //! manifest is written last: a directory with a manifest is complete, and a crash never leaves
 //! a half-written file under a real name.
@@ -26,8 +27,9 @@ use crate::table::{Shard, TableSpec};
 const SHARD_MAGIC: &[u8; 8] = b"OARSHRD1";
 /// Version of the checkpoint format (2: sparse rows carry their statistics; 3: the admission
 /// state follows the rows, so a restarted server remembers the sightings of ids not admitted
-/// yet).
-pub const FORMAT_VERSION: u32 = 3;
+/// yet; 4: the count filter's cells carry the days since their id was last seen, so a restarted
+/// server forgets pending sightings on the same day as an uninterrupted one).
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest format this build reads: format 1's sparse rows have no statistics, which read as
 /// nothing seen yet.
 pub const OLDEST_FORMAT: u32 = 1;
@@ -150,17 +152,18 @@ impl ShardHeader {
         }
         if self.format >= 3 {
             for t in &spec.sparse {
-                bytes = bytes.checked_add(admission_bytes(t)).ok_or_else(too_big)?;
+                bytes = bytes.checked_add(admission_bytes(t, self.format)).ok_or_else(too_big)?;
             }
         }
         Ok(bytes)
     }
 }
 
-/// Bytes of a table's admission state in a shard file: per stripe the draws (8) and the
-/// filter's cells (2 each).
-fn admission_bytes(t: &crate::table::SparseSpec) -> u64 {
-    crate::layout::STRIPES as u64 * (8 + 2 * t.filter_cells_per_stripe() as u64)
+/// Bytes of a table's admission state in a shard file of `format`: per stripe the draws (8)
+/// and the filter's cells (2 each, and from format 4 a byte of days each).
+fn admission_bytes(t: &crate::table::SparseSpec, format: u32) -> u64 {
+    let per_cell = if format >= 4 { 3 } else { 2 };
+    crate::layout::STRIPES as u64 * (8 + per_cell * t.filter_cells_per_stripe() as u64)
 }
 
 /// A writer that keeps the CRC-32 of everything written.
@@ -193,7 +196,7 @@ pub struct ShardSnapshot {
     /// Per table: ids and their full rows `[weights | state]`.
     sparse: Vec<(Vec<u64>, Vec<f32>)>,
     /// Per table, per stripe: the admission state.
-    admission: Vec<Vec<(u64, Vec<u16>)>>,
+    admission: Vec<Vec<crate::table::admit::AdmissionState>>,
 }
 
 impl ShardSnapshot {
@@ -259,9 +262,10 @@ pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u
             w.write_all(bytemuck::cast_slice(data))?;
         }
         for stripes in &snapshot.admission {
-            for (draws, cells) in stripes {
-                w.write_all(&draws.to_le_bytes())?;
-                w.write_all(bytemuck::cast_slice(cells))?;
+            for s in stripes {
+                w.write_all(&s.draws.to_le_bytes())?;
+                w.write_all(bytemuck::cast_slice(&s.cells))?;
+                w.write_all(&s.days)?;
             }
         }
         let crc = w.crc.clone().finalize();
@@ -355,7 +359,10 @@ pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
             let mut state = Vec::with_capacity(crate::layout::STRIPES);
             for _ in 0..crate::layout::STRIPES {
                 let draws = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"));
-                state.push((draws, bytemuck::pod_collect_to_vec::<u8, u16>(take(2 * cells)?)));
+                let cells_read = bytemuck::pod_collect_to_vec::<u8, u16>(take(2 * cells)?);
+                // Format 3 kept no days: every pending id counts as seen on the day of the restart.
+                let days = if header.format >= 4 { take(cells)?.to_vec() } else { Vec::new() };
+                state.push(crate::table::admit::AdmissionState { draws, cells: cells_read, days });
             }
             t.restore_admission(&state).map_err(|e| corrupt(format!("table {}: {e}", t.spec().name)))?;
         }

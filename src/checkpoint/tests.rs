@@ -86,3 +86,48 @@ fn a_missing_model_is_a_clear_error() {
     let err = Manifest::find(dir.path()).unwrap_err().to_string();
     assert!(err.contains("not a saved model"), "{err}");
 }
+
+#[test]
+fn pending_sightings_keep_their_days_and_a_format_3_shard_reads_them_as_seen_today() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec();
+    spec.sparse[0].entry = crate::table::Entry::Count(2);
+    spec.sparse[0].filter_capacity = 4096;
+    let shard = Shard::new(spec, 0, 1);
+    let ids: Vec<u64> = (1..=50).collect();
+    shard.sparse[0].push(&ids, &vec![1.0; 100], &vec![0.1; 200], 1.0).unwrap();
+    shard.sparse[0].shrink(2);
+    let state = shard.sparse[0].admission();
+    assert_eq!(state.iter().flat_map(|s| &s.days).filter(|&&d| d == 2).count(), 50, "50 ids, 2 days unseen");
+    let (name, _, _) = write_shard(&shard, dir.path()).unwrap();
+    let path = dir.path().join(&name);
+    assert_eq!(read_shard(&path).unwrap().sparse[0].admission(), state, "format 4 keeps the days");
+
+    // The same file as format 3 wrote it: the header says 3 and no days follow the cells.
+    let bytes = std::fs::read(&path).unwrap();
+    let json_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[16..16 + json_len]).unwrap();
+    header["format"] = 3.into();
+    let cells = shard.sparse[0].spec().filter_cells_per_stripe();
+    let admission_at = bytes.len() - 4 - crate::layout::STRIPES * (8 + 3 * cells);
+    let mut old = bytes[..8].to_vec();
+    let json = serde_json::to_vec(&header).unwrap();
+    old.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    old.extend_from_slice(&json);
+    old.extend_from_slice(&bytes[16 + json_len..admission_at]);
+    for stripe in bytes[admission_at..bytes.len() - 4].chunks_exact(8 + 3 * cells) {
+        old.extend_from_slice(&stripe[..8 + 2 * cells]);
+    }
+    old.extend_from_slice(&crc32fast::hash(&old).to_le_bytes());
+    std::fs::write(&path, &old).unwrap();
+    let back = read_shard(&path).unwrap();
+    let restored = back.sparse[0].admission();
+    assert_eq!(
+        restored.iter().map(|s| &s.cells).collect::<Vec<_>>(),
+        state.iter().map(|s| &s.cells).collect::<Vec<_>>()
+    );
+    assert!(restored.iter().flat_map(|s| &s.days).all(|&d| d == 0), "format 3 kept no days");
+    // Either way the second sighting admits them all.
+    back.sparse[0].push(&ids, &vec![1.0; 100], &vec![0.1; 200], 1.0).unwrap();
+    assert_eq!(back.sparse[0].len(), 50);
+}

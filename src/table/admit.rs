@@ -5,11 +5,18 @@
 //! value and its gradients are dropped; only its sightings are counted.
 //!
 //! The counts live in a fixed array of 16-bit cells (a 12-bit signature of the id and a 4-bit
-//! count, as Monolith's hash filter), 8 cells to a bucket: its memory is `2 * filter_capacity`
-//! bytes per table and server whatever the traffic. A full bucket gives the cell with the
-//! lowest count to the newcomer (that id starts counting again: admitted later, never early),
-//! and two ids of one bucket with the same signature share a count (1 in 4,095 per pair:
-//! admitted early). An admitted id's cell is freed.
+//! count, as Monolith's hash filter), 8 cells to a bucket, each with a byte of days since its id
+//! was last seen: the memory is `3 * filter_capacity` bytes per table and server whatever the
+//! traffic. A full bucket gives the cell with the lowest count (the oldest among equals) to the
+//! newcomer (that id starts counting again: admitted later, never early), and two ids of one
+//! bucket with the same signature share a count (1 in 4,095 per pair: admitted early). An
+//! admitted id's cell is freed.
+//!
+//! Pending sightings age as rows do: a shrink adds its days to every cell, and forgets the ids
+//! unseen for more than the table's `delete_after_unseen_days` (Paddle's legacy table kept an
+//! id's count in a row that its shrink deleted by the same rule). So `count_filter_entry:2`
+//! admits an id seen twice within that many days, not an id seen once a month; the
+//! sliding filters of the KDD'13 paper and Monolith forget old sightings too.
 
 use std::fmt;
 use std::str::FromStr;
@@ -88,6 +95,21 @@ impl<'de> Deserialize<'de> for Entry {
 /// Sighting counts of ids not yet admitted, in fixed memory.
 pub struct CountFilter {
     cells: Vec<u16>,
+    /// Days since each cell's id was last seen, saturating at 255.
+    days: Vec<u8>,
+}
+
+/// What admission remembers between pushes in one stripe, as a checkpoint keeps it: the draws
+/// made for `probability_entry`, and the count filter's cells with their days (none without a
+/// count filter).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdmissionState {
+    /// Draws made for `probability_entry`.
+    pub draws: u64,
+    /// The count filter's cells.
+    pub cells: Vec<u16>,
+    /// Days since each cell's id was last seen (empty: all zero, as format 3 checkpoints).
+    pub days: Vec<u8>,
 }
 
 /// Cells of a filter asked for `capacity` (whole buckets, at least one).
@@ -98,26 +120,54 @@ pub fn cells_for(capacity: usize) -> usize {
 impl CountFilter {
     /// A filter of at least `capacity` cells (whole buckets).
     pub fn new(capacity: usize) -> CountFilter {
-        CountFilter { cells: vec![0; cells_for(capacity)] }
+        let cells = cells_for(capacity);
+        CountFilter { cells: vec![0; cells], days: vec![0; cells] }
     }
 
-    /// The cells, as a checkpoint keeps them.
-    pub fn cells(&self) -> &[u16] {
-        &self.cells
+    /// The cells and their days, as a checkpoint keeps them.
+    pub fn cells(&self) -> (&[u16], &[u8]) {
+        (&self.cells, &self.days)
     }
 
-    /// Takes back cells a checkpoint kept; there must be as many as this filter has.
-    pub fn restore(&mut self, cells: &[u16]) -> Result<(), String> {
+    /// Takes back cells and days a checkpoint kept; there must be as many as this filter has
+    /// (no days: a checkpoint written before they were kept, every id seen today).
+    pub fn restore(&mut self, cells: &[u16], days: &[u8]) -> Result<(), String> {
         if cells.len() != self.cells.len() {
             return Err(format!("an admission filter of {} cells for one of {}", cells.len(), self.cells.len()));
         }
+        if !days.is_empty() && days.len() != cells.len() {
+            return Err(format!("{} days for {} admission filter cells", days.len(), cells.len()));
+        }
         self.cells.copy_from_slice(cells);
+        if days.is_empty() {
+            self.days.fill(0);
+        } else {
+            self.days.copy_from_slice(days);
+        }
         Ok(())
     }
 
-    /// Bytes the filter holds.
+    /// Bytes the filter holds: 2 a cell and 1 for its days.
     pub fn bytes(&self) -> usize {
-        self.cells.len() * 2
+        self.cells.len() * 3
+    }
+
+    /// `days` more days for every pending id; those now unseen for more than `forget_after`
+    /// days are forgotten (their sightings count no more). Returns how many were forgotten.
+    pub fn age(&mut self, days: u32, forget_after: f32) -> u64 {
+        let mut forgotten = 0;
+        for (cell, d) in self.cells.iter_mut().zip(self.days.iter_mut()) {
+            if *cell == 0 {
+                continue;
+            }
+            *d = (*d as u32 + days).min(u8::MAX as u32) as u8;
+            // The rule rows follow (`Accessor::shrink`): unseen for more than the threshold.
+            if *d as f32 > forget_after {
+                (*cell, *d) = (0, 0);
+                forgotten += 1;
+            }
+        }
+        forgotten
     }
 
     fn place(&self, hash: u64) -> (usize, u16) {
@@ -132,16 +182,21 @@ impl CountFilter {
     pub fn sight(&mut self, hash: u64, sightings: u32, n: u32) -> bool {
         let (start, sig) = self.place(hash);
         let bucket = &mut self.cells[start..start + BUCKET];
+        let days = &mut self.days[start..start + BUCKET];
         let at = match bucket.iter().position(|c| c >> 4 == sig) {
             Some(at) => at,
             None => {
-                // A free cell, or else the one with the lowest count.
-                let at =
-                    (0..BUCKET).min_by_key(|&k| if bucket[k] == 0 { 0 } else { 1 + (bucket[k] & 15) }).unwrap_or(0);
+                // A free cell, or else the one with the lowest count, the oldest among those.
+                let rank = |k: usize| match bucket[k] {
+                    0 => (0, 0),
+                    c => (1 + (c & 15), u8::MAX - days[k]),
+                };
+                let at = (0..BUCKET).min_by_key(|&k| rank(k)).unwrap_or(0);
                 bucket[at] = sig << 4;
                 at
             }
         };
+        days[at] = 0;
         let count = ((bucket[at] & 15) as u32 + sightings).min(MAX_COUNT);
         if count >= n {
             bucket[at] = 0;
@@ -194,7 +249,7 @@ mod tests {
     #[test]
     fn counts_saturate_and_a_full_bucket_gives_way_to_newcomers() {
         let mut f = CountFilter::new(8);
-        assert_eq!(f.bytes(), 16);
+        assert_eq!(f.bytes(), 24);
         // Nine ids of distinct signatures into one bucket of eight: the ninth takes the
         // lowest-count cell.
         let mut sigs = std::collections::HashSet::new();
@@ -214,7 +269,66 @@ mod tests {
             f.sight(mix64(id), 1, 2);
         }
         assert_eq!(f.bytes(), bytes);
-        assert_eq!(bytes, 2 * 1000);
+        assert_eq!(bytes, 3 * 1000);
+    }
+
+    #[test]
+    fn a_pending_sighting_is_forgotten_after_the_unseen_days_rows_are_deleted_after() {
+        let mut f = CountFilter::new(64);
+        let (old, fresh) = (mix64(1), mix64(2));
+        assert!(!f.sight(old, 1, 2));
+        // Three days pass with threshold 3: "unseen for more than 3 days" is not yet true.
+        assert_eq!(f.age(1, 3.0) + f.age(2, 3.0), 0);
+        assert!(!f.sight(fresh, 1, 2));
+        // A fourth day forgets `old` (4 > 3) but not `fresh` (1 day).
+        assert_eq!(f.age(1, 3.0), 1);
+        assert!(!f.sight(old, 1, 2), "its first sighting was forgotten: this is a first one again");
+        assert!(f.sight(fresh, 1, 2), "seen again within the window: admitted");
+        // Seeing an id resets its days: sightings 3 days apart add up, while `old`, not seen
+        // again, is forgotten on the way.
+        for _ in 0..5 {
+            f.age(3, 3.0);
+            assert!(!f.sight(mix64(3), 1, 15));
+        }
+        let (cells, days) = f.cells();
+        let k = cells.iter().position(|&c| c & 15 == 5).expect("five sightings counted");
+        assert_eq!(days[k], 0);
+        // Days saturate at 255 and a threshold of 255 or more never forgets.
+        assert_eq!(f.age(1000, 300.0), 0);
+        assert_eq!(f.age(1, 254.0), 1, "the one pending id is now 255 days unseen");
+    }
+
+    #[test]
+    fn a_full_bucket_gives_the_oldest_of_its_lowest_counts_to_a_newcomer() {
+        let mut f = CountFilter::new(8);
+        let mut sigs = std::collections::HashSet::new();
+        let ids: Vec<u64> = (0..1000u64).filter(|&i| sigs.insert(f.place(mix64(i)).1)).take(9).collect();
+        for &id in &ids[..8] {
+            assert!(!f.sight(mix64(id), 1, 15));
+            f.age(1, 100.0);
+        }
+        // All eight have count 1; ids[0] is 8 days unseen, the oldest: the ninth takes its cell.
+        assert!(!f.sight(mix64(ids[8]), 1, 15));
+        let (cells, _) = f.cells();
+        assert!(!cells.contains(&(f.place(mix64(ids[0])).1 << 4 | 1)));
+        assert!(cells.contains(&(f.place(mix64(ids[1])).1 << 4 | 1)));
+        assert!(cells.contains(&(f.place(mix64(ids[8])).1 << 4 | 1)));
+    }
+
+    #[test]
+    fn restored_cells_keep_their_days_and_cells_without_days_start_at_zero() {
+        let mut f = CountFilter::new(16);
+        f.sight(mix64(5), 1, 3);
+        f.age(2, 30.0);
+        let (cells, days) = f.cells();
+        let (cells, days) = (cells.to_vec(), days.to_vec());
+        let mut g = CountFilter::new(16);
+        g.restore(&cells, &days).unwrap();
+        assert_eq!(g.cells(), (&cells[..], &days[..]));
+        g.restore(&cells, &[]).unwrap();
+        assert!(g.cells().1.iter().all(|&d| d == 0));
+        assert!(g.restore(&cells, &days[..3]).unwrap_err().contains("3 days for 16"));
+        assert!(g.restore(&cells[..8], &[]).unwrap_err().contains("8 cells for one of 16"));
     }
 
     #[test]

@@ -239,7 +239,7 @@ impl SparseSpec {
     /// Bytes of each server's admission filter for this table.
     pub fn filter_bytes(&self) -> u64 {
         match self.entry {
-            Entry::Count(_) => 2 * self.filter_capacity as u64,
+            Entry::Count(_) => 3 * self.filter_capacity as u64,
             _ => 0,
         }
     }

@@ -11,6 +11,7 @@
 
 use parking_lot::Mutex;
 
+use super::admit::AdmissionState;
 use super::stripe::{Lifecycle, Stripe};
 use super::{SparseSpec, TableError};
 use crate::layout::{group_positions, mix64, stripe_of, STRIPES};
@@ -290,24 +291,17 @@ impl SparseTable {
 
     /// What admission remembers, stripe by stripe: the draws made and the count filter's cells
     /// (see [`Stripe::admission`]).
-    pub fn admission(&self) -> Vec<(u64, Vec<u16>)> {
-        self.stripes
-            .iter()
-            .map(|s| {
-                let s = s.lock();
-                let (draws, cells) = s.admission();
-                (draws, cells.to_vec())
-            })
-            .collect()
+    pub fn admission(&self) -> Vec<AdmissionState> {
+        self.stripes.iter().map(|s| s.lock().admission()).collect()
     }
 
     /// Takes back what [`admission`](Self::admission) gave (from a checkpoint).
-    pub fn restore_admission(&self, state: &[(u64, Vec<u16>)]) -> Result<(), String> {
+    pub fn restore_admission(&self, state: &[AdmissionState]) -> Result<(), String> {
         if state.len() != self.stripes.len() {
             return Err(format!("admission state for {} stripes, the table has {}", state.len(), self.stripes.len()));
         }
-        for (stripe, (draws, cells)) in self.stripes.iter().zip(state) {
-            stripe.lock().restore_admission(*draws, cells)?;
+        for (stripe, s) in self.stripes.iter().zip(state) {
+            stripe.lock().restore_admission(s)?;
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 //! and removal by a shrink. A removed row's place in the slab takes the slab's last row.
 
 use super::accessor::{Accessor, Verdict};
-use super::admit::{self, CountFilter, Entry};
+use super::admit::{self, AdmissionState, CountFilter, Entry};
 use super::index::{Index, MAX_ROWS};
 use super::rows::Rows;
 use super::SparseSpec;
@@ -25,6 +25,9 @@ pub struct Lifecycle {
     pub shrunk_score: u64,
     /// Rows deleted by a shrink for being unseen too long.
     pub shrunk_unseen: u64,
+    /// Pending ids (counted, not admitted) a shrink made the count filter forget: unseen too long.
+    #[serde(default)]
+    pub forgotten: u64,
 }
 
 impl Lifecycle {
@@ -36,6 +39,7 @@ impl Lifecycle {
         self.no_room += o.no_room;
         self.shrunk_score += o.shrunk_score;
         self.shrunk_unseen += o.shrunk_unseen;
+        self.forgotten += o.forgotten;
     }
 }
 
@@ -80,18 +84,19 @@ impl Stripe {
     }
 
     /// What admission remembers between pushes, for a checkpoint: the draws made for
-    /// `probability_entry` and the count filter's cells (none without one).
-    pub fn admission(&self) -> (u64, &[u16]) {
-        (self.draws, self.filter.as_ref().map_or(&[][..], CountFilter::cells))
+    /// `probability_entry` and the count filter's cells and days (none without one).
+    pub fn admission(&self) -> AdmissionState {
+        let (cells, days) = self.filter.as_ref().map_or((&[][..], &[][..]), CountFilter::cells);
+        AdmissionState { draws: self.draws, cells: cells.to_vec(), days: days.to_vec() }
     }
 
     /// Takes back what [`admission`](Self::admission) gave.
-    pub fn restore_admission(&mut self, draws: u64, cells: &[u16]) -> Result<(), String> {
-        self.draws = draws;
+    pub fn restore_admission(&mut self, state: &AdmissionState) -> Result<(), String> {
+        self.draws = state.draws;
         match &mut self.filter {
-            Some(f) => f.restore(cells),
-            None if cells.is_empty() => Ok(()),
-            None => Err(format!("{} admission filter cells for a table without a count filter", cells.len())),
+            Some(f) => f.restore(&state.cells, &state.days),
+            None if state.cells.is_empty() => Ok(()),
+            None => Err(format!("{} admission filter cells for a table without a count filter", state.cells.len())),
         }
     }
 
@@ -229,8 +234,12 @@ impl Stripe {
     }
 
     /// One shrink of every row: statistics decayed after `days` days, and rows the accessor
-    /// condemns removed; returns how many.
+    /// condemns removed; returns how many. The count filter's pending ids age by the same days
+    /// and rule.
     pub fn shrink(&mut self, accessor: &Accessor, days: u32) -> u64 {
+        if let Some(f) = &mut self.filter {
+            self.counts.forgotten += f.age(days, accessor.delete_after_unseen_days);
+        }
         let mut deleted = 0;
         let mut row = 0;
         // A removed row's number takes the last row, not yet visited: visit it next.

@@ -1,6 +1,7 @@
 //! Tables that live for months, end to end on 2 servers x 2 trainers: row statistics counted at
-//! the servers against the data's own counts, admission by count, a capacity that is never
-//! exceeded, and `oar shrink` (a real process) against live servers.
+//! the servers against the data's own counts, admission by count (and pending sightings
+//! forgotten by a shrink), a capacity that is never exceeded, and `oar shrink` (a real process)
+//! against live servers.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -154,7 +155,14 @@ fn count_admission_gives_rows_only_to_ids_seen_twice_and_a_capacity_is_never_exc
     assert_eq!(rows(&held), twice);
     let filtered: u64 = held.iter().map(|s| s.lifecycle[0].filtered).sum();
     assert!(filtered as usize >= data.len() - twice, "every id seen once was filtered");
-    assert!(held.iter().all(|s| s.filter_bytes[0] == 2 * oar::table::DEFAULT_FILTER_CAPACITY));
+    assert!(held.iter().all(|s| s.filter_bytes[0] == 3 * oar::table::DEFAULT_FILTER_CAPACITY));
+    // The ids seen once wait in the filter and age as rows do: 30 days unseen are not more than
+    // Paddle's default delete_after_unseen_days (30), a 31st forgets every one of them.
+    let forgotten = |s: &[ServerStats]| s.iter().map(|s| s.lifecycle[0].forgotten).sum::<u64>() as usize;
+    shrink(&admitted, 30);
+    assert_eq!(forgotten(&stats(&admitted)), 0);
+    shrink(&admitted, 1);
+    assert_eq!(forgotten(&stats(&admitted)), data.len() - twice, "every pending id forgotten once");
 
     let capacity = 300;
     let capped = train_on_live_servers(
