@@ -45,12 +45,12 @@ pub struct Index {
 
 /// The tag of a hash: bits the bucket choice (16..48), the stripe (the low 6) and the server
 /// (the top ones) do not use.
-#[inline]
+#[inline(always)]
 fn tag(hash: u64) -> u32 {
     (hash >> 8) as u32 & 0xff
 }
 
-#[inline]
+#[inline(always)]
 fn row_of(slot: u32) -> u32 {
     (slot >> 8) - 1
 }
@@ -71,7 +71,7 @@ impl Index {
         Index { pages: Pages::zeroed(nb * 64, false), nb, live: 0, tombs: 0 }
     }
 
-    #[inline]
+    #[inline(always)]
     fn buckets(&self) -> &[Bucket] {
         &self.pages.as_slice::<Bucket>()[..self.nb]
     }
@@ -96,7 +96,7 @@ impl Index {
         self.live == 0
     }
 
-    #[inline]
+    #[inline(always)]
     fn home(&self, hash: u64) -> usize {
         // Bits 16..48: the top bits pick the server and the low 6 the stripe, so within one
         // stripe of one server only these are spread evenly.
@@ -113,7 +113,7 @@ impl Index {
     }
 
     /// Hints the CPU to start loading the home bucket of `hash`.
-    #[inline]
+    #[inline(always)]
     pub fn prefetch(&self, hash: u64) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -137,7 +137,7 @@ impl Index {
 
     /// The row of the first slot in the home bucket of `hash` whose tag matches: most likely
     /// the row a `find` will read, so it can be prefetched before.
-    #[inline]
+    #[inline(always)]
     pub fn guess(&self, hash: u64) -> Option<u32> {
         let b = self.home(hash);
         let (hits, _) = self.scan(b, tag(hash));
