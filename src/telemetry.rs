@@ -72,6 +72,15 @@ impl Sheet {
         self.0.register(name, help, family);
     }
 
+    /// A counter per set of labels (exposed as `oar_<name>_total{...}`).
+    pub fn counters(&mut self, name: &str, help: &str, values: &[(Vec<(String, String)>, u64)]) {
+        let family = Family::<Vec<(String, String)>, Counter>::default();
+        for (labels, x) in values {
+            family.get_or_create(labels).inc_by(*x);
+        }
+        self.0.register(name, help, family);
+    }
+
     /// Pushes by how many updates behind they arrived, a gauge per count (`behind="k"`).
     pub fn staleness(&mut self, help: &str, s: &crate::metrics::Staleness) {
         let counts: Vec<(String, f64)> = s.0.iter().enumerate().map(|(k, &n)| (k.to_string(), n as f64)).collect();

@@ -1,5 +1,5 @@
 //! A server's Prometheus metrics (`--metrics-addr`): its counters as `ServerStats` has them,
-//! rows and memory, push staleness, pull and push latency, the age of its last background
+//! rows, row lifecycle events and memory, push staleness, pull and push latency, the age of its last background
 //! checkpoint and its restarts, rendered on each scrape ([`crate::telemetry`]).
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -41,6 +41,21 @@ pub(super) fn render(state: &State) -> String {
         |v: &[usize]| -> Vec<(String, f64)> { names.iter().cloned().zip(v.iter().map(|&x| x as f64)).collect() };
     m.gauges("rows", "Rows held per sparse table.", "table", &per_table(&s.rows));
     m.gauges("filter_bytes", "Bytes of each table's admission filter.", "table", &per_table(&s.filter_bytes));
+    let events: Vec<(Vec<(String, String)>, u64)> = names
+        .iter()
+        .zip(&s.lifecycle)
+        .flat_map(|(table, life)| {
+            life.events()
+                .map(move |(event, n)| (vec![("table".into(), table.clone()), ("event".into(), event.into())], n))
+        })
+        .collect();
+    m.counters(
+        "row_events",
+        "What the rows of each sparse table went through: ids admitted, pushes filtered (not admitted yet), rows \
+         evicted for the capacity, ids left without room, rows shrunk for a low score or for being unseen, pending \
+         ids the admission filter forgot.",
+        &events,
+    );
     m.gauge("resident_memory_bytes", "The process's resident memory.", s.rss_bytes as f64);
     m.gauge("peak_resident_memory_bytes", "The process's peak resident memory.", s.peak_rss_bytes as f64);
     m.gauge("connections", "Connections open now.", state.open.load(Relaxed) as f64);

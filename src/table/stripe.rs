@@ -31,6 +31,20 @@ pub struct Lifecycle {
 }
 
 impl Lifecycle {
+    /// Every count by its name, as the metrics name the events.
+    pub fn events(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("admitted", self.admitted),
+            ("filtered", self.filtered),
+            ("evicted", self.evicted),
+            ("no_room", self.no_room),
+            ("shrunk_score", self.shrunk_score),
+            ("shrunk_unseen", self.shrunk_unseen),
+            ("forgotten", self.forgotten),
+        ]
+        .into_iter()
+    }
+
     /// Adds another stripe's counts.
     pub fn add(&mut self, o: &Lifecycle) {
         self.admitted += o.admitted;

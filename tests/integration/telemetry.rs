@@ -118,6 +118,12 @@ fn servers_and_trainers_serve_metrics_that_a_prometheus_parser_reads_and_that_ma
         oar::client::Client::connect(&config).unwrap().stats().unwrap().remove(0)
     };
     assert_eq!(value(&s, "oar_rows", Some(("table", "embedding"))), stats.rows[0] as f64);
+    // Every id of the one table got a row when first pulled, as the server counted it.
+    assert_eq!(value(&s, "oar_row_events_total", Some(("event", "admitted"))), stats.lifecycle[0].admitted as f64);
+    assert_eq!(stats.lifecycle[0].admitted, stats.rows[0] as u64);
+    for event in ["filtered", "evicted", "no_room", "shrunk_score", "shrunk_unseen", "forgotten"] {
+        assert_eq!(value(&s, "oar_row_events_total", Some(("event", event))), 0.0, "{event}");
+    }
     assert!(value(&s, "oar_resident_memory_bytes", None) > 1e6);
     assert!(value(&s, "oar_checkpoint_age_seconds", None).is_nan(), "no background checkpoints");
     server.kill().unwrap();
