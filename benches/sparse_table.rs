@@ -1,12 +1,12 @@
 //! `cargo bench --bench sparse_table`: one server's sparse table in memory (no network), dim 10,
-//! per-dimension Adagrad: 10M rows inserted, then batches of 50,000 Zipf-like keys pulled as
-//! drawn, pulled deduplicated and pushed. Prints keys per second, medians of 5 rounds. The same
-//! draws as `oar bench` (b), so its "in memory" figures and these agree; this one is quicker to
-//! run while working on the table.
+//! per-dimension Adagrad: 10M rows inserted (`ROWS` to change), then batches of 50,000
+//! Zipf-like keys pulled as drawn, pulled deduplicated and pushed. Prints keys per second,
+//! medians of 5 rounds. The draws are `oar bench` (b)'s ([`oar::bench::SparseDraws`]), so its
+//! "in memory" figures and these agree; this one is quicker to run while working on the table.
 
 use std::time::Instant;
 
-use oar::layout::mix64;
+use oar::bench::SparseDraws;
 use oar::table::sparse::SparseTable;
 use oar::table::{Init, Optimizer, SparseSpec};
 
@@ -15,33 +15,13 @@ fn main() {
     let keys = 50_000usize;
     let table =
         SparseTable::new(SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05)));
-    let key = |rank: u64| mix64(rank ^ 0x5eed);
+    let SparseDraws { inserts, drawn, unique } = SparseDraws::new(rows, keys);
     let mut out = vec![0.0f32; keys * 10];
     let started = Instant::now();
-    let all: Vec<u64> = (0..rows as u64).map(key).collect();
-    for chunk in all.chunks(keys) {
-        table.pull(chunk, &mut out[..chunk.len() * 10], true).expect("insert");
+    for batch in &inserts {
+        table.pull(batch, &mut out[..batch.len() * 10], true).expect("insert");
     }
     let insert = rows as f64 / started.elapsed().as_secs_f64();
-    let drawn: Vec<Vec<u64>> = (0..64u64)
-        .map(|b| {
-            (0..keys as u64)
-                .map(|i| {
-                    let u = (mix64(b << 32 | i) >> 11) as f64 / (1u64 << 53) as f64;
-                    key(((u * (rows as f64).ln()).exp() as u64).min(rows as u64 - 1))
-                })
-                .collect()
-        })
-        .collect();
-    let unique: Vec<Vec<u64>> = drawn
-        .iter()
-        .map(|d| {
-            let mut v = d.clone();
-            v.sort_unstable();
-            v.dedup();
-            v
-        })
-        .collect();
     let grads = vec![0.01f32; keys * 10];
     let counts = [1.0f32, 0.0].repeat(keys);
     let rate = |op: &mut dyn FnMut(&[u64]), sets: &[Vec<u64>]| {

@@ -237,6 +237,7 @@ pub mod quality;
 pub mod recovery;
 pub mod security;
 mod sparse;
+pub use sparse::SparseDraws;
 
 use sparse::sparse_rates;
 

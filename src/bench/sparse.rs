@@ -31,6 +31,47 @@ pub(super) struct SparseRates {
     pub(super) mem: [f64; 4],
 }
 
+/// The keys the sparse measurements use: `rows` distinct ids in insert batches of `keys`, and 64
+/// batches of `keys` ids with log-uniform ranks (Zipf-like, s = 1), as drawn and deduplicated.
+/// `oar bench` (b) and `cargo bench --bench sparse_table` draw the same.
+pub struct SparseDraws {
+    /// Every id once, in batches.
+    pub inserts: Vec<Vec<u64>>,
+    /// Batches as drawn (with repeats).
+    pub drawn: Vec<Vec<u64>>,
+    /// The drawn batches deduplicated (what a trainer sends).
+    pub unique: Vec<Vec<u64>>,
+}
+
+impl SparseDraws {
+    /// The draws for a table of `rows` ids and requests of `keys` ids.
+    pub fn new(rows: usize, keys: usize) -> SparseDraws {
+        let key = |rank: u64| crate::layout::mix64(rank ^ 0x5eed);
+        let inserts: Vec<Vec<u64>> =
+            (0..rows as u64).collect::<Vec<_>>().chunks(keys).map(|c| c.iter().map(|&r| key(r)).collect()).collect();
+        let drawn: Vec<Vec<u64>> = (0..64u64)
+            .map(|b| {
+                (0..keys as u64)
+                    .map(|i| {
+                        let u = (crate::layout::mix64(b << 32 | i) >> 11) as f64 / (1u64 << 53) as f64;
+                        key(((u * (rows as f64).ln()).exp() as u64).min(rows as u64 - 1))
+                    })
+                    .collect()
+            })
+            .collect();
+        let unique = drawn
+            .iter()
+            .map(|d| {
+                let mut v = d.clone();
+                v.sort_unstable();
+                v.dedup();
+                v
+            })
+            .collect();
+        SparseDraws { inserts, drawn, unique }
+    }
+}
+
 /// A measured server: its process, a trainer's connection, and its rounds so far.
 struct Measured {
     server: ServerProc,
@@ -63,28 +104,7 @@ pub(super) fn sparse_rates(
         dense: DenseSpec { params: vec![], block_size: 1024, seed: 1, optimizer: Optimizer::sgd(0.1) },
         sparse: vec![table.clone(), row_wise],
     };
-    let key = |rank: u64| crate::layout::mix64(rank ^ 0x5eed);
-    let inserts: Vec<Vec<u64>> =
-        (0..rows as u64).collect::<Vec<_>>().chunks(keys).map(|c| c.iter().map(|&r| key(r)).collect()).collect();
-    let drawn: Vec<Vec<u64>> = (0..64u64)
-        .map(|b| {
-            (0..keys as u64)
-                .map(|i| {
-                    let u = (crate::layout::mix64(b << 32 | i) >> 11) as f64 / (1u64 << 53) as f64;
-                    key(((u * (rows as f64).ln()).exp() as u64).min(rows as u64 - 1))
-                })
-                .collect()
-        })
-        .collect();
-    let batches: Vec<Vec<u64>> = drawn
-        .iter()
-        .map(|d| {
-            let mut v = d.clone();
-            v.sort_unstable();
-            v.dedup();
-            v
-        })
-        .collect();
+    let SparseDraws { inserts, drawn, unique: batches } = SparseDraws::new(rows, keys);
     let grads = vec![0.01f32; keys * 10];
     let counts = [1.0f32, 0.0].repeat(keys);
     let mut out = [Vec::new()];
