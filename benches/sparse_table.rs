@@ -2,7 +2,8 @@
 //! per-dimension Adagrad: 10M rows inserted (`ROWS` to change), then batches of 50,000
 //! Zipf-like keys pulled as drawn, pulled deduplicated and pushed. Prints keys per second,
 //! medians of 5 rounds. The draws are `oar bench` (b)'s ([`oar::bench::SparseDraws`]), so its
-//! "in memory" figures and these agree; this one is quicker to run while working on the table.
+//! "in memory" figures and these measure the same work (they differ by this VM's run-to-run
+//! noise); this one is quicker to run while working on the table.
 
 use std::time::Instant;
 

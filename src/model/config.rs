@@ -47,7 +47,7 @@ pub struct TableConfig {
     /// [default: unbounded].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<u64>,
-    /// Cells (2 bytes each) of each server's count filter [default: 4 Mi].
+    /// Cells (3 bytes each) of each server's count filter [default: 4 Mi].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter_capacity: Option<usize>,
 }

@@ -154,6 +154,8 @@ impl CountFilter {
 
     /// `days` more days for every pending id; those now unseen for more than `forget_after`
     /// days are forgotten (their sightings count no more). Returns how many were forgotten.
+    /// Days saturate at 255, so under a threshold of 255 days or more an id is forgotten at
+    /// 255: earlier than its row would be deleted, which only delays its admission.
     pub fn age(&mut self, days: u32, forget_after: f32) -> u64 {
         let mut forgotten = 0;
         for (cell, d) in self.cells.iter_mut().zip(self.days.iter_mut()) {
@@ -162,7 +164,7 @@ impl CountFilter {
             }
             *d = (*d as u32 + days).min(u8::MAX as u32) as u8;
             // The rule rows follow (`Accessor::shrink`): unseen for more than the threshold.
-            if *d as f32 > forget_after {
+            if *d as f32 > forget_after || *d == u8::MAX {
                 (*cell, *d) = (0, 0);
                 forgotten += 1;
             }
@@ -293,26 +295,31 @@ mod tests {
         let (cells, days) = f.cells();
         let k = cells.iter().position(|&c| c & 15 == 5).expect("five sightings counted");
         assert_eq!(days[k], 0);
-        // Days saturate at 255 and a threshold of 255 or more never forgets.
-        assert_eq!(f.age(1000, 300.0), 0);
-        assert_eq!(f.age(1, 254.0), 1, "the one pending id is now 255 days unseen");
+        // Days saturate at 255: a threshold of 255 or more forgets at 255 days, not never.
+        assert_eq!(f.age(254, 300.0), 0);
+        assert_eq!(f.age(1, 300.0), 1, "the one pending id is now 255 days unseen");
     }
 
     #[test]
     fn a_full_bucket_gives_the_oldest_of_its_lowest_counts_to_a_newcomer() {
         let mut f = CountFilter::new(8);
         let mut sigs = std::collections::HashSet::new();
-        let ids: Vec<u64> = (0..1000u64).filter(|&i| sigs.insert(f.place(mix64(i)).1)).take(9).collect();
+        let ids: Vec<u64> = (0..1000u64).filter(|&i| sigs.insert(f.place(mix64(i)).1)).take(10).collect();
+        let cell_of = |f: &CountFilter, id: u64| f.cells().0.iter().position(|&c| c >> 4 == f.place(mix64(id)).1);
+        // Eight ids a day apart fill cells 0..7, ids[0] the oldest.
         for &id in &ids[..8] {
             assert!(!f.sight(mix64(id), 1, 15));
             f.age(1, 100.0);
         }
-        // All eight have count 1; ids[0] is 8 days unseen, the oldest: the ninth takes its cell.
+        // ids[0] is admitted (cell 0 freed) and a fresh ids[8] takes cell 0: now the first cell
+        // is the newest, and the oldest count of 1 is ids[1]'s, in cell 1.
+        assert!(f.sight(mix64(ids[0]), 15, 15));
         assert!(!f.sight(mix64(ids[8]), 1, 15));
-        let (cells, _) = f.cells();
-        assert!(!cells.contains(&(f.place(mix64(ids[0])).1 << 4 | 1)));
-        assert!(cells.contains(&(f.place(mix64(ids[1])).1 << 4 | 1)));
-        assert!(cells.contains(&(f.place(mix64(ids[8])).1 << 4 | 1)));
+        assert_eq!(cell_of(&f, ids[8]), Some(0));
+        assert!(!f.sight(mix64(ids[9]), 1, 15));
+        assert_eq!(cell_of(&f, ids[9]), Some(1), "the oldest lowest count gave way, not the first");
+        assert_eq!(cell_of(&f, ids[1]), None);
+        assert_eq!(cell_of(&f, ids[8]), Some(0));
     }
 
     #[test]

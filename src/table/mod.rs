@@ -193,7 +193,7 @@ pub struct SparseSpec {
     /// None: unbounded.
     #[serde(default)]
     pub capacity: Option<u64>,
-    /// Cells (2 bytes each) of each server's count filter, with `count_filter_entry`: ids
+    /// Cells (3 bytes each) of each server's count filter, with `count_filter_entry`: ids
     /// counted at once before some lose their count.
     #[serde(default = "default_filter_capacity")]
     pub filter_capacity: usize,

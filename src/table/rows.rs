@@ -254,15 +254,13 @@ impl Rows {
     /// The prefetches of a push beyond the hot part: the cold state and the unseen days.
     #[inline]
     fn prefetch_rest(&self, row: u32) {
-        {
-            if self.layout.cold > 0 {
-                prefetch_words(self.cold(row));
-            }
-            if self.layout.unseen_at.is_none() {
-                let (c, r) = self.place(row);
-                let u = &self.chunks[c].unseen[r];
-                prefetch_ptr(u as *const u16 as usize);
-            }
+        if self.layout.cold > 0 {
+            prefetch_words(self.cold(row));
+        }
+        if self.layout.unseen_at.is_none() {
+            let (c, r) = self.place(row);
+            let u = &self.chunks[c].unseen[r];
+            prefetch_ptr(u as *const u16 as usize);
         }
     }
 
@@ -381,7 +379,8 @@ fn prefetch_words(words: &[u32]) {
 #[inline(always)]
 fn prefetch_ptr(addr: usize) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetching is only a hint; callers pass addresses inside the slab.
+    // SAFETY: prefetching is only a hint and never faults; callers pass addresses in the slab's
+    // pages (a line's start, which may lie just before an unaligned allocation).
     unsafe {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
     };
