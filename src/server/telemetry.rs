@@ -1,6 +1,6 @@
 //! A server's Prometheus metrics (`--metrics-addr`): its counters as `ServerStats` has them,
-//! rows, row lifecycle events and memory, push staleness, pull and push latency, the age of its last background
-//! checkpoint and its restarts, rendered on each scrape ([`crate::telemetry`]).
+//! rows, row lifecycle events and memory, push staleness, pull and push latency, the age of its
+//! last background checkpoint and its restarts, rendered on each scrape ([`crate::telemetry`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
