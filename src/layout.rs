@@ -105,14 +105,16 @@ pub fn group_positions(
     for g in 0..groups {
         starts[g + 1] += starts[g];
     }
-    let mut next: Vec<usize> = starts[..groups].to_vec();
     order.clear();
     order.resize(len, 0);
+    // `starts[g]` serves as group g's cursor, ending at g + 1's start: shifted back after.
     for i in 0..len {
         let g = group_of(i);
-        order[next[g]] = i as u32;
-        next[g] += 1;
+        order[starts[g]] = i as u32;
+        starts[g] += 1;
     }
+    starts.copy_within(..groups, 1);
+    starts[0] = 0;
 }
 
 #[cfg(test)]
