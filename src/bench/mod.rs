@@ -456,7 +456,7 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         };
         println!("    {}:", b.name);
         println!(
-            "      memory per row (resident memory grown by the inserts: index, id, weights, statistics, state): {:.0} bytes per-dimension Adagrad, {:.0} bytes row-wise Adagrad",
+            "      memory per row (resident memory grown by the inserts: index, id, weights, statistics, state): {:.1} bytes per-dimension Adagrad, {:.1} bytes row-wise Adagrad",
             b.bytes_per_row[0], b.bytes_per_row[1]
         );
         println!("      insert (new ids)         {:6.2} M keys/s", b.insert / 1e6);
