@@ -11,9 +11,13 @@
 //! and the index grows by an eighth at a time: 4.4 to 5 bytes per row, where hashbrown (a
 //! control byte and a 4-byte entry per slot, sizes in powers of two) pays 5.7 to 11.4.
 //!
+//! An index of a block (64 KiB) or more lives in blocks of the pool of huge pages
+//! ([`super::pool`]): at 10M rows a stripe's index is 780 KiB, and in small pages nearly every
+//! probe also missed the TLB (about an eighth of a pull's time, measured).
+//!
 //! The index never reads ids itself: callers pass the function from a row to its id.
 
-use super::pages::Pages;
+use super::pool::{self, Span, BLOCK};
 
 /// Slots per bucket: one cache line of `u32`.
 pub const BUCKET: usize = 16;
@@ -31,10 +35,17 @@ unsafe impl bytemuck::Zeroable for Bucket {}
 // SAFETY: as above.
 unsafe impl bytemuck::Pod for Bucket {}
 
+/// Buckets of a pooled segment: one block.
+const SEG_BUCKETS: usize = BLOCK / 64;
+
 /// The index of one stripe's rows.
 pub struct Index {
-    /// The buckets, in pages the kernel zeroes (all slots empty) and that go back on a rebuild.
-    pages: Pages,
+    /// The buckets, zeroed (all slots empty) and given back on a rebuild: a mapping of their own
+    /// while they take less than a block, else blocks of [`SEG_BUCKETS`] from the pool of huge
+    /// pages ([`pool::INDEX`]), so a probe's bucket seldom costs a page walk.
+    _segs: Vec<Span>,
+    /// Where each of `segs` starts: a probe reads one word to find its bucket.
+    bases: Box<[*mut Bucket]>,
     /// Number of buckets.
     nb: usize,
     /// Live slots.
@@ -55,6 +66,11 @@ fn row_of(slot: u32) -> u32 {
     (slot >> 8) - 1
 }
 
+// SAFETY: `bases` only points into `segs`, which the index owns; access goes through `&`/`&mut`.
+unsafe impl Send for Index {}
+// SAFETY: as above.
+unsafe impl Sync for Index {}
+
 impl Default for Index {
     fn default() -> Self {
         Index::new()
@@ -68,20 +84,32 @@ impl Index {
     }
 
     fn with_buckets(nb: usize) -> Index {
-        Index { pages: Pages::zeroed(nb * 64, false), nb, live: 0, tombs: 0 }
+        let segs = if nb * 64 < BLOCK {
+            vec![Span::own(nb * 64)]
+        } else {
+            (0..nb.div_ceil(SEG_BUCKETS)).map(|_| Span::pooled(&pool::INDEX, true)).collect()
+        };
+        let bases = segs.iter().map(|s| s.as_ptr() as *mut Bucket).collect();
+        Index { _segs: segs, bases, nb, live: 0, tombs: 0 }
     }
 
+    /// Bucket `b` (below `nb`).
     #[inline(always)]
-    fn buckets(&self) -> &[Bucket] {
-        &self.pages.as_slice::<Bucket>()[..self.nb]
+    fn bucket(&self, b: usize) -> &Bucket {
+        assert!(b < self.nb);
+        // SAFETY: bucket `b` (below `nb`) lies in segment `b / SEG_BUCKETS`, which `bases` points
+        // at and `segs` keeps alive: its own mapping holds `nb` buckets, a block SEG_BUCKETS.
+        unsafe { &*self.bases.get_unchecked(b / SEG_BUCKETS).add(b % SEG_BUCKETS) }
     }
 
     #[inline]
     fn bucket_mut(&mut self, b: usize) -> &mut [u32; BUCKET] {
-        &mut self.pages.as_mut_slice::<Bucket>()[b].0
+        assert!(b < self.nb);
+        // SAFETY: as in `bucket`, and `&mut self` makes this the only reference.
+        unsafe { &mut (*self.bases.get_unchecked(b / SEG_BUCKETS).add(b % SEG_BUCKETS)).0 }
     }
 
-    /// Bytes the index takes.
+    /// Bytes the index's buckets take (a pooled index's last block may hold room for more).
     pub fn bytes(&self) -> usize {
         self.nb * 64
     }
@@ -117,7 +145,7 @@ impl Index {
     pub fn prefetch(&self, hash: u64) {
         #[cfg(target_arch = "x86_64")]
         {
-            let ptr = &self.buckets()[self.home(hash)] as *const Bucket as *const i8;
+            let ptr = self.bucket(self.home(hash)) as *const Bucket as *const i8;
             // SAFETY: prefetching is only a hint; the pointer is inside `buckets`.
             unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr) };
         }
@@ -128,7 +156,7 @@ impl Index {
     #[inline(always)]
     fn scan(&self, b: usize, t: u32) -> (u32, bool) {
         let (mut hits, mut empty) = (0u32, 0u32);
-        for (i, &s) in self.buckets()[b].0.iter().enumerate() {
+        for (i, &s) in self.bucket(b).0.iter().enumerate() {
             hits |= (((s & 0xff) == t) & (s > TOMB)) as u32 * (1 << i);
             empty |= (s == EMPTY) as u32 * (1 << i);
         }
@@ -141,7 +169,7 @@ impl Index {
     pub fn guess(&self, hash: u64) -> Option<u32> {
         let b = self.home(hash);
         let (hits, _) = self.scan(b, tag(hash));
-        (hits != 0).then(|| row_of(self.buckets()[b].0[hits.trailing_zeros() as usize]))
+        (hits != 0).then(|| row_of(self.bucket(b).0[hits.trailing_zeros() as usize]))
     }
 
     /// The row holding `id` (whose `mix64` is `hash`), reading candidate rows' ids with `id_of`.
@@ -152,7 +180,7 @@ impl Index {
         loop {
             let (mut hits, vacant) = self.scan(b, t);
             while hits != 0 {
-                let row = row_of(self.buckets()[b].0[hits.trailing_zeros() as usize]);
+                let row = row_of(self.bucket(b).0[hits.trailing_zeros() as usize]);
                 if id_of(row) == id {
                     return Some(row);
                 }
@@ -182,7 +210,7 @@ impl Index {
         let slot = (row + 1) << 8 | tag(hash);
         let mut b = self.home(hash);
         loop {
-            if let Some(k) = self.buckets()[b].0.iter().position(|&s| s <= TOMB) {
+            if let Some(k) = self.bucket(b).0.iter().position(|&s| s <= TOMB) {
                 let s = &mut self.bucket_mut(b)[k];
                 let was = std::mem::replace(s, slot);
                 if was == TOMB {
@@ -198,7 +226,7 @@ impl Index {
     fn locate(&self, hash: u64, row: u32) -> (usize, usize) {
         let mut b = self.home(hash);
         for _ in 0..self.nb {
-            if let Some(k) = self.buckets()[b].0.iter().position(|&s| s > TOMB && row_of(s) == row) {
+            if let Some(k) = self.bucket(b).0.iter().position(|&s| s > TOMB && row_of(s) == row) {
                 return (b, k);
             }
             b = self.next(b);
@@ -210,8 +238,7 @@ impl Index {
     /// neighbourhood, where it looks for a row to evict.
     pub fn near(&self, hash: u64) -> impl Iterator<Item = u32> + '_ {
         let (home, n) = (self.home(hash), self.nb);
-        (0..n.min(2))
-            .flat_map(move |k| self.buckets()[(home + k) % n].0.iter().filter(|&&s| s > TOMB).map(|&s| row_of(s)))
+        (0..n.min(2)).flat_map(move |k| self.bucket((home + k) % n).0.iter().filter(|&&s| s > TOMB).map(|&s| row_of(s)))
     }
 
     /// Removes the entry of `row` (whose id's hash is `hash`).

@@ -15,6 +15,7 @@ pub mod index;
 pub mod optim;
 pub mod paddle_rules;
 pub mod pages;
+pub mod pool;
 pub mod rows;
 pub mod sparse;
 pub mod stripe;

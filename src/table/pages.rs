@@ -1,12 +1,13 @@
-//! Anonymous memory mappings for the sparse table's large arrays (row chunks, index buckets).
+//! Anonymous memory mappings for the sparse table's large arrays (a small stripe's index and
+//! first row chunk, and the huge pages of [`super::pool`]).
 //!
 //! Written here (over `libc`) for three things the global allocator does not give: pages that
 //! the kernel zeroes on first touch, so a chunk costs memory only as rows reach it (Rust's
 //! `alloc_zeroed` writes every byte of an over-aligned block, and an empty index is all zeros);
-//! memory that goes back to the system when a stripe shrinks; and 2 MiB huge pages for a full
-//! chunk of rows (`MADV_COLLAPSE`), because a pull of a cold id costs a page walk as well as a
-//! cache miss, and under a virtual machine's nested paging the walk is the larger part. Only
-//! full chunks are collapsed, so a half-filled chunk never costs a whole huge page.
+//! memory that goes back to the system when a stripe shrinks; and 2 MiB huge pages
+//! (`MADV_HUGEPAGE` on a mapping aligned to them), because a pull of a cold id costs a page walk
+//! as well as a cache miss, and under a virtual machine's nested paging the walk is the larger
+//! part.
 
 use std::ptr::NonNull;
 
@@ -76,6 +77,12 @@ impl Pages {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr() as *mut T, self.len / std::mem::size_of::<T>()) }
     }
 
+    /// The mapping's first byte.
+    #[inline(always)]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Asks the kernel to back the mapping with huge pages now (a hint: kernels without
     /// `MADV_COLLAPSE`, or without huge pages to spare, leave it as it is).
     pub fn collapse(&self) {
@@ -86,6 +93,13 @@ impl Pages {
             libc::madvise(p, self.len, libc::MADV_HUGEPAGE);
             libc::madvise(p, self.len, MADV_COLLAPSE);
         }
+    }
+
+    /// Asks the kernel to back the mapping with huge pages as it is first touched (a hint:
+    /// without huge pages to spare, or with them switched off, it keeps small ones).
+    pub fn advise_huge(&self) {
+        // SAFETY: advice on memory this mapping owns; a failure leaves the memory unchanged.
+        unsafe { libc::madvise(self.ptr.as_ptr() as *mut libc::c_void, self.len, libc::MADV_HUGEPAGE) };
     }
 }
 
@@ -106,8 +120,8 @@ mod tests {
         assert_eq!(p.as_slice::<u32>().as_ptr() as usize % HUGE, 0);
         assert!(p.as_slice::<u64>().iter().all(|&v| v == 0));
         p.as_mut_slice::<u32>()[12345] = 7;
-        p.collapse();
-        assert_eq!(p.as_slice::<u32>()[12345], 7, "a collapse keeps the contents");
+        p.advise_huge();
+        assert_eq!(p.as_slice::<u32>()[12345], 7, "advice keeps the contents");
         let small = Pages::zeroed(100, false);
         assert_eq!(small.as_slice::<u32>().len(), 25);
     }

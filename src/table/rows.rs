@@ -9,11 +9,13 @@
 //! to one cache line: with per-dimension Adagrad the hot part `[id | 10 weights | 3 statistics
 //! | unseen]` is exactly 64 bytes and the 40 bytes of state are cold (104 bytes a row); with
 //! row-wise Adagrad `[id | 10 weights | 3 statistics | accumulator]` is 64 bytes and the unseen
-//! days take 2 (66). Chunks are allocated zeroed, so the operating system gives their pages
-//! only as rows reach them. Unseen days are whole days; they saturate at 65,535.
+//! days take 2 (66). A chunk's hot parts fill one 64 KiB block: the first chunk is a mapping of
+//! its own, zeroed pages given as rows reach them (a small stripe costs only what it uses), the
+//! others blocks of the pool of huge pages ([`super::pool`]), so that finding a row seldom costs
+//! a page walk. Unseen days are whole days; they saturate at 65,535.
 
 use super::accessor::STATS;
-use super::pages::{Pages, HUGE};
+use super::pool::{self, Span, BLOCK};
 
 /// Words before the weights: the id's two halves.
 const ID_WORDS: usize = 2;
@@ -64,8 +66,9 @@ impl Layout {
 }
 
 struct Chunk {
-    /// Hot parts: one huge page where the rows fill most of one, so a full chunk can be one.
-    hot: Pages,
+    /// Hot parts: the first chunk a mapping of its own (a small stripe costs only the pages its
+    /// rows reach), the others blocks of the pool of huge pages ([`pool::ROWS`]).
+    hot: Span,
     cold: Box<[u32]>,
     unseen: Box<[u16]>,
 }
@@ -73,15 +76,26 @@ struct Chunk {
 /// One stripe's packed rows.
 pub struct Rows {
     chunks: Vec<Chunk>,
+    /// Where each chunk's hot parts start: a pull reads one word (of a small array that stays
+    /// in the cache) to find a row, not a chunk's whole record.
+    hot_bases: Vec<*mut u32>,
+    /// Where each chunk's cold parts start, for the same reason.
+    cold_bases: Vec<*mut u32>,
     len: usize,
     dim: usize,
     state: usize,
     layout: Layout,
-    /// Rows per chunk: `1 << shift`, as many as fit in a huge page.
-    shift: u32,
-    /// Whether a full chunk's hot part fills most of a huge page (and becomes one).
-    huge: bool,
+    /// Rows per chunk: as many hot parts as fit in a block (at least one).
+    per_chunk: u32,
+    /// `u64::MAX / per_chunk + 1`: a row's chunk is a multiply, not a division.
+    magic: u64,
 }
+
+// SAFETY: `hot_bases` and `cold_bases` only point into `chunks`, which the slab owns; access goes through
+// `&`/`&mut`.
+unsafe impl Send for Rows {}
+// SAFETY: as above.
+unsafe impl Sync for Rows {}
 
 /// Where a row's unseen days are, writable.
 enum UnseenMut<'a> {
@@ -126,20 +140,31 @@ impl Rows {
     /// An empty slab for rows of `dim` weights and `state` optimizer floats.
     pub fn new(dim: usize, state: usize) -> Rows {
         let layout = Layout::of(dim, state);
-        let per_page = (HUGE / (4 * layout.hot)).max(1);
-        let shift = per_page.ilog2();
-        let huge = (4 * layout.hot) << shift >= HUGE / 8 * 7;
-        Rows { chunks: Vec::new(), len: 0, dim, state, layout, shift, huge }
+        let per_chunk = (BLOCK / (4 * layout.hot)).max(1) as u32;
+        Rows {
+            chunks: Vec::new(),
+            hot_bases: Vec::new(),
+            cold_bases: Vec::new(),
+            len: 0,
+            dim,
+            state,
+            layout,
+            per_chunk,
+            magic: u64::MAX / per_chunk as u64 + 1,
+        }
     }
 
     /// Rows per chunk.
     pub fn chunk_rows(&self) -> usize {
-        1 << self.shift
+        self.per_chunk as usize
     }
 
     #[inline(always)]
     fn place(&self, row: u32) -> (usize, usize) {
-        (row as usize >> self.shift, row as usize & ((1 << self.shift) - 1))
+        // Lemire's exact division of a 32-bit number by a constant: the high word of
+        // `magic * row` is the quotient.
+        let c = ((self.magic as u128 * row as u128) >> 64) as u32;
+        (c as usize, (row - c * self.per_chunk) as usize)
     }
 
     /// Rows held.
@@ -160,13 +185,18 @@ impl Rows {
     #[inline(always)]
     fn hot(&self, row: u32) -> &[u32] {
         let ((c, r), h) = (self.place(row), self.layout.hot);
-        &self.chunks[c].hot.as_slice::<u32>()[r * h..(r + 1) * h]
+        assert!(r < self.per_chunk as usize);
+        // SAFETY: chunk `c` exists (the indexing checks it) and holds `per_chunk` hot parts of `h`
+        // words from its base; `chunks` keeps it alive while `self` is borrowed.
+        unsafe { std::slice::from_raw_parts(self.hot_bases[c].add(r * h), h) }
     }
 
     #[inline]
     fn cold(&self, row: u32) -> &[u32] {
         let ((c, r), w) = (self.place(row), self.layout.cold);
-        &self.chunks[c].cold[r * w..(r + 1) * w]
+        assert!(r < self.per_chunk as usize);
+        // SAFETY: as in `hot`, for the chunk's `per_chunk` cold parts of `w` words.
+        unsafe { std::slice::from_raw_parts(self.cold_bases[c].add(r * w), w) }
     }
 
     /// The id of `row`.
@@ -211,8 +241,15 @@ impl Rows {
     pub fn row_mut(&mut self, row: u32) -> RowMut<'_> {
         let (c, r) = self.place(row);
         let (dim, state, layout) = (self.dim, self.state, self.layout);
-        let chunk = &mut self.chunks[c];
-        let hot = &mut chunk.hot.as_mut_slice::<u32>()[r * layout.hot..(r + 1) * layout.hot];
+        assert!(r < self.per_chunk as usize);
+        // SAFETY: as in `hot` and `cold`; the two parts are disjoint, and `&mut self` makes them
+        // the only references.
+        let (hot, cold) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.hot_bases[c].add(r * layout.hot), layout.hot),
+                std::slice::from_raw_parts_mut(self.cold_bases[c].add(r * layout.cold), layout.cold),
+            )
+        };
         let (head, tail) = hot.split_at_mut(ID_WORDS + dim + STAT_WORDS);
         let (weights, stats) = head[ID_WORDS..].split_at_mut(dim);
         let (weights, stats): (&mut [f32], &mut [f32]) =
@@ -231,11 +268,11 @@ impl Rows {
                 let skip = at - base - usize::from(unseen_word.is_some());
                 &mut tail[skip..skip + state]
             }
-            None => &mut chunk.cold[r * layout.cold..(r + 1) * layout.cold],
+            None => cold,
         };
         let unseen = match unseen_word {
             Some(w) => UnseenMut::Word(w),
-            None => UnseenMut::Short(&mut chunk.unseen[r]),
+            None => UnseenMut::Short(&mut self.chunks[c].unseen[r]),
         };
         RowMut { weights, stats, state: bytemuck::cast_slice_mut(state_words), unseen }
     }
@@ -270,10 +307,17 @@ impl Rows {
         let n = self.chunk_rows();
         if self.len == self.chunks.len() * n {
             self.chunks.push(Chunk {
-                hot: Pages::zeroed(4 * n * self.layout.hot, self.huge),
+                hot: if self.chunks.is_empty() || 4 * n * self.layout.hot > BLOCK {
+                    Span::own(4 * n * self.layout.hot)
+                } else {
+                    Span::pooled(&pool::ROWS, false)
+                },
                 cold: bytemuck::allocation::zeroed_slice_box(n * self.layout.cold),
                 unseen: bytemuck::allocation::zeroed_slice_box(if self.layout.unseen_at.is_none() { n } else { 0 }),
             });
+            let chunk = self.chunks.last_mut().expect("just pushed");
+            self.hot_bases.push(chunk.hot.as_mut_slice::<u32>().as_mut_ptr());
+            self.cold_bases.push(chunk.cold.as_mut_ptr());
         }
         self.len += 1;
         // The place may hold a row removed before: clear every part.
@@ -285,10 +329,6 @@ impl Rows {
         }
         chunk.hot.as_mut_slice::<u32>()[r * layout.hot..(r + 1) * layout.hot].fill(0);
         self.set_id(row, id);
-        // A chunk just filled: its hot part becomes one huge page (once; removals keep it).
-        if self.huge && r == n - 1 {
-            self.chunks[c].hot.collapse();
-        }
         row
     }
 
@@ -307,6 +347,8 @@ impl Rows {
         // does not reallocate).
         while self.chunks.len() > self.len.div_ceil(self.chunk_rows()) + 1 {
             self.chunks.pop();
+            self.hot_bases.pop();
+            self.cold_bases.pop();
         }
         moved
     }
