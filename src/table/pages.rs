@@ -2,9 +2,10 @@
 //! first row chunk, and the huge pages of [`super::pool`]).
 //!
 //! Written here (over `libc`) for three things the global allocator does not give: pages that
-//! the kernel zeroes on first touch, so a chunk costs memory only as rows reach it (Rust's
-//! `alloc_zeroed` writes every byte of an over-aligned block, and an empty index is all zeros);
-//! memory that goes back to the system when a stripe shrinks; and 2 MiB huge pages
+//! the kernel zeroes on first touch, so a small stripe's first chunk costs memory only as rows
+//! reach it (Rust's `alloc_zeroed` writes every byte of an over-aligned block, and an empty
+//! index is all zeros); memory that goes back to the system when unmapped (a pooled block's
+//! page only once all its blocks are back); and 2 MiB huge pages
 //! (`MADV_HUGEPAGE` on a mapping aligned to them), because a pull of a cold id costs a page walk
 //! as well as a cache miss, and under a virtual machine's nested paging the walk is the larger
 //! part.
@@ -81,18 +82,6 @@ impl Pages {
     #[inline(always)]
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
-    }
-
-    /// Asks the kernel to back the mapping with huge pages now (a hint: kernels without
-    /// `MADV_COLLAPSE`, or without huge pages to spare, leave it as it is).
-    pub fn collapse(&self) {
-        const MADV_COLLAPSE: libc::c_int = 25;
-        // SAFETY: advice on memory this mapping owns; failures leave the memory unchanged.
-        unsafe {
-            let p = self.ptr.as_ptr() as *mut libc::c_void;
-            libc::madvise(p, self.len, libc::MADV_HUGEPAGE);
-            libc::madvise(p, self.len, MADV_COLLAPSE);
-        }
     }
 
     /// Asks the kernel to back the mapping with huge pages as it is first touched (a hint:

@@ -7,8 +7,10 @@
 //! 34 ns a random line in 4 KiB pages, 20 ns in huge pages). A stripe's own arrays cannot be
 //! huge pages: at 10M rows a stripe's index is 780 KiB and its last row chunk partly filled, and
 //! rounding each of 64 stripes up to 2 MiB would cost more memory than the rows' targets allow.
-//! So the stripes take their arrays in blocks from one pool whose pages are huge: a stripe wastes
-//! at most one partly used block, and every block shares its page's translation.
+//! So the stripes take their arrays in blocks from one pool whose pages are huge: a stripe's
+//! index wastes at most the rest of its last block, its rows that and what a block's size is
+//! not a multiple of (rows pool only where they fill 7/8 of a block), plus one spare chunk kept
+//! after a shrink; and every block shares its page's translation.
 //!
 //! A page goes back to the system as soon as none of its blocks is taken. Index blocks and row
 //! blocks come from separate pools ([`INDEX`], [`ROWS`]): an index is replaced whole at each

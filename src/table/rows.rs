@@ -12,9 +12,11 @@
 //! days take 2 (66). A chunk's hot parts fill one 64 KiB block: the first chunk is a mapping of
 //! its own, zeroed pages given as rows reach them (a small stripe costs only what it uses), the
 //! others blocks of the pool of huge pages ([`super::pool`]), so that finding a row seldom costs
-//! a page walk. Unseen days are whole days; they saturate at 65,535.
+//! a page walk. Rows whose size leaves more than an eighth of a block unused (some sizes over
+//! 7 KiB) keep chunks of their own, of about 2 MiB. Unseen days are whole days; they saturate at 65,535.
 
 use super::accessor::STATS;
+use super::pages::HUGE;
 use super::pool::{self, Span, BLOCK};
 
 /// Words before the weights: the id's two halves.
@@ -65,11 +67,15 @@ impl Layout {
     }
 }
 
+/// One chunk's memory. Its hot and cold parts are only reached through the slab's `hot_bases`
+/// and `cold_bases` (raw pointers taken without making a reference), so no reference to them
+/// ever invalidates those pointers.
 struct Chunk {
-    /// Hot parts: the first chunk a mapping of its own (a small stripe costs only the pages its
-    /// rows reach), the others blocks of the pool of huge pages ([`pool::ROWS`]).
-    hot: Span,
-    cold: Box<[u32]>,
+    /// Hot parts: where rows fill most of a block, the first chunk a mapping of its own (a small
+    /// stripe costs only the pages its rows reach) and the others blocks of the pool of huge
+    /// pages ([`pool::ROWS`]); larger rows, chunks of their own of about 2 MiB.
+    _hot: Span,
+    _cold: Vec<u32>,
     unseen: Box<[u16]>,
 }
 
@@ -85,14 +91,17 @@ pub struct Rows {
     dim: usize,
     state: usize,
     layout: Layout,
-    /// Rows per chunk: as many hot parts as fit in a block (at least one).
+    /// Rows per chunk: as many hot parts as fit in a block, or for rows that fill a block
+    /// poorly, in a huge page's size (at least one).
     per_chunk: u32,
-    /// `u64::MAX / per_chunk + 1`: a row's chunk is a multiply, not a division.
+    /// Whether chunks after the first are pooled blocks.
+    pooled: bool,
+    /// `2^40 / per_chunk + 1`: a row's chunk is a multiply, not a division.
     magic: u64,
 }
 
-// SAFETY: `hot_bases` and `cold_bases` only point into `chunks`, which the slab owns; access goes through
-// `&`/`&mut`.
+// SAFETY: `hot_bases` and `cold_bases` only point into the chunks' memory, which the slab owns;
+// access goes through `&`/`&mut` of the slab.
 unsafe impl Send for Rows {}
 // SAFETY: as above.
 unsafe impl Sync for Rows {}
@@ -140,9 +149,14 @@ impl Rows {
     /// An empty slab for rows of `dim` weights and `state` optimizer floats.
     pub fn new(dim: usize, state: usize) -> Rows {
         let layout = Layout::of(dim, state);
-        let per_chunk = (BLOCK / (4 * layout.hot)).max(1) as u32;
+        let per_block = BLOCK / (4 * layout.hot);
+        // Pooled when rows fill at least 7/8 of a block; else a block would waste too much,
+        // and a chunk of its own holds a huge page's worth (not one row a mapping).
+        let pooled = 4 * layout.hot * per_block >= BLOCK / 8 * 7;
+        let per_chunk = if pooled { per_block } else { (HUGE / (4 * layout.hot)).max(1) } as u32;
         Rows {
             chunks: Vec::new(),
+            pooled,
             hot_bases: Vec::new(),
             cold_bases: Vec::new(),
             len: 0,
@@ -150,7 +164,7 @@ impl Rows {
             state,
             layout,
             per_chunk,
-            magic: u64::MAX / per_chunk as u64 + 1,
+            magic: (1 << 40) / per_chunk as u64 + 1,
         }
     }
 
@@ -161,9 +175,12 @@ impl Rows {
 
     #[inline(always)]
     fn place(&self, row: u32) -> (usize, usize) {
-        // Lemire's exact division of a 32-bit number by a constant: the high word of
-        // `magic * row` is the quotient.
-        let c = ((self.magic as u128 * row as u128) >> 64) as u32;
+        // Division by a constant as a multiply by its rounded-up inverse in 40-bit fixed point:
+        // exact because rows number below 2^24 (the index's row field) and `per_chunk` is below
+        // 2^16, so the inverse's error, times the row, stays under 2^-16 < 1 / per_chunk; and
+        // the product stays under 2^64.
+        debug_assert!((row as usize) < 1 << 24);
+        let c = ((self.magic * row as u64) >> 40) as u32;
         (c as usize, (row - c * self.per_chunk) as usize)
     }
 
@@ -182,21 +199,42 @@ impl Rows {
         self.layout.row_bytes()
     }
 
+    /// Where `row`'s hot part starts (`layout.hot` words).
+    #[inline(always)]
+    fn hot_ptr(&self, row: u32) -> *mut u32 {
+        let (c, r) = self.place(row);
+        assert!(r < self.per_chunk as usize);
+        // SAFETY: chunk `c` exists (the indexing checks it) and holds `per_chunk` hot parts from
+        // its base, so the offset stays inside its memory.
+        unsafe { self.hot_bases[c].add(r * self.layout.hot) }
+    }
+
+    /// Where `row`'s cold part starts (`layout.cold` words).
+    #[inline(always)]
+    fn cold_ptr(&self, row: u32) -> *mut u32 {
+        let (c, r) = self.place(row);
+        assert!(r < self.per_chunk as usize);
+        // SAFETY: as in `hot_ptr`, for the chunk's `per_chunk` cold parts.
+        unsafe { self.cold_bases[c].add(r * self.layout.cold) }
+    }
+
     #[inline(always)]
     fn hot(&self, row: u32) -> &[u32] {
-        let ((c, r), h) = (self.place(row), self.layout.hot);
-        assert!(r < self.per_chunk as usize);
-        // SAFETY: chunk `c` exists (the indexing checks it) and holds `per_chunk` hot parts of `h`
-        // words from its base; `chunks` keeps it alive while `self` is borrowed.
-        unsafe { std::slice::from_raw_parts(self.hot_bases[c].add(r * h), h) }
+        // SAFETY: `hot_ptr` points at `layout.hot` words of a live chunk, which `&self` keeps
+        // alive and unwritten.
+        unsafe { std::slice::from_raw_parts(self.hot_ptr(row), self.layout.hot) }
+    }
+
+    #[inline(always)]
+    fn hot_mut(&mut self, row: u32) -> &mut [u32] {
+        // SAFETY: as in `hot`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.hot_ptr(row), self.layout.hot) }
     }
 
     #[inline]
     fn cold(&self, row: u32) -> &[u32] {
-        let ((c, r), w) = (self.place(row), self.layout.cold);
-        assert!(r < self.per_chunk as usize);
-        // SAFETY: as in `hot`, for the chunk's `per_chunk` cold parts of `w` words.
-        unsafe { std::slice::from_raw_parts(self.cold_bases[c].add(r * w), w) }
+        // SAFETY: as in `hot`, for the cold part.
+        unsafe { std::slice::from_raw_parts(self.cold_ptr(row), self.layout.cold) }
     }
 
     /// The id of `row`.
@@ -241,13 +279,12 @@ impl Rows {
     pub fn row_mut(&mut self, row: u32) -> RowMut<'_> {
         let (c, r) = self.place(row);
         let (dim, state, layout) = (self.dim, self.state, self.layout);
-        assert!(r < self.per_chunk as usize);
-        // SAFETY: as in `hot` and `cold`; the two parts are disjoint, and `&mut self` makes them
-        // the only references.
+        // SAFETY: as in `hot` and `cold`; the two parts are disjoint memory (the `unseen` box
+        // borrowed below is a third), and `&mut self` makes them the only references.
         let (hot, cold) = unsafe {
             (
-                std::slice::from_raw_parts_mut(self.hot_bases[c].add(r * layout.hot), layout.hot),
-                std::slice::from_raw_parts_mut(self.cold_bases[c].add(r * layout.cold), layout.cold),
+                std::slice::from_raw_parts_mut(self.hot_ptr(row), layout.hot),
+                std::slice::from_raw_parts_mut(self.cold_ptr(row), layout.cold),
             )
         };
         let (head, tail) = hot.split_at_mut(ID_WORDS + dim + STAT_WORDS);
@@ -306,28 +343,29 @@ impl Rows {
         let row = self.len as u32;
         let n = self.chunk_rows();
         if self.len == self.chunks.len() * n {
-            self.chunks.push(Chunk {
-                hot: if self.chunks.is_empty() || 4 * n * self.layout.hot > BLOCK {
-                    Span::own(4 * n * self.layout.hot)
-                } else {
-                    Span::pooled(&pool::ROWS, false)
-                },
-                cold: bytemuck::allocation::zeroed_slice_box(n * self.layout.cold),
-                unseen: bytemuck::allocation::zeroed_slice_box(if self.layout.unseen_at.is_none() { n } else { 0 }),
-            });
-            let chunk = self.chunks.last_mut().expect("just pushed");
-            self.hot_bases.push(chunk.hot.as_mut_slice::<u32>().as_mut_ptr());
-            self.cold_bases.push(chunk.cold.as_mut_ptr());
+            assert!(self.len + n <= 1 << 24, "a stripe numbers its rows in 24 bits");
+            let hot = if self.pooled && !self.chunks.is_empty() {
+                Span::pooled(&pool::ROWS, false)
+            } else {
+                Span::own(4 * n * self.layout.hot)
+            };
+            let mut cold = vec![0u32; n * self.layout.cold];
+            // Raw pointers taken without a reference (`Vec::as_mut_ptr` makes none).
+            self.hot_bases.push(hot.as_ptr() as *mut u32);
+            self.cold_bases.push(cold.as_mut_ptr());
+            let unseen = bytemuck::allocation::zeroed_slice_box(if self.layout.unseen_at.is_none() { n } else { 0 });
+            self.chunks.push(Chunk { _hot: hot, _cold: cold, unseen });
         }
         self.len += 1;
         // The place may hold a row removed before: clear every part.
-        let ((c, r), layout) = (self.place(row), self.layout);
-        let chunk = &mut self.chunks[c];
-        chunk.cold[r * layout.cold..(r + 1) * layout.cold].fill(0);
-        if let Some(u) = chunk.unseen.get_mut(r) {
+        let (c, r) = self.place(row);
+        if let Some(u) = self.chunks[c].unseen.get_mut(r) {
             *u = 0;
         }
-        chunk.hot.as_mut_slice::<u32>()[r * layout.hot..(r + 1) * layout.hot].fill(0);
+        let w = self.layout.cold;
+        // SAFETY: as in `cold`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.cold_ptr(row), w) }.fill(0);
+        self.hot_mut(row).fill(0);
         self.set_id(row, id);
         row
     }
@@ -355,30 +393,21 @@ impl Rows {
 
     /// Copies every stored part of row `from` over row `to` (`to` < `from`), as stored.
     fn copy_row(&mut self, from: u32, to: u32) {
+        assert_ne!(from, to);
         let ((fc, fr), (tc, tr), l) = (self.place(from), self.place(to), self.layout);
-        let (hot, cold) = (|r: usize| r * l.hot..(r + 1) * l.hot, |r: usize| r * l.cold..(r + 1) * l.cold);
-        if fc == tc {
-            let c = &mut self.chunks[fc];
-            c.hot.as_mut_slice::<u32>().copy_within(hot(fr), hot(tr).start);
-            c.cold.copy_within(cold(fr), cold(tr).start);
-            if !c.unseen.is_empty() {
-                c.unseen[tr] = c.unseen[fr];
-            }
-        } else {
-            // Rows move down: the destination's chunk comes first.
-            let (head, tail) = self.chunks.split_at_mut(fc);
-            let (dst, src) = (&mut head[tc], &tail[0]);
-            dst.hot.as_mut_slice::<u32>()[hot(tr)].copy_from_slice(&src.hot.as_slice::<u32>()[hot(fr)]);
-            dst.cold[cold(tr)].copy_from_slice(&src.cold[cold(fr)]);
-            if !src.unseen.is_empty() {
-                dst.unseen[tr] = src.unseen[fr];
-            }
+        // SAFETY: two different rows' parts are disjoint, each inside its live chunk (`hot_ptr`,
+        // `cold_ptr`), and `&mut self` makes these the only accesses.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.hot_ptr(from), self.hot_ptr(to), l.hot);
+            std::ptr::copy_nonoverlapping(self.cold_ptr(from), self.cold_ptr(to), l.cold);
+        }
+        if !self.chunks[fc].unseen.is_empty() {
+            self.chunks[tc].unseen[tr] = self.chunks[fc].unseen[fr];
         }
     }
 
     fn set_id(&mut self, row: u32, id: u64) {
-        let ((c, r), h) = (self.place(row), self.layout.hot);
-        let hot = &mut self.chunks[c].hot.as_mut_slice::<u32>()[r * h..(r + 1) * h];
+        let hot = self.hot_mut(row);
         hot[0] = id as u32;
         hot[1] = (id >> 32) as u32;
     }
@@ -500,21 +529,24 @@ mod tests {
 
     #[test]
     fn every_layout_keeps_each_part_apart() {
-        for (dim, state) in [(10, 10), (10, 1), (10, 0), (8, 8), (64, 64), (3, 2), (1, 0), (13, 4)] {
+        // Rows of up to a whole block (one a chunk), and enough of them for pooled chunks.
+        let layouts = [(10, 10), (10, 1), (10, 0), (8, 8), (64, 64), (3, 2), (1, 0), (13, 4), (5000, 0), (9000, 0)];
+        for (dim, state) in layouts {
             let mut rows = Rows::new(dim, state);
+            let n = (2 * rows.chunk_rows() + 5).max(300);
             let full = |k: usize| -> Vec<f32> {
                 (0..dim + STATS + state)
                     .map(|j| if j == dim + 3 { (k % 7) as f32 } else { (k * 100 + j) as f32 })
                     .collect()
             };
-            for k in 0..300 {
+            for k in 0..n {
                 let r = rows.push(k as u64 * 31);
                 rows.set_full_row(r, &full(k));
             }
             rows.swap_remove(5);
             let mut out = Vec::new();
             for r in 0..rows.len() as u32 {
-                let k = if r == 5 { 299 } else { r as usize };
+                let k = if r == 5 { n - 1 } else { r as usize };
                 out.clear();
                 rows.full_row(r, &mut out);
                 assert_eq!(out, full(k), "dim {dim} state {state} row {r}");
@@ -525,6 +557,21 @@ mod tests {
             out.clear();
             rows.full_row(r, &mut out);
             assert!(out.iter().all(|&v| v == 0.0), "dim {dim} state {state}");
+        }
+    }
+
+    #[test]
+    fn a_row_s_chunk_is_its_number_divided_by_the_rows_a_chunk_holds() {
+        for per_chunk in [1u32, 2, 3, 7, 455, 1000, 1024, 16_384] {
+            let rows = Rows { per_chunk, magic: (1 << 40) / per_chunk as u64 + 1, ..Rows::new(1, 0) };
+            let top = ((1 << 24) - 1) / per_chunk * per_chunk;
+            for row in (0..1u32 << 24).step_by(997).chain([top - 1, top, (1 << 24) - 2, (1 << 24) - 1]) {
+                assert_eq!(
+                    rows.place(row),
+                    ((row / per_chunk) as usize, (row % per_chunk) as usize),
+                    "{row} / {per_chunk}"
+                );
+            }
         }
     }
 
