@@ -93,20 +93,26 @@ impl Index {
         Index { _segs: segs, bases, nb, live: 0, tombs: 0 }
     }
 
-    /// Bucket `b` (below `nb`).
+    /// Where bucket `b` (below `nb`) is.
     #[inline(always)]
-    fn bucket(&self, b: usize) -> &Bucket {
+    fn bucket_ptr(&self, b: usize) -> *mut Bucket {
         assert!(b < self.nb);
         // SAFETY: bucket `b` (below `nb`) lies in segment `b / SEG_BUCKETS`, which `bases` points
         // at and `segs` keeps alive: its own mapping holds `nb` buckets, a block SEG_BUCKETS.
-        unsafe { &*self.bases.get_unchecked(b / SEG_BUCKETS).add(b % SEG_BUCKETS) }
+        unsafe { self.bases.get_unchecked(b / SEG_BUCKETS).add(b % SEG_BUCKETS) }
+    }
+
+    /// Bucket `b` (below `nb`).
+    #[inline(always)]
+    fn bucket(&self, b: usize) -> &Bucket {
+        // SAFETY: `bucket_ptr` points at a live bucket, which `&self` keeps unwritten.
+        unsafe { &*self.bucket_ptr(b) }
     }
 
     #[inline]
     fn bucket_mut(&mut self, b: usize) -> &mut [u32; BUCKET] {
-        assert!(b < self.nb);
         // SAFETY: as in `bucket`, and `&mut self` makes this the only reference.
-        unsafe { &mut (*self.bases.get_unchecked(b / SEG_BUCKETS).add(b % SEG_BUCKETS)).0 }
+        unsafe { &mut (*self.bucket_ptr(b)).0 }
     }
 
     /// Bytes the index's buckets take (a pooled index's last block may hold room for more).

@@ -65,14 +65,12 @@ impl Pages {
     }
 
     /// The mapping as `T`s (`T` must be plain data no stricter aligned than a page).
-    #[inline(always)]
     pub fn as_slice<T: bytemuck::Pod>(&self) -> &[T] {
         // SAFETY: the mapping is `len` readable bytes, page-aligned, and zero or written as `T`s.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr() as *const T, self.len / std::mem::size_of::<T>()) }
     }
 
     /// The mapping as `T`s, writable.
-    #[inline(always)]
     pub fn as_mut_slice<T: bytemuck::Pod>(&mut self) -> &mut [T] {
         // SAFETY: as above, and `&mut self` makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr() as *mut T, self.len / std::mem::size_of::<T>()) }

@@ -96,7 +96,7 @@ pub struct Rows {
     per_chunk: u32,
     /// Whether chunks after the first are pooled blocks.
     pooled: bool,
-    /// `2^40 / per_chunk + 1`: a row's chunk is a multiply, not a division.
+    /// [`inverse`] of `per_chunk`: a row's chunk is a multiply, not a division.
     magic: u64,
 }
 
@@ -164,7 +164,7 @@ impl Rows {
             state,
             layout,
             per_chunk,
-            magic: (1 << 40) / per_chunk as u64 + 1,
+            magic: inverse(per_chunk),
         }
     }
 
@@ -235,6 +235,11 @@ impl Rows {
     fn cold(&self, row: u32) -> &[u32] {
         // SAFETY: as in `hot`, for the cold part.
         unsafe { std::slice::from_raw_parts(self.cold_ptr(row), self.layout.cold) }
+    }
+
+    fn cold_mut(&mut self, row: u32) -> &mut [u32] {
+        // SAFETY: as in `hot_mut`, for the cold part.
+        unsafe { std::slice::from_raw_parts_mut(self.cold_ptr(row), self.layout.cold) }
     }
 
     /// The id of `row`.
@@ -362,9 +367,7 @@ impl Rows {
         if let Some(u) = self.chunks[c].unseen.get_mut(r) {
             *u = 0;
         }
-        let w = self.layout.cold;
-        // SAFETY: as in `cold`, and `&mut self` makes this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.cold_ptr(row), w) }.fill(0);
+        self.cold_mut(row).fill(0);
         self.hot_mut(row).fill(0);
         self.set_id(row, id);
         row
@@ -428,6 +431,11 @@ impl Rows {
         r.set_stats(&stats);
         r.state.copy_from_slice(&full[dim + STATS..]);
     }
+}
+
+/// `2^40 / d + 1`, the rounded-up inverse of `d` in 40-bit fixed point (see `Rows::place`).
+fn inverse(d: u32) -> u64 {
+    (1 << 40) / d as u64 + 1
 }
 
 /// Prefetches every cache line `words` span.
@@ -563,7 +571,7 @@ mod tests {
     #[test]
     fn a_row_s_chunk_is_its_number_divided_by_the_rows_a_chunk_holds() {
         for per_chunk in [1u32, 2, 3, 7, 455, 1000, 1024, 16_384] {
-            let rows = Rows { per_chunk, magic: (1 << 40) / per_chunk as u64 + 1, ..Rows::new(1, 0) };
+            let rows = Rows { per_chunk, magic: inverse(per_chunk), ..Rows::new(1, 0) };
             let top = ((1 << 24) - 1) / per_chunk * per_chunk;
             for row in (0..1u32 << 24).step_by(997).chain([top - 1, top, (1 << 24) - 2, (1 << 24) - 1]) {
                 assert_eq!(
