@@ -247,8 +247,9 @@ pub(super) enum GenCommand {
     /// fields: one vector per value (`--effect pairs`, an FM's model) or one per value and
     /// partner field (`--effect field-pairs`, a field-aware FM's).
     Interactions(InteractionsArgs),
-    /// Two binary tasks over 100 dense inputs whose relation `--correlation` sets (the MMoE
-    /// paper's synthetic setting), in the plain format.
+    /// Two binary tasks over 100 dense inputs whose relation `--correlation` sets: the MMoE
+    /// paper's synthetic setting (`--effect sines`) or a planted mixture of experts
+    /// (`--effect experts`), in the plain format.
     Tasks(TasksArgs),
     /// An online job's logs: a folder of Criteo-format lines per day (OUT/YYYYMMDD/part-*) from
     /// a planted model that drifts; new ids arrive every day and old ones go quiet.
@@ -277,7 +278,10 @@ pub(super) struct InteractionsArgs {
 pub(super) struct TasksArgs {
     #[command(flatten)]
     pub(super) gen: GenArgs,
-    /// Correlation of the two tasks' linear parts, in [-1, 1].
+    /// The planted task relation.
+    #[arg(long, value_enum, default_value_t)]
+    pub(super) effect: crate::data::gen_tasks::Effect,
+    /// Correlation of the two tasks' linear parts (`sines`) or gates (`experts`), in [-1, 1].
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(super) correlation: f64,
 }

@@ -1,18 +1,24 @@
 //! `oar gen tasks`: two binary tasks over the same 100 dense inputs whose relation is set by
-//! `--correlation`, the synthetic setting of the MMoE paper (Ma et al., KDD 2018, section 4.1)
-//! with its regression labels turned into clicks: where the paper found a shared bottom losing
-//! to MMoE's gates as the correlation falls (not reproduced here: README "A task relation").
-//! Built like [`super::gen`]:
-//! every draw a pure function of (seed, stream, line); `meta.json` has the planted model's test
-//! AUC of each task.
+//! `--correlation`, in one of two planted forms ([`Effect`]). Built like [`super::gen`]: every
+//! draw a pure function of (seed, stream, line); `meta.json` has the planted model's test AUC of
+//! each task.
 //!
-//! - inputs `x`: 100 independent standard normals;
-//! - two orthogonal unit vectors `u1`, `u2` (drawn from the seed), `w1 = u1` and
-//!   `w2 = r u1 + sqrt(1 - r^2) u2`, so the tasks' linear parts are correlated `r`;
-//! - each task's score `s_k = w_k . x + sum over 10 terms of sin(a_i w_k . x + b_i)` (`a_i`,
-//!   `b_i` standard normals shared by the tasks, as in the paper), standardized with its mean
-//!   and standard deviation over 10,000 lines of a separate stream;
-//! - `label_k ~ Bernoulli(sigmoid(3 z_k))`, `z_k` the standardized score.
+//! Inputs `x`: 100 independent standard normals. Each task's score `s_t` is standardized with its
+//! mean and standard deviation over 10,000 lines of a separate stream, and
+//! `label_t ~ Bernoulli(sigmoid(3 z_t))`, `z_t` the standardized score.
+//!
+//! - `--effect sines`, the synthetic setting of the MMoE paper (Ma et al., KDD 2018, section
+//!   4.1) with its regression labels turned into clicks: two orthogonal unit vectors `u1`, `u2`,
+//!   `w1 = u1` and `w2 = r u1 + sqrt(1 - r^2) u2` (the tasks' linear parts correlated `r`);
+//!   `s_t = w_t . x + sum over 10 terms of sin(a_i w_t . x + b_i)` (`a_i`, `b_i` standard
+//!   normals shared by the tasks, as in the paper). The paper found a shared bottom losing to
+//!   MMoE's gates as the correlation falls; not reproduced here (README "A task relation").
+//! - `--effect experts`, a planted mixture of experts: 4 shared experts, each a linear function
+//!   `v_k . x` (unit `v_k`), mixed per task by a softmax gate over `2 G_t x` (`G_t`: 4 unit rows;
+//!   task 2's rows are `r` times task 1's plus `sqrt(1 - r^2)` times fresh draws, normalized):
+//!   `s_t = sum_k softmax(2 G_t x)_k v_k . x`. The tasks share what is computed but weigh it by
+//!   the input, differently: the relation MMoE's gates are built for, and a product of the
+//!   input with itself that a shared ReLU bottom can only approximate.
 //!
 //! A line is plain text: `label1 label2 x1 .. x100` (the `plain` format; `meta.json` has the
 //! `[data]` section).
@@ -33,22 +39,84 @@ pub const SHARPNESS: f64 = 3.0;
 /// Lines of stream 3 that fix each score's mean and standard deviation.
 const CALIBRATION_LINES: u64 = 10_000;
 
-/// The planted model of one seed and correlation.
+/// Planted experts of `--effect experts`.
+pub const EXPERTS: usize = 4;
+/// Sharpness of the planted gates of `--effect experts`.
+pub const GATE_SHARPNESS: f64 = 2.0;
+
+/// Which planted task relation `oar gen tasks` writes (see the module's documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Effect {
+    /// The MMoE paper's: a linear part and 10 sines of it per task.
+    #[default]
+    Sines,
+    /// A planted mixture of 4 linear experts with a softmax gate per task.
+    Experts,
+}
+
+/// The planted experts and gates of `--effect experts`.
+#[derive(Clone, Debug)]
+struct Mixture {
+    experts: [[f64; INPUTS]; EXPERTS],
+    gates: [[[f64; INPUTS]; EXPERTS]; 2],
+}
+
+/// The planted model of one seed, effect and correlation.
 #[derive(Clone, Debug)]
 struct Planted {
     w: [[f64; INPUTS]; 2],
     sines: [(f64, f64); SINES],
+    /// `Some` for `--effect experts`, which then ignores `w` and `sines`.
+    mixture: Option<Mixture>,
     /// Each task's score mean and standard deviation.
     scale: [(f64, f64); 2],
 }
 
-impl Planted {
-    fn new(seed: u64, correlation: f64) -> Planted {
-        let d = Draws { base: mix64(seed ^ 0x7a5c) };
-        let unit = |v: &mut [f64; INPUTS]| {
-            let n = v.iter().map(|x| x * x).sum::<f64>().sqrt();
-            v.iter_mut().for_each(|x| *x /= n);
+fn unit(v: &mut [f64; INPUTS]) {
+    let n = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    v.iter_mut().for_each(|x| *x /= n);
+}
+
+fn dot(a: &[f64; INPUTS], b: &[f64; INPUTS]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+impl Mixture {
+    /// Draws after the sines' draws (`d`'s indices from `4 INPUTS` on), so `--effect sines`
+    /// keeps the data it wrote before this effect existed.
+    fn new(d: &Draws, correlation: f64) -> Mixture {
+        let r = correlation;
+        let vector = |k: usize| {
+            let mut v: [f64; INPUTS] = std::array::from_fn(|i| d.normal(((4 + k) * INPUTS + i) as u64));
+            unit(&mut v);
+            v
         };
+        let experts = std::array::from_fn(vector);
+        let first: [[f64; INPUTS]; EXPERTS] = std::array::from_fn(|k| vector(EXPERTS + k));
+        let second = std::array::from_fn(|k| {
+            let fresh = vector(2 * EXPERTS + k);
+            let mut g: [f64; INPUTS] = std::array::from_fn(|i| r * first[k][i] + (1.0 - r * r).sqrt() * fresh[i]);
+            unit(&mut g);
+            g
+        });
+        Mixture { experts, gates: [first, second] }
+    }
+
+    /// Each task's mixture of the experts at inputs `x`.
+    fn scores(&self, x: &[f64; INPUTS]) -> [f64; 2] {
+        let h = self.experts.map(|v| dot(&v, x));
+        self.gates.map(|g| {
+            let a = g.map(|row| GATE_SHARPNESS * dot(&row, x));
+            let top = a.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e = a.map(|v| (v - top).exp());
+            e.iter().zip(&h).map(|(e, h)| e * h).sum::<f64>() / e.iter().sum::<f64>()
+        })
+    }
+}
+
+impl Planted {
+    fn new(seed: u64, effect: Effect, correlation: f64) -> Planted {
+        let d = Draws { base: mix64(seed ^ 0x7a5c) };
         let mut u1 = [0.0; INPUTS];
         let mut u2 = [0.0; INPUTS];
         for k in 0..INPUTS {
@@ -69,7 +137,8 @@ impl Planted {
         for (i, s) in sines.iter_mut().enumerate() {
             *s = (d.normal((2 * INPUTS + 2 * i) as u64), d.normal((2 * INPUTS + 2 * i + 1) as u64));
         }
-        let mut planted = Planted { w: [u1, w2], sines, scale: [(0.0, 1.0); 2] };
+        let mixture = (effect == Effect::Experts).then(|| Mixture::new(&d, correlation));
+        let mut planted = Planted { w: [u1, w2], sines, mixture, scale: [(0.0, 1.0); 2] };
         let mut sums = [(0.0, 0.0); 2];
         for line in 0..CALIBRATION_LINES {
             let s = planted.scores(&inputs(seed, 3, line));
@@ -85,6 +154,9 @@ impl Planted {
 
     /// Each task's raw score of inputs `x`.
     fn scores(&self, x: &[f64; INPUTS]) -> [f64; 2] {
+        if let Some(m) = &self.mixture {
+            return m.scores(x);
+        }
         self.w.map(|w| {
             let z: f64 = w.iter().zip(x).map(|(a, b)| a * b).sum();
             z + self.sines.iter().map(|(a, b)| (a * z + b).sin()).sum::<f64>()
@@ -137,10 +209,11 @@ fn write_line(planted: &Planted, seed: u64, stream: u64, line: u64, out: &mut Ve
     (labels[0], p[0])
 }
 
-/// Generates the data set described by `config` with tasks correlated `correlation`.
-pub fn generate(config: &GenConfig, correlation: f64) -> anyhow::Result<TasksGenReport> {
+/// Generates the data set described by `config`: tasks related by `effect`, correlated
+/// `correlation`.
+pub fn generate(config: &GenConfig, effect: Effect, correlation: f64) -> anyhow::Result<TasksGenReport> {
     anyhow::ensure!((-1.0..=1.0).contains(&correlation), "--correlation must be in [-1, 1], got {correlation}");
-    let planted = Planted::new(config.seed, correlation);
+    let planted = Planted::new(config.seed, effect, correlation);
     let report = write_parts(config, &|seed, stream, line, out| write_line(&planted, seed, stream, line, out))?;
     // The second task's planted AUC on the test lines (the report's is the first task's).
     let (labels, probs): (Vec<f32>, Vec<f32>) = (0..config.test_lines)
@@ -151,8 +224,11 @@ pub fn generate(config: &GenConfig, correlation: f64) -> anyhow::Result<TasksGen
         .unzip();
     let planted_json = serde_json::json!({
         "correlation": correlation,
+        "effect": format!("{effect:?}").to_lowercase(),
         "inputs": INPUTS,
         "sines": SINES,
+        "experts": EXPERTS,
+        "gate_sharpness": GATE_SHARPNESS,
         "sharpness": SHARPNESS,
         "oracle_test_auc": [report.oracle_test_auc, crate::metrics::auc(&probs, &labels)],
         "format": "plain: task1 task2 x1 .. x100",
@@ -172,21 +248,17 @@ pub fn generate(config: &GenConfig, correlation: f64) -> anyhow::Result<TasksGen
 mod tests {
     use super::*;
 
-    fn dot(a: &[f64; INPUTS], b: &[f64; INPUTS]) -> f64 {
-        a.iter().zip(b).map(|(x, y)| x * y).sum()
-    }
-
     #[test]
     fn the_tasks_linear_parts_have_the_asked_correlation() {
         for r in [0.0, 0.5, -0.9, 1.0] {
-            let p = Planted::new(4, r);
+            let p = Planted::new(4, Effect::Sines, r);
             assert!((dot(&p.w[0], &p.w[0]) - 1.0).abs() < 1e-12 && (dot(&p.w[1], &p.w[1]) - 1.0).abs() < 1e-12);
             assert!((dot(&p.w[0], &p.w[1]) - r).abs() < 1e-12, "r {r}");
             // Standardized scores: mean 0 and standard deviation 1 on the calibration stream.
             assert!(p.scale.iter().all(|&(_, sd)| sd > 0.1));
         }
         // Equal tasks at correlation 1: the same probabilities.
-        let p = Planted::new(4, 1.0);
+        let p = Planted::new(4, Effect::Sines, 1.0);
         let x = inputs(4, 1, 9);
         let q = p.probabilities(&x);
         assert!((q[0] - q[1]).abs() < 1e-9);
@@ -194,7 +266,7 @@ mod tests {
 
     #[test]
     fn lines_are_reproducible_plain_text_with_two_labels_and_the_inputs() {
-        let planted = Planted::new(2, 0.0);
+        let planted = Planted::new(2, Effect::Sines, 0.0);
         let (mut a, mut b, mut labels) = (Vec::new(), Vec::new(), Vec::new());
         for line in 0..300 {
             write_line(&planted, 2, 1, line, &mut a);
@@ -209,8 +281,42 @@ mod tests {
             assert_eq!([v[0] as f32, v[1] as f32], *y);
         }
         let dir = tempfile::tempdir().unwrap();
-        assert!(
-            generate(&GenConfig { lines: 1, test_lines: 1, seed: 1, parts: 1, out: dir.path().into() }, 1.5).is_err()
-        );
+        assert!(generate(
+            &GenConfig { lines: 1, test_lines: 1, seed: 1, parts: 1, out: dir.path().into() },
+            Effect::Sines,
+            1.5
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn the_experts_effect_mixes_four_linear_experts_by_each_tasks_softmax_gate() {
+        let p = Planted::new(3, Effect::Experts, 0.0);
+        let m = p.mixture.as_ref().unwrap();
+        let x = inputs(3, 1, 5);
+        // By hand: softmax weights of 2 G_t x, then the weighted sum of v_k . x.
+        let s = m.scores(&x);
+        for (t, gate) in m.gates.iter().enumerate() {
+            let a: Vec<f64> = gate.iter().map(|row| 2.0 * dot(row, &x)).collect();
+            let z: f64 = a.iter().map(|v| v.exp()).sum();
+            let want: f64 = (0..EXPERTS).map(|k| a[k].exp() / z * dot(&m.experts[k], &x)).sum();
+            assert!((s[t] - want).abs() < 1e-9, "task {t}: {} against {want}", s[t]);
+            let h: Vec<f64> = m.experts.iter().map(|v| dot(v, &x)).collect();
+            assert!(h.iter().any(|&h| h <= s[t]) && h.iter().any(|&h| h >= s[t]), "a mixture lies among its experts");
+        }
+        // Independent gates at correlation 0 weigh the experts differently...
+        assert!((s[0] - s[1]).abs() > 1e-6);
+        // ...and equal gates at correlation 1 give equal tasks.
+        let q = Planted::new(3, Effect::Experts, 1.0);
+        let x = inputs(3, 1, 9);
+        let pr = q.probabilities(&x);
+        assert!((pr[0] - pr[1]).abs() < 1e-9);
+        // Every direction is a unit vector.
+        let m = q.mixture.unwrap();
+        for v in m.experts.iter().chain(m.gates.iter().flatten()) {
+            assert!((dot(v, v) - 1.0).abs() < 1e-12);
+        }
+        // The sines effect still writes what it wrote before the experts existed.
+        assert_eq!(Planted::new(3, Effect::Sines, 0.0).w, Planted::new(3, Effect::Experts, 0.0).w);
     }
 }

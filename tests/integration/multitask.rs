@@ -11,9 +11,9 @@ use std::path::Path;
 use crate::util::*;
 use oar::server::Mode;
 
-/// Each head's test AUC after the pass of trainer 0's report.
+/// Each head's test AUC after the last pass, from trainer 0's report.
 fn head_aucs(report: &oar::train::TrainReport) -> Vec<f64> {
-    report.passes[0].heads.iter().map(|h| h.test.as_ref().unwrap().auc.unwrap()).collect()
+    report.passes.last().unwrap().heads.iter().map(|h| h.test.as_ref().unwrap().auc.unwrap()).collect()
 }
 
 #[test]
@@ -139,7 +139,7 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
     let dir = tempfile::tempdir().unwrap();
     let config =
         oar::data::gen::GenConfig { lines: 100_000, test_lines: 20_000, seed: 1, parts: 2, out: dir.path().into() };
-    let generated = oar::data::gen_tasks::generate(&config, 0.0).unwrap();
+    let generated = oar::data::gen_tasks::generate(&config, oar::data::gen_tasks::Effect::Sines, 0.0).unwrap();
     let oracle: Vec<f64> = serde_json::from_value(generated.planted["oracle_test_auc"].clone()).unwrap();
     let test = oar::config::resolve_files(&dir.path().join("test")).unwrap();
     let config = |job: &str, mode, cluster: &[TestServer], t, trainers| {
@@ -161,4 +161,40 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
     }
     let reports = train_on_cluster(2, 2, Mode::Async, |cluster, t| config("mmoe_tasks", Mode::Async, cluster, t, 2));
     check("MMoE 2x2 async", &head_aucs(&reports[0]));
+}
+
+/// `oar gen tasks --effect experts` (a planted mixture of 4 linear experts, one softmax gate per
+/// task): MMoE, built the same way, beats the shared bottom on both tasks by more than 0.005 after
+/// 5 passes (seed 1; 5 seeds and FuxiCTR's figures in the README); MMoE also learns both tasks on
+/// 2 servers x 2 trainers (async: about 0.01 below local here, so no margin is asked of it).
+#[test]
+fn mmoe_beats_the_shared_bottom_on_a_planted_mixture_of_experts() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        oar::data::gen::GenConfig { lines: 100_000, test_lines: 20_000, seed: 1, parts: 2, out: dir.path().into() };
+    let generated = oar::data::gen_tasks::generate(&config, oar::data::gen_tasks::Effect::Experts, 0.0).unwrap();
+    let oracle: Vec<f64> = serde_json::from_value(generated.planted["oracle_test_auc"].clone()).unwrap();
+    let test = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+    let config = |job: &str, mode, cluster: &[TestServer], t, trainers| {
+        let mut c = job_config(&zoo_job(job), mode, cluster, t, trainers, &dir.path().join("train"));
+        c.batch_size = 256;
+        c.passes = 5;
+        c.test_files = test.clone();
+        c
+    };
+    let local = |job| head_aucs(&oar::train::run(&config(job, Mode::Local, &[], 0, 1), &|_, _| {}).unwrap());
+    let (bottom, mmoe) = (local("shared_bottom_tasks"), local("mmoe_tasks"));
+    eprintln!("planted experts: shared bottom {bottom:?}, MMoE {mmoe:?}, planted {oracle:?}");
+    for k in 0..2 {
+        assert!(
+            mmoe[k] > bottom[k] + 0.005 && mmoe[k] < oracle[k],
+            "task {k}: MMoE {mmoe:?}, shared bottom {bottom:?}"
+        );
+    }
+    let reports = train_on_cluster(2, 2, Mode::Async, |cluster, t| config("mmoe_tasks", Mode::Async, cluster, t, 2));
+    let two_by_two = head_aucs(&reports[0]);
+    eprintln!("planted experts: MMoE 2x2 async {two_by_two:?}");
+    for k in 0..2 {
+        assert!(two_by_two[k] > 0.87 && two_by_two[k] < oracle[k], "task {k}: 2x2 async MMoE {two_by_two:?}");
+    }
 }

@@ -5,7 +5,7 @@ two tasks (income over 50,000; never married), read as examples/readers/census.p
 
     run_multitask.py TRAIN TEST [--model mmoe ple] [--seed N ...] [--init library|oar|oar-emb|oar-dense]
                      [--variant graph|class]
-    run_multitask.py --tasks DIR [--model ...] [--seed N ...]   # `oar gen tasks` lines, the *_tasks.toml jobs
+    run_multitask.py --tasks DIR [--model ...] [--seed N ...] [--passes P]   # `oar gen tasks` lines, *_tasks.toml
 
 TRAIN and TEST are raw UCI lines (oar's split: the first 8,000 and the last 2,000 lines of
 census-income.test.first10k.txt.gz). Prints one line per (model, seed):
@@ -24,7 +24,8 @@ Variants (see README.md):
          (value x learned dim-4 vector), PLE's shared gate over the shared expert only.
 With --tasks, DIR/train and DIR/test hold `oar gen tasks` lines (two labels, 100 dense values,
 read unscaled, as examples/zoo/*_tasks.toml) and the graphs read the 100 values alone (no
-embeddings), batch 256; prints `task1` and `task2` for income and marital.
+embeddings), batch 256, `--passes` passes in file order (as `oar train --passes`); prints `task1` and
+`task2` for income and marital.
 Both: loss = sum of the two tasks' mean log-losses; Adagrad 0.05 (accumulator 0, eps 1e-10) on
 the tables, Adam 1e-3 on the rest; batch 32 in file order, one pass; no dropout, batch norm or
 regularization.
@@ -234,7 +235,7 @@ def build_class(name, vocab_sizes):
                                                           num_specific_experts=3, **common, **kw)
 
 
-def run(name, variant, init, data, seed, batch=BATCH):
+def run(name, variant, init, data, seed, batch=BATCH, passes=1):
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -256,8 +257,8 @@ def run(name, variant, init, data, seed, batch=BATCH):
 
     model.train()
     y, num, ids = data["train"]
-    for start in range(0, len(y), batch):  # file order, one pass, last batch partial
-        sl = slice(start, start + batch)
+    batches = [slice(s, s + batch) for s in range(0, len(y), batch)]  # file order, last batch partial
+    for sl in batches * passes:
         outs = forward(num[sl], ids[sl])
         lossf = F.binary_cross_entropy if cls else F.binary_cross_entropy_with_logits
         loss = sum(lossf(o, y[sl, k]) for k, o in enumerate(outs))
@@ -282,7 +283,10 @@ def main():
     ap.add_argument("--seed", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     ap.add_argument("--init", default="library", choices=["library", "oar", "oar-emb", "oar-dense"])
     ap.add_argument("--variant", default="graph", choices=["graph", "class"])
+    ap.add_argument("--passes", type=int, default=1, help="passes over DIR/train (--tasks only)")
     a = ap.parse_args()
+    if a.passes != 1 and not a.tasks:
+        ap.error("--passes is for --tasks only")
     import torch
     torch.set_num_threads(1)
     if a.tasks:
@@ -290,8 +294,8 @@ def main():
         for m in a.model:
             for seed in a.seed:
                 t = time.time()
-                t1, t2 = run(m, a.variant, a.init, data, seed, 256)
-                print(f"{m} init {a.init} seed {seed} task1 {t1:.6f} task2 {t2:.6f} ({time.time() - t:.1f} s)", flush=True)
+                t1, t2 = run(m, a.variant, a.init, data, seed, 256, a.passes)
+                print(f"{m} init {a.init} passes {a.passes} seed {seed} task1 {t1:.6f} task2 {t2:.6f} ({time.time() - t:.1f} s)", flush=True)
         return
     if not (a.train and a.test):
         ap.error("TRAIN and TEST (census lines) or --tasks DIR")
