@@ -294,6 +294,7 @@ impl std::fmt::Display for EvalReport {
             }
             Loss::Square => write!(f, "MSE {:.3}", self.loss),
             Loss::Softmax => write!(f, "perplexity {:.2} (cross-entropy {:.4})", self.loss.exp(), self.loss),
+            Loss::Value => write!(f, "loss {:.4}", self.loss),
         }
     }
 }

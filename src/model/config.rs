@@ -18,6 +18,10 @@ pub enum Loss {
     /// One logit per class, the label is the class index, softmax cross-entropy; quality is
     /// perplexity.
     Softmax,
+    /// One value per sample that is itself the sample's loss (a layer's own, as DIEN's
+    /// auxiliary loss from `next_item_loss`): minimized as it is, with no label; quality is its
+    /// mean. Training-only: `oar export` refuses a model with such a head, naming it.
+    Value,
 }
 
 /// One sparse embedding table of the model.
@@ -87,7 +91,8 @@ pub struct HeadConfig {
     pub output: String,
     /// The loss.
     pub loss: Loss,
-    /// The label column (a name of `[data] labels`) [default: the head's position].
+    /// The label column (a name of `[data] labels`) [default: the head's position; none for a
+    /// `value` head].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
     /// Weight of this head's loss in the sum that is trained [default: 1].

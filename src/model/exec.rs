@@ -172,6 +172,13 @@ impl Model {
                     let true_probs = (!training).then_some(&mut *probs);
                     softmax_cross_entropy(out, &labels, head.width, &mut work.dloss, true_probs)
                 }
+                Loss::Value => {
+                    probs.clear();
+                    probs.extend_from_slice(out);
+                    // Summed like the other losses: the servers divide by the sample count.
+                    work.dloss.fill(1.0);
+                    out.iter().map(|&v| v as f64).sum()
+                }
             };
             work.head_losses[h] = loss;
             total += head.weight as f64 * loss;

@@ -196,13 +196,21 @@ impl Model {
             let &tensor = tensor_of.get(head.output.as_str()).ok_or_else(|| format!("{what}: no such tensor"))?;
             let width = shapes[tensor].size();
             match head.loss {
-                Loss::LogLoss | Loss::Square if width != 1 => {
+                Loss::LogLoss | Loss::Square | Loss::Value if width != 1 => {
                     return Err(format!("{what}: {:?} needs an output of width 1, it has {width}", head.loss))
                 }
                 Loss::Softmax if width < 2 => {
                     return Err(format!("{what}: softmax needs 2 or more classes, it has {width}"))
                 }
                 _ => {}
+            }
+            if head.loss == Loss::Value {
+                if head.label.is_some() {
+                    return Err(format!("{what}: a value head is its own loss and takes no label"));
+                }
+                // Never read: a value head's loss needs no label (column 0 always exists).
+                resolved.push(Head { tensor, loss: head.loss, label: 0, weight: head.weight, width });
+                continue;
             }
             let label = match &head.label {
                 Some(name) => input.labels.iter().position(|l| l == name).ok_or_else(|| {

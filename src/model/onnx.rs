@@ -98,6 +98,12 @@ impl Model {
         tables: Option<&[OnnxTable]>,
         dense_affine: Option<&crate::data::transform::Affine>,
     ) -> Result<OnnxModel, String> {
+        if let Some(h) = self.heads.iter().position(|h| h.loss == Loss::Value) {
+            return Err(format!(
+                "head {:?} is a training-only loss (loss = \"value\"), which oar export cannot leave out",
+                self.tensor_name(self.heads[h].tensor)
+            ));
+        }
         let mut p = Ports { g: Graph::new(), inputs: Vec::new(), outputs: Vec::new() };
         // The dense values as the format gives them; the data's scaling, if any, is the graph's.
         let mut dense = "dense".to_string();
@@ -151,6 +157,7 @@ impl Model {
                 Loss::LogLoss => p.g.op_to("Sigmoid", &[&x], Vec::new(), &out),
                 Loss::Square => p.g.identity(&x, &out),
                 Loss::Softmax => p.g.op_to("Softmax", &[&x], vec![Attr::Int("axis", 1)], &out),
+                Loss::Value => unreachable!("refused above"),
             }
             p.g.output(&out, Elem::Float, &[Dim::batch(), Dim::Fixed(head.width)]);
             p.outputs.push(Port::new(&out, Elem::Float, &[-1, head.width as i64]));

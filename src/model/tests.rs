@@ -108,7 +108,7 @@ fn batch() -> Batch {
 fn whole_model_gradients_match_finite_differences() {
     let text = r#"
 [model]
-heads = [{ output = "ctr", loss = "log_loss", label = "click" }, { output = "cvr", loss = "log_loss", label = "buy", weight = 0.5 }]
+heads = [{ output = "ctr", loss = "log_loss", label = "click" }, { output = "cvr", loss = "log_loss", label = "buy", weight = 0.5 }, { output = "own", loss = "value", weight = 0.3 }]
 tables = [{ name = "v", dim = 3 }, { name = "w", dim = 1 }]
 layers = [
   { name = "emb", type = "embedding", table = "v", slots = "C1..C3", pooling = "mean" },
@@ -120,6 +120,7 @@ layers = [
   { name = "deep", type = "mlp", input = "x", hidden = [5], activation = "tanh", out = 1 },
   { name = "ctr", type = "add", inputs = ["lr", "fm", "deep"] },
   { name = "cvr", type = "linear", input = "x", out = 1 },
+  { name = "own", type = "linear", input = "x", out = 1 },
 ]
 "#;
     let model = Model::build(&parse(text), &input(3, 2, &["click", "buy"]), &Registry::default()).unwrap();
@@ -179,5 +180,31 @@ layers = [
             assert!(close(n, row_grads[t][k]), "table {t} float {k}: {n} vs {}", row_grads[t][k]);
         }
     }
-    assert_eq!(work.head_probs.len(), 2);
+    assert_eq!(work.head_probs.len(), 3);
+}
+
+#[test]
+fn a_value_head_is_its_own_loss_without_a_label() {
+    let text = |label: &str| {
+        format!(
+            "[model]\nheads = [{{ output = \"out\", loss = \"log_loss\" }}, {{ output = \"own\", loss = \"value\"{label} }}]\n\
+             layers = [{{ name = \"out\", type = \"linear\", input = \"dense\", out = 1 }}, {{ name = \"own\", type = \"linear\", input = \"dense\", out = 1 }}]\n"
+        )
+    };
+    // One label column serves the log-loss head; the value head needs none.
+    assert!(Model::build(&parse(&text("")), &input(0, 2, &["click"]), &Registry::default()).is_ok());
+    let model = Model::build(&parse(&text("")), &input(3, 2, &["click", "buy"]), &Registry::default()).unwrap();
+    assert_eq!(model.losses(), vec![Loss::LogLoss, Loss::Value]);
+    let err = build_err(&text(", label = \"click\""));
+    assert!(err.contains("head \"own\": a value head is its own loss and takes no label"), "{err}");
+    let wide = text("").replace("out = 1 }]\n", "out = 2 }]\n");
+    assert!(build_err(&wide).contains("Value needs an output of width 1, it has 2"), "{}", build_err(&wide));
+    // Its loss is the sum of its outputs; its gradient 1 per sample, times the weight.
+    let b = batch();
+    let mut work = Work::default();
+    let params: Vec<f32> = (0..model.dense_len()).map(|k| 0.1 * k as f32 - 0.2).collect();
+    let mut grads = vec![0.0; params.len()];
+    model.train_step(&params, &b, &[], 0, &mut work, Grads { dense: &mut grads, rows: &mut [] });
+    let own: f64 = work.head_probs[1].iter().map(|&v| v as f64).sum();
+    assert!((work.head_losses[1] - own).abs() < 1e-9, "{} vs {own}", work.head_losses[1]);
 }

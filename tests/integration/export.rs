@@ -191,6 +191,8 @@ fn multi_hot_multi_task_normalizing_and_softmax_models_export_too() {
     check(&py, dir.path(), &zoo_job("bst"), &amazon, &amazon);
 }
 
+/// DIEN is refused by its AUGRU's name; with its auxiliary loss (`dien_aux.toml`), by the
+/// training-only head's.
 #[test]
 fn dien_is_refused_by_its_augrus_name() {
     let Some(shared) = shared_data() else {
@@ -206,6 +208,12 @@ fn dien_is_refused_by_its_augrus_name() {
     let o = oar(&["export", "--model", &s(&model), "--out", &s(&out)]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("layer \"evolution\" (augru) cannot be exported"), "{}", text(&o));
+    let model = dir.path().join("aux");
+    let o = oar(&["train", "--config", &s(&zoo_job("dien_aux")), "--train", &s(&amazon), "--output", &s(&model)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = oar(&["export", "--model", &s(&model), "--out", &s(&out)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("head \"aux\" is a training-only loss"), "{}", text(&o));
 }
 
 #[test]

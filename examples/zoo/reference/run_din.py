@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
-"""The reference (FuxiCTR 2.3.10) for examples/zoo/din.toml, din_base.toml, dien.toml and
+"""The reference (FuxiCTR 2.3.10) for examples/zoo/din.toml, din_base.toml, dien.toml, dien_aux.toml and
 bst_din_format.toml: FuxiCTR's `DIN` class, its `DNN` class (the history mean-pooled by FuxiCTR's
 `MaskedAveragePooling`), its `DIEN` class, and BST as oar's graph from FuxiCTR's and torch's layers
 (`bst`; `bst_class` is FuxiCTR's `BST` class as shipped, for information), sized and trained as
 oar's job files, on the lines of `oar gen sequences` (PaddleRec's DIN format,
 `hist_items;hist_cates;target_item;target_cate;label`, histories oldest first).
-`din_dice` is DIN with FuxiCTR's Dice in the attention unit.
+`din_dice` is DIN with FuxiCTR's Dice in the attention unit. `dien_aux` is the `DIEN` class with
+its auxiliary loss (alpha 1, aux MLP [100, 50] ReLU) on the negatives dien_aux.toml's
+`pipe_command` samples (run here on each training file, as oar runs it); the loss is FuxiCTR's
+terms reduced as oar's `next_item_loss` reduces them (per sample, the mean over its real pairs of
+the positive's and the negative's log-loss; then the batch mean), because FuxiCTR 2.3.10's
+`DIEN.add_loss` fails as shipped: `pad_mask[:, 1:].view(-1, 1)` raises on the non-contiguous
+slice, and past that its per-pair terms are never reduced to the scalar loss.
 
-    run_din.py DIR [--model din din_dice din_base dien bst bst_class] [--seed N ...] [--init library|oar|oar-emb|oar-dense] [--batch-size 256]
+    run_din.py DIR [--model din din_dice din_base dien dien_aux bst bst_class] [--seed N ...] [--init library|oar|oar-emb|oar-dense] [--batch-size 256]
 
 DIR holds train/part-* and test/part-* (read in sorted order, as oar reads a folder). Prints one
 line per (model, seed): `MODEL init I seed N test AUC X (T s)`.
@@ -36,7 +42,7 @@ import run as ref  # noqa: E402  (import_zoo's path handling, optimizers, inits)
 EMB = 8
 ZOO = ref.ZOO
 # The history length each job file keeps (its `sequence = L`).
-SEQ = {"din": 50, "din_dice": 50, "din_base": 50, "dien": 50, "bst": 20, "bst_class": 20}
+SEQ = {"din": 50, "din_dice": 50, "din_base": 50, "dien": 50, "dien_aux": 50, "bst": 20, "bst_class": 20}
 
 
 def read_dir(d):
@@ -55,7 +61,28 @@ def read_dir(d):
     return rows
 
 
-def encode(train, test, SEQ):
+def negatives(d):
+    """Per line of DIR/part-* (sorted), the negative behaviours dien_aux.toml's `pipe_command`
+    prints for it: [(item, category), ...], one per history position, categories as in the
+    file (the command adds 1e9 to keep them apart from items in oar's one table)."""
+    import subprocess
+    import tomllib
+
+    with open(os.path.join(HERE, "..", "dien_aux.toml"), "rb") as fh:
+        command = tomllib.load(fh)["data"]["pipe_command"]
+    out = []
+    for f in sorted(glob.glob(os.path.join(d, "part-*"))):
+        with open(f) as fh:
+            text = subprocess.run(["sh", "-c", command], stdin=fh, capture_output=True, text=True, check=True).stdout
+        for line in text.splitlines():
+            toks = [t.split(":", 1) for t in line.split()]
+            items = [v for k, v in toks if k == "neg_item"]
+            cates = [str(int(v) - 1000000000) for k, v in toks if k == "neg_cate"]
+            out.append(list(zip(items, cates)))
+    return out
+
+
+def encode(train, test, SEQ, negs=None):
     """Index >= 1 for every item / category id of the training lines (history or candidate);
     0 is the padding row, held at zero, which unseen test ids also read (oar's evaluation reads
     an absent row as zeros)."""
@@ -69,13 +96,15 @@ def encode(train, test, SEQ):
         for i in c + [tc]:
             cates.setdefault(i, len(cates) + 1)
 
-    def tensors(rows):
+    def tensors(rows, negs=None):
         n = len(rows)
         hi = np.zeros((n, SEQ), np.int64)
         hc = np.zeros((n, SEQ), np.int64)
         ti = np.zeros(n, np.int64)
         tc_ = np.zeros(n, np.int64)
         y = np.zeros(n, np.float32)
+        ni = np.zeros((n, SEQ), np.int64)  # negatives (dien_aux; zeros, all padding, elsewhere)
+        nc = np.zeros((n, SEQ), np.int64)
         unseen = 0
         for r, (h, c, t, tc, lab) in enumerate(rows):
             h, c = h[-SEQ:], c[-SEQ:]  # the most recent SEQ behaviours, in order, padded after
@@ -83,18 +112,26 @@ def encode(train, test, SEQ):
                 hi[r, p] = items.get(a, 0)
                 hc[r, p] = cates.get(b, 0)
                 unseen += (a not in items) + (b not in cates)
+            if negs is not None:
+                assert len(negs[r]) == len(h) or len(h) == SEQ, (r, len(negs[r]), len(h))
+                for p, (a, b) in enumerate(negs[r][-SEQ:]):
+                    ni[r, p] = items.get(a, 0)
+                    nc[r, p] = cates.get(b, 0)
             ti[r] = items.get(t, 0)
             tc_[r] = cates.get(tc, 0)
             unseen += (t not in items) + (tc not in cates)
             y[r] = lab
         return {"item": torch.tensor(ti), "cate": torch.tensor(tc_), "hist_item": torch.tensor(hi),
-                "hist_cate": torch.tensor(hc), "y": torch.tensor(y), "unseen": unseen}
+                "hist_cate": torch.tensor(hc), "neg_item": torch.tensor(ni), "neg_cate": torch.tensor(nc),
+                "y": torch.tensor(y), "unseen": unseen}
 
-    return {"items": len(items) + 1, "cates": len(cates) + 1, "train": tensors(train), "test": tensors(test),
+    if negs is not None:
+        assert len(negs) == len(train), (len(negs), len(train))
+    return {"items": len(items) + 1, "cates": len(cates) + 1, "train": tensors(train, negs), "test": tensors(test),
             "seq": SEQ}
 
 
-def feature_map(data, pooled):
+def feature_map(data, pooled, neg=False):
     from fuxictr.features import FeatureMap
 
     fm = FeatureMap("din_oar_reference", "/tmp")
@@ -107,6 +144,10 @@ def feature_map(data, pooled):
         ("hist_cate", dict({"source": "user", "type": "sequence", "padding_idx": 0, "max_len": data["seq"],
                             "vocab_size": data["cates"], "share_embedding": "cate"}, **enc)),
     ])
+    if neg:
+        for name, table in (("neg_item", "item"), ("neg_cate", "cate")):
+            fm.features[name] = {"source": "user", "type": "sequence", "padding_idx": 0, "max_len": data["seq"],
+                                 "vocab_size": data["items" if table == "item" else "cates"], "share_embedding": table}
     fm.labels = ["label"]
     fm.default_emb_dim = EMB
     fm.num_fields = fm.get_num_fields()
@@ -136,6 +177,16 @@ def build(model, data):
                    attention_hidden_activations="Dice" if model == "din_dice" else "PReLU", attention_output_activation=None,
                    attention_dropout=0, din_target_field=[("item", "cate")],
                    din_sequence_field=[("hist_item", "hist_cate")], din_use_softmax=False, **kw)
+    if model == "dien_aux":
+        # dien_aux.toml: dien's graph and FuxiCTR's auxiliary MLP; its loss is aux_loss below.
+        DIEN = load("fx_DIEN", "DIEN/src/DIEN.py").DIEN
+        return DIEN(feature_map(data, False, neg=True), embedding_dim=EMB, dnn_hidden_units=[200, 80],
+                    dnn_activations="ReLU", dien_target_field=[("item", "cate")],
+                    dien_sequence_field=[("hist_item", "hist_cate")], dien_neg_seq_field=[("neg_item", "neg_cate")],
+                    gru_type="AUGRU", enable_sum_pooling=False, attention_type="din_attention",
+                    attention_hidden_units=[80, 40], attention_activation="PReLU",
+                    use_attention_softmax=True, aux_loss_alpha=1.0, aux_hidden_units=[100, 50],
+                    aux_activation="ReLU", **kw)
     if model == "dien":
         # dien.toml: GRU (hidden 16 = the behaviour's width) over the history, DIN's unit over
         # [q, k, q - k, q * k] with PReLU and a softmax over the real positions, an AUGRU, MLP
@@ -243,6 +294,22 @@ def apply_init(model, init, oar):
                 p.copy_(keep[n])
 
 
+def aux_loss(model, out):
+    """DIEN's auxiliary loss from FuxiCTR's terms (its aux_net on [state t, behaviour t + 1]),
+    reduced as oar's `next_item_loss`: per sample the mean over its real pairs, then the batch's."""
+    import torch
+    import torch.nn.functional as F
+
+    h, pos, neg = out["interest_emb"], out["pos_emb"], out["neg_emb"]
+    mask = out["pad_mask"][:, 1:].float()
+    width = h.shape[-1] + pos.shape[-1]
+    score = lambda e: model.aux_net(torch.cat([h[:, :-1], e[:, 1:]], -1).reshape(-1, width)).view(mask.shape)
+    sp, sn = score(pos), score(neg)
+    per_pair = F.binary_cross_entropy(sp, torch.ones_like(sp), reduction="none") + \
+        F.binary_cross_entropy(sn, torch.zeros_like(sn), reduction="none")
+    return ((per_pair * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+
+
 def run(model_name, init, data, seed, batch):
     import numpy as np
     import torch
@@ -259,15 +326,18 @@ def run(model_name, init, data, seed, batch):
         with torch.no_grad():
             positions.copy_(start)
     opts = ref.optimizers(model, 1e-3)
-    keys = ["item", "cate", "hist_item", "hist_cate"]
+    keys = ["item", "cate", "hist_item", "hist_cate"] + (["neg_item", "neg_cate"] if model_name == "dien_aux" else [])
     tr = data["train"]
     n = len(tr["y"])
     model.train()
     for start in range(0, n, batch):  # file order, one pass, last batch partial
         sl = slice(start, start + batch)
         X = OrderedDict((k, tr[k][sl]) for k in keys)
-        p = model(X)["y_pred"].view(-1)
+        out = model(X)
+        p = out["y_pred"].view(-1)
         loss = F.binary_cross_entropy(p, tr["y"][sl])
+        if model_name == "dien_aux":
+            loss = loss + aux_loss(model, out)
         for o in opts:
             o.zero_grad()
         loss.backward()
@@ -294,12 +364,14 @@ def main():
     rows = read_dir(os.path.join(a.dir, "train")), read_dir(os.path.join(a.dir, "test"))
     encoded = {}
     for m in a.model:
-        if SEQ[m] not in encoded:
-            encoded[SEQ[m]] = data = encode(*rows, SEQ[m])
+        key = (SEQ[m], m == "dien_aux")
+        if key not in encoded:
+            negs = negatives(os.path.join(a.dir, "train")) if m == "dien_aux" else None
+            encoded[key] = data = encode(*rows, SEQ[m], negs)
             print(f"# {len(data['train']['y'])} train / {len(data['test']['y'])} test lines, {data['items'] - 1} items, "
                   f"{data['cates'] - 1} categories, {data['test']['unseen']} unseen test ids, history {SEQ[m]} "
                   f"({time.time() - t:.1f} s)", file=sys.stderr, flush=True)
-        data = encoded[SEQ[m]]
+        data = encoded[key]
         for seed in a.seed:
             t = time.time()
             auc = run(m, a.init, data, seed, a.batch_size)

@@ -195,9 +195,9 @@ pub fn mlp(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, Str
     if !(0.0..1.0).contains(&dropout) {
         return Err(format!("dropout must be in [0, 1), got {dropout}"));
     }
-    let mut mlp = MlpLayer::new(input.size(), &hidden, activation, dropout, out, out_activation, args.salt());
-    mlp.init = init;
-    Ok(Box::new(mlp))
+    Ok(Box::new(
+        MlpLayer::new(input.size(), &hidden, activation, dropout, out, out_activation, args.salt()).with_init(init),
+    ))
 }
 
 impl MlpLayer {
@@ -239,6 +239,12 @@ impl MlpLayer {
             widest,
             init: LinearInit::Uniform,
         }
+    }
+
+    /// The stack, its layers started by `init`.
+    pub fn with_init(mut self, init: LinearInit) -> MlpLayer {
+        self.init = init;
+        self
     }
 
     fn hidden(&self) -> usize {

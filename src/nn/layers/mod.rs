@@ -40,6 +40,7 @@ mod gate;
 mod gru;
 mod layer_norm;
 mod mixture;
+mod next_item;
 mod prob_product;
 mod reduce;
 mod shape;
@@ -58,6 +59,7 @@ pub use gate::{gate, GateLayer, GateMode};
 pub use gru::{augru, gru, GruLayer};
 pub use layer_norm::{layer_norm, LayerNormLayer};
 pub use mixture::{mixture, MixtureLayer};
+pub use next_item::{next_item_loss, NextItemLossLayer};
 pub use prob_product::{prob_product, ProbProductLayer};
 pub use reduce::{reduce_sum, ReduceSumLayer};
 pub use shape::{activation_layer, add, concat, dropout};
@@ -94,6 +96,7 @@ pub fn builtin() -> Vec<(&'static str, Factory)> {
         ("target_attention", target_attention),
         ("gru", gru),
         ("augru", augru),
+        ("next_item_loss", next_item_loss),
     ]
 }
 

@@ -1,0 +1,280 @@
+//! `next_item_loss`: DIEN's auxiliary loss (Zhou et al. 2019, section 4.2), which makes each
+//! interest state of the extraction GRU predict the behaviour that follows it.
+
+use super::dense::{LinearInit, MlpLayer};
+use crate::nn::layer::{Ctx, Layer, LayerArgs, Shape};
+use crate::nn::Activation;
+use crate::table::DenseParam;
+
+/// For interest states `h_t` (`(L, H)`, a `gru` with `output = "all"`), the behaviours `e_t`
+/// (`(L, E)`, the sequence the GRU read) and sampled negative behaviours `n_t` (`(L, E)`, one per
+/// position, embedded alike), each pair of real positions `(t, t + 1)` is scored by a small MLP
+/// of `[h_t, e_{t+1}]` (a positive) and of `[h_t, n_{t+1}]` (a negative). The output, one value
+/// per sample, is the mean over the sample's pairs of the two log-losses,
+/// `log(1 + e^-s_pos) + log(1 + e^s_neg)` (0 for a history shorter than 2): the sample's
+/// auxiliary loss, trained by a head with `loss = "value"` whose `weight` is DIEN's alpha.
+/// FuxiCTR's `DIEN` also averages over the real positions; the paper sums.
+#[derive(Debug)]
+pub struct NextItemLossLayer {
+    len: usize,
+    hidden_dim: usize,
+    dim: usize,
+    masked: bool,
+    mlp: MlpLayer,
+}
+
+/// `next_item_loss`: `hidden = [100, 50]` (FuxiCTR's `aux_hidden_units`), `activation =
+/// "relu"`, `init = "uniform"` (or `"xavier"`); inputs the interest states (`(L, H)`), the
+/// behaviours (`(L, E)`), the negative behaviours (`(L, E)`) and optionally the sequence's mask
+/// (`L`) -> 1.
+pub fn next_item_loss(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
+    let hidden = args.usize_list("hidden")?.unwrap_or_else(|| vec![100, 50]);
+    let activation = args.activation("activation")?.unwrap_or(Activation::Relu);
+    let init = LinearInit::parse_hidden(args)?;
+    args.finish()?;
+    let (states, seq, neg, masked) = match inputs {
+        [h, e, n] => (h, e, n, false),
+        [h, e, n, m] if m.size() == e.fields => (h, e, n, true),
+        [_, e, _, m] => return Err(format!("the mask has {} values for a sequence of {}", m.size(), e.fields)),
+        _ => {
+            return Err(format!(
+            "takes the interest states, the behaviours, the negative behaviours and optionally the mask; got {} inputs",
+            inputs.len()
+        ))
+        }
+    };
+    if states.fields != seq.fields || neg != seq {
+        return Err(format!(
+            "the states ({states}), the behaviours ({seq}) and the negatives ({neg}) must have the same positions, \
+             and the negatives the behaviours' width"
+        ));
+    }
+    if seq.fields < 2 {
+        return Err(format!("needs sequences of 2 or more positions, got {}", seq.fields));
+    }
+    if hidden.contains(&0) {
+        return Err("hidden widths must be positive".into());
+    }
+    let mlp = MlpLayer::new(states.dim + seq.dim, &hidden, activation, 0.0, Some(1), Activation::Identity, args.salt())
+        .with_init(init);
+    Ok(Box::new(NextItemLossLayer { len: seq.fields, hidden_dim: states.dim, dim: seq.dim, masked, mlp }))
+}
+
+impl NextItemLossLayer {
+    /// Scored pairs per sample at most: a positive and a negative per `(t, t + 1)`.
+    fn pairs(&self) -> usize {
+        2 * (self.len - 1)
+    }
+
+    /// Whether positions `t` and `t + 1` of sample `r` are both real.
+    fn is_pair(&self, x: &[&[f32]], r: usize, t: usize) -> bool {
+        let real = |l: usize| !self.masked || super::is_real(x[3][r * self.len + l]);
+        real(t) && real(t + 1)
+    }
+
+    /// The pairs of sample `r`: row `2 k` scores `(t, e_{t+1})`, row `2 k + 1` `(t, n_{t+1})`.
+    fn positions(&self, x: &[&[f32]], r: usize) -> Vec<usize> {
+        (0..self.len - 1).filter(|&t| self.is_pair(x, r, t)).collect()
+    }
+
+    /// Writes the MLP's input rows of every sample's pairs into `feat`; returns per sample its
+    /// first row and its pairs.
+    fn features(&self, x: &[&[f32]], rows: usize, feat: &mut [f32]) -> Vec<(usize, Vec<usize>)> {
+        let (h, e) = (self.hidden_dim, self.dim);
+        let w = h + e;
+        let mut at = 0;
+        (0..rows)
+            .map(|r| {
+                let ts = self.positions(x, r);
+                let first = at;
+                for &t in &ts {
+                    let state = &x[0][(r * self.len + t) * h..][..h];
+                    for source in [x[1], x[2]] {
+                        let f = &mut feat[at * w..(at + 1) * w];
+                        f[..h].copy_from_slice(state);
+                        f[h..].copy_from_slice(&source[(r * self.len + t + 1) * e..][..e]);
+                        at += 1;
+                    }
+                }
+                (first, ts)
+            })
+            .collect()
+    }
+}
+
+/// `log(1 + e^z)`, without overflow.
+fn softplus(z: f32) -> f32 {
+    z.max(0.0) + (-z.abs()).exp().ln_1p()
+}
+
+impl Layer for NextItemLossLayer {
+    fn output(&self) -> Shape {
+        Shape::flat(1)
+    }
+
+    fn params(&self) -> Vec<DenseParam> {
+        self.mlp.params()
+    }
+
+    fn scratch(&self) -> usize {
+        // Per sample at most: the pairs' input rows, the MLP's own scratch and scores.
+        self.pairs() * (self.hidden_dim + self.dim + self.mlp.scratch() + 1)
+    }
+
+    fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], scratch: &mut [f32]) {
+        let n = ctx.rows * self.pairs();
+        let (feat, rest) = scratch.split_at_mut(n * (self.hidden_dim + self.dim));
+        let (mlp_scratch, scores) = rest.split_at_mut(n * self.mlp.scratch());
+        let samples = self.features(x, ctx.rows, feat);
+        let used = samples.last().map_or(0, |(first, ts)| first + 2 * ts.len());
+        let inner = Ctx { rows: used, train: ctx.train, seeds: &[] };
+        let w = self.hidden_dim + self.dim;
+        self.mlp.forward(
+            &inner,
+            params,
+            &[&feat[..used * w]],
+            &mut scores[..used],
+            &mut mlp_scratch[..used * self.mlp.scratch()],
+        );
+        for (r, (first, ts)) in samples.iter().enumerate() {
+            let s = &scores[*first..first + 2 * ts.len()];
+            let total: f32 = s.chunks_exact(2).map(|p| softplus(-p[0]) + softplus(p[1])).sum();
+            y[r] = if ts.is_empty() { 0.0 } else { total / ts.len() as f32 };
+        }
+    }
+
+    fn backward(
+        &self,
+        ctx: &Ctx,
+        params: &[f32],
+        x: &[&[f32]],
+        _: &[f32],
+        dy: &[f32],
+        scratch: &mut [f32],
+        grads: &mut [f32],
+        dx: &mut [Option<&mut [f32]>],
+    ) {
+        let (h, e) = (self.hidden_dim, self.dim);
+        let w = h + e;
+        let n = ctx.rows * self.pairs();
+        let (feat, rest) = scratch.split_at_mut(n * w);
+        let (mlp_scratch, scores) = rest.split_at_mut(n * self.mlp.scratch());
+        // The pairs again (a function of the mask alone), as forward laid them out.
+        let samples: Vec<(usize, Vec<usize>)> = {
+            let mut at = 0;
+            (0..ctx.rows)
+                .map(|r| {
+                    let ts = self.positions(x, r);
+                    let first = at;
+                    at += 2 * ts.len();
+                    (first, ts)
+                })
+                .collect()
+        };
+        let used = samples.last().map_or(0, |(first, ts)| first + 2 * ts.len());
+        // d loss / d score: sigmoid(s) - 1 for a positive, sigmoid(s) for a negative, over the
+        // sample's pair count.
+        let mut dscores = vec![0.0f32; used];
+        for (r, (first, ts)) in samples.iter().enumerate() {
+            let scale = dy[r] / ts.len().max(1) as f32;
+            for k in 0..2 * ts.len() {
+                let p = crate::nn::sigmoid(scores[first + k]);
+                dscores[first + k] = scale * if k % 2 == 0 { p - 1.0 } else { p };
+            }
+        }
+        let inner = Ctx { rows: used, train: true, seeds: &[] };
+        let mut dfeat = vec![0.0f32; used * w];
+        self.mlp.backward(
+            &inner,
+            params,
+            &[&feat[..used * w]],
+            &scores[..used],
+            &dscores,
+            &mut mlp_scratch[..used * self.mlp.scratch()],
+            grads,
+            &mut [Some(&mut dfeat)],
+        );
+        for (r, (first, ts)) in samples.iter().enumerate() {
+            for (k, &t) in ts.iter().enumerate() {
+                for (j, target) in [1, 2].into_iter().enumerate() {
+                    let f = &dfeat[(first + 2 * k + j) * w..][..w];
+                    if let Some(ds) = dx[0].as_deref_mut() {
+                        ds[(r * self.len + t) * h..][..h].iter_mut().zip(&f[..h]).for_each(|(a, b)| *a += b);
+                    }
+                    if let Some(d) = dx[target].as_deref_mut() {
+                        d[(r * self.len + t + 1) * e..][..e].iter_mut().zip(&f[h..]).for_each(|(a, b)| *a += b);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_args as args;
+    use super::*;
+    use crate::nn::layer::check_layer;
+
+    fn shapes(len: usize, h: usize, e: usize, mask: bool) -> Vec<Shape> {
+        let mut s = vec![Shape { fields: len, dim: h }, Shape { fields: len, dim: e }, Shape { fields: len, dim: e }];
+        if mask {
+            s.push(Shape::flat(len));
+        }
+        s
+    }
+
+    #[test]
+    fn next_item_loss_gradients_match_finite_differences() {
+        // tanh, not the default relu: among the 32 scored pairs some relu unit sits within the
+        // finite difference's step of its kink.
+        for mask in [false, true] {
+            let inputs = shapes(5, 3, 4, mask);
+            let layer = next_item_loss(&mut args(r#"{"hidden": [6, 5], "activation": "tanh"}"#), &inputs).unwrap();
+            check_layer(layer.as_ref(), &inputs, 4, 7).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_loss_is_the_mean_log_loss_of_next_behaviours_against_negatives_over_real_pairs() {
+        // No hidden layer: score = w . [h_t, x_{t+1}] + b, so the loss is computed by hand.
+        let inputs = shapes(4, 1, 1, true);
+        let layer = next_item_loss(&mut args(r#"{"hidden": []}"#), &inputs).unwrap();
+        // params: 0.w (2 x 1), 0.b (1): score = h + 2 x.
+        let params = [1.0, 2.0, 0.0];
+        let h = [0.5, -1.0, 2.0, 0.0];
+        let pos = [0.0, 1.0, -1.0, 3.0];
+        let neg = [0.0, 0.5, 0.25, -2.0];
+        // Three real positions: pairs (0, 1) and (1, 2).
+        let mask = [1.0, 1.0, 1.0, 0.0];
+        let xs: [&[f32]; 4] = [&h, &pos, &neg, &mask];
+        let ctx = Ctx { rows: 1, train: true, seeds: &[] };
+        let mut y = [0.0];
+        let mut scratch = vec![0.0; layer.scratch()];
+        layer.forward(&ctx, &params, &xs, &mut y, &mut scratch);
+        let score = |h: f32, x: f32| h + 2.0 * x;
+        let want = (softplus(-score(0.5, 1.0))
+            + softplus(score(0.5, 0.5))
+            + softplus(-score(-1.0, -1.0))
+            + softplus(score(-1.0, 0.25)))
+            / 2.0;
+        assert!((y[0] - want).abs() < 1e-6, "{} against {want}", y[0]);
+        // A history of one real position has no pair and no loss.
+        let short = [1.0, 0.0, 0.0, 0.0];
+        layer.forward(&ctx, &params, &[&h, &pos, &neg, &short], &mut y, &mut scratch);
+        assert_eq!(y[0], 0.0);
+    }
+
+    #[test]
+    fn bad_inputs_are_named() {
+        let e = |inputs: &[Shape]| next_item_loss(&mut args("{}"), inputs).unwrap_err();
+        assert!(e(&shapes(5, 3, 4, false)[..2]).contains("takes the interest states"));
+        let mut s = shapes(5, 3, 4, false);
+        s[2] = Shape { fields: 5, dim: 3 };
+        assert!(e(&s).contains("the negatives the behaviours' width"));
+        assert!(e(&shapes(1, 3, 4, false)).contains("2 or more positions"));
+        let mut s = shapes(5, 3, 4, true);
+        s[3] = Shape::flat(4);
+        assert!(e(&s).contains("the mask has 4 values"));
+    }
+}
