@@ -131,35 +131,63 @@ fn esmm_beats_a_dnn_on_the_ctcvr_label_alone_on_generated_conversions() {
     assert!(two_by_two > base, "2x2 async ESMM {two_by_two} vs the local DNN {base}");
 }
 
+/// 100,000 lines of `oar gen tasks --effect EFFECT` (seed 1, correlation 0, test on 20,000):
+/// the folder, each task's planted test AUC and the test files.
+struct GeneratedTasks {
+    dir: tempfile::TempDir,
+    oracle: Vec<f64>,
+    test: Vec<std::path::PathBuf>,
+}
+
+impl GeneratedTasks {
+    fn new(effect: oar::data::gen_tasks::Effect) -> GeneratedTasks {
+        let dir = tempfile::tempdir().unwrap();
+        let config =
+            oar::data::gen::GenConfig { lines: 100_000, test_lines: 20_000, seed: 1, parts: 2, out: dir.path().into() };
+        let generated = oar::data::gen_tasks::generate(&config, effect, 0.0).unwrap();
+        let oracle = serde_json::from_value(generated.planted["oracle_test_auc"].clone()).unwrap();
+        let test = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+        GeneratedTasks { dir, oracle, test }
+    }
+
+    /// Zoo job `job` over the lines: batch 256, `passes` passes, tested on the test lines.
+    fn config(
+        &self,
+        job: &str,
+        passes: u32,
+        mode: Mode,
+        cluster: &[TestServer],
+        t: usize,
+        trainers: usize,
+    ) -> oar::train::TrainConfig {
+        let mut c = job_config(&zoo_job(job), mode, cluster, t, trainers, &self.dir.path().join("train"));
+        c.batch_size = 256;
+        c.passes = passes;
+        c.test_files = self.test.clone();
+        c
+    }
+}
+
 /// `oar gen tasks` (the MMoE paper's synthetic setting, correlation 0): the shared bottom, MMoE
 /// and PLE learn both tasks close to the planted model, locally and MMoE on 2 servers x 2
 /// trainers. Which of them wins is measured in the README (5 seeds, against FuxiCTR), not here.
 #[test]
 fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_servers() {
-    let dir = tempfile::tempdir().unwrap();
-    let config =
-        oar::data::gen::GenConfig { lines: 100_000, test_lines: 20_000, seed: 1, parts: 2, out: dir.path().into() };
-    let generated = oar::data::gen_tasks::generate(&config, oar::data::gen_tasks::Effect::Sines, 0.0).unwrap();
-    let oracle: Vec<f64> = serde_json::from_value(generated.planted["oracle_test_auc"].clone()).unwrap();
-    let test = oar::config::resolve_files(&dir.path().join("test")).unwrap();
-    let config = |job: &str, mode, cluster: &[TestServer], t, trainers| {
-        let mut c = job_config(&zoo_job(job), mode, cluster, t, trainers, &dir.path().join("train"));
-        c.batch_size = 256;
-        c.test_files = test.clone();
-        c
-    };
+    let tasks = GeneratedTasks::new(oar::data::gen_tasks::Effect::Sines);
+    let oracle = &tasks.oracle;
     let check = |name: &str, aucs: &[f64]| {
         eprintln!("gen tasks: {name} task AUCs {aucs:?}, planted {oracle:?}");
         assert_eq!(aucs.len(), 2);
-        for (a, o) in aucs.iter().zip(&oracle) {
+        for (a, o) in aucs.iter().zip(oracle) {
             assert!(*a > 0.85 && a < o, "{name}: {aucs:?} against the planted {oracle:?}");
         }
     };
     for job in ["shared_bottom_tasks", "mmoe_tasks", "ple_tasks"] {
-        let report = oar::train::run(&config(job, Mode::Local, &[], 0, 1), &|_, _| {}).unwrap();
+        let report = oar::train::run(&tasks.config(job, 1, Mode::Local, &[], 0, 1), &|_, _| {}).unwrap();
         check(job, &head_aucs(&report));
     }
-    let reports = train_on_cluster(2, 2, Mode::Async, |cluster, t| config("mmoe_tasks", Mode::Async, cluster, t, 2));
+    let reports =
+        train_on_cluster(2, 2, Mode::Async, |cluster, t| tasks.config("mmoe_tasks", 1, Mode::Async, cluster, t, 2));
     check("MMoE 2x2 async", &head_aucs(&reports[0]));
 }
 
@@ -169,20 +197,9 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
 /// 2 servers x 2 trainers (async: about 0.01 below local here, so no margin is asked of it).
 #[test]
 fn mmoe_beats_the_shared_bottom_on_a_planted_mixture_of_experts() {
-    let dir = tempfile::tempdir().unwrap();
-    let config =
-        oar::data::gen::GenConfig { lines: 100_000, test_lines: 20_000, seed: 1, parts: 2, out: dir.path().into() };
-    let generated = oar::data::gen_tasks::generate(&config, oar::data::gen_tasks::Effect::Experts, 0.0).unwrap();
-    let oracle: Vec<f64> = serde_json::from_value(generated.planted["oracle_test_auc"].clone()).unwrap();
-    let test = oar::config::resolve_files(&dir.path().join("test")).unwrap();
-    let config = |job: &str, mode, cluster: &[TestServer], t, trainers| {
-        let mut c = job_config(&zoo_job(job), mode, cluster, t, trainers, &dir.path().join("train"));
-        c.batch_size = 256;
-        c.passes = 5;
-        c.test_files = test.clone();
-        c
-    };
-    let local = |job| head_aucs(&oar::train::run(&config(job, Mode::Local, &[], 0, 1), &|_, _| {}).unwrap());
+    let tasks = GeneratedTasks::new(oar::data::gen_tasks::Effect::Experts);
+    let oracle = &tasks.oracle;
+    let local = |job| head_aucs(&oar::train::run(&tasks.config(job, 5, Mode::Local, &[], 0, 1), &|_, _| {}).unwrap());
     let (bottom, mmoe) = (local("shared_bottom_tasks"), local("mmoe_tasks"));
     eprintln!("planted experts: shared bottom {bottom:?}, MMoE {mmoe:?}, planted {oracle:?}");
     for k in 0..2 {
@@ -191,7 +208,8 @@ fn mmoe_beats_the_shared_bottom_on_a_planted_mixture_of_experts() {
             "task {k}: MMoE {mmoe:?}, shared bottom {bottom:?}"
         );
     }
-    let reports = train_on_cluster(2, 2, Mode::Async, |cluster, t| config("mmoe_tasks", Mode::Async, cluster, t, 2));
+    let reports =
+        train_on_cluster(2, 2, Mode::Async, |cluster, t| tasks.config("mmoe_tasks", 5, Mode::Async, cluster, t, 2));
     let two_by_two = head_aucs(&reports[0]);
     eprintln!("planted experts: MMoE 2x2 async {two_by_two:?}");
     for k in 0..2 {

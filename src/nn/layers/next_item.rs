@@ -72,34 +72,41 @@ impl NextItemLossLayer {
         real(t) && real(t + 1)
     }
 
-    /// The pairs of sample `r`: row `2 k` scores `(t, e_{t+1})`, row `2 k + 1` `(t, n_{t+1})`.
-    fn positions(&self, x: &[&[f32]], r: usize) -> Vec<usize> {
-        (0..self.len - 1).filter(|&t| self.is_pair(x, r, t)).collect()
-    }
-
-    /// Writes the MLP's input rows of every sample's pairs into `feat`; returns per sample its
-    /// first row and its pairs.
-    fn features(&self, x: &[&[f32]], rows: usize, feat: &mut [f32]) -> Vec<(usize, Vec<usize>)> {
-        let (h, e) = (self.hidden_dim, self.dim);
-        let w = h + e;
+    /// Per sample, its first row among the MLP's inputs and the positions `t` of its pairs:
+    /// row `first + 2 k` scores `(t_k, e_{t_k+1})`, row `first + 2 k + 1` `(t_k, n_{t_k+1})`. A
+    /// function of the mask alone, so backward finds forward's layout again.
+    fn layout(&self, x: &[&[f32]], rows: usize) -> Vec<(usize, Vec<usize>)> {
         let mut at = 0;
         (0..rows)
             .map(|r| {
-                let ts = self.positions(x, r);
+                let ts: Vec<usize> = (0..self.len - 1).filter(|&t| self.is_pair(x, r, t)).collect();
                 let first = at;
-                for &t in &ts {
-                    let state = &x[0][(r * self.len + t) * h..][..h];
-                    for source in [x[1], x[2]] {
-                        let f = &mut feat[at * w..(at + 1) * w];
-                        f[..h].copy_from_slice(state);
-                        f[h..].copy_from_slice(&source[(r * self.len + t + 1) * e..][..e]);
-                        at += 1;
-                    }
-                }
+                at += 2 * ts.len();
                 (first, ts)
             })
             .collect()
     }
+
+    /// Writes the MLP's input rows of `layout` into `feat`.
+    fn features(&self, x: &[&[f32]], layout: &[(usize, Vec<usize>)], feat: &mut [f32]) {
+        let (h, e) = (self.hidden_dim, self.dim);
+        let w = h + e;
+        for (r, (first, ts)) in layout.iter().enumerate() {
+            for (k, &t) in ts.iter().enumerate() {
+                let state = &x[0][(r * self.len + t) * h..][..h];
+                for (j, source) in [x[1], x[2]].into_iter().enumerate() {
+                    let f = &mut feat[(first + 2 * k + j) * w..][..w];
+                    f[..h].copy_from_slice(state);
+                    f[h..].copy_from_slice(&source[(r * self.len + t + 1) * e..][..e]);
+                }
+            }
+        }
+    }
+}
+
+/// Rows of the MLP that `layout` fills.
+fn used(layout: &[(usize, Vec<usize>)]) -> usize {
+    layout.last().map_or(0, |(first, ts)| first + 2 * ts.len())
 }
 
 /// `log(1 + e^z)`, without overflow.
@@ -125,8 +132,9 @@ impl Layer for NextItemLossLayer {
         let n = ctx.rows * self.pairs();
         let (feat, rest) = scratch.split_at_mut(n * (self.hidden_dim + self.dim));
         let (mlp_scratch, scores) = rest.split_at_mut(n * self.mlp.scratch());
-        let samples = self.features(x, ctx.rows, feat);
-        let used = samples.last().map_or(0, |(first, ts)| first + 2 * ts.len());
+        let samples = self.layout(x, ctx.rows);
+        self.features(x, &samples, feat);
+        let used = used(&samples);
         let inner = Ctx { rows: used, train: ctx.train, seeds: &[] };
         let w = self.hidden_dim + self.dim;
         self.mlp.forward(
@@ -159,19 +167,8 @@ impl Layer for NextItemLossLayer {
         let n = ctx.rows * self.pairs();
         let (feat, rest) = scratch.split_at_mut(n * w);
         let (mlp_scratch, scores) = rest.split_at_mut(n * self.mlp.scratch());
-        // The pairs again (a function of the mask alone), as forward laid them out.
-        let samples: Vec<(usize, Vec<usize>)> = {
-            let mut at = 0;
-            (0..ctx.rows)
-                .map(|r| {
-                    let ts = self.positions(x, r);
-                    let first = at;
-                    at += 2 * ts.len();
-                    (first, ts)
-                })
-                .collect()
-        };
-        let used = samples.last().map_or(0, |(first, ts)| first + 2 * ts.len());
+        let samples = self.layout(x, ctx.rows);
+        let used = used(&samples);
         // d loss / d score: sigmoid(s) - 1 for a positive, sigmoid(s) for a negative, over the
         // sample's pair count.
         let mut dscores = vec![0.0f32; used];
