@@ -281,7 +281,8 @@ pub(super) struct TasksArgs {
     /// The planted task relation.
     #[arg(long, value_enum, default_value_t)]
     pub(super) effect: crate::data::gen_tasks::Effect,
-    /// Correlation of the two tasks' linear parts (`sines`) or gates (`experts`), in [-1, 1].
+    /// Correlation of the two tasks' linear parts (`sines`), or about that of their gates'
+    /// rows (`experts`), in [-1, 1].
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(super) correlation: f64,
 }

@@ -15,7 +15,8 @@
 //!   MMoE's gates as the correlation falls; not reproduced here (README "A task relation").
 //! - `--effect experts`, a planted mixture of experts: 4 shared experts, each a linear function
 //!   `v_k . x` (unit `v_k`), mixed per task by a softmax gate over `2 G_t x` (`G_t`: 4 unit rows;
-//!   task 2's rows are `r` times task 1's plus `sqrt(1 - r^2)` times fresh draws, normalized):
+//!   task 2's rows are `r` times task 1's plus `sqrt(1 - r^2)` times fresh unit draws,
+//!   normalized; the draws are not made orthogonal, so the rows' cosine is only about `r`):
 //!   `s_t = sum_k softmax(2 G_t x)_k v_k . x`. The tasks share what is computed but weigh it by
 //!   the input, differently: the relation MMoE's gates are built for, and a product of the
 //!   input with itself that a shared ReLU bottom can only approximate.

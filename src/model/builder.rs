@@ -81,6 +81,13 @@ impl GraphBuilder {
         self
     }
 
+    /// Adds a value head: `output`, one value per sample, is that sample's loss itself (a
+    /// layer's own, as `next_item_loss`'s), weighted by `weight` in the sum; it takes no label.
+    pub fn value_head(&mut self, output: &str, weight: f32) -> &mut Self {
+        self.config.heads.push(HeadConfig { output: output.into(), loss: Loss::Value, label: None, weight });
+        self
+    }
+
     /// The model config.
     pub fn build(&self) -> ModelConfig {
         self.config.clone()

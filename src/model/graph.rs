@@ -204,11 +204,15 @@ impl Model {
                 }
                 _ => {}
             }
+            if !head.weight.is_finite() || head.weight <= 0.0 {
+                return Err(format!("{what}: weight must be positive"));
+            }
             if head.loss == Loss::Value {
                 if head.label.is_some() {
                     return Err(format!("{what}: a value head is its own loss and takes no label"));
                 }
-                // Never read: a value head's loss needs no label (column 0 always exists).
+                // Never read by a value head's loss. Column 0 exists in every batch: a batch's
+                // length is its label rows'.
                 resolved.push(Head { tensor, loss: head.loss, label: 0, weight: head.weight, width });
                 continue;
             }
@@ -223,9 +227,6 @@ impl Model {
                     "{what}: the data has {} label column(s); name the head's `label`",
                     input.labels.len()
                 ));
-            }
-            if !head.weight.is_finite() || head.weight <= 0.0 {
-                return Err(format!("{what}: weight must be positive"));
             }
             resolved.push(Head { tensor, loss: head.loss, label, weight: head.weight, width });
         }

@@ -197,14 +197,20 @@ fn a_value_head_is_its_own_loss_without_a_label() {
     assert_eq!(model.losses(), vec![Loss::LogLoss, Loss::Value]);
     let err = build_err(&text(", label = \"click\""));
     assert!(err.contains("head \"own\": a value head is its own loss and takes no label"), "{err}");
+    let err = build_err(&text(", weight = -1.0"));
+    assert!(err.contains("head \"own\": weight must be positive"), "{err}");
+    let mut built = crate::model::GraphBuilder::new();
+    built.value_head("own", 0.5);
+    assert_eq!((built.build().heads[0].loss, built.build().heads[0].label.clone()), (Loss::Value, None));
     let wide = text("").replace("out = 1 }]\n", "out = 2 }]\n");
     assert!(build_err(&wide).contains("Value needs an output of width 1, it has 2"), "{}", build_err(&wide));
-    // Its loss is the sum of its outputs; its gradient 1 per sample, times the weight.
+    // Its gradient is 1 per sample (times its weight, 1 here): the bias of the layer that
+    // writes it gets the batch's 3 samples.
     let b = batch();
     let mut work = Work::default();
     let params: Vec<f32> = (0..model.dense_len()).map(|k| 0.1 * k as f32 - 0.2).collect();
     let mut grads = vec![0.0; params.len()];
     model.train_step(&params, &b, &[], 0, &mut work, Grads { dense: &mut grads, rows: &mut [] });
-    let own: f64 = work.head_probs[1].iter().map(|&v| v as f64).sum();
-    assert!((work.head_losses[1] - own).abs() < 1e-9, "{} vs {own}", work.head_losses[1]);
+    let at: usize = model.params().iter().take_while(|p| p.name != "own.b").map(|p| p.len).sum();
+    assert_eq!(grads[at], 3.0);
 }

@@ -107,13 +107,14 @@ def encode(train, test, SEQ, negs=None):
         nc = np.zeros((n, SEQ), np.int64)
         unseen = 0
         for r, (h, c, t, tc, lab) in enumerate(rows):
+            if negs is not None:
+                assert len(negs[r]) == len(h), (r, len(negs[r]), len(h))
             h, c = h[-SEQ:], c[-SEQ:]  # the most recent SEQ behaviours, in order, padded after
             for p, (a, b) in enumerate(zip(h, c)):
                 hi[r, p] = items.get(a, 0)
                 hc[r, p] = cates.get(b, 0)
                 unseen += (a not in items) + (b not in cates)
             if negs is not None:
-                assert len(negs[r]) == len(h) or len(h) == SEQ, (r, len(negs[r]), len(h))
                 for p, (a, b) in enumerate(negs[r][-SEQ:]):
                     ni[r, p] = items.get(a, 0)
                     nc[r, p] = cates.get(b, 0)

@@ -27,8 +27,8 @@ read unscaled, as examples/zoo/*_tasks.toml) and the graphs read the 100 values 
 embeddings), batch 256, `--passes` passes in file order (as `oar train --passes`); prints `task1` and
 `task2` for income and marital.
 Both: loss = sum of the two tasks' mean log-losses; Adagrad 0.05 (accumulator 0, eps 1e-10) on
-the tables, Adam 1e-3 on the rest; batch 32 in file order, one pass; no dropout, batch norm or
-regularization.
+the tables, Adam 1e-3 on the rest; batch 32 in file order, one pass (census; `--passes` with
+--tasks); no dropout, batch norm or regularization.
 """
 import argparse
 import math

@@ -25,6 +25,7 @@
 //! | `prob_product` | 1 + 1 -> 1: logit of sigmoid(a) sigmoid(b) (ESMM's CTCVR) | |
 //! | `gru` | (L, E) [+ mask L] -> H (or (L, H) with `output = "all"`): DIEN's interest extractor | `hidden`, `output = "last"` |
 //! | `augru` | (L, E) + scores L [+ mask L] -> H: DIEN's attention-update GRU | `hidden` |
+//! | `next_item_loss` | (L, H) + (L, E) + negatives (L, E) [+ mask L] -> 1: DIEN's auxiliary loss, for a `value` head | `hidden = [100, 50]`, `activation = "relu"`, `init` |
 //! | `target_attention` | E + (L, E) [+ mask L] -> E: DIN's activation unit | `hidden = [80, 40]`, `activation = "prelu"` (or `"dice"`), `softmax = false` |
 
 mod attention;
