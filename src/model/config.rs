@@ -20,9 +20,9 @@ pub enum Loss {
     Softmax,
     /// One value per sample that is itself the sample's loss (a layer's own, as DIEN's
     /// auxiliary loss from `next_item_loss`): minimized as it is, with no label; quality is its
-    /// mean. `oar eval`, `oar predict` and `oar serve` compute it like any head (predict writes it
-    /// as a column, serve asks for its inputs); `oar export` refuses a model with such a head,
-    /// naming it.
+    /// mean. `oar eval` reports it and `oar predict` writes it as a column; `oar serve` leaves it
+    /// out, with the slots only it reads; `oar export` refuses a model with such a head, naming
+    /// it.
     Value,
 }
 

@@ -122,6 +122,30 @@ impl Model {
         self.heads.iter().find(|h| h.loss == Loss::LogLoss).map(|h| h.label)
     }
 
+    /// The heads that score samples, in order: every head but the `value` ones (a training loss,
+    /// not a score).
+    pub fn scored_heads(&self) -> Vec<usize> {
+        (0..self.heads.len()).filter(|&h| self.heads[h].loss != Loss::Value).collect()
+    }
+
+    /// Per slot of the data, whether the scored heads need it: a slot that only feeds a `value`
+    /// head (DIEN's negative behaviours) is not asked of a sample to score.
+    pub fn scored_slots(&self) -> Vec<bool> {
+        let mut used = vec![false; self.shapes.len()];
+        self.scored_heads().into_iter().for_each(|h| used[self.heads[h].tensor] = true);
+        let mut slots = vec![false; self.input.slots.len()];
+        for node in self.nodes.iter().rev() {
+            if used[node.output] || node.mask.is_some_and(|m| used[m]) {
+                used[node.output] = true;
+                node.inputs.iter().for_each(|&t| used[t] = true);
+                if let graph::Op::Embedding(e) = &node.op {
+                    e.slots.iter().for_each(|&s| slots[s] = true);
+                }
+            }
+        }
+        slots
+    }
+
     /// The loss of each head, in order.
     pub fn losses(&self) -> Vec<Loss> {
         self.heads.iter().map(|h| h.loss).collect()

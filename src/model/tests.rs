@@ -199,6 +199,17 @@ fn a_value_head_is_its_own_loss_without_a_label() {
     assert!(err.contains("head \"own\": a value head is its own loss and takes no label"), "{err}");
     let err = build_err(&text(", weight = -1.0"));
     assert!(err.contains("head \"own\": weight must be positive"), "{err}");
+    // Served: the log-loss head, and the slots it reads; C3 feeds only the value head.
+    let served = parse(
+        "[model]\nheads = [{ output = \"out\", loss = \"log_loss\" }, { output = \"own\", loss = \"value\" }]\n\
+         tables = [{ name = \"v\", dim = 2 }]\n\
+         layers = [{ name = \"a\", type = \"embedding\", table = \"v\", slots = [\"C1\", \"C2\"] }, \
+         { name = \"b\", type = \"embedding\", table = \"v\", slots = [\"C3\"] }, \
+         { name = \"out\", type = \"linear\", input = \"a\", out = 1 }, { name = \"ab\", type = \"concat\", inputs = [\"a\", \"b\"] }, \
+         { name = \"own\", type = \"linear\", input = \"ab\", out = 1 }]\n",
+    );
+    let served = Model::build(&served, &input(3, 2, &["click"]), &Registry::default()).unwrap();
+    assert_eq!((served.scored_heads(), served.scored_slots()), (vec![0], vec![true, true, false]));
     let mut built = crate::model::GraphBuilder::new();
     built.value_head("own", 0.5);
     assert_eq!((built.build().heads[0].loss, built.build().heads[0].label.clone()), (Loss::Value, None));

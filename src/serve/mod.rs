@@ -53,9 +53,11 @@ pub struct ServeConfig {
 /// A loaded model and what identifies its files.
 struct Loaded {
     saved: Saved,
-    /// The heads' output names.
+    /// The scored heads' output names (a `value` head, a training loss, is not served).
     names: Vec<String>,
-    /// Per slot: whether the model looks it up.
+    /// The scored heads' indices among the model's heads.
+    heads: Vec<usize>,
+    /// Per slot: whether the scored heads need it (asked of every request).
     reads: Vec<bool>,
     stamp: Stamp,
 }
@@ -80,9 +82,10 @@ fn stamp(dir: &Path) -> anyhow::Result<Stamp> {
 fn load(stamp: Stamp, registry: &Registry) -> anyhow::Result<Loaded> {
     let saved = crate::predict::load(&stamp.pass_dir, registry)?;
     let model = &saved.model;
-    let names = (0..model.losses().len()).map(|h| model.score_name(h)).collect();
-    let reads = (0..saved.schema.slots.len()).map(|s| model.table_slots().iter().any(|t| t[s])).collect();
-    Ok(Loaded { saved, names, reads, stamp })
+    let heads = model.scored_heads();
+    let names = heads.iter().map(|&h| model.score_name(h)).collect();
+    let reads = model.scored_slots();
+    Ok(Loaded { saved, names, heads, reads, stamp })
 }
 
 /// The server's shared state.
@@ -182,7 +185,9 @@ impl Server {
             Err(e) => return error(StatusCode::BAD_REQUEST, e),
         };
         let mut scorer = self.scorers.lock().pop().unwrap_or_default();
-        let scored = scorer.scores(&m.saved.model, &m.saved.shard, &m.saved.params, &batch).map(|s| s.to_vec());
+        let scored = scorer
+            .scores(&m.saved.model, &m.saved.shard, &m.saved.params, &batch)
+            .map(|all| m.heads.iter().map(|&h| all[h].clone()).collect::<Vec<_>>());
         self.scorers.lock().push(scorer);
         match scored {
             Ok(scores) => {

@@ -289,3 +289,66 @@ fn a_newer_save_is_swapped_in_under_load_without_losing_a_request() {
     );
     eprintln!("{answered} requests answered across the reload, none lost");
 }
+
+/// DIEN with its auxiliary loss (`dien_aux.toml`): the served model scores the click head only.
+/// Its `value` head (a training loss) is not an output, and the negative behaviours that only
+/// that head reads are not asked of a request; the scores are `oar predict`'s first column.
+#[test]
+fn a_value_head_and_the_slots_only_it_reads_are_not_served() {
+    let Some(shared) = shared_data() else {
+        eprintln!("skipped: ../shared/data is absent (DIEN reads PaddleRec's Amazon sample)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let amazon = shared.join("din/paddlerec_din_amazon_sample.txt");
+    let (model, out) = (dir.path().join("model"), dir.path().join("predicted.tsv"));
+    let s = |p: &Path| p.display().to_string();
+    let o = oar(&["train", "--config", &s(&zoo_job("dien_aux")), "--train", &s(&amazon), "--output", &s(&model)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = oar(&["predict", "--model", &s(&model), "--data", &s(&amazon), "--out", &s(&out), "--no-progress"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want: Vec<f32> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| l.split('\t').next().unwrap().parse().unwrap())
+        .collect();
+
+    let served = serve(&model, &[]);
+    let (code, meta) = get(&format!("{}/v2/models/oar", served.url));
+    assert_eq!(code, 200);
+    assert_eq!(meta["outputs"], json!([{ "name": "logit.score", "datatype": "FP32", "shape": [-1, 1] }]), "{meta}");
+    let inputs = meta["inputs"].to_string();
+    assert!(inputs.contains("hist_item.ids") && !inputs.contains("neg_item"), "{inputs}");
+
+    // The sample's lines as typed tensors, without the negatives: histories padded, with their
+    // lengths; categories offset as the job's pipe_command writes them.
+    let sample = std::fs::read_to_string(&amazon).unwrap();
+    let rows: Vec<Vec<&str>> = sample.lines().map(|l| l.split(';').collect()).collect();
+    let width = rows.iter().map(|r| r[0].split(' ').count()).max().unwrap();
+    let (mut tensors, mut lengths) = (vec![Vec::new(), Vec::new()], Vec::new());
+    for r in &rows {
+        let bags = [r[0], r[1]].map(|b| b.split(' ').map(|v| v.parse::<u64>().unwrap()).collect::<Vec<_>>());
+        lengths.push(bags[0].len() as i64);
+        for (k, bag) in bags.iter().enumerate() {
+            let offset = if k == 1 { 1_000_000_000 } else { 0 };
+            tensors[k].extend((0..width).map(|i| bag.get(i).map_or(0, |v| v + offset)));
+        }
+    }
+    let n = rows.len();
+    let single = |k: usize, offset: u64| rows.iter().map(|r| r[k].parse::<u64>().unwrap() + offset).collect::<Vec<_>>();
+    let request = json!({ "inputs": [
+        { "name": "hist_item.ids", "shape": [n, width], "datatype": "UINT64", "data": tensors[0] },
+        { "name": "hist_item.lengths", "shape": [n], "datatype": "INT64", "data": lengths },
+        { "name": "hist_cate.ids", "shape": [n, width], "datatype": "UINT64", "data": tensors[1] },
+        { "name": "hist_cate.lengths", "shape": [n], "datatype": "INT64", "data": lengths },
+        { "name": "item.ids", "shape": [n, 1], "datatype": "UINT64", "data": single(2, 0) },
+        { "name": "cate.ids", "shape": [n, 1], "datatype": "UINT64", "data": single(3, 1_000_000_000) },
+    ]});
+    let (code, r) = post(&format!("{}/v2/models/oar/infer", served.url), &request.to_string());
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["outputs"].as_array().unwrap().len(), 1, "{r}");
+    let got = scores(&r);
+    assert_eq!(got.len(), want.len());
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-6, "served scores differ from oar predict's by {worst}");
+}
