@@ -231,14 +231,7 @@ impl Model {
             resolved.push(Head { tensor, loss: head.loss, label, weight: head.weight, width });
         }
         // Every layer must lead to a head: a dangling one is almost always a typo.
-        let mut used = vec![false; n_tensors];
-        resolved.iter().for_each(|h| used[h.tensor] = true);
-        for node in nodes.iter().rev() {
-            if used[node.output] || node.mask.is_some_and(|m| used[m]) {
-                used[node.output] = true;
-                node.inputs.iter().for_each(|&t| used[t] = true);
-            }
-        }
+        let used = reached(&nodes, n_tensors, resolved.iter().map(|h| h.tensor));
         if let Some(node) = nodes.iter().find(|n| !used[n.output]) {
             return Err(format!("model: layer {:?} feeds no head", node.name));
         }
@@ -260,6 +253,20 @@ impl Model {
 
 /// The layers in an order where each comes after its inputs (file order among the ready ones),
 /// or an error naming the layers caught in a cycle.
+/// Which of `n_tensors` tensors the tensors `ends` are computed from (themselves included),
+/// through `nodes` in running order; a sequence embedding counts as used when only its mask is.
+pub(super) fn reached(nodes: &[Node], n_tensors: usize, ends: impl Iterator<Item = usize>) -> Vec<bool> {
+    let mut used = vec![false; n_tensors];
+    ends.for_each(|t| used[t] = true);
+    for node in nodes.iter().rev() {
+        if used[node.output] || node.mask.is_some_and(|m| used[m]) {
+            used[node.output] = true;
+            node.inputs.iter().for_each(|&t| used[t] = true);
+        }
+    }
+    used
+}
+
 fn running_order(layers: &[LayerConfig], inputs_of: &[Vec<usize>]) -> Result<Vec<usize>, String> {
     let mut done = vec![false; layers.len() + 1];
     done[DENSE] = true;

@@ -131,16 +131,12 @@ impl Model {
     /// Per slot of the data, whether the scored heads need it: a slot that only feeds a `value`
     /// head (DIEN's negative behaviours) is not asked of a sample to score.
     pub fn scored_slots(&self) -> Vec<bool> {
-        let mut used = vec![false; self.shapes.len()];
-        self.scored_heads().into_iter().for_each(|h| used[self.heads[h].tensor] = true);
+        let ends = self.scored_heads().into_iter().map(|h| self.heads[h].tensor);
+        let used = graph::reached(&self.nodes, self.shapes.len(), ends);
         let mut slots = vec![false; self.input.slots.len()];
-        for node in self.nodes.iter().rev() {
-            if used[node.output] || node.mask.is_some_and(|m| used[m]) {
-                used[node.output] = true;
-                node.inputs.iter().for_each(|&t| used[t] = true);
-                if let graph::Op::Embedding(e) = &node.op {
-                    e.slots.iter().for_each(|&s| slots[s] = true);
-                }
+        for node in self.nodes.iter().filter(|n| used[n.output]) {
+            if let graph::Op::Embedding(e) = &node.op {
+                e.slots.iter().for_each(|&s| slots[s] = true);
             }
         }
         slots

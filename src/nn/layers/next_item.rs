@@ -107,7 +107,7 @@ impl NextItemLossLayer {
 }
 
 /// Rows of the MLP that `layout` fills.
-fn used(layout: &[(usize, Vec<usize>)]) -> usize {
+fn rows_used(layout: &[(usize, Vec<usize>)]) -> usize {
     layout.last().map_or(0, |(first, ts)| first + 2 * ts.len())
 }
 
@@ -136,7 +136,7 @@ impl Layer for NextItemLossLayer {
         let (mlp_scratch, scores) = rest.split_at_mut(n * self.mlp.scratch());
         let samples = self.layout(x, ctx.rows);
         self.features(x, &samples, feat);
-        let used = used(&samples);
+        let used = rows_used(&samples);
         let inner = Ctx { rows: used, train: ctx.train, seeds: &[] };
         let w = self.hidden_dim + self.dim;
         self.mlp.forward(
@@ -170,7 +170,7 @@ impl Layer for NextItemLossLayer {
         let (feat, rest) = scratch.split_at_mut(n * w);
         let (mlp_scratch, scores) = rest.split_at_mut(n * self.mlp.scratch());
         let samples = self.layout(x, ctx.rows);
-        let used = used(&samples);
+        let used = rows_used(&samples);
         // d loss / d score: sigmoid(s) - 1 for a positive, sigmoid(s) for a negative, over the
         // sample's pair count.
         let mut dscores = vec![0.0f32; used];
