@@ -189,7 +189,7 @@ pub(super) struct JobArgs {
     #[arg(long, env = "OAR_DELAY")]
     pub(super) delay: Option<usize>,
     /// Async mode with one thread: pull the next batch's parameters while this one computes
-    /// [default: true].
+    /// (faster, one step staler) [default: false].
     #[arg(long, env = "OAR_PULL_AHEAD")]
     pub(super) pull_ahead: Option<bool>,
     /// Async mode: make the first N updates synchronous steps (each trainer's batch split in

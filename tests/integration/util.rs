@@ -397,6 +397,7 @@ pub fn job_config(
     c.sparse_optimizer = job.sparse_optimizer;
     c.batch_size = job.train.batch_size;
     c.passes = job.train.passes;
+    c.pull_ahead = job.train.pull_ahead;
     c
 }
 
