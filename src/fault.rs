@@ -13,7 +13,10 @@
 //!   midway through writing its N-th checkpoint of the run: the shard file written, not yet
 //!   published), `step=N` (a trainer, after pushing its N-th step), `sent=N` (a trainer, once its
 //!   push of step number N is written to every server and before any reply is read: the push
-//!   is pending at the servers when the process dies).
+//!   is pending at the servers when the process dies), `unanswered=N` (a server in a
+//!   synchronous step: the step that makes version N is answered to trainer 0 only, the other
+//!   trainers' replies are held back, and the fault fires when trainer 0's next push arrives:
+//!   one trainer has moved on while another never learnt its step was applied).
 //!
 //! A launcher passes its environment to its children, so one variable reaches the process named.
 
@@ -39,6 +42,9 @@ pub enum Moment {
     Step(u64),
     /// A trainer has sent its push of this step number, and read no reply yet.
     Sent(u64),
+    /// A server's sync step making this version was answered to trainer 0 only, and trainer 0
+    /// pushes again.
+    Unanswered(u64),
 }
 
 /// Which process.
@@ -65,8 +71,11 @@ impl std::str::FromStr for Fault {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Fault, String> {
-        let bad =
-            || format!("OAR_FAULT={s:?}: expected <server|trainer><K>:<kill|stop>@<version|checkpoint|step|sent>=N");
+        let bad = || {
+            format!(
+                "OAR_FAULT={s:?}: expected <server|trainer><K>:<kill|stop>@<version|checkpoint|step|sent|unanswered>=N"
+            )
+        };
         let (who, rest) = s.split_once(':').ok_or_else(bad)?;
         let (action, moment) = rest.split_once('@').ok_or_else(bad)?;
         let (kind, n) = moment.split_once('=').ok_or_else(bad)?;
@@ -88,6 +97,7 @@ impl std::str::FromStr for Fault {
             "checkpoint" => Moment::Checkpoint(n),
             "step" => Moment::Step(n),
             "sent" => Moment::Sent(n),
+            "unanswered" => Moment::Unanswered(n),
             _ => return Err(bad()),
         };
         Ok(Fault { target, action, moment })
@@ -121,16 +131,19 @@ pub fn at_trainer(trainer: usize, moment: Moment) {
     at(Target::Trainer(trainer), TRAINER_LIFE.load(std::sync::atomic::Ordering::Relaxed), moment);
 }
 
+/// Whether a fault is planned for `target` (in its first epoch) at `moment`: where a fault
+/// needs the process to act before it fires (`unanswered`). Without the `faults` feature: never.
+pub fn is_planned(target: Target, epoch: u64, moment: Moment) -> bool {
+    cfg!(feature = "faults") && epoch == 0 && planned().is_some_and(|f| f.target == target && f.moment == moment)
+}
+
 /// Fires the planned fault if it is for `target` (in its first epoch) at `moment`. Without the
 /// `faults` feature it does nothing.
 pub fn at(target: Target, epoch: u64, moment: Moment) {
-    if !cfg!(feature = "faults") {
+    if !is_planned(target, epoch, moment) {
         return;
     }
     let Some(f) = planned() else { return };
-    if f.target != target || f.moment != moment || epoch != 0 {
-        return;
-    }
     let signal = match f.action {
         Action::Kill => libc::SIGKILL,
         Action::Stop => libc::SIGSTOP,
@@ -154,6 +167,7 @@ mod tests {
         assert_eq!(f, Fault { target: Target::Trainer(0), action: Action::Stop, moment: Moment::Step(3) });
         assert!("server1:kill@checkpoint=2".parse::<Fault>().unwrap().moment == Moment::Checkpoint(2));
         assert!("trainer1:kill@sent=7".parse::<Fault>().unwrap().moment == Moment::Sent(7));
+        assert!("server0:kill@unanswered=9".parse::<Fault>().unwrap().moment == Moment::Unanswered(9));
         for bad in ["server:kill@version=1", "server1:explode@version=1", "server1:kill@hour=1", "worker1:kill@step=1"]
         {
             assert!(bad.parse::<Fault>().unwrap_err().contains("expected"), "{bad}");

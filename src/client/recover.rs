@@ -90,7 +90,8 @@ impl Client {
 
     /// Sends each server its frames (`parts[s]`: (port, frame) pairs), all before reading any
     /// reply, then reads server `s`'s replies with `read(conns, s)`, in server order. A server
-    /// lost on the way is, with recovery on, reconnected and sent its frames again alone.
+    /// lost on the way is, with recovery on, reconnected and sent its frames again alone, before
+    /// the next server's reply is read.
     pub(super) fn exchange<T>(
         &mut self,
         parts: &[Vec<(usize, Frame<'_>)>],
@@ -119,31 +120,29 @@ impl Client {
             }
         }
         sent();
+        // A lost server is brought back before the next server's reply is read: in a sync
+        // step that reply may wait for another trainer that itself waits, at the restarted
+        // server, for this trainer's part.
         let mut out = Vec::with_capacity(parts.len());
-        for (s, gone) in lost.iter_mut().enumerate() {
-            if gone.is_some() {
-                out.push(None);
-                continue;
-            }
-            match read(&mut self.conns, s) {
-                Ok(v) => out.push(Some(v)),
-                Err(e) => {
-                    *gone = Some(keep(e)?);
-                    out.push(None);
-                }
-            }
-        }
         for (s, gone) in lost.into_iter().enumerate() {
-            if let Some(error) = gone {
-                let v = self.recover(s, error, |client| {
-                    for (port, frame) in &parts[s] {
-                        client.conns[*port][s].send(frame)?;
-                    }
-                    read(&mut client.conns, s)
-                })?;
-                out[s] = Some(v);
-            }
+            let first = match gone {
+                Some(error) => Err(error),
+                None => read(&mut self.conns, s),
+            };
+            let v = match first {
+                Ok(v) => v,
+                Err(e) => {
+                    let error = keep(e)?;
+                    self.recover(s, error, |client| {
+                        for (port, frame) in &parts[s] {
+                            client.conns[*port][s].send(frame)?;
+                        }
+                        read(&mut client.conns, s)
+                    })?
+                }
+            };
+            out.push(v);
         }
-        Ok(out.into_iter().map(|v| v.expect("every server has answered")).collect())
+        Ok(out)
     }
 }

@@ -132,6 +132,25 @@ impl State {
         crate::fault::at(me, self.config.epoch, crate::fault::Moment::Version(version));
     }
 
+    /// The `unanswered` fault the tests planned (see [`crate::fault`]): with `answering`, the
+    /// reply to `trainer`'s push in the step that made that version, held back forever unless
+    /// `trainer` is 0; without, a push of trainer 0 arriving at that version, which fires it.
+    async fn unanswered_fault(&self, trainer: u64, answering: Option<u64>) {
+        let (me, epoch) = (crate::fault::Target::Server(self.config.index), self.config.epoch);
+        match answering {
+            Some(version)
+                if trainer != 0 && crate::fault::is_planned(me, epoch, crate::fault::Moment::Unanswered(version)) =>
+            {
+                std::future::pending::<()>().await;
+            }
+            None if trainer == 0 => {
+                let version = self.counters.version.load(std::sync::atomic::Ordering::Relaxed);
+                crate::fault::at(me, epoch, crate::fault::Moment::Unanswered(version));
+            }
+            _ => {}
+        }
+    }
+
     fn active(&self) -> Vec<u64> {
         let closed = self.closed.lock();
         (0..self.config.trainers as u64).filter(|t| !closed.contains(t)).collect()

@@ -159,6 +159,7 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     } else {
         Push { dense: Vec::new(), sparse: Vec::new(), samples: 0, ..push }.into_owned()
     };
+    state.unanswered_fault(trainer, None).await;
     let mut applied = state.applied.subscribe();
     // Trainers with fewer batches per pass than others have pushed fewer steps, so their own
     // step counts say nothing about which step this is; a trainer cannot be a step ahead, as
@@ -182,8 +183,9 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
             }
         }
     };
-    let waited = tokio::time::timeout(state.config.timeout, applied.wait_for(|&n| n > step)).await;
-    if waited.is_err() {
+    // Only whether it timed out: the watch's `Ref` must not live on across an await.
+    let timed_out = tokio::time::timeout(state.config.timeout, applied.wait_for(|&n| n > step)).await.is_err();
+    if timed_out {
         let missing = state.sync.lock().waiting_for(&state.active());
         return Err((
             ErrorCode::Timeout,
@@ -193,6 +195,7 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     if let Some(error) = state.step_errors.lock().get(&step) {
         return Err(error.clone());
     }
+    state.unanswered_fault(trainer, Some(step + 1)).await;
     pushed(PushOutcome::Applied, step + 1)
 }
 
