@@ -33,6 +33,9 @@ pub(super) fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
     if let Some(t) = &s.test {
         println!("test {t}");
     }
+    for (head, t) in &s.test_heads {
+        println!("  head {head}: test {t}");
+    }
     print_days(&s.days);
     if s.staleness.count() > 0 {
         println!("push staleness (updates between a trainer's pull and the server applying its push): {}", s.staleness);

@@ -170,7 +170,8 @@ impl GeneratedTasks {
 
 /// `oar gen tasks` (the MMoE paper's synthetic setting, correlation 0): the shared bottom, MMoE
 /// and PLE learn both tasks close to the planted model, locally and MMoE on 2 servers x 2
-/// trainers. Which of them wins is measured in the README (5 seeds, against FuxiCTR), not here.
+/// trainers (`oar launch`, whose summary has every head's test figures). Which of them wins is
+/// measured in the README (5 seeds, against FuxiCTR), not here.
 #[test]
 fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_servers() {
     let tasks = GeneratedTasks::new(oar::data::gen_tasks::Effect::Sines);
@@ -186,15 +187,36 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
         let report = oar::train::run(&tasks.config(job, 1, Mode::Local, &[], 0, 1), &|_, _| {}).unwrap();
         check(job, &head_aucs(&report));
     }
-    let reports =
-        train_on_cluster(2, 2, Mode::Async, |cluster, t| tasks.config("mmoe_tasks", 1, Mode::Async, cluster, t, 2));
-    check("MMoE 2x2 async", &head_aucs(&reports[0]));
+    let (train, test) = (tasks.dir.path().join("train"), tasks.dir.path().join("test"));
+    let (job, logs) = (zoo_job("mmoe_tasks"), tasks.dir.path().join("logs"));
+    let args = [
+        "--config",
+        job.to_str().unwrap(),
+        "--train",
+        train.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+        "--mode",
+        "async",
+        "--batch-size",
+        "256",
+    ];
+    let (printed, summary) = launch(&logs, &args);
+    let heads: Vec<&str> = summary.test_heads.iter().map(|(h, _)| h.as_str()).collect();
+    assert_eq!(heads, ["task1", "task2"], "{printed}");
+    assert_eq!(summary.test.as_ref().unwrap().auc, summary.test_heads[0].1.auc, "the first head is `test`");
+    for (head, t) in &summary.test_heads {
+        let line = format!("  head {head}: test {t}");
+        assert!(printed.lines().any(|l| l == line), "{line:?} not printed:\n{printed}");
+    }
+    check("MMoE 2x2 async", &summary.test_heads.iter().map(|(_, t)| t.auc.unwrap()).collect::<Vec<_>>());
 }
 
 /// `oar gen tasks --effect experts` (a planted mixture of 4 linear experts, one softmax gate per
 /// task): MMoE, built the same way, beats the shared bottom on both tasks by more than 0.005 after
-/// 5 passes (seed 1; 5 seeds and FuxiCTR's figures in the README); MMoE also learns both tasks on
-/// 2 servers x 2 trainers (async: about 0.01 below local here, so no margin is asked of it).
+/// 5 passes (seed 1; 5 seeds and FuxiCTR's figures in the README); on 2 servers x 2 trainers,
+/// async, MMoE learns both tasks as it does locally (seed 1: 0.9022 / 0.9022 against 0.9020 /
+/// 0.9024; pulling ahead, before it was off by default, gave 0.8875 / 0.8924).
 #[test]
 fn mmoe_beats_the_shared_bottom_on_a_planted_mixture_of_experts() {
     let tasks = GeneratedTasks::new(oar::data::gen_tasks::Effect::Experts);
@@ -213,6 +235,9 @@ fn mmoe_beats_the_shared_bottom_on_a_planted_mixture_of_experts() {
     let two_by_two = head_aucs(&reports[0]);
     eprintln!("planted experts: MMoE 2x2 async {two_by_two:?}");
     for k in 0..2 {
-        assert!(two_by_two[k] > 0.87 && two_by_two[k] < oracle[k], "task {k}: 2x2 async MMoE {two_by_two:?}");
+        assert!(
+            two_by_two[k] > mmoe[k] - 0.005 && two_by_two[k] < oracle[k],
+            "task {k}: 2x2 async MMoE {two_by_two:?}, local {mmoe:?}"
+        );
     }
 }
