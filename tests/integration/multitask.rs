@@ -187,21 +187,7 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
         let report = oar::train::run(&tasks.config(job, 1, Mode::Local, &[], 0, 1), &|_, _| {}).unwrap();
         check(job, &head_aucs(&report));
     }
-    let (train, test) = (tasks.dir.path().join("train"), tasks.dir.path().join("test"));
-    let (job, logs) = (zoo_job("mmoe_tasks"), tasks.dir.path().join("logs"));
-    let args = [
-        "--config",
-        job.to_str().unwrap(),
-        "--train",
-        train.to_str().unwrap(),
-        "--test",
-        test.to_str().unwrap(),
-        "--mode",
-        "async",
-        "--batch-size",
-        "256",
-    ];
-    let (printed, summary) = launch(&logs, &args);
+    let (printed, summary) = launch_zoo(tasks.dir.path(), "mmoe_tasks", &["--mode", "async", "--batch-size", "256"]);
     let heads: Vec<&str> = summary.test_heads.iter().map(|(h, _)| h.as_str()).collect();
     assert_eq!(heads, ["task1", "task2"], "{printed}");
     assert_eq!(summary.test.as_ref().unwrap().auc, summary.test_heads[0].1.auc, "the first head is `test`");

@@ -128,24 +128,8 @@ fn bst_and_dien_see_the_order_that_pooling_and_din_cannot() {
     // 0.8759 against 0.8788; over seeds 1..5 at most 0.006 and 0.009 below. Pulling ahead
     // (`--pull-ahead true`, one step staler) gave 0.8519 and 0.8379 (0.010-0.035 and 0.021-0.106
     // below over the 5 seeds).
-    let (train, test) = (dir.path().join("train"), dir.path().join("test"));
     for (job, local) in [("bst_din_format", bst), ("dien_aux", aux)] {
-        let (logs, job_file) = (dir.path().join(format!("logs-{job}")), zoo_job(job));
-        let args = [
-            "--config",
-            job_file.to_str().unwrap(),
-            "--train",
-            train.to_str().unwrap(),
-            "--test",
-            test.to_str().unwrap(),
-            "--mode",
-            "async",
-            "--batch-size",
-            "256",
-            "--passes",
-            "1",
-        ];
-        let (_, summary) = launch(&logs, &args);
+        let (_, summary) = launch_zoo(dir.path(), job, &["--mode", "async", "--batch-size", "256", "--passes", "1"]);
         let auc = summary.test.as_ref().and_then(|t| t.auc).unwrap();
         eprintln!("order effect, {job}: async 2x2 {auc:.4}, local {local:.4}");
         assert!(auc > local - 0.015, "{job}: async 2x2 {auc} against local {local}");

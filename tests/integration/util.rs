@@ -412,6 +412,22 @@ pub fn launch(logs: &Path, args: &[&str]) -> (String, oar::launch::LaunchSummary
     (text(&out), serde_json::from_str(&summary).unwrap())
 }
 
+/// Runs `oar launch` (2 x 2) of the zoo's job file `job` on `data/train`, tested on
+/// `data/test`, with `extra` flags, its logs in `data/logs-JOB`; as [`launch`].
+pub fn launch_zoo(data: &Path, job: &str, extra: &[&str]) -> (String, oar::launch::LaunchSummary) {
+    let (job_file, train, test) = (zoo_job(job), data.join("train"), data.join("test"));
+    let mut args = vec![
+        "--config",
+        job_file.to_str().unwrap(),
+        "--train",
+        train.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    launch(&data.join(format!("logs-{job}")), &args)
+}
+
 /// The first 8,000 census lines as two training parts, the last 2,000 as the test set (raw
 /// UCI lines, uncompressed).
 pub fn census_split(dir: &Path) -> Option<(PathBuf, PathBuf)> {
