@@ -40,7 +40,7 @@ pub struct TrainSettings {
     /// deterministic stand-in for async staleness).
     pub delay: usize,
     /// Async mode with one thread: pull the next batch's parameters while this one computes.
-    /// It hides the network (about 10% more samples/s on the CTR-DNN) but adds about one step
+    /// It hides the network (about 12% more samples/s on the CTR-DNN) but adds about one step
     /// of staleness per trainer, which costs sequence and multi-task models 0.01-0.07 AUC
     /// (README, Modes): off by default.
     pub pull_ahead: bool,

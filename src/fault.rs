@@ -16,7 +16,9 @@
 //!   is pending at the servers when the process dies), `unanswered=N` (a server in a
 //!   synchronous step: the step that makes version N is answered to trainer 0 only, the other
 //!   trainers' replies are held back, and the fault fires when trainer 0's next push arrives:
-//!   one trainer has moved on while another never learnt its step was applied).
+//!   one trainer has moved on while another never learnt its step was applied; trainer 0 must
+//!   take part in that step and push again through a sync step, or the held trainers wait
+//!   until their reply timeout).
 //!
 //! A launcher passes its environment to its children, so one variable reaches the process named.
 

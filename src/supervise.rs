@@ -37,10 +37,10 @@ pub struct LaunchSummary {
     pub train_loop_samples_per_sec: f64,
     /// Test figures after the last pass (trainer 0; the first head's with several heads).
     pub test: Option<crate::metrics::EvalReport>,
-    /// With several heads: every head's test figures after the last pass (trainer 0), by the
-    /// head's output tensor, in the model's order.
+    /// With several heads: every head's figures over the last pass (trainer 0), in the model's
+    /// order (the first head's test figures are `test`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub test_heads: Vec<(String, crate::metrics::EvalReport)>,
+    pub heads: Vec<crate::train::HeadReport>,
     /// The last pass's training AUC over every trainer's samples (Paddle's buckets, merged on
     /// server 0), as trainer 0 read it.
     #[serde(default)]
@@ -343,9 +343,7 @@ pub(crate) fn summarize(
     let loop_rate = reports.iter().map(|r| r.samples as f64 / r.train_seconds.max(1e-9)).sum();
     let last = reports.first().and_then(|r| r.passes.last());
     let test = last.and_then(|p| p.test.clone());
-    let test_heads = last
-        .map(|p| p.heads.iter().filter_map(|h| Some((h.output.clone(), h.test.clone()?))).collect())
-        .unwrap_or_default();
+    let heads = last.map(|p| p.heads.clone()).unwrap_or_default();
     let train_auc_all_trainers = reports.first().and_then(|r| r.passes.last()).and_then(|p| p.all_trainers.clone());
     let summary = LaunchSummary {
         servers: servers.len(),
@@ -355,7 +353,7 @@ pub(crate) fn summarize(
         samples_per_sec: samples as f64 / wall,
         train_loop_samples_per_sec: loop_rate,
         test,
-        test_heads,
+        heads,
         train_auc_all_trainers,
         discarded_pushes: reports.iter().map(|r| r.discarded_pushes).sum(),
         staleness: reports.iter().fold(Default::default(), |mut all: crate::metrics::Staleness, r| {

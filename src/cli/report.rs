@@ -33,8 +33,10 @@ pub(super) fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
     if let Some(t) = &s.test {
         println!("test {t}");
     }
-    for (head, t) in &s.test_heads {
-        println!("  head {head}: test {t}");
+    for h in &s.heads {
+        if let Some(t) = &h.test {
+            println!("  head {}: test {t}", h.output);
+        }
     }
     print_days(&s.days);
     if s.staleness.count() > 0 {

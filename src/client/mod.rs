@@ -22,6 +22,7 @@ mod conn;
 mod error;
 mod operate;
 mod pass_auc;
+mod ready;
 mod recover;
 
 use conn::{connect_with_retry, Conn, Wire};

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::conn::Conn;
+use super::conn::{Conn, Wire};
 use super::{Client, ClientError};
 use crate::protocol::{Frame, Request};
 
@@ -89,9 +89,9 @@ impl Client {
     }
 
     /// Sends each server its frames (`parts[s]`: (port, frame) pairs), all before reading any
-    /// reply, then reads server `s`'s replies with `read(conns, s)`, in server order. A server
-    /// lost on the way is, with recovery on, reconnected and sent its frames again alone, before
-    /// the next server's reply is read.
+    /// reply, then reads server `s`'s replies with `read(conns, s)` as they come (see
+    /// [`super::ready`]). A server lost on the way is, with recovery on, reconnected and sent
+    /// its frames again alone, as soon as it is found lost.
     pub(super) fn exchange<T>(
         &mut self,
         parts: &[Vec<(usize, Frame<'_>)>],
@@ -120,29 +120,66 @@ impl Client {
             }
         }
         sent();
-        // A lost server is brought back before the next server's reply is read: in a sync
-        // step that reply may wait for another trainer that itself waits, at the restarted
-        // server, for this trainer's part.
-        let mut out = Vec::with_capacity(parts.len());
-        for (s, gone) in lost.into_iter().enumerate() {
-            let first = match gone {
+        // Replies are read as they come, a lost server first: read in server order, a reply
+        // could wait (a sync step) for a trainer that itself waits, at a server lost
+        // meanwhile, for this trainer's part (see `ready`).
+        let mut out: Vec<Option<T>> = parts.iter().map(|_| None).collect();
+        let mut waiting: Vec<usize> = (0..parts.len()).collect();
+        while !waiting.is_empty() {
+            let (k, silent) = match waiting.iter().position(|&s| lost[s].is_some()) {
+                Some(k) => (k, false),
+                None => self.next_ready(&waiting, parts),
+            };
+            let s = waiting.remove(k);
+            let first = match lost[s].take() {
                 Some(error) => Err(error),
+                None if silent => {
+                    let conn = &self.conns[parts[s][0].0][s];
+                    let waited = self.config.reply_timeout;
+                    let e = std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no reply within {waited:?}"));
+                    Err(conn.fail(crate::protocol::ProtocolError::Io(e)))
+                }
                 None => read(&mut self.conns, s),
             };
             let v = match first {
                 Ok(v) => v,
-                Err(e) => {
-                    let error = keep(e)?;
-                    self.recover(s, error, |client| {
-                        for (port, frame) in &parts[s] {
-                            client.conns[*port][s].send(frame)?;
-                        }
-                        read(&mut client.conns, s)
-                    })?
-                }
+                // Without recovery (or for an error a restart does not cure) this is the error.
+                Err(e) => self.recover(s, e, |client| {
+                    for (port, frame) in &parts[s] {
+                        client.conns[*port][s].send(frame)?;
+                    }
+                    read(&mut client.conns, s)
+                })?,
             };
-            out.push(v);
+            out[s] = Some(v);
         }
-        Ok(out)
+        Ok(out.into_iter().map(|v| v.expect("every server has answered")).collect())
+    }
+
+    /// Of `waiting` (servers whose replies are unread), the position of one to read now, and
+    /// whether it stayed silent: one that was sent nothing (its `read` reads nothing), else the
+    /// first whose connection has a reply or was closed; the first, silent, if none had either
+    /// within the reply timeout.
+    fn next_ready(&mut self, waiting: &[usize], parts: &[Vec<(usize, Frame<'_>)>]) -> (usize, bool) {
+        if let Some(k) = waiting.iter().position(|&s| parts[s].is_empty()) {
+            return (k, false);
+        }
+        // A server's reply comes first on the port of its first frame.
+        let wanted: Vec<(usize, usize)> = waiting.iter().map(|&s| (parts[s][0].0, s)).collect();
+        let mut found: Vec<(usize, &mut Wire)> = Vec::with_capacity(wanted.len());
+        for (port, row) in self.conns.iter_mut().enumerate() {
+            for (s, conn) in row.iter_mut().enumerate() {
+                if let Some(k) = wanted.iter().position(|&w| w == (port, s)) {
+                    found.push((k, &mut conn.stream));
+                }
+            }
+        }
+        let (positions, mut wires): (Vec<usize>, Vec<&mut Wire>) = found.into_iter().unzip();
+        match super::ready::first_ready(&mut wires, self.config.reply_timeout) {
+            Ok(Some(i)) => (positions[i], false),
+            Ok(None) => (0, true),
+            // poll(2) itself failed (it does not for valid descriptors): read in order.
+            Err(_) => (0, false),
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! sent before a push never sees that push: a trainer computes from parameters that lack its
 //! own latest update (one step of extra staleness, as PaddlePaddle's async communicator), and in
 //! exchange its core never idles while servers work. Off by default (`pull_ahead`): the extra
-//! step costs sequence and multi-task models 0.01-0.07 AUC for about 10% more samples/s on the
+//! step costs sequence and multi-task models 0.01-0.07 AUC for about 12% more samples/s on the
 //! CTR-DNN (README, Modes). Sync mode must not use this: there, the pull of step t+1 has to
 //! follow the barrier of step t.
 

@@ -71,8 +71,9 @@ pub struct TrainConfig {
     /// the effect of staleness is measured without a network, deterministically.
     #[serde(default)]
     pub delay: usize,
-    /// Async mode with one thread: pull the next batch's parameters while this one computes.
-    #[serde(default = "yes")]
+    /// Async mode with one thread: pull the next batch's parameters while this one computes
+    /// (off by default: see [`crate::config::TrainSettings::pull_ahead`]).
+    #[serde(default)]
     pub pull_ahead: bool,
     /// Async mode: the first this many updates of a run are synchronous steps, each trainer's
     /// batch split in `trainers` parts so that an update covers `batch_size` samples as a local
@@ -118,10 +119,6 @@ pub struct TrainConfig {
 pub const DEFAULT_SYNC_WARMUP: u64 = 100;
 /// The default of [`TrainConfig::scale_stale_steps`].
 pub const DEFAULT_SCALE_STALE_STEPS: bool = true;
-
-fn yes() -> bool {
-    true
-}
 
 fn default_sync_warmup() -> u64 {
     DEFAULT_SYNC_WARMUP

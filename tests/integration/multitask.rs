@@ -188,14 +188,15 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
         check(job, &head_aucs(&report));
     }
     let (printed, summary) = launch_zoo(tasks.dir.path(), "mmoe_tasks", &["--mode", "async", "--batch-size", "256"]);
-    let heads: Vec<&str> = summary.test_heads.iter().map(|(h, _)| h.as_str()).collect();
+    let heads: Vec<&str> = summary.heads.iter().map(|h| h.output.as_str()).collect();
     assert_eq!(heads, ["task1", "task2"], "{printed}");
-    assert_eq!(summary.test.as_ref().unwrap().auc, summary.test_heads[0].1.auc, "the first head is `test`");
-    for (head, t) in &summary.test_heads {
+    let tests: Vec<&oar::metrics::EvalReport> = summary.heads.iter().map(|h| h.test.as_ref().unwrap()).collect();
+    assert_eq!(summary.test.as_ref().unwrap().auc, tests[0].auc, "the first head is `test`");
+    for (head, t) in heads.iter().zip(&tests) {
         let line = format!("  head {head}: test {t}");
         assert!(printed.lines().any(|l| l == line), "{line:?} not printed:\n{printed}");
     }
-    check("MMoE 2x2 async", &summary.test_heads.iter().map(|(_, t)| t.auc.unwrap()).collect::<Vec<_>>());
+    check("MMoE 2x2 async", &tests.iter().map(|t| t.auc.unwrap()).collect::<Vec<_>>());
 }
 
 /// `oar gen tasks --effect experts` (a planted mixture of 4 linear experts, one softmax gate per
