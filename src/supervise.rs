@@ -344,7 +344,7 @@ pub(crate) fn summarize(
     let last = reports.first().and_then(|r| r.passes.last());
     let test = last.and_then(|p| p.test.clone());
     let heads = last.map(|p| p.heads.clone()).unwrap_or_default();
-    let train_auc_all_trainers = reports.first().and_then(|r| r.passes.last()).and_then(|p| p.all_trainers.clone());
+    let train_auc_all_trainers = last.and_then(|p| p.all_trainers.clone());
     let summary = LaunchSummary {
         servers: servers.len(),
         workers: workers.len(),

@@ -13,7 +13,7 @@ use super::conn::Wire;
 
 impl Wire {
     /// The socket under the connection.
-    fn fd(&self) -> RawFd {
+    pub(super) fn fd(&self) -> RawFd {
         match self {
             Wire::Plain(s) => s.as_raw_fd(),
             Wire::Tls(s) => s.sock.as_raw_fd(),
@@ -22,7 +22,7 @@ impl Wire {
 
     /// Whether a read would return bytes without the socket: TLS plaintext already decrypted,
     /// which `poll` cannot see. A TLS error also counts: the read is where it is reported.
-    fn buffered(&mut self) -> bool {
+    pub(super) fn buffered(&mut self) -> bool {
         match self {
             Wire::Plain(_) => false,
             Wire::Tls(s) => s.conn.process_new_packets().map_or(true, |state| state.plaintext_bytes_to_read() > 0),
@@ -30,14 +30,12 @@ impl Wire {
     }
 }
 
-/// The position in `wires` of the first with bytes (or a close, or an error) to read, waiting
-/// at most `timeout`; `None` if none had any by then.
-pub(super) fn first_ready(wires: &mut [&mut Wire], timeout: Duration) -> std::io::Result<Option<usize>> {
-    if let Some(k) = wires.iter_mut().position(|w| w.buffered()) {
-        return Ok(Some(k));
-    }
+/// The position in `sockets` of the first with bytes (or a close, or an error) to read, waiting
+/// at most `timeout`; `None` if none had any by then. (Bytes a TLS layer holds already
+/// decrypted are not the socket's: see [`Wire::buffered`].)
+pub(super) fn first_ready(sockets: &[RawFd], timeout: Duration) -> std::io::Result<Option<usize>> {
     let mut fds: Vec<libc::pollfd> =
-        wires.iter().map(|w| libc::pollfd { fd: w.fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 }).collect();
+        sockets.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 }).collect();
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -78,14 +76,13 @@ mod tests {
     #[test]
     fn finds_the_connection_with_a_reply_or_a_close_and_times_out_on_silence() {
         let (mut wires, mut ends) = pairs();
+        assert!(wires.iter_mut().all(|w| !w.buffered()), "plain TCP holds nothing of its own");
+        let fds: Vec<RawFd> = wires.iter().map(Wire::fd).collect();
         let timeout = Duration::from_millis(50);
-        let mut all: Vec<&mut Wire> = wires.iter_mut().collect();
-        assert_eq!(first_ready(&mut all, timeout).unwrap(), None, "nothing sent, nothing closed");
+        assert_eq!(first_ready(&fds, timeout).unwrap(), None, "nothing sent, nothing closed");
         ends[2].write_all(b"reply").unwrap();
-        assert_eq!(first_ready(&mut all, timeout).unwrap(), Some(2), "a reply");
-        drop(all);
-        let mut first_two: Vec<&mut Wire> = wires.iter_mut().take(2).collect();
+        assert_eq!(first_ready(&fds, timeout).unwrap(), Some(2), "a reply");
         ends.remove(1); // server 1's end closes, as a killed process's does
-        assert_eq!(first_ready(&mut first_two, Duration::from_secs(10)).unwrap(), Some(1), "a close");
+        assert_eq!(first_ready(&fds[..2], Duration::from_secs(10)).unwrap(), Some(1), "a close");
     }
 }

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::conn::{Conn, Wire};
+use super::conn::Conn;
 use super::{Client, ClientError};
 use crate::protocol::{Frame, Request};
 
@@ -165,18 +165,13 @@ impl Client {
             return (k, false);
         }
         // A server's reply comes first on the port of its first frame.
-        let wanted: Vec<(usize, usize)> = waiting.iter().map(|&s| (parts[s][0].0, s)).collect();
-        let mut found: Vec<(usize, &mut Wire)> = Vec::with_capacity(wanted.len());
-        for (port, row) in self.conns.iter_mut().enumerate() {
-            for (s, conn) in row.iter_mut().enumerate() {
-                if let Some(k) = wanted.iter().position(|&w| w == (port, s)) {
-                    found.push((k, &mut conn.stream));
-                }
-            }
+        let first: Vec<(usize, usize)> = waiting.iter().map(|&s| (parts[s][0].0, s)).collect();
+        if let Some(k) = first.iter().position(|&(port, s)| self.conns[port][s].stream.buffered()) {
+            return (k, false);
         }
-        let (positions, mut wires): (Vec<usize>, Vec<&mut Wire>) = found.into_iter().unzip();
-        match super::ready::first_ready(&mut wires, self.config.reply_timeout) {
-            Ok(Some(i)) => (positions[i], false),
+        let sockets: Vec<_> = first.iter().map(|&(port, s)| self.conns[port][s].stream.fd()).collect();
+        match super::ready::first_ready(&sockets, self.config.reply_timeout) {
+            Ok(Some(k)) => (k, false),
             Ok(None) => (0, true),
             // poll(2) itself failed (it does not for valid descriptors): read in order.
             Err(_) => (0, false),

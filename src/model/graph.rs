@@ -251,8 +251,6 @@ impl Model {
     }
 }
 
-/// The layers in an order where each comes after its inputs (file order among the ready ones),
-/// or an error naming the layers caught in a cycle.
 /// Which of `n_tensors` tensors the tensors `ends` are computed from (themselves included),
 /// through `nodes` in running order; a sequence embedding counts as used when only its mask is.
 pub(super) fn reached(nodes: &[Node], n_tensors: usize, ends: impl Iterator<Item = usize>) -> Vec<bool> {
@@ -267,6 +265,8 @@ pub(super) fn reached(nodes: &[Node], n_tensors: usize, ends: impl Iterator<Item
     used
 }
 
+/// The layers in an order where each comes after its inputs (file order among the ready ones),
+/// or an error naming the layers caught in a cycle.
 fn running_order(layers: &[LayerConfig], inputs_of: &[Vec<usize>]) -> Result<Vec<usize>, String> {
     let mut done = vec![false; layers.len() + 1];
     done[DENSE] = true;

@@ -212,7 +212,8 @@ fn a_value_head_is_its_own_loss_without_a_label() {
     assert_eq!((served.scored_heads(), served.scored_slots()), (vec![0], vec![true, true, false]));
     let mut built = crate::model::GraphBuilder::new();
     built.value_head("own", 0.5);
-    assert_eq!((built.build().heads[0].loss, built.build().heads[0].label.clone()), (Loss::Value, None));
+    let head = &built.build().heads[0];
+    assert_eq!((head.loss, head.label.clone()), (Loss::Value, None));
     let wide = text("").replace("out = 1 }]\n", "out = 2 }]\n");
     assert!(build_err(&wide).contains("Value needs an output of width 1, it has 2"), "{}", build_err(&wide));
     // Its gradient is 1 per sample (times its weight, 1 here): the bias of the layer that

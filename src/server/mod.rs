@@ -132,22 +132,23 @@ impl State {
         crate::fault::at(me, self.config.epoch, crate::fault::Moment::Version(version));
     }
 
-    /// The `unanswered` fault the tests planned (see [`crate::fault`]): with `answering`, the
-    /// reply to `trainer`'s push in the step that made that version, held back forever unless
-    /// `trainer` is 0; without, a push of trainer 0 arriving at that version, which fires it.
-    async fn unanswered_fault(&self, trainer: u64, answering: Option<u64>) {
-        let (me, epoch) = (crate::fault::Target::Server(self.config.index), self.config.epoch);
-        match answering {
-            Some(version)
-                if trainer != 0 && crate::fault::is_planned(me, epoch, crate::fault::Moment::Unanswered(version)) =>
-            {
-                std::future::pending::<()>().await;
-            }
-            None if trainer == 0 => {
-                let version = self.counters.version.load(std::sync::atomic::Ordering::Relaxed);
-                crate::fault::at(me, epoch, crate::fault::Moment::Unanswered(version));
-            }
-            _ => {}
+    /// The `unanswered` fault the tests planned (see [`crate::fault`]), as a sync push of
+    /// `trainer` arrives: trainer 0's push at that version fires it.
+    fn unanswered_fault_on_arrival(&self, trainer: u64) {
+        if cfg!(feature = "faults") && trainer == 0 {
+            let version = self.counters.version.load(std::sync::atomic::Ordering::Relaxed);
+            let me = crate::fault::Target::Server(self.config.index);
+            crate::fault::at(me, self.config.epoch, crate::fault::Moment::Unanswered(version));
+        }
+    }
+
+    /// The `unanswered` fault, as `trainer`'s push in the step that made `version` is about to
+    /// be answered: the reply is held back forever unless `trainer` is 0.
+    async fn unanswered_fault_on_reply(&self, trainer: u64, version: u64) {
+        let me = crate::fault::Target::Server(self.config.index);
+        let moment = crate::fault::Moment::Unanswered(version);
+        if trainer != 0 && crate::fault::is_planned(me, self.config.epoch, moment) {
+            std::future::pending::<()>().await;
         }
     }
 

@@ -159,7 +159,7 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     } else {
         Push { dense: Vec::new(), sparse: Vec::new(), samples: 0, ..push }.into_owned()
     };
-    state.unanswered_fault(trainer, None).await;
+    state.unanswered_fault_on_arrival(trainer);
     let mut applied = state.applied.subscribe();
     // Trainers with fewer batches per pass than others have pushed fewer steps, so their own
     // step counts say nothing about which step this is; a trainer cannot be a step ahead, as
@@ -195,7 +195,7 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     if let Some(error) = state.step_errors.lock().get(&step) {
         return Err(error.clone());
     }
-    state.unanswered_fault(trainer, Some(step + 1)).await;
+    state.unanswered_fault_on_reply(trainer, step + 1).await;
     pushed(PushOutcome::Applied, step + 1)
 }
 
