@@ -130,7 +130,8 @@ pub fn train_config(
         connect_timeout: Duration::from_secs(10),
         reply_timeout: Duration::from_secs(90),
         delay: 0,
-        pull_ahead: true,
+        // The default: tests that want the pipeline that pulls ahead set it.
+        pull_ahead: false,
         sync_warmup: oar::train::DEFAULT_SYNC_WARMUP,
         scale_stale_steps: oar::train::DEFAULT_SCALE_STALE_STEPS,
         clip_grad_norm: None,
