@@ -391,7 +391,8 @@ def optimizers(model, dense_lr):
 # ---------------------------------------------------------------- one run
 
 
-def run(name, variant, init, data, seed, zoo, batch=BATCH):
+def run(name, variant, init, data, seed, zoo, batch=BATCH, passes=1):
+    """The test AUC after each of `passes` passes over the training lines (each in file order)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -416,26 +417,29 @@ def run(name, variant, init, data, seed, zoo, batch=BATCH):
     if variant == "graph" or name == "dlrm":
         zero_marked(model)
     opts = optimizers(model, DENSE_LR.get(name, 1e-3))
-    model.train()
-    y, d, ids = data["train"]
-    for start in range(0, len(y), batch):  # file order, one pass, last batch partial
-        sl = slice(start, start + batch)
-        out = model(inputs_of(d[sl], ids[sl], numeric), d[sl]) if not prob_out else \
-            model(inputs_of(d[sl], ids[sl], numeric))["y_pred"]
-        out = out.view(-1)
-        loss = F.binary_cross_entropy(out, y[sl]) if prob_out else \
-            F.binary_cross_entropy_with_logits(out, y[sl])
-        for o in opts:
-            o.zero_grad()
-        loss.backward()
-        for o in opts:
-            o.step()
-    model.eval()
-    y, d, ids = data["test"]
-    with torch.no_grad():
-        out = model(inputs_of(d, ids, numeric), d) if not prob_out else \
-            model(inputs_of(d, ids, numeric))["y_pred"]
-    return roc_auc_score(y.numpy(), out.view(-1).numpy())
+    aucs = []
+    for _ in range(passes):
+        model.train()
+        y, d, ids = data["train"]
+        for start in range(0, len(y), batch):  # file order, last batch partial, as oar reads
+            sl = slice(start, start + batch)
+            out = model(inputs_of(d[sl], ids[sl], numeric), d[sl]) if not prob_out else \
+                model(inputs_of(d[sl], ids[sl], numeric))["y_pred"]
+            out = out.view(-1)
+            loss = F.binary_cross_entropy(out, y[sl]) if prob_out else \
+                F.binary_cross_entropy_with_logits(out, y[sl])
+            for o in opts:
+                o.zero_grad()
+            loss.backward()
+            for o in opts:
+                o.step()
+        model.eval()
+        y, d, ids = data["test"]
+        with torch.no_grad():
+            out = model(inputs_of(d, ids, numeric), d) if not prob_out else \
+                model(inputs_of(d, ids, numeric))["y_pred"]
+        aucs.append(roc_auc_score(y.numpy(), out.view(-1).numpy()))
+    return aucs
 
 
 def main():
@@ -447,6 +451,7 @@ def main():
     ap.add_argument("--init", default="library", choices=["library", "oar"])
     ap.add_argument("--data", help="a generated set (oar gen interactions): DIR/train and DIR/test")
     ap.add_argument("--batch", type=int, default=BATCH)
+    ap.add_argument("--passes", type=int, default=1, help="passes over DIR/train (--data only); prints each pass's AUC")
     a = ap.parse_args()
     if a.model == "dnn" and a.variant == "class":
         ap.error("dnn has no FuxiCTR class: it is the graph variant only")
@@ -457,8 +462,9 @@ def main():
         data = encode(read_folder(os.path.join(a.data, "train")), read_folder(os.path.join(a.data, "test")))
         for seed in a.seed:
             t = time.time()
-            auc = run(a.model, a.variant, a.init, data, seed, zoo, a.batch)
-            print(f"{a.model} {a.variant} {a.init} {a.data} seed {seed} test AUC {auc:.6f} "
+            aucs = run(a.model, a.variant, a.init, data, seed, zoo, a.batch, a.passes)
+            each = "".join(f" pass {k + 1} {v:.6f}" for k, v in enumerate(aucs)) if a.passes > 1 else ""
+            print(f"{a.model} {a.variant} {a.init} {a.data} seed {seed} test AUC {aucs[-1]:.6f}{each} "
                   f"({time.time() - t:.1f} s)", flush=True)
         return
     if not os.path.isfile(DATA):
@@ -472,7 +478,7 @@ def main():
         data = encode(*split_lines(lines, split))
         for seed in a.seed:
             t = time.time()
-            auc = run(a.model, a.variant, a.init, data, seed, zoo)
+            auc = run(a.model, a.variant, a.init, data, seed, zoo)[0]
             print(f"{a.model} {a.variant} {a.init} split {split} seed {seed} test AUC {auc:.6f} "
                   f"({time.time() - t:.1f} s)", flush=True)
 
