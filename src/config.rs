@@ -165,6 +165,7 @@ impl JobConfig {
         // needs them): the rest is checked without them.
         let data = if self.data.needs_stats() { self.data.unscaled() } else { self.data.clone() };
         let (model, _) = build_model(&self.model, &data, registry)?;
+        model.check_memory(self.train.batch_size, self.train.threads).map_err(anyhow::Error::msg)?;
         model.table_spec(self.dense_optimizer, self.sparse_optimizer).validate().map_err(anyhow::Error::msg)?;
         self.dense_optimizer.validate("dense").map_err(anyhow::Error::msg)?;
         self.sparse_optimizer.validate("sparse").map_err(anyhow::Error::msg)?;

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
+use super::budget::Budget;
 use super::config::{LayerConfig, Loss, ModelConfig, TableConfig};
 use super::embedding::{Embedding, Pooling};
 use super::{Input, Registry};
@@ -64,6 +65,8 @@ pub struct Model {
     pub(super) table_slots: Vec<Vec<bool>>,
     /// Whether a layer draws random numbers (per-sample seeds are computed only then).
     pub(super) random: bool,
+    /// Floats a sample needs in training: outputs, their gradients, the layers' workspace.
+    pub(super) floats_per_sample: usize,
 }
 
 impl Model {
@@ -78,6 +81,14 @@ impl Model {
         for (i, t) in g.tables.iter().enumerate() {
             if t.dim == 0 {
                 return Err(format!("model: table {:?} has dim 0", t.name));
+            }
+            if t.dim > crate::table::MAX_DIM {
+                return Err(format!(
+                    "model: table {:?} has dim {}, more than {}",
+                    t.name,
+                    t.dim,
+                    crate::table::MAX_DIM
+                ));
             }
             if table_index.insert(t.name.clone(), i).is_some() {
                 return Err(format!("model: two tables are named {:?}", t.name));
@@ -146,6 +157,8 @@ impl Model {
         let mut needs_grad = vec![false; n_tensors];
         let (mut nodes, mut params) = (Vec::new(), Vec::new());
         let mut table_slots = vec![vec![false; input.slots.len()]; g.tables.len()];
+        let mut budget = Budget::default();
+        budget.add(shapes[DENSE], 0, 0).map_err(|e| format!("model: the dense features: {e}"))?;
         for &i in &order {
             let l = &g.layers[i];
             let at = |e: String| format!("model: layer {:?} ({}): {e}", l.name, l.kind);
@@ -172,11 +185,16 @@ impl Model {
                 },
                 Op::Layer(layer) => (layer.output(), layer.params()),
             };
+            let scratch = match &op {
+                Op::Embedding(_) => 0,
+                Op::Layer(layer) => layer.scratch(),
+            };
+            let len = own.iter().try_fold(0usize, |n, p| n.checked_add(p.len)).unwrap_or(usize::MAX);
+            budget.add(shape, scratch, len).map_err(at)?;
             if shape.size() == 0 {
                 return Err(at("its output is empty".into()));
             }
             let start: usize = params.iter().map(|p: &DenseParam| p.len).sum();
-            let len: usize = own.iter().map(|p| p.len).sum();
             params.extend(own.into_iter().map(|p| DenseParam { name: format!("{}.{}", l.name, p.name), ..p }));
             shapes[i + 1] = shape;
             needs_grad[i + 1] = matches!(op, Op::Embedding(_)) || len > 0 || ins.iter().any(|&t| needs_grad[t]);
@@ -238,6 +256,7 @@ impl Model {
         let random = nodes.iter().any(|n| matches!(&n.op, Op::Layer(l) if l.uses_seeds()));
         Ok(Model {
             random,
+            floats_per_sample: budget.floats_per_sample(),
             config: config.clone(),
             input: input.clone(),
             tables: g.tables.clone(),

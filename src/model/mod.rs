@@ -13,6 +13,7 @@
 //! three seed examples (CTR-DNN, UCI housing, PTB N-gram) and models saved before layer graphs
 //! run on the same code path as any graph.
 
+mod budget;
 mod builder;
 mod config;
 mod embedding;
@@ -24,6 +25,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 
+pub use budget::{available_memory, MAX_DENSE_PARAMS, MAX_FIELDS, MAX_SAMPLE_FLOATS, MAX_TENSOR_FLOATS};
 pub use builder::GraphBuilder;
 pub use config::{HeadConfig, LayerConfig, Loss, ModelConfig, TableConfig, SHORTHAND_TABLE};
 pub use embedding::{Embedding, Pooling};
@@ -201,6 +203,12 @@ impl Model {
     /// Number of dense floats.
     pub fn dense_len(&self) -> usize {
         self.params.iter().map(|p| p.len).sum()
+    }
+
+    /// Checks that training batches of `rows` samples on `threads` threads fit in this
+    /// machine's available memory, so an oversized `batch_size` is an error, not a kill.
+    pub fn check_memory(&self, rows: usize, threads: usize) -> Result<(), String> {
+        budget::check_batch(self.floats_per_sample, self.dense_len(), rows, threads, available_memory())
     }
 
     /// A one-line description of the layers in running order, with their output shapes.

@@ -43,6 +43,19 @@ impl std::fmt::Display for Shape {
     }
 }
 
+/// Largest whole-number layer setting (widths, lengths, heads, ...): far above any model's, and
+/// low enough that the products layers form of their settings and input shapes (a model's
+/// tensors hold at most `fields` 2^16 and 2^24 floats per sample, [`crate::model::MAX_FIELDS`])
+/// cannot overflow, so a hostile job file gets an error, not a wrapped size.
+pub const MAX_SETTING: u64 = 1 << 16;
+
+fn bounded(key: &str, n: u64) -> Result<usize, String> {
+    if n > MAX_SETTING {
+        return Err(format!("{key} is {n}, more than the {MAX_SETTING} oar allows"));
+    }
+    Ok(n as usize)
+}
+
 /// What a layer call may depend on besides its inputs and parameters.
 #[derive(Clone, Copy, Debug)]
 pub struct Ctx<'a> {
@@ -132,12 +145,13 @@ impl LayerArgs {
         self.values.get(key)
     }
 
-    /// A non-negative integer setting.
+    /// A non-negative integer setting, at most [`MAX_SETTING`].
     pub fn usize(&mut self, key: &str) -> Result<Option<usize>, String> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => {
-                v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| format!("{key} must be a whole number, got {v}"))
+                let n = v.as_u64().ok_or_else(|| format!("{key} must be a whole number, got {v}"))?;
+                Ok(Some(bounded(key, n)?))
             }
         }
     }
@@ -181,7 +195,7 @@ impl LayerArgs {
             Some(v) => {
                 let list = v.as_array().ok_or_else(|| bad(v))?;
                 list.iter()
-                    .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| bad(v)))
+                    .map(|x| x.as_u64().ok_or_else(|| bad(v)).and_then(|n| bounded(key, n)))
                     .collect::<Result<_, _>>()
                     .map(Some)
             }

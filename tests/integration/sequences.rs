@@ -135,3 +135,54 @@ fn bst_and_dien_see_the_order_that_pooling_and_din_cannot() {
         assert!(auc > local - 0.015, "{job}: async 2x2 {auc} against local {local}");
     }
 }
+
+/// A job file whose sizes would need more memory than any machine has (a history of 10^8 ids, a
+/// table of dim 10^8, 30,000 positions under self-attention, a batch of 10^8 samples) is an
+/// error naming the layer or setting, from `oar train` and from `oar launch` before it starts
+/// a process; before the bounds `oar train` allocated until the kernel killed it. Each run has
+/// 4 GiB of address space, so a regression fails here instead of exhausting the machine.
+#[test]
+fn a_job_file_too_big_for_memory_is_refused_naming_the_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = oar::data::gen::GenConfig { lines: 200, test_lines: 50, seed: 1, parts: 1, out: data.clone() };
+    oar::data::gen_sequences::generate(&cfg, oar::data::gen_sequences::Effect::Order).unwrap();
+    let job = std::fs::read_to_string(zoo_job("bst_din_format")).unwrap();
+    let (train, test) = (data.join("train"), data.join("test"));
+    let run = |name: &str, from: &str, to: &str, extra: &[&str]| {
+        assert!(job.contains(from), "{from}");
+        let file = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&file, job.replacen(from, to, 1)).unwrap();
+        let mut outs = Vec::new();
+        for command in ["train", "launch"] {
+            let mut args = vec![command, "--config", file.to_str().unwrap()];
+            args.extend(["--train", train.to_str().unwrap(), "--test", test.to_str().unwrap()]);
+            args.extend(extra);
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(r#"ulimit -v 4194304 && exec "$@""#)
+                .arg("sh")
+                .arg(env!("CARGO_BIN_EXE_oar"))
+                .args(&args)
+                .env_remove("OAR_LAUNCHED")
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            assert_eq!(out.status.code(), Some(1), "{name}, oar {command}: {err}");
+            assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "one clear line:\n{err}");
+            outs.push(err);
+        }
+        outs.join("")
+    };
+    let err = run("history", "sequence = 20", "sequence = 100000000", &[]);
+    assert!(err.contains("layer \"hist\" (embedding): sequence is 100000000, more than the 65536"), "{err}");
+    let err = run("table", "dim = 8 }", "dim = 100000000 }", &[]);
+    assert!(err.contains("table \"v\" has dim 100000000, more than 65536"), "{err}");
+    let err = run("positions", "sequence = 20", "sequence = 30000", &[]);
+    assert!(err.contains("layer \"att\" (self_attention): the model needs"), "{err}");
+    assert!(err.contains("floats per sample up to this layer"), "{err}");
+    let err = run("batch", "batch_size = 32", "batch_size = 32", &["--batch-size", "100000000"]);
+    assert!(err.contains("batches of 100000000 samples on 1 thread(s) need"), "{err}");
+    assert!(err.contains("lower batch_size or threads"), "{err}");
+}

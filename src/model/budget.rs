@@ -1,0 +1,140 @@
+//! The sizes a model may take: bounds that turn a typo or a hostile job file (a sequence of
+//! 10^8 ids, a table of dim 10^8, a batch that needs terabytes) into an error naming the layer
+//! or setting, before memory runs out. Without them such a job file made the trainer allocate
+//! until the kernel killed it (measured: 24 GiB, then SIGKILL) or wrapped a size.
+
+use crate::nn::layer::Shape;
+
+/// Most vectors one tensor holds per sample (a sequence's positions, a concat's fields).
+pub const MAX_FIELDS: usize = 1 << 16;
+/// Most floats one tensor holds per sample (64 MiB).
+pub const MAX_TENSOR_FLOATS: usize = 1 << 24;
+/// Most floats a sample may need over the whole graph: every tensor, its gradient and every
+/// layer's workspace (1 GiB).
+pub const MAX_SAMPLE_FLOATS: usize = 1 << 28;
+/// Most dense parameters a model may have (4 GiB of floats).
+pub const MAX_DENSE_PARAMS: usize = 1 << 30;
+
+/// Running totals of a graph's floats per sample and dense parameters, layer by layer.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Budget {
+    sample: usize,
+    params: usize,
+}
+
+impl Budget {
+    /// Counts a layer's output (and its gradient), its workspace and its parameters; an error
+    /// says which bound the layer passes.
+    pub(super) fn add(&mut self, shape: Shape, scratch: usize, params: usize) -> Result<(), String> {
+        let size = shape.fields.checked_mul(shape.dim);
+        if shape.fields > MAX_FIELDS || size.is_none_or(|n| n > MAX_TENSOR_FLOATS) {
+            return Err(format!(
+                "its output of {} x {} floats per sample is larger than oar allows (at most {MAX_FIELDS} \
+                 vectors and {MAX_TENSOR_FLOATS} floats)",
+                shape.fields, shape.dim
+            ));
+        }
+        let size = size.unwrap_or(usize::MAX);
+        self.sample = self.sample.saturating_add(size.saturating_mul(2)).saturating_add(scratch);
+        if self.sample > MAX_SAMPLE_FLOATS {
+            return Err(format!(
+                "the model needs {} floats per sample up to this layer (outputs, gradients and workspace; \
+                 {scratch} of them this layer's workspace), more than the {MAX_SAMPLE_FLOATS} oar allows",
+                self.sample
+            ));
+        }
+        self.params = self.params.saturating_add(params);
+        if self.params > MAX_DENSE_PARAMS {
+            return Err(format!(
+                "the model has {} dense parameters up to this layer, more than the {MAX_DENSE_PARAMS} oar allows",
+                self.params
+            ));
+        }
+        Ok(())
+    }
+
+    /// Floats a sample needs: outputs, their gradients and the layers' workspace.
+    pub(super) fn floats_per_sample(&self) -> usize {
+        self.sample
+    }
+}
+
+/// Checks that batches of `rows` samples on `threads` threads, each needing `per_sample`
+/// floats, and a model of `params` dense parameters (with their gradient and an optimizer's
+/// state) fit in `available` bytes (`None`: unknown, not checked).
+pub fn check_batch(
+    per_sample: usize,
+    params: usize,
+    rows: usize,
+    threads: usize,
+    available: Option<u64>,
+) -> Result<(), String> {
+    let Some(available) = available else { return Ok(()) };
+    let batch = (per_sample as u64).saturating_mul(rows as u64).saturating_mul(threads as u64).saturating_mul(4);
+    let need = batch.saturating_add((params as u64).saturating_mul(16));
+    if need > available {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(format!(
+            "batches of {rows} samples on {threads} thread(s) need {:.1} GiB ({per_sample} floats per sample) \
+             and the dense parameters {:.1} GiB, more than the {:.1} GiB this machine has available: lower \
+             batch_size or threads",
+            gib(batch),
+            gib(need - batch),
+            gib(available)
+        ));
+    }
+    Ok(())
+}
+
+/// The memory this machine has available (`MemAvailable` of `/proc/meminfo`), in bytes; `None`
+/// where it cannot be read.
+pub fn available_memory() -> Option<u64> {
+    meminfo_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+fn meminfo_available(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_past_a_bound_is_named_with_the_bound() {
+        let mut b = Budget::default();
+        b.add(Shape { fields: 50, dim: 16 }, 100, 10).unwrap();
+        assert_eq!(b.floats_per_sample(), 2 * 800 + 100);
+        let e = b.add(Shape { fields: MAX_FIELDS + 1, dim: 1 }, 0, 0).unwrap_err();
+        assert!(e.contains("65536 vectors"), "{e}");
+        // A product that overflows is refused, not wrapped.
+        let e = b.add(Shape { fields: 2, dim: usize::MAX }, 0, 0).unwrap_err();
+        assert!(e.contains("floats"), "{e}");
+        let e = b.add(Shape { fields: 1, dim: 8 }, MAX_SAMPLE_FLOATS, 0).unwrap_err();
+        assert!(e.contains("floats per sample up to this layer"), "{e}");
+        let mut b = Budget::default();
+        let e = b.add(Shape::flat(1), 0, MAX_DENSE_PARAMS + 1).unwrap_err();
+        assert!(e.contains("dense parameters"), "{e}");
+    }
+
+    #[test]
+    fn a_batch_that_does_not_fit_the_available_memory_is_refused() {
+        // 1000 floats x 256 rows x 2 threads x 4 bytes = 2,048,000 bytes, params 100 x 16.
+        let need = 2_048_000 + 1600;
+        assert!(check_batch(1000, 100, 256, 2, Some(need)).is_ok());
+        let e = check_batch(1000, 100, 256, 2, Some(need - 1)).unwrap_err();
+        assert!(e.contains("lower batch_size or threads"), "{e}");
+        assert!(check_batch(usize::MAX, usize::MAX, usize::MAX, 2, Some(u64::MAX - 1)).is_err());
+        assert!(check_batch(usize::MAX, 0, 1, 1, None).is_ok(), "unknown memory: not checked");
+    }
+
+    #[test]
+    fn meminfo_is_read_in_kib() {
+        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(meminfo_available(text), Some(20_000_000 * 1024));
+        assert_eq!(meminfo_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(meminfo_available("MemAvailable: lots kB\n"), None);
+    }
+}
