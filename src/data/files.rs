@@ -75,32 +75,56 @@ pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u
     if parts == 0 {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "--parts must be at least 1"));
     }
-    // Two passes over the file (count, then write) keep memory flat for files of any size.
-    let lines = std::io::BufReader::new(std::fs::File::open(path).map_err(named)?)
-        .split(b'\n')
-        .try_fold(0u64, |n, l| l.map(|_| n + 1))
-        .map_err(named)?;
-    let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(named)?);
+    // Two passes over the file (count, then write), each a buffer at a time: memory stays flat
+    // for files of any size, and for lines of any length.
+    let open = || std::fs::File::open(path).map(std::io::BufReader::new).map_err(named);
+    let lines = copy_lines(&mut open()?, &mut std::io::sink(), u64::MAX).map_err(named)?;
+    let mut reader = open()?;
     let mut files = Vec::with_capacity(parts);
-    let mut line = Vec::new();
     for k in 0..parts as u64 {
         let out = PathBuf::from(format!("{}-{k:05}", path.display()));
         let file = std::fs::File::create(&out)
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", out.display())))?;
         let mut w = std::io::BufWriter::new(file);
         let count = lines / parts as u64 + u64::from(k < lines % parts as u64);
-        for _ in 0..count {
-            line.clear();
-            reader.read_until(b'\n', &mut line).map_err(named)?;
-            w.write_all(&line)?;
-            if !line.ends_with(b"\n") {
-                w.write_all(b"\n")?;
-            }
-        }
+        copy_lines(&mut reader, &mut w, count)?;
         w.flush()?;
         files.push(out);
     }
     Ok((files, lines))
+}
+
+/// Moves up to `lines` lines from `r` to `w`, each ended by `\n` (a last line without one is
+/// given it), a buffer at a time, so a line of any length costs no memory; returns the lines
+/// moved (with `u64::MAX` and a sink: counts them).
+fn copy_lines(r: &mut impl std::io::BufRead, w: &mut impl std::io::Write, lines: u64) -> std::io::Result<u64> {
+    let (mut moved, mut open) = (0u64, false);
+    while moved < lines {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            if open {
+                w.write_all(b"\n")?;
+                moved += 1;
+            }
+            break;
+        }
+        let mut end = buf.len();
+        let mut ended = 0u64;
+        for (i, &b) in buf.iter().enumerate() {
+            if b == b'\n' {
+                ended += 1;
+                if moved + ended == lines {
+                    end = i + 1;
+                    break;
+                }
+            }
+        }
+        w.write_all(&buf[..end])?;
+        open = buf[end - 1] != b'\n';
+        r.consume(end);
+        moved += ended;
+    }
+    Ok(moved)
 }
 
 /// Total size in bytes of `files` (unreadable files count 0): what progress bars measure.
@@ -149,6 +173,22 @@ mod tests {
         assert_eq!(list_files(&dir.path().join("big.txt-*")).unwrap(), parts);
         assert_eq!(shard_files(&parts, 2, 1), [parts[1].clone()]);
         assert!(list_files(&dir.path().join("nothing-*")).unwrap_err().to_string().contains("no file matches"));
+    }
+
+    #[test]
+    fn lines_are_moved_a_buffer_at_a_time_whatever_their_length() {
+        let count = |text: &[u8]| copy_lines(&mut std::io::Cursor::new(text), &mut std::io::sink(), u64::MAX).unwrap();
+        assert_eq!([count(b""), count(b"a"), count(b"a\nb"), count(b"a\nb\n"), count(b"\n\n")], [0, 1, 2, 2, 2]);
+        // A line far longer than the reader's buffer, then two more: moved whole, in order.
+        let long = vec![b'x'; 100_000];
+        let text = [long.clone(), b"\nsecond\nthird".to_vec()].concat();
+        let mut r = std::io::BufReader::with_capacity(64, std::io::Cursor::new(text));
+        let mut first = Vec::new();
+        assert_eq!(copy_lines(&mut r, &mut first, 1).unwrap(), 1);
+        assert_eq!(first, [long, b"\n".to_vec()].concat());
+        let mut rest = Vec::new();
+        assert_eq!(copy_lines(&mut r, &mut rest, 5).unwrap(), 2);
+        assert_eq!(rest, b"second\nthird\n");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A reader thread that turns a list of files into batches, ahead of the trainer.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -208,6 +208,32 @@ fn read_file(
     Ok(())
 }
 
+/// Longest line a reader keeps (64 MiB): far above any real sample (a Criteo line is about 200
+/// bytes, a PaddleRec history a few KiB), and the bound on what a file without line breaks, or a
+/// `pipe_command` that never prints one, can make a trainer hold.
+pub const MAX_LINE_BYTES: u64 = 64 << 20;
+
+/// Reads the rest of a line (through its `\n`, or to the end) without keeping it; returns the
+/// bytes read.
+fn skip_rest_of_line(r: &mut impl BufRead) -> std::io::Result<u64> {
+    let mut skipped = 0u64;
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(skipped);
+        }
+        let (n, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        r.consume(n);
+        skipped += n as u64;
+        if done {
+            return Ok(skipped);
+        }
+    }
+}
+
 fn read_lines(
     path: &std::path::Path,
     mut r: impl BufRead,
@@ -222,17 +248,23 @@ fn read_lines(
     let mut number = 0u64;
     loop {
         line.clear();
-        let n = r.read_until(b'\n', &mut line).map_err(io)?;
+        let n = r.by_ref().take(MAX_LINE_BYTES + 1).read_until(b'\n', &mut line).map_err(io)?;
         if n == 0 {
             return Ok(());
         }
         number += 1;
         progress.bytes.fetch_add(n as u64, Relaxed);
-        let text = line.strip_suffix(b"\n").unwrap_or(&line);
-        if text.is_empty() {
-            continue;
-        }
-        match parser.parse(text, batch) {
+        let parsed = if n as u64 > MAX_LINE_BYTES && line.last() != Some(&b'\n') {
+            progress.bytes.fetch_add(skip_rest_of_line(&mut r).map_err(io)?, Relaxed);
+            Err(format!("the line is longer than {} MiB", MAX_LINE_BYTES >> 20))
+        } else {
+            let text = line.strip_suffix(b"\n").unwrap_or(&line);
+            if text.is_empty() {
+                continue;
+            }
+            parser.parse(text, batch)
+        };
+        match parsed {
             Ok(()) => {
                 progress.samples.fetch_add(1, Relaxed);
             }
@@ -256,6 +288,30 @@ fn read_lines(
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn a_line_longer_than_the_bound_is_named_or_skipped_without_being_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&a).unwrap());
+        write!(f, "1\t1\n0\t").unwrap();
+        f.write_all(&vec![b'7'; MAX_LINE_BYTES as usize + 10]).unwrap();
+        write!(f, "\n1\t3\n0\t4\n").unwrap();
+        drop(f);
+        let batches: Vec<_> = Reader::spawn(vec![a.clone()], ReaderConfig::criteo(2)).collect();
+        let err = batches.last().unwrap().as_ref().unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{}:2: the line is longer than 64 MiB", a.display())), "{err}");
+
+        let reader = Reader::spawn(vec![a], ReaderConfig { skip_bad_lines: true, ..ReaderConfig::criteo(2) });
+        let progress = reader.progress();
+        let sizes: Vec<usize> = reader.map(|b| b.unwrap().len()).collect();
+        assert_eq!(sizes, [2, 1], "the lines after the long one are read");
+        assert_eq!(progress.bad_lines.load(Relaxed), 1);
+        // A line of exactly the bound, its break after it, is kept.
+        let mut r = std::io::Cursor::new([vec![b'x'; 10], b"\nnext".to_vec()].concat());
+        assert_eq!(skip_rest_of_line(&mut r).unwrap(), 11);
+        assert_eq!(r.position(), 11);
+    }
 
     #[test]
     fn batches_span_files_and_bad_lines_are_named_or_counted() {

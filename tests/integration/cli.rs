@@ -113,6 +113,38 @@ fn a_malformed_line_is_named_by_file_and_line_or_skipped_and_counted() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("trained 49 samples"), "{}", text(&out));
 }
 
+/// A line longer than the readers keep (64 MiB: a file without line breaks) is named by file
+/// and line without being held, or skipped and counted; `oar split` moves it whole.
+#[test]
+fn a_line_too_long_to_keep_is_named_or_skipped_and_split_moves_it_whole() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 50, 10);
+    let file = train.join("part-00000");
+    let content = std::fs::read_to_string(&file).unwrap();
+    let (first, rest) = content.split_once('\n').unwrap();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+    writeln!(f, "{first}").unwrap();
+    f.write_all(&vec![b'9'; (oar::data::reader::MAX_LINE_BYTES + 1) as usize]).unwrap();
+    write!(f, "\n{rest}").unwrap();
+    drop(f);
+
+    let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "8"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:2: the line is longer than 64 MiB", file.display())), "{err}");
+    let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "8", "--skip-bad-lines"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("trained 50 samples"), "{}", text(&out));
+
+    let out = oar(&["split", "--parts", "2", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let sizes: Vec<u64> =
+        (0..2).map(|k| std::fs::metadata(format!("{}-{k:05}", file.display())).unwrap().len()).collect();
+    assert_eq!(sizes.iter().sum::<u64>(), std::fs::metadata(&file).unwrap().len());
+    assert!(sizes[0] > oar::data::reader::MAX_LINE_BYTES, "the long line is in the first part: {sizes:?}");
+}
+
 #[test]
 fn a_trainer_whose_server_is_unreachable_fails_naming_the_address() {
     let dir = tempfile::tempdir().unwrap();
