@@ -70,7 +70,7 @@ pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
 /// Splits `path` by line into `parts` files `path-00000 ..`, balanced (sizes differ by at
 /// most one line), keeping line order within and across parts. Returns the files and lines.
 pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u64)> {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
     if parts == 0 {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "--parts must be at least 1"));
