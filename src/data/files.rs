@@ -67,14 +67,25 @@ pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Most files one command writes (`--parts`): far above any cluster's trainers, and a bound on
+/// the files a typo can create.
+pub const MAX_PARTS: usize = 1 << 16;
+
+/// Checks a `--parts` count: at least 1, at most [`MAX_PARTS`].
+pub fn check_parts(parts: usize) -> Result<(), String> {
+    match parts {
+        0 => Err("--parts must be at least 1".into()),
+        p if p > MAX_PARTS => Err(format!("--parts is {p}, more than the {MAX_PARTS} files oar writes at once")),
+        _ => Ok(()),
+    }
+}
+
 /// Splits `path` by line into `parts` files `path-00000 ..`, balanced (sizes differ by at
 /// most one line), keeping line order within and across parts. Returns the files and lines.
 pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u64)> {
     use std::io::Write;
     let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
-    if parts == 0 {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "--parts must be at least 1"));
-    }
+    check_parts(parts).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     // Two passes over the file (count, then write), each a buffer at a time: memory stays flat
     // for files of any size, and for lines of any length.
     let open = || std::fs::File::open(path).map(std::io::BufReader::new).map_err(named);
@@ -189,6 +200,13 @@ mod tests {
         let mut rest = Vec::new();
         assert_eq!(copy_lines(&mut r, &mut rest, 5).unwrap(), 2);
         assert_eq!(rest, b"second\nthird\n");
+    }
+
+    #[test]
+    fn a_parts_count_is_bounded() {
+        assert!(check_parts(1).is_ok() && check_parts(MAX_PARTS).is_ok());
+        assert_eq!(check_parts(0).unwrap_err(), "--parts must be at least 1");
+        assert!(check_parts(MAX_PARTS + 1).unwrap_err().contains("more than the 65536 files"));
     }
 
     #[test]

@@ -284,7 +284,7 @@ pub(crate) fn write_meta(config: &GenConfig, meta: &impl serde::Serialize) -> an
 /// `write_line`, parts in parallel, and measures the planted model on the test part.
 pub(crate) fn write_parts(config: &GenConfig, write_line: WriteLine) -> anyhow::Result<GenReport> {
     use anyhow::Context;
-    anyhow::ensure!(config.parts > 0, "--parts must be at least 1");
+    super::files::check_parts(config.parts).map_err(anyhow::Error::msg)?;
     let train_dir = config.out.join("train");
     let test_dir = config.out.join("test");
     for d in [&train_dir, &test_dir] {

@@ -68,10 +68,15 @@ pub fn parse_date(s: &str) -> anyhow::Result<NaiveDate> {
     NaiveDate::parse_from_str(s, "%Y%m%d").with_context(|| format!("{s:?} is not a date as YYYYMMDD"))
 }
 
+/// Most days one stream holds (100 years): dates past the calendar type's range (the year
+/// 262,143) would panic.
+pub const MAX_DAYS: u32 = 36_525;
+
 /// Writes the stream described by `config`, a day at a time (each day's parts in parallel).
 pub fn generate(config: &StreamConfig, on_day: &dyn Fn(&DayMeta)) -> anyhow::Result<StreamMeta> {
-    anyhow::ensure!(config.parts > 0, "--parts must be at least 1");
+    super::files::check_parts(config.parts).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(config.days > 0, "--days must be at least 1");
+    anyhow::ensure!(config.days <= MAX_DAYS, "--days is {}, more than {MAX_DAYS} (100 years)", config.days);
     let mut days = Vec::new();
     for day in 0..config.days {
         let date = config.start + chrono::Days::new(day as u64);

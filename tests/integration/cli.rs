@@ -145,6 +145,32 @@ fn a_line_too_long_to_keep_is_named_or_skipped_and_split_moves_it_whole() {
     assert!(sizes[0] > oar::data::reader::MAX_LINE_BYTES, "the long line is in the first part: {sizes:?}");
 }
 
+/// Counts that would write a million files or pass the calendar are refused before anything
+/// is written.
+#[test]
+fn generators_and_the_splitter_refuse_absurd_counts_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let file = dir.path().join("lines.txt");
+    std::fs::write(&file, "1\n2\n").unwrap();
+    let cases: [(&[&str], &str); 3] = [
+        (&["gen", "criteo", "--lines", "10", "--parts", "1000000"], "--parts is 1000000, more than the 65536 files"),
+        (&["gen", "stream", "--days", "100000", "--lines-per-day", "1"], "--days is 100000, more than 36525"),
+        (&["split", "--parts", "100000", file.to_str().unwrap()], "--parts is 100000, more than the 65536 files"),
+    ];
+    for (args, want) in cases {
+        let mut all = args.to_vec();
+        if args[0] == "gen" {
+            all.extend(["--out", out.to_str().unwrap()]);
+        }
+        let o = oar(&all);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains(want), "{args:?}: {}", text(&o));
+        assert!(!out.exists(), "{args:?} wrote {}", out.display());
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "only the input file");
+}
+
 #[test]
 fn a_trainer_whose_server_is_unreachable_fails_naming_the_address() {
     let dir = tempfile::tempdir().unwrap();
