@@ -64,6 +64,16 @@ impl Store {
         staleness: u64,
     ) -> anyhow::Result<PushReport> {
         let Store::Local(shard) = self else { anyhow::bail!("delayed updates are a local-mode measurement") };
+        // The servers' rule (`server::push`, by default): a push holding a NaN or an infinity
+        // fails the trainer before it touches the model, which it would otherwise ruin silently.
+        let finite = dense.iter().all(|v| v.is_finite())
+            && tables.iter().all(|t| t.grads.iter().chain(t.counts).all(|v| v.is_finite()));
+        anyhow::ensure!(
+            finite,
+            "the gradients of step {} hold a NaN or an infinity: refused before they touched the model (a \
+             diverging model: lower the learning rate, or clip gradients)",
+            header.step
+        );
         let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.counts, t.grads));
         shard.apply(dense, sparse, header.samples as u64, header.apply.dense_lr_factor(staleness))?;
         Ok(PushReport { discarded: 0, staleness })

@@ -145,6 +145,33 @@ fn a_line_too_long_to_keep_is_named_or_skipped_and_split_moves_it_whole() {
     assert!(sizes[0] > oar::data::reader::MAX_LINE_BYTES, "the long line is in the first part: {sizes:?}");
 }
 
+/// Local training refuses a step whose gradients hold an infinity (a head weighted 1e38
+/// overflows them) as the servers do, instead of training on to a model of NaNs and printing
+/// a log-loss of NaN.
+#[test]
+fn local_training_stops_at_a_non_finite_step_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = oar::data::gen::GenConfig { lines: 600, test_lines: 100, seed: 1, parts: 1, out: data.clone() };
+    oar::data::gen_tasks::generate(&cfg, oar::data::gen_tasks::Effect::Experts, 0.0).unwrap();
+    let job = std::fs::read_to_string(zoo_job("mmoe_tasks")).unwrap();
+    let from = r#"{ output = "task1", loss = "log_loss", label = "task1" }"#;
+    assert!(job.contains(from));
+    let file = dir.path().join("job.toml");
+    let weighted = r#"{ output = "task1", loss = "log_loss", label = "task1", weight = 1e38 }"#;
+    std::fs::write(&file, job.replacen(from, weighted, 1)).unwrap();
+    let (train, test) = (data.join("train"), data.join("test"));
+    let out = oar(&["train", "--config", file.to_str().unwrap(), "--train", train.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the gradients of step 0 hold a NaN or an infinity"), "{err}");
+    // The same job file unweighted trains.
+    std::fs::write(&file, &job).unwrap();
+    let args = ["train", "--config", file.to_str().unwrap(), "--train", train.to_str().unwrap()];
+    let out = oar(&[&args[..], &["--test", test.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// Counts that would write a million files or pass the calendar are refused before anything
 /// is written.
 #[test]
