@@ -367,6 +367,15 @@ def zero_marked(model):
                     m.bias.zero_()
 
 
+def step(opts, loss):
+    """One update: every optimizer's gradients cleared, `loss` backpropagated, every optimizer stepped."""
+    for o in opts:
+        o.zero_grad()
+    loss.backward()
+    for o in opts:
+        o.step()
+
+
 def optimizers(model, dense_lr):
     """Adagrad (lr 0.05, initial accumulator 0, eps 1e-10: oar's [sparse_optimizer] defaults,
     src/table/optim.rs) on every nn.Embedding table; Adam (betas 0.9/0.999, eps 1e-8) with the
@@ -428,11 +437,7 @@ def run(name, variant, init, data, seed, zoo, batch=BATCH, passes=1):
             out = out.view(-1)
             loss = F.binary_cross_entropy(out, y[sl]) if prob_out else \
                 F.binary_cross_entropy_with_logits(out, y[sl])
-            for o in opts:
-                o.zero_grad()
-            loss.backward()
-            for o in opts:
-                o.step()
+            step(opts, loss)
         model.eval()
         y, d, ids = data["test"]
         with torch.no_grad():

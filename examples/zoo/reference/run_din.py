@@ -339,11 +339,7 @@ def run(model_name, init, data, seed, batch):
         loss = F.binary_cross_entropy(p, tr["y"][sl])
         if model_name == "dien_aux":
             loss = loss + aux_loss(model, out)
-        for o in opts:
-            o.zero_grad()
-        loss.backward()
-        for o in opts:
-            o.step()
+        ref.step(opts, loss)
     model.eval()
     te = data["test"]
     with torch.no_grad():

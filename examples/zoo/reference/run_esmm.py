@@ -131,11 +131,7 @@ def run(name, init, data, seed, batch):
         loss = F.binary_cross_entropy(ctcvr.clamp(1e-7, 1 - 1e-7), y[sl, 1])
         if ctr is not None:
             loss = loss + F.binary_cross_entropy_with_logits(ctr, y[sl, 0])
-        for o in opts:
-            o.zero_grad()
-        loss.backward()
-        for o in opts:
-            o.step()
+        ref.step(opts, loss)
     model.eval()
     ids, y = data["test"]
     with torch.no_grad():

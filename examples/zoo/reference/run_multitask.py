@@ -262,11 +262,7 @@ def run(name, variant, init, data, seed, batch=BATCH, passes=1):
         outs = forward(num[sl], ids[sl])
         lossf = F.binary_cross_entropy if cls else F.binary_cross_entropy_with_logits
         loss = sum(lossf(o, y[sl, k]) for k, o in enumerate(outs))
-        for o in opts:
-            o.zero_grad()
-        loss.backward()
-        for o in opts:
-            o.step()
+        ref.step(opts, loss)
     model.eval()
     y, num, ids = data["test"]
     with torch.no_grad():
