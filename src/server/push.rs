@@ -63,16 +63,16 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
             return Err((ErrorCode::Table, m));
         }
     }
-    let finite = push.dense.iter().all(|c| c.iter().all(|v| v.is_finite()))
-        && push.sparse.iter().all(|s| s.grads.iter().chain(s.counts.iter()).all(|v| v.is_finite()));
-    if finite {
+    let sparse = push.sparse.iter().flat_map(|s| [&s.grads[..], &s.counts[..]]);
+    if crate::table::all_finite(push.dense.iter().map(|c| &c[..]).chain(sparse)) {
         return Ok(true);
     }
     state.ledgers[trainer as usize].lock().nonfinite += 1;
     let message = format!(
         "trainer {trainer}'s push of its step {} holds a NaN or an infinity: refused before it touched the model \
-         (a diverging model: lower the learning rate, or clip gradients)",
-        push.step
+         ({})",
+        push.step,
+        crate::table::NONFINITE_HINT
     );
     match state.config.limits.nonfinite {
         NonFinite::Fail => {

@@ -324,6 +324,15 @@ impl TableSpec {
     }
 }
 
+/// Whether every float of `values` is finite: the rule a push must pass before it touches a
+/// model, on a server (`server::push`) as in local training (`train::store`).
+pub fn all_finite<'a>(values: impl IntoIterator<Item = &'a [f32]>) -> bool {
+    values.into_iter().all(|v| v.iter().all(|x| x.is_finite()))
+}
+
+/// What a refusal of a non-finite push tells the user to do.
+pub const NONFINITE_HINT: &str = "a diverging model: lower the learning rate, or clip gradients";
+
 /// Widest sparse row a declaration or a shard file may hold, in floats: far beyond any
 /// embedding in use, and small enough that an empty table's first slots stay small.
 pub const MAX_DIM: usize = 1 << 16;

@@ -66,13 +66,12 @@ impl Store {
         let Store::Local(shard) = self else { anyhow::bail!("delayed updates are a local-mode measurement") };
         // The servers' rule (`server::push`, by default): a push holding a NaN or an infinity
         // fails the trainer before it touches the model, which it would otherwise ruin silently.
-        let finite = dense.iter().all(|v| v.is_finite())
-            && tables.iter().all(|t| t.grads.iter().chain(t.counts).all(|v| v.is_finite()));
+        let sparse = tables.iter().flat_map(|t| [t.grads, t.counts]);
         anyhow::ensure!(
-            finite,
-            "the gradients of step {} hold a NaN or an infinity: refused before they touched the model (a \
-             diverging model: lower the learning rate, or clip gradients)",
-            header.step
+            crate::table::all_finite(std::iter::once(dense).chain(sparse)),
+            "the gradients of step {} hold a NaN or an infinity: refused before they touched the model ({})",
+            header.step,
+            crate::table::NONFINITE_HINT
         );
         let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.counts, t.grads));
         shard.apply(dense, sparse, header.samples as u64, header.apply.dense_lr_factor(staleness))?;
