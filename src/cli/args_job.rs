@@ -184,6 +184,10 @@ pub(super) struct JobArgs {
     /// Shell command each data file is piped through (the file on its stdin), e.g. zcat.
     #[arg(long, alias = "pipe_command", env = "OAR_PIPE_COMMAND")]
     pub(super) pipe_command: Option<String>,
+    /// Seconds the pipe command may print nothing before it is killed and the job fails
+    /// naming it [default: 300].
+    #[arg(long, env = "OAR_PIPE_TIMEOUT")]
+    pub(super) pipe_timeout: Option<u64>,
     /// Local mode: apply each update this many steps after it was computed (measures the
     /// effect of async staleness without a network, deterministically).
     #[arg(long, env = "OAR_DELAY")]
@@ -286,6 +290,9 @@ impl JobArgs {
         set(&mut t.is_local, self.is_local);
         if let Some(command) = &self.pipe_command {
             job.data.pipe_command = Some(command.clone());
+        }
+        if self.pipe_timeout.is_some() {
+            job.data.pipe_timeout = self.pipe_timeout;
         }
         job.validate_with(registry)?;
         Ok(job)

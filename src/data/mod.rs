@@ -20,6 +20,7 @@ pub mod gen_slots;
 pub mod gen_stream;
 pub mod gen_tasks;
 pub mod multislot;
+pub mod pipe;
 pub mod plain;
 pub mod prepare;
 pub mod reader;
@@ -71,6 +72,10 @@ pub struct DataConfig {
     /// of the file (PaddlePaddle's `pipe_command`, e.g. `"zcat"` or `"grep -v ^#"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pipe_command: Option<String>,
+    /// Seconds the `pipe_command` may print nothing before it is killed and the job fails
+    /// naming it (default 300, at most a day).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipe_timeout: Option<u64>,
     /// Label names. `slots`: the label tokens (default `["click"]`); `plain`: one per leading
     /// label column (default `["label"]`); `criteo`: only `["label"]`.
     #[serde(skip_serializing_if = "Option::is_none")]

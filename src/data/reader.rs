@@ -54,6 +54,8 @@ pub struct ReaderConfig {
     pub schema: Arc<Schema>,
     /// A shell command each file is piped through (the schema's, unless overridden).
     pub pipe_command: Option<String>,
+    /// Longest the `pipe_command` may print nothing before it is killed and named.
+    pub pipe_timeout: std::time::Duration,
     /// Samples to leave out at the start (a restarted trainer's already trained ones): the
     /// batch they end in is cut, the batches after it keep their places.
     pub skip: u64,
@@ -73,6 +75,7 @@ impl ReaderConfig {
             prefetch: 8,
             schema: Arc::new(schema.clone()),
             pipe_command: schema.pipe_command.clone(),
+            pipe_timeout: std::time::Duration::from_secs(schema.pipe_timeout),
             skip: 0,
         }
     }
@@ -105,7 +108,7 @@ impl Reader {
             .name("oar-reader".into())
             .spawn(move || {
                 let mut parser = super::parser(&config.schema);
-                let mut out = Out { tx, skip: config.skip };
+                let mut out = Out { tx, skip: config.skip, gone: false };
                 let mut batch = config.schema.new_batch();
                 for path in files {
                     if let Err(e) = read_file(&path, &config, &mut *parser, &p, &mut batch, &mut out) {
@@ -131,6 +134,8 @@ impl Reader {
 struct Out {
     tx: std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
     skip: u64,
+    /// Whether the consumer is gone (a send failed): reading stops.
+    gone: bool,
 }
 
 impl Out {
@@ -143,7 +148,8 @@ impl Out {
         }
         let batch = if self.skip > 0 { batch.slice(self.skip as usize..n as usize) } else { batch };
         self.skip = 0;
-        self.tx.send(Ok(batch)).is_ok()
+        self.gone = self.tx.send(Ok(batch)).is_err();
+        !self.gone
     }
 }
 
@@ -176,36 +182,23 @@ fn read_file(
             out,
         );
     };
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(command)
-        .stdin(file)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(io)?;
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let mut stderr = child.stderr.take().expect("stderr is piped");
-    // Drained on its own thread so a chatty command cannot block on a full stderr pipe.
-    let errors = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
-        text
-    });
-    let read =
-        read_lines(path, std::io::BufReader::with_capacity(1 << 20, stdout), config, parser, progress, batch, out);
-    if read.is_err() {
-        let _ = child.kill();
+    let (mut pipe, mut output) = super::pipe::Pipe::spawn(command, file, config.pipe_timeout).map_err(io)?;
+    let mut lines = std::io::BufReader::with_capacity(1 << 20, &mut output);
+    let read = read_lines(path, &mut lines, config, parser, progress, batch, out);
+    drop(lines);
+    if read.is_err() || out.gone {
+        pipe.kill();
     }
-    let status = child.wait().map_err(io)?;
-    let errors = errors.join().unwrap_or_default();
+    let status = pipe.finish().map_err(io)?;
+    let pipe_error = |status| DataError::Pipe { path: path.clone(), command: command.clone(), status };
+    if output.timed_out {
+        return Err(pipe_error(super::pipe::silence_message(config.pipe_timeout)));
+    }
     read?;
-    if !status.success() {
-        let last = errors.lines().last().unwrap_or("").trim();
-        let status = if last.is_empty() { format!("failed ({status})") } else { format!("failed ({status}): {last}") };
-        return Err(DataError::Pipe { path: path.clone(), command: command.clone(), status });
+    if out.gone {
+        return Ok(());
     }
-    Ok(())
+    status.map_err(pipe_error)
 }
 
 /// Longest line a reader keeps (64 MiB): far above any real sample (a Criteo line is about 200

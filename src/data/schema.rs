@@ -45,6 +45,8 @@ pub struct Schema {
     pub hash_slots: bool,
     /// A shell command each file is piped through.
     pub pipe_command: Option<String>,
+    /// Seconds the `pipe_command` may print nothing before it is killed and named.
+    pub pipe_timeout: u64,
     /// `multislot`: what each field of a line fills, in line order (empty for other formats).
     pub fields: Vec<Field>,
     /// The scaling of the dense values after the format's own transform, if any.
@@ -168,6 +170,7 @@ impl Schema {
             slots: numbered("C", super::criteo::SLOTS),
             hash_slots: true,
             pipe_command: None,
+            pipe_timeout: super::pipe::DEFAULT_SILENCE_SECS,
             fields: Vec::new(),
             dense_affine: None,
         }
@@ -280,6 +283,8 @@ impl Schema {
             (_, Some(_)) => return Err("[data] fields: only the multislot format has an order of fields".into()),
         };
         let dense_width: usize = dense.iter().map(|c| c.width).sum();
+        let pipe_timeout = data.pipe_timeout.unwrap_or(super::pipe::DEFAULT_SILENCE_SECS);
+        super::pipe::check_silence(pipe_timeout)?;
         let transform = data.dense_transform.unwrap_or_default();
         let dense_affine = match (&data.dense_stats, transform) {
             (_, super::DenseTransform::None) => None,
@@ -302,6 +307,7 @@ impl Schema {
             slots,
             hash_slots,
             pipe_command: data.pipe_command.clone(),
+            pipe_timeout,
             fields,
         })
     }

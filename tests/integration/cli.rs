@@ -373,3 +373,52 @@ fn clip_grad_norm_bounds_how_far_each_step_moves_the_model() {
     let bad = oar(&["train", "--train", &train, "--clip-grad-norm", "0"]);
     assert!(!bad.status.success() && text(&bad).contains("clip_grad_norm must be a positive number"), "{}", text(&bad));
 }
+
+/// A `pipe_command` that goes silent is killed, with everything it started, and named after
+/// `--pipe-timeout` seconds, by `oar train` and by an async `oar launch` (whose other trainer
+/// would otherwise wait on nobody); a command that is slow but keeps printing is not.
+#[test]
+fn a_silent_pipe_command_is_killed_and_named_after_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 20, 0);
+    let train = train.display().to_string();
+    // Prints its first line, then nothing: the pipeline's `sleep` must die too.
+    let silent = "head -n 1; sleep 6017 | cat";
+    let out = oar(&["train", "--train", &train, "--threads", "1", "--pipe-command", silent, "--pipe-timeout", "1"]);
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("part-00000: pipe_command `head -n 1; sleep 6017 | cat` printed nothing for 1 s and was killed"),
+        "{all}"
+    );
+    wait_until(10, "the silent command's processes to end", || processes_mentioning("sleep 6017").is_empty());
+
+    let logs = dir.path().join("logs");
+    let out = oar(&[
+        "launch",
+        "--mode",
+        "async",
+        "--train",
+        &train,
+        "--pipe-command",
+        "head -n 1; sleep 6018 | cat",
+        "--pipe-timeout",
+        "1",
+        "--no-progress",
+        "--logs",
+        &logs.display().to_string(),
+    ]);
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("printed nothing for 1 s"), "{all}");
+    wait_until(10, "the silent commands' processes to end", || processes_mentioning("sleep 6018").is_empty());
+
+    // Slow but never silent for a second: a line each 0.2 s, read to the end.
+    let slow = "while read -r l; do printf '%s\\n' \"$l\"; sleep 0.2; done";
+    let out = oar(&["train", "--train", &train, "--threads", "1", "--pipe-command", slow, "--pipe-timeout", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("40 samples") || text(&out).contains("samples 40"), "{}", text(&out));
+
+    let out = oar(&["train", "--train", &train, "--pipe-command", "cat", "--pipe-timeout", "0"]);
+    assert!(text(&out).contains("pipe_timeout is 0 s: it must be in 1..=86400"), "{}", text(&out));
+}
