@@ -5,14 +5,15 @@ use super::*;
 
 pub(super) fn print_generated(a: &GenArgs, r: &crate::data::gen::GenReport, started: Instant) {
     println!(
-        "generated {} train lines in {} part(s) + {} test lines into {} in {:.1} s; train CTR {:.4}; oracle test AUC {:.4}",
+        "generated {} train lines in {} part(s) + {} test lines into {} in {:.1} s; train CTR {:.4}; oracle test AUC {}",
         r.train_lines,
         r.parts,
         r.test_lines,
         a.out.display(),
         started.elapsed().as_secs_f64(),
         r.train_ctr,
-        r.oracle_test_auc.unwrap_or(f64::NAN)
+        // No AUC without test lines of both labels.
+        r.oracle_test_auc.map_or("-".to_string(), |auc| format!("{auc:.4}"))
     );
 }
 

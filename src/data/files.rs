@@ -90,6 +90,13 @@ pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u
     // for files of any size, and for lines of any length.
     let open = || std::fs::File::open(path).map(std::io::BufReader::new).map_err(named);
     let lines = copy_lines(&mut open()?, &mut std::io::sink(), u64::MAX).map_err(named)?;
+    if (parts as u64) > lines {
+        // An empty part would leave its trainer without data.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}: {lines} line(s) cannot fill {parts} parts", path.display()),
+        ));
+    }
     let mut reader = open()?;
     let mut files = Vec::with_capacity(parts);
     for k in 0..parts as u64 {

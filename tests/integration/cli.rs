@@ -180,8 +180,16 @@ fn generators_and_the_splitter_refuse_absurd_counts_before_writing() {
     let out = dir.path().join("out");
     let file = dir.path().join("lines.txt");
     std::fs::write(&file, "1\n2\n").unwrap();
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["gen", "criteo", "--lines", "10", "--parts", "1000000"], "--parts is 1000000, more than the 65536 files"),
+        // More parts than lines: some would be empty, leaving a trainer without data.
+        (&["gen", "criteo", "--lines", "3", "--parts", "4"], "--parts 4 is more than the 3 train line(s)"),
+        (&["gen", "slots", "--lines", "3", "--parts", "4"], "--parts 4 is more than the 3 train line(s)"),
+        (
+            &["gen", "stream", "--days", "1", "--lines-per-day", "3", "--parts", "4"],
+            "--parts 4 is more than the 3 line(s) a day",
+        ),
+        (&["split", "--parts", "3", file.to_str().unwrap()], "2 line(s) cannot fill 3 parts"),
         (&["gen", "stream", "--days", "100000", "--lines-per-day", "1"], "--days is 100000, more than 36525"),
         (&["split", "--parts", "100000", file.to_str().unwrap()], "--parts is 100000, more than the 65536 files"),
     ];
