@@ -287,6 +287,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         tensorboard: None,
         job: "bench".into(),
         skip_bad_lines: false,
+        nonfinite: Default::default(),
         recover: None,
         positions: None,
         rejoin: false,

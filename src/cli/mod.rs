@@ -225,7 +225,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let crate::predict::Saved { manifest, model, schema, shard, .. } =
                 crate::predict::load(&a.model, registry)?;
-            let mut store = crate::train::Store::Local(Box::new(shard));
+            let mut store = crate::train::Store::local(shard);
             let heads =
                 crate::train::evaluate_heads(&mut store, &model, &schema, &files, a.batch_size, a.skip_bad_lines)?;
             println!("model pass {}: {} samples, {}", manifest.pass, heads[0].samples, heads[0]);
@@ -505,6 +505,9 @@ fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()
             report.wall_seconds,
             report.samples as f64 / report.train_seconds.max(1e-9)
         );
+        if report.discarded_pushes > 0 {
+            println!("{} step(s) not applied: stale, or non-finite under --nonfinite skip", report.discarded_pushes);
+        }
         let t = &report.time;
         println!(
             "training loop time: waiting for data {:.1} s, pull {:.1} s, forward/backward {:.1} s, push {:.1} s",

@@ -420,6 +420,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         tensorboard: job.train.tensorboard.clone(),
         job: a.job_id,
         skip_bad_lines: job.train.skip_bad_lines,
+        nonfinite: a.server.limits.nonfinite,
         connect_timeout: timeout.min(Duration::from_secs(60)),
         reply_timeout: timeout + Duration::from_secs(30),
         delay: job.train.delay,

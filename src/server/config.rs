@@ -80,7 +80,8 @@ pub struct ServerConfig {
 }
 
 /// What a server does with a push holding a NaN or an infinity (it never applies one).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum NonFinite {
     /// Refuse it and fail the trainer that sent it, naming the step.
     #[default]

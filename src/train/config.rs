@@ -63,6 +63,10 @@ pub struct TrainConfig {
     pub job: String,
     /// Skip and count bad data lines instead of failing.
     pub skip_bad_lines: bool,
+    /// Local mode: what a step whose gradients hold a NaN or an infinity does, as the servers'
+    /// `--nonfinite` (never applied: `fail` stops training naming it, `skip` leaves it out).
+    #[serde(default)]
+    pub nonfinite: crate::server::NonFinite,
     /// How long to keep trying to reach the servers.
     pub connect_timeout: Duration,
     /// Longest wait for any reply (covers sync steps and barriers).

@@ -252,7 +252,7 @@ pub fn run_with(
                 let g = client.global_auc(pass).with_context(|| format!("reading pass {pass}'s AUC"))?;
                 Some(AllTrainersAuc { auc: g.buckets.auc(), samples: g.buckets.samples(), trainers: g.trainers })
             }
-            (Store::Local(_), Some(b)) => {
+            (Store::Local(..), Some(b)) => {
                 Some(AllTrainersAuc { auc: b.auc(), samples: b.samples(), trainers: vec![me as u64] })
             }
             (_, None) => None,
@@ -361,8 +361,8 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
     );
     let store = match config.mode {
         Mode::Local => match &config.resume {
-            Some(dir) => Store::Local(Box::new(load_merged(dir)?.1)),
-            None => Store::Local(Box::new(Shard::new(spec.clone(), 0, 1))),
+            Some(dir) => Store::Local(Box::new(load_merged(dir)?.1), config.nonfinite),
+            None => Store::Local(Box::new(Shard::new(spec.clone(), 0, 1)), config.nonfinite),
         },
         _ => {
             let mut client = Client::connect(&ClientConfig {

@@ -61,7 +61,8 @@ pub struct TrainReport {
     pub passes: Vec<PassReport>,
     /// Where the training loop's time went.
     pub time: StepTimes,
-    /// Pushes the servers discarded as stale (async mode).
+    /// Pushes discarded: by the servers as stale (async mode), or in local mode steps left out
+    /// for a NaN or an infinity (`--nonfinite skip`).
     pub discarded_pushes: u64,
     /// How many updates behind this trainer's pushes arrived (async; local with a delay).
     #[serde(default)]

@@ -11,17 +11,23 @@ pub use crate::client::StepHeader;
 use crate::client::{Client, PushReport, TableGrads, TableIds};
 use crate::model::TableRows;
 use crate::protocol::RowCreation;
+use crate::server::NonFinite;
 use crate::table::Shard;
 
 /// Where parameters live: in this process, or on servers.
 pub enum Store {
-    /// All tables in-process (local mode, evaluation).
-    Local(Box<Shard>),
+    /// All tables in-process (local mode, evaluation), and what a non-finite push does.
+    Local(Box<Shard>, NonFinite),
     /// Tables on servers.
     Remote(Box<Client>),
 }
 
 impl Store {
+    /// Tables in this process that fail on a non-finite push (evaluation, prediction).
+    pub fn local(shard: Shard) -> Store {
+        Store::Local(Box::new(shard), NonFinite::Fail)
+    }
+
     /// Pulls the dense vector (if asked) and the rows of every table's `ids` into `rows[table]`;
     /// returns the parameter version.
     pub fn pull(
@@ -32,7 +38,7 @@ impl Store {
         create: RowCreation,
     ) -> anyhow::Result<u64> {
         match self {
-            Store::Local(shard) => {
+            Store::Local(shard, _) => {
                 if let Some(d) = dense {
                     d.clear();
                     shard.dense.lock().read(d);
@@ -49,7 +55,7 @@ impl Store {
     pub fn push(&mut self, header: &StepHeader, dense: &[f32], tables: &[TableGrads]) -> anyhow::Result<PushReport> {
         match self {
             // In-process updates are never stale: a late push with no delay.
-            Store::Local(_) => self.push_late(header, dense, tables, 0),
+            Store::Local(..) => self.push_late(header, dense, tables, 0),
             Store::Remote(client) => Ok(client.push(header, Some(dense), tables)?),
         }
     }
@@ -63,16 +69,27 @@ impl Store {
         tables: &[TableGrads],
         staleness: u64,
     ) -> anyhow::Result<PushReport> {
-        let Store::Local(shard) = self else { anyhow::bail!("delayed updates are a local-mode measurement") };
-        // The servers' rule (`server::push`, by default): a push holding a NaN or an infinity
-        // fails the trainer before it touches the model, which it would otherwise ruin silently.
+        let Store::Local(shard, nonfinite) = self else {
+            anyhow::bail!("delayed updates are a local-mode measurement")
+        };
+        // The servers' rule (`server::push`): a push holding a NaN or an infinity never touches
+        // the model, which it would otherwise ruin silently; it fails the trainer, or with
+        // `--nonfinite skip` is left out and counted as discarded.
         let sparse = tables.iter().flat_map(|t| [t.grads, t.counts]);
-        anyhow::ensure!(
-            crate::table::all_finite(std::iter::once(dense).chain(sparse)),
-            "the gradients of step {} hold a NaN or an infinity: refused before they touched the model ({})",
-            header.step,
-            crate::table::NONFINITE_HINT
-        );
+        if !crate::table::all_finite(std::iter::once(dense).chain(sparse)) {
+            let message = format!(
+                "the gradients of step {} hold a NaN or an infinity: refused before they touched the model ({})",
+                header.step,
+                crate::table::NONFINITE_HINT
+            );
+            match nonfinite {
+                NonFinite::Fail => anyhow::bail!(message),
+                NonFinite::Skip => {
+                    tracing::warn!("{message}; skipped (--nonfinite skip)");
+                    return Ok(PushReport { discarded: 1, staleness });
+                }
+            }
+        }
         let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.counts, t.grads));
         shard.apply(dense, sparse, header.samples as u64, header.apply.dense_lr_factor(staleness))?;
         Ok(PushReport { discarded: 0, staleness })
@@ -85,7 +102,7 @@ impl Store {
         dir: &Path,
     ) -> anyhow::Result<Vec<crate::export::Exported>> {
         match self {
-            Store::Local(shard) => {
+            Store::Local(shard, _) => {
                 let tables = crate::export::collect(shard, kind);
                 Ok(vec![crate::export::write(shard, kind, &tables, dir)?])
             }
@@ -96,7 +113,7 @@ impl Store {
     /// Shrinks every table after `days` more days; returns the rows deleted.
     pub fn shrink(&mut self, days: u32) -> anyhow::Result<u64> {
         match self {
-            Store::Local(shard) => Ok(shard.sparse.iter().map(|t| t.shrink(days)).sum()),
+            Store::Local(shard, _) => Ok(shard.sparse.iter().map(|t| t.shrink(days)).sum()),
             Store::Remote(client) => Ok(client.shrink(days)?.iter().flat_map(|s| &s.deleted).sum()),
         }
     }
@@ -104,7 +121,7 @@ impl Store {
     /// Per server (one in-process): rows held in all tables, resident and peak memory (bytes).
     pub fn footprint(&mut self) -> anyhow::Result<Vec<(u64, u64, u64)>> {
         match self {
-            Store::Local(shard) => {
+            Store::Local(shard, _) => {
                 let (rss, peak) = crate::metrics::process_memory();
                 Ok(vec![(shard.sparse.iter().map(|t| t.len() as u64).sum(), rss, peak)])
             }
@@ -119,7 +136,7 @@ impl Store {
     /// Saves every shard into `dir`.
     pub fn save(&mut self, dir: &Path) -> anyhow::Result<Vec<ShardEntry>> {
         match self {
-            Store::Local(shard) => {
+            Store::Local(shard, _) => {
                 let (file, bytes, crc32) = write_shard(shard, dir)?;
                 Ok(vec![ShardEntry { file, bytes, crc32 }])
             }

@@ -149,7 +149,7 @@ fn a_line_too_long_to_keep_is_named_or_skipped_and_split_moves_it_whole() {
 /// overflows them) as the servers do, instead of training on to a model of NaNs and printing
 /// a log-loss of NaN.
 #[test]
-fn local_training_stops_at_a_non_finite_step_naming_it() {
+fn local_training_stops_at_a_non_finite_step_naming_it_or_skips_it() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let cfg = oar::data::gen::GenConfig { lines: 600, test_lines: 100, seed: 1, parts: 1, out: data.clone() };
@@ -165,6 +165,16 @@ fn local_training_stops_at_a_non_finite_step_naming_it() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the gradients of step 0 hold a NaN or an infinity"), "{err}");
+    // With `--nonfinite skip`, as on a server, every such step is left out and counted: the
+    // model stays as it started, finite.
+    let out =
+        oar(&["train", "--config", file.to_str().unwrap(), "--train", train.to_str().unwrap(), "--nonfinite", "skip"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let all = text(&out);
+    assert!(all.contains("skipped (--nonfinite skip)"), "{all}");
+    // 600 lines in batches of 256: all 3 steps skipped, the printed log-loss finite.
+    assert!(all.contains("3 step(s) not applied"), "{all}");
+    assert!(number_after(&all, "log-loss").is_finite(), "{all}");
     // The same job file unweighted trains.
     std::fs::write(&file, &job).unwrap();
     let args = ["train", "--config", file.to_str().unwrap(), "--train", train.to_str().unwrap()];

@@ -61,7 +61,7 @@ fn check(py: &str, dir: &Path, job: &Path, train: &Path, test: &Path) -> f32 {
 
     let saved = oar::predict::load(&model, &Default::default()).unwrap();
     let files = vec![test.to_path_buf()];
-    let mut store = oar::train::Store::Local(Box::new(saved.shard));
+    let mut store = oar::train::Store::local(saved.shard);
     let evals = oar::train::evaluate_heads(&mut store, &saved.model, &saved.schema, &files, 4096, false).unwrap();
     let mut labels = vec![Vec::new(); evals.len()];
     for batch in oar::data::Reader::spawn(files, oar::data::ReaderConfig::new(&saved.schema, 4096)) {

@@ -124,6 +124,7 @@ pub fn train_config(
         tensorboard: None,
         job: "test".into(),
         skip_bad_lines: false,
+        nonfinite: Default::default(),
         recover: None,
         positions: None,
         rejoin: false,

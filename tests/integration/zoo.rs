@@ -81,7 +81,7 @@ fn every_zoo_model_trains_locally_and_on_two_servers_above_chance() {
         let model_config: oar::model::ModelConfig = serde_json::from_value(manifest.model["model"].clone()).unwrap();
         let data: oar::data::DataConfig = serde_json::from_value(manifest.model["data"].clone()).unwrap();
         let (model, schema) = oar::config::build_model(&model_config, &data, &Default::default()).unwrap();
-        let mut store = oar::train::Store::Local(Box::new(shard));
+        let mut store = oar::train::Store::local(shard);
         let files = oar::config::resolve_files(&test).unwrap();
         let offline = oar::train::evaluate(&mut store, &model, &schema, &files, 1024, false).unwrap();
         assert!((offline.auc.unwrap() - local_auc).abs() < 1e-6, "{name}: offline {offline} vs online {local_auc}");
