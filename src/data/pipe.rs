@@ -64,14 +64,34 @@ impl Pipe {
     pub(super) fn kill(&mut self) {
         // The group's id is the shell's pid (`process_group(0)`); a group already gone is fine.
         let pid = self.child.id() as libc::pid_t;
+        // SAFETY: a signal to our own child's process group; no memory is involved.
         unsafe {
             libc::kill(-pid, libc::SIGKILL);
         }
     }
 
-    /// Waits for the command; `Err` holds how it failed (its status and last line of stderr).
-    pub(super) fn finish(mut self) -> std::io::Result<Result<(), String>> {
-        let status = self.child.wait()?;
+    /// Waits for the command, at most `silence` (one that closed its output but goes on is
+    /// killed); `Err` holds how it failed (its status and last line of stderr).
+    pub(super) fn finish(mut self, silence: Duration) -> std::io::Result<Result<(), String>> {
+        let deadline = std::time::Instant::now() + silence;
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break status;
+            }
+            if std::time::Instant::now() >= deadline {
+                self.kill();
+                self.child.wait()?;
+                return Ok(Err(format!(
+                    "closed its output but was still running {} s later and was killed",
+                    silence.as_secs_f64()
+                )));
+            }
+            // The usual command exits as its output ends: the first look or the next finds it.
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // What the command left running in the background dies with it: it would hold stderr
+        // open (and the drain below with it) and outlive the job.
+        self.kill();
         let errors = self.errors.take().map(|e| e.join().unwrap_or_default()).unwrap_or_default();
         if status.success() {
             return Ok(Ok(()));
@@ -134,7 +154,7 @@ mod tests {
         if read.is_err() {
             pipe.kill();
         }
-        let status = pipe.finish().unwrap();
+        let status = pipe.finish(Duration::from_millis(silence_ms)).unwrap();
         (read, out.timed_out, status)
     }
 
@@ -157,5 +177,12 @@ mod tests {
         assert!(status.unwrap_err().contains("signal: 9"));
         assert!(check_silence(0).is_err() && check_silence(MAX_SILENCE_SECS + 1).is_err());
         assert!(check_silence(DEFAULT_SILENCE_SECS).is_ok());
+    }
+
+    #[test]
+    fn a_command_that_closes_its_output_and_stays_is_killed() {
+        let (read, timed_out, status) = run("cat; exec >&-; sleep 6019", "x\n", 300);
+        assert_eq!((read.unwrap(), timed_out), ("x\n".to_string(), false));
+        assert!(status.unwrap_err().starts_with("closed its output but was still running 0.3 s later"));
     }
 }

@@ -189,7 +189,7 @@ fn read_file(
     if read.is_err() || out.gone {
         pipe.kill();
     }
-    let status = pipe.finish().map_err(io)?;
+    let status = pipe.finish(config.pipe_timeout).map_err(io)?;
     let pipe_error = |status| DataError::Pipe { path: path.clone(), command: command.clone(), status };
     if output.timed_out {
         return Err(pipe_error(super::pipe::silence_message(config.pipe_timeout)));
