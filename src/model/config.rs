@@ -56,6 +56,10 @@ pub struct TableConfig {
     /// Cells (3 bytes each) of each server's count filter [default: 4 Mi].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter_capacity: Option<usize>,
+    /// Days a pending id of the count filter may go unseen before it is forgotten
+    /// [default: the accessor's `delete_after_unseen_days`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter_forget_after_days: Option<f32>,
 }
 
 /// One layer of the graph: its name (also the name of its output tensor), its type, its input

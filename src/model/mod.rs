@@ -239,6 +239,7 @@ impl Model {
                         entry: t.entry.unwrap_or_default(),
                         capacity: t.capacity,
                         filter_capacity: t.filter_capacity.unwrap_or(crate::table::DEFAULT_FILTER_CAPACITY),
+                        filter_forget_after_days: t.filter_forget_after_days,
                         ..SparseSpec::new(&t.name, t.dim, c.seed.wrapping_add(i as u64), init, optimizer)
                     }
                 })

@@ -16,7 +16,9 @@
 //! unseen for more than the table's `delete_after_unseen_days` (Paddle's legacy table kept an
 //! id's count in a row that its shrink deleted by the same rule). So `count_filter_entry:2`
 //! admits an id seen twice within that many days, not an id seen once a month; the
-//! sliding filters of the KDD'13 paper and Monolith forget old sightings too.
+//! sliding filters of the KDD'13 paper and Monolith forget old sightings too. A table's
+//! `filter_forget_after_days` sets a window of the pending ids' own (0: a day's shrink forgets
+//! them all, so only ids seen twice within a day are admitted).
 
 use std::fmt;
 use std::str::FromStr;

@@ -62,6 +62,40 @@ fn a_count_filter_admits_on_the_nth_sighting_and_pulls_create_nothing() {
 }
 
 #[test]
+fn pending_sightings_are_forgotten_by_their_own_window_when_one_is_set() {
+    // By default a pending id is forgotten by the rows' rule (unseen for more than 30 days):
+    // seen once on each of two days, it is admitted.
+    let t = SparseTable::new(SparseSpec { entry: Entry::Count(2), ..spec() });
+    push(&t, &[7], 1.0, 0.0);
+    assert_eq!(t.shrink(1), 0);
+    push(&t, &[7], 1.0, 0.0);
+    assert_eq!((t.len(), t.lifecycle().forgotten), (1, 0));
+    // With `filter_forget_after_days = 0` a day's shrink forgets every pending sighting, so
+    // only an id seen twice within one day is admitted; the rows keep their own rule.
+    let t = SparseTable::new(SparseSpec { entry: Entry::Count(2), filter_forget_after_days: Some(0.0), ..spec() });
+    push(&t, &[7, 8, 8], 1.0, 0.0);
+    assert_eq!(t.len(), 1, "8 was seen twice within the day");
+    assert_eq!(t.shrink(1), 0, "the row of 8 is one day unseen: kept");
+    assert_eq!(t.lifecycle().forgotten, 1, "7 is forgotten");
+    push(&t, &[7], 1.0, 0.0);
+    assert_eq!(t.len(), 1, "7's sighting today is a first one again");
+    push(&t, &[7], 1.0, 0.0);
+    assert_eq!(t.len(), 2);
+    // A shrink within the day (0 days) forgets nothing.
+    push(&t, &[9], 1.0, 0.0);
+    t.shrink(0);
+    push(&t, &[9], 1.0, 0.0);
+    assert_eq!((t.len(), t.lifecycle().forgotten), (3, 1));
+    // A window that is no number of days is refused.
+    for bad in [-1.0, f32::NAN, f32::INFINITY] {
+        let table = SparseSpec { entry: Entry::Count(2), filter_forget_after_days: Some(bad), ..spec() };
+        let dense = super::DenseSpec { params: Vec::new(), block_size: 1, seed: 0, optimizer: Optimizer::sgd(1.0) };
+        let err = super::TableSpec { dense, sparse: vec![table] }.validate().unwrap_err();
+        assert!(err.contains("filter_forget_after_days"), "{err}");
+    }
+}
+
+#[test]
 fn probability_entry_admits_about_p_of_the_ids_seen_once() {
     let t = SparseTable::new(SparseSpec { entry: Entry::Probability(0.25), ..spec() });
     let ids: Vec<u64> = (0..20_000).collect();

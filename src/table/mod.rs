@@ -198,9 +198,13 @@ pub struct SparseSpec {
     /// counted at once before some lose their count.
     #[serde(default = "default_filter_capacity")]
     pub filter_capacity: usize,
+    /// With `count_filter_entry`: a pending id unseen for more than this many days is
+    /// forgotten. None: the accessor's `delete_after_unseen_days`, the rule rows follow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter_forget_after_days: Option<f32>,
 }
 
-/// Default count-filter cells per table and server: 4 Mi ids, 8 MiB.
+/// Default count-filter cells per table and server: 4 Mi ids, 12 MiB.
 pub const DEFAULT_FILTER_CAPACITY: usize = 1 << 22;
 
 fn default_filter_capacity() -> usize {
@@ -220,7 +224,13 @@ impl SparseSpec {
             entry: Entry::All,
             capacity: None,
             filter_capacity: DEFAULT_FILTER_CAPACITY,
+            filter_forget_after_days: None,
         }
+    }
+
+    /// Days a pending id of the count filter may go unseen before it is forgotten.
+    pub fn filter_forget_after(&self) -> f32 {
+        self.filter_forget_after_days.unwrap_or(self.accessor.delete_after_unseen_days)
     }
 
     /// Floats per full row as checkpoints store it: weights, statistics, optimizer state.
@@ -318,6 +328,14 @@ impl TableSpec {
             }
             if matches!(t.entry, Entry::Count(_)) && !(1..=1 << 32).contains(&t.filter_capacity) {
                 return Err(format!("sparse table {}: filter_capacity must be in 1..=2^32", t.name));
+            }
+            if let Some(d) = t.filter_forget_after_days {
+                if !(d.is_finite() && d >= 0.0) {
+                    return Err(format!(
+                        "sparse table {}: filter_forget_after_days must be a number of days, 0 or more, not {d}",
+                        t.name
+                    ));
+                }
             }
         }
         Ok(())

@@ -275,7 +275,7 @@ impl SparseTable {
     /// One shrink of every row (decay, then deletion by score or unseen days) after `days`
     /// more days; returns the rows it deleted.
     pub fn shrink(&self, days: u32) -> u64 {
-        self.stripes.iter().map(|s| s.lock().shrink(&self.spec.accessor, days)).sum()
+        self.stripes.iter().map(|s| s.lock().shrink(&self.spec.accessor, self.spec.filter_forget_after(), days)).sum()
     }
 
     /// A base (`delta` false) or delta save of this table (see [`Stripe::export`]): the kept

@@ -249,10 +249,10 @@ impl Stripe {
 
     /// One shrink of every row: statistics decayed after `days` days, and rows the accessor
     /// condemns removed; returns how many. The count filter's pending ids age by the same days
-    /// and rule.
-    pub fn shrink(&mut self, accessor: &Accessor, days: u32) -> u64 {
+    /// and are forgotten once unseen for more than `forget_after` days.
+    pub fn shrink(&mut self, accessor: &Accessor, forget_after: f32, days: u32) -> u64 {
         if let Some(f) = &mut self.filter {
-            self.counts.forgotten += f.age(days, accessor.delete_after_unseen_days);
+            self.counts.forgotten += f.age(days, forget_after);
         }
         let mut deleted = 0;
         let mut row = 0;

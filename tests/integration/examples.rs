@@ -86,3 +86,28 @@ fn ptb_ngram_word_model_learns_locally_and_on_two_servers() {
     // bigram (133) in one pass (see README).
     assert!(local < 300.0 && distributed < 300.0, "local {local}, 2x2 async {distributed}");
 }
+
+/// Every job file shipped under `examples/` reads and validates (model graph, tables, data
+/// layout, optimizers), so none rots unnoticed; the custom-layer job needs its own program's
+/// layer type and is checked by that example.
+#[test]
+fn every_example_job_file_reads_and_validates() {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "toml") {
+                found.push(path);
+            }
+        }
+    }
+    let mut jobs = Vec::new();
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples"), &mut jobs);
+    jobs.retain(|p| !p.ends_with("custom_layer.toml"));
+    assert!(jobs.len() > 40, "{} job files", jobs.len());
+    for job in jobs {
+        let config = oar::config::JobConfig::from_file(&job).unwrap_or_else(|e| panic!("{e:#}"));
+        config.validate().unwrap_or_else(|e| panic!("{}: {e:#}", job.display()));
+    }
+}
