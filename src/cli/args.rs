@@ -199,6 +199,10 @@ pub(super) struct GetArgs {
     /// Fetch from this mirror (URL/<set>/<file>) instead of the canonical hosts.
     #[arg(long, env = "OAR_DATA_MIRROR")]
     pub(super) mirror: Option<String>,
+    /// Seconds a host may send nothing (connecting, or mid-download) before the download
+    /// fails naming it.
+    #[arg(long, default_value_t = 60)]
+    pub(super) read_timeout: u64,
 }
 
 #[derive(Args)]

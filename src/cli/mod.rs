@@ -325,7 +325,9 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 indicatif::ProgressStyle::with_template("{spinner} {msg} {bytes} ({bytes_per_sec})")
                     .expect("valid template"),
             );
-            let f = crate::data::fetch::fetch(&a.name, &cache, a.mirror.as_deref(), &|file, bytes| {
+            anyhow::ensure!((1..=3600).contains(&a.read_timeout), "--read-timeout must be in 1..=3600 seconds");
+            let timeout = std::time::Duration::from_secs(a.read_timeout);
+            let f = crate::data::fetch::fetch(&a.name, &cache, a.mirror.as_deref(), timeout, &|file, bytes| {
                 bar.set_message(file.to_string());
                 bar.set_position(bytes);
             });

@@ -113,9 +113,19 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Fetches set `name` into `cache/<name>/`, from `mirror` if given; `progress(file, bytes)` is
-/// called as bytes arrive.
-pub fn fetch(name: &str, cache: &Path, mirror: Option<&str>, progress: &dyn Fn(&str, u64)) -> anyhow::Result<Fetched> {
+/// Most bytes one downloaded file may hold (after unpacking): far above any set's (a few MiB),
+/// so a host that sends without end, or a small archive that unpacks without end, stops here.
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
+
+/// Fetches set `name` into `cache/<name>/`, from `mirror` if given, each host allowed `timeout`
+/// of silence; `progress(file, bytes)` is called as bytes arrive.
+pub fn fetch(
+    name: &str,
+    cache: &Path,
+    mirror: Option<&str>,
+    timeout: std::time::Duration,
+    progress: &dyn Fn(&str, u64),
+) -> anyhow::Result<Fetched> {
     if let Some(why) = refusal(name) {
         anyhow::bail!("{name}: {why}");
     }
@@ -136,14 +146,20 @@ pub fn fetch(name: &str, cache: &Path, mirror: Option<&str>, progress: &dyn Fn(&
             Some(m) => format!("{}/{}/{}", m.trim_end_matches('/'), set.name, file.name),
             None => file.url.to_string(),
         };
-        download(&url, file, &path, &|n| progress(file.name, n))?;
+        download(&url, file, &path, timeout, &|n| progress(file.name, n))?;
         downloaded += 1;
     }
     Ok(Fetched { dir, downloaded, cached })
 }
 
-fn download(url: &str, file: &RemoteFile, path: &Path, progress: &dyn Fn(u64)) -> anyhow::Result<()> {
-    let agent = ureq::AgentBuilder::new().timeout_connect(std::time::Duration::from_secs(30)).build();
+fn download(
+    url: &str,
+    file: &RemoteFile,
+    path: &Path,
+    timeout: std::time::Duration,
+    progress: &dyn Fn(u64),
+) -> anyhow::Result<()> {
+    let agent = ureq::AgentBuilder::new().timeout_connect(timeout).timeout_read(timeout).build();
     let (reader, gz): (Box<dyn Read>, bool) = match agent.get(url).call() {
         Ok(r) => (r.into_reader(), false),
         Err(ureq::Error::Status(404, _)) => match agent.get(&format!("{url}.gz")).call() {
@@ -160,10 +176,21 @@ fn download(url: &str, file: &RemoteFile, path: &Path, progress: &dyn Fn(u64)) -
         );
         let (mut hash, mut buf, mut total) = (Sha256::new(), vec![0u8; 1 << 16], 0u64);
         loop {
-            let n = reader.read(&mut buf).with_context(|| format!("{url}: download interrupted"))?;
+            let n = reader.read(&mut buf).map_err(|e| match e.kind() {
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                    anyhow::anyhow!("{url}: the host sent nothing for {} s (--read-timeout)", timeout.as_secs())
+                }
+                _ => anyhow::anyhow!("{url}: download interrupted: {e}"),
+            })?;
             if n == 0 {
                 break;
             }
+            anyhow::ensure!(
+                total + n as u64 <= MAX_FILE_BYTES,
+                "{url}: more than {} MiB, far more than {} holds: stopped (the download was discarded)",
+                MAX_FILE_BYTES >> 20,
+                file.name
+            );
             hash.update(&buf[..n]);
             out.write_all(&buf[..n]).with_context(|| format!("cannot write {}", part.display()))?;
             total += n as u64;

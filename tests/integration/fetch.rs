@@ -103,3 +103,70 @@ fn data_get_downloads_verifies_caches_and_rejects_a_tampered_file() {
     let out = get("criteo", fresh.path(), &mirror);
     assert!(text(&out).contains("forbid redistributing"), "{}", text(&out));
 }
+
+/// A mirror that answers as `respond` says, one connection at a time, after reading the
+/// request's head; returns its URL.
+fn hostile(respond: fn(&mut std::net::TcpStream)) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            std::thread::spawn(move || respond(&mut stream));
+        }
+    });
+    url
+}
+
+/// Holds the connection open, sending nothing more, until the client hangs up.
+fn hold(stream: &mut std::net::TcpStream) {
+    let _ = std::io::Read::read(stream, &mut [0u8; 1]);
+}
+
+/// A host that goes silent (before its headers, or mid-file) fails the download after
+/// `--read-timeout`, naming it; one that sends without end is stopped at the bound; neither
+/// leaves a file in the cache.
+#[test]
+fn data_get_names_a_silent_or_endless_host_and_keeps_nothing() {
+    let cache = tempfile::tempdir().unwrap();
+    let run = |mirror: &str| {
+        let out = oar(&[
+            "data",
+            "get",
+            "uci_housing",
+            "--cache",
+            cache.path().to_str().unwrap(),
+            "--mirror",
+            mirror,
+            "--read-timeout",
+            "1",
+        ]);
+        assert!(!out.status.success(), "{}", text(&out));
+        text(&out)
+    };
+    let silent = hostile(hold);
+    let err = run(&silent);
+    assert!(err.contains("cannot download housing.data") && err.contains("timed out"), "{err}");
+
+    let stalled = hostile(|s| {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0.00632  18.00");
+        hold(s);
+    });
+    let err = run(&stalled);
+    assert!(err.contains("/uci_housing/housing.data: the host sent nothing for 1 s"), "{err}");
+
+    let endless = hostile(|s| {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n");
+        let chunk = vec![b'7'; 1 << 16];
+        while s.write_all(&chunk).is_ok() {}
+    });
+    let err = run(&endless);
+    assert!(err.contains("more than 256 MiB, far more than housing.data holds"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(cache.path().join("uci_housing")).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
