@@ -173,6 +173,11 @@ impl JobConfig {
         anyhow::ensure!(self.train.passes > 0, "passes must be at least 1");
         anyhow::ensure!(self.train.threads > 0, "threads must be at least 1");
         anyhow::ensure!(self.train.timeout_secs > 0, "timeout must be positive");
+        anyhow::ensure!(
+            self.train.timeout_secs <= 30 * 86_400,
+            "timeout is {} s, more than 30 days",
+            self.train.timeout_secs
+        );
         anyhow::ensure!(self.train.lag_ratio > 0.0, "lag_ratio must be positive");
         if let Some(online) = self.online()? {
             online.validate()?;

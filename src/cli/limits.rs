@@ -43,13 +43,30 @@ impl Default for LimitArgs {
     }
 }
 
+/// Longest any wait or period a flag or job file sets (30 days): far beyond any job's, and
+/// far from the sizes where adding a duration to a clock overflows (a panic).
+pub const MAX_SECONDS: u64 = 30 * 86_400;
+
+/// A flag's seconds as a duration: a number in `0..=MAX_SECONDS` (no NaN, no 1e300).
+pub fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
+    // 1e300 reads better than its 301 digits.
+    let shown = if v.abs() < 1e9 { format!("{v}") } else { format!("{v:e}") };
+    anyhow::ensure!(
+        (0.0..=MAX_SECONDS as f64).contains(&v),
+        "--{flag} must be a number of seconds in 0..={MAX_SECONDS} (30 days), not {shown}"
+    );
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// A flag's whole seconds, checked as [`seconds`].
+pub fn whole_seconds(flag: &str, v: u64) -> anyhow::Result<Duration> {
+    anyhow::ensure!(v <= MAX_SECONDS, "--{flag} must be a number of seconds in 0..={MAX_SECONDS} (30 days), not {v}");
+    Ok(Duration::from_secs(v))
+}
+
 impl LimitArgs {
     /// The limits, each flag checked.
     pub fn limits(&self) -> anyhow::Result<Limits> {
-        let seconds = |flag: &str, v: f64| -> anyhow::Result<Duration> {
-            anyhow::ensure!((0.0..1e9).contains(&v), "--{flag} must be a number of seconds, not {v}");
-            Ok(Duration::from_secs_f64(v))
-        };
         anyhow::ensure!(self.max_connections > 0, "--max-connections must be at least 1");
         let handshake_timeout = seconds("handshake-timeout", self.handshake_timeout)?;
         anyhow::ensure!(!handshake_timeout.is_zero(), "--handshake-timeout must be above 0");

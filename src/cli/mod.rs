@@ -69,6 +69,10 @@ fn quiet_on_closed_stdout() {
 }
 
 fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<()> {
+    if let Command::Bench(a) = &command {
+        limits::seconds("seconds", a.seconds)?;
+        limits::seconds("checkpoint-every", a.checkpoint_every)?;
+    }
     match command {
         Command::Pserver(a) => pserver(a, &ClusterEnv::from_process()?),
         Command::Train(a) => train(*a, launched, registry),
@@ -126,6 +130,13 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 (Some(_), Some(_)) => anyhow::bail!("--train and --online both name the training data: give one"),
                 (None, None) => anyhow::bail!("no training data: give --train, or --online DIR --days FROM..TO"),
             };
+            // Checked here, so a bad period is one line, not every server failing at start.
+            if let Some(every) = a.checkpoint_every {
+                anyhow::ensure!(
+                    !limits::seconds("checkpoint-every", every)?.is_zero(),
+                    "--checkpoint-every must be above 0"
+                );
+            }
             let config = crate::launch::LaunchConfig {
                 servers: a.servers,
                 workers: a.workers,
@@ -268,7 +279,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             Ok(())
         }
         Command::Shrink(a) => {
-            let timeout = Duration::from_secs(a.timeout.max(1));
+            let timeout = limits::whole_seconds("timeout", a.timeout.max(1))?;
             let config = crate::client::ClientConfig {
                 secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
                 tls: a.tls.client()?,

@@ -60,7 +60,7 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
         mode: a.mode,
         job: a.job,
         max_frame: a.max_frame_mb << 20,
-        timeout: Duration::from_secs(a.timeout),
+        timeout: super::limits::whole_seconds("timeout", a.timeout)?,
         lag_ratio: a.lag_ratio,
         resume: a.resume,
         exit_when_done: !a.keep_serving,
@@ -77,11 +77,8 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
         save_dir: a.save_dir,
         checkpoints: match a.checkpoint_dir {
             Some(dir) => {
-                anyhow::ensure!(
-                    a.checkpoint_every.is_finite() && a.checkpoint_every > 0.0,
-                    "--checkpoint-every must be a positive number of seconds"
-                );
-                let every = Duration::from_secs_f64(a.checkpoint_every);
+                let every = super::limits::seconds("checkpoint-every", a.checkpoint_every)?;
+                anyhow::ensure!(!every.is_zero(), "--checkpoint-every must be a positive number of seconds");
                 Some(crate::shard_checkpoints::Policy { dir, every, keep: a.checkpoint_keep })
             }
             None => None,
@@ -92,10 +89,7 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
         secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
         tls: a.tls.server()?,
         rejoin: match a.trainer_rejoin {
-            Some(secs) => {
-                anyhow::ensure!(secs.is_finite() && secs >= 0.0, "--trainer-rejoin must be a number of seconds");
-                Some(Duration::from_secs_f64(secs))
-            }
+            Some(secs) => Some(super::limits::seconds("trainer-rejoin", secs)?),
             None => None,
         },
     };
@@ -287,7 +281,7 @@ pub(super) fn engine_rank(
             e
         }
     };
-    let timeout = Duration::from_secs(job.train.timeout_secs);
+    let timeout = super::limits::whole_seconds("timeout", job.train.timeout_secs)?;
     let secret = a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?;
     tracing::info!(rank = rank.rank, size = rank.size, source = rank.source, %rendezvous, "joining the job");
     if rank.rank >= num_servers {
@@ -391,7 +385,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         Some(t) => resolve_files(t)?,
         None => Vec::new(),
     };
-    let timeout = Duration::from_secs(job.train.timeout_secs);
+    let timeout = super::limits::whole_seconds("timeout", job.train.timeout_secs)?;
     let config = TrainConfig {
         secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
         tls: a.tls.client()?,
@@ -429,7 +423,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         scale_stale_steps: job.train.scale_stale_steps,
         clip_grad_norm: job.train.clip_grad_norm,
         delta_every: job.train.delta_every,
-        recover: a.recover_timeout.map(Duration::from_secs_f64),
+        recover: a.recover_timeout.map(|s| super::limits::seconds("recover-timeout", s)).transpose()?,
         positions: a.position_dir,
         rejoin: a.rejoin,
     };

@@ -112,6 +112,8 @@ fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, serv
 pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     check_name(&c.name)?;
     anyhow::ensure!(c.servers >= 1 && c.workers >= 1, "--servers and --workers must be at least 1");
+    let max = crate::server::MAX_PEERS;
+    anyhow::ensure!(c.servers <= max && c.workers <= max, "--servers and --workers must be at most {max}");
     anyhow::ensure!(
         c.max_restarts == 0 || c.volume_claim.is_some(),
         "--max-restarts needs --volume-claim: a restarted container goes on from the checkpoints and \

@@ -65,10 +65,20 @@ pub struct LaunchConfig {
 
 pub use crate::supervise::LaunchSummary;
 
+/// Most processes (servers and workers) one `oar launch` starts.
+pub const MAX_PROCESSES: usize = 1024;
+
 /// Runs the job and returns its summary; on any failure every child is stopped first.
 pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     anyhow::ensure!(config.servers > 0 || config.mode == Mode::Local, "--servers must be at least 1");
     anyhow::ensure!(config.workers > 0, "--workers must be at least 1");
+    // Every process runs on this machine (or one per host): a typo must not fork thousands.
+    anyhow::ensure!(
+        config.servers.saturating_add(config.workers) <= MAX_PROCESSES,
+        "--servers {} and --workers {}: more than the {MAX_PROCESSES} processes one launch starts",
+        config.servers,
+        config.workers
+    );
     // Never a silent fresh shard: a restarted server needs a checkpoint to go on from.
     anyhow::ensure!(
         config.max_restarts == 0 || (config.checkpoint_every.is_some() && config.output.is_some()),

@@ -36,7 +36,7 @@ mod requests;
 pub mod sync;
 mod telemetry;
 
-pub use config::{Limits, Mode, NonFinite, ServerConfig, ServerStats};
+pub use config::{Limits, Mode, NonFinite, ServerConfig, ServerStats, MAX_PEERS};
 pub use requests::inside;
 use sync::SyncStep;
 

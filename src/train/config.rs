@@ -144,6 +144,9 @@ impl TrainConfig {
         );
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
+        let max = crate::server::MAX_PEERS;
+        anyhow::ensure!(self.trainers <= max, "--trainers is {}, more than {max}", self.trainers);
+        anyhow::ensure!(self.servers.len() <= max, "{} servers, more than {max}", self.servers.len());
         anyhow::ensure!(
             self.trainer_id < self.trainers,
             "--trainer-id {} must be below --trainers {}",

@@ -442,3 +442,43 @@ fn a_silent_pipe_command_is_killed_and_named_after_its_timeout() {
     let out = oar(&["train", "--train", &train, "--pipe-command", "cat", "--pipe-timeout", "0"]);
     assert!(text(&out).contains("pipe_timeout is 0 s: it must be in 1..=86400"), "{}", text(&out));
 }
+
+/// Numbers no job means (a count of 2^64 - 1 trainers, a period of 1e300 seconds) are one
+/// error line and exit status 1 from every command, never a panic (status 101: a wrapped
+/// duration, an allocation per trainer) or a launch of thousands of processes.
+#[test]
+fn absurd_counts_and_periods_are_one_error_line_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 20, 0);
+    let (train, out) = (train.to_str().unwrap(), dir.path().join("out"));
+    let (out, logs) = (out.to_str().unwrap(), dir.path().join("logs"));
+    let logs = logs.to_str().unwrap();
+    let max = "18446744073709551615";
+    let cases: [(&[&str], &str); 9] = [
+        (&["pserver", "--trainers", max, "--port", "0"], "--trainers is 18446744073709551615, more than 65536"),
+        (&["pserver", "--trainers", "1", "--port", "0", "--timeout", max], "--timeout must be a number of seconds"),
+        (&["pserver", "--trainers", "1", "--port", "0", "--trainer-rejoin", "1e300"], "not 1e300"),
+        (
+            &["pserver", "--trainers", "1", "--port", "0", "--checkpoint-dir", out, "--checkpoint-every", "1e300"],
+            "--checkpoint-every must be a number of seconds in 0..=2592000",
+        ),
+        (&["train", "--train", train, "--timeout", max], "timeout is 18446744073709551615 s, more than 30 days"),
+        (
+            &["train", "--train", train, "--trainers", max, "--mode", "async", "--servers", "127.0.0.1:9"],
+            "--trainers is",
+        ),
+        (&["launch", "--train", train, "--logs", logs, "--servers", "100000"], "more than the 1024 processes"),
+        (&["launch", "--train", train, "--logs", logs, "--output", out, "--checkpoint-every", "1e300"], "not 1e300"),
+        (&["bench", "--seconds", "1e300"], "--seconds must be a number of seconds"),
+    ];
+    for (args, want) in cases {
+        let o = oar(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(
+            err.lines().last().is_some_and(|l| l.starts_with("oar: error: ") && l.contains(want)),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!Path::new(out).exists() && !Path::new(logs).exists(), "nothing was started");
+}
