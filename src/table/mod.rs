@@ -52,6 +52,20 @@ pub enum Init {
 }
 
 impl Init {
+    /// Checks the initializer's number: finite (an `embedding_init` of 1e300 is an infinite
+    /// f32, and every row would start infinite), a uniform scale 0 or more.
+    pub fn check(&self) -> Result<(), String> {
+        match *self {
+            Init::Zeros => Ok(()),
+            Init::Uniform { scale } if scale.is_finite() && scale >= 0.0 => Ok(()),
+            Init::Uniform { scale } => {
+                Err(format!("a uniform initializer's scale is {scale}: it must be finite, 0 or more"))
+            }
+            Init::Constant { value } if value.is_finite() => Ok(()),
+            Init::Constant { value } => Err(format!("a constant initializer's value is {value}: it must be finite")),
+        }
+    }
+
     /// The initial value at counter `key`, a pure function of its inputs.
     #[inline]
     pub fn value(&self, key: u64) -> f32 {
@@ -299,6 +313,7 @@ impl TableSpec {
         }
         self.dense.optimizer.validate("dense")?;
         for p in &self.dense.params {
+            p.init.check().map_err(|e| format!("dense parameter {}: {e}", p.name))?;
             if let Update::Summary { decay } = p.update {
                 if !(0.0..=1.0).contains(&decay) {
                     return Err(format!("dense parameter {}: summary decay must be in [0, 1], got {decay}", p.name));
@@ -316,6 +331,7 @@ impl TableSpec {
                 return Err(format!("sparse table {} has dim 0", t.name));
             }
             t.optimizer.validate(&format!("sparse table {}", t.name))?;
+            t.init.check().map_err(|e| format!("sparse table {}: {e}", t.name))?;
             t.accessor.validate(&t.name)?;
             if t.accessor.embedx_threshold > 0.0 && t.optimizer.prefix_state_len(1).is_none() {
                 return Err(format!(

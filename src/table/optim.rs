@@ -140,21 +140,38 @@ impl Optimizer {
 
     /// Checks the hyper-parameters; `what` names the table in the message.
     pub fn validate(&self, what: &str) -> Result<(), String> {
-        let ok = self.lr.is_finite()
-            && self.lr > 0.0
-            && self.l2 >= 0.0
-            && (0.0..1.0).contains(&self.beta1)
-            && (0.0..1.0).contains(&self.beta2)
-            && self.epsilon > 0.0
-            && self.initial_accumulator >= 0.0
-            && self.weight_bounds.is_none_or(|[lo, hi]| lo <= hi)
-            && !(matches!(self.kind, OptimizerKind::SparseAdagrad | OptimizerKind::StdAdagrad)
-                && self.initial_accumulator <= 0.0);
-        if ok {
-            Ok(())
-        } else {
-            Err(format!("invalid {what} optimizer {self:?}: need lr > 0, l2 >= 0, 0 <= beta < 1, epsilon > 0"))
+        // Every setting finite: an infinite l2 or bound passed `>= 0` and trained to NaN.
+        let g2sum_needed = matches!(self.kind, OptimizerKind::SparseAdagrad | OptimizerKind::StdAdagrad);
+        let bad = [
+            ("lr", self.lr, self.lr > 0.0, "above 0"),
+            ("l2", self.l2, self.l2 >= 0.0, "0 or more"),
+            ("beta1", self.beta1, (0.0..1.0).contains(&self.beta1), "in [0, 1)"),
+            ("beta2", self.beta2, (0.0..1.0).contains(&self.beta2), "in [0, 1)"),
+            ("epsilon", self.epsilon, self.epsilon > 0.0, "above 0"),
+            (
+                "initial_accumulator",
+                self.initial_accumulator,
+                self.initial_accumulator > 0.0 || (!g2sum_needed && self.initial_accumulator == 0.0),
+                if g2sum_needed { "above 0 for this rule" } else { "0 or more" },
+            ),
+        ]
+        .into_iter()
+        .find(|&(_, v, ok, _)| !(ok && v.is_finite()));
+        if let Some((name, v, _, want)) = bad {
+            return Err(format!(
+                "{what} optimizer ({:?}): {name} is {v}; it must be a finite number {want}",
+                self.kind
+            ));
         }
+        if let Some([lo, hi]) = self.weight_bounds {
+            if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
+                return Err(format!(
+                    "{what} optimizer ({:?}): weight_bounds [{lo}, {hi}] must be finite, low <= high",
+                    self.kind
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Floats of optimizer state kept beside `dim` weights.

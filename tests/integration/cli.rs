@@ -481,4 +481,22 @@ fn absurd_counts_and_periods_are_one_error_line_not_a_panic() {
         );
     }
     assert!(!Path::new(out).exists() && !Path::new(logs).exists(), "nothing was started");
+
+    // Job-file numbers that are no number, or infinite: an infinite l2 or initializer scale
+    // used to pass (`>= 0`) and train to NaN; each is now named.
+    let job = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml")).unwrap();
+    let edits = [
+        ("lr = 1e-3\n", "lr = 1e-3\nl2 = inf\n", "dense optimizer (Adam): l2 is inf; it must be a finite number"),
+        ("lr = 0.05\n", "lr = nan\n", "sparse table embedding optimizer (Adagrad): lr is NaN"),
+        ("embedding_dim = 10\n", "embedding_dim = 10\nembedding_init = 1e300\n", "uniform initializer's scale is inf"),
+        ("lr = 1e-3\n", "lr = 1e-3\nbeta1 = 2.0\n", "beta1 is 2; it must be a finite number in [0, 1)"),
+    ];
+    let file = dir.path().join("job.toml");
+    for (from, to, want) in edits {
+        assert!(job.contains(from));
+        std::fs::write(&file, job.replacen(from, to, 1)).unwrap();
+        let o = oar(&["train", "--config", file.to_str().unwrap(), "--train", train]);
+        assert_eq!(o.status.code(), Some(1), "{to}: {}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains(want), "{to}: {}", text(&o));
+    }
 }
