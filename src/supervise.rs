@@ -88,9 +88,6 @@ pub struct Restart {
 #[derive(Default)]
 pub(crate) struct ChildState {
     pub last_line: String,
-    /// When `last_line` came: of children failing together, the one that spoke last earliest
-    /// failed first (the others report losing it).
-    pub last_at: Option<std::time::Instant>,
     pub bytes: u64,
     pub samples: u64,
     pub result: Option<String>,
@@ -163,7 +160,6 @@ pub(crate) fn spawn(
                     let _ = writeln!(file.lock().expect("no panics under this lock"), "{line}");
                     if !line.trim().is_empty() {
                         st.last_line = line;
-                        st.last_at = Some(std::time::Instant::now());
                     }
                 }
             }
@@ -256,9 +252,6 @@ pub(crate) fn check_children(
             }
         }
     }
-    // The cause first: a trainer's error comes before the servers' reports of losing it, a
-    // dead server's silence before the trainers' reports of losing it.
-    failed.sort_by_key(|&(i, _)| procs[i].with_state(|s| s.last_at));
     let all: Vec<String> = failed.iter().map(|&(i, status)| failure(&procs[i], status, keeper.cause(i))).collect();
     anyhow::bail!("{}", all.join("; also "))
 }
