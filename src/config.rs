@@ -119,6 +119,10 @@ impl Default for JobConfig {
     }
 }
 
+/// Longest any wait or period a job file or flag sets (30 days): far beyond any job's, and far
+/// from the sizes where adding a duration to a clock overflows (a panic).
+pub const MAX_SECONDS: u64 = 30 * 86_400;
+
 impl JobConfig {
     /// Reads a TOML job file; unknown keys are errors that name the file.
     pub fn from_file(path: &Path) -> anyhow::Result<JobConfig> {
@@ -174,7 +178,7 @@ impl JobConfig {
         anyhow::ensure!(self.train.threads > 0, "threads must be at least 1");
         anyhow::ensure!(self.train.timeout_secs > 0, "timeout must be positive");
         anyhow::ensure!(
-            self.train.timeout_secs <= 30 * 86_400,
+            self.train.timeout_secs <= MAX_SECONDS,
             "timeout is {} s, more than 30 days",
             self.train.timeout_secs
         );

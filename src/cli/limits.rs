@@ -43,9 +43,7 @@ impl Default for LimitArgs {
     }
 }
 
-/// Longest any wait or period a flag or job file sets (30 days): far beyond any job's, and
-/// far from the sizes where adding a duration to a clock overflows (a panic).
-pub const MAX_SECONDS: u64 = 30 * 86_400;
+use crate::config::MAX_SECONDS;
 
 /// A flag's seconds as a duration: a number in `0..=MAX_SECONDS` (no NaN, no 1e300).
 pub fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {

@@ -71,6 +71,15 @@ pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
 /// the files a typo can create.
 pub const MAX_PARTS: usize = 1 << 16;
 
+/// Checks that `lines` (named `what`) fill `parts` parts: an empty part would leave its trainer
+/// without data.
+pub fn check_fill(parts: usize, lines: u64, what: &str) -> Result<(), String> {
+    if parts as u64 > lines {
+        return Err(format!("--parts {parts} is more than the {lines} {what}: some parts would be empty"));
+    }
+    Ok(())
+}
+
 /// Checks a `--parts` count: at least 1, at most [`MAX_PARTS`].
 pub fn check_parts(parts: usize) -> Result<(), String> {
     match parts {

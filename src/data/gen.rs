@@ -285,13 +285,7 @@ pub(crate) fn write_meta(config: &GenConfig, meta: &impl serde::Serialize) -> an
 pub(crate) fn write_parts(config: &GenConfig, write_line: WriteLine) -> anyhow::Result<GenReport> {
     use anyhow::Context;
     super::files::check_parts(config.parts).map_err(anyhow::Error::msg)?;
-    // An empty part would leave its trainer without data.
-    anyhow::ensure!(
-        config.parts as u64 <= config.lines,
-        "--parts {} is more than the {} train line(s): some parts would be empty",
-        config.parts,
-        config.lines
-    );
+    super::files::check_fill(config.parts, config.lines, "train line(s)").map_err(anyhow::Error::msg)?;
     let train_dir = config.out.join("train");
     let test_dir = config.out.join("test");
     for d in [&train_dir, &test_dir] {

@@ -77,12 +77,7 @@ pub fn generate(config: &StreamConfig, on_day: &dyn Fn(&DayMeta)) -> anyhow::Res
     super::files::check_parts(config.parts).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(config.days > 0, "--days must be at least 1");
     anyhow::ensure!(config.days <= MAX_DAYS, "--days is {}, more than {MAX_DAYS} (100 years)", config.days);
-    anyhow::ensure!(
-        config.parts as u64 <= config.lines_per_day,
-        "--parts {} is more than the {} line(s) a day: some parts would be empty",
-        config.parts,
-        config.lines_per_day
-    );
+    super::files::check_fill(config.parts, config.lines_per_day, "line(s) a day").map_err(anyhow::Error::msg)?;
     let mut days = Vec::new();
     for day in 0..config.days {
         let date = config.start + chrono::Days::new(day as u64);

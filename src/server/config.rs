@@ -95,6 +95,21 @@ pub enum NonFinite {
     Skip,
 }
 
+impl NonFinite {
+    /// What happens to a refused push that `message` describes: `Err(message)` under `fail`,
+    /// `Ok(())` under `skip` (logged as a warning: it is left out). The one rule for servers and
+    /// local training.
+    pub fn refuse(self, message: String) -> Result<(), String> {
+        match self {
+            NonFinite::Fail => Err(message),
+            NonFinite::Skip => {
+                tracing::warn!("{message}; skipped (--nonfinite skip)");
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Bounds on what a peer can make a server hold, and how long it waits for one.
 #[derive(Clone, Debug)]
 pub struct Limits {

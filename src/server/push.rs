@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::sync::{Offered, SyncStep};
-use super::{table_err, Answer, NonFinite, Reply, State};
+use super::{table_err, Answer, Reply, State};
 use crate::protocol::{ErrorCode, Push, PushOutcome, PushPart, Response, SparseGrads};
 use crate::table::Shard;
 
@@ -74,16 +74,10 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
         push.step,
         crate::table::NONFINITE_HINT
     );
-    match state.config.limits.nonfinite {
-        NonFinite::Fail => {
-            tracing::error!("{message}");
-            Err((ErrorCode::NonFinite, message))
-        }
-        NonFinite::Skip => {
-            tracing::warn!("{message}; skipped (--nonfinite skip)");
-            Ok(false)
-        }
-    }
+    state.config.limits.nonfinite.refuse(message).map(|()| false).map_err(|m| {
+        tracing::error!("{m}");
+        (ErrorCode::NonFinite, m)
+    })
 }
 
 fn pushed(outcome: PushOutcome, version: u64) -> Reply {

@@ -82,13 +82,8 @@ impl Store {
                 header.step,
                 crate::table::NONFINITE_HINT
             );
-            match nonfinite {
-                NonFinite::Fail => anyhow::bail!(message),
-                NonFinite::Skip => {
-                    tracing::warn!("{message}; skipped (--nonfinite skip)");
-                    return Ok(PushReport { discarded: 1, staleness });
-                }
-            }
+            nonfinite.refuse(message).map_err(anyhow::Error::msg)?;
+            return Ok(PushReport { discarded: 1, staleness });
         }
         let sparse = tables.iter().map(|t| (t.table as usize, t.ids, t.counts, t.grads));
         shard.apply(dense, sparse, header.samples as u64, header.apply.dense_lr_factor(staleness))?;
