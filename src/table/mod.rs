@@ -10,6 +10,7 @@
 
 pub mod accessor;
 pub mod admit;
+pub mod chunked;
 pub mod dense;
 pub mod index;
 pub mod optim;

@@ -9,15 +9,12 @@
 //! to one cache line: with per-dimension Adagrad the hot part `[id | 10 weights | 3 statistics
 //! | unseen]` is exactly 64 bytes and the 40 bytes of state are cold (104 bytes a row); with
 //! row-wise Adagrad `[id | 10 weights | 3 statistics | accumulator]` is 64 bytes and the unseen
-//! days take 2 (66). A chunk's hot parts fill one 64 KiB block: the first chunk is a mapping of
-//! its own, zeroed pages given as rows reach them (a small stripe costs only what it uses), the
-//! others blocks of the pool of huge pages ([`super::pool`]), so that finding a row seldom costs
-//! a page walk. Rows whose size leaves more than an eighth of a block unused (some sizes over
-//! 7 KiB) keep chunks of their own, of about 2 MiB. Unseen days are whole days; they saturate at 65,535.
+//! days take 2 (66). Hot and cold parts are each [`Chunked`] by their own size, in blocks of
+//! huge pages; the unseen days are a `u16` per row beside each hot chunk. Unseen days are whole
+//! days; they saturate at 65,535.
 
 use super::accessor::STATS;
-use super::pages::HUGE;
-use super::pool::{self, Span, BLOCK};
+use super::chunked::Chunked;
 
 /// Words before the weights: the id's two halves.
 const ID_WORDS: usize = 2;
@@ -67,44 +64,19 @@ impl Layout {
     }
 }
 
-/// One chunk's memory. Its hot and cold parts are only reached through the slab's `hot_bases`
-/// and `cold_bases` (raw pointers taken without making a reference), so no reference to them
-/// ever invalidates those pointers.
-struct Chunk {
-    /// Hot parts: where rows fill most of a block, the first chunk a mapping of its own (a small
-    /// stripe costs only the pages its rows reach) and the others blocks of the pool of huge
-    /// pages ([`pool::ROWS`]); larger rows, chunks of their own of about 2 MiB.
-    _hot: Span,
-    _cold: Vec<u32>,
-    unseen: Box<[u16]>,
-}
-
 /// One stripe's packed rows.
 pub struct Rows {
-    chunks: Vec<Chunk>,
-    /// Where each chunk's hot parts start: a pull reads one word (of a small array that stays
-    /// in the cache) to find a row, not a chunk's whole record.
-    hot_bases: Vec<*mut u32>,
-    /// Where each chunk's cold parts start, for the same reason.
-    cold_bases: Vec<*mut u32>,
+    /// What a pull reads: `[id | weights | statistics | ...]`, `layout.hot` words a row.
+    hot: Chunked,
+    /// The optimizer state when it is cold, `layout.cold` words a row.
+    cold: Chunked,
+    /// Unseen days beside each hot chunk, when the layout has no word for them.
+    unseen: Vec<Box<[u16]>>,
     len: usize,
     dim: usize,
     state: usize,
     layout: Layout,
-    /// Rows per chunk: as many hot parts as fit in a block, or for rows that fill a block
-    /// poorly, in a huge page's size (at least one).
-    per_chunk: u32,
-    /// Whether chunks after the first are pooled blocks.
-    pooled: bool,
-    /// [`inverse`] of `per_chunk`: a row's chunk is a multiply, not a division.
-    magic: u64,
 }
-
-// SAFETY: `hot_bases` and `cold_bases` only point into the chunks' memory, which the slab owns;
-// access goes through `&`/`&mut` of the slab.
-unsafe impl Send for Rows {}
-// SAFETY: as above.
-unsafe impl Sync for Rows {}
 
 /// Where a row's unseen days are, writable.
 enum UnseenMut<'a> {
@@ -149,39 +121,20 @@ impl Rows {
     /// An empty slab for rows of `dim` weights and `state` optimizer floats.
     pub fn new(dim: usize, state: usize) -> Rows {
         let layout = Layout::of(dim, state);
-        let per_block = BLOCK / (4 * layout.hot);
-        // Pooled when rows fill at least 7/8 of a block; else a block would waste too much,
-        // and a chunk of its own holds a huge page's worth (not one row a mapping).
-        let pooled = 4 * layout.hot * per_block >= BLOCK / 8 * 7;
-        let per_chunk = if pooled { per_block } else { (HUGE / (4 * layout.hot)).max(1) } as u32;
         Rows {
-            chunks: Vec::new(),
-            pooled,
-            hot_bases: Vec::new(),
-            cold_bases: Vec::new(),
+            hot: Chunked::new(layout.hot),
+            cold: Chunked::new(layout.cold),
+            unseen: Vec::new(),
             len: 0,
             dim,
             state,
             layout,
-            per_chunk,
-            magic: inverse(per_chunk),
         }
     }
 
-    /// Rows per chunk.
+    /// Rows per hot chunk.
     pub fn chunk_rows(&self) -> usize {
-        self.per_chunk as usize
-    }
-
-    #[inline(always)]
-    fn place(&self, row: u32) -> (usize, usize) {
-        // Division by a constant as a multiply by its rounded-up inverse in 40-bit fixed point:
-        // exact because rows number below 2^24 (the index's row field) and `per_chunk` is below
-        // 2^16, so the inverse's error, times the row, stays under 2^-16 < 1 / per_chunk; and
-        // the product stays under 2^64.
-        debug_assert!((row as usize) < 1 << 24);
-        let c = ((self.magic * row as u64) >> 40) as u32;
-        (c as usize, (row - c * self.per_chunk) as usize)
+        self.hot.per_chunk()
     }
 
     /// Rows held.
@@ -202,20 +155,13 @@ impl Rows {
     /// Where `row`'s hot part starts (`layout.hot` words).
     #[inline(always)]
     fn hot_ptr(&self, row: u32) -> *mut u32 {
-        let (c, r) = self.place(row);
-        assert!(r < self.per_chunk as usize);
-        // SAFETY: chunk `c` exists (the indexing checks it) and holds `per_chunk` hot parts from
-        // its base, so the offset stays inside its memory.
-        unsafe { self.hot_bases[c].add(r * self.layout.hot) }
+        self.hot.ptr(row)
     }
 
     /// Where `row`'s cold part starts (`layout.cold` words).
     #[inline(always)]
     fn cold_ptr(&self, row: u32) -> *mut u32 {
-        let (c, r) = self.place(row);
-        assert!(r < self.per_chunk as usize);
-        // SAFETY: as in `hot_ptr`, for the chunk's `per_chunk` cold parts.
-        unsafe { self.cold_bases[c].add(r * self.layout.cold) }
+        self.cold.ptr(row)
     }
 
     #[inline(always)]
@@ -264,8 +210,8 @@ impl Rows {
         let unseen = match self.layout.unseen_at {
             Some(at) => hot[at] as f32,
             None => {
-                let (c, r) = self.place(row);
-                self.chunks[c].unseen[r] as f32
+                let (c, r) = self.hot.place(row);
+                self.unseen[c][r] as f32
             }
         };
         [f32::from_bits(w[0]), f32::from_bits(w[1]), f32::from_bits(w[2]), unseen]
@@ -282,7 +228,7 @@ impl Rows {
     /// Every part of `row`, writable.
     #[inline]
     pub fn row_mut(&mut self, row: u32) -> RowMut<'_> {
-        let (c, r) = self.place(row);
+        let (c, r) = self.hot.place(row);
         let (dim, state, layout) = (self.dim, self.state, self.layout);
         // SAFETY: as in `hot` and `cold`; the two parts are disjoint memory (the `unseen` box
         // borrowed below is a third), and `&mut self` makes them the only references.
@@ -314,7 +260,7 @@ impl Rows {
         };
         let unseen = match unseen_word {
             Some(w) => UnseenMut::Word(w),
-            None => UnseenMut::Short(&mut self.chunks[c].unseen[r]),
+            None => UnseenMut::Short(&mut self.unseen[c][r]),
         };
         RowMut { weights, stats, state: bytemuck::cast_slice_mut(state_words), unseen }
     }
@@ -337,8 +283,8 @@ impl Rows {
             prefetch_words(self.cold(row));
         }
         if self.layout.unseen_at.is_none() {
-            let (c, r) = self.place(row);
-            let u = &self.chunks[c].unseen[r];
+            let (c, r) = self.hot.place(row);
+            let u = &self.unseen[c][r];
             prefetch_ptr(u as *const u16 as usize);
         }
     }
@@ -346,26 +292,17 @@ impl Rows {
     /// Appends a row for `id`, every other word zero; returns its number.
     pub fn push(&mut self, id: u64) -> u32 {
         let row = self.len as u32;
-        let n = self.chunk_rows();
-        if self.len == self.chunks.len() * n {
-            assert!(self.len + n <= 1 << 24, "a stripe numbers its rows in 24 bits");
-            let hot = if self.pooled && !self.chunks.is_empty() {
-                Span::pooled(&pool::ROWS, false)
-            } else {
-                Span::own(4 * n * self.layout.hot)
-            };
-            let mut cold = vec![0u32; n * self.layout.cold];
-            // Raw pointers taken without a reference (`Vec::as_mut_ptr` makes none).
-            self.hot_bases.push(hot.as_ptr() as *mut u32);
-            self.cold_bases.push(cold.as_mut_ptr());
-            let unseen = bytemuck::allocation::zeroed_slice_box(if self.layout.unseen_at.is_none() { n } else { 0 });
-            self.chunks.push(Chunk { _hot: hot, _cold: cold, unseen });
-        }
+        assert!(self.len < 1 << 24, "a stripe numbers its rows in 24 bits");
         self.len += 1;
+        self.hot.grow_to(self.len);
+        self.cold.grow_to(self.len);
+        while self.layout.unseen_at.is_none() && self.unseen.len() < self.hot.chunks() {
+            self.unseen.push(bytemuck::allocation::zeroed_slice_box(self.hot.per_chunk()));
+        }
         // The place may hold a row removed before: clear every part.
-        let (c, r) = self.place(row);
-        if let Some(u) = self.chunks[c].unseen.get_mut(r) {
-            *u = 0;
+        if self.layout.unseen_at.is_none() {
+            let (c, r) = self.hot.place(row);
+            self.unseen[c][r] = 0;
         }
         self.cold_mut(row).fill(0);
         self.hot_mut(row).fill(0);
@@ -386,26 +323,24 @@ impl Rows {
         self.len -= 1;
         // Chunks wholly past the end go back, but one spare (a shrink then a few new rows
         // does not reallocate).
-        while self.chunks.len() > self.len.div_ceil(self.chunk_rows()) + 1 {
-            self.chunks.pop();
-            self.hot_bases.pop();
-            self.cold_bases.pop();
-        }
+        self.hot.shrink_to(self.len);
+        self.cold.shrink_to(self.len);
+        self.unseen.truncate(self.hot.chunks());
         moved
     }
 
     /// Copies every stored part of row `from` over row `to` (`to` < `from`), as stored.
     fn copy_row(&mut self, from: u32, to: u32) {
         assert_ne!(from, to);
-        let ((fc, fr), (tc, tr), l) = (self.place(from), self.place(to), self.layout);
+        let ((fc, fr), (tc, tr), l) = (self.hot.place(from), self.hot.place(to), self.layout);
         // SAFETY: two different rows' parts are disjoint, each inside its live chunk (`hot_ptr`,
         // `cold_ptr`), and `&mut self` makes these the only accesses.
         unsafe {
             std::ptr::copy_nonoverlapping(self.hot_ptr(from), self.hot_ptr(to), l.hot);
             std::ptr::copy_nonoverlapping(self.cold_ptr(from), self.cold_ptr(to), l.cold);
         }
-        if !self.chunks[fc].unseen.is_empty() {
-            self.chunks[tc].unseen[tr] = self.chunks[fc].unseen[fr];
+        if self.layout.unseen_at.is_none() {
+            self.unseen[tc][tr] = self.unseen[fc][fr];
         }
     }
 
@@ -431,11 +366,6 @@ impl Rows {
         r.set_stats(&stats);
         r.state.copy_from_slice(&full[dim + STATS..]);
     }
-}
-
-/// `2^40 / d + 1`, the rounded-up inverse of `d` in 40-bit fixed point (see `Rows::place`).
-fn inverse(d: u32) -> u64 {
-    (1 << 40) / d as u64 + 1
 }
 
 /// Prefetches every cache line `words` span.
@@ -506,7 +436,7 @@ mod tests {
         while !rows.is_empty() {
             rows.swap_remove(0);
         }
-        assert_eq!(rows.chunks.len(), 1);
+        assert_eq!(rows.hot.chunks(), 1);
     }
 
     #[test]
@@ -565,21 +495,6 @@ mod tests {
             out.clear();
             rows.full_row(r, &mut out);
             assert!(out.iter().all(|&v| v == 0.0), "dim {dim} state {state}");
-        }
-    }
-
-    #[test]
-    fn a_row_s_chunk_is_its_number_divided_by_the_rows_a_chunk_holds() {
-        for per_chunk in [1u32, 2, 3, 7, 455, 1000, 1024, 16_384] {
-            let rows = Rows { per_chunk, magic: inverse(per_chunk), ..Rows::new(1, 0) };
-            let top = ((1 << 24) - 1) / per_chunk * per_chunk;
-            for row in (0..1u32 << 24).step_by(997).chain([top - 1, top, (1 << 24) - 2, (1 << 24) - 1]) {
-                assert_eq!(
-                    rows.place(row),
-                    ((row / per_chunk) as usize, (row % per_chunk) as usize),
-                    "{row} / {per_chunk}"
-                );
-            }
         }
     }
 
