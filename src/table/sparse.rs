@@ -5,7 +5,7 @@
 //! touching different stripes never wait on each other. A stripe keeps its rows packed in a slab
 //! and finds them through a compact hash index (4 bytes a slot, 16 slots a cache line): an id
 //! costs two dependent cache misses, the index bucket then the row. Batches are served in a
-//! pipeline that prefetches the buckets of the ids two distances ahead and the rows of the ids
+//! pipeline that prefetches the buckets of the ids three distances ahead and the rows of the ids
 //! one distance ahead (guessed from the bucket's tag), so the misses of a batch overlap. Layout
 //! and its measurements: `ARCHITECTURE.md` and `oar bench`.
 
@@ -18,8 +18,12 @@ use crate::layout::{group_positions, mix64, stripe_of, STRIPES};
 
 /// Row number standing for "no such id".
 const ABSENT: u32 = u32::MAX;
-/// How many positions ahead a batch prefetches rows (index buckets: twice as far).
+/// How many positions ahead a batch prefetches rows.
 const PREFETCH_DISTANCE: usize = 16;
+/// How many positions ahead a batch prefetches index buckets: a bucket must have arrived when
+/// its row is guessed, [`PREFETCH_DISTANCE`] ahead. Three times as far measured 2-4% faster in
+/// memory than twice (`cargo bench --bench sparse_table`); four and six times, no faster.
+const INDEX_AHEAD: usize = 48;
 
 /// How a batch is resolved.
 #[derive(Clone, Copy)]
@@ -29,6 +33,17 @@ struct Resolve {
     create: bool,
     /// Prefetch all a push touches of each row, not only what a pull reads.
     whole: bool,
+}
+
+/// One stripe's share of a batch, in the batch's order: the positions in the batch, and their
+/// ids and hashes side by side, so resolving them reads memory in order (gathered by position,
+/// the ids and hashes of a 50,000-id batch were a random read each into 800 KB, about a third
+/// of an in-memory pull's time).
+#[derive(Clone, Copy)]
+struct Group<'a> {
+    positions: &'a [u32],
+    ids: &'a [u64],
+    hashes: &'a [u64],
 }
 
 /// One server's rows of one sparse table.
@@ -80,51 +95,35 @@ impl SparseTable {
     }
 
     /// The row of every position (created when `how` says so, else [`ABSENT`]) into `found`.
-    fn resolve(
-        &self,
-        stripe: &mut Stripe,
-        ids: &[u64],
-        positions: &[u32],
-        hashes: &[u64],
-        how: Resolve,
-        found: &mut Vec<u32>,
-    ) {
+    fn resolve(&self, stripe: &mut Stripe, group: Group, how: Resolve, found: &mut Vec<u32>) {
         found.clear();
-        self.resolve_each(stripe, ids, positions, hashes, how, |_, _, row| found.push(row));
+        self.resolve_each(stripe, group, how, |_, _, row| found.push(row));
     }
 
-    /// Calls `f(stripe, position, row)` for every position in order, with its row (created when
-    /// `how` says so, else [`ABSENT`]), as soon as the row is found: what a pull copies is then
+    /// Calls `f(stripe, k, row)` for the group's positions in order (`k` indexes the group),
+    /// with its row (created when `how` says so, else [`ABSENT`]), as soon as the row is found: what a pull copies is then
     /// still in the nearest cache. The probes are independent of each other: buckets and rows of
     /// later positions are prefetched, so their cache misses overlap.
     #[inline(always)]
-    fn resolve_each(
-        &self,
-        stripe: &mut Stripe,
-        ids: &[u64],
-        positions: &[u32],
-        hashes: &[u64],
-        how: Resolve,
-        mut f: impl FnMut(&Stripe, usize, u32),
-    ) {
+    fn resolve_each(&self, stripe: &mut Stripe, group: Group, how: Resolve, mut f: impl FnMut(&Stripe, usize, u32)) {
+        let Group { ids, hashes, .. } = group;
         // Each position's guessed row, made a distance ahead (when its bucket arrived) and
         // kept until the position is resolved.
         let mut guesses = [None; PREFETCH_DISTANCE];
-        for &p in positions.iter().take(2 * PREFETCH_DISTANCE) {
-            stripe.prefetch_index(hashes[p as usize]);
+        for &hash in hashes.iter().take(INDEX_AHEAD) {
+            stripe.prefetch_index(hash);
         }
-        for (k, &p) in positions.iter().take(PREFETCH_DISTANCE).enumerate() {
-            guesses[k] = stripe.guess(hashes[p as usize], how.whole);
+        for (k, &hash) in hashes.iter().take(PREFETCH_DISTANCE).enumerate() {
+            guesses[k] = stripe.guess(hash, how.whole);
         }
-        for (k, &p) in positions.iter().enumerate() {
+        for (k, (&id, &hash)) in ids.iter().zip(hashes).enumerate() {
             let guess = guesses[k % PREFETCH_DISTANCE];
-            if let Some(&far) = positions.get(k + 2 * PREFETCH_DISTANCE) {
-                stripe.prefetch_index(hashes[far as usize]);
+            if let Some(&far) = hashes.get(k + INDEX_AHEAD) {
+                stripe.prefetch_index(far);
             }
-            if let Some(&near) = positions.get(k + PREFETCH_DISTANCE) {
-                guesses[k % PREFETCH_DISTANCE] = stripe.guess(hashes[near as usize], how.whole);
+            if let Some(&near) = hashes.get(k + PREFETCH_DISTANCE) {
+                guesses[k % PREFETCH_DISTANCE] = stripe.guess(near, how.whole);
             }
-            let (id, hash) = (ids[p as usize], hashes[p as usize]);
             let row = match stripe.find_guessed(id, hash, guess) {
                 Some(row) => row,
                 None if how.create => match stripe.create(&self.spec, id, hash) {
@@ -136,28 +135,20 @@ impl SparseTable {
                 },
                 None => ABSENT,
             };
-            f(stripe, p as usize, row);
+            f(stripe, k, row);
         }
     }
 
     /// A push's resolution under admission and capacity: rows for the admitted absent ids,
     /// after evicting rows (never this batch's) when the stripe would outgrow its capacity.
     /// Ids left without a row stay [`ABSENT`].
-    fn resolve_admitted(
-        &self,
-        stripe: &mut Stripe,
-        ids: &[u64],
-        counts: &[f32],
-        positions: &[u32],
-        hashes: &[u64],
-        found: &mut Vec<u32>,
-    ) {
-        self.resolve(stripe, ids, positions, hashes, Resolve { create: false, whole: true }, found);
-        // The admitted newcomers, as indices into `positions`.
+    fn resolve_admitted(&self, stripe: &mut Stripe, group: Group, counts: &[f32], found: &mut Vec<u32>) {
+        let Group { positions, ids, hashes } = group;
+        self.resolve(stripe, group, Resolve { create: false, whole: true }, found);
+        // The admitted newcomers, as indices into the group.
         let mut new: Vec<usize> = Vec::new();
         for (k, (&p, &row)) in positions.iter().zip(found.iter()).enumerate() {
-            let (id, hash) = (ids[p as usize], hashes[p as usize]);
-            if row == ABSENT && stripe.admit(self.spec.entry, id, hash, counts[2 * p as usize]) {
+            if row == ABSENT && stripe.admit(self.spec.entry, ids[k], hashes[k], counts[2 * p as usize]) {
                 new.push(k);
             }
         }
@@ -167,11 +158,11 @@ impl SparseTable {
         if let Some(cap) = self.stripe_capacity {
             let over = (stripe.len() + new.len()).saturating_sub(cap);
             if over > 0 {
-                let batch: hashbrown::HashSet<u64> = positions.iter().map(|&p| ids[p as usize]).collect();
+                let batch: hashbrown::HashSet<u64> = ids.iter().copied().collect();
                 let mut evicted = 0;
                 // Each newcomer evicts near its own home (a restored table may even be over).
                 for k in 0..over {
-                    let near = hashes[positions[new[k % new.len()]] as usize];
+                    let near = hashes[new[k % new.len()]];
                     if !stripe.evict_near(&self.spec.accessor, near, |id| batch.contains(&id)) {
                         break;
                     }
@@ -182,12 +173,11 @@ impl SparseTable {
                 stripe.counts.no_room += (new.len() - room) as u64;
                 new.truncate(room);
                 // Evictions renumber rows: find this batch's rows again.
-                self.resolve(stripe, ids, positions, hashes, Resolve { create: false, whole: true }, found);
+                self.resolve(stripe, group, Resolve { create: false, whole: true }, found);
             }
         }
         for k in new {
-            let p = positions[k] as usize;
-            if let Some(row) = stripe.create(&self.spec, ids[p], hashes[p]) {
+            if let Some(row) = stripe.create(&self.spec, ids[k], hashes[k]) {
                 stripe.counts.admitted += 1;
                 found[k] = row;
             }
@@ -204,15 +194,16 @@ impl SparseTable {
         check_len("pulled rows", ids.len() * dim, out.len())?;
         let how = Resolve { create: create && !self.spec.creates_on_push(), whole: false };
         let gated = self.spec.accessor.embedx_threshold > 0.0;
-        self.for_each_stripe(ids, |stripe, positions, hashes| {
-            self.resolve_each(stripe, ids, positions, hashes, how, |stripe, p, row| {
+        self.for_each_stripe(ids, |stripe, group| {
+            self.resolve_each(stripe, group, how, |stripe, k, row| {
+                let p = group.positions[k] as usize;
                 let dst = &mut out[p * dim..(p + 1) * dim];
                 if row == ABSENT && !create {
                     // Evaluation and prediction: an id without a row reads as zeros, the rule an
                     // export's lookups and a serving key-value store apply too.
                     dst.fill(0.0);
                 } else if row == ABSENT {
-                    self.spec.init_row(ids[p], dst);
+                    self.spec.init_row(group.ids[k], dst);
                     if gated {
                         dst[1..].fill(0.0);
                     }
@@ -241,13 +232,13 @@ impl SparseTable {
         let gated_state = opt.prefix_state_len(1).unwrap_or(0);
         let admitting = self.spec.creates_on_push();
         let mut found = Vec::new();
-        self.for_each_stripe(ids, |stripe, positions, hashes| {
+        self.for_each_stripe(ids, |stripe, group| {
             if admitting {
-                self.resolve_admitted(stripe, ids, counts, positions, hashes, &mut found);
+                self.resolve_admitted(stripe, group, counts, &mut found);
             } else {
-                self.resolve(stripe, ids, positions, hashes, Resolve { create: true, whole: true }, &mut found);
+                self.resolve(stripe, group, Resolve { create: true, whole: true }, &mut found);
             }
-            for (k, (&p, &row)) in positions.iter().zip(&found).enumerate() {
+            for (k, (&p, &row)) in group.positions.iter().zip(&found).enumerate() {
                 if let Some(&ahead) = found.get(k + PREFETCH_DISTANCE) {
                     if ahead != ABSENT {
                         stripe.rows.prefetch(ahead, true);
@@ -336,28 +327,48 @@ impl SparseTable {
         Ok(())
     }
 
-    /// Groups the positions of `ids` by stripe and calls `f(stripe, positions, hashes)` once
-    /// per touched stripe, holding that stripe's lock only for the call; `hashes[i]` is
-    /// `mix64(ids[i])`, computed once for both the stripe and the slot.
-    fn for_each_stripe(&self, ids: &[u64], mut f: impl FnMut(&mut Stripe, &[u32], &[u64])) {
+    /// Groups the positions of `ids` by stripe and calls `f(stripe, group)` once per touched
+    /// stripe with its share of the batch ([`Group`]), holding that stripe's lock only for the
+    /// call; each id's `mix64` is computed once, for both the stripe and the slot.
+    fn for_each_stripe(&self, ids: &[u64], mut f: impl FnMut(&mut Stripe, Group)) {
         // The grouping buffers are per thread and reused: a server thread serves batch after batch.
         thread_local! {
-            static GROUPING: std::cell::RefCell<(Vec<u64>, Vec<u32>, Vec<usize>)> = Default::default();
+            static GROUPING: std::cell::RefCell<Grouping> = Default::default();
         }
-        GROUPING.with_borrow_mut(|(hashes, order, starts)| {
-            hashes.clear();
-            hashes.extend(ids.iter().map(|&id| mix64(id)));
+        GROUPING.with_borrow_mut(|g| {
+            g.hashes.clear();
+            g.hashes.extend(ids.iter().map(|&id| mix64(id)));
             // Same bits as `stripe_of`, from the precomputed hash.
-            group_positions(ids.len(), STRIPES, |i| hashes[i] as usize & (STRIPES - 1), order, starts);
+            let hashes = &g.hashes;
+            group_positions(ids.len(), STRIPES, |i| hashes[i] as usize & (STRIPES - 1), &mut g.order, &mut g.starts);
             debug_assert!(ids.first().is_none_or(|&id| stripe_of(id) == hashes[0] as usize & (STRIPES - 1)));
+            g.ids.clear();
+            g.ids.extend(g.order.iter().map(|&p| ids[p as usize]));
+            g.grouped.clear();
+            g.grouped.extend(g.order.iter().map(|&p| hashes[p as usize]));
             for (s, stripe) in self.stripes.iter().enumerate() {
-                let positions = &order[starts[s]..starts[s + 1]];
-                if !positions.is_empty() {
-                    f(&mut stripe.lock(), positions, hashes);
+                let at = g.starts[s]..g.starts[s + 1];
+                if !at.is_empty() {
+                    let group =
+                        Group { positions: &g.order[at.clone()], ids: &g.ids[at.clone()], hashes: &g.grouped[at] };
+                    f(&mut stripe.lock(), group);
                 }
             }
         })
     }
+}
+
+/// A thread's buffers for grouping a batch by stripe.
+#[derive(Default)]
+struct Grouping {
+    /// Each id's hash, by position.
+    hashes: Vec<u64>,
+    /// Positions stripe by stripe, and where each stripe's start.
+    order: Vec<u32>,
+    starts: Vec<usize>,
+    /// Ids and hashes in `order`.
+    ids: Vec<u64>,
+    grouped: Vec<u64>,
 }
 
 /// Copies a row of a few floats. `copy_from_slice` of a length known only at run time becomes a
