@@ -12,6 +12,7 @@ pub mod config;
 pub mod curves;
 pub mod data;
 pub mod env;
+pub mod exit;
 pub mod export;
 pub mod fault;
 pub mod launch;

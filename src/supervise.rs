@@ -252,6 +252,9 @@ pub(crate) fn check_children(
             }
         }
     }
+    // The cause first: a child that stopped because another was lost (exit status 3, set by
+    // the child from its error's type) after the children that failed on their own.
+    failed.sort_by_key(|&(_, status)| status.code() == Some(crate::exit::PEER_LOST));
     let all: Vec<String> = failed.iter().map(|&(i, status)| failure(&procs[i], status, keeper.cause(i))).collect();
     anyhow::bail!("{}", all.join("; also "))
 }

@@ -44,7 +44,7 @@ pub fn main_with(registry: Registry) {
         // can be interleaved with another rank's.
         let line = format!("oar: error: {e:#}\n");
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-        std::process::exit(1);
+        std::process::exit(crate::exit::status(&e));
     }
 }
 

@@ -98,6 +98,13 @@ impl ClientError {
                 | ClientError::Refused { code: ErrorCode::Fenced, .. }
         )
     }
+
+    /// Whether the server, not the request, is the cause: the connection broke or timed out,
+    /// nobody listens, the process there is a replaced epoch, or the server was lost and did
+    /// not come back within the recovery window.
+    pub fn server_was_lost(&self) -> bool {
+        self.is_lost_server() || matches!(self, ClientError::Lost { .. })
+    }
 }
 
 #[cfg(test)]

@@ -451,15 +451,14 @@ pub async fn run(
         }
         (trainer, window) = lost_trainer => {
             acceptors.abort_all();
-            match window {
-                None => anyhow::bail!(
-                    "trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"
-                ),
-                Some(w) => anyhow::bail!(
+            let lost = match window {
+                None => format!("trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"),
+                Some(w) => format!(
                     "trainer {trainer} disconnected without closing and did not come back within {w:?} \
                      (--trainer-rejoin): the job cannot finish"
                 ),
-            }
+            };
+            return Err(crate::exit::PeerLost(lost).into());
         }
         missing = arrival_deadline => {
             acceptors.abort_all();

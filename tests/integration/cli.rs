@@ -429,6 +429,10 @@ fn a_silent_pipe_command_is_killed_and_named_after_its_timeout() {
     let all = text(&out);
     assert!(!out.status.success(), "{all}");
     assert!(all.contains("printed nothing for 1 s"), "{all}");
+    // The cause first: the trainer's own error (status 1), then the servers' reports of losing
+    // it (status 3), whatever order the processes ended in.
+    assert!(all.contains("oar: error: worker "), "{all}");
+    assert!(all.contains("(exit status: 3); last log line: oar: error: trainer "), "{all}");
     wait_until(10, "the silent commands' processes to end", || processes_mentioning("sleep 6018").is_empty());
 
     // Slow but never silent for a second: a line each 0.2 s, read to the end.

@@ -181,6 +181,9 @@ fn without_restarts_a_killed_server_ends_the_job_naming_it() {
     let out = job.launch("async", "server1:kill@version=60", &[]);
     let line = launch_failure(&out);
     assert!(line.contains("server 1 failed") && line.contains("SIGKILL"), "{line}");
+    // The cause first; the others stopped because they lost it (exit status 3), none on its own.
+    assert!(line.starts_with("oar: error: server 1 failed"), "{line}");
+    assert!(!line.contains("exit status: 1)"), "{line}");
 }
 
 #[test]
@@ -197,6 +200,8 @@ fn without_restarts_a_killed_trainer_ends_the_job_naming_it() {
     let out = job.launch("async", "trainer1:kill@step=30", &[]);
     let line = launch_failure(&out);
     assert!(line.contains("worker 1 failed") && line.contains("SIGKILL"), "{line}");
+    assert!(line.starts_with("oar: error: worker 1 failed"), "{line}");
+    assert!(!line.contains("exit status: 1)"), "{line}");
 }
 
 impl Job {

@@ -223,7 +223,8 @@ fn a_trainer_lost_without_closing_fails_the_server() {
     drop(t1);
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    // Stopped by a lost peer, not failed on its own: status 3 (`oar::exit::PEER_LOST`).
+    assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("trainer 1 disconnected without closing"), "{err}");
 }
 
@@ -298,7 +299,7 @@ fn a_lost_trainer_that_does_not_come_back_in_time_fails_the_server_naming_it() {
     drop(trainer(1, &addr));
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("trainer 1 disconnected without closing and did not come back within 500ms"), "{err}");
 }
 
