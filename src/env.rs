@@ -92,6 +92,19 @@ impl Vars<'_> {
         }
     }
 
+    /// A number of trainers: 1 to [`MAX_PEERS`](crate::server::MAX_PEERS), checked here so
+    /// the error names the variable it came from.
+    fn count(&self, var: &'static str) -> Result<Option<usize>, EnvError> {
+        let max = crate::server::MAX_PEERS;
+        match self.parse::<usize>(var, "a number of trainers")? {
+            Some(0) => Err(EnvError { var, reason: "0 trainers: a job needs at least one".into() }),
+            Some(n) if n > max => {
+                Err(EnvError { var, reason: format!("{n} trainers, more than {max} (the most a job can have)") })
+            }
+            n => Ok(n),
+        }
+    }
+
     fn flag(&self, var: &'static str) -> Result<Option<bool>, EnvError> {
         match self.text(var).as_deref().map(str::to_ascii_lowercase).as_deref() {
             None => Ok(None),
@@ -185,7 +198,7 @@ fn fleet(v: &Vars) -> Result<ClusterEnv, EnvError> {
         .map(|e| endpoint("PADDLE_PSERVERS_IP_PORT_LIST", e))
         .collect::<Result<Vec<_>, _>>()?;
     let trainers = v
-        .parse("PADDLE_TRAINERS_NUM", "a number of trainers")?
+        .count("PADDLE_TRAINERS_NUM")?
         .ok_or(EnvError { var: "PADDLE_TRAINERS_NUM", reason: "missing (the number of trainers)".into() })?;
     let mut env = ClusterEnv {
         contract: Some(Contract::Fleet),
@@ -232,7 +245,7 @@ fn fluid(v: &Vars) -> Result<ClusterEnv, EnvError> {
         .parse("PADDLE_PSERVER_PORT", "a port number")?
         .ok_or(EnvError { var: "PADDLE_PSERVER_PORT", reason: "missing (the servers' port)".into() })?;
     let trainers = v
-        .parse("PADDLE_TRAINERS", "a number of trainers")?
+        .count("PADDLE_TRAINERS")?
         .ok_or(EnvError { var: "PADDLE_TRAINERS", reason: "missing (the number of trainers)".into() })?;
     let mut env = ClusterEnv {
         contract: Some(Contract::Fluid),
@@ -344,6 +357,21 @@ mod tests {
         assert!(err(&[("TRAINING_ROLE", "TRAINER"), list]).contains("PADDLE_TRAINERS_NUM: missing"));
         let e = err(&[("TRAINING_ROLE", "TRAINER"), list, ("PADDLE_TRAINERS_NUM", "two")]);
         assert!(e.contains("PADDLE_TRAINERS_NUM: \"two\" is not"), "{e}");
+        // Counts are bounded where they are read, so the error names the variable.
+        for (n, want) in
+            [("18446744073709551615", "more than 65536"), ("65537", "more than 65536"), ("0", "at least one")]
+        {
+            let e = err(&[("TRAINING_ROLE", "TRAINER"), list, ("PADDLE_TRAINERS_NUM", n), ("PADDLE_TRAINER_ID", "0")]);
+            assert!(e.contains("PADDLE_TRAINERS_NUM: ") && e.contains(want), "{n}: {e}");
+            let e = err(&[
+                ("PADDLE_TRAINING_ROLE", "TRAINER"),
+                ("PADDLE_PSERVER_IPS", "10.0.0.1"),
+                ("PADDLE_PSERVER_PORT", "6170"),
+                ("PADDLE_TRAINERS", n),
+                ("PADDLE_TRAINER_ID", "0"),
+            ]);
+            assert!(e.contains("PADDLE_TRAINERS: ") && e.contains(want), "{n}: {e}");
+        }
         let e = err(&[("TRAINING_ROLE", "TRAINER"), ("PADDLE_PSERVERS_IP_PORT_LIST", "10.0.0.1")]);
         assert!(e.contains("not an ip:port"), "{e}");
         let e = err(&[

@@ -486,6 +486,23 @@ fn absurd_counts_and_periods_are_one_error_line_not_a_panic() {
     }
     assert!(!Path::new(out).exists() && !Path::new(logs).exists(), "nothing was started");
 
+    // The same bound from PaddlePaddle's variables names the variable, not a flag never given.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["pserver"])
+        .env_remove("OAR_LAUNCHED")
+        .envs([
+            ("TRAINING_ROLE", "PSERVER"),
+            ("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:9"),
+            ("POD_IP", "127.0.0.1"),
+            ("PADDLE_PORT", "9"),
+            ("PADDLE_TRAINERS_NUM", max),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("PADDLE_TRAINERS_NUM: 18446744073709551615 trainers, more than 65536"), "{err}");
+
     // Job-file numbers that are no number, or infinite: an infinite l2 or initializer scale
     // used to pass (`>= 0`) and train to NaN; each is now named.
     let job = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml")).unwrap();
