@@ -41,15 +41,9 @@ impl Secret {
     /// The secret in `path`: a regular file (a link to one is followed: Kubernetes mounts
     /// secrets as links) of 16 to 4096 bytes; surrounding whitespace is not part of it.
     pub fn read(path: &Path) -> anyhow::Result<Secret> {
-        let meta = std::fs::metadata(path).map_err(|e| anyhow::anyhow!("secret file {}: {e}", path.display()))?;
-        anyhow::ensure!(meta.is_file(), "secret file {}: not a regular file", path.display());
-        anyhow::ensure!(
-            SECRET_BYTES.contains(&meta.len()),
-            "secret file {}: {} bytes, a secret takes 16 to 4096",
-            path.display(),
-            meta.len()
-        );
-        let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("secret file {}: {e}", path.display()))?;
+        let bytes = crate::state_file::read_named(path, *SECRET_BYTES.end()).map_err(|e| {
+            anyhow::anyhow!("secret file {}: {}; a secret takes 16 to 4096 bytes", path.display(), e.reason())
+        })?;
         let secret = bytes.trim_ascii().to_vec();
         anyhow::ensure!(
             SECRET_BYTES.contains(&(secret.len() as u64)),

@@ -119,6 +119,10 @@ impl Default for JobConfig {
     }
 }
 
+/// Largest job file read (16 MiB): far above any real one (the zoo's are a few KiB), and a
+/// bound on what a mistaken path (a log, a data file, `/dev/zero`) can make a process hold.
+pub const MAX_JOB_FILE_BYTES: u64 = 16 << 20;
+
 /// Longest any wait or period a job file or flag sets (30 days): far beyond any job's, and far
 /// from the sizes where adding a duration to a clock overflows (a panic).
 pub const MAX_SECONDS: u64 = 30 * 86_400;
@@ -126,7 +130,8 @@ pub const MAX_SECONDS: u64 = 30 * 86_400;
 impl JobConfig {
     /// Reads a TOML job file; unknown keys are errors that name the file.
     pub fn from_file(path: &Path) -> anyhow::Result<JobConfig> {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let bytes = crate::state_file::read_named(path, MAX_JOB_FILE_BYTES)?;
+        let text = String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{}: not UTF-8 text: {e}", path.display()))?;
         let mut job: JobConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         // A statistics file is read now, so the job (and the model it saves) carries the numbers.
         if let Some(source @ crate::data::StatsSource::File(_)) = &job.data.dense_stats {

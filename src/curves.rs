@@ -151,15 +151,7 @@ pub const MAX_BYTES: u64 = 1 << 30;
 /// written by a running job, and is left out.
 pub fn read(path: &Path) -> Result<Vec<Point>, CurvesError> {
     let io = |source| CurvesError::Io { path: path.to_path_buf(), source };
-    // Checked before opening: opening a named pipe would wait for its other end.
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if !meta.is_file() {
-        return Err(io(std::io::Error::other("not a regular file")));
-    }
-    if meta.len() > MAX_BYTES {
-        return Err(io(std::io::Error::other(format!("{} bytes, more than a curves file holds", meta.len()))));
-    }
-    let mut text = std::fs::read(path).map_err(io)?;
+    let mut text = crate::state_file::read_named(path, MAX_BYTES).map_err(|e| io(std::io::Error::other(e.reason())))?;
     text.truncate(text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1));
     parse(text.as_slice(), path)
 }

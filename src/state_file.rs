@@ -59,6 +59,18 @@ impl StateFileError {
     pub fn invalid(path: &Path, reason: impl Into<String>) -> StateFileError {
         StateFileError::Invalid { path: path.to_path_buf(), reason: reason.into() }
     }
+
+    /// What is wrong, without the path (for callers whose own error names it).
+    pub fn reason(&self) -> String {
+        let full = self.to_string();
+        let path = match self {
+            StateFileError::Io { path, .. }
+            | StateFileError::NotRegular { path, .. }
+            | StateFileError::TooLarge { path, .. }
+            | StateFileError::Invalid { path, .. } => path,
+        };
+        full.strip_prefix(&format!("{}: ", path.display())).unwrap_or(&full).to_string()
+    }
 }
 
 fn kind_of(meta: &std::fs::Metadata) -> &'static str {
@@ -116,6 +128,30 @@ pub fn read(path: &Path, max: u64) -> Result<Option<Vec<u8>>, StateFileError> {
         return Err(StateFileError::TooLarge { path: path.to_path_buf(), bytes: data.len() as u64, max });
     }
     Ok(Some(data))
+}
+
+/// Reads a file the user named (a job file): a symbolic link is followed, as the user chose
+/// the path, but only a regular file of at most `max` bytes is read; a named pipe is refused
+/// without waiting for a writer, and a device (`/dev/zero`) without reading it.
+pub fn read_named(path: &Path, max: u64) -> Result<Vec<u8>, StateFileError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(StateFileError::io(path))?;
+    let meta = file.metadata().map_err(StateFileError::io(path))?;
+    if !meta.file_type().is_file() {
+        return Err(StateFileError::NotRegular { path: path.to_path_buf(), kind: kind_of(&meta) });
+    }
+    if meta.size() > max {
+        return Err(StateFileError::TooLarge { path: path.to_path_buf(), bytes: meta.size(), max });
+    }
+    let mut data = Vec::with_capacity(meta.size() as usize);
+    file.take(max + 1).read_to_end(&mut data).map_err(StateFileError::io(path))?;
+    if data.len() as u64 > max {
+        return Err(StateFileError::TooLarge { path: path.to_path_buf(), bytes: data.len() as u64, max });
+    }
+    Ok(data)
 }
 
 /// Reads and parses the JSON state file at `path` (at most `max` bytes).
@@ -224,5 +260,26 @@ mod tests {
             .collect();
         assert!(leftovers.is_empty(), "no temporary file left");
         assert!(bounded(&file, "epoch", u64::MAX, COUNTER_MAX).unwrap_err().to_string().contains("epoch"));
+    }
+
+    #[test]
+    fn a_named_file_is_read_through_a_link_but_never_a_pipe_a_device_or_too_much() {
+        let dir = tempfile::tempdir().unwrap();
+        let (target, link) = (dir.path().join("job.toml"), dir.path().join("link"));
+        std::fs::write(&target, b"abc").unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(read_named(&link, 3).unwrap(), b"abc", "a link the user named is followed");
+        let e = read_named(&target, 2).unwrap_err();
+        assert_eq!(e.reason(), "3 bytes, more than the 2 such a file can hold: refused");
+        let e = read_named(Path::new("/dev/zero"), 1 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "/dev/zero: not a regular file (a device): refused");
+        assert_eq!(e.reason(), "not a regular file (a device): refused");
+        let fifo = dir.path().join("pipe");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        // Returns at once, though no one will ever write to the pipe.
+        assert!(read_named(&fifo, 100).unwrap_err().to_string().contains("a named pipe"));
+        assert!(read_named(&dir.path().join("none"), 100).unwrap_err().to_string().contains("none: No such file"));
     }
 }

@@ -43,14 +43,7 @@ fn file_error(path: &Path, reason: impl ToString) -> TlsError {
 /// Reads a PEM file: a regular file (Kubernetes mounts Secrets through links, so links are
 /// followed) of at most 1 MiB.
 fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
-    let meta = std::fs::metadata(path).map_err(|e| file_error(path, e))?;
-    if !meta.is_file() {
-        return Err(file_error(path, "not a regular file"));
-    }
-    if meta.len() > MAX_PEM_BYTES {
-        return Err(file_error(path, format!("{} bytes, more than a PEM file of 1 MiB", meta.len())));
-    }
-    std::fs::read(path).map_err(|e| file_error(path, e))
+    crate::state_file::read_named(path, MAX_PEM_BYTES).map_err(|e| file_error(path, e.reason()))
 }
 
 fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {

@@ -33,6 +33,9 @@ pub const FORMAT_VERSION: u32 = 4;
 /// The oldest format this build reads: format 1's sparse rows have no statistics, which read as
 /// nothing seen yet.
 pub const OLDEST_FORMAT: u32 = 1;
+/// Largest manifest read (64 MiB): a manifest lists one small entry per server (at most 65,536),
+/// so a larger file is not one oar wrote.
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
 /// Floats per stored sparse row of `t` in checkpoint format `format`.
 fn stored_row_len(t: &crate::table::SparseSpec, format: u32) -> usize {
@@ -421,10 +424,15 @@ impl Manifest {
             dir.to_path_buf()
         } else {
             let latest = dir.join("latest");
-            let name = std::fs::read_to_string(&latest).map_err(|e| CheckpointError::Io {
+            // A state file: no link followed, no wait on a named pipe, a few bytes at most.
+            let name = crate::state_file::read(&latest, 4096)?.ok_or_else(|| CheckpointError::Io {
                 path: dir.to_path_buf(),
-                cause: std::io::Error::new(e.kind(), "no manifest.json and no 'latest' file: not a saved model"),
+                cause: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no manifest.json and no 'latest' file: not a saved model",
+                ),
             })?;
+            let name = String::from_utf8_lossy(&name);
             let name = name.trim();
             if !plain_name(name) {
                 return Err(CheckpointError::Corrupt {
@@ -435,7 +443,8 @@ impl Manifest {
             dir.join(name)
         };
         let path = pass_dir.join("manifest.json");
-        let bytes = std::fs::read(&path).map_err(io_err(&path))?;
+        let bytes = crate::state_file::read(&path, MAX_MANIFEST_BYTES)?
+            .ok_or_else(|| io_err(&path)(std::io::ErrorKind::NotFound.into()))?;
         let m: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| CheckpointError::Corrupt { path: path.clone(), reason: e.to_string() })?;
         if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&m.format) {
@@ -531,7 +540,8 @@ pub fn save_server_final(
     )?;
     let mut shards = Vec::with_capacity(shard.num_servers);
     for i in 0..shard.num_servers {
-        let Ok(bytes) = std::fs::read(entry_path(i)) else { return Ok(false) };
+        // Another server's entry not written yet: that server completes the manifest.
+        let Some(bytes) = crate::state_file::read(&entry_path(i), 1 << 16)? else { return Ok(false) };
         let path = entry_path(i);
         shards.push(
             serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt { path, reason: e.to_string() })?,

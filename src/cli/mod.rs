@@ -77,8 +77,10 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         Command::Pserver(a) => pserver(a, &ClusterEnv::from_process()?),
         Command::Train(a) => train(*a, launched, registry),
         Command::Cluster { engine: ClusterCommand::Ssh(a) } => {
-            let text = std::fs::read_to_string(&a.hosts)
-                .with_context(|| format!("cannot read the hosts file {}", a.hosts.display()))?;
+            let bytes = crate::state_file::read_named(&a.hosts, crate::config::MAX_JOB_FILE_BYTES)
+                .map_err(|e| anyhow::anyhow!("hosts file {}: {}", a.hosts.display(), e.reason()))?;
+            let text = String::from_utf8(bytes)
+                .with_context(|| format!("hosts file {}: not UTF-8 text", a.hosts.display()))?;
             let config = crate::cluster::ssh::SshConfig {
                 hosts: crate::cluster::ssh::parse_hosts(&text, &a.hosts)?,
                 logs: a.logs.unwrap_or_else(|| a.workspace.join("log/launcher")),

@@ -37,6 +37,11 @@ pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     if meta.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
+    if !meta.is_dir() {
+        // Reading a named pipe or a device as a file would block on a pipe without a writer, or
+        // read forever from /dev/zero; listing it as a folder failed with "Not a directory".
+        return Err(not_data(path, &meta.file_type(), "a regular file or a folder"));
+    }
     let (mut files, mut links) = (Vec::new(), 0usize);
     for entry in
         std::fs::read_dir(path).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?
@@ -65,6 +70,31 @@ pub fn list_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
         ));
     }
     Ok(files)
+}
+
+/// The error for `path`, of type `t`, which is not what data is read from (`wanted`).
+fn not_data(path: &Path, t: &std::fs::FileType, wanted: &str) -> std::io::Error {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a named pipe"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    };
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!(
+            "{}: {kind}, not {wanted}: data is read from files (a stream goes through --pipe-command)",
+            path.display()
+        ),
+    )
 }
 
 /// Most files one command writes (`--parts`): far above any cluster's trainers, and a bound on
@@ -97,6 +127,11 @@ pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u
     check_parts(parts).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     // Two passes over the file (count, then write), each a buffer at a time: memory stays flat
     // for files of any size, and for lines of any length.
+    let meta = std::fs::metadata(path).map_err(named)?;
+    if !meta.is_file() {
+        // Opening a named pipe blocks until a writer comes; /dev/zero has no end to count.
+        return Err(not_data(path, &meta.file_type(), "a regular file"));
+    }
     let open = || std::fs::File::open(path).map(std::io::BufReader::new).map_err(named);
     let lines = copy_lines(&mut open()?, &mut std::io::sink(), u64::MAX).map_err(named)?;
     if (parts as u64) > lines {

@@ -61,11 +61,7 @@ impl StatsSource {
             StatsSource::File(f) => {
                 let path = base.join(f);
                 let bad = |e: String| format!("[data] dense_stats: {}: {e}", path.display());
-                let meta = std::fs::metadata(&path).map_err(|e| bad(e.to_string()))?;
-                if !meta.is_file() || meta.len() > 64 << 20 {
-                    return Err(bad("not a statistics file (a regular file of at most 64 MiB)".into()));
-                }
-                let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+                let text = crate::state_file::read_named(&path, 64 << 20).map_err(|e| bad(e.reason()))?;
                 serde_json::from_slice(&text)
                     .map_err(|e| format!("[data] dense_stats: {}: not oar data stats output: {e}", path.display()))
             }

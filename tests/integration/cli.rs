@@ -113,6 +113,70 @@ fn a_malformed_line_is_named_by_file_and_line_or_skipped_and_counted() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("trained 49 samples"), "{}", text(&out));
 }
 
+/// A named pipe or a device given as data is named at once: opening a pipe without a writer
+/// blocks, and /dev/zero has no end (`oar train` said "Not a directory"; `oar split` waited, or
+/// counted zeros, forever).
+#[test]
+fn a_named_pipe_or_a_device_as_data_is_named_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("stream");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string naming a new path in a fresh folder.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo = fifo.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["train", "--train", fifo, "--threads", "1"], "stream: a named pipe, not a regular file or a folder"),
+        (&["train", "--train", "/dev/zero", "--threads", "1"], "/dev/zero: a character device, not a regular file"),
+        (&["split", fifo, "--parts", "2"], "stream: a named pipe, not a regular file: data is read from files"),
+        (&["split", "/dev/zero", "--parts", "2"], "/dev/zero: a character device, not a regular file"),
+    ];
+    for (args, want) in cases {
+        let out = oar(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.lines().last().is_some_and(|l| l.starts_with("oar: error: ") && l.contains(want)),
+            "{args:?}: {err}"
+        );
+    }
+    // The same for a job file (it was read whole: /dev/zero grew the process until the kernel
+    // killed it), a hosts file, and a saved model's manifest or `latest` planted as a pipe.
+    let (train, _) = gen_data(dir.path(), 1, 20, 0);
+    let train = train.to_str().unwrap();
+    let saved = dir.path().join("saved");
+    std::fs::create_dir(&saved).unwrap();
+    let latest = std::ffi::CString::new(saved.join("latest").to_str().unwrap()).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::mkfifo(latest.as_ptr(), 0o600) }, 0);
+    let pass = dir.path().join("pass");
+    std::fs::create_dir(&pass).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", pass.join("manifest.json")).unwrap();
+    let ws = dir.path().join("ws");
+    let ws = ws.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["train", "--config", fifo, "--train", train], "stream: not a regular file (a named pipe)"),
+        (&["train", "--config", "/dev/zero", "--train", train], "/dev/zero: not a regular file (a device)"),
+        (
+            &["cluster", "ssh", "--hosts", fifo, "--workspace", ws, "--", "--train", train],
+            "stream: not a regular file (a named pipe)",
+        ),
+        (&["eval", "--model", saved.to_str().unwrap(), "--data", train], "latest: not a regular file (a named pipe)"),
+        (
+            &["eval", "--model", pass.to_str().unwrap(), "--data", train],
+            "manifest.json: not a regular file (a symbolic link)",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = oar(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.lines().last().is_some_and(|l| l.starts_with("oar: error: ") && l.contains(want)),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 /// A line longer than the readers keep (64 MiB: a file without line breaks) is named by file
 /// and line without being held, or skipped and counted; `oar split` moves it whole.
 #[test]
