@@ -472,6 +472,13 @@ pub(super) struct ServeArgs {
     /// The largest request body, in MiB.
     #[arg(long, default_value_t = 64)]
     pub(super) max_body_mib: usize,
+    /// Connections served at once; more wait until one ends.
+    #[arg(long, default_value_t = 1024)]
+    pub(super) max_connections: usize,
+    /// Seconds a connection may take to send a request's head (an idle one is closed after
+    /// them) or its body after the head.
+    #[arg(long, default_value_t = 30.0)]
+    pub(super) read_timeout: f64,
 }
 
 #[derive(Args)]

@@ -16,6 +16,7 @@
 //! the model it started with to its end, so none is dropped or mixed. A pass that fails to load
 //! (torn, another job's) is reported and the old one kept.
 
+pub mod listen;
 pub mod v2;
 
 use std::path::{Path, PathBuf};
@@ -24,9 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use parking_lot::{Mutex, RwLock};
@@ -46,8 +47,8 @@ pub struct ServeConfig {
     pub name: String,
     /// How often the model folder is checked for a newer save.
     pub poll: Duration,
-    /// The largest request body accepted.
-    pub max_body: usize,
+    /// What one client may hold: connections, read deadlines, the largest request body.
+    pub limits: listen::Limits,
 }
 
 /// A loaded model and what identifies its files.
@@ -91,6 +92,7 @@ fn load(stamp: Stamp, registry: &Registry) -> anyhow::Result<Loaded> {
 /// The server's shared state.
 struct Server {
     name: String,
+    limits: listen::Limits,
     current: RwLock<Arc<Loaded>>,
     scorers: Mutex<Vec<Scorer>>,
     answered: AtomicU64,
@@ -236,6 +238,7 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
     let bound = listener.local_addr()?;
     let server = Arc::new(Server {
         name: config.name.clone(),
+        limits: config.limits,
         current: RwLock::new(Arc::new(loaded)),
         scorers: Mutex::new(Vec::new()),
         answered: AtomicU64::new(0),
@@ -289,12 +292,19 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
         )
         .route(
             "/v2/models/{name}/infer",
-            post(|State(s): State<Arc<Server>>, UrlPath(name): UrlPath<String>, body: Bytes| async move {
+            post(|State(s): State<Arc<Server>>, UrlPath(name): UrlPath<String>, headers: HeaderMap, body: Body| async move {
                 let m = match s.model(&name) {
                     Ok(m) => m,
                     Err(e) => {
                         s.refused.fetch_add(1, Ordering::Relaxed);
                         return error(StatusCode::NOT_FOUND, e);
+                    }
+                };
+                let body = match listen::read_body(&headers, body, &s.limits).await {
+                    Ok(body) => body,
+                    Err((status, message)) => {
+                        s.refused.fetch_add(1, Ordering::Relaxed);
+                        return error(status, message);
                     }
                 };
                 let s2 = s.clone();
@@ -304,7 +314,6 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
                 }
             }),
         )
-        .layer(DefaultBodyLimit::max(config.max_body))
         .with_state(server.clone());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     println!("OAR_SERVE {bound}");
@@ -318,7 +327,7 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
     let _ = std::io::stdout().flush();
     let served = rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        axum::serve(listener, app).await
+        listen::serve(listener, app, config.limits).await
     });
     drop(_stop);
     let _ = watcher.join();

@@ -199,14 +199,52 @@ fn serve_answers_kserve_v2_with_the_scores_of_oar_predict() {
 
     // Its Prometheus metrics, read by a Prometheus parser, count exactly what was asked: 6
     // requests scored (3 batches of the 600 lines, 1 line, 100 typed, 1 line), 702 samples, the
-    // 4 bad bodies refused (the oversized one never reached the handler), pass 1 served.
+    // 4 bad bodies and the oversized one refused (by its declared length, unread), pass 1 served.
     let m = crate::telemetry::scrape(s.url.trim_start_matches("http://"));
     let v = |name| crate::telemetry::value(&m, name, None);
     assert_eq!(v("oar_serve_requests_total"), 6.0);
     assert_eq!(v("oar_serve_samples_total"), 702.0);
-    assert_eq!(v("oar_serve_refused_total"), 4.0);
+    assert_eq!(v("oar_serve_refused_total"), 5.0);
     assert_eq!((v("oar_serve_reloads_total"), v("oar_serve_model_pass")), (0.0, 1.0));
     assert_eq!(crate::telemetry::histogram_count(&m, "oar_serve_request_seconds"), 6.0);
+}
+
+/// A client cannot hold `oar serve`: connections that send nothing are closed after
+/// `--read-timeout` (an idle one stayed open for good: still open after 70 s), at most
+/// `--max-connections` are served at once (a real client waits until one ends, then is
+/// answered), and a request whose body stops arriving is answered 408.
+#[test]
+fn idle_and_slow_clients_cannot_hold_the_server() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (model, lines, _) = trained(dir.path(), "1");
+    let s = serve(&model, &["--max-connections", "2", "--read-timeout", "1"]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    // Two connections that never send a byte take both places.
+    let idle: Vec<std::net::TcpStream> = (0..2).map(|_| std::net::TcpStream::connect(&addr).unwrap()).collect();
+    // A real client meanwhile waits for a place, and is answered.
+    let (infer, body) = (format!("{}/v2/models/oar/infer", s.url), lines_request(&lines[..1]));
+    let client = std::thread::spawn(move || post(&infer, &body).0);
+    for mut c in idle {
+        // Closed by the server: the read ends (a bound far above the 1 s, so a hung server fails).
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).expect("the server closed the idle connection");
+    }
+    assert_eq!(client.join().unwrap(), 200, "the waiting client was answered");
+
+    // A head that promises a body, then nothing more: 408, naming the flag.
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    write!(slow, "POST /v2/models/oar/infer HTTP/1.1\r\nHost: oar\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{").unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer).expect("answered and closed");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 1s (--read-timeout)"), "{answer}");
+    let infer = format!("{}/v2/models/oar/infer", s.url);
+    assert_eq!(post(&infer, &lines_request(&lines[..1])).0, 200, "still serving");
+    let m = crate::telemetry::scrape(&addr);
+    assert_eq!(crate::telemetry::value(&m, "oar_serve_refused_total", None), 1.0);
 }
 
 #[test]
