@@ -15,6 +15,7 @@ pub mod env;
 pub mod exit;
 pub mod export;
 pub mod fault;
+pub mod http;
 pub mod launch;
 pub mod layout;
 pub mod ledger;

@@ -100,6 +100,11 @@ impl Sheet {
     }
 }
 
+/// What scrapers may hold of a metrics endpoint: a few connections, each closed when idle for
+/// 10 s (a scrape takes milliseconds; Prometheus reconnects), no request body.
+const SCRAPER_LIMITS: crate::http::Limits =
+    crate::http::Limits { connections: 64, read_timeout: std::time::Duration::from_secs(10), max_body: 0 };
+
 /// A metrics endpoint serving until dropped.
 pub struct Exporter {
     /// Where it listens.
@@ -137,12 +142,10 @@ impl Exporter {
                         }
                     }),
                 );
-                let served = axum::serve(listener, app).with_graceful_shutdown(async {
+                crate::http::serve(listener, app, SCRAPER_LIMITS, async {
                     let _ = stopped.await;
-                });
-                if let Err(e) = served.await {
-                    tracing::warn!("the metrics endpoint stopped: {e}");
-                }
+                })
+                .await;
             })
         })?;
         tracing::info!(address = %bound, "metrics at http://{bound}/metrics");

@@ -49,7 +49,7 @@ pub fn main_with(registry: Registry) {
 }
 
 /// `oar serve`'s bounds on a client, each flag checked.
-fn serve_limits(a: &args::ServeArgs) -> anyhow::Result<crate::serve::listen::Limits> {
+fn serve_limits(a: &args::ServeArgs) -> anyhow::Result<crate::http::Limits> {
     anyhow::ensure!(
         (1..=1 << 16).contains(&a.max_connections),
         "--max-connections must be 1 to 65536, not {}",
@@ -57,7 +57,7 @@ fn serve_limits(a: &args::ServeArgs) -> anyhow::Result<crate::serve::listen::Lim
     );
     let read_timeout = limits::seconds("read-timeout", a.read_timeout)?;
     anyhow::ensure!(!read_timeout.is_zero(), "--read-timeout must be above 0");
-    Ok(crate::serve::listen::Limits {
+    Ok(crate::http::Limits {
         connections: a.max_connections,
         read_timeout,
         max_body: a.max_body_mib.saturating_mul(1 << 20),

@@ -16,7 +16,6 @@
 //! the model it started with to its end, so none is dropped or mixed. A pass that fails to load
 //! (torn, another job's) is reported and the old one kept.
 
-pub mod listen;
 pub mod v2;
 
 use std::path::{Path, PathBuf};
@@ -48,7 +47,7 @@ pub struct ServeConfig {
     /// How often the model folder is checked for a newer save.
     pub poll: Duration,
     /// What one client may hold: connections, read deadlines, the largest request body.
-    pub limits: listen::Limits,
+    pub limits: crate::http::Limits,
 }
 
 /// A loaded model and what identifies its files.
@@ -92,7 +91,7 @@ fn load(stamp: Stamp, registry: &Registry) -> anyhow::Result<Loaded> {
 /// The server's shared state.
 struct Server {
     name: String,
-    limits: listen::Limits,
+    limits: crate::http::Limits,
     current: RwLock<Arc<Loaded>>,
     scorers: Mutex<Vec<Scorer>>,
     answered: AtomicU64,
@@ -300,7 +299,7 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
                         return error(StatusCode::NOT_FOUND, e);
                     }
                 };
-                let body = match listen::read_body(&headers, body, &s.limits).await {
+                let body = match crate::http::read_body(&headers, body, &s.limits).await {
                     Ok(body) => body,
                     Err((status, message)) => {
                         s.refused.fetch_add(1, Ordering::Relaxed);
@@ -327,7 +326,8 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
     let _ = std::io::stdout().flush();
     let served = rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        listen::serve(listener, app, config.limits).await
+        crate::http::serve(listener, app, config.limits, std::future::pending()).await;
+        anyhow::Ok(())
     });
     drop(_stop);
     let _ = watcher.join();

@@ -129,3 +129,29 @@ fn servers_and_trainers_serve_metrics_that_a_prometheus_parser_reads_and_that_ma
     server.kill().unwrap();
     server.wait().unwrap();
 }
+
+/// A peer that can reach a server's metrics port cannot hold it: 80 connections that send
+/// nothing (more than the 64 served at once) are closed after 10 s, and a scrape waiting
+/// behind them is answered. Before, each idle connection stayed open for good, and enough of
+/// them would have taken the server's file descriptors from its trainers and checkpoints.
+#[test]
+fn idle_connections_to_a_metrics_port_are_closed_and_scrapes_still_answered() {
+    use std::io::Read;
+    let base = ["--host", "127.0.0.1", "--port", "0", "--trainers", "1", "--job", "m"];
+    let (mut server, got) = start(
+        &[&["pserver"][..], &base[..], &["--keep-serving", "--metrics-addr", "127.0.0.1:0"]].concat(),
+        &["OAR_METRICS"],
+    );
+    let metrics = got[0].clone();
+    let idle: Vec<std::net::TcpStream> = (0..80).map(|_| std::net::TcpStream::connect(&metrics).unwrap()).collect();
+    let waiting = std::thread::spawn(move || value(&scrape(&metrics), "oar_applied_samples_total", None));
+    for mut c in idle {
+        // A bound far above the 10 s, so a server that never closes them fails the test.
+        c.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).expect("the idle connection was closed by the server");
+    }
+    assert_eq!(waiting.join().unwrap(), 0.0, "the scrape behind them was answered");
+    server.kill().unwrap();
+    server.wait().unwrap();
+}

@@ -1,4 +1,5 @@
-//! The HTTP listener of `oar serve`, bounded so that a client cannot hold it: at most
+//! The HTTP listener of `oar serve` and of every process's metrics endpoint, bounded so that
+//! a client cannot hold it: at most
 //! `connections` connections at once (more wait in the kernel's backlog until one ends), a
 //! request head must arrive within `read_timeout` of the connection waiting for one (an idle
 //! keep-alive connection included: hyper's header timer starts when it waits for a head), and a
@@ -7,7 +8,8 @@
 //! Why not `axum::serve`: it sets no timer, so hyper's header timeout never runs, and it takes
 //! every connection offered. A client that opened connections and sent nothing held each one
 //! for good (measured: an idle connection still open after 70 s), and enough of them would use
-//! up the process's file descriptors.
+//! up the process's file descriptors: on a parameter server's or a trainer's metrics port, that
+//! would have starved the job itself of sockets and files.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +28,21 @@ pub struct Limits {
     pub max_body: usize,
 }
 
-/// Serves `app` on `listener` within `limits` until the process stops.
-pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router, limits: Limits) -> std::io::Result<()> {
+/// Serves `app` on `listener` within `limits` until `shutdown` completes (connections in
+/// flight end with the runtime).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::select! {
+        _ = accept_loop(listener, app, limits) => {}
+        _ = shutdown => {}
+    }
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, limits: Limits) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections.max(1)));
     loop {
         let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
