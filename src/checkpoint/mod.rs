@@ -540,9 +540,9 @@ pub fn save_server_final(
     )?;
     let mut shards = Vec::with_capacity(shard.num_servers);
     for i in 0..shard.num_servers {
-        // Another server's entry not written yet: that server completes the manifest.
-        let Some(bytes) = crate::state_file::read(&entry_path(i), 1 << 16)? else { return Ok(false) };
         let path = entry_path(i);
+        // Another server's entry not written yet: that server completes the manifest.
+        let Some(bytes) = crate::state_file::read(&path, 1 << 16)? else { return Ok(false) };
         shards.push(
             serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt { path, reason: e.to_string() })?,
         );

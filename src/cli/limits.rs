@@ -1,5 +1,6 @@
-//! The server's bounds on its peers as flags (`oar pserver`, and `oar train` in the server
-//! role), resolved into [`Limits`].
+//! Bounds on peers as flags, each checked: a server's (`oar pserver`, and `oar train` in the
+//! server role), resolved into [`Limits`]; `oar serve`'s ([`serve_limits`]); and the one parser
+//! of seconds flags.
 
 use std::time::Duration;
 
@@ -54,6 +55,22 @@ pub fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
         "--{flag} must be a number of seconds in 0..={MAX_SECONDS} (30 days), not {shown}"
     );
     Ok(Duration::from_secs_f64(v))
+}
+
+/// `oar serve`'s bounds on a client, each flag checked.
+pub(super) fn serve_limits(a: &super::args::ServeArgs) -> anyhow::Result<crate::http::Limits> {
+    anyhow::ensure!(
+        (1..=1 << 16).contains(&a.max_connections),
+        "--max-connections must be 1 to 65536, not {}",
+        a.max_connections
+    );
+    let read_timeout = seconds("read-timeout", a.read_timeout)?;
+    anyhow::ensure!(!read_timeout.is_zero(), "--read-timeout must be above 0");
+    Ok(crate::http::Limits {
+        connections: a.max_connections,
+        read_timeout,
+        max_body: a.max_body_mib.saturating_mul(1 << 20),
+    })
 }
 
 /// A flag's whole seconds, checked as [`seconds`].

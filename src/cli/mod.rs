@@ -48,22 +48,6 @@ pub fn main_with(registry: Registry) {
     }
 }
 
-/// `oar serve`'s bounds on a client, each flag checked.
-fn serve_limits(a: &args::ServeArgs) -> anyhow::Result<crate::http::Limits> {
-    anyhow::ensure!(
-        (1..=1 << 16).contains(&a.max_connections),
-        "--max-connections must be 1 to 65536, not {}",
-        a.max_connections
-    );
-    let read_timeout = limits::seconds("read-timeout", a.read_timeout)?;
-    anyhow::ensure!(!read_timeout.is_zero(), "--read-timeout must be above 0");
-    Ok(crate::http::Limits {
-        connections: a.max_connections,
-        read_timeout,
-        max_body: a.max_body_mib.saturating_mul(1 << 20),
-    })
-}
-
 /// When the reader of this process's output goes away (`oar gen ... | head -1`), `println!`
 /// panics on the broken pipe; exit as Unix tools do there (status 141, as SIGPIPE would give)
 /// without a panic message. SIGPIPE itself stays ignored, as Rust sets it: a closed socket or
@@ -246,7 +230,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 addr: a.addr.clone(),
                 name: a.name.clone(),
                 poll: std::time::Duration::from_millis(a.poll_ms.max(1)),
-                limits: serve_limits(&a)?,
+                limits: limits::serve_limits(&a)?,
             },
             registry,
         ),

@@ -342,15 +342,18 @@ impl SparseTable {
             let hashes = &g.hashes;
             group_positions(ids.len(), STRIPES, |i| hashes[i] as usize & (STRIPES - 1), &mut g.order, &mut g.starts);
             debug_assert!(ids.first().is_none_or(|&id| stripe_of(id) == hashes[0] as usize & (STRIPES - 1)));
-            g.ids.clear();
-            g.ids.extend(g.order.iter().map(|&p| ids[p as usize]));
-            g.grouped.clear();
-            g.grouped.extend(g.order.iter().map(|&p| hashes[p as usize]));
+            g.ordered_ids.clear();
+            g.ordered_ids.extend(g.order.iter().map(|&p| ids[p as usize]));
+            g.ordered_hashes.clear();
+            g.ordered_hashes.extend(g.order.iter().map(|&p| hashes[p as usize]));
             for (s, stripe) in self.stripes.iter().enumerate() {
                 let at = g.starts[s]..g.starts[s + 1];
                 if !at.is_empty() {
-                    let group =
-                        Group { positions: &g.order[at.clone()], ids: &g.ids[at.clone()], hashes: &g.grouped[at] };
+                    let group = Group {
+                        positions: &g.order[at.clone()],
+                        ids: &g.ordered_ids[at.clone()],
+                        hashes: &g.ordered_hashes[at],
+                    };
                     f(&mut stripe.lock(), group);
                 }
             }
@@ -363,12 +366,12 @@ impl SparseTable {
 struct Grouping {
     /// Each id's hash, by position.
     hashes: Vec<u64>,
-    /// Positions stripe by stripe, and where each stripe's start.
+    /// Positions stripe by stripe, and where each stripe's part of them starts.
     order: Vec<u32>,
     starts: Vec<usize>,
     /// Ids and hashes in `order`.
-    ids: Vec<u64>,
-    grouped: Vec<u64>,
+    ordered_ids: Vec<u64>,
+    ordered_hashes: Vec<u64>,
 }
 
 /// Copies a row of a few floats. `copy_from_slice` of a length known only at run time becomes a
