@@ -1,5 +1,5 @@
 //! `cargo bench --bench sparse_table`: one server's sparse table in memory (no network), dim 10,
-//! per-dimension Adagrad: 10M rows inserted (`ROWS` to change), then batches of 50,000
+//! per-dimension Adagrad (`RULE=row_wise`: row-wise): 10M rows inserted (`ROWS` to change), then batches of 50,000
 //! Zipf-like keys pulled as drawn, pulled deduplicated and pushed. Prints keys per second,
 //! medians of 5 rounds. The draws are `oar bench` (b)'s ([`oar::bench::SparseDraws`]), so its
 //! "in memory" figures and these measure the same work (they differ by this VM's run-to-run
@@ -9,13 +9,17 @@ use std::time::Instant;
 
 use oar::bench::SparseDraws;
 use oar::table::sparse::SparseTable;
-use oar::table::{Init, Optimizer, SparseSpec};
+use oar::table::{Init, Optimizer, OptimizerKind, SparseSpec};
 
 fn main() {
     let rows: usize = std::env::var("ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
     let keys = 50_000usize;
-    let table =
-        SparseTable::new(SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05)));
+    // `RULE=row_wise`: Paddle's row-wise Adagrad (one accumulator a row) instead.
+    let optimizer = match std::env::var("RULE").as_deref() {
+        Ok("row_wise") => Optimizer::paddle(OptimizerKind::SparseAdagrad),
+        _ => Optimizer::adagrad(0.05),
+    };
+    let table = SparseTable::new(SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, optimizer));
     let SparseDraws { inserts, drawn, unique } = SparseDraws::new(rows, keys);
     let mut out = vec![0.0f32; keys * 10];
     let started = Instant::now();
