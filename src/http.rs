@@ -1,9 +1,12 @@
 //! The HTTP listener of `oar serve` and of every process's metrics endpoint, bounded so that
 //! a client cannot hold it: at most
-//! `connections` connections at once (more wait in the kernel's backlog until one ends), a
-//! request head must arrive within `read_timeout` of the connection waiting for one (an idle
-//! keep-alive connection included: hyper's header timer starts when it waits for a head), and a
-//! request body within `read_timeout` of its head ([`read_body`]).
+//! `connections` connections at once (more wait in the kernel's backlog until one ends), at
+//! most `per_address` of them from one address (more are answered 503 and closed, so one peer
+//! cannot take every place), a request head must arrive within `read_timeout` of the
+//! connection waiting for one (an idle keep-alive connection included: hyper's header timer
+//! starts when it waits for a head), and a request body within `read_timeout` of its head
+//! ([`read_body`]). The process counts the connections closed idle and those turned away
+//! ([`counts`], in every metrics sheet).
 //!
 //! Why not `axum::serve`: it sets no timer, so hyper's header timeout never runs, and it takes
 //! every connection offered. A client that opened connections and sent nothing held each one
@@ -11,8 +14,13 @@
 //! up the process's file descriptors: on a parameter server's or a trainer's metrics port, that
 //! would have starved the job itself of sockets and files.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode};
@@ -22,6 +30,8 @@ use axum::http::{HeaderMap, StatusCode};
 pub struct Limits {
     /// Connections served at once.
     pub connections: usize,
+    /// Connections served at once from one address.
+    pub per_address: usize,
     /// Longest wait for a request's head, or for its body after the head.
     pub read_timeout: Duration,
     /// Largest request body, in bytes.
@@ -42,12 +52,104 @@ pub async fn serve(
     }
 }
 
+/// Connections this process's listeners closed because no request head came within their read
+/// timeout.
+static CLOSED_IDLE: AtomicU64 = AtomicU64::new(0);
+/// Connections this process's listeners turned away because their address held its share.
+static TURNED_AWAY: AtomicU64 = AtomicU64::new(0);
+
+/// (connections closed idle, connections turned away) by this process's HTTP listeners.
+pub fn counts() -> (u64, u64) {
+    (CLOSED_IDLE.load(Relaxed), TURNED_AWAY.load(Relaxed))
+}
+
+/// Connections open per address.
+#[derive(Default)]
+struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection counted against its address until dropped.
+struct Held {
+    table: Arc<PerAddress>,
+    ip: IpAddr,
+}
+
+impl PerAddress {
+    /// Counts a connection from `ip`, unless it holds `most` already.
+    fn hold(table: &Arc<PerAddress>, ip: IpAddr, most: usize) -> Option<Held> {
+        let mut open = table.0.lock();
+        let n = open.entry(ip).or_insert(0);
+        if *n >= most {
+            return None;
+        }
+        *n += 1;
+        Some(Held { table: table.clone(), ip })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut open = self.table.0.lock();
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Turned-away connections being answered at once: past these, one is closed unanswered.
+const ANSWERING: usize = 64;
+
+/// Answers a connection over its address's share with a 503 and closes it. The answer is
+/// written, the connection shut for writing, and what the peer sends read and dropped until it
+/// closes (at most a second): closing with its request unread would reset the connection and
+/// could lose the answer. At most [`ANSWERING`] at once, so a flood of connections holds no more
+/// than that many sockets; past them one is closed unanswered.
+fn turn_away(stream: tokio::net::TcpStream, ip: IpAddr, most: usize, answering: &Arc<tokio::sync::Semaphore>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    TURNED_AWAY.fetch_add(1, Relaxed);
+    let Ok(permit) = answering.clone().try_acquire_owned() else { return };
+    let body =
+        format!("{ip} has {most} connections open, the most one address may hold (--max-connections-per-address)\n");
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            stream.write_all(answer.as_bytes()).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 4096];
+            let mut left = 64 << 10;
+            while left > 0 {
+                match stream.read(&mut sink).await? {
+                    0 => break,
+                    n => left -= n.min(left),
+                }
+            }
+            std::io::Result::Ok(())
+        })
+        .await;
+        drop(permit);
+    });
+}
+
 async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, limits: Limits) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections.max(1)));
+    let open = Arc::new(PerAddress::default());
+    let answering = Arc::new(tokio::sync::Semaphore::new(ANSWERING));
     loop {
         let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, held) = match listener.accept().await {
+            Ok((stream, peer)) => match PerAddress::hold(&open, peer.ip(), limits.per_address.max(1)) {
+                Some(held) => (stream, held),
+                None => {
+                    turn_away(stream, peer.ip(), limits.per_address, &answering);
+                    continue;
+                }
+            },
             Err(e) => {
                 // Out of file descriptors (or another passing failure): back off instead of
                 // spinning on the error, as the connections held end.
@@ -66,9 +168,12 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, limit
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
             if let Err(e) = served {
+                if e.is_timeout() {
+                    CLOSED_IDLE.fetch_add(1, Relaxed);
+                }
                 tracing::debug!("connection ended: {e}");
             }
-            drop(slot);
+            drop((slot, held));
         });
     }
 }

@@ -63,6 +63,21 @@ impl Sheet {
         self.0.register(name, help, g);
     }
 
+    /// The process's HTTP listeners' connection counts ([`crate::http::counts`]).
+    pub fn http_connections(&mut self) {
+        let (idle, turned_away) = crate::http::counts();
+        self.counter(
+            "http_connections_closed_idle",
+            "Connections to this process's HTTP ports closed for sending no request within the read timeout.",
+            idle,
+        );
+        self.counter(
+            "http_connections_turned_away",
+            "Connections to this process's HTTP ports turned away: their address held its share.",
+            turned_away,
+        );
+    }
+
     /// A gauge per value of one label (`label="value"`).
     pub fn gauges(&mut self, name: &str, help: &str, label: &str, values: &[(String, f64)]) {
         let family = Family::<Vec<(String, String)>, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
@@ -100,10 +115,15 @@ impl Sheet {
     }
 }
 
-/// What scrapers may hold of a metrics endpoint: a few connections, each closed when idle for
-/// 10 s (a scrape takes milliseconds; Prometheus reconnects), no request body.
-const SCRAPER_LIMITS: crate::http::Limits =
-    crate::http::Limits { connections: 64, read_timeout: std::time::Duration::from_secs(10), max_body: 0 };
+/// What scrapers may hold of a metrics endpoint: a few connections (16 from one address), each
+/// closed when idle for 10 s (a scrape takes milliseconds; Prometheus reconnects), no request
+/// body.
+const SCRAPER_LIMITS: crate::http::Limits = crate::http::Limits {
+    connections: 64,
+    per_address: 16,
+    read_timeout: std::time::Duration::from_secs(10),
+    max_body: 0,
+};
 
 /// A metrics endpoint serving until dropped.
 pub struct Exporter {

@@ -475,6 +475,11 @@ pub(super) struct ServeArgs {
     /// Connections served at once; more wait until one ends.
     #[arg(long, default_value_t = 1024)]
     pub(super) max_connections: usize,
+    /// Connections served at once from one address; more are answered 503 (behind a proxy,
+    /// whose connections all come from its address, raise it up to --max-connections)
+    /// [default: 256, or --max-connections if lower].
+    #[arg(long)]
+    pub(super) max_connections_per_address: Option<usize>,
     /// Seconds a connection may take to send a request's head (an idle one is closed after
     /// them) or its body after the head.
     #[arg(long, default_value_t = 30.0)]

@@ -57,6 +57,10 @@ pub fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(v))
 }
 
+/// `oar serve`'s connections from one address unless its flag says: a quarter of the default
+/// total, so one peer cannot take every place, and room for a proxy's keep-alive pool.
+const DEFAULT_PER_ADDRESS: usize = 256;
+
 /// `oar serve`'s bounds on a client, each flag checked.
 pub(super) fn serve_limits(a: &super::args::ServeArgs) -> anyhow::Result<crate::http::Limits> {
     anyhow::ensure!(
@@ -64,10 +68,17 @@ pub(super) fn serve_limits(a: &super::args::ServeArgs) -> anyhow::Result<crate::
         "--max-connections must be 1 to 65536, not {}",
         a.max_connections
     );
+    let per_address = a.max_connections_per_address.unwrap_or(DEFAULT_PER_ADDRESS.min(a.max_connections));
+    anyhow::ensure!(
+        (1..=a.max_connections).contains(&per_address),
+        "--max-connections-per-address must be 1 to --max-connections ({}), not {per_address}",
+        a.max_connections
+    );
     let read_timeout = seconds("read-timeout", a.read_timeout)?;
     anyhow::ensure!(!read_timeout.is_zero(), "--read-timeout must be above 0");
     Ok(crate::http::Limits {
         connections: a.max_connections,
+        per_address,
         read_timeout,
         max_body: a.max_body_mib.saturating_mul(1 << 20),
     })

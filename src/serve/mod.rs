@@ -144,6 +144,7 @@ impl Server {
     /// The Prometheus text of `GET /metrics`.
     fn metrics(&self) -> String {
         let mut sheet = crate::telemetry::Sheet::default();
+        sheet.http_connections();
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         sheet.counter("serve_requests", "Infer requests answered with scores.", n(&self.answered));
         sheet.counter("serve_samples", "Samples scored.", n(&self.samples));

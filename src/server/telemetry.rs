@@ -22,6 +22,7 @@ pub(super) struct Telemetry {
 pub(super) fn render(state: &State) -> String {
     let s = state.stats();
     let mut m = Sheet::default();
+    m.http_connections();
     m.counter("updates", "Updates applied (sync: steps; async: pushes).", s.version);
     m.counter("pulls", "Pull requests served.", s.pulls);
     m.counter("pushes", "Push requests received.", s.pushes);

@@ -50,6 +50,7 @@ impl TrainerTelemetry {
     pub fn render(&self) -> String {
         let f = |a: &AtomicU64| f64::from_bits(a.load(Relaxed));
         let mut m = Sheet::default();
+        m.http_connections();
         m.gauge("trainer", "This trainer's id.", self.trainer as f64);
         m.counter("trained_samples", "Samples trained on in this run.", self.samples.load(Relaxed));
         m.counter("steps", "Steps taken (the trainer's step number).", self.steps.load(Relaxed));

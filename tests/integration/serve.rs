@@ -245,6 +245,43 @@ fn idle_and_slow_clients_cannot_hold_the_server() {
     assert_eq!(post(&infer, &lines_request(&lines[..1])).0, 200, "still serving");
     let m = crate::telemetry::scrape(&addr);
     assert_eq!(crate::telemetry::value(&m, "oar_serve_refused_total", None), 1.0);
+    // The two idle connections closed by the read timeout, at least (a pooled client
+    // connection may have idled out too).
+    assert!(crate::telemetry::value(&m, "oar_http_connections_closed_idle_total", None) >= 2.0);
+}
+
+#[test]
+fn one_address_cannot_take_every_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, _, _) = trained(dir.path(), "1");
+    let s = serve(&model, &["--max-connections", "8", "--max-connections-per-address", "2"]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    // Two connections from 127.0.0.1 that send nothing hold its share. The listener takes
+    // connections in the order they were made and counts each as it takes it, so the third
+    // below is counted after these two, however slow the machine.
+    let idle: Vec<std::net::TcpStream> = (0..2).map(|_| std::net::TcpStream::connect(&addr).unwrap()).collect();
+    let ask = "GET /metrics HTTP/1.1\r\nHost: oar\r\nConnection: close\r\n\r\n";
+    let (status, body) = crate::util::request_from("127.0.0.1", &addr, ask);
+    assert!(status.starts_with("HTTP/1.1 503"), "{status}");
+    assert!(
+        body.contains("127.0.0.1 has 2 connections open") && body.contains("--max-connections-per-address"),
+        "{body}"
+    );
+    // Another address is served meanwhile, and the process counts what it turned away.
+    let (status, body) = crate::util::request_from("127.0.0.2", &addr, ask);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let m = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap();
+    assert_eq!(crate::telemetry::value(&m, "oar_http_connections_turned_away_total", None), 1.0);
+    drop(idle);
+    // A share above the total is refused at start, naming the flag.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["serve", "--model", model.to_str().unwrap(), "--addr", "127.0.0.1:0"])
+        .args(["--max-connections", "4", "--max-connections-per-address", "5"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max-connections-per-address must be 1 to --max-connections (4), not 5"), "{err}");
 }
 
 #[test]

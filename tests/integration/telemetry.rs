@@ -143,15 +143,30 @@ fn idle_connections_to_a_metrics_port_are_closed_and_scrapes_still_answered() {
         &["OAR_METRICS"],
     );
     let metrics = got[0].clone();
+    // 80 connections from one address: 16 (its share) are held until they idle out, the other
+    // 64 are answered 503 at once; the listener takes and counts them in the order they came.
     let idle: Vec<std::net::TcpStream> = (0..80).map(|_| std::net::TcpStream::connect(&metrics).unwrap()).collect();
-    let waiting = std::thread::spawn(move || value(&scrape(&metrics), "oar_applied_samples_total", None));
+    // Another address is answered meanwhile.
+    let other = crate::util::request_from(
+        "127.0.0.2",
+        &metrics,
+        "GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n",
+    );
+    assert!(other.0.starts_with("HTTP/1.1 200"), "{}", other.0);
+    let m = Scrape::parse(other.1.lines().map(|l| Ok(l.to_string()))).unwrap();
+    assert_eq!(value(&m, "oar_applied_samples_total", None), 0.0);
+    assert_eq!(value(&m, "oar_http_connections_turned_away_total", None), 64.0);
+    let mut turned_away = 0;
     for mut c in idle {
         // A bound far above the 10 s, so a server that never closes them fails the test.
         c.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
         let mut rest = Vec::new();
         c.read_to_end(&mut rest).expect("the idle connection was closed by the server");
+        turned_away += rest.starts_with(b"HTTP/1.1 503") as usize;
     }
-    assert_eq!(waiting.join().unwrap(), 0.0, "the scrape behind them was answered");
+    assert_eq!(turned_away, 64);
+    // With its share free again, the address is served.
+    assert_eq!(value(&scrape(&metrics), "oar_applied_samples_total", None), 0.0, "the scrape behind them was answered");
     server.kill().unwrap();
     server.wait().unwrap();
 }

@@ -448,3 +448,19 @@ pub fn census_split(dir: &Path) -> Option<(PathBuf, PathBuf)> {
     std::fs::write(test.join("part-00000"), lines[8000..].join("\n") + "\n").unwrap();
     Some((train, test))
 }
+
+/// A raw HTTP/1.1 request from a socket bound to `source` (another loopback address), read to
+/// its close: (status line, body).
+pub fn request_from(source: &str, addr: &str, request: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&format!("{source}:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    socket.connect(&addr.parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    let mut stream: std::net::TcpStream = socket.into();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("answered and closed within 60 s");
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (head.lines().next().unwrap_or("").to_string(), body.to_string())
+}
