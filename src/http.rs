@@ -14,16 +14,15 @@
 //! up the process's file descriptors: on a parameter server's or a trainer's metrics port, that
 //! would have starved the job itself of sockets and files.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode};
+
+use crate::per_address::PerAddress;
 
 /// How much of the server one client may hold, and for how long.
 #[derive(Clone, Copy, Debug)]
@@ -61,41 +60,6 @@ static TURNED_AWAY: AtomicU64 = AtomicU64::new(0);
 /// (connections closed idle, connections turned away) by this process's HTTP listeners.
 pub fn counts() -> (u64, u64) {
     (CLOSED_IDLE.load(Relaxed), TURNED_AWAY.load(Relaxed))
-}
-
-/// Connections open per address.
-#[derive(Default)]
-struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
-
-/// One connection counted against its address until dropped.
-struct Held {
-    table: Arc<PerAddress>,
-    ip: IpAddr,
-}
-
-impl PerAddress {
-    /// Counts a connection from `ip`, unless it holds `most` already.
-    fn hold(table: &Arc<PerAddress>, ip: IpAddr, most: usize) -> Option<Held> {
-        let mut open = table.0.lock();
-        let n = open.entry(ip).or_insert(0);
-        if *n >= most {
-            return None;
-        }
-        *n += 1;
-        Some(Held { table: table.clone(), ip })
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        let mut open = self.table.0.lock();
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
 }
 
 /// Turned-away connections being answered at once: past these, one is closed unanswered.
@@ -138,12 +102,12 @@ fn turn_away(stream: tokio::net::TcpStream, ip: IpAddr, most: usize, answering: 
 
 async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, limits: Limits) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections.max(1)));
-    let open = Arc::new(PerAddress::default());
+    let open = PerAddress::new(limits.per_address);
     let answering = Arc::new(tokio::sync::Semaphore::new(ANSWERING));
     loop {
         let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
         let (stream, held) = match listener.accept().await {
-            Ok((stream, peer)) => match PerAddress::hold(&open, peer.ip(), limits.per_address.max(1)) {
+            Ok((stream, peer)) => match open.hold(peer.ip()) {
                 Some(held) => (stream, held),
                 None => {
                     turn_away(stream, peer.ip(), limits.per_address, &answering);

@@ -24,6 +24,7 @@ pub mod model;
 pub mod model_export;
 pub mod nn;
 pub mod onnx;
+pub mod per_address;
 pub mod plot;
 pub mod predict;
 pub mod protocol;

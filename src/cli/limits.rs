@@ -15,6 +15,10 @@ pub struct LimitArgs {
     /// are refused with a clear error.
     #[arg(long, env = "OAR_MAX_CONNECTIONS", default_value_t = 512)]
     pub max_connections: usize,
+    /// Connections one address may hold before their handshake completes; more are refused
+    /// with a clear error, so one peer cannot take every place while trainers reconnect.
+    #[arg(long, env = "OAR_MAX_PENDING_PER_ADDRESS", default_value_t = 64)]
+    pub max_pending_per_address: usize,
     /// Seconds a new connection has to complete its handshake.
     #[arg(long, env = "OAR_HANDSHAKE_TIMEOUT", default_value_t = 10.0)]
     pub handshake_timeout: f64,
@@ -36,6 +40,7 @@ impl Default for LimitArgs {
         let d = Limits::default();
         LimitArgs {
             max_connections: d.max_connections,
+            max_pending_per_address: d.max_pending_per_address,
             handshake_timeout: d.handshake_timeout.as_secs_f64(),
             keepalive: d.keepalive.map_or(0.0, |k| k.as_secs_f64()),
             max_declare_mb: d.max_declare_bytes >> 20,
@@ -94,11 +99,13 @@ impl LimitArgs {
     /// The limits, each flag checked.
     pub fn limits(&self) -> anyhow::Result<Limits> {
         anyhow::ensure!(self.max_connections > 0, "--max-connections must be at least 1");
+        anyhow::ensure!(self.max_pending_per_address > 0, "--max-pending-per-address must be at least 1");
         let handshake_timeout = seconds("handshake-timeout", self.handshake_timeout)?;
         anyhow::ensure!(!handshake_timeout.is_zero(), "--handshake-timeout must be above 0");
         let keepalive = seconds("keepalive", self.keepalive)?;
         Ok(Limits {
             max_connections: self.max_connections,
+            max_pending_per_address: self.max_pending_per_address,
             handshake_timeout,
             // Below a second the kernel's keepalive has no unit to express it.
             keepalive: (!keepalive.is_zero()).then(|| keepalive.max(Duration::from_secs(1))),

@@ -119,6 +119,9 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// Connections open at once; more are refused with `Busy` (a trainer holds one per port).
     pub max_connections: usize,
+    /// Connections one address may hold before their handshake completes; more are refused
+    /// with `Busy`, so one peer cannot take every place while the job's trainers reconnect.
+    pub max_pending_per_address: usize,
     /// TCP keepalive after this long idle (probes every third of it, three missed: the peer's
     /// host is gone); `None`: off.
     pub keepalive: Option<Duration>,
@@ -134,6 +137,7 @@ impl Default for Limits {
             handshake_frame: 64 << 10,
             handshake_timeout: Duration::from_secs(10),
             max_connections: 512,
+            max_pending_per_address: 64,
             keepalive: Some(Duration::from_secs(30)),
             max_declare_bytes: 1 << 30,
             nonfinite: NonFinite::Fail,

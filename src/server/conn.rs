@@ -10,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{members, push, requests, Answer, Reply, State};
+use crate::per_address::Held;
 use crate::protocol::{
     auth, encode_values, read_frame, write_frame, Apply, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Request,
     Response, RowCreation, NOT_A_TRAINER, PROTOCOL_VERSION,
@@ -30,22 +31,27 @@ pub(super) async fn serve_connection(
     socket: TcpStream,
     port: usize,
     sparse_only: bool,
+    pending: Held,
 ) -> Result<(), ProtocolError> {
     let mut trainer = None;
-    let result = serve_requests(&state, socket, port, sparse_only, &mut trainer).await;
+    let mut pending = Some(pending);
+    let result = serve_requests(&state, socket, port, sparse_only, &mut trainer, &mut pending).await;
     if let Some(t) = trainer.filter(|t| *t < state.config.trainers as u64) {
         disconnected(&state, t);
     }
     result
 }
 
-/// Serves one connection's requests; `trainer` is set once a trainer's handshake succeeds.
+/// Serves one connection's requests; `trainer` is set once a trainer's handshake succeeds, and
+/// `pending` (the connection's place among its address's connections not yet through their
+/// handshake) is let go then.
 async fn serve_requests(
     state: &Arc<State>,
     socket: TcpStream,
     port: usize,
     sparse_only: bool,
     trainer: &mut Option<u64>,
+    pending: &mut Option<Held>,
 ) -> Result<(), ProtocolError> {
     socket.set_nodelay(true)?;
     let limits = &state.config.limits;
@@ -59,7 +65,7 @@ async fn serve_requests(
     match &state.config.tls {
         None => {
             let (rd, wr) = socket.into_split();
-            serve_frames(state, rd, wr, port, sparse_only, trainer).await
+            serve_frames(state, rd, wr, port, sparse_only, trainer, pending).await
         }
         Some(tls) => {
             // A peer that does not finish TLS within the handshake deadline holds nothing.
@@ -67,7 +73,7 @@ async fn serve_requests(
             match tokio::time::timeout(limits.handshake_timeout, accept).await {
                 Ok(Ok(stream)) => {
                     let (rd, wr) = tokio::io::split(stream);
-                    serve_frames(state, rd, wr, port, sparse_only, trainer).await
+                    serve_frames(state, rd, wr, port, sparse_only, trainer, pending).await
                 }
                 Ok(Err(e)) => Err(ProtocolError::Malformed(format!("TLS handshake failed: {e}"))),
                 Err(_) => Err(ProtocolError::Malformed(format!(
@@ -88,6 +94,7 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     port: usize,
     sparse_only: bool,
     trainer: &mut Option<u64>,
+    pending: &mut Option<Held>,
 ) -> Result<(), ProtocolError> {
     let limits = &state.config.limits;
     let mut buf = FrameBuf::default();
@@ -176,6 +183,10 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         };
         let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State | ErrorCode::Fenced, _))) && !greeted;
         greeted |= reply.is_ok();
+        if greeted {
+            // Through the handshake: no longer counted against the address's pending share.
+            pending.take();
+        }
         if let (Ok(_), Some(t), None) = (&reply, hello_from, *trainer) {
             *trainer = Some(t);
             if t < state.config.trainers as u64 {
@@ -425,9 +436,9 @@ impl Drop for Open {
     }
 }
 
-/// Tells a connection over the limit why it is closed, briefly, and closes it.
-pub(super) async fn refuse_busy(mut socket: TcpStream, max: usize) {
-    let message = format!("the server has {max} connections open, the most it takes (--max-connections)");
+/// Tells a connection over a limit why it is closed (`message`, naming the flag), briefly, and
+/// closes it.
+pub(super) async fn refuse_busy(mut socket: TcpStream, message: String) {
     let reply = Response::Error { code: ErrorCode::Busy, message };
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), write_frame(&mut socket, &reply.encode())).await;
 }

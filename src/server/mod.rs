@@ -96,6 +96,9 @@ struct State {
     recording: Mutex<()>,
     /// Connections open now (bounded by `--max-connections`).
     open: AtomicUsize,
+    /// Connections per address whose handshake has not completed (bounded by
+    /// `--max-pending-per-address`).
+    pending: Arc<crate::per_address::PerAddress>,
     /// Latencies and checkpoint times for the metrics endpoint.
     telemetry: telemetry::Telemetry,
 }
@@ -298,6 +301,7 @@ pub async fn run(
         step_errors: Mutex::new(BTreeMap::new()),
         recording: Mutex::new(()),
         open: AtomicUsize::new(0),
+        pending: crate::per_address::PerAddress::new(config.limits.max_pending_per_address),
         telemetry: telemetry::Telemetry::default(),
         config,
     });
@@ -416,12 +420,31 @@ pub async fn run(
                                  (--max-connections)",
                                 state.config.limits.max_connections
                             ));
-                            tokio::spawn(conn::refuse_busy(socket, state.config.limits.max_connections));
+                            let message = format!(
+                                "the server has {} connections open, the most it takes (--max-connections)",
+                                state.config.limits.max_connections
+                            );
+                            tokio::spawn(conn::refuse_busy(socket, message));
+                            continue;
+                        };
+                        let Some(pending) = state.pending.hold(peer.ip()) else {
+                            let most = state.pending.most();
+                            quiet.warn(format_args!(
+                                "connection from {peer} refused: its address has {most} connections not yet \
+                                 through their handshake, the most one address may hold (--max-pending-per-address)"
+                            ));
+                            let message = format!(
+                                "{} has {most} connections not yet through their handshake, the most one address \
+                                 may hold (--max-pending-per-address)",
+                                peer.ip()
+                            );
+                            tokio::spawn(conn::refuse_busy(socket, message));
                             continue;
                         };
                         let state = state.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = conn::serve_connection(state.clone(), socket, port, sparse_only).await {
+                            let served = conn::serve_connection(state.clone(), socket, port, sparse_only, pending);
+                            if let Err(e) = served.await {
                                 state.broken.lock().warn(format_args!("connection from {peer} closed on error: {e}"));
                             }
                             drop(open);

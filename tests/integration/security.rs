@@ -302,3 +302,58 @@ fn without_a_secret_a_peer_cannot_pin_memory_hold_every_connection_or_poison_the
     server.kill().unwrap();
     let _ = server.wait();
 }
+
+/// One address cannot take every place of a server with connections that never finish their
+/// handshake: past `--max-pending-per-address` it is refused with a reason, while a client
+/// already through its handshake keeps working and another address is served.
+#[test]
+fn one_address_cannot_hold_every_place_before_the_handshake() {
+    let (mut server, addr) = pserver(&[
+        "--trainers",
+        "1",
+        "--max-connections",
+        "16",
+        "--max-pending-per-address",
+        "2",
+        "--handshake-timeout",
+        "60",
+    ]);
+    // A trainer's client through its handshake first: it is not pending.
+    let config = ClientConfig {
+        trainer: Some(0),
+        ..ClientConfig::new(vec![addr.clone()], "open", Duration::from_secs(10), Duration::from_secs(10))
+    };
+    let mut c = Client::connect(&config).unwrap();
+    // Two silent connections from 127.0.0.1 fill its pending share (the listener takes
+    // connections in the order they were made and counts each as it takes it).
+    let silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let m = refusal(TcpStream::connect(&addr).unwrap());
+    assert!(
+        m.contains("127.0.0.1 has 2 connections not yet through their handshake")
+            && m.contains("--max-pending-per-address"),
+        "{m}"
+    );
+    // Another address gets through its handshake meanwhile.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&"127.0.0.2:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    socket.connect(&addr.parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    let mut other: TcpStream = socket.into();
+    other.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        job: "open".into(),
+        num_servers: 1,
+        server_index: 0,
+        trainer: oar::protocol::NOT_A_TRAINER,
+        epoch: 0,
+    };
+    other.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
+    let mut buf = FrameBuf::default();
+    let kind = read_frame_blocking(&mut other, &mut buf, 1 << 20).unwrap();
+    assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Welcome { .. }), "welcomed");
+    // The client through its handshake still works.
+    assert_eq!(c.stats().unwrap().len(), 1);
+    drop(silent);
+    server.kill().unwrap();
+    let _ = server.wait();
+}
