@@ -43,7 +43,8 @@ impl PerAddress {
     }
 
     /// Connections `ip` holds now.
-    pub fn held(&self, ip: IpAddr) -> usize {
+    #[cfg(test)]
+    fn held(&self, ip: IpAddr) -> usize {
         self.open.lock().get(&ip).copied().unwrap_or(0)
     }
 }

@@ -415,29 +415,22 @@ pub async fn run(
                 match listener.accept().await {
                     Ok((socket, peer)) => {
                         let Some(open) = conn::Open::count(&state) else {
-                            quiet.warn(format_args!(
-                                "connection from {peer} refused: {} open, the most this server takes \
-                                 (--max-connections)",
-                                state.config.limits.max_connections
-                            ));
                             let message = format!(
                                 "the server has {} connections open, the most it takes (--max-connections)",
                                 state.config.limits.max_connections
                             );
+                            quiet.warn(format_args!("connection from {peer} refused: {message}"));
                             tokio::spawn(conn::refuse_busy(socket, message));
                             continue;
                         };
                         let Some(pending) = state.pending.hold(peer.ip()) else {
-                            let most = state.pending.most();
-                            quiet.warn(format_args!(
-                                "connection from {peer} refused: its address has {most} connections not yet \
-                                 through their handshake, the most one address may hold (--max-pending-per-address)"
-                            ));
                             let message = format!(
-                                "{} has {most} connections not yet through their handshake, the most one address \
+                                "{} has {} connections not yet through their handshake, the most one address \
                                  may hold (--max-pending-per-address)",
-                                peer.ip()
+                                peer.ip(),
+                                state.pending.most()
                             );
+                            quiet.warn(format_args!("connection from {peer} refused: {message}"));
                             tokio::spawn(conn::refuse_busy(socket, message));
                             continue;
                         };

@@ -278,7 +278,8 @@ impl Index {
     /// Rebuilds the index for `rows` rows numbered 0.. whose hashes `hashes` yields in row
     /// order, sized so the rows fill 4/5 of the slots.
     ///
-    /// The slots are sorted by home bucket first (a counting sort) and the buckets then
+    /// The rows are grouped by home bucket first ([`crate::layout::group_positions`], a counting
+    /// sort) and the buckets then
     /// written in order, each whole: placing the rows one by one wrote the new buckets at
     /// random and zeroed them first, and rebuilds were most of an insert's time (measured:
     /// 2.4x faster inserts at 10M rows). A bucket that gets more than its slots passes the
@@ -290,43 +291,27 @@ impl Index {
         // The old buckets go back to the pool before the new ones are taken.
         *self = Index::new();
         let mut fresh = Index { live, ..Index::with_buckets_zeroed(buckets, false) };
-        let homes: Vec<(u32, u32)> = hashes
-            .enumerate()
-            .map(|(row, hash)| (fresh.home(hash) as u32, (row as u32 + 1) << 8 | tag(hash)))
-            .collect();
-        let mut start = vec![0u32; buckets + 1];
-        for &(b, _) in &homes {
-            start[b as usize + 1] += 1;
-        }
+        let hashes: Vec<u64> = hashes.collect();
+        let (mut order, mut start) = (Vec::new(), Vec::new());
+        crate::layout::group_positions(hashes.len(), buckets, |row| fresh.home(hashes[row]), &mut order, &mut start);
+        let slot = |row: u32| (row + 1) << 8 | tag(hashes[row as usize]);
+        // Rows passed on from earlier buckets: `order[from..]` up to this bucket's end not yet placed.
+        let mut from = 0;
         for b in 0..buckets {
-            start[b + 1] += start[b];
-        }
-        let mut sorted = vec![0u32; homes.len()];
-        let mut next = start.clone();
-        for &(b, slot) in &homes {
-            sorted[next[b as usize] as usize] = slot;
-            next[b as usize] += 1;
-        }
-        drop(homes);
-        // Slots passed on from earlier buckets: `sorted[from..to]` not yet placed.
-        let (mut from, mut wrapped) = (0usize, 0usize);
-        for b in 0..buckets {
-            let to = start[b + 1] as usize;
+            let n = (start[b + 1] - from).min(BUCKET);
             let bucket = fresh.bucket_mut(b);
-            let n = (to - from).min(BUCKET);
-            bucket[..n].copy_from_slice(&sorted[from..from + n]);
+            for (s, &row) in bucket.iter_mut().zip(&order[from..from + n]) {
+                *s = slot(row);
+            }
             bucket[n..].fill(EMPTY);
             from += n;
-            if b + 1 == buckets {
-                wrapped = to - from;
-            }
         }
         // What the last bucket could not hold goes on from bucket 0, into its first empty slots.
         let mut b = 0;
-        for &slot in &sorted[sorted.len() - wrapped..] {
+        for &row in &order[from..] {
             loop {
                 if let Some(k) = fresh.bucket(b).0.iter().position(|&s| s == EMPTY) {
-                    fresh.bucket_mut(b)[k] = slot;
+                    fresh.bucket_mut(b)[k] = slot(row);
                     break;
                 }
                 b += 1;
