@@ -137,7 +137,11 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, limit
                 }
                 tracing::debug!("connection ended: {e}");
             }
-            drop((slot, held));
+            // The address's count first: the place freed wakes the accept loop, which counts the
+            // next connection against its address at once (a share equal to the total would
+            // otherwise turn away a client that waited for this very place).
+            drop(held);
+            drop(slot);
         });
     }
 }
