@@ -44,8 +44,10 @@ fn fits_frames(spec: &crate::table::TableSpec, servers: usize, max_frame: usize)
     let max_floats = max_frame / 4;
     let total = spec.dense.params.iter().try_fold(0usize, |sum, p| sum.checked_add(p.len));
     // Blocks are dealt round-robin: no server holds more than its rounded-up share of them.
-    let share =
-        total.map(|t| (t.div_ceil(spec.dense.block_size).div_ceil(servers.max(1)) * spec.dense.block_size).min(t));
+    // Checked: a declaration's numbers come from the network, and a product that wrapped
+    // passed this check once (a share of 6 floats for 1.7e19 declared, then an abort).
+    let bs = spec.dense.block_size.max(1);
+    let share = total.and_then(|t| t.div_ceil(bs).div_ceil(servers.max(1)).checked_mul(bs).map(|s| s.min(t)));
     match share {
         Some(share) if share <= max_floats => {}
         _ => {
@@ -74,7 +76,8 @@ fn within_budget(spec: &crate::table::TableSpec, servers: usize, budget: u64) ->
     if let Some(t) = spec.sparse.iter().find(|t| t.dim > MAX_DIM) {
         return Err(format!("sparse table {}: rows of {} floats, at most {MAX_DIM}", t.name, t.dim));
     }
-    let dense: u64 = spec.dense.params.iter().map(|p| p.len as u64).sum::<u64>() / servers.max(1) as u64 * 12;
+    let floats = spec.dense.params.iter().fold(0u64, |sum, p| sum.saturating_add(p.len as u64));
+    let dense = (floats / servers.max(1) as u64).saturating_mul(12);
     let sparse = crate::table::empty_sparse_bytes(spec);
     let bytes = dense.saturating_add(sparse);
     if bytes > budget {

@@ -394,6 +394,12 @@ fn declarations_and_pulls_too_big_for_a_frame_are_refused_before_allocating() {
     };
     let m = too_large(c.declare(&huge).unwrap_err());
     assert!(m.contains("frame limit of 1 MiB"), "{m}");
+    // Numbers whose share of blocks wrapped to 6 floats (and the budget to 4 bytes): the server
+    // then asked for 6.7e18 bytes and aborted.
+    let mut wrapping = spec();
+    (wrapping.dense.params[0].len, wrapping.dense.block_size) = (16_909_515_400_900_422_315, 1_676_976_733_973_595_602);
+    let m = too_large(c.declare(&wrapping).unwrap_err());
+    assert!(m.contains("169095154009004223") && m.contains("frame limit"), "{m}");
     c.declare(&spec()).unwrap();
     // 30,000 rows of dim 10 are 1.2 MB of reply: over the 1 MiB limit.
     let ids: Vec<u64> = (0..30_000).collect();
