@@ -157,6 +157,28 @@ fn a_batch_never_evicts_its_own_rows() {
 }
 
 #[test]
+fn an_id_repeated_in_one_push_gets_one_row_and_every_update() {
+    // Oar's trainers never repeat an id in a push; another peer may. Under a capacity an
+    // admitted newcomer once got a row per occurrence, filling the table with copies.
+    for entry in [Entry::All, Entry::Count(1)] {
+        let t = SparseTable::new(SparseSpec { entry, capacity: Some(64 * 4), ..spec() });
+        push(&t, &[7, 7, 7, 8], 1.0, 1.0);
+        let all = rows(&t);
+        assert_eq!(all.keys().copied().collect::<Vec<_>>(), vec![7, 8]);
+        assert_eq!(t.lifecycle().admitted, 2);
+        // Each occurrence counted and applied (SGD at rate 1, 0.5 a time): 3 shows, 3 clicks.
+        for (id, n) in [(7, 3.0), (8, 1.0)] {
+            let (row, mut start) = (&all[&id], [0.0; 3]);
+            spec().init_row(id, &mut start);
+            assert_eq!((row[3], row[4]), (n, n), "id {id}");
+            for d in 0..3 {
+                assert!((row[d] - (start[d] - 0.5 * n)).abs() < 1e-6, "id {id}: {row:?} from {start:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn shrink_decays_and_deletes_as_paddle_does() {
     let a = Accessor {
         show_click_decay_rate: 0.5,

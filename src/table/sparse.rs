@@ -155,6 +155,12 @@ impl SparseTable {
         if new.is_empty() {
             return;
         }
+        // Ids are unique within a push from oar's trainers, but not from any peer: a repeated
+        // newcomer gets one row (found again below for its other positions), not one each.
+        let before = new.len();
+        let mut distinct = hashbrown::HashSet::with_capacity(new.len());
+        new.retain(|&k| distinct.insert(ids[k]));
+        let repeated = new.len() < before;
         if let Some(cap) = self.stripe_capacity {
             let over = (stripe.len() + new.len()).saturating_sub(cap);
             if over > 0 {
@@ -181,6 +187,9 @@ impl SparseTable {
                 stripe.counts.admitted += 1;
                 found[k] = row;
             }
+        }
+        if repeated {
+            self.resolve(stripe, group, Resolve { create: false, whole: true }, found);
         }
     }
 
