@@ -289,6 +289,25 @@ pub(super) struct TasksArgs {
     /// rows (`experts`), in [-1, 1].
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(super) correlation: f64,
+    /// Sine terms per task's score (`sines`; the paper's 10 unless asked), 1 to 100.
+    #[arg(long, default_value_t = crate::data::gen_tasks::SINES)]
+    pub(super) sines: usize,
+    /// Slope of each click probability in the standardized score: the higher, the less noise
+    /// in the labels.
+    #[arg(long, default_value_t = crate::data::gen_tasks::SHARPNESS)]
+    pub(super) sharpness: f64,
+}
+
+impl TasksArgs {
+    /// The relation asked for.
+    pub(super) fn relation(&self) -> crate::data::gen_tasks::Relation {
+        crate::data::gen_tasks::Relation {
+            effect: self.effect,
+            correlation: self.correlation,
+            sines: self.sines,
+            sharpness: self.sharpness,
+        }
+    }
 }
 
 #[derive(Args)]

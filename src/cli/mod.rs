@@ -428,7 +428,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }
         Command::Gen { what: GenCommand::Tasks(a) } => {
             let started = Instant::now();
-            let r = crate::data::gen_tasks::generate(&gen_config(&a.gen), a.effect, a.correlation)?;
+            let r = crate::data::gen_tasks::generate(&gen_config(&a.gen), &a.relation())?;
             print_generated(&a.gen, &r.report, started);
             println!(
                 "labels: task1 and task2 (planted AUCs {}); read it with examples/zoo/mmoe_tasks.toml, ple_tasks.toml or shared_bottom_tasks.toml",

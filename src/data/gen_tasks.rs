@@ -5,13 +5,15 @@
 //!
 //! Inputs `x`: 100 independent standard normals. Each task's score `s_t` is standardized with its
 //! mean and standard deviation over 10,000 lines of a separate stream, and
-//! `label_t ~ Bernoulli(sigmoid(3 z_t))`, `z_t` the standardized score.
+//! `label_t ~ Bernoulli(sigmoid(k z_t))`, `z_t` the standardized score, `k` the sharpness
+//! (`--sharpness`, 3 unless asked: the higher, the less label noise).
 //!
 //! - `--effect sines`, the synthetic setting of the MMoE paper (Ma et al., KDD 2018, section
 //!   4.1) with its regression labels turned into clicks: two orthogonal unit vectors `u1`, `u2`,
 //!   `w1 = u1` and `w2 = r u1 + sqrt(1 - r^2) u2` (the tasks' linear parts correlated `r`);
-//!   `s_t = w_t . x + sum over 10 terms of sin(a_i w_t . x + b_i)` (`a_i`, `b_i` standard
-//!   normals shared by the tasks, as in the paper). The paper found a shared bottom losing to
+//!   `s_t = w_t . x + sum over m terms of sin(a_i w_t . x + b_i)` (`a_i`, `b_i` standard
+//!   normals shared by the tasks, as in the paper; `m = --sines`, 10 as in the paper unless
+//!   asked). The paper found a shared bottom losing to
 //!   MMoE's gates as the correlation falls; not reproduced here (README "A task relation").
 //! - `--effect experts`, a planted mixture of experts: 4 shared experts, each a linear function
 //!   `v_k . x` (unit `v_k`), mixed per task by a softmax gate over `2 G_t x` (`G_t`: 4 unit rows;
@@ -33,9 +35,11 @@ use crate::layout::mix64;
 
 /// Dense inputs per line.
 pub const INPUTS: usize = 100;
-/// Sine terms per score.
+/// Sine terms per score unless asked (the paper's).
 pub const SINES: usize = 10;
-/// Slope of the click probability in the standardized score.
+/// The most sine terms: their draws come before the experts' (from `4 INPUTS` on).
+pub const MOST_SINES: usize = INPUTS;
+/// Slope of the click probability in the standardized score unless asked.
 pub const SHARPNESS: f64 = 3.0;
 /// Lines of stream 3 that fix each score's mean and standard deviation.
 const CALIBRATION_LINES: u64 = 10_000;
@@ -55,6 +59,35 @@ pub enum Effect {
     Experts,
 }
 
+/// What `oar gen tasks` plants: the relation, the tasks' correlation, the sine terms of
+/// `--effect sines` and the labels' sharpness.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Relation {
+    /// The planted relation.
+    pub effect: Effect,
+    /// In [-1, 1]: of the linear parts (`sines`), about that of the gates' rows (`experts`).
+    pub correlation: f64,
+    /// Sine terms per score (`sines`), 1 to [`MOST_SINES`].
+    pub sines: usize,
+    /// Slope of the click probability in the standardized score, in (0, 100].
+    pub sharpness: f64,
+}
+
+impl Relation {
+    /// `effect` at `correlation`, with the paper's 10 sines and sharpness 3.
+    pub fn new(effect: Effect, correlation: f64) -> Relation {
+        Relation { effect, correlation, sines: SINES, sharpness: SHARPNESS }
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        let Relation { correlation, sines, sharpness, .. } = *self;
+        anyhow::ensure!((-1.0..=1.0).contains(&correlation), "--correlation must be in [-1, 1], got {correlation}");
+        anyhow::ensure!((1..=MOST_SINES).contains(&sines), "--sines must be 1 to {MOST_SINES}, got {sines}");
+        anyhow::ensure!(sharpness > 0.0 && sharpness <= 100.0, "--sharpness must be in (0, 100], got {sharpness}");
+        Ok(())
+    }
+}
+
 /// The planted experts and gates of `--effect experts`.
 #[derive(Clone, Debug)]
 struct Mixture {
@@ -66,7 +99,8 @@ struct Mixture {
 #[derive(Clone, Debug)]
 struct Planted {
     w: [[f64; INPUTS]; 2],
-    sines: [(f64, f64); SINES],
+    sines: Vec<(f64, f64)>,
+    sharpness: f64,
     /// `Some` for `--effect experts`, which then ignores `w` and `sines`.
     mixture: Option<Mixture>,
     /// Each task's score mean and standard deviation.
@@ -116,7 +150,8 @@ impl Mixture {
 }
 
 impl Planted {
-    fn new(seed: u64, effect: Effect, correlation: f64) -> Planted {
+    fn new(seed: u64, relation: &Relation) -> Planted {
+        let Relation { effect, correlation, .. } = *relation;
         let d = Draws { base: mix64(seed ^ 0x7a5c) };
         let mut u1 = [0.0; INPUTS];
         let mut u2 = [0.0; INPUTS];
@@ -134,12 +169,12 @@ impl Planted {
         for k in 0..INPUTS {
             w2[k] = r * u1[k] + (1.0 - r * r).sqrt() * u2[k];
         }
-        let mut sines = [(0.0, 0.0); SINES];
-        for (i, s) in sines.iter_mut().enumerate() {
-            *s = (d.normal((2 * INPUTS + 2 * i) as u64), d.normal((2 * INPUTS + 2 * i + 1) as u64));
-        }
+        let sines = (0..relation.sines)
+            .map(|i| (d.normal((2 * INPUTS + 2 * i) as u64), d.normal((2 * INPUTS + 2 * i + 1) as u64)))
+            .collect();
         let mixture = (effect == Effect::Experts).then(|| Mixture::new(&d, correlation));
-        let mut planted = Planted { w: [u1, w2], sines, mixture, scale: [(0.0, 1.0); 2] };
+        let sharpness = relation.sharpness;
+        let mut planted = Planted { w: [u1, w2], sines, sharpness, mixture, scale: [(0.0, 1.0); 2] };
         let mut sums = [(0.0, 0.0); 2];
         for line in 0..CALIBRATION_LINES {
             let s = planted.scores(&inputs(seed, 3, line));
@@ -167,7 +202,7 @@ impl Planted {
     /// Each task's click probability of inputs `x`.
     fn probabilities(&self, x: &[f64; INPUTS]) -> [f64; 2] {
         let s = self.scores(x);
-        [0, 1].map(|k| sigmoid(SHARPNESS * (s[k] - self.scale[k].0) / self.scale[k].1))
+        [0, 1].map(|k| sigmoid(self.sharpness * (s[k] - self.scale[k].0) / self.scale[k].1))
     }
 }
 
@@ -210,11 +245,11 @@ fn write_line(planted: &Planted, seed: u64, stream: u64, line: u64, out: &mut Ve
     (labels[0], p[0])
 }
 
-/// Generates the data set described by `config`: tasks related by `effect`, correlated
-/// `correlation`.
-pub fn generate(config: &GenConfig, effect: Effect, correlation: f64) -> anyhow::Result<TasksGenReport> {
-    anyhow::ensure!((-1.0..=1.0).contains(&correlation), "--correlation must be in [-1, 1], got {correlation}");
-    let planted = Planted::new(config.seed, effect, correlation);
+/// Generates the data set described by `config`: tasks related as `relation` says.
+pub fn generate(config: &GenConfig, relation: &Relation) -> anyhow::Result<TasksGenReport> {
+    relation.check()?;
+    let Relation { effect, correlation, sines, sharpness } = *relation;
+    let planted = Planted::new(config.seed, relation);
     let report = write_parts(config, &|seed, stream, line, out| write_line(&planted, seed, stream, line, out))?;
     // The second task's planted AUC on the test lines (the report's is the first task's).
     let (labels, probs): (Vec<f32>, Vec<f32>) = (0..config.test_lines)
@@ -227,10 +262,10 @@ pub fn generate(config: &GenConfig, effect: Effect, correlation: f64) -> anyhow:
         "correlation": correlation,
         "effect": format!("{effect:?}").to_lowercase(),
         "inputs": INPUTS,
-        "sines": SINES,
+        "sines": sines,
         "experts": EXPERTS,
         "gate_sharpness": GATE_SHARPNESS,
-        "sharpness": SHARPNESS,
+        "sharpness": sharpness,
         "oracle_test_auc": [report.oracle_test_auc, crate::metrics::auc(&probs, &labels)],
         "format": "plain: task1 task2 x1 .. x100",
     });
@@ -252,22 +287,41 @@ mod tests {
     #[test]
     fn the_tasks_linear_parts_have_the_asked_correlation() {
         for r in [0.0, 0.5, -0.9, 1.0] {
-            let p = Planted::new(4, Effect::Sines, r);
+            let p = Planted::new(4, &Relation::new(Effect::Sines, r));
             assert!((dot(&p.w[0], &p.w[0]) - 1.0).abs() < 1e-12 && (dot(&p.w[1], &p.w[1]) - 1.0).abs() < 1e-12);
             assert!((dot(&p.w[0], &p.w[1]) - r).abs() < 1e-12, "r {r}");
             // Standardized scores: mean 0 and standard deviation 1 on the calibration stream.
             assert!(p.scale.iter().all(|&(_, sd)| sd > 0.1));
         }
         // Equal tasks at correlation 1: the same probabilities.
-        let p = Planted::new(4, Effect::Sines, 1.0);
+        let p = Planted::new(4, &Relation::new(Effect::Sines, 1.0));
         let x = inputs(4, 1, 9);
         let q = p.probabilities(&x);
         assert!((q[0] - q[1]).abs() < 1e-9);
     }
 
     #[test]
+    fn more_sines_and_a_sharper_slope_are_the_same_formula_with_other_constants() {
+        let paper = Planted::new(5, &Relation::new(Effect::Sines, 0.5));
+        let asked = Planted::new(5, &Relation { sines: 20, sharpness: 10.0, ..Relation::new(Effect::Sines, 0.5) });
+        // The first 10 sine terms are the paper's draws, the next 10 new ones.
+        assert_eq!((paper.sines.len(), asked.sines.len()), (10, 20));
+        assert_eq!(paper.sines[..], asked.sines[..10]);
+        assert_eq!(paper.w, asked.w);
+        // By hand at one line: the score, then sigmoid(10 z) of the standardized score.
+        let x = inputs(5, 1, 3);
+        for t in 0..2 {
+            let z = dot(&asked.w[t], &x);
+            let s = z + asked.sines.iter().map(|(a, b)| (a * z + b).sin()).sum::<f64>();
+            let (mean, sd) = asked.scale[t];
+            let want = 1.0 / (1.0 + (-10.0 * (s - mean) / sd).exp());
+            assert!((asked.probabilities(&x)[t] - want).abs() < 1e-12);
+        }
+    }
+
+    #[test]
     fn lines_are_reproducible_plain_text_with_two_labels_and_the_inputs() {
-        let planted = Planted::new(2, Effect::Sines, 0.0);
+        let planted = Planted::new(2, &Relation::new(Effect::Sines, 0.0));
         let (mut a, mut b, mut labels) = (Vec::new(), Vec::new(), Vec::new());
         for line in 0..300 {
             write_line(&planted, 2, 1, line, &mut a);
@@ -282,17 +336,22 @@ mod tests {
             assert_eq!([v[0] as f32, v[1] as f32], *y);
         }
         let dir = tempfile::tempdir().unwrap();
-        assert!(generate(
-            &GenConfig { lines: 1, test_lines: 1, seed: 1, parts: 1, out: dir.path().into() },
-            Effect::Sines,
-            1.5
-        )
-        .is_err());
+        let config = GenConfig { lines: 1, test_lines: 1, seed: 1, parts: 1, out: dir.path().into() };
+        let sines = Relation::new(Effect::Sines, 0.0);
+        for (bad, says) in [
+            (Relation { correlation: 1.5, ..sines }, "--correlation must be in [-1, 1], got 1.5"),
+            (Relation { sines: 0, ..sines }, "--sines must be 1 to 100, got 0"),
+            (Relation { sines: 101, ..sines }, "--sines must be 1 to 100, got 101"),
+            (Relation { sharpness: f64::NAN, ..sines }, "--sharpness must be in (0, 100], got NaN"),
+            (Relation { sharpness: 0.0, ..sines }, "--sharpness must be in (0, 100], got 0"),
+        ] {
+            assert_eq!(generate(&config, &bad).unwrap_err().to_string(), says);
+        }
     }
 
     #[test]
     fn the_experts_effect_mixes_four_linear_experts_by_each_tasks_softmax_gate() {
-        let p = Planted::new(3, Effect::Experts, 0.0);
+        let p = Planted::new(3, &Relation::new(Effect::Experts, 0.0));
         let m = p.mixture.as_ref().unwrap();
         let x = inputs(3, 1, 5);
         // By hand: softmax weights of 2 G_t x, then the weighted sum of v_k . x.
@@ -308,7 +367,7 @@ mod tests {
         // Independent gates at correlation 0 weigh the experts differently...
         assert!((s[0] - s[1]).abs() > 1e-6);
         // ...and equal gates at correlation 1 give equal tasks.
-        let q = Planted::new(3, Effect::Experts, 1.0);
+        let q = Planted::new(3, &Relation::new(Effect::Experts, 1.0));
         let x = inputs(3, 1, 9);
         let pr = q.probabilities(&x);
         assert!((pr[0] - pr[1]).abs() < 1e-9);
@@ -318,6 +377,9 @@ mod tests {
             assert!((dot(v, v) - 1.0).abs() < 1e-12);
         }
         // The sines effect still writes what it wrote before the experts existed.
-        assert_eq!(Planted::new(3, Effect::Sines, 0.0).w, Planted::new(3, Effect::Experts, 0.0).w);
+        assert_eq!(
+            Planted::new(3, &Relation::new(Effect::Sines, 0.0)).w,
+            Planted::new(3, &Relation::new(Effect::Experts, 0.0)).w
+        );
     }
 }

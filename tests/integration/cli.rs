@@ -206,7 +206,11 @@ fn local_training_stops_at_a_non_finite_step_naming_it_or_skips_it() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let cfg = oar::data::gen::GenConfig { lines: 600, test_lines: 100, seed: 1, parts: 1, out: data.clone() };
-    oar::data::gen_tasks::generate(&cfg, oar::data::gen_tasks::Effect::Experts, 0.0).unwrap();
+    oar::data::gen_tasks::generate(
+        &cfg,
+        &oar::data::gen_tasks::Relation::new(oar::data::gen_tasks::Effect::Experts, 0.0),
+    )
+    .unwrap();
     let job = std::fs::read_to_string(zoo_job("mmoe_tasks")).unwrap();
     let from = r#"{ output = "task1", loss = "log_loss", label = "task1" }"#;
     assert!(job.contains(from));

@@ -132,7 +132,7 @@ fn sequence_multitask_and_gate_models_train_the_same_in_sync_2x2_as_locally_at_t
         out: dir.path().join(name),
     };
     gen_sequences::generate(&config("sequences"), gen_sequences::Effect::Order).unwrap();
-    gen_tasks::generate(&config("tasks"), gen_tasks::Effect::Experts, 0.0).unwrap();
+    gen_tasks::generate(&config("tasks"), &gen_tasks::Relation::new(gen_tasks::Effect::Experts, 0.0)).unwrap();
     gen_conversions::generate(&config("conversions")).unwrap();
     let (criteo, _) = gen_data(&dir.path().join("criteo"), 2, STEPS * B as u64, 10);
     let train = |family: &str| dir.path().join(family).join("train");

@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use crate::util::*;
+use oar::data::gen_tasks::{Effect, Relation};
 use oar::server::Mode;
 
 /// Each head's test AUC after the last pass, from trainer 0's report.
@@ -140,11 +141,11 @@ struct GeneratedTasks {
 }
 
 impl GeneratedTasks {
-    fn new(effect: oar::data::gen_tasks::Effect) -> GeneratedTasks {
+    fn new(relation: oar::data::gen_tasks::Relation) -> GeneratedTasks {
         let dir = tempfile::tempdir().unwrap();
         let config =
             oar::data::gen::GenConfig { lines: 100_000, test_lines: 20_000, seed: 1, parts: 2, out: dir.path().into() };
-        let generated = oar::data::gen_tasks::generate(&config, effect, 0.0).unwrap();
+        let generated = oar::data::gen_tasks::generate(&config, &relation).unwrap();
         let oracle = serde_json::from_value(generated.planted["oracle_test_auc"].clone()).unwrap();
         let test = oar::config::resolve_files(&dir.path().join("test")).unwrap();
         GeneratedTasks { dir, oracle, test }
@@ -174,7 +175,7 @@ impl GeneratedTasks {
 /// measured in the README (5 seeds, against FuxiCTR), not here.
 #[test]
 fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_servers() {
-    let tasks = GeneratedTasks::new(oar::data::gen_tasks::Effect::Sines);
+    let tasks = GeneratedTasks::new(Relation::new(Effect::Sines, 0.0));
     let oracle = &tasks.oracle;
     let check = |name: &str, aucs: &[f64]| {
         eprintln!("gen tasks: {name} task AUCs {aucs:?}, planted {oracle:?}");
@@ -206,7 +207,7 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
 /// 0.9024; pulling ahead, before it was off by default, gave 0.8875 / 0.8924).
 #[test]
 fn mmoe_beats_the_shared_bottom_on_a_planted_mixture_of_experts() {
-    let tasks = GeneratedTasks::new(oar::data::gen_tasks::Effect::Experts);
+    let tasks = GeneratedTasks::new(Relation::new(Effect::Experts, 0.0));
     let oracle = &tasks.oracle;
     let local = |job| head_aucs(&oar::train::run(&tasks.config(job, 5, Mode::Local, &[], 0, 1), &|_, _| {}).unwrap());
     let (bottom, mmoe) = (local("shared_bottom_tasks"), local("mmoe_tasks"));
