@@ -45,7 +45,7 @@ pub struct TrainerLedger {
     pub discarded_samples: u64,
     /// Pushes answered from the ledger without being applied again.
     pub repeats: u64,
-    /// Pushes refused for holding a NaN or an infinity.
+    /// Pushes refused for holding a NaN, an infinity or a value beyond ±1e18.
     #[serde(default)]
     pub nonfinite: u64,
 }

@@ -29,7 +29,7 @@ pub struct LimitArgs {
     /// MiB the declared tables may take on a server before their first row.
     #[arg(long, env = "OAR_MAX_DECLARE_MB", default_value_t = 1024)]
     pub max_declare_mb: u64,
-    /// A push holding a NaN or an infinity is never applied: `fail` refuses it and fails the
+    /// A push holding a NaN, an infinity or a value beyond ±1e18 is never applied: `fail` refuses it and fails the
     /// trainer that sent it, `skip` leaves it out (counted and logged).
     #[arg(long, env = "OAR_NONFINITE", value_enum, default_value_t = NonFinite::Fail)]
     pub nonfinite: NonFinite,

@@ -387,7 +387,7 @@ pub enum ErrorCode {
     State = 7,
     /// The server has been replaced by a newer epoch of itself; it stops.
     Fenced = 8,
-    /// A push held a NaN or an infinity: refused before it touched a table.
+    /// A push held a NaN, an infinity or a value beyond ±1e18: refused before it touched a table.
     NonFinite = 9,
     /// The server has as many connections as it takes (`--max-connections`).
     Busy = 10,

@@ -84,7 +84,7 @@ pub struct ServerConfig {
 /// or a hostile environment variable can make a server allocate per trainer.
 pub const MAX_PEERS: usize = 1 << 16;
 
-/// What a server does with a push holding a NaN or an infinity (it never applies one).
+/// What a server does with a push holding a NaN, an infinity or a value beyond ±1e18 (it never applies one).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NonFinite {
@@ -127,7 +127,7 @@ pub struct Limits {
     pub keepalive: Option<Duration>,
     /// Bytes the declared tables may take before any row (see `server::requests`).
     pub max_declare_bytes: u64,
-    /// What to do with a push holding a NaN or an infinity.
+    /// What to do with a push holding a NaN, an infinity or a value beyond ±1e18.
     pub nonfinite: NonFinite,
 }
 
@@ -217,7 +217,7 @@ pub struct ServerStats {
     /// with their first outcome instead of being applied twice.
     #[serde(default)]
     pub repeats: u64,
-    /// Pushes refused for holding a NaN or an infinity, per trainer.
+    /// Pushes refused for holding a NaN, an infinity or a value beyond ±1e18, per trainer.
     #[serde(default)]
     pub nonfinite: Vec<u64>,
 }

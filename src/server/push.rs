@@ -64,14 +64,14 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
         }
     }
     let sparse = push.sparse.iter().flat_map(|s| [&s.grads[..], &s.counts[..]]);
-    if crate::table::all_finite(push.dense.iter().map(|c| &c[..]).chain(sparse)) {
+    if crate::table::all_pushable(push.dense.iter().map(|c| &c[..]).chain(sparse)) {
         return Ok(true);
     }
     state.ledgers[trainer as usize].lock().nonfinite += 1;
     let message = format!(
-        "trainer {trainer}'s push of its step {} holds a NaN or an infinity: refused before it touched the model \
-         ({})",
+        "trainer {trainer}'s push of its step {} holds {}: refused before it touched the model ({})",
         push.step,
+        crate::table::NOT_PUSHABLE,
         crate::table::NONFINITE_HINT
     );
     state.config.limits.nonfinite.refuse(message).map(|()| false).map_err(|m| {

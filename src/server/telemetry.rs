@@ -36,7 +36,11 @@ pub(super) fn render(state: &State) -> String {
         "Samples whose gradients were applied, every trainer.",
         s.applied_samples.iter().sum(),
     );
-    m.counter("nonfinite_pushes", "Pushes refused for a NaN or an infinity.", s.nonfinite.iter().sum());
+    m.counter(
+        "nonfinite_pushes",
+        "Pushes refused for a NaN, an infinity or a value beyond ±1e18.",
+        s.nonfinite.iter().sum(),
+    );
     let names = state.tables(|t| t.spec().name.clone());
     let per_table =
         |v: &[usize]| -> Vec<(String, f64)> { names.iter().cloned().zip(v.iter().map(|&x| x as f64)).collect() };

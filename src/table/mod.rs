@@ -359,10 +359,22 @@ impl TableSpec {
     }
 }
 
-/// Whether every float of `values` is finite: the rule a push must pass before it touches a
-/// model, on a server (`server::push`) as in local training (`train::store`).
-pub fn all_finite<'a>(values: impl IntoIterator<Item = &'a [f32]>) -> bool {
-    values.into_iter().all(|v| v.iter().all(|x| x.is_finite()))
+/// The largest magnitude a pushed float may have. Finite values past it are a diverging
+/// model's (or a hostile peer's), and they overflow where finite ones should not: two trainers'
+/// 3e38 summed by a sync step, or two SGD steps of 3e38, made infinities and then NaNs in the
+/// model. Bounded, the sum of any number of trainers' pushes is finite, as is a square of one
+/// (1e36), so an optimizer's update of finite state stays finite.
+pub const MAX_PUSHED: f32 = 1e18;
+
+/// What [`all_pushable`] refuses, for messages.
+pub const NOT_PUSHABLE: &str = "a NaN, an infinity or a value beyond ±1e18";
+
+/// Whether every float of `values` is finite and at most [`MAX_PUSHED`] in magnitude: the rule a
+/// push must pass before it touches a model, on a server (`server::push`) as in local training
+/// (`train::store`).
+pub fn all_pushable<'a>(values: impl IntoIterator<Item = &'a [f32]>) -> bool {
+    // `!(x.abs() <= MAX)` is true for a NaN as for a value too large.
+    values.into_iter().all(|v| v.iter().all(|x| x.abs() <= MAX_PUSHED))
 }
 
 /// What a refusal of a non-finite push tells the user to do.
@@ -537,5 +549,16 @@ mod tests {
         let other = SparseSpec { seed: 2, ..spec.clone() };
         other.init_row(42, &mut b);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_push_must_be_finite_and_at_most_1e18_in_magnitude() {
+        let ok: [&[f32]; 2] = [&[0.0, -1e18, 1e18], &[f32::MIN_POSITIVE]];
+        assert!(all_pushable(ok));
+        for bad in [f32::NAN, f32::INFINITY, -f32::INFINITY, 1.0001e18, -3e38] {
+            assert!(!all_pushable([&[1.0, bad][..]]), "{bad}");
+        }
+        // Any sum of bounded pushes, and any square of one, stays finite in f32.
+        assert!((MAX_PUSHED * MAX_PUSHED).is_finite() && (MAX_PUSHED * 65_536.0 * 65_536.0).is_finite());
     }
 }

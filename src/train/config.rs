@@ -63,7 +63,7 @@ pub struct TrainConfig {
     pub job: String,
     /// Skip and count bad data lines instead of failing.
     pub skip_bad_lines: bool,
-    /// Local mode: what a step whose gradients hold a NaN or an infinity does, as the servers'
+    /// Local mode: what a step whose gradients hold a NaN, an infinity or a value beyond ±1e18 does, as the servers'
     /// `--nonfinite` (never applied: `fail` stops training naming it, `skip` leaves it out).
     #[serde(default)]
     pub nonfinite: crate::server::NonFinite,

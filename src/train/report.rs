@@ -62,7 +62,7 @@ pub struct TrainReport {
     /// Where the training loop's time went.
     pub time: StepTimes,
     /// Pushes discarded: by the servers as stale (async mode), or in local mode steps left out
-    /// for a NaN or an infinity (`--nonfinite skip`).
+    /// for a NaN, an infinity or a value beyond ±1e18 (`--nonfinite skip`).
     pub discarded_pushes: u64,
     /// How many updates behind this trainer's pushes arrived (async; local with a delay).
     #[serde(default)]

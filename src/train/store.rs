@@ -72,14 +72,15 @@ impl Store {
         let Store::Local(shard, nonfinite) = self else {
             anyhow::bail!("delayed updates are a local-mode measurement")
         };
-        // The servers' rule (`server::push`): a push holding a NaN or an infinity never touches
+        // The servers' rule (`server::push`): a push holding a NaN, an infinity or a value beyond ±1e18 never touches
         // the model, which it would otherwise ruin silently; it fails the trainer, or with
         // `--nonfinite skip` is left out and counted as discarded.
         let sparse = tables.iter().flat_map(|t| [t.grads, t.counts]);
-        if !crate::table::all_finite(std::iter::once(dense).chain(sparse)) {
+        if !crate::table::all_pushable(std::iter::once(dense).chain(sparse)) {
             let message = format!(
-                "the gradients of step {} hold a NaN or an infinity: refused before they touched the model ({})",
+                "the gradients of step {} hold {}: refused before they touched the model ({})",
                 header.step,
+                crate::table::NOT_PUSHABLE,
                 crate::table::NONFINITE_HINT
             );
             nonfinite.refuse(message).map_err(anyhow::Error::msg)?;

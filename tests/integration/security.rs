@@ -293,12 +293,19 @@ fn without_a_secret_a_peer_cannot_pin_memory_hold_every_connection_or_poison_the
     grads[3] = f32::NAN;
     let header = StepHeader { trainer: 0, step: 0, pass: 1, base_version: 0, samples: 1, apply: Default::default() };
     let err = c.push(&header, Some(&grads), &[]).unwrap_err().to_string();
-    assert!(err.contains("holds a NaN or an infinity: refused before it touched the model"), "{err}");
+    assert!(err.contains("holds a NaN, an infinity or a value beyond ±1e18: refused before it touched"), "{err}");
+    // Finite but huge: two such pushes once summed (sync) or stepped (SGD) to an infinity, and
+    // the model then held NaNs. Refused as a NaN is, by a new connection (a refusal ends one).
+    grads[3] = 3e38;
+    let mut c = Client::connect(&config).unwrap();
+    c.declare(&spec).unwrap();
+    let err = c.push(&header, Some(&grads), &[]).unwrap_err().to_string();
+    assert!(err.contains("a value beyond ±1e18"), "{err}");
     let mut after = Vec::new();
     c.pull(Some(&mut after), &[], &mut [], oar::protocol::RowCreation::Peek).unwrap();
     assert_eq!(dense, after, "the model is untouched");
     let stats = c.stats().unwrap().remove(0);
-    assert_eq!((stats.nonfinite, stats.version), (vec![1], 0));
+    assert_eq!((stats.nonfinite, stats.version), (vec![2], 0));
     server.kill().unwrap();
     let _ = server.wait();
 }
