@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{read_shard, shard_file_name, write_snapshot, CheckpointError, ShardSnapshot};
+use crate::checkpoint::{read_recorded_shard, shard_file_name, write_snapshot, CheckpointError, ShardSnapshot};
 use crate::ledger::TrainerLedger;
 use crate::state_file::{self, StateFileError, COUNTER_MAX};
 use crate::table::Shard;
@@ -380,8 +380,11 @@ pub fn load_latest(dir: &Path, index: usize, job: &str) -> anyhow::Result<(Entry
                 continue;
             }
         };
-        match read_shard(&path.join(shard_file_name(index))) {
-            Ok(shard) => return Ok((entry, shard)),
+        // The entry records the shard's size and CRC, and the folder the server: a file from
+        // another checkpoint or another server's folder is as damaged as a torn one.
+        match read_recorded_shard(&path.join(shard_file_name(index)), entry.bytes, entry.crc32) {
+            Ok(shard) if shard.index == index => return Ok((entry, shard)),
+            Ok(shard) => tracing::warn!(seq, "skipping a damaged checkpoint: its shard is server {}'s", shard.index),
             Err(e) => tracing::warn!(seq, "skipping a damaged checkpoint: {e}"),
         }
     }

@@ -93,6 +93,10 @@ pub fn open(path: &Path, write: bool) -> Result<Option<std::fs::File>, StateFile
 }
 
 /// [`open`], with the file's size (from the same `fstat` that found it regular).
+pub fn open_sized(path: &Path, write: bool) -> Result<Option<(std::fs::File, u64)>, StateFileError> {
+    open_checked(path, write)
+}
+
 fn open_checked(path: &Path, write: bool) -> Result<Option<(std::fs::File, u64)>, StateFileError> {
     let opened = std::fs::OpenOptions::new()
         .read(true)

@@ -287,10 +287,28 @@ pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u
 
 /// Reads a shard file, checking its CRC-32, and rebuilds the shard.
 pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
+    read_shard_checked(path, None)
+}
+
+/// [`read_shard`] of a file a manifest or a checkpoint entry records as `bytes` long with
+/// CRC-32 `crc32`: a file of another size is refused before it is read, and one of another
+/// CRC (another job's or another save's shard under this name) before it is used.
+pub fn read_recorded_shard(path: &Path, bytes: u64, crc32: u32) -> Result<Shard, CheckpointError> {
+    read_shard_checked(path, Some((bytes, crc32)))
+}
+
+fn read_shard_checked(path: &Path, record: Option<(u64, u32)>) -> Result<Shard, CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
+    let mismatch = |reason: String| CheckpointError::Mismatch { path: path.to_path_buf(), reason };
+    let (file, size) = crate::state_file::open_sized(path, false)?.ok_or_else(|| corrupt("missing".into()))?;
+    if let Some((recorded, _)) = record.filter(|&(recorded, _)| recorded != size) {
+        return Err(mismatch(format!(
+            "the file is {size} bytes, its record {recorded}: not the shard that was saved here"
+        )));
+    }
     let mut bytes = Vec::new();
-    let file = crate::state_file::open(path, false)?.ok_or_else(|| corrupt("missing".into()))?;
-    (&file).read_to_end(&mut bytes).map_err(io_err(path))?;
+    // Read no further than the size found (a file still growing is not trusted past it).
+    file.take(size).read_to_end(&mut bytes).map_err(io_err(path))?;
     if bytes.len() < 20 || &bytes[..8] != SHARD_MAGIC {
         return Err(corrupt("not an oar shard file (bad magic)".into()));
     }
@@ -299,6 +317,11 @@ pub fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
     let actual = crc32fast::hash(body);
     if stored != actual {
         return Err(corrupt(format!("CRC-32 mismatch (stored {stored:08x}, computed {actual:08x})")));
+    }
+    if let Some((_, recorded)) = record.filter(|&(_, recorded)| recorded != stored) {
+        return Err(mismatch(format!(
+            "CRC-32 {stored:08x}, its record {recorded:08x}: another save's shard (another job's, or another pass's)"
+        )));
     }
     let hlen = body
         .get(8..16)
@@ -462,12 +485,50 @@ impl Manifest {
         Ok((m, pass_dir))
     }
 
+    /// Checks, before anything is allocated from it, that this manifest's spec is one a table
+    /// can be built from and that its dense parameters are no more than its shard files hold
+    /// (each the size it records): the spec of an edited or damaged manifest once made a
+    /// reader allocate until the machine ran out of memory.
+    pub fn check_size(&self, pass_dir: &Path) -> Result<(), CheckpointError> {
+        let path = pass_dir.join("manifest.json");
+        let corrupt = |reason: String| CheckpointError::Corrupt { path: path.clone(), reason };
+        self.spec.validate().map_err(|m| corrupt(format!("spec: {m}")))?;
+        let (tables, widest) = (self.spec.sparse.len(), self.spec.sparse.iter().map(|t| t.dim).max().unwrap_or(0));
+        if tables > crate::table::MAX_TABLES || widest > crate::table::MAX_DIM {
+            return Err(corrupt(format!(
+                "its spec has {tables} sparse tables with rows of up to {widest} floats: at most {} of {}",
+                crate::table::MAX_TABLES,
+                crate::table::MAX_DIM
+            )));
+        }
+        let mut on_disk = 0u64;
+        for e in &self.shards {
+            let file = pass_dir.join(&e.file);
+            let (_, size) = crate::state_file::open_sized(&file, false)?
+                .ok_or_else(|| io_err(&file)(std::io::ErrorKind::NotFound.into()))?;
+            if size != e.bytes {
+                return Err(CheckpointError::Mismatch {
+                    path: file,
+                    reason: format!("the file is {size} bytes, its record in manifest.json {}", e.bytes),
+                });
+            }
+            on_disk = on_disk.saturating_add(size);
+        }
+        let floats = self.spec.dense.params.iter().fold(0u64, |n, p| n.saturating_add(p.len as u64));
+        if floats.saturating_mul(4) > on_disk {
+            return Err(corrupt(format!(
+                "its spec has {floats} dense floats, more than its shard files' {on_disk} bytes hold"
+            )));
+        }
+        Ok(())
+    }
+
     /// Reads server `index`'s shard from `pass_dir` (below the manifest's count, checked when
     /// it was read), checking it against this manifest.
     pub fn load_shard(&self, pass_dir: &Path, index: usize) -> Result<Shard, CheckpointError> {
         let entry = &self.shards[index];
         let path = pass_dir.join(&entry.file);
-        let shard = read_shard(&path)?;
+        let shard = read_recorded_shard(&path, entry.bytes, entry.crc32)?;
         let mismatch = |reason: String| CheckpointError::Mismatch { path: path.clone(), reason };
         if shard.index != index || shard.num_servers != self.num_servers {
             return Err(mismatch(format!(
@@ -494,6 +555,7 @@ pub fn passes_done(resume: Option<&Path>) -> Result<u32, CheckpointError> {
 /// evaluation, and for local training resumed from a distributed run.
 pub fn load_merged(dir: &Path) -> Result<(Manifest, Shard), CheckpointError> {
     let (manifest, pass_dir) = Manifest::find(dir)?;
+    manifest.check_size(&pass_dir)?;
     let merged = Shard::new(manifest.spec.clone(), 0, 1);
     for index in 0..manifest.num_servers {
         let shard = manifest.load_shard(&pass_dir, index)?;

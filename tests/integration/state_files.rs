@@ -69,6 +69,10 @@ fn server_folder(dir: &Path) {
     Trainers { job: "j".into(), closed: vec![1], pass: 1, ended: vec![] }.write(dir, 0).unwrap();
 }
 
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
 fn assert_names(err: &str, file: &str) {
     assert!(err.contains(file), "the error names {file}: {err}");
 }
@@ -200,6 +204,73 @@ fn a_shard_header_that_lies_is_refused_before_allocating() {
     assert!(err.contains("wider sparse tables"), "{err}");
     let err = rewrite(&|h| h["server_index"] = 5.into());
     assert!(err.contains("server 5 of 1"), "{err}");
+}
+
+/// A background checkpoint's shard is the one its entry records (size and CRC-32): another
+/// checkpoint's file put in its place is skipped as damaged, as a torn one is, and the previous
+/// checkpoint loaded. It was loaded as the newer one: the updates between them lost, and the
+/// newer one's ledgers answering their resends as repeats.
+#[test]
+fn a_checkpoint_holding_another_checkpoints_shard_falls_back_to_the_previous() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = small_shard();
+    let mut c = Checkpointer::new(policy(dir.path()), 0, Fence { job: "j".into(), epoch: 1 }).unwrap();
+    let mut rows = vec![0.0; 10];
+    for version in 1..=3u64 {
+        // A row more each time: each checkpoint's shard differs.
+        shard.sparse[0].pull(&[100 + version], &mut rows, true).unwrap();
+        c.write(Cut::of(&shard, version)).unwrap();
+    }
+    let ckpt = |seq: u64| server_dir(dir.path(), 0).join(format!("ckpt-{seq:06}")).join("server-0.shard");
+    std::fs::copy(ckpt(1), ckpt(3)).unwrap();
+    let (entry, loaded) = load_latest(dir.path(), 0, "j").unwrap();
+    assert_eq!((entry.seq, entry.version, loaded.sparse[0].len()), (2, 2, 5));
+}
+
+/// A saved model's shard files are the ones its manifest records: another job's shard, or
+/// another pass's, put in a pass's place is refused naming it (another job's was evaluated as
+/// this model, exit 0), and a manifest whose spec claims more than its files hold is refused
+/// before anything is allocated from it (`oar eval` allocated until the machine ran out).
+#[test]
+fn a_saved_models_shards_must_be_the_ones_its_manifest_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = gen_data(dir.path(), 1, 2000, 200);
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml");
+    let (mine, other) = (dir.path().join("mine"), dir.path().join("other"));
+    for (out, seed, passes) in [(&mine, "1", "2"), (&other, "2", "1")] {
+        let args = ["train", "--config", &s(&job), "--train", &s(&train), "--passes", passes, "--seed", seed];
+        let o = oar(&[&args[..], &["--output", &s(out)]].concat());
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    // Under a 4 GB address space: a reader that allocates what the manifest claims fails
+    // at once instead of filling the machine.
+    let eval = |model: &Path| {
+        let oar = env!("CARGO_BIN_EXE_oar");
+        let command = format!("ulimit -v 4000000; exec {oar} eval --model {} --data {}", s(model), s(&test));
+        let o = std::process::Command::new("bash").args(["-c", &command]).output().unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or_default().to_string())
+    };
+    assert!(eval(&mine).0, "the model as saved");
+    let shard = mine.join("pass-0002/server-0.shard");
+    let good = std::fs::read(&shard).unwrap();
+    for (from, what) in
+        [(other.join("pass-0001/server-0.shard"), "another job's"), (mine.join("pass-0001/server-0.shard"), "pass 1's")]
+    {
+        std::fs::copy(&from, &shard).unwrap();
+        let (ok, err) = eval(&mine);
+        assert!(
+            !ok && err.starts_with("oar: error:") && err.contains("server-0.shard") && err.contains("its record"),
+            "{what}: {err}"
+        );
+    }
+    std::fs::write(&shard, good).unwrap();
+    assert!(eval(&mine).0, "the model restored");
+    let manifest = mine.join("pass-0002/manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    m["spec"]["dense"]["params"][0]["len"] = 1_000_000_000_000u64.into();
+    std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
+    let (ok, err) = eval(&mine);
+    assert!(!ok && err.contains("manifest.json") && err.contains("more than its shard files"), "{err}");
 }
 
 #[test]
