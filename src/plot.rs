@@ -63,11 +63,18 @@ fn panel(
     let x_max = shown.iter().map(|p| p.0).fold(1.0, f64::max) * 1.02;
     let (lo, hi) = shown.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
     let pad = ((hi - lo) * 0.08).max(1e-3);
+    let (bottom, top) = (lo - pad, hi + pad);
+    // Finite values near f64's limits make an infinite range, on which the drawing library
+    // loops for good (a launch that had succeeded spun at full CPU, deaf to SIGTERM).
+    anyhow::ensure!(
+        bottom.is_finite() && top.is_finite() && x_max.is_finite(),
+        "{name} values from {lo} to {hi} are too far apart to draw"
+    );
     let mut chart = ChartBuilder::on(area)
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(64)
-        .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))?;
+        .build_cartesian_2d(0.0..x_max, bottom..top)?;
     chart
         .configure_mesh()
         .x_desc("samples (per trainer)")

@@ -79,6 +79,26 @@ fn a_launched_job_writes_every_trainers_curves_and_draws_them() {
     let o = oar(&["plot", "--metrics", &fifo.display().to_string()]);
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(!o.status.success() && err.contains("not a regular file"), "{err}");
+    // Finite losses near f64's limits: refused with a reason (the drawing looped for good on
+    // their infinite span; `timeout` ends a regression instead of the test hanging).
+    let huge = dir.path().join("huge.csv");
+    std::fs::write(
+        &huge,
+        format!("{}\n0,1,50,100,1.0,steps,1.7e308,0.5\n0,1,60,200,1.0,steps,-1.7e308,0.6\n", oar::curves::HEADER),
+    )
+    .unwrap();
+    let o = std::process::Command::new("timeout")
+        .args(["60", env!("CARGO_BIN_EXE_oar"), "plot", "--metrics", &huge.display().to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        !o.status.success()
+            && o.status.code() != Some(124)
+            && err.contains("loss values from")
+            && err.contains("too far apart"),
+        "{err}"
+    );
 }
 
 #[test]
