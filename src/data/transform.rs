@@ -105,8 +105,10 @@ impl Affine {
             ));
         }
         let all = stats.mean.iter().chain(&stats.std).chain(&stats.min).chain(&stats.max);
-        if all.clone().any(|v| !v.is_finite()) {
-            return Err("[data] dense_stats: a statistic is not a finite number".into());
+        // Finite as the f32 the values are scaled in: 1e300 passed as an f64, became an
+        // infinity, and every score a constant (AUC 0.5, exit 0).
+        if let Some(v) = all.clone().find(|v| !(**v as f32).is_finite()) {
+            return Err(format!("[data] dense_stats: a statistic ({v:e}) is not a finite 32-bit number"));
         }
         let inverse = |d: f64| if d > 1e-12 { (1.0 / d) as f32 } else { 1.0 };
         let (shift, scale) = match transform {
@@ -261,7 +263,10 @@ mod tests {
         mm.apply(&mut v);
         assert_eq!(v, [0.5, 0.0, 1.0, 0.0]);
         assert!(Affine::new(DenseTransform::Standardize, &s, 3).unwrap_err().contains("3 dense values"));
-        let nan = DenseStats { mean: vec![f64::NAN, 0.0], ..s };
+        let nan = DenseStats { mean: vec![f64::NAN, 0.0], ..s.clone() };
         assert!(Affine::new(DenseTransform::Minmax, &nan, 2).unwrap_err().contains("finite"));
+        let huge = DenseStats { mean: vec![1e300, 0.0], ..s };
+        let err = Affine::new(DenseTransform::Standardize, &huge, 2).unwrap_err();
+        assert!(err.contains("(1e300) is not a finite 32-bit number"), "{err}");
     }
 }
