@@ -353,12 +353,13 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
         }
         None => None,
     };
-    let first_pass = resumed.map_or(1, |p| p + 1);
+    // Compared before adding one: a manifest's pass of u32::MAX wrapped to a first pass of 0.
+    let done = resumed.unwrap_or(0);
     anyhow::ensure!(
-        first_pass <= config.passes,
-        "the saved model has {} pass(es) already: nothing to train; ask for more with --passes",
-        first_pass - 1
+        done < config.passes,
+        "the saved model has {done} pass(es) already: nothing to train; ask for more with --passes"
     );
+    let first_pass = done + 1;
     let store = match config.mode {
         Mode::Local => match &config.resume {
             Some(dir) => Store::Local(Box::new(load_merged(dir)?.1), config.nonfinite),

@@ -267,6 +267,13 @@ fn a_saved_models_shards_must_be_the_ones_its_manifest_records() {
     assert!(eval(&mine).0, "the model restored");
     let manifest = mine.join("pass-0002/manifest.json");
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    // A pass count at u32::MAX: nothing to resume (the next pass wrapped to 0 and trained).
+    let mut last = m.clone();
+    last["pass"] = u32::MAX.into();
+    std::fs::write(&manifest, serde_json::to_vec(&last).unwrap()).unwrap();
+    let args = ["train", "--config", &s(&job), "--train", &s(&train), "--passes", "3", "--resume", &s(&mine)];
+    let o = oar(&args);
+    assert!(!o.status.success() && text(&o).contains("has 4294967295 pass(es) already"), "{}", text(&o));
     m["spec"]["dense"]["params"][0]["len"] = 1_000_000_000_000u64.into();
     std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
     let (ok, err) = eval(&mine);
