@@ -98,7 +98,11 @@ pub fn default_cache() -> PathBuf {
 }
 
 fn sha256_of(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
+    // A regular file only, no link followed: a named pipe in the cache waited for ever, and a
+    // link to /dev/zero hashed without end. Anything else is not cached and is downloaded anew.
+    let mut f = crate::state_file::open(path, false)
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
     let (mut h, mut buf) = (Sha256::new(), vec![0u8; 1 << 16]);
     loop {
         let n = f.read(&mut buf)?;
@@ -171,9 +175,10 @@ fn download(
     let mut reader: Box<dyn Read> = if gz { Box::new(flate2::read::MultiGzDecoder::new(reader)) } else { reader };
     let part = path.with_extension("part");
     let result = (|| -> anyhow::Result<()> {
-        let mut out = std::io::BufWriter::new(
-            std::fs::File::create(&part).with_context(|| format!("cannot create {}", part.display()))?,
-        );
+        // Made anew: a link planted at the name is removed, not written through.
+        let _ = std::fs::remove_file(&part);
+        let created = std::fs::OpenOptions::new().write(true).create_new(true).open(&part);
+        let mut out = std::io::BufWriter::new(created.with_context(|| format!("cannot create {}", part.display()))?);
         let (mut hash, mut buf, mut total) = (Sha256::new(), vec![0u8; 1 << 16], 0u64);
         loop {
             let n = reader.read(&mut buf).map_err(|e| match e.kind() {

@@ -119,6 +119,19 @@ pub fn check_parts(parts: usize) -> Result<(), String> {
     }
 }
 
+/// Opens `path` (a link followed) for reading if it is a regular file; a named pipe or a device
+/// is refused naming what it is. Opened without blocking, then checked, so a pipe is never
+/// waited on.
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(not_data(path, &meta.file_type(), "a regular file"));
+    }
+    Ok(file)
+}
+
 /// Splits `path` by line into `parts` files `path-00000 ..`, balanced (sizes differ by at
 /// most one line), keeping line order within and across parts. Returns the files and lines.
 pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u64)> {

@@ -3,10 +3,12 @@
 //! trained models are judged against.
 
 use std::collections::HashMap;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+
+use super::fetch::MAX_FILE_BYTES;
 
 /// What a preparation wrote and the baselines it measured.
 #[derive(Clone, Debug)]
@@ -24,17 +26,33 @@ pub struct Prepared {
 }
 
 /// Opens a text file, transparently gunzipping a `.gz` one; a missing `x.txt` is also looked
-/// for as `x.txt.gz`.
+/// for as `x.txt.gz`. Only a regular file (a named pipe waited for ever, `/dev/zero` grew memory
+/// without end), and at most [`MAX_FILE_BYTES`] once unpacked: the raw sets are a few MiB.
 fn open_text(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
     let gz = path.with_file_name(format!("{}.gz", path.file_name().unwrap_or_default().to_string_lossy()));
     let (path, zipped) = if !path.exists() && gz.exists() { (gz.as_path(), true) } else { (path, false) };
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let file = super::files::open_regular(path).with_context(|| format!("cannot open {}", path.display()))?;
     let zipped = zipped || path.extension().is_some_and(|e| e == "gz");
-    Ok(if zipped {
-        Box::new(std::io::BufReader::new(flate2::read::MultiGzDecoder::new(file)))
-    } else {
-        Box::new(std::io::BufReader::new(file))
-    })
+    let read: Box<dyn Read> = if zipped { Box::new(flate2::read::MultiGzDecoder::new(file)) } else { Box::new(file) };
+    Ok(Box::new(std::io::BufReader::new(Bounded { read, left: MAX_FILE_BYTES, path: path.to_path_buf() })))
+}
+
+/// A reader that fails, naming its file, past `left` bytes.
+struct Bounded {
+    read: Box<dyn Read>,
+    left: u64,
+    path: std::path::PathBuf,
+}
+
+impl Read for Bounded {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.read.read(buf)?;
+        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
+            let what = format!("{}: more than {} MiB: not this data set", self.path.display(), MAX_FILE_BYTES >> 20);
+            std::io::Error::new(std::io::ErrorKind::InvalidData, what)
+        })?;
+        Ok(n)
+    }
 }
 
 fn create(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {

@@ -86,6 +86,20 @@ fn data_get_downloads_verifies_caches_and_rejects_a_tampered_file() {
     assert!(text(&out).contains("0 file(s) downloaded, 3 already cached"), "{}", text(&out));
     assert_eq!(requests.load(Ordering::SeqCst), before);
 
+    // A named pipe in the cache is not a cached file (it was hashed, so waited on for ever),
+    // and a link planted at the download's temporary name is removed, not written through.
+    let cached = cache.path().join("uci_housing/housing.data");
+    std::fs::remove_file(&cached).unwrap();
+    mkfifo(&cached);
+    let outside = cache.path().join("outside.txt");
+    std::fs::write(&outside, "not yours").unwrap();
+    std::os::unix::fs::symlink(&outside, cached.with_extension("part")).unwrap();
+    let out =
+        bounded(&["data", "get", "uci_housing", "--cache", &cache.path().display().to_string(), "--mirror", &mirror]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read(&cached).unwrap(), std::fs::read(shared.join("uci_housing/housing.data")).unwrap());
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "not yours");
+
     // A mirror serving a changed file: the checksum error names the URL; nothing is kept.
     let bad_root = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(bad_root.path().join("uci_housing")).unwrap();
@@ -102,6 +116,38 @@ fn data_get_downloads_verifies_caches_and_rejects_a_tampered_file() {
 
     let out = get("criteo", fresh.path(), &mirror);
     assert!(text(&out).contains("forbid redistributing"), "{}", text(&out));
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo reads a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+}
+
+/// `oar ARGS` ended by `timeout` after 60 s: a regression that waits for ever fails the test
+/// (exit 124) instead of hanging it.
+fn bounded(args: &[&str]) -> Output {
+    Command::new("timeout").arg("60").arg(env!("CARGO_BIN_EXE_oar")).args(args).output().expect("timeout runs")
+}
+
+/// `oar data prepare` reads only regular files, of at most 256 MiB: a named pipe was waited on
+/// for ever, and /dev/zero (or any file without line ends) grew memory without end.
+#[test]
+fn data_prepare_refuses_a_pipe_a_device_and_an_endless_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fifo, endless) = (dir.path().join("housing.fifo"), dir.path().join("housing.big"));
+    mkfifo(&fifo);
+    // Sparse: 300 MiB of zero bytes without a line end, no disk space taken.
+    std::fs::File::create(&endless).unwrap().set_len(300 << 20).unwrap();
+    let out = dir.path().join("out").display().to_string();
+    for (src, says) in [
+        (fifo.display().to_string(), "a named pipe"),
+        ("/dev/zero".to_string(), "a character device"),
+        (endless.display().to_string(), "more than 256 MiB"),
+    ] {
+        let o = bounded(&["data", "prepare", "uci-housing", "--src", &src, "--out", &out]);
+        assert!(!o.status.success() && o.status.code() != Some(124) && text(&o).contains(says), "{src}: {}", text(&o));
+    }
 }
 
 /// A mirror that answers as `respond` says, one connection at a time, after reading the
