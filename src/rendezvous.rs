@@ -88,9 +88,18 @@ struct Layout {
     error: Option<String>,
 }
 
+/// The longest one caller may take to send its registration (a rank sends it at once).
+const REGISTRATION_WAIT: Duration = Duration::from_secs(5);
+/// The most callers whose registrations are read at once; more are closed unread.
+const READING_AT_ONCE: usize = 256;
+
 /// Rank 0's side: accepts the registrations of all `size` ranks on `listener` (its own
 /// included, made by [`register`] like everyone's), then sends everyone the server list.
 /// Ranks `0..servers` are servers. Returns the list.
+///
+/// Each caller is read on its own thread within [`REGISTRATION_WAIT`]: read one after another,
+/// a few callers that sent nothing (or a byte every few seconds) held the host past everyone's
+/// timeout, even with a secret, since they were read before they could be refused.
 pub fn host(
     listener: TcpListener,
     size: usize,
@@ -101,6 +110,8 @@ pub fn host(
     let deadline = Instant::now() + timeout;
     listener.set_nonblocking(true)?;
     let mut joined: Vec<Option<(TcpStream, String)>> = (0..size).map(|_| None).collect();
+    let (registered, registrations) = std::sync::mpsc::channel();
+    let reading = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while joined.iter().any(Option::is_none) {
         if Instant::now() >= deadline {
             let missing: Vec<usize> = (0..size).filter(|&r| joined[r].is_none()).collect();
@@ -112,23 +123,43 @@ pub fn host(
         }
         match listener.accept() {
             Ok((stream, peer)) => {
-                // One bad caller (a port scanner, a stray client, a rank that died mid-line)
-                // must not fail everyone's rendezvous: it is answered, logged and skipped.
-                let Some((mut stream, r)) = read_registration(stream, deadline, secret.as_ref()) else {
-                    tracing::warn!(%peer, "ignored a connection to the rendezvous that sent no registration");
-                    continue;
-                };
-                if r.size != size || r.rank >= size || joined[r.rank].is_some() {
-                    let error = format!(
-                        "rank {} of {} does not fit this job of {size} ranks (or registered twice)",
-                        r.rank, r.size
-                    );
-                    let _ = write_line(&mut stream, &Layout { servers: vec![], error: Some(error) });
+                use std::sync::atomic::Ordering::SeqCst;
+                if reading.fetch_add(1, SeqCst) >= READING_AT_ONCE {
+                    reading.fetch_sub(1, SeqCst);
+                    tracing::warn!(%peer, "closed a connection to the rendezvous: {READING_AT_ONCE} are being read");
                     continue;
                 }
-                joined[r.rank] = Some((stream, r.addr));
+                let (registered, reading, secret) = (registered.clone(), reading.clone(), secret.clone());
+                std::thread::spawn(move || {
+                    let until = deadline.min(Instant::now() + REGISTRATION_WAIT);
+                    let read = read_registration(stream, until, secret.as_ref());
+                    reading.fetch_sub(1, SeqCst);
+                    match read {
+                        Some(r) => {
+                            let _ = registered.send(r);
+                        }
+                        // One bad caller (a port scanner, a stray client, a rank that died
+                        // mid-line) must not fail everyone's rendezvous: answered, logged, skipped.
+                        None => {
+                            tracing::warn!(%peer, "ignored a connection to the rendezvous that sent no registration")
+                        }
+                    }
+                });
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Ok((mut stream, r)) = registrations.recv_timeout(Duration::from_millis(10)) {
+                    let r: Register = r;
+                    if r.size != size || r.rank >= size || joined[r.rank].is_some() {
+                        let error = format!(
+                            "rank {} of {} does not fit this job of {size} ranks (or registered twice)",
+                            r.rank, r.size
+                        );
+                        let _ = write_line(&mut stream, &Layout { servers: vec![], error: Some(error) });
+                        continue;
+                    }
+                    joined[r.rank] = Some((stream, r.addr));
+                }
+            }
             Err(e) => return Err(e.into()),
         }
     }
@@ -139,18 +170,33 @@ pub fn host(
     Ok(list)
 }
 
-/// Reads one registration line, waiting at most a few seconds (a rank writes it as soon as it
-/// connects); a malformed one is answered with an error. `None`: nothing usable came.
+/// A stream read until `until` at the latest, however the bytes are spread: each read waits
+/// only for what is left of the time.
+struct Until {
+    stream: TcpStream,
+    until: Instant,
+}
+
+impl Read for Until {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+/// Reads one registration line (after the challenge and response with a secret), all of it
+/// by `until`; a malformed one is answered with an error. `None`: nothing usable came.
 fn read_registration(
     stream: TcpStream,
-    deadline: Instant,
+    until: Instant,
     secret: Option<&crate::auth::Secret>,
 ) -> Option<(TcpStream, Register)> {
     stream.set_nonblocking(false).ok()?;
-    let wait =
-        deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(100), Duration::from_secs(5));
-    stream.set_read_timeout(Some(wait)).ok()?;
-    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut reader = BufReader::new(Until { stream: stream.try_clone().ok()?, until });
     let mut stream = stream;
     if let Some(secret) = secret {
         let refuse = |stream: &mut TcpStream| {
@@ -332,6 +378,48 @@ mod tests {
             assert_eq!(j.join().unwrap().unwrap(), ["127.0.0.1:7000"]);
         }
         assert!(hosting.join().unwrap().is_ok());
+    }
+
+    /// Callers that send nothing, or a byte at a time without end, are read apart from the
+    /// ranks and each dropped after its own wait: twelve idle ones held a host for 12 x 5 s,
+    /// past the ranks' 20 s, and a dribbling one for ever; now the ranks meet at once.
+    #[test]
+    fn silent_and_dribbling_callers_cannot_hold_the_rendezvous() {
+        let secret = crate::auth::Secret::generate();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let held = secret.clone();
+        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20), Some(held)));
+        let idle: Vec<TcpStream> = (0..12).map(|_| TcpStream::connect(&at).unwrap()).collect();
+        // A byte of a line every 100 ms, until the host hangs up (its writes then fail).
+        let dribbler = {
+            let at = at.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(&at).unwrap();
+                let mut sent = 0;
+                while s.write_all(b"{").is_ok() && sent < 1000 {
+                    sent += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                sent
+            })
+        };
+        let joins: Vec<_> = (0..2)
+            .map(|r| {
+                let (at, secret) = (at.clone(), secret.clone());
+                let me = Rank { rank: r, size: 2, source: "test" };
+                std::thread::spawn(move || {
+                    register(&at, me, &|ip| format!("{ip}:7000"), Duration::from_secs(20), Some(&secret))
+                })
+            })
+            .collect();
+        for j in joins {
+            assert_eq!(j.join().unwrap().unwrap(), ["127.0.0.1:7000"]);
+        }
+        assert!(hosting.join().unwrap().is_ok());
+        // The dribbler was cut off after its wait (5 s: about 50 bytes), not read for ever.
+        assert!(dribbler.join().unwrap() < 1000, "the dribbling caller was never cut off");
+        drop(idle);
     }
 
     /// With the job's secret, a registration without it (plain, or proved with another secret)
