@@ -89,9 +89,16 @@ fn load(stamp: Stamp, registry: &Registry) -> anyhow::Result<Loaded> {
 }
 
 /// The server's shared state.
+/// Samples scored at a time: a request's activations take what this many do, however many
+/// samples it holds (one of 1,000,000 took 10 GB scored whole).
+const SCORE_ROWS: usize = 4096;
+
 struct Server {
     name: String,
     limits: crate::http::Limits,
+    /// Requests parsed and scored at once (the cores, at least 2): a parsed body takes many
+    /// times its size, so the bodies waiting stay bodies.
+    scoring: tokio::sync::Semaphore,
     current: RwLock<Arc<Loaded>>,
     scorers: Mutex<Vec<Scorer>>,
     answered: AtomicU64,
@@ -187,9 +194,19 @@ impl Server {
             Err(e) => return error(StatusCode::BAD_REQUEST, e),
         };
         let mut scorer = self.scorers.lock().pop().unwrap_or_default();
-        let scored = scorer
-            .scores(&m.saved.model, &m.saved.shard, &m.saved.params, &batch)
-            .map(|all| m.heads.iter().map(|&h| all[h].clone()).collect::<Vec<_>>());
+        let mut scored: anyhow::Result<Vec<Vec<f32>>> = Ok(vec![Vec::new(); m.heads.len()]);
+        for start in (0..batch.len()).step_by(SCORE_ROWS) {
+            let part = batch.slice(start..(start + SCORE_ROWS).min(batch.len()));
+            let part = scorer.scores(&m.saved.model, &m.saved.shard, &m.saved.params, &part);
+            scored = scored.and_then(|mut scores| {
+                let all = part?;
+                scores.iter_mut().zip(&m.heads).for_each(|(s, &h)| s.extend_from_slice(&all[h]));
+                Ok(scores)
+            });
+            if scored.is_err() {
+                break;
+            }
+        }
         self.scorers.lock().push(scorer);
         match scored {
             Ok(scores) => {
@@ -240,6 +257,7 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
         name: config.name.clone(),
         limits: config.limits,
         current: RwLock::new(Arc::new(loaded)),
+        scoring: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get().max(2))),
         scorers: Mutex::new(Vec::new()),
         answered: AtomicU64::new(0),
         samples: AtomicU64::new(0),
@@ -306,6 +324,9 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
                         s.refused.fetch_add(1, Ordering::Relaxed);
                         return error(status, message);
                     }
+                };
+                let Ok(_turn) = s.scoring.acquire().await else {
+                    return error(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping");
                 };
                 let s2 = s.clone();
                 match tokio::task::spawn_blocking(move || s2.infer(&m, &body)).await {
