@@ -125,11 +125,15 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, limit
         let _ = stream.set_nodelay(true);
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let timeout = limits.read_timeout;
+        // An answer that cannot be written for `--read-timeout` ends the connection: a client
+        // that sent requests and never read the answers held its place for good.
+        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(timeout));
         tokio::spawn(async move {
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .serve_connection(hyper_util::rt::TokioIo::new(Box::pin(stream)), service)
                 .await;
             if let Err(e) = served {
                 if e.is_timeout() {

@@ -469,3 +469,36 @@ fn a_large_request_is_scored_in_parts_within_bounded_memory() {
     eprintln!("peak memory {peak} MiB for {rows} samples");
     assert!(peak < 1536, "peak memory {peak} MiB for {rows} samples");
 }
+
+/// A client that sends requests and never reads the answers cannot hold its place: an answer
+/// that cannot be written for `--read-timeout` ends the connection (two such clients held both
+/// places of a server for good, and a real client waited for ever).
+#[test]
+fn clients_that_never_read_their_answers_cannot_hold_the_server() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let (model, lines, _) = trained(dir.path(), "1");
+    let s = serve(&model, &["--max-connections", "2", "--read-timeout", "1"]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let ask = b"GET /metrics HTTP/1.1\r\nHost: oar\r\n\r\n";
+    // Requests until neither side's buffers take more: the server's answers then wait on us.
+    let stalled: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(&addr).unwrap();
+            c.set_nonblocking(true).unwrap();
+            let mut sent = 0usize;
+            loop {
+                match c.write(ask) {
+                    Ok(n) => sent += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("after {sent} bytes: {e}"),
+                }
+            }
+            assert!(sent > ask.len(), "requests were taken");
+            c
+        })
+        .collect();
+    let infer = format!("{}/v2/models/oar/infer", s.url);
+    assert_eq!(post(&infer, &lines_request(&lines[..1])).0, 200, "a real client is served");
+    drop(stalled);
+}
