@@ -31,6 +31,17 @@ pub struct Saved {
     pub params: Vec<f32>,
 }
 
+/// Says, before a saved model's data is read, the command its manifest runs over every file:
+/// a model from elsewhere runs what its manifest names, as a job file does.
+pub fn announce_pipe_command(schema: &Schema, dir: &std::path::Path) {
+    if let Some(command) = &schema.pipe_command {
+        eprintln!(
+            "oar: the data is read through the saved model's pipe_command `{command}` (its manifest, in {})",
+            dir.display()
+        );
+    }
+}
+
 /// Loads the saved model in `dir` (an output folder or one of its pass folders), checking that
 /// its parameters fit its description.
 pub fn load(dir: &Path, registry: &Registry) -> anyhow::Result<Saved> {

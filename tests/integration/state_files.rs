@@ -267,6 +267,12 @@ fn a_saved_models_shards_must_be_the_ones_its_manifest_records() {
     assert!(eval(&mine).0, "the model restored");
     let manifest = mine.join("pass-0002/manifest.json");
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    // A command in the manifest's reader is said before it runs over the data.
+    let mut piped = m.clone();
+    piped["model"]["data"]["pipe_command"] = "cat".into();
+    std::fs::write(&manifest, serde_json::to_vec(&piped).unwrap()).unwrap();
+    let o = oar(&["eval", "--model", &s(&mine), "--data", &s(&test)]);
+    assert!(o.status.success() && text(&o).contains("the saved model's pipe_command `cat`"), "{}", text(&o));
     // A pass count at u32::MAX: nothing to resume (the next pass wrapped to 0 and trained).
     let mut last = m.clone();
     last["pass"] = u32::MAX.into();
