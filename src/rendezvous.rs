@@ -97,7 +97,7 @@ const READING_AT_ONCE: usize = 256;
 /// included, made by [`register`] like everyone's), then sends everyone the server list.
 /// Ranks `0..servers` are servers. Returns the list.
 ///
-/// Each caller is read on its own thread within [`REGISTRATION_WAIT`]: read one after another,
+/// Each caller is read on its own thread, within 5 s: read one after another,
 /// a few callers that sent nothing (or a byte every few seconds) held the host past everyone's
 /// timeout, even with a secret, since they were read before they could be refused.
 pub fn host(
