@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::waiting::Ticket;
 use super::{members, push, requests, Answer, Reply, State};
 use crate::per_address::Held;
 use crate::protocol::{
@@ -32,10 +33,11 @@ pub(super) async fn serve_connection(
     port: usize,
     sparse_only: bool,
     pending: Held,
+    ticket: Arc<Ticket>,
 ) -> Result<(), ProtocolError> {
     let mut trainer = None;
     let mut pending = Some(pending);
-    let result = serve_requests(&state, socket, port, sparse_only, &mut trainer, &mut pending).await;
+    let result = serve_requests(&state, socket, port, sparse_only, &mut trainer, (&mut pending, &ticket)).await;
     if let Some(t) = trainer.filter(|t| *t < state.config.trainers as u64) {
         disconnected(&state, t);
     }
@@ -51,7 +53,7 @@ async fn serve_requests(
     port: usize,
     sparse_only: bool,
     trainer: &mut Option<u64>,
-    pending: &mut Option<Held>,
+    pending: (&mut Option<Held>, &Ticket),
 ) -> Result<(), ProtocolError> {
     socket.set_nodelay(true)?;
     let limits = &state.config.limits;
@@ -70,7 +72,11 @@ async fn serve_requests(
         Some(tls) => {
             // A peer that does not finish TLS within the handshake deadline holds nothing.
             let accept = tokio_rustls::TlsAcceptor::from(tls.clone()).accept(socket);
-            match tokio::time::timeout(limits.handshake_timeout, accept).await {
+            let Some(accepted) = pending.1.unless_closed(tokio::time::timeout(limits.handshake_timeout, accept)).await
+            else {
+                return Ok(());
+            };
+            match accepted {
                 Ok(Ok(stream)) => {
                     let (rd, wr) = tokio::io::split(stream);
                     serve_frames(state, rd, wr, port, sparse_only, trainer, pending).await
@@ -94,13 +100,16 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     port: usize,
     sparse_only: bool,
     trainer: &mut Option<u64>,
-    pending: &mut Option<Held>,
+    (pending, ticket): (&mut Option<Held>, &Ticket),
 ) -> Result<(), ProtocolError> {
     let limits = &state.config.limits;
     let mut buf = FrameBuf::default();
     if let Some(secret) = &state.config.secret {
         let proved = tokio::time::timeout(limits.handshake_timeout, authenticate(secret, &mut rd, &mut wr, &mut buf));
-        match proved.await {
+        let Some(proved) = ticket.unless_closed(proved).await else {
+            return closed_for_another(&mut wr).await;
+        };
+        match proved {
             Ok(Ok(true)) => {}
             // Refused (and told so, with nothing about the job) or too slow: closed.
             Ok(Ok(false)) | Err(_) => return Ok(()),
@@ -115,9 +124,12 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             read_frame(&mut rd, &mut buf, state.config.max_frame).await
         } else {
             let first = read_frame(&mut rd, &mut buf, limits.handshake_frame);
-            match tokio::time::timeout(limits.handshake_timeout, first).await {
-                Ok(read) => read,
-                Err(_) => {
+            match ticket.unless_closed(tokio::time::timeout(limits.handshake_timeout, first)).await {
+                None => return closed_for_another(&mut wr).await,
+                // Spoken: never closed for another from now on (unless it was just now).
+                Some(Ok(read)) if ticket.spoke() => read,
+                Some(Ok(_)) => return closed_for_another(&mut wr).await,
+                Some(Err(_)) => {
                     return Err(ProtocolError::Malformed(format!(
                         "no handshake within {:?} (--handshake-timeout)",
                         limits.handshake_timeout
@@ -428,12 +440,28 @@ impl Open {
         let taken = state.open.fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1));
         taken.ok().map(|_| Open(state.clone()))
     }
+
+    /// Counts a new connection over the bound, for one that another's closing makes room for.
+    pub(super) fn over(state: &Arc<State>) -> Open {
+        state.open.fetch_add(1, Relaxed);
+        Open(state.clone())
+    }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Relaxed);
     }
+}
+
+/// Tells a connection closed to take a newer one why, briefly.
+async fn closed_for_another<W: AsyncWrite + Unpin>(wr: &mut W) -> Result<(), ProtocolError> {
+    let message = "closed to take a newer connection: every place of the server was taken (--max-connections) and \
+                   this one had not sent its handshake"
+        .to_string();
+    let reply = Response::Error { code: ErrorCode::Busy, message };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), write_frame(wr, &reply.encode())).await;
+    Ok(())
 }
 
 /// Tells a connection over a limit why it is closed (`message`, naming the flag), briefly, and

@@ -35,6 +35,7 @@ mod push;
 mod requests;
 pub mod sync;
 mod telemetry;
+mod waiting;
 
 pub use config::{Limits, Mode, NonFinite, ServerConfig, ServerStats, MAX_PEERS};
 pub use requests::inside;
@@ -99,6 +100,9 @@ struct State {
     /// Connections per address whose handshake has not completed (bounded by
     /// `--max-pending-per-address`).
     pending: Arc<crate::per_address::PerAddress>,
+    /// Connections that have not sent their first frame, oldest first: the oldest is closed to
+    /// take a new connection when every place is taken.
+    waiting: waiting::Waiting,
     /// Latencies and checkpoint times for the metrics endpoint.
     telemetry: telemetry::Telemetry,
 }
@@ -302,6 +306,7 @@ pub async fn run(
         recording: Mutex::new(()),
         open: AtomicUsize::new(0),
         pending: crate::per_address::PerAddress::new(config.limits.max_pending_per_address),
+        waiting: waiting::Waiting::default(),
         telemetry: telemetry::Telemetry::default(),
         config,
     });
@@ -414,7 +419,14 @@ pub async fn run(
             loop {
                 match listener.accept().await {
                     Ok((socket, peer)) => {
-                        let Some(open) = conn::Open::count(&state) else {
+                        let open = match conn::Open::count(&state) {
+                            Some(open) => Some(open),
+                            // Every place taken: the oldest connection that has not spoken yet
+                            // makes room (a moment over the bound, until it has closed).
+                            None if state.waiting.close_oldest() => Some(conn::Open::over(&state)),
+                            None => None,
+                        };
+                        let Some(open) = open else {
                             let message = format!(
                                 "the server has {} connections open, the most it takes (--max-connections)",
                                 state.config.limits.max_connections
@@ -435,8 +447,10 @@ pub async fn run(
                             continue;
                         };
                         let state = state.clone();
+                        let ticket = state.waiting.enter();
                         tokio::spawn(async move {
-                            let served = conn::serve_connection(state.clone(), socket, port, sparse_only, pending);
+                            let served =
+                                conn::serve_connection(state.clone(), socket, port, sparse_only, pending, ticket);
                             if let Err(e) = served.await {
                                 state.broken.lock().warn(format_args!("connection from {peer} closed on error: {e}"));
                             }

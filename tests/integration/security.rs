@@ -364,3 +364,61 @@ fn one_address_cannot_hold_every_place_before_the_handshake() {
     server.kill().unwrap();
     let _ = server.wait();
 }
+
+/// A connection from `source` to `addr`.
+fn connect_from(source: &str, addr: &str) -> TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&format!("{source}:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    socket.connect(&addr.parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    socket.into()
+}
+
+/// Silent connections from several addresses, each within its pending share, cannot keep a
+/// newcomer out: with every place taken, a new connection closes the oldest one that has not
+/// spoken (telling it why), and one that has spoken is never closed for another. Before, the
+/// newcomer was refused, and a trainer reconnecting to a server was refused the same way.
+#[test]
+fn silent_connections_from_many_addresses_cannot_keep_a_newcomer_out() {
+    let (mut server, addr) = pserver(&[
+        "--trainers",
+        "1",
+        "--max-connections",
+        "8",
+        "--max-pending-per-address",
+        "2",
+        "--handshake-timeout",
+        "60",
+    ]);
+    let config = ClientConfig {
+        trainer: Some(0),
+        ..ClientConfig::new(vec![addr.clone()], "open", Duration::from_secs(10), Duration::from_secs(10))
+    };
+    let mut c = Client::connect(&config).unwrap();
+    // Eight silent connections, two from each of 127.0.0.2 to 127.0.0.5: with the trainer's,
+    // more than every place (the listener takes them in the order they were made).
+    let mut silent: Vec<TcpStream> =
+        (2..=5).flat_map(|k| (0..2).map(move |_| format!("127.0.0.{k}"))).map(|a| connect_from(&a, &addr)).collect();
+    let mut newcomer = connect_from("127.0.0.1", &addr);
+    newcomer.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        job: "open".into(),
+        num_servers: 1,
+        server_index: 0,
+        trainer: oar::protocol::NOT_A_TRAINER,
+        epoch: 0,
+    };
+    newcomer.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
+    let mut buf = FrameBuf::default();
+    let kind = read_frame_blocking(&mut newcomer, &mut buf, 1 << 20).unwrap();
+    let answer = Response::decode(kind, buf.payload()).unwrap();
+    assert!(matches!(answer, Response::Welcome { .. }), "the newcomer is welcomed: {answer:?}");
+    // The oldest silent connection was closed for it, and told why.
+    let m = refusal(silent.remove(0));
+    assert!(m.contains("closed to take a newer connection") && m.contains("--max-connections"), "{m}");
+    // The trainer, which had spoken, still works.
+    assert_eq!(c.stats().unwrap().len(), 1);
+    drop(silent);
+    server.kill().unwrap();
+    let _ = server.wait();
+}
