@@ -582,6 +582,17 @@ pub fn load_merged(dir: &Path) -> Result<(Manifest, Shard), CheckpointError> {
     Ok((manifest, merged))
 }
 
+/// One server's entry of a final save, with the job and pass it is for.
+#[derive(Serialize, Deserialize)]
+struct FinalEntry {
+    #[serde(default)]
+    job: String,
+    #[serde(default)]
+    pass: u32,
+    #[serde(flatten)]
+    entry: ShardEntry,
+}
+
 /// Saves one server's shard into `dir` when training ends, without any trainer's help: the
 /// shard file, then an entry file beside it; whichever server finds every entry present writes
 /// the manifest (two may both write it, atomically and identically). `dir` must be shared by
@@ -594,7 +605,7 @@ pub fn save_server_final(
     model: &serde_json::Value,
 ) -> Result<bool, CheckpointError> {
     let (file, bytes, crc32) = write_shard(shard, dir)?;
-    let entry = ShardEntry { file, bytes, crc32 };
+    let entry = FinalEntry { job: job.to_string(), pass, entry: ShardEntry { file, bytes, crc32 } };
     let entry_path = |i: usize| dir.join(format!("server-{i}.entry.json"));
     crate::state_file::write_atomic(
         &entry_path(shard.index),
@@ -605,9 +616,15 @@ pub fn save_server_final(
         let path = entry_path(i);
         // Another server's entry not written yet: that server completes the manifest.
         let Some(bytes) = crate::state_file::read(&path, 1 << 16)? else { return Ok(false) };
-        shards.push(
-            serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt { path, reason: e.to_string() })?,
-        );
+        let other: FinalEntry =
+            serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt { path, reason: e.to_string() })?;
+        // An entry an earlier run left here (another job's, another pass's, or one whose shard
+        // has been rewritten since) is not this save's: that server completes the manifest.
+        let on_disk = std::fs::symlink_metadata(dir.join(&other.entry.file)).map(|m| m.len()).ok();
+        if other.job != job || other.pass != pass || on_disk != Some(other.entry.bytes) {
+            return Ok(false);
+        }
+        shards.push(other.entry);
     }
     let manifest = Manifest {
         format: FORMAT_VERSION,

@@ -131,3 +131,24 @@ fn pending_sightings_keep_their_days_and_a_format_3_shard_reads_them_as_seen_tod
     back.sparse[0].push(&ids, &vec![1.0; 100], &vec![0.1; 200], 1.0).unwrap();
     assert_eq!(back.sparse[0].len(), 50);
 }
+
+/// A final save takes only this job's and this pass's entries: an entry an earlier run left in
+/// the folder once went into the new manifest, naming a shard of another save.
+#[test]
+fn a_final_save_ignores_an_entry_left_by_an_earlier_run() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("pass-0001");
+    std::fs::create_dir(&dir).unwrap();
+    let model = serde_json::Value::Null;
+    let (zero, one) = (Shard::new(spec(), 0, 2), Shard::new(spec(), 1, 2));
+    // An earlier job saved server 1's shard here.
+    assert!(!save_server_final(&one, &dir, "old", 1, &model).unwrap());
+    // This job's server 0: server 1's entry is the old job's, so no manifest yet.
+    assert!(!save_server_final(&zero, &dir, "new", 1, &model).unwrap());
+    assert!(!dir.join("manifest.json").exists());
+    // This job's server 1 completes it, with both of this job's entries.
+    assert!(save_server_final(&one, &dir, "new", 1, &model).unwrap());
+    let (manifest, _) = Manifest::find(&dir).unwrap();
+    assert_eq!((manifest.job.as_str(), manifest.pass, manifest.shards.len()), ("new", 1, 2));
+    load_merged(&dir).unwrap();
+}

@@ -341,11 +341,17 @@ fn one_address_cannot_hold_every_place_before_the_handshake() {
         "{m}"
     );
     // Another address gets through its handshake meanwhile.
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket.bind(&"127.0.0.2:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
-    socket.connect(&addr.parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
-    let mut other: TcpStream = socket.into();
-    other.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    tool_hello(connect_from("127.0.0.2", &addr)).expect("welcomed");
+    // The client through its handshake still works.
+    assert_eq!(c.stats().unwrap().len(), 1);
+    drop(silent);
+    server.kill().unwrap();
+    let _ = server.wait();
+}
+
+/// Sends a tool's `Hello` (no trainer) to job "open" on `stream`: welcomed, or the answer.
+fn tool_hello(mut stream: TcpStream) -> Result<(), String> {
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let hello = Hello {
         version: PROTOCOL_VERSION,
         job: "open".into(),
@@ -354,23 +360,13 @@ fn one_address_cannot_hold_every_place_before_the_handshake() {
         trainer: oar::protocol::NOT_A_TRAINER,
         epoch: 0,
     };
-    other.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
+    stream.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
     let mut buf = FrameBuf::default();
-    let kind = read_frame_blocking(&mut other, &mut buf, 1 << 20).unwrap();
-    assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Welcome { .. }), "welcomed");
-    // The client through its handshake still works.
-    assert_eq!(c.stats().unwrap().len(), 1);
-    drop(silent);
-    server.kill().unwrap();
-    let _ = server.wait();
-}
-
-/// A connection from `source` to `addr`.
-fn connect_from(source: &str, addr: &str) -> TcpStream {
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket.bind(&format!("{source}:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
-    socket.connect(&addr.parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
-    socket.into()
+    let kind = read_frame_blocking(&mut stream, &mut buf, 1 << 20).unwrap();
+    match Response::decode(kind, buf.payload()).unwrap() {
+        Response::Welcome { .. } => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
 }
 
 /// Silent connections from several addresses, each within its pending share, cannot keep a
@@ -398,21 +394,7 @@ fn silent_connections_from_many_addresses_cannot_keep_a_newcomer_out() {
     // more than every place (the listener takes them in the order they were made).
     let mut silent: Vec<TcpStream> =
         (2..=5).flat_map(|k| (0..2).map(move |_| format!("127.0.0.{k}"))).map(|a| connect_from(&a, &addr)).collect();
-    let mut newcomer = connect_from("127.0.0.1", &addr);
-    newcomer.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let hello = Hello {
-        version: PROTOCOL_VERSION,
-        job: "open".into(),
-        num_servers: 1,
-        server_index: 0,
-        trainer: oar::protocol::NOT_A_TRAINER,
-        epoch: 0,
-    };
-    newcomer.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
-    let mut buf = FrameBuf::default();
-    let kind = read_frame_blocking(&mut newcomer, &mut buf, 1 << 20).unwrap();
-    let answer = Response::decode(kind, buf.payload()).unwrap();
-    assert!(matches!(answer, Response::Welcome { .. }), "the newcomer is welcomed: {answer:?}");
+    tool_hello(connect_from("127.0.0.1", &addr)).expect("the newcomer is welcomed");
     // The oldest silent connection was closed for it, and told why.
     let m = refusal(silent.remove(0));
     assert!(m.contains("closed to take a newer connection") && m.contains("--max-connections"), "{m}");

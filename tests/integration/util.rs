@@ -449,14 +449,19 @@ pub fn census_split(dir: &Path) -> Option<(PathBuf, PathBuf)> {
     Some((train, test))
 }
 
+/// A TCP connection from loopback address `source` (any port) to `addr`.
+pub fn connect_from(source: &str, addr: &str) -> std::net::TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&format!("{source}:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    socket.connect(&addr.parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    socket.into()
+}
+
 /// A raw HTTP/1.1 request from a socket bound to `source` (another loopback address), read to
 /// its close: (status line, body).
 pub fn request_from(source: &str, addr: &str, request: &str) -> (String, String) {
     use std::io::{Read, Write};
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket.bind(&format!("{source}:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
-    socket.connect(&addr.parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
-    let mut stream: std::net::TcpStream = socket.into();
+    let mut stream = connect_from(source, addr);
     stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
     stream.write_all(request.as_bytes()).unwrap();
     let mut answer = String::new();
