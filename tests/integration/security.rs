@@ -201,7 +201,31 @@ fn with_a_secret_a_peer_without_it_gets_nothing_and_the_job_ends_undisturbed() {
     assert!(!log.contains("has no secret"), "{log}");
 }
 
-fn pserver(extra: &[&str]) -> (Child, String) {
+/// A server process killed and reaped when dropped, so a failing test leaves none behind
+/// (`--keep-serving` servers never end by themselves).
+struct Server(Child);
+
+impl std::ops::Deref for Server {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn pserver(extra: &[&str]) -> (Server, String) {
     use std::io::BufRead;
     let mut server = Command::new(env!("CARGO_BIN_EXE_oar"))
         .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--index", "0", "--num-servers", "1", "--keep-serving"])
@@ -213,7 +237,7 @@ fn pserver(extra: &[&str]) -> (Child, String) {
         .unwrap();
     let mut line = String::new();
     std::io::BufReader::new(server.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-    (server, line.trim().strip_prefix("OAR_READY ").unwrap().to_string())
+    (Server(server), line.trim().strip_prefix("OAR_READY ").unwrap().to_string())
 }
 
 fn rss_mib(pid: u32) -> u64 {
