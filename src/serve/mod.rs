@@ -194,19 +194,16 @@ impl Server {
             Err(e) => return error(StatusCode::BAD_REQUEST, e),
         };
         let mut scorer = self.scorers.lock().pop().unwrap_or_default();
-        let mut scored: anyhow::Result<Vec<Vec<f32>>> = Ok(vec![Vec::new(); m.heads.len()]);
-        for start in (0..batch.len()).step_by(SCORE_ROWS) {
-            let part = batch.slice(start..(start + SCORE_ROWS).min(batch.len()));
-            let part = scorer.scores(&m.saved.model, &m.saved.shard, &m.saved.params, &part);
-            scored = scored.and_then(|mut scores| {
-                let all = part?;
+        let mut score_all = || -> anyhow::Result<Vec<Vec<f32>>> {
+            let mut scores = vec![Vec::new(); m.heads.len()];
+            for start in (0..batch.len()).step_by(SCORE_ROWS) {
+                let part = batch.slice(start..(start + SCORE_ROWS).min(batch.len()));
+                let all = scorer.scores(&m.saved.model, &m.saved.shard, &m.saved.params, &part)?;
                 scores.iter_mut().zip(&m.heads).for_each(|(s, &h)| s.extend_from_slice(&all[h]));
-                Ok(scores)
-            });
-            if scored.is_err() {
-                break;
             }
-        }
+            Ok(scores)
+        };
+        let scored = score_all();
         self.scorers.lock().push(scorer);
         match scored {
             Ok(scores) => {

@@ -339,22 +339,8 @@ fn without_a_secret_a_peer_cannot_pin_memory_hold_every_connection_or_poison_the
 /// already through its handshake keeps working and another address is served.
 #[test]
 fn one_address_cannot_hold_every_place_before_the_handshake() {
-    let (mut server, addr) = pserver(&[
-        "--trainers",
-        "1",
-        "--max-connections",
-        "16",
-        "--max-pending-per-address",
-        "2",
-        "--handshake-timeout",
-        "60",
-    ]);
     // A trainer's client through its handshake first: it is not pending.
-    let config = ClientConfig {
-        trainer: Some(0),
-        ..ClientConfig::new(vec![addr.clone()], "open", Duration::from_secs(10), Duration::from_secs(10))
-    };
-    let mut c = Client::connect(&config).unwrap();
+    let (_server, addr, mut c) = pending_share_of_2("16");
     // Two silent connections from 127.0.0.1 fill its pending share (the listener takes
     // connections in the order they were made and counts each as it takes it).
     let silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(&addr).unwrap()).collect();
@@ -369,8 +355,27 @@ fn one_address_cannot_hold_every_place_before_the_handshake() {
     // The client through its handshake still works.
     assert_eq!(c.stats().unwrap().len(), 1);
     drop(silent);
-    server.kill().unwrap();
-    let _ = server.wait();
+}
+
+/// A server of one trainer with `--max-connections max`, 2 connections per address before the
+/// handshake, and trainer 0's client through its handshake.
+fn pending_share_of_2(max: &str) -> (Server, String, Client) {
+    let (server, addr) = pserver(&[
+        "--trainers",
+        "1",
+        "--max-connections",
+        max,
+        "--max-pending-per-address",
+        "2",
+        "--handshake-timeout",
+        "60",
+    ]);
+    let config = ClientConfig {
+        trainer: Some(0),
+        ..ClientConfig::new(vec![addr.clone()], "open", Duration::from_secs(10), Duration::from_secs(10))
+    };
+    let c = Client::connect(&config).unwrap();
+    (server, addr, c)
 }
 
 /// Sends a tool's `Hello` (no trainer) to job "open" on `stream`: welcomed, or the answer.
@@ -399,21 +404,7 @@ fn tool_hello(mut stream: TcpStream) -> Result<(), String> {
 /// newcomer was refused, and a trainer reconnecting to a server was refused the same way.
 #[test]
 fn silent_connections_from_many_addresses_cannot_keep_a_newcomer_out() {
-    let (mut server, addr) = pserver(&[
-        "--trainers",
-        "1",
-        "--max-connections",
-        "8",
-        "--max-pending-per-address",
-        "2",
-        "--handshake-timeout",
-        "60",
-    ]);
-    let config = ClientConfig {
-        trainer: Some(0),
-        ..ClientConfig::new(vec![addr.clone()], "open", Duration::from_secs(10), Duration::from_secs(10))
-    };
-    let mut c = Client::connect(&config).unwrap();
+    let (_server, addr, mut c) = pending_share_of_2("8");
     // Eight silent connections, two from each of 127.0.0.2 to 127.0.0.5: with the trainer's,
     // more than every place (the listener takes them in the order they were made).
     let mut silent: Vec<TcpStream> =
@@ -425,6 +416,4 @@ fn silent_connections_from_many_addresses_cannot_keep_a_newcomer_out() {
     // The trainer, which had spoken, still works.
     assert_eq!(c.stats().unwrap().len(), 1);
     drop(silent);
-    server.kill().unwrap();
-    let _ = server.wait();
 }

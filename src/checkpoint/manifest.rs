@@ -1,0 +1,258 @@
+//! Saved models: the manifest that names a pass's shard files (each checked against it before
+//! use), loading a saved model whole, and the servers' final save that writes the manifest
+//! without a trainer. The shard files themselves are [`super`]'s.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    io_err, read_recorded_shard, write_shard, CheckpointError, FORMAT_VERSION, MAX_MANIFEST_BYTES, OLDEST_FORMAT,
+};
+use crate::table::{Shard, TableSpec};
+
+/// One shard's entry in a manifest.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ShardEntry {
+    /// File name in the pass directory.
+    pub file: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// CRC-32 of the whole file as reported by the server that wrote it.
+    pub crc32: u32,
+}
+
+/// What a saved model is: written last, so its presence marks a complete checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Checkpoint format version.
+    pub format: u32,
+    /// Job id that wrote it.
+    pub job: String,
+    /// Number of passes completed.
+    pub pass: u32,
+    /// Number of servers (one shard each).
+    pub num_servers: usize,
+    /// The model's parameter spec.
+    pub spec: TableSpec,
+    /// The model and training configuration, as the trainer saw it.
+    pub model: serde_json::Value,
+    /// The shard files, by server index.
+    pub shards: Vec<ShardEntry>,
+}
+
+impl Manifest {
+    /// Writes the manifest into `dir` atomically, then points `dir/../latest` at `dir`.
+    pub fn write(&self, dir: &Path) -> Result<(), CheckpointError> {
+        let json = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
+        crate::state_file::write_atomic(&dir.join("manifest.json"), &json)?;
+        if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) {
+            crate::state_file::write_atomic(&parent.join("latest"), name.to_string_lossy().as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Finds and reads the manifest of `dir`: a pass directory, or an output directory whose
+    /// `latest` names one. Returns the manifest and its pass directory.
+    pub fn find(dir: &Path) -> Result<(Manifest, PathBuf), CheckpointError> {
+        let pass_dir = if dir.join("manifest.json").exists() {
+            dir.to_path_buf()
+        } else {
+            let latest = dir.join("latest");
+            // A state file: no link followed, no wait on a named pipe, a few bytes at most.
+            let name = crate::state_file::read(&latest, 4096)?.ok_or_else(|| CheckpointError::Io {
+                path: dir.to_path_buf(),
+                cause: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no manifest.json and no 'latest' file: not a saved model",
+                ),
+            })?;
+            let name = String::from_utf8_lossy(&name);
+            let name = name.trim();
+            if !plain_name(name) {
+                return Err(CheckpointError::Corrupt {
+                    path: latest,
+                    reason: format!("names {name:?}, not a pass folder beside it"),
+                });
+            }
+            dir.join(name)
+        };
+        let path = pass_dir.join("manifest.json");
+        let bytes = crate::state_file::read(&path, MAX_MANIFEST_BYTES)?
+            .ok_or_else(|| io_err(&path)(std::io::ErrorKind::NotFound.into()))?;
+        let m: Manifest = serde_json::from_slice(&bytes)
+            .map_err(|e| CheckpointError::Corrupt { path: path.clone(), reason: e.to_string() })?;
+        if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&m.format) {
+            return Err(CheckpointError::Corrupt { path, reason: format!("format {}", m.format) });
+        }
+        if m.shards.len() != m.num_servers {
+            return Err(CheckpointError::Corrupt { path, reason: "shard list does not match num_servers".into() });
+        }
+        if let Some(e) = m.shards.iter().find(|e| !plain_name(&e.file)) {
+            return Err(CheckpointError::Corrupt {
+                path,
+                reason: format!("shard {:?} is not a file beside it", e.file),
+            });
+        }
+        Ok((m, pass_dir))
+    }
+
+    /// Checks, before anything is allocated from it, that this manifest's spec is one a table
+    /// can be built from and that its dense parameters are no more than its shard files hold
+    /// (each the size it records): the spec of an edited or damaged manifest once made a
+    /// reader allocate until the machine ran out of memory.
+    pub fn check_size(&self, pass_dir: &Path) -> Result<(), CheckpointError> {
+        let path = pass_dir.join("manifest.json");
+        let corrupt = |reason: String| CheckpointError::Corrupt { path: path.clone(), reason };
+        self.spec.validate().map_err(|m| corrupt(format!("spec: {m}")))?;
+        let (tables, widest) = (self.spec.sparse.len(), self.spec.sparse.iter().map(|t| t.dim).max().unwrap_or(0));
+        if tables > crate::table::MAX_TABLES || widest > crate::table::MAX_DIM {
+            return Err(corrupt(format!(
+                "its spec has {tables} sparse tables with rows of up to {widest} floats: at most {} of {}",
+                crate::table::MAX_TABLES,
+                crate::table::MAX_DIM
+            )));
+        }
+        let mut on_disk = 0u64;
+        for e in &self.shards {
+            let file = pass_dir.join(&e.file);
+            let (_, size) = crate::state_file::open_sized(&file, false)?
+                .ok_or_else(|| io_err(&file)(std::io::ErrorKind::NotFound.into()))?;
+            if size != e.bytes {
+                return Err(CheckpointError::Mismatch {
+                    path: file,
+                    reason: format!("the file is {size} bytes, its record in manifest.json {}", e.bytes),
+                });
+            }
+            on_disk = on_disk.saturating_add(size);
+        }
+        let floats = self.spec.dense.params.iter().fold(0u64, |n, p| n.saturating_add(p.len as u64));
+        if floats.saturating_mul(4) > on_disk {
+            return Err(corrupt(format!(
+                "its spec has {floats} dense floats, more than its shard files' {on_disk} bytes hold"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads server `index`'s shard from `pass_dir` (below the manifest's count, checked when
+    /// it was read), checking it against this manifest.
+    pub fn load_shard(&self, pass_dir: &Path, index: usize) -> Result<Shard, CheckpointError> {
+        let entry = &self.shards[index];
+        let path = pass_dir.join(&entry.file);
+        let shard = read_recorded_shard(&path, entry.bytes, entry.crc32)?;
+        let mismatch = |reason: String| CheckpointError::Mismatch { path: path.clone(), reason };
+        if shard.index != index || shard.num_servers != self.num_servers {
+            return Err(mismatch(format!(
+                "shard is server {} of {}, manifest expects server {index} of {}",
+                shard.index, shard.num_servers, self.num_servers
+            )));
+        }
+        if shard.spec != self.spec {
+            return Err(mismatch("shard's table spec differs from the manifest's".into()));
+        }
+        Ok(shard)
+    }
+}
+
+/// Passes already in the saved model a job resumes from (0 when it starts afresh).
+pub fn passes_done(resume: Option<&Path>) -> Result<u32, CheckpointError> {
+    match resume {
+        Some(dir) => Ok(Manifest::find(dir)?.0.pass),
+        None => Ok(0),
+    }
+}
+
+/// Loads every shard of the saved model at `dir` into one shard (server 0 of 1): for offline
+/// evaluation, and for local training resumed from a distributed run.
+pub fn load_merged(dir: &Path) -> Result<(Manifest, Shard), CheckpointError> {
+    let (manifest, pass_dir) = Manifest::find(dir)?;
+    manifest.check_size(&pass_dir)?;
+    let merged = Shard::new(manifest.spec.clone(), 0, 1);
+    for index in 0..manifest.num_servers {
+        let shard = manifest.load_shard(&pass_dir, index)?;
+        let mut target = merged.dense.lock();
+        for block in &shard.dense.lock().blocks {
+            // With one server, block b is the b-th block, covering the same range.
+            let t = &mut target.blocks[block.index];
+            std::sync::Arc::make_mut(&mut t.weights).copy_from_slice(&block.weights);
+            t.state.copy_from_slice(&block.state);
+        }
+        for (t, from) in merged.sparse.iter().zip(&shard.sparse) {
+            let mut result = Ok(());
+            from.for_each_row(|id, row| {
+                if result.is_ok() {
+                    result = t.insert_row(id, row);
+                }
+            });
+            result.map_err(|e| CheckpointError::Corrupt {
+                path: pass_dir.join(&manifest.shards[index].file),
+                reason: e.to_string(),
+            })?;
+        }
+    }
+    Ok((manifest, merged))
+}
+
+/// One server's entry of a final save, with the job and pass it is for.
+#[derive(Serialize, Deserialize)]
+struct FinalEntry {
+    #[serde(default)]
+    job: String,
+    #[serde(default)]
+    pass: u32,
+    #[serde(flatten)]
+    entry: ShardEntry,
+}
+
+/// Saves one server's shard into `dir` when training ends, without any trainer's help: the
+/// shard file, then an entry file beside it; whichever server finds every entry present writes
+/// the manifest (two may both write it, atomically and identically). `dir` must be shared by
+/// all servers (one machine, or a shared file system).
+pub fn save_server_final(
+    shard: &Shard,
+    dir: &Path,
+    job: &str,
+    pass: u32,
+    model: &serde_json::Value,
+) -> Result<bool, CheckpointError> {
+    let (file, bytes, crc32) = write_shard(shard, dir)?;
+    let entry = FinalEntry { job: job.to_string(), pass, entry: ShardEntry { file, bytes, crc32 } };
+    let entry_path = |i: usize| dir.join(format!("server-{i}.entry.json"));
+    crate::state_file::write_atomic(
+        &entry_path(shard.index),
+        &serde_json::to_vec(&entry).expect("an entry always serializes"),
+    )?;
+    let mut shards = Vec::with_capacity(shard.num_servers);
+    for i in 0..shard.num_servers {
+        let path = entry_path(i);
+        // Another server's entry not written yet: that server completes the manifest.
+        let Some(bytes) = crate::state_file::read(&path, 1 << 16)? else { return Ok(false) };
+        let other: FinalEntry =
+            serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt { path, reason: e.to_string() })?;
+        // An entry an earlier run left here (another job's, another pass's, or one whose shard
+        // has been rewritten since) is not this save's: that server completes the manifest.
+        let on_disk = std::fs::symlink_metadata(dir.join(&other.entry.file)).map(|m| m.len()).ok();
+        if other.job != job || other.pass != pass || on_disk != Some(other.entry.bytes) {
+            return Ok(false);
+        }
+        shards.push(other.entry);
+    }
+    let manifest = Manifest {
+        format: FORMAT_VERSION,
+        job: job.to_string(),
+        pass,
+        num_servers: shard.num_servers,
+        spec: shard.spec.clone(),
+        model: model.clone(),
+        shards,
+    };
+    manifest.write(dir)?;
+    Ok(true)
+}
+
+/// Whether `name`, read from a file, names a file or folder right beside it: not a path that
+/// could lead anywhere else.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
