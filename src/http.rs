@@ -35,6 +35,8 @@ pub struct Limits {
     pub read_timeout: Duration,
     /// Largest request body, in bytes.
     pub max_body: usize,
+    /// Most request-body bytes held at once over all connections ([`Bodies`]).
+    pub buffered: usize,
 }
 
 /// Serves `app` on `listener` within `limits` until `shutdown` completes (connections in
@@ -150,10 +152,53 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, limit
     }
 }
 
+/// The room for request bodies over all connections: each body reserves its declared length
+/// (the largest body when it declares none) before a byte is read, and gives it back when its
+/// request is answered. Without it, every connection could hold a body of the largest size at
+/// once: 1,024 connections of 16 MiB each, 16 GiB.
+pub struct Bodies {
+    /// Free room, in KiB.
+    room: Arc<tokio::sync::Semaphore>,
+    /// All the room, in KiB.
+    total: usize,
+}
+
+impl Bodies {
+    /// Room for `limits.buffered` bytes.
+    pub fn new(limits: &Limits) -> Bodies {
+        let total = limits.buffered.div_ceil(1024).min(tokio::sync::Semaphore::MAX_PERMITS);
+        Bodies { room: Arc::new(tokio::sync::Semaphore::new(total)), total }
+    }
+
+    /// Bytes reserved now.
+    pub fn held(&self) -> u64 {
+        (self.total - self.room.available_permits()) as u64 * 1024
+    }
+}
+
+/// A request body read within the bounds, holding its share of [`Bodies`] until dropped.
+pub struct Buffered {
+    bytes: Bytes,
+    _room: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl std::ops::Deref for Buffered {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 /// Reads a request body of at most `limits.max_body` bytes arriving within
-/// `limits.read_timeout`; else the status and message to answer (413: refused by its declared
-/// length before reading; 408: too slow).
-pub async fn read_body(headers: &HeaderMap, body: Body, limits: &Limits) -> Result<Bytes, (StatusCode, String)> {
+/// `limits.read_timeout`, with room for it in `bodies`; else the status and message to answer
+/// (413: refused by its declared length before reading; 503: no room now, refused at once
+/// rather than held waiting, with a `Retry-After`; 408: too slow).
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limits: &Limits,
+    bodies: &Bodies,
+) -> Result<Buffered, (StatusCode, String)> {
     let too_large = || {
         (StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {} bytes (--max-body-mib)", limits.max_body))
     };
@@ -161,8 +206,21 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limits: &Limits) -> Resu
     if declared.is_some_and(|n| n > limits.max_body as u64) {
         return Err(too_large());
     }
-    match tokio::time::timeout(limits.read_timeout, axum::body::to_bytes(body, limits.max_body)).await {
-        Ok(Ok(bytes)) => Ok(bytes),
+    // In range: at most max_body, which the flags keep within the room.
+    let most = declared.map_or(limits.max_body, |n| n as usize);
+    let kib = u32::try_from(most.div_ceil(1024)).unwrap_or(u32::MAX);
+    let Ok(room) = bodies.room.clone().try_acquire_many_owned(kib) else {
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "no room for this body among the {} MiB of request bodies the server holds at once \
+                 (--max-buffered-mib): try again",
+                bodies.total >> 10
+            ),
+        ));
+    };
+    match tokio::time::timeout(limits.read_timeout, axum::body::to_bytes(body, most)).await {
+        Ok(Ok(bytes)) => Ok(Buffered { bytes, _room: room }),
         // `to_bytes` fails for a body over the limit (without a declared length) or a broken one.
         Ok(Err(_)) => Err(too_large()),
         Err(_) => Err((

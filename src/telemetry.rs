@@ -123,6 +123,7 @@ const SCRAPER_LIMITS: crate::http::Limits = crate::http::Limits {
     per_address: 16,
     read_timeout: std::time::Duration::from_secs(10),
     max_body: 0,
+    buffered: 0,
 };
 
 /// A metrics endpoint serving until dropped.

@@ -492,6 +492,10 @@ pub(super) struct ServeArgs {
     /// some 40,000 Criteo lines).
     #[arg(long, default_value_t = 16)]
     pub(super) max_body_mib: usize,
+    /// The most request-body bytes held at once over all connections, in MiB (waiting or
+    /// being scored); a body without room is answered 503 with Retry-After at once.
+    #[arg(long, default_value_t = 256)]
+    pub(super) max_buffered_mib: usize,
     /// Connections served at once; more wait until one ends.
     #[arg(long, default_value_t = 1024)]
     pub(super) max_connections: usize,

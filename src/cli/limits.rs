@@ -66,6 +66,11 @@ pub fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
 /// total, so one peer cannot take every place, and room for a proxy's keep-alive pool.
 const DEFAULT_PER_ADDRESS: usize = 256;
 
+/// The largest `--max-body-mib`: 4 GiB, what one reservation of [`crate::http::Bodies`] holds.
+const MAX_BODY_MIB: usize = 4096;
+/// The largest `--max-buffered-mib`: 1 TiB.
+const MAX_BUFFERED_MIB: usize = 1 << 20;
+
 /// `oar serve`'s bounds on a client, each flag checked.
 pub(super) fn serve_limits(a: &super::args::ServeArgs) -> anyhow::Result<crate::http::Limits> {
     anyhow::ensure!(
@@ -81,11 +86,23 @@ pub(super) fn serve_limits(a: &super::args::ServeArgs) -> anyhow::Result<crate::
     );
     let read_timeout = seconds("read-timeout", a.read_timeout)?;
     anyhow::ensure!(!read_timeout.is_zero(), "--read-timeout must be above 0");
+    anyhow::ensure!(
+        (1..=MAX_BODY_MIB).contains(&a.max_body_mib),
+        "--max-body-mib must be 1 to {MAX_BODY_MIB}, not {}",
+        a.max_body_mib
+    );
+    anyhow::ensure!(
+        (a.max_body_mib..=MAX_BUFFERED_MIB).contains(&a.max_buffered_mib),
+        "--max-buffered-mib must be --max-body-mib ({}) to {MAX_BUFFERED_MIB}, not {}: else no body of the largest size fits",
+        a.max_body_mib,
+        a.max_buffered_mib
+    );
     Ok(crate::http::Limits {
         connections: a.max_connections,
         per_address,
         read_timeout,
-        max_body: a.max_body_mib.saturating_mul(1 << 20),
+        max_body: a.max_body_mib << 20,
+        buffered: a.max_buffered_mib << 20,
     })
 }
 

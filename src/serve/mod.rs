@@ -99,6 +99,8 @@ struct Server {
     /// Requests parsed and scored at once (the cores, at least 2): a parsed body takes many
     /// times its size, so the bodies waiting stay bodies.
     scoring: tokio::sync::Semaphore,
+    /// The room for request bodies waiting or being scored.
+    bodies: crate::http::Bodies,
     current: RwLock<Arc<Loaded>>,
     scorers: Mutex<Vec<Scorer>>,
     answered: AtomicU64,
@@ -166,6 +168,11 @@ impl Server {
             "serve_model_pass",
             "The served model's saved pass.",
             self.current.read().saved.manifest.pass as f64,
+        );
+        sheet.gauge(
+            "serve_buffered_bytes",
+            "Request-body bytes held now, waiting or being scored (at most --max-buffered-mib).",
+            self.bodies.held() as f64,
         );
         sheet.latency("serve_request", "Time to score an infer request, parsing included.", &self.latency);
         sheet.render()
@@ -254,6 +261,7 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
         name: config.name.clone(),
         limits: config.limits,
         current: RwLock::new(Arc::new(loaded)),
+        bodies: crate::http::Bodies::new(&config.limits),
         scoring: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get().max(2))),
         scorers: Mutex::new(Vec::new()),
         answered: AtomicU64::new(0),
@@ -315,11 +323,16 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
                         return error(StatusCode::NOT_FOUND, e);
                     }
                 };
-                let body = match crate::http::read_body(&headers, body, &s.limits).await {
+                let body = match crate::http::read_body(&headers, body, &s.limits, &s.bodies).await {
                     Ok(body) => body,
                     Err((status, message)) => {
                         s.refused.fetch_add(1, Ordering::Relaxed);
-                        return error(status, message);
+                        let mut answer = error(status, message);
+                        if status == StatusCode::SERVICE_UNAVAILABLE {
+                            // Busy for now, not broken: a client may come back shortly.
+                            answer.headers_mut().insert(axum::http::header::RETRY_AFTER, 1.into());
+                        }
+                        return answer;
                     }
                 };
                 let Ok(_turn) = s.scoring.acquire().await else {

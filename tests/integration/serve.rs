@@ -502,3 +502,42 @@ fn clients_that_never_read_their_answers_cannot_hold_the_server() {
     assert_eq!(post(&infer, &lines_request(&lines[..1])).0, 200, "a real client is served");
     drop(stalled);
 }
+
+/// Request bodies held at once are bounded over all connections: a body reserves its declared
+/// length before a byte is read, and a request without room is answered 503 with Retry-After
+/// at once, naming the flag (before, 1,024 connections could each hold a 16 MiB body). The room
+/// comes back when the holder goes.
+#[test]
+fn request_bodies_held_at_once_are_bounded() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let (model, lines, _) = trained(dir.path(), "1");
+    let s = serve(&model, &["--max-body-mib", "1", "--max-buffered-mib", "1"]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let buffered = || crate::telemetry::value(&crate::telemetry::scrape(&addr), "oar_serve_buffered_bytes", None);
+    assert_eq!(buffered(), 0.0);
+    // A head that promises a body of the whole room, then one byte of it.
+    let mut holder = std::net::TcpStream::connect(&addr).unwrap();
+    write!(holder, "POST /v2/models/oar/infer HTTP/1.1\r\nHost: oar\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n{{").unwrap();
+    wait_until(60, "the promised body's room reserved", || buffered() == 1048576.0);
+    let infer = format!("{}/v2/models/oar/infer", s.url);
+    let body = lines_request(&lines[..1]);
+    let r =
+        ureq::post(&infer).timeout(Duration::from_secs(60)).set("Content-Type", "application/json").send_string(&body);
+    match r {
+        Err(ureq::Error::Status(503, r)) => {
+            assert_eq!(r.header("retry-after"), Some("1"));
+            let text = r.into_string().unwrap();
+            assert!(text.contains("--max-buffered-mib"), "{text}");
+        }
+        Ok(r) => panic!("a body without room was answered {}", r.status()),
+        Err(e) => panic!("a body without room: {e}"),
+    }
+    // The holder goes: its room comes back, and the same request is scored.
+    drop(holder);
+    wait_until(60, "the room given back", || buffered() == 0.0);
+    assert_eq!(post(&infer, &body).0, 200);
+    let bad = oar(&["serve", "--model", model.to_str().unwrap(), "--max-body-mib", "8", "--max-buffered-mib", "4"]);
+    assert!(!bad.status.success());
+    assert!(text(&bad).contains("--max-buffered-mib must be --max-body-mib (8) to"), "{}", text(&bad));
+}
