@@ -12,9 +12,9 @@ use std::time::Duration;
 use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
-    read_reply_blocking, Apply, Declaration, DenseSelection, Frame, FrameBuf, Hello, ProtocolError, Pull, Push,
-    PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME, NOT_A_TRAINER,
-    PROTOCOL_VERSION,
+    read_reply_blocking, Apply, Declaration, DenseSelection, ErrorCode, Frame, FrameBuf, Hello, ProtocolError, Pull,
+    Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME,
+    NOT_A_TRAINER, PROTOCOL_VERSION,
 };
 use crate::table::TableSpec;
 
@@ -206,8 +206,34 @@ impl Client {
     }
 
     /// Connects to server `index`'s `port`-th port and shakes hands, telling it the newest epoch
-    /// of it met so far; returns the connection and the server's epoch.
+    /// of it met so far; returns the connection and the server's epoch. A server that answers
+    /// `Busy` (every place, or this address's share of places before the handshake, taken:
+    /// perhaps by a peer's silent connections, which it closes after its handshake timeout) is
+    /// tried again with backoff until `connect_timeout`, as one still starting is.
     fn open(
+        config: &ClientConfig,
+        index: usize,
+        port: usize,
+        met: u64,
+        connect_timeout: Duration,
+    ) -> Result<(Conn, u64), ClientError> {
+        let deadline = std::time::Instant::now() + connect_timeout;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match Self::open_once(config, index, port, met, left) {
+                Err(ClientError::Refused { code: ErrorCode::Busy, message, .. }) if left > pause => {
+                    tracing::warn!(server = index, "server busy, trying again: {message}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// One attempt of [`open`](Self::open), connecting within `connect_timeout`.
+    fn open_once(
         config: &ClientConfig,
         index: usize,
         port: usize,

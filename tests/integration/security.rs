@@ -357,6 +357,28 @@ fn one_address_cannot_hold_every_place_before_the_handshake() {
     drop(silent);
 }
 
+/// A client refused `Busy` (silent connections from its own address hold that address's share
+/// of places before the handshake) tries again until its connect timeout, and gets in once the
+/// server closes them after its handshake timeout. Before, a trainer (re)connecting then failed
+/// at once, so a peer sharing its address could stop it.
+#[test]
+fn a_client_refused_busy_tries_again_until_its_connect_timeout() {
+    let (_server, addr) = pserver(&["--trainers", "1", "--max-pending-per-address", "2", "--handshake-timeout", "2"]);
+    let silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    // The share is full now (the listener counts connections in the order they were made).
+    let m = refusal(TcpStream::connect(&addr).unwrap());
+    assert!(m.contains("--max-pending-per-address"), "{m}");
+    let config = ClientConfig {
+        trainer: Some(0),
+        ..ClientConfig::new(vec![addr.clone()], "open", Duration::from_secs(60), Duration::from_secs(10))
+    };
+    let mut c = Client::connect(&config).expect("in once the silent connections are closed");
+    assert_eq!(c.stats().unwrap().len(), 1);
+    for s in silent {
+        closed_by_the_server(s);
+    }
+}
+
 /// A server of one trainer with `--max-connections max`, 2 connections per address before the
 /// handshake, and trainer 0's client through its handshake.
 fn pending_share_of_2(max: &str) -> (Server, String, Client) {
