@@ -39,6 +39,14 @@ pub enum DataError {
         /// The cause.
         cause: std::io::Error,
     },
+    /// The reader thread stopped on a bug while reading a file: the data did not end there.
+    #[error("{path}: reading stopped on an internal error ({reason}); the data did not end here (please report it)")]
+    Crashed {
+        /// The file being read.
+        path: PathBuf,
+        /// The panic's message.
+        reason: String,
+    },
 }
 
 /// How a reader batches and what it does with bad lines.
@@ -107,17 +115,32 @@ impl Reader {
         std::thread::Builder::new()
             .name("oar-reader".into())
             .spawn(move || {
-                let mut parser = super::parser(&config.schema);
-                let mut out = Out { tx, skip: config.skip, gone: false };
-                let mut batch = config.schema.new_batch();
-                for path in files {
-                    if let Err(e) = read_file(&path, &config, &mut *parser, &p, &mut batch, &mut out) {
-                        let _ = out.tx.send(Err(e));
-                        return;
+                let crashed = tx.clone();
+                let mut at = PathBuf::new();
+                // A panic must not read as the end of the data (the channel closing): a job
+                // then ended with part of its data, or none, and exit status 0.
+                let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut parser = super::parser(&config.schema);
+                    let mut out = Out { tx, skip: config.skip, gone: false };
+                    let mut batch = config.schema.new_batch();
+                    for path in files {
+                        at.clone_from(&path);
+                        if let Err(e) = read_file(&path, &config, &mut *parser, &p, &mut batch, &mut out) {
+                            let _ = out.tx.send(Err(e));
+                            return;
+                        }
                     }
-                }
-                if !batch.is_empty() {
-                    out.send(batch);
+                    if !batch.is_empty() {
+                        out.send(batch);
+                    }
+                }));
+                if let Err(panic) = read {
+                    let reason = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    let _ = crashed.send(Err(DataError::Crashed { path: at, reason }));
                 }
             })
             .expect("spawning a thread only fails when the OS is out of resources");
@@ -304,6 +327,22 @@ mod tests {
         let mut r = std::io::Cursor::new([vec![b'x'; 10], b"\nnext".to_vec()].concat());
         assert_eq!(skip_rest_of_line(&mut r).unwrap(), 11);
         assert_eq!(r.position(), 11);
+    }
+
+    /// A panic on the reader thread is an error naming the file, not the end of the data: a
+    /// job took it for the end and finished with part of its data, or none, and status 0.
+    #[test]
+    fn a_reader_that_stops_on_a_bug_is_an_error_not_the_end_of_the_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        std::fs::write(&a, "1\t1\n0\t2\n").unwrap();
+        let mut schema = Schema::criteo();
+        // Scaling of no values over 13: the parser's scaling panics (dividing rows by 0).
+        schema.dense_affine = Some(super::super::transform::Affine { shift: vec![], scale: vec![] });
+        let got: Vec<_> = Reader::spawn(vec![a.clone()], ReaderConfig::new(&schema, 1)).collect();
+        let err = got.last().expect("an error, not silence").as_ref().unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{}: reading stopped on an internal error", a.display())), "{err}");
+        assert!(err.contains("the data did not end here"), "{err}");
     }
 
     #[test]

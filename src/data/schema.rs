@@ -27,6 +27,11 @@ pub struct DenseColumn {
 
 /// The most names one range may expand to.
 pub const MAX_RANGE: u64 = 1 << 16;
+/// The most slots a layout may have: 600 ranges of a 10 KB job file expanded to 39 million
+/// names (2.3 GB) before this bound.
+pub const MAX_SLOTS: usize = 1 << 16;
+/// The most dense values per sample: widths near `u64::MAX` wrapped when added up.
+pub const MAX_DENSE: usize = 1 << 20;
 
 /// A validated data layout (see the module doc).
 #[derive(Clone, Debug, PartialEq)]
@@ -54,7 +59,7 @@ pub struct Schema {
 }
 
 /// One field of a MultiSlot line: a count, then that many values for this target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Field {
     /// Label `i` (a count of 1).
     Label(usize),
@@ -137,18 +142,21 @@ fn field_order(
     let Some(order) = order else { return Ok(every.map(|(_, f)| f).collect()) };
     let by_name: std::collections::HashMap<&str, Field> = every.clone().collect();
     let mut fields = Vec::new();
+    // A set beside the list: with tens of thousands of slots, a search of the list per name
+    // took billions of steps.
+    let mut placed = std::collections::HashSet::new();
     for spec in order {
         for name in expand_names(spec).map_err(|e| e.replace("[data] slots", "[data] fields"))? {
             let field = *by_name
                 .get(name.as_str())
                 .ok_or_else(|| format!("[data] fields: {name:?} is not a declared label, dense column or slot"))?;
-            if fields.contains(&field) {
+            if !placed.insert(field) {
                 return Err(format!("[data] fields: {name:?} is named twice"));
             }
             fields.push(field);
         }
     }
-    if let Some((name, _)) = every.into_iter().find(|(_, f)| !fields.contains(f)) {
+    if let Some((name, _)) = every.into_iter().find(|(_, f)| !placed.contains(f)) {
         return Err(format!("[data] fields: {name:?} is declared but has no place in the line"));
     }
     Ok(fields)
@@ -198,6 +206,9 @@ impl Schema {
                 let mut names = Vec::new();
                 for s in specs {
                     names.extend(expand_names(s)?);
+                    if names.len() > MAX_SLOTS {
+                        return Err(format!("[data] slots: more than {MAX_SLOTS} slot names"));
+                    }
                 }
                 Some(names)
             }
@@ -210,7 +221,7 @@ impl Schema {
                     return Err(format!("[data] labels: the criteo format has one label, \"label\" (found {l:?})"));
                 }
                 if let Some(d) = &data.dense {
-                    let w: usize = d.iter().map(|c| c.width).sum();
+                    let w = d.iter().fold(0usize, |w, c| w.saturating_add(c.width));
                     if w != c.dense_width {
                         return Err(format!(
                             "[data] dense: the criteo format has {} dense values (I1..I13) but the declared widths add up to {w}",
@@ -235,6 +246,9 @@ impl Schema {
             Format::Plain => {
                 let slots = match (declared_slots, shorthand) {
                     (Some(s), _) => s,
+                    (None, Some((n, _))) if n > MAX_SLOTS => {
+                        return Err(format!("[data] slots: {n} slots (model.slots), at most {MAX_SLOTS}"))
+                    }
                     (None, Some((n, _))) => numbered("", n),
                     (None, None) => {
                         return Err("[data] slots: the plain format needs its bag columns named, e.g. slots = [\"1..4\"] (or model.slots)".into());
@@ -282,7 +296,10 @@ impl Schema {
             (_, None) => Vec::new(),
             (_, Some(_)) => return Err("[data] fields: only the multislot format has an order of fields".into()),
         };
-        let dense_width: usize = dense.iter().map(|c| c.width).sum();
+        let dense_width = dense.iter().fold(0usize, |w, c| w.saturating_add(c.width));
+        if dense_width > MAX_DENSE {
+            return Err(format!("[data] dense: {dense_width} dense values per sample, at most {MAX_DENSE}"));
+        }
         let pipe_timeout = data.pipe_timeout.unwrap_or(super::pipe::DEFAULT_SILENCE_SECS);
         super::pipe::check_silence(pipe_timeout)?;
         let transform = data.dense_transform.unwrap_or_default();
@@ -460,5 +477,29 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), 3000);
+    }
+
+    /// Sizes from a job file or a saved model's manifest are bounded before anything is made
+    /// of them: widths near u64::MAX wrapped to 13 when added up, and 600 ranges of a 10 KB
+    /// file expanded to 39 million slot names.
+    #[test]
+    fn wrapped_widths_and_too_many_names_are_refused() {
+        let wide = |w: usize| DenseColumn { name: "a".into(), width: w };
+        let plain = DataConfig {
+            dense: Some(vec![wide(usize::MAX), DenseColumn { name: "b".into(), width: 14 }]),
+            slots: Some(vec!["s".into()]),
+            ..data(Format::Plain)
+        };
+        let err = Schema::resolve(&plain, None).unwrap_err();
+        assert!(err.contains("at most 1048576"), "{err}");
+        let criteo = DataConfig { dense: plain.dense.clone(), ..data(Format::Criteo) };
+        let err = Schema::resolve(&criteo, None).unwrap_err();
+        assert!(err.contains("declared widths add up to 18446744073709551615"), "{err}");
+        let ranges: Vec<String> = (0..3).map(|k| format!("a{k}x0..a{k}x65535")).collect();
+        let many = DataConfig { slots: Some(ranges), ..data(Format::Slots) };
+        let err = Schema::resolve(&many, None).unwrap_err();
+        assert!(err.contains("more than 65536 slot names"), "{err}");
+        let err = Schema::resolve(&data(Format::Plain), Some((1 << 40, 0))).unwrap_err();
+        assert!(err.contains("at most 65536"), "{err}");
     }
 }

@@ -98,6 +98,9 @@ impl Affine {
         if transform == DenseTransform::None {
             return Ok(None);
         }
+        if width == 0 {
+            return Err("[data] dense_transform: the data has no dense values to scale".into());
+        }
         let lens = [stats.mean.len(), stats.std.len(), stats.min.len(), stats.max.len()];
         if lens.iter().any(|&n| n != width) {
             return Err(format!(
@@ -268,5 +271,10 @@ mod tests {
         let huge = DenseStats { mean: vec![1e300, 0.0], ..s };
         let err = Affine::new(DenseTransform::Standardize, &huge, 2).unwrap_err();
         assert!(err.contains("(1e300) is not a finite 32-bit number"), "{err}");
+        // No dense values: empty statistics fit them, but there is nothing to scale (the
+        // reader thread panicked dividing rows by a width of 0).
+        let none = DenseStats { count: 0, mean: vec![], std: vec![], min: vec![], max: vec![] };
+        let err = Affine::new(DenseTransform::Standardize, &none, 0).unwrap_err();
+        assert!(err.contains("no dense values to scale"), "{err}");
     }
 }
