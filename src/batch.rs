@@ -106,6 +106,23 @@ impl Batch {
         }
     }
 
+    /// Keeps the first `rows` samples.
+    pub fn truncate(&mut self, rows: usize) {
+        if rows >= self.len() {
+            return;
+        }
+        let ids = self.id_range(0..rows).end;
+        self.labels.truncate(rows * self.label_width);
+        self.dense.truncate(rows * self.dense_width);
+        if !self.offsets.is_empty() {
+            self.offsets.truncate(rows * self.slots + 1);
+        }
+        self.ids.truncate(ids);
+        if !self.weights.is_empty() {
+            self.weights.truncate(ids);
+        }
+    }
+
     /// Samples `rows` as a new batch.
     pub fn slice(&self, rows: Range<usize>) -> Batch {
         let ids = self.id_range(rows.clone());
@@ -170,5 +187,13 @@ mod tests {
         joined.extend(&tail);
         assert_eq!(joined, b);
         assert_eq!(b.id_range(1..2), 2..5);
+        let mut cut = b.clone();
+        cut.truncate(1);
+        assert_eq!(
+            (cut.labels.clone(), cut.ids.clone(), cut.offsets.clone(), cut.weights.clone()),
+            (vec![1.0], vec![7, 8], vec![0, 1, 2], vec![1.0, 1.0])
+        );
+        cut.extend(&tail);
+        assert_eq!(cut, b, "what is cut off can be put back");
     }
 }

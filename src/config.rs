@@ -204,9 +204,10 @@ impl JobConfig {
 /// The model `model` describes for data read as `data` says, with `registry`'s layer types, and
 /// that data's resolved schema.
 pub fn build_model(model: &ModelConfig, data: &DataConfig, registry: &Registry) -> anyhow::Result<(Model, Schema)> {
-    let schema = Schema::resolve(data, model.shorthand_shape()).map_err(anyhow::Error::msg)?;
+    let mut schema = Schema::resolve(data, model.shorthand_shape()).map_err(anyhow::Error::msg)?;
     let input = Input { labels: schema.labels.clone(), dense_width: schema.dense_width, slots: schema.slots.clone() };
     let model = Model::build(model, &input, registry).map_err(anyhow::Error::msg)?;
+    schema.label_bounds = model.label_bounds();
     Ok((model, schema))
 }
 

@@ -39,6 +39,10 @@ pub enum DataError {
         /// The cause.
         cause: std::io::Error,
     },
+    /// A listed file is no longer a regular file (replaced by a named pipe, say, after the
+    /// files were listed): its message names the path and what it is.
+    #[error("{0}")]
+    NotAFile(String),
     /// The reader thread stopped on a bug while reading a file: the data did not end there.
     #[error("{path}: reading stopped on an internal error ({reason}); the data did not end here (please report it)")]
     Crashed {
@@ -193,7 +197,12 @@ fn read_file(
     out: &mut Out,
 ) -> Result<(), DataError> {
     let io = |cause| DataError::Io { path: path.clone(), cause };
-    let file = std::fs::File::open(path).map_err(io)?;
+    // Checked again as it is opened: files are listed long before they are read (an online
+    // day hours before), and a named pipe put in a file's place was waited on for good.
+    let file = super::files::open_regular(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput => DataError::NotAFile(e.to_string()),
+        _ => io(e),
+    })?;
     let Some(command) = &config.pipe_command else {
         return read_lines(
             path,
@@ -250,6 +259,28 @@ fn skip_rest_of_line(r: &mut impl BufRead) -> std::io::Result<u64> {
     }
 }
 
+/// Most ids one line may hold: a 64 MiB line of one-character ids held 16 million (128 MB
+/// parsed), and a batch of such lines tens of gigabytes.
+pub const MAX_LINE_IDS: usize = 1 << 20;
+/// Most ids one batch may hold (128 MiB of ids).
+pub const MAX_BATCH_IDS: usize = 1 << 24;
+
+/// Checks the sample just parsed into `batch` (which held `ids_before` ids before it): its ids
+/// within [`MAX_LINE_IDS`] and the batch's within [`MAX_BATCH_IDS`], its labels within the
+/// model's bounds. A sample that fails is taken out again, and the reason returned.
+fn check_sample(schema: &Schema, batch: &mut Batch, ids_before: usize) -> Result<(), String> {
+    let ids = batch.ids.len() - ids_before;
+    let labels = &batch.labels[batch.labels.len() - batch.label_width..];
+    let checked = if ids > MAX_LINE_IDS {
+        Err(format!("the line holds {ids} ids, at most {MAX_LINE_IDS}"))
+    } else if batch.ids.len() > MAX_BATCH_IDS {
+        Err(format!("with this line the batch would hold over {MAX_BATCH_IDS} ids: lower batch_size"))
+    } else {
+        schema.check_labels(labels)
+    };
+    checked.inspect_err(|_| batch.truncate(batch.len() - 1))
+}
+
 fn read_lines(
     path: &std::path::Path,
     mut r: impl BufRead,
@@ -278,7 +309,8 @@ fn read_lines(
             if text.is_empty() {
                 continue;
             }
-            parser.parse(text, batch)
+            let ids = batch.ids.len();
+            parser.parse(text, batch).and_then(|()| check_sample(&config.schema, batch, ids))
         };
         match parsed {
             Ok(()) => {
@@ -343,6 +375,53 @@ mod tests {
         let err = got.last().expect("an error, not silence").as_ref().unwrap_err().to_string();
         assert!(err.starts_with(&format!("{}: reading stopped on an internal error", a.display())), "{err}");
         assert!(err.contains("the data did not end here"), "{err}");
+    }
+
+    /// A label outside what its head's loss takes, or a line of too many ids, is named by file
+    /// and line, or skipped and counted, and leaves nothing of itself in the batch.
+    #[test]
+    fn labels_out_of_bounds_and_lines_of_too_many_ids_are_bad_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        let many = vec!["s:7"; MAX_LINE_IDS + 1].join(" ");
+        std::fs::write(
+            &a,
+            format!("click:1 s:1\nclick:3e38 s:2\n{}\nclick:0 {many}\nclick:-1 s:4\nclick:0 s:5\n", "click:1 s:3"),
+        )
+        .unwrap();
+        let data = super::super::DataConfig {
+            format: super::super::Format::Slots,
+            slots: Some(vec!["s".into()]),
+            ..Default::default()
+        };
+        let mut schema = Schema::resolve(&data, None).unwrap();
+        schema.label_bounds = vec![super::super::LabelBound::Probability];
+        let config = ReaderConfig::new(&schema, 8);
+        let got: Vec<_> = Reader::spawn(vec![a.clone()], config.clone()).collect();
+        let err = got.last().unwrap().as_ref().unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("{}:2: label \"click\" is 3e38: a log-loss label is 0 to 1", a.display())),
+            "{err}"
+        );
+        let reader = Reader::spawn(vec![a], ReaderConfig { skip_bad_lines: true, ..config });
+        let progress = reader.progress();
+        let batches: Vec<Batch> = reader.map(|b| b.unwrap()).collect();
+        assert_eq!(progress.bad_lines.load(Relaxed), 3);
+        assert_eq!((batches.len(), &batches[0].labels[..]), (1, &[1.0, 1.0, 0.0][..]));
+        assert_eq!(batches[0].ids.len(), 3, "nothing of the bad lines is left");
+    }
+
+    /// A file that became a named pipe after it was listed is named, not waited on.
+    #[test]
+    fn a_listed_file_replaced_by_a_named_pipe_is_named_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, "1\t1\n").unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&b).status().unwrap();
+        assert!(made.success());
+        let got: Vec<_> = Reader::spawn(vec![a, b.clone()], ReaderConfig::criteo(4)).collect();
+        let err = got.last().unwrap().as_ref().unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{}: a named pipe, not a regular file", b.display())), "{err}");
     }
 
     #[test]

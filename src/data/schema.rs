@@ -33,6 +33,33 @@ pub const MAX_SLOTS: usize = 1 << 16;
 /// The most dense values per sample: widths near `u64::MAX` wrapped when added up.
 pub const MAX_DENSE: usize = 1 << 20;
 
+/// What a label column may hold, as the loss of the head reading it says; checked line by
+/// line, so a bad label is named (or skipped with `--skip-bad-lines`) where it stands. A click
+/// of 3e38 stopped a distributed job with a refused push, and one of -7 trained on silently.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum LabelBound {
+    /// Any finite number (a squared-error head's, or a column no head reads).
+    #[default]
+    Any,
+    /// A probability, 0 to 1 (a log-loss head's).
+    Probability,
+    /// A class index below this (a softmax head's).
+    Class(usize),
+}
+
+impl LabelBound {
+    /// Why `y` is not a label of this kind, if it is not.
+    fn check(self, y: f32) -> Result<(), String> {
+        match self {
+            LabelBound::Any => Ok(()),
+            LabelBound::Probability if (0.0..=1.0).contains(&y) => Ok(()),
+            LabelBound::Probability => Err(format!("{y:?}: a log-loss label is 0 to 1")),
+            LabelBound::Class(n) if y >= 0.0 && y.fract() == 0.0 && (y as usize) < n => Ok(()),
+            LabelBound::Class(n) => Err(format!("{y:?}: a softmax label is a class index below the output width {n}")),
+        }
+    }
+}
+
 /// A validated data layout (see the module doc).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Schema {
@@ -56,6 +83,8 @@ pub struct Schema {
     pub fields: Vec<Field>,
     /// The scaling of the dense values after the format's own transform, if any.
     pub dense_affine: Option<super::transform::Affine>,
+    /// What each label may hold (empty: any finite number), set from the model's heads.
+    pub label_bounds: Vec<LabelBound>,
 }
 
 /// One field of a MultiSlot line: a count, then that many values for this target.
@@ -181,6 +210,7 @@ impl Schema {
             pipe_timeout: super::pipe::DEFAULT_SILENCE_SECS,
             fields: Vec::new(),
             dense_affine: None,
+            label_bounds: Vec::new(),
         }
     }
 
@@ -326,7 +356,17 @@ impl Schema {
             pipe_command: data.pipe_command.clone(),
             pipe_timeout,
             fields,
+            label_bounds: Vec::new(),
         })
+    }
+
+    /// Why a sample's `labels` do not fit [`label_bounds`](Self::label_bounds), naming the
+    /// label, if they do not.
+    pub fn check_labels(&self, labels: &[f32]) -> Result<(), String> {
+        for ((bound, y), name) in self.label_bounds.iter().zip(labels).zip(&self.labels) {
+            bound.check(*y).map_err(|e| format!("label {name:?} is {e}"))?;
+        }
+        Ok(())
     }
 
     /// The index of slot `name` (its bag's position in each sample).

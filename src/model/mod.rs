@@ -247,6 +247,21 @@ impl Model {
         }
     }
 
+    /// What each label column may hold, as the losses of the heads reading it say (the
+    /// reader checks every line against it).
+    pub fn label_bounds(&self) -> Vec<crate::data::LabelBound> {
+        use crate::data::LabelBound;
+        let mut bounds = vec![LabelBound::Any; self.input.labels.len()];
+        for head in &self.heads {
+            match head.loss {
+                Loss::LogLoss => bounds[head.label] = LabelBound::Probability,
+                Loss::Softmax => bounds[head.label] = LabelBound::Class(head.width),
+                Loss::Square | Loss::Value => {}
+            }
+        }
+        bounds
+    }
+
     /// Checks labels the heads' losses accept; the message names the sample and the setting.
     pub fn check_batch(&self, batch: &Batch) -> Result<(), String> {
         if batch.slots != self.input.slots.len() || batch.dense_width != self.input.dense_width {

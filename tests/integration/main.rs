@@ -1,6 +1,7 @@
 //! Integration tests: in-process servers on loopback port 0 driven by real trainers through
 //! real TCP, and end-to-end runs of the `oar` binary.
 
+mod bad_data;
 mod checkpoints;
 mod cli;
 mod cluster;
