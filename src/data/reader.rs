@@ -189,14 +189,14 @@ impl Iterator for Reader {
 }
 
 fn read_file(
-    path: &PathBuf,
+    path: &std::path::Path,
     config: &ReaderConfig,
     parser: &mut dyn LineParser,
     progress: &ReadProgress,
     batch: &mut Batch,
     out: &mut Out,
 ) -> Result<(), DataError> {
-    let io = |cause| DataError::Io { path: path.clone(), cause };
+    let io = |cause| DataError::Io { path: path.to_path_buf(), cause };
     // Checked again as it is opened: files are listed long before they are read (an online
     // day hours before), and a named pipe put in a file's place was waited on for good.
     let file = super::files::open_regular(path).map_err(|e| match e.kind() {
@@ -222,7 +222,7 @@ fn read_file(
         pipe.kill();
     }
     let status = pipe.finish(config.pipe_timeout).map_err(io)?;
-    let pipe_error = |status| DataError::Pipe { path: path.clone(), command: command.clone(), status };
+    let pipe_error = |status| DataError::Pipe { path: path.to_path_buf(), command: command.clone(), status };
     if output.timed_out {
         return Err(pipe_error(super::pipe::silence_message(config.pipe_timeout)));
     }
