@@ -302,7 +302,7 @@ fn v2(v: &Vars) -> Result<ClusterEnv, EnvError> {
         server_index: None,
         port,
         host: None,
-        trainers: count("PADDLE_INIT_NUM_GRADIENT_SERVERS")?,
+        trainers: v.count("PADDLE_INIT_NUM_GRADIENT_SERVERS")?,
         trainer_id: count("PADDLE_INIT_TRAINER_ID")?,
         trainer_count: count("PADDLE_INIT_TRAINER_COUNT")?,
         ports_num: count("PADDLE_INIT_PORTS_NUM")?,

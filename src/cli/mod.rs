@@ -492,6 +492,8 @@ fn pserver(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<()> {
 
 fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()> {
     let Some(config) = trainer_config(a, registry)? else { return Ok(()) }; // a server: it has served
+                                                                            // Checked before the files are dealt by trainer (0 trainers divided by zero there).
+    config.validate()?;
     let mine = crate::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
     // A resumed job trains only the passes after the saved one.
     let passes = config.passes.saturating_sub(crate::checkpoint::passes_done(config.resume.as_deref())?) as u64;

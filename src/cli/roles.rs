@@ -32,16 +32,12 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
     let port = a.ports.port.or(env.port).unwrap_or(crate::env::DEFAULT_PORT);
     let ports_num = a.ports.ports_num.or(env.ports_num).unwrap_or(1);
     let sparse = a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0);
-    anyhow::ensure!(ports_num >= 1, "--ports_num must be at least 1");
+    let ports = crate::train::ports_per_server(ports_num, sparse)?;
     anyhow::ensure!(
-        port != 0 || ports_num + sparse == 1,
+        port != 0 || ports == 1,
         "--port 0 picks one free port; with --ports_num/--ports_num_for_sparse give an explicit --port"
     );
-    anyhow::ensure!(
-        port as usize + ports_num + sparse - 1 <= u16::MAX as usize,
-        "--port {port} + {} ports goes past 65535",
-        ports_num + sparse
-    );
+    anyhow::ensure!(port as usize + ports - 1 <= u16::MAX as usize, "--port {port} + {ports} ports goes past 65535");
     let num_servers = a.num_servers.or(env.servers.as_ref().map(Vec::len)).unwrap_or(0);
     let index = a.index.or(env.server_index);
     anyhow::ensure!(

@@ -181,7 +181,11 @@ impl Client {
         let n = config.servers.len();
         let mut conns = Vec::new();
         let mut epochs = vec![0; n];
-        for port in 0..config.ports_num + config.ports_num_for_sparse {
+        let ports = config
+            .ports_num
+            .checked_add(config.ports_num_for_sparse)
+            .ok_or_else(|| ClientError::Usage("--ports_num + --ports_num_for_sparse is too large".into()))?;
+        for port in 0..ports {
             let mut row = Vec::with_capacity(n);
             for (index, met) in epochs.iter_mut().enumerate() {
                 let (conn, epoch) = Self::open(config, index, port, 0, config.connect_timeout)?;

@@ -132,6 +132,22 @@ fn default_scale_stale_steps() -> bool {
     DEFAULT_SCALE_STALE_STEPS
 }
 
+/// Most ports one server listens on (`--ports_num` + `--ports_num_for_sparse`).
+pub const MAX_PORTS: usize = 256;
+
+/// The ports per server `--ports_num` and `--ports_num_for_sparse` make, checked: at least
+/// one general port, at most [`MAX_PORTS`] in all (a sum near `usize::MAX` wrapped to 0
+/// connections, and the trainer panicked).
+pub fn ports_per_server(ports_num: usize, sparse: usize) -> anyhow::Result<usize> {
+    anyhow::ensure!(ports_num >= 1, "--ports_num must be at least 1");
+    match ports_num.checked_add(sparse) {
+        Some(n) if n <= MAX_PORTS => Ok(n),
+        _ => anyhow::bail!(
+            "--ports_num {ports_num} + --ports_num_for_sparse {sparse}: at most {MAX_PORTS} ports per server"
+        ),
+    }
+}
+
 impl TrainConfig {
     /// Checks the configuration; messages name the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -144,6 +160,7 @@ impl TrainConfig {
         );
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
+        ports_per_server(self.ports_num, self.ports_num_for_sparse)?;
         let max = crate::server::MAX_PEERS;
         anyhow::ensure!(self.trainers <= max, "--trainers is {}, more than {max}", self.trainers);
         anyhow::ensure!(self.servers.len() <= max, "{} servers, more than {max}", self.servers.len());

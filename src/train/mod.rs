@@ -27,7 +27,7 @@ mod store;
 pub mod telemetry;
 mod warmup;
 
-pub use config::{TrainConfig, DEFAULT_SCALE_STALE_STEPS, DEFAULT_SYNC_WARMUP};
+pub use config::{ports_per_server, TrainConfig, DEFAULT_SCALE_STALE_STEPS, DEFAULT_SYNC_WARMUP, MAX_PORTS};
 use pass::PassLoop;
 use position::{Position, PositionLog};
 pub use report::{AllTrainersAuc, DayReport, HeadReport, PassReport, StepTimes, TrainReport};

@@ -187,6 +187,35 @@ fn a_malformed_fleet_variable_is_named() {
     assert!(text(&out).contains("PADDLE_TRAINER_ID: missing"), "{}", text(&out));
 }
 
+/// Counts that once panicked a trainer are one clear line each: 0 trainers (v2's variable and
+/// the flag) divided by zero when the files were dealt, and a sparse port count near u64::MAX
+/// wrapped the ports to none.
+#[test]
+fn zero_trainers_or_a_wrapping_port_count_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 20, 5);
+    let data = vec![("OAR_TRAIN", train.display().to_string())];
+    let v2 = |more: &[(&'static str, &str)]| {
+        with(with(data.clone(), &[("PADDLE_INIT_PSERVERS", "127.0.0.1"), ("PADDLE_INIT_PORT", "9")]), more)
+    };
+    let cases = [
+        (v2(&[("PADDLE_INIT_NUM_GRADIENT_SERVERS", "0")]), vec!["train"], "PADDLE_INIT_NUM_GRADIENT_SERVERS"),
+        (data.clone(), vec!["train", "--trainers", "0", "--servers", "127.0.0.1:9"], "--trainers must be at least 1"),
+        (
+            v2(&[("PADDLE_INIT_PORTS_NUM", "1"), ("PADDLE_INIT_PORTS_NUM_FOR_SPARSE", "18446744073709551615")]),
+            vec!["train"],
+            "at most 256 ports per server",
+        ),
+    ];
+    for (vars, args, want) in cases {
+        let out = command(&args, &vars).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+    }
+}
+
 /// Reads the `OAR_READY <addr>` line of a server started by hand.
 fn ready_addr(child: &mut Child) -> String {
     let mut line = String::new();
