@@ -101,6 +101,8 @@ pub fn predict(
     on_progress: &dyn Fn(u64),
 ) -> anyhow::Result<PredictReport> {
     let (model, shard, params) = (&saved.model, &saved.shard, &saved.params);
+    anyhow::ensure!(config.batch_size > 0, "--batch-size must be at least 1");
+    model.check_memory(config.batch_size, config.threads.max(1)).map_err(anyhow::Error::msg)?;
     let reader = Reader::spawn(
         config.files.clone(),
         ReaderConfig { skip_bad_lines: config.skip_bad_lines, ..ReaderConfig::new(&saved.schema, config.batch_size) },

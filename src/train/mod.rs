@@ -67,6 +67,9 @@ pub fn evaluate_heads(
     batch_size: usize,
     skip_bad_lines: bool,
 ) -> anyhow::Result<Vec<EvalReport>> {
+    // `oar eval`'s own --batch-size is checked here too: a billion aborted allocating 2.4 GB.
+    anyhow::ensure!(batch_size > 0, "--batch-size must be at least 1");
+    model.check_memory(batch_size, 1).map_err(anyhow::Error::msg)?;
     let dims = dims(model);
     let mut params = Vec::new();
     store.pull(Some(&mut params), &[], &mut [], RowCreation::Peek)?;

@@ -56,3 +56,39 @@ fn scaling_without_dense_values_is_refused_before_training() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("[data] dense_transform: the data has no dense values to scale"), "{}", text(&out));
 }
+
+/// `oar eval` and `oar predict` check their batch size against the machine as training does:
+/// a billion aborted allocating 2.4 GB; 0 is refused too.
+#[test]
+fn eval_and_predict_refuse_a_batch_the_machine_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = gen_data(dir.path(), 1, 50, 10);
+    let model = dir.path().join("model");
+    let (model_arg, test_arg) = (model.to_str().unwrap(), test.to_str().unwrap());
+    let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "4", "--output", model_arg]);
+    assert!(out.status.success(), "{}", text(&out));
+    let scores = dir.path().join("scores.txt");
+    for batch in ["1000000000", "0"] {
+        let runs = [
+            oar(&["eval", "--model", model_arg, "--data", test_arg, "--batch-size", batch]),
+            oar(&[
+                "predict",
+                "--model",
+                model_arg,
+                "--data",
+                test_arg,
+                "--out",
+                scores.to_str().unwrap(),
+                "--batch-size",
+                batch,
+            ]),
+        ];
+        for out in runs {
+            assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+            let err = String::from_utf8_lossy(&out.stderr);
+            let want = if batch == "0" { "--batch-size must be at least 1" } else { "lower batch_size" };
+            assert!(err.contains(want), "{err}");
+        }
+    }
+    assert!(!scores.exists(), "no scores file from a refused run");
+}
