@@ -259,6 +259,13 @@ pub fn done_lines(done: &Path) -> Result<Vec<DoneLine>, ExportError> {
 /// there already (a pass redone after a crash saves again but is announced once).
 pub fn append_done(done: &Path, line: &DoneLine) -> Result<(), ExportError> {
     let io = |source| ExportError::Io { path: done.to_path_buf(), source };
+    if line.path.to_string_lossy().contains(['\t', '\n', '\r']) {
+        let e = std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{:?}: a tab or a line break in a save's path", line.path),
+        );
+        return Err(io(e));
+    }
     if done_lines(done)?.iter().any(|l| (l.day, l.pass, l.kind) == (line.day, line.pass, line.kind)) {
         return Ok(());
     }
@@ -319,5 +326,9 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0], line);
         assert_eq!(std::fs::read_to_string(&done).unwrap().lines().next(), Some("3\t2\tdelta\t/x/delta\t7"));
+        // A path that would break the file's lines is refused, the file untouched.
+        let forged = DoneLine { pass: 3, path: "/x/d\n4\t1\tbase\t/evil\t1".into(), ..line };
+        assert!(append_done(&done, &forged).unwrap_err().to_string().contains("a tab or a line break"));
+        assert_eq!(done_lines(&done).unwrap().len(), 2);
     }
 }

@@ -158,6 +158,15 @@ impl TrainConfig {
             self.delta_every.is_none() || self.output.is_some(),
             "--delta-every saves for serving into the output folder: give --output"
         );
+        if let (Some(out), true) = (&self.output, self.delta_every.is_some() || self.online.is_some()) {
+            // The done-file lists a save per line, its fields split by tabs: a path holding
+            // either broke the file at the second save, and could add lines a serving system
+            // would follow.
+            anyhow::ensure!(
+                !out.to_string_lossy().contains(['\t', '\n', '\r']),
+                "--output {out:?} holds a tab or a line break, which the done-file of saves for serving cannot hold"
+            );
+        }
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
         ports_per_server(self.ports_num, self.ports_num_for_sparse)?;

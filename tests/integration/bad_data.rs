@@ -92,3 +92,18 @@ fn eval_and_predict_refuse_a_batch_the_machine_cannot_hold() {
     }
     assert!(!scores.exists(), "no scores file from a refused run");
 }
+
+/// An output folder whose path holds a tab or a line break is refused before training when
+/// saves for serving are asked: the done-file lists them a line each, split by tabs (it broke
+/// at the second save, and a line break could add lines a serving system follows).
+#[test]
+fn an_output_path_the_done_file_cannot_hold_is_refused_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 50, 10);
+    let out_dir = dir.path().join("o\tx");
+    let args = ["train", "--train", train.to_str().unwrap(), "--hidden", "4", "--passes", "2", "--delta-every", "1"];
+    let out = oar(&[&args[..], &["--output", out_dir.to_str().unwrap()]].concat());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("holds a tab or a line break"), "{}", text(&out));
+    assert!(!out_dir.exists(), "refused before anything was written");
+}
