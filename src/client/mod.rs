@@ -328,7 +328,12 @@ impl Client {
     /// [`Client::declare`], also telling the servers what the model is (written into the
     /// manifest of the model they save when every trainer has closed).
     pub fn declare_model(&mut self, spec: &TableSpec, model: serde_json::Value) -> Result<(), ClientError> {
-        let declaration = Declaration { spec: spec.clone(), model };
+        self.declare_with(Declaration { spec: spec.clone(), model, calendar: Vec::new() })
+    }
+
+    /// Declares as `declaration` says (an online trainer's includes its calendar).
+    pub fn declare_with(&mut self, declaration: Declaration) -> Result<(), ClientError> {
+        let spec = declaration.spec.clone();
         self.declared = Some(declaration.clone());
         self.broadcast_done(&Request::Declare(declaration), "the table declaration")?;
         self.layout = Some(spec.dense.layout(self.servers()));

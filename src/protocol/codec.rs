@@ -475,7 +475,7 @@ impl<'a> Response<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::split_frame;
+    use crate::protocol::{split_frame, ListedDay};
     use crate::table::{DenseParam, DenseSpec, Init, Optimizer, TableSpec};
     fn round_trip_request(r: Request) {
         let frame = r.encode().to_vec();
@@ -510,6 +510,7 @@ mod tests {
                 sparse: vec![],
             },
             model: serde_json::json!({"model": {"slots": 2}}),
+            calendar: vec![ListedDay { day: "20260101".into(), files: 4, bytes: 9, digest: "ab".into() }],
         }));
         round_trip_request(Request::Pull(Pull {
             dense: DenseSelection::All,

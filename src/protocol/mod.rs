@@ -245,6 +245,52 @@ pub struct Declaration {
     /// The model and data description written into manifests (opaque to servers).
     #[serde(default)]
     pub model: serde_json::Value,
+    /// An online job's calendar as this trainer listed it (empty otherwise): servers keep the
+    /// first trainer's and refuse another ([`ListedDay::first_difference`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calendar: Vec<ListedDay>,
+}
+
+/// One day of an online job's calendar as a trainer listed it. Every trainer must list the same
+/// files: each pass's split of a day is dealt from them by position, so a file one trainer saw
+/// and another did not (added between their starts) shifted the splits, and files went
+/// untrained without a word.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ListedDay {
+    /// The date, `YYYYMMDD`.
+    pub day: String,
+    /// Files listed.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// SHA-256 (hex) of their names and sizes in order.
+    pub digest: String,
+}
+
+impl ListedDay {
+    /// How `mine` differs from the calendar `kept` (the first trainer's), naming the first day
+    /// that differs, or `None` when they are the same.
+    pub fn first_difference(kept: &[ListedDay], mine: &[ListedDay]) -> Option<String> {
+        if kept == mine {
+            return None;
+        }
+        let why = match kept.iter().zip(mine).find(|(a, b)| a != b) {
+            Some((a, b)) => format!(
+                "day {}: {} files of {} bytes here, {} files of {} bytes for the trainer that declared first{}",
+                b.day,
+                b.files,
+                b.bytes,
+                a.files,
+                a.bytes,
+                if (a.files, a.bytes) == (b.files, b.bytes) { " (other names)" } else { "" }
+            ),
+            None => format!("{} days here, {} for the trainer that declared first", mine.len(), kept.len()),
+        };
+        Some(format!(
+            "the online calendar differs from the other trainers': {why}: every trainer must list the same files \
+             (was a file added or removed after the job started?)"
+        ))
+    }
 }
 
 /// A client request.

@@ -66,6 +66,8 @@ struct State {
     place: Mutex<Option<(usize, usize)>>,
     /// The model description of the first declaration, for the final manifest.
     model: Mutex<serde_json::Value>,
+    /// The online calendar of the first declaration that had one.
+    calendar: Mutex<Vec<crate::protocol::ListedDay>>,
     shard: Mutex<Option<Arc<Shard>>>,
     counters: Counters,
     sync: Mutex<SyncStep>,
@@ -282,6 +284,7 @@ pub async fn run(
         pass_auc: Mutex::new(BTreeMap::new()),
         place: Mutex::new(place),
         model: Mutex::new(serde_json::Value::Null),
+        calendar: Mutex::new(Vec::new()),
         shard: Mutex::new(shard),
         // A shard restored from a checkpoint goes on counting from the updates it holds, so a
         // sync step or an async staleness check sees the versions it would have.

@@ -12,7 +12,15 @@ use crate::table::{Shard, MAX_DIM, MAX_TABLES};
 
 /// Creates the shard from the first declaration; later ones must match it.
 pub(super) fn declare(state: &State, declaration: Declaration) -> Reply {
-    let Declaration { spec, model } = declaration;
+    let Declaration { spec, model, calendar } = declaration;
+    if !calendar.is_empty() {
+        let mut kept = state.calendar.lock();
+        if kept.is_empty() {
+            *kept = calendar;
+        } else if let Some(why) = crate::protocol::ListedDay::first_difference(&kept, &calendar) {
+            return Err((ErrorCode::Table, why));
+        }
+    }
     if !model.is_null() {
         let mut kept = state.model.lock();
         if kept.is_null() {

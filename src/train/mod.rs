@@ -381,7 +381,9 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
                 secret: config.secret.clone(),
                 tls: config.tls.clone(),
             })?;
-            client.declare_model(spec, description(config, None))?;
+            let calendar = config.online.as_ref().map(|o| o.listing()).transpose()?.unwrap_or_default();
+            let model = description(config, None);
+            client.declare_with(crate::protocol::Declaration { spec: spec.clone(), model, calendar })?;
             Store::Remote(Box::new(client))
         }
     };

@@ -43,6 +43,26 @@ impl Online {
         Ok(())
     }
 
+    /// The calendar as this trainer sees it now, day by day, for the servers to compare with
+    /// the other trainers' (see [`crate::protocol::ListedDay`]): file names, not paths, so
+    /// trainers may mount the stream at different places.
+    pub fn listing(&self) -> anyhow::Result<Vec<crate::protocol::ListedDay>> {
+        use sha2::Digest;
+        let mut days = Vec::with_capacity(self.days.len());
+        for (day, files) in &self.days {
+            let (mut hash, mut bytes) = (sha2::Sha256::new(), 0u64);
+            for f in files {
+                let size = std::fs::metadata(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?.len();
+                let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                hash.update(format!("{name}\0{size}\n").as_bytes());
+                bytes += size;
+            }
+            let digest = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+            days.push(crate::protocol::ListedDay { day: day.clone(), files: files.len() as u64, bytes, digest });
+        }
+        Ok(days)
+    }
+
     /// Every day's files, in order.
     pub fn all_files(&self) -> Vec<PathBuf> {
         self.days.iter().flat_map(|(_, f)| f.iter().cloned()).collect()
@@ -100,6 +120,32 @@ mod tests {
         assert_eq!(o.next_first_split(0), Some(&o.days[1].1[0..2]));
         assert_eq!(o.next_first_split(1), None);
         assert_eq!(o.date_number(1), 20260102);
+    }
+
+    /// Two trainers' listings of one stream agree wherever it is mounted; a file one of them
+    /// saw and the other did not is named by its day.
+    #[test]
+    fn listings_of_one_calendar_agree_and_a_file_more_is_named_by_its_day() {
+        use crate::protocol::ListedDay;
+        let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let listed = |root: &std::path::Path, parts: usize| {
+            let day = root.join("20260101");
+            std::fs::create_dir_all(&day).unwrap();
+            let files: Vec<PathBuf> = (0..parts).map(|i| day.join(format!("part-{i:05}"))).collect();
+            files.iter().for_each(|f| std::fs::write(f, "1\t2\n").unwrap());
+            Online { days: vec![("20260101".into(), files)], passes_per_day: 1 }.listing().unwrap()
+        };
+        let (a, b) = (listed(here.path(), 2), listed(there.path(), 2));
+        assert_eq!(ListedDay::first_difference(&a, &b), None);
+        assert_eq!((a[0].files, a[0].bytes), (2, 8));
+        let more = listed(there.path(), 3);
+        let why = ListedDay::first_difference(&a, &more).unwrap();
+        assert!(
+            why.contains(
+                "day 20260101: 3 files of 12 bytes here, 2 files of 8 bytes for the trainer that declared first"
+            ),
+            "{why}"
+        );
     }
 
     #[test]

@@ -176,3 +176,53 @@ fn a_trainer_killed_mid_day_is_restarted_by_launch_and_every_sample_is_applied_o
     let saves: Vec<(u32, u32)> = done.iter().map(|l| (l.day, l.pass)).collect();
     assert_eq!(saves, [(20260101, 1), (20260101, 2), (20260102, 1), (20260102, 2), (20260103, 1), (20260103, 2)]);
 }
+
+/// Trainers of an online job that list a day differently (a file added between their starts)
+/// cannot train it apart: the second one's declaration is refused naming the day, and the job
+/// ends, where before both trained, splits shifted, and the new file went untrained without a
+/// word.
+#[test]
+fn a_trainer_listing_another_calendar_is_refused_naming_the_day() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = stream(dir.path(), 1, 1_000);
+    let job = job(dir.path());
+    let server = start_server(server_config(0, 1, 2, oar::server::Mode::Async));
+    let train = |id: &str| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_oar"));
+        c.args(["train", "--config", &job, "--online", &stream, "--days", "20260101..20260101"])
+            .args(["--passes-per-day", "1", "--servers", &server.addr, "--job", "test", "--mode", "async"])
+            .args(["--sync-warmup", "0", "--trainers", "2", "--trainer-id", id])
+            .env_remove("OAR_LAUNCHED")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    // Trainer 0 lists the day, declares and trains its share (then waits for trainer 1 at the
+    // pass's end): its updates at the server show it has declared.
+    let first = train("0").spawn().unwrap();
+    let config = oar::client::ClientConfig::new(
+        vec![server.addr.clone()],
+        "test",
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_secs(10),
+    );
+    let mut tool = oar::client::Client::connect(&config).unwrap();
+    wait_until(60, "trainer 0's first update", || tool.stats().unwrap()[0].version > 0);
+    drop(tool);
+    let day = Path::new(&stream).join("20260101");
+    let extra = day.join("part-00004");
+    std::fs::copy(day.join("part-00003"), &extra).unwrap();
+    let refused = train("1").output().unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("the online calendar differs from the other trainers': day 20260101: 5 files")
+            && err.contains("4 files of"),
+        "{err}"
+    );
+    // The job cannot go on without trainer 1: trainer 0 is told so (status 3, a peer lost),
+    // and the server ends naming it, rather than training on with a file nobody trains.
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(3), "{}", text(&first));
+    assert!(server.handle.join().is_err(), "the server ended with an error");
+}

@@ -454,7 +454,7 @@ fn write_fuzz_seeds() {
     let spec = criteo_model(&model).table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.1));
     let dense = vec![0.5f32; spec.dense.total()];
     let frames = [
-        Request::Declare(Declaration { spec, model: serde_json::Value::Null }),
+        Request::Declare(Declaration { spec, model: serde_json::Value::Null, calendar: Vec::new() }),
         Request::Pull(oar::protocol::Pull {
             dense: DenseSelection::All,
             create: RowCreation::Create,
