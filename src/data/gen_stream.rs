@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use chrono::NaiveDate;
+use chrono::{Datelike, NaiveDate};
 
 use super::gen::{planted_line, write_part, Drift};
 use crate::metrics;
@@ -78,6 +78,14 @@ pub fn generate(config: &StreamConfig, on_day: &dyn Fn(&DayMeta)) -> anyhow::Res
     anyhow::ensure!(config.days > 0, "--days must be at least 1");
     anyhow::ensure!(config.days <= MAX_DAYS, "--days is {}, more than {MAX_DAYS} (100 years)", config.days);
     super::files::check_fill(config.parts, config.lines_per_day, "line(s) a day").map_err(anyhow::Error::msg)?;
+    // Folder names are YYYYMMDD: past 9999 they take more digits, which `--days` cannot name.
+    let last = config.start + chrono::Days::new(config.days as u64 - 1);
+    anyhow::ensure!(
+        last.year() <= 9999,
+        "--start {} with {} days runs past the year 9999 (day folders are YYYYMMDD)",
+        folder_name(config.start),
+        config.days
+    );
     let mut days = Vec::new();
     for day in 0..config.days {
         let date = config.start + chrono::Days::new(day as u64);
@@ -169,6 +177,24 @@ mod tests {
         assert!(days_in(dir.path(), "20270101..20261230").unwrap_err().to_string().contains("after"));
         assert!(format!("{:#}", days_in(dir.path(), "20261229..20261230").unwrap_err()).contains("20261229"));
         assert!(days_in(dir.path(), "2026-12-30").is_err());
+    }
+
+    /// A stream running past 9999-12-31 is refused before anything is written: its folders
+    /// took more digits than `--days` names.
+    #[test]
+    fn a_stream_past_the_year_9999_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StreamConfig {
+            days: 2,
+            lines_per_day: 10,
+            parts: 1,
+            seed: 1,
+            start: parse_date("99991231").unwrap(),
+            out: dir.path().join("s"),
+        };
+        let err = generate(&config, &|_| {}).unwrap_err().to_string();
+        assert!(err.contains("--start 99991231 with 2 days runs past the year 9999"), "{err}");
+        assert!(!config.out.exists());
     }
 
     #[test]
