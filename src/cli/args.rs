@@ -296,6 +296,9 @@ pub(super) struct TasksArgs {
     /// in the labels.
     #[arg(long, default_value_t = crate::data::gen_tasks::SHARPNESS)]
     pub(super) sharpness: f64,
+    /// Multiplies each sine's frequency (`sines`; 1 is the paper's), in (0, 10].
+    #[arg(long, default_value_t = 1.0)]
+    pub(super) frequency: f64,
 }
 
 impl TasksArgs {
@@ -306,6 +309,7 @@ impl TasksArgs {
             correlation: self.correlation,
             sines: self.sines,
             sharpness: self.sharpness,
+            frequency: self.frequency,
         }
     }
 }

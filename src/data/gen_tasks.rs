@@ -71,19 +71,25 @@ pub struct Relation {
     pub sines: usize,
     /// Slope of the click probability in the standardized score, in (0, 100].
     pub sharpness: f64,
+    /// Multiplies every sine's frequency `a_i` (`sines`), in (0, 10]: 1 is the paper's. With
+    /// `a_i` standard normals, how finely a draw's score wiggles is luck (planted draw 5 of 20
+    /// sines drew two near 2.5, and only there did PLE lead the shared bottom); a frequency of
+    /// 3 gives every draw such structure.
+    pub frequency: f64,
 }
 
 impl Relation {
     /// `effect` at `correlation`, with the paper's 10 sines and sharpness 3.
     pub fn new(effect: Effect, correlation: f64) -> Relation {
-        Relation { effect, correlation, sines: SINES, sharpness: SHARPNESS }
+        Relation { effect, correlation, sines: SINES, sharpness: SHARPNESS, frequency: 1.0 }
     }
 
     fn check(&self) -> anyhow::Result<()> {
-        let Relation { correlation, sines, sharpness, .. } = *self;
+        let Relation { correlation, sines, sharpness, frequency, .. } = *self;
         anyhow::ensure!((-1.0..=1.0).contains(&correlation), "--correlation must be in [-1, 1], got {correlation}");
         anyhow::ensure!((1..=MOST_SINES).contains(&sines), "--sines must be 1 to {MOST_SINES}, got {sines}");
         anyhow::ensure!(sharpness > 0.0 && sharpness <= 100.0, "--sharpness must be in (0, 100], got {sharpness}");
+        anyhow::ensure!(frequency > 0.0 && frequency <= 10.0, "--frequency must be in (0, 10], got {frequency}");
         Ok(())
     }
 }
@@ -170,7 +176,10 @@ impl Planted {
             w2[k] = r * u1[k] + (1.0 - r * r).sqrt() * u2[k];
         }
         let sines = (0..relation.sines)
-            .map(|i| (d.normal((2 * INPUTS + 2 * i) as u64), d.normal((2 * INPUTS + 2 * i + 1) as u64)))
+            .map(|i| {
+                let (a, b) = (d.normal((2 * INPUTS + 2 * i) as u64), d.normal((2 * INPUTS + 2 * i + 1) as u64));
+                (relation.frequency * a, b)
+            })
             .collect();
         let mixture = (effect == Effect::Experts).then(|| Mixture::new(&d, correlation));
         let sharpness = relation.sharpness;
@@ -248,7 +257,7 @@ fn write_line(planted: &Planted, seed: u64, stream: u64, line: u64, out: &mut Ve
 /// Generates the data set described by `config`: tasks related as `relation` says.
 pub fn generate(config: &GenConfig, relation: &Relation) -> anyhow::Result<TasksGenReport> {
     relation.check()?;
-    let Relation { effect, correlation, sines, sharpness } = *relation;
+    let Relation { effect, correlation, sines, sharpness, frequency } = *relation;
     let planted = Planted::new(config.seed, relation);
     let report = write_parts(config, &|seed, stream, line, out| write_line(&planted, seed, stream, line, out))?;
     // The second task's planted AUC on the test lines (the report's is the first task's).
@@ -266,6 +275,7 @@ pub fn generate(config: &GenConfig, relation: &Relation) -> anyhow::Result<Tasks
         "experts": EXPERTS,
         "gate_sharpness": GATE_SHARPNESS,
         "sharpness": sharpness,
+        "frequency": frequency,
         "oracle_test_auc": [report.oracle_test_auc, crate::metrics::auc(&probs, &labels)],
         "format": "plain: task1 task2 x1 .. x100",
     });
@@ -308,6 +318,10 @@ mod tests {
         assert_eq!((paper.sines.len(), asked.sines.len()), (10, 20));
         assert_eq!(paper.sines[..], asked.sines[..10]);
         assert_eq!(paper.w, asked.w);
+        // A frequency multiplies each a_i, nothing else.
+        let faster = Planted::new(5, &Relation { frequency: 3.0, ..Relation::new(Effect::Sines, 0.5) });
+        assert!(faster.sines.iter().zip(&paper.sines).all(|(f, p)| f.0 == 3.0 * p.0 && f.1 == p.1));
+        assert_eq!(faster.w, paper.w);
         // By hand at one line: the score, then sigmoid(10 z) of the standardized score.
         let x = inputs(5, 1, 3);
         for t in 0..2 {
@@ -344,6 +358,8 @@ mod tests {
             (Relation { sines: 101, ..sines }, "--sines must be 1 to 100, got 101"),
             (Relation { sharpness: f64::NAN, ..sines }, "--sharpness must be in (0, 100], got NaN"),
             (Relation { sharpness: 0.0, ..sines }, "--sharpness must be in (0, 100], got 0"),
+            (Relation { frequency: 0.0, ..sines }, "--frequency must be in (0, 10], got 0"),
+            (Relation { frequency: f64::INFINITY, ..sines }, "--frequency must be in (0, 10], got inf"),
         ] {
             assert_eq!(generate(&config, &bad).unwrap_err().to_string(), says);
         }
