@@ -129,7 +129,13 @@ fn complete(server_dir: &Path) -> Vec<(u64, PathBuf)> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            let seq = name.strip_prefix("ckpt-")?.parse().ok()?;
+            let seq: u64 = name.strip_prefix("ckpt-")?.parse().ok()?;
+            if seq > COUNTER_MAX {
+                // Not one this server numbered: `ckpt-18446744073709551615` made the next number
+                // wrap to 0, and every new checkpoint was pruned as the oldest on writing.
+                tracing::warn!(folder = %e.path().display(), "ignored: a checkpoint number beyond {COUNTER_MAX}");
+                return None;
+            }
             Some((seq, e.path()))
         })
         .collect();
@@ -394,4 +400,22 @@ pub fn load_latest(dir: &Path, index: usize, job: &str) -> anyhow::Result<(Entry
         format!(" (it holds checkpoints of job(s) {others:?}, never loaded for another job)")
     };
     anyhow::bail!("{}: no readable checkpoint of server {index} of job '{job}'{others}", folder.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder numbered beyond what a server numbers is not one of its checkpoints: it made
+    /// the next number wrap to 0, and each new checkpoint was pruned as the oldest.
+    #[test]
+    fn a_checkpoint_number_beyond_the_counters_bound_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server_dir(dir.path(), 0);
+        for name in ["ckpt-18446744073709551615", "ckpt-000002", "ckpt-x"] {
+            std::fs::create_dir_all(server.join(name)).unwrap();
+        }
+        let found: Vec<u64> = complete(&server).into_iter().map(|(seq, _)| seq).collect();
+        assert_eq!(found, [2]);
+    }
 }
