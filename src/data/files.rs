@@ -158,12 +158,27 @@ pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u
     let mut files = Vec::with_capacity(parts);
     for k in 0..parts as u64 {
         let out = PathBuf::from(format!("{}-{k:05}", path.display()));
-        let file = std::fs::File::create(&out)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", out.display())))?;
-        let mut w = std::io::BufWriter::new(file);
+        // Written to a new file beside it, then renamed into place: a link already at the
+        // part's name is replaced, never written through (`in-00000 -> in` emptied the input
+        // being split, and a link to a file elsewhere overwrote that file).
+        let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = out.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+        let named = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+        };
         let count = lines / parts as u64 + u64::from(k < lines % parts as u64);
-        copy_lines(&mut reader, &mut w, count)?;
-        w.flush()?;
+        let written = (|| {
+            let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(named(&tmp))?;
+            let mut w = std::io::BufWriter::new(file);
+            copy_lines(&mut reader, &mut w, count)?;
+            w.flush()?;
+            std::fs::rename(&tmp, &out).map_err(named(&out))
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         files.push(out);
     }
     Ok((files, lines))
@@ -248,6 +263,19 @@ mod tests {
         assert_eq!(list_files(&dir.path().join("big.txt-*")).unwrap(), parts);
         assert_eq!(shard_files(&parts, 2, 1), [parts[1].clone()]);
         assert!(list_files(&dir.path().join("nothing-*")).unwrap_err().to_string().contains("no file matches"));
+        // Links at the parts' names are replaced, not written through: one to the input
+        // itself emptied it, one elsewhere overwrote that file.
+        let outside = dir.path().join("victim");
+        std::fs::write(&outside, "keep\n").unwrap();
+        std::fs::remove_file(&parts[0]).unwrap();
+        std::fs::remove_file(&parts[1]).unwrap();
+        std::os::unix::fs::symlink(&f, &parts[0]).unwrap();
+        std::os::unix::fs::symlink(&outside, &parts[1]).unwrap();
+        split_file(&f, 3).unwrap();
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "a\nb\nc\nd\ne");
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep\n");
+        assert!(!std::fs::symlink_metadata(&parts[0]).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_to_string(&parts[1]).unwrap(), "c\nd\n");
     }
 
     #[test]
