@@ -74,6 +74,14 @@ pub fn parse_hosts(text: &str, file: &Path) -> anyhow::Result<Vec<String>> {
             file.display(),
             n + 1
         );
+        // A destination is passed to ssh as an argument: one starting with `-` was an ssh
+        // option (`-oProxyCommand=...` runs a command here), so only a plain `[user@]host`.
+        anyhow::ensure!(
+            !line.starts_with('-') && line.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-@:[]".contains(&b)),
+            "{}:{}: {line:?} is not an ssh destination ([user@]host: letters, digits, '.', '_', '-', ':', brackets)",
+            file.display(),
+            n + 1
+        );
         hosts.push(line.to_string());
     }
     anyhow::ensure!(!hosts.is_empty(), "{}: no hosts listed", file.display());
@@ -176,7 +184,8 @@ fn ssh(config: &SshConfig, host: &str) -> Command {
     if let Some(f) = &config.ssh_config {
         cmd.arg("-F").arg(f);
     }
-    cmd.arg(host);
+    // `--`: whatever the destination, ssh takes it as one, never as an option.
+    cmd.arg("--").arg(host);
     cmd
 }
 
@@ -349,6 +358,24 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
     anyhow::ensure!(!config.hosts.is_empty(), "no hosts");
     anyhow::ensure!(config.servers_per_host >= 1, "--servers-per-host must be at least 1");
     anyhow::ensure!(config.trainers_per_host >= 1, "--trainers-per-host must be at least 1");
+    let max = crate::server::MAX_PEERS;
+    let (servers, trainers) = (
+        config.hosts.len().checked_mul(config.servers_per_host),
+        config.hosts.len().checked_mul(config.trainers_per_host),
+    );
+    anyhow::ensure!(
+        servers.is_some_and(|n| n <= max) && trainers.is_some_and(|n| n <= max),
+        "{} hosts x --servers-per-host {} / --trainers-per-host {}: at most {max} servers and {max} trainers",
+        config.hosts.len(),
+        config.servers_per_host,
+        config.trainers_per_host
+    );
+    anyhow::ensure!(
+        config.port as usize + config.servers_per_host - 1 <= u16::MAX as usize,
+        "--port {} + {} servers per host goes past 65535",
+        config.port,
+        config.servers_per_host
+    );
     let started = Instant::now();
     let remote = match &config.remote_workspace {
         Some(r) => r.clone(),
@@ -443,6 +470,16 @@ mod tests {
         }
     }
 
+    /// Counts and ports are checked before anything runs: 10^8 servers per host took 1 GB
+    /// building placements, and port 65534 with 3 per host named port 65536.
+    #[test]
+    fn server_counts_and_ports_beyond_their_bounds_are_refused_before_anything_runs() {
+        let huge = SshConfig { servers_per_host: 100_000_000, ..config(&["a"]) };
+        assert!(run(&huge).unwrap_err().to_string().contains("at most 65536 servers"));
+        let past = SshConfig { servers_per_host: 3, port: 65534, ..config(&["a"]) };
+        assert_eq!(run(&past).unwrap_err().to_string(), "--port 65534 + 3 servers per host goes past 65535");
+    }
+
     #[test]
     fn hosts_files_skip_comments_and_name_bad_lines() {
         let f = Path::new("hosts");
@@ -450,6 +487,12 @@ mod tests {
         let err = parse_hosts("a\nb c\n", f).unwrap_err().to_string();
         assert_eq!(err, "hosts:2: expected one host per line, got \"b c\"");
         assert!(parse_hosts("# nothing\n", f).is_err());
+        // Never an ssh option, nor anything a shell or ssh reads specially.
+        for bad in ["-V", "-oProxyCommand=touch${IFS}/tmp/x", "node1;reboot", "a$(id)"] {
+            let err = parse_hosts(&format!("{bad}\n"), f).unwrap_err().to_string();
+            assert!(err.contains("is not an ssh destination"), "{bad}: {err}");
+        }
+        assert_eq!(parse_hosts("user@10.0.0.1\n[::1]\n", f).unwrap(), ["user@10.0.0.1", "[::1]"]);
     }
 
     #[test]
