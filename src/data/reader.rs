@@ -43,6 +43,18 @@ pub enum DataError {
     /// files were listed): its message names the path and what it is.
     #[error("{0}")]
     NotAFile(String),
+    /// Asked to leave out more samples than the files hold (a rejoining trainer's recorded
+    /// position is beyond its data).
+    #[error(
+        "the recorded position is {asked} samples into this pass, but its files hold only {held}: \
+         the record is of other data (or the files changed since)"
+    )]
+    ShortOfSkip {
+        /// Samples to leave out.
+        asked: u64,
+        /// Samples the files held.
+        held: u64,
+    },
     /// The reader thread stopped on a bug while reading a file: the data did not end there.
     #[error("{path}: reading stopped on an internal error ({reason}); the data did not end here (please report it)")]
     Crashed {
@@ -136,6 +148,12 @@ impl Reader {
                     }
                     if !batch.is_empty() {
                         out.send(batch);
+                    }
+                    if out.skip > 0 && !out.gone {
+                        // A position record from other (or fewer) data: the whole pass was
+                        // skipped, and the trainer ended it having trained nothing, status 0.
+                        let held = config.skip - out.skip;
+                        let _ = out.tx.send(Err(DataError::ShortOfSkip { asked: config.skip, held }));
                     }
                 }));
                 if let Err(panic) = read {
@@ -411,6 +429,20 @@ mod tests {
         assert_eq!(batches[0].ids.len(), 3, "nothing of the bad lines is left");
     }
 
+    /// Leaving out more samples than the files hold is an error, not an empty pass.
+    #[test]
+    fn skipping_past_the_end_of_the_data_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        std::fs::write(&a, "1\t1\n0\t2\n1\t3\n").unwrap();
+        let got: Vec<_> = Reader::spawn(vec![a.clone()], ReaderConfig { skip: 2, ..ReaderConfig::criteo(2) }).collect();
+        assert_eq!(got.len(), 1, "the sample after the two left out");
+        assert_eq!(got[0].as_ref().unwrap().len(), 1);
+        let got: Vec<_> = Reader::spawn(vec![a], ReaderConfig { skip: 1 << 40, ..ReaderConfig::criteo(2) }).collect();
+        let err = got.last().unwrap().as_ref().unwrap_err().to_string();
+        assert!(err.contains("1099511627776 samples into this pass, but its files hold only 3"), "{err}");
+    }
+
     /// A file that became a named pipe after it was listed is named, not waited on.
     #[test]
     fn a_listed_file_replaced_by_a_named_pipe_is_named_not_waited_on() {
@@ -459,7 +491,10 @@ mod tests {
         assert_eq!(labels(0), [vec![1.0, 0.0, 1.0], vec![0.0, 1.0, 0.0], vec![1.0]]);
         assert_eq!(labels(4), [vec![1.0, 0.0], vec![1.0]]);
         assert_eq!(labels(6), [vec![1.0]]);
-        assert!(labels(9).is_empty());
+        assert!(labels(7).is_empty(), "every sample left out: nothing, and no error");
+        let beyond: Vec<_> =
+            Reader::spawn(vec![a.clone()], ReaderConfig { skip: 9, ..ReaderConfig::criteo(3) }).collect();
+        assert!(beyond[0].is_err(), "more left out than the files hold");
     }
 
     #[test]
