@@ -78,10 +78,55 @@ impl std::io::Write for Wire {
     }
 }
 
+/// A connection read within one deadline for a whole reply: the socket's timeout is set to
+/// the time left before each read. A socket timeout alone bounds each read, so a peer sending
+/// a byte a second held a trainer (or `oar shrink`) for good.
+pub(super) struct Deadline<'a> {
+    wire: &'a mut Wire,
+    until: Instant,
+    timeout: Duration,
+}
+
+impl<'a> Deadline<'a> {
+    /// Reads from `wire` for at most `timeout` from now.
+    pub(super) fn new(wire: &'a mut Wire, timeout: Duration) -> Deadline<'a> {
+        Deadline { wire, until: Instant::now() + timeout, timeout }
+    }
+
+    fn late(&self) -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no whole reply within {:?} (the reply timeout, --timeout)", self.timeout),
+        )
+    }
+}
+
+impl std::io::Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.late());
+        }
+        let tcp = match &*self.wire {
+            Wire::Plain(s) => s,
+            Wire::Tls(s) => &s.sock,
+        };
+        tcp.set_read_timeout(Some(left))?;
+        match self.wire.read(buf) {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(self.late())
+            }
+            r => r,
+        }
+    }
+}
+
 pub(super) struct Conn {
     pub(super) index: usize,
     pub(super) addr: String,
     pub(super) stream: Wire,
+    /// The longest a whole reply may take to arrive.
+    pub(super) reply_timeout: Duration,
     pub(super) buf: FrameBuf,
 }
 
@@ -96,7 +141,8 @@ impl Conn {
 
     /// Reads the next reply frame into the connection's buffer; returns its kind.
     pub(super) fn read(&mut self) -> Result<u8, ClientError> {
-        read_frame_blocking(&mut self.stream, &mut self.buf, DEFAULT_MAX_FRAME).map_err(|e| self.fail(e))
+        let mut within = Deadline::new(&mut self.stream, self.reply_timeout);
+        read_frame_blocking(&mut within, &mut self.buf, DEFAULT_MAX_FRAME).map_err(|e| self.fail(e))
     }
 
     /// Decodes the frame just read (borrowing from the buffer); a server error becomes `Refused`.

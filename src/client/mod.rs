@@ -25,7 +25,7 @@ mod pass_auc;
 mod ready;
 mod recover;
 
-use conn::{connect_with_retry, Conn, Wire};
+use conn::{connect_with_retry, Conn, Deadline, Wire};
 pub use error::ClientError;
 
 /// Where the servers are and how long to wait for them.
@@ -250,7 +250,7 @@ impl Client {
         tcp.set_read_timeout(Some(config.reply_timeout)).map_err(fail)?;
         tcp.set_nodelay(true).map_err(fail)?;
         let stream = Wire::new(tcp, config.tls.as_ref()).map_err(fail)?;
-        let mut conn = Conn { index, addr, stream, buf: FrameBuf::default() };
+        let mut conn = Conn { index, addr, stream, buf: FrameBuf::default(), reply_timeout: config.reply_timeout };
         if let Some(secret) = &config.secret {
             conn.authenticate(secret)?;
         }
@@ -573,7 +573,7 @@ fn receive_values(
     let s = conn.index;
     let mut placed = false;
     let kind = {
-        let mut into_place = |r: &mut Wire, floats: usize| -> Result<bool, ProtocolError> {
+        let mut into_place = |r: &mut Deadline<'_>, floats: usize| -> Result<bool, ProtocolError> {
             let Some(out) = dense.as_deref_mut() else { return Ok(false) };
             if floats != layout.len_of(s) {
                 return Ok(false);
@@ -584,8 +584,8 @@ fn receive_values(
             placed = true;
             Ok(true)
         };
-        read_reply_blocking(&mut conn.stream, &mut conn.buf, DEFAULT_MAX_FRAME, &mut into_place)
-            .map_err(|e| conn.fail(e))?
+        let mut within = Deadline::new(&mut conn.stream, conn.reply_timeout);
+        read_reply_blocking(&mut within, &mut conn.buf, DEFAULT_MAX_FRAME, &mut into_place).map_err(|e| conn.fail(e))?
     };
     let conn = &*conn;
     let reply = conn.reply(kind, "a pull")?;

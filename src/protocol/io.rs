@@ -77,17 +77,6 @@ impl FrameBuf {
         }
         &mut bytemuck::cast_slice_mut(&mut self.words)[..bytes]
     }
-
-    /// Resizes for a payload of `len` bytes and returns the bytes to fill.
-    fn prepare(&mut self, len: usize) -> &mut [u8] {
-        // Grown, never shrunk or re-zeroed: the bytes are overwritten by the read.
-        let words = len.div_ceil(8);
-        if self.words.len() < words {
-            self.words.resize(words, 0);
-        }
-        self.len = len;
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..len]
-    }
 }
 
 /// Reads one frame into `buf` and returns its kind; `Err(Closed)` if the peer closed cleanly
@@ -148,19 +137,33 @@ pub fn read_reply_blocking<R: std::io::Read>(
                 r.read_exact(&mut [0u8; 4])?;
             }
             let rest = len - 16 - dense_bytes as usize;
-            let out = buf.prepare(16 + rest);
+            let out = buf.room(16);
             out[..8].copy_from_slice(&fixed[..8]);
             out[8..16].fill(0);
-            r.read_exact(&mut out[16..])?;
+            read_growing(r, buf, 16, 16 + rest)?;
         } else {
-            let out = buf.prepare(len);
-            out[..16].copy_from_slice(&fixed);
-            r.read_exact(&mut out[16..])?;
+            buf.room(16).copy_from_slice(&fixed);
+            read_growing(r, buf, 16, len)?;
         }
         return Ok(kind);
     }
-    r.read_exact(buf.prepare(len))?;
+    read_growing(r, buf, 0, len)?;
     Ok(kind)
+}
+
+/// Reads a payload of `len` bytes into `buf`, whose first `from` bytes are in place already,
+/// growing the buffer with the bytes that arrive, not with what the header claims: a peer
+/// announcing a 256 MiB frame and sending a byte a second made a trainer set aside 256 MiB.
+fn read_growing<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, from: usize, len: usize) -> std::io::Result<()> {
+    const FIRST: usize = 64 << 10;
+    let mut filled = from;
+    while filled < len {
+        let end = len.min(FIRST.max(filled * 2));
+        r.read_exact(&mut buf.room(end)[filled..])?;
+        filled = end;
+    }
+    buf.len = len;
+    Ok(())
 }
 
 /// Writes a frame with vectored writes.

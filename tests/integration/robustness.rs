@@ -502,3 +502,28 @@ fn the_server_future_is_send() {
     fn spawnable<T: Send + 'static>(_: T) {}
     spawnable(oar::server::run(Vec::new(), server_config(0, 1, 1, Mode::Async), std::future::pending::<()>()));
 }
+
+/// A peer posing as a server that announces a 256 MiB reply and then sends a byte every 50 ms
+/// cannot hold a client: the whole reply must come within the reply timeout (each read's
+/// socket timeout alone was reset by every byte, and `oar shrink --timeout 3` was still
+/// waiting at 30 s with 256 MiB set aside for the announced frame).
+#[test]
+fn a_peer_trickling_a_reply_is_cut_off_at_the_reply_timeout() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        // A frame header claiming 256 MiB, then a byte at a time until the client hangs up
+        // (or a minute passes, far beyond the client's 2 s).
+        s.write_all(&[0, 0, 0, 0x10, 4, 0, 0, 0]).unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while std::time::Instant::now() < until && s.write_all(&[0]).is_ok() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let out = oar(&["shrink", "--servers", &addr, "--job", "test", "--timeout", "2"]);
+    // Status 3: the server was lost (a timed-out reply counts as one).
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("no whole reply within 2s"), "{}", text(&out));
+    fake.join().unwrap();
+}
