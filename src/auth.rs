@@ -39,9 +39,10 @@ impl Secret {
     }
 
     /// The secret in `path`: a regular file (a link to one is followed: Kubernetes mounts
-    /// secrets as links) of 16 to 4096 bytes; surrounding whitespace is not part of it.
+    /// secrets as links) of 16 to 4096 bytes that only its owner may read or write;
+    /// surrounding whitespace is not part of it.
     pub fn read(path: &Path) -> anyhow::Result<Secret> {
-        let bytes = crate::state_file::read_named(path, *SECRET_BYTES.end()).map_err(|e| {
+        let bytes = crate::state_file::read_private(path, *SECRET_BYTES.end()).map_err(|e| {
             anyhow::anyhow!("secret file {}: {}; a secret takes 16 to 4096 bytes", path.display(), e.reason())
         })?;
         let secret = bytes.trim_ascii().to_vec();
@@ -143,9 +144,19 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(Secret::read(&path).unwrap().bytes(), s.bytes());
         assert!(s.write_new(&path).is_err(), "never overwritten");
+        let private = |p: &Path| std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::write(dir.path().join("short"), "too short\n").unwrap();
+        private(&dir.path().join("short"));
         let e = Secret::read(&dir.path().join("short")).unwrap_err().to_string();
         assert!(e.contains("a secret takes 16 to 4096"), "{e}");
+        // Readable by others: refused, as ssh refuses such a key.
+        let open = dir.path().join("open");
+        std::fs::write(&open, s.bytes()).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = Secret::read(&open).unwrap_err().to_string();
+        assert!(e.contains("others than its owner may read or write it (mode 644): make it private"), "{e}");
+        private(&open);
+        assert_eq!(Secret::read(&open).unwrap().bytes(), s.bytes());
         let e = Secret::read(dir.path()).unwrap_err().to_string();
         assert!(e.contains("not a regular file"), "{e}");
     }

@@ -138,6 +138,17 @@ pub fn read(path: &Path, max: u64) -> Result<Option<Vec<u8>>, StateFileError> {
 /// the path, but only a regular file of at most `max` bytes is read; a named pipe is refused
 /// without waiting for a writer, and a device (`/dev/zero`) without reading it.
 pub fn read_named(path: &Path, max: u64) -> Result<Vec<u8>, StateFileError> {
+    read_user_file(path, max, false)
+}
+
+/// Reads a file holding a secret the user named (the job's secret, a TLS private key) as
+/// [`read_named`] does, refusing one that others than its owner may read or write, as ssh
+/// refuses such a key: a secret anyone on the machine can read guards nothing.
+pub fn read_private(path: &Path, max: u64) -> Result<Vec<u8>, StateFileError> {
+    read_user_file(path, max, true)
+}
+
+fn read_user_file(path: &Path, max: u64, private: bool) -> Result<Vec<u8>, StateFileError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -146,6 +157,13 @@ pub fn read_named(path: &Path, max: u64) -> Result<Vec<u8>, StateFileError> {
     let meta = file.metadata().map_err(StateFileError::io(path))?;
     if !meta.file_type().is_file() {
         return Err(StateFileError::NotRegular { path: path.to_path_buf(), kind: kind_of(&meta) });
+    }
+    if private && meta.mode() & 0o077 != 0 {
+        let mode = meta.mode() & 0o777;
+        return Err(StateFileError::invalid(
+            path,
+            format!("others than its owner may read or write it (mode {mode:o}): make it private (chmod 600)"),
+        ));
     }
     if meta.size() > max {
         return Err(StateFileError::TooLarge { path: path.to_path_buf(), bytes: meta.size(), max });

@@ -59,7 +59,8 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 /// What a server needs for TLS: its certificate chain and private key.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let chain = certificates(cert)?;
-    let key_pem = read_pem(key)?;
+    // The private key, like the job's secret, must be its owner's alone.
+    let key_pem = crate::state_file::read_private(key, MAX_PEM_BYTES).map_err(|e| file_error(key, e.reason()))?;
     let key_der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| file_error(key, e))?;
     let config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()

@@ -370,6 +370,9 @@ fn mount_secret(docs: &[serde_json::Value], dir: &Path) -> (String, String) {
     let folder = dir.join("secret-volume");
     std::fs::create_dir_all(&folder).unwrap();
     std::fs::write(folder.join("secret"), secret["stringData"]["secret"].as_str().unwrap()).unwrap();
+    // Mounted as the manifest's defaultMode says: the owner's alone.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(folder.join("secret"), std::fs::Permissions::from_mode(0o400)).unwrap();
     ("/etc/oar-secret".to_string(), folder.display().to_string())
 }
 
