@@ -83,14 +83,26 @@ impl std::io::Write for Wire {
 /// a byte a second held a trainer (or `oar shrink`) for good.
 pub(super) struct Deadline<'a> {
     wire: &'a mut Wire,
+    /// The socket's read timeout as last set.
+    armed: &'a mut Duration,
     until: Instant,
     timeout: Duration,
 }
 
 impl<'a> Deadline<'a> {
-    /// Reads from `wire` for at most `timeout` from now.
-    pub(super) fn new(wire: &'a mut Wire, timeout: Duration) -> Deadline<'a> {
-        Deadline { wire, until: Instant::now() + timeout, timeout }
+    /// Reads from `wire` (whose socket read timeout is `armed`) for at most `timeout` from now.
+    pub(super) fn new(wire: &'a mut Wire, armed: &'a mut Duration, timeout: Duration) -> Deadline<'a> {
+        Deadline { wire, armed, until: Instant::now() + timeout, timeout }
+    }
+
+    fn arm(&mut self, left: Duration) -> std::io::Result<()> {
+        let tcp = match &*self.wire {
+            Wire::Plain(s) => s,
+            Wire::Tls(s) => &s.sock,
+        };
+        tcp.set_read_timeout(Some(left))?;
+        *self.armed = left;
+        Ok(())
     }
 
     fn late(&self) -> std::io::Error {
@@ -102,21 +114,30 @@ impl<'a> Deadline<'a> {
 }
 
 impl std::io::Read for Deadline<'_> {
+    /// The socket's timeout is set again only when a read could otherwise run past the
+    /// deadline by more than a 16th of the timeout, or has stopped short of it: a system call
+    /// before every read cost about 5% of a 2x2 job's samples/s.
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(self.late());
-        }
-        let tcp = match &*self.wire {
-            Wire::Plain(s) => s,
-            Wire::Tls(s) => &s.sock,
-        };
-        tcp.set_read_timeout(Some(left))?;
-        match self.wire.read(buf) {
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                Err(self.late())
+        loop {
+            let left = self.until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(self.late());
             }
-            r => r,
+            if self.armed.saturating_sub(left) > self.timeout / 16 {
+                self.arm(left)?;
+            }
+            match self.wire.read(buf) {
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    // The socket's timeout ran out: the deadline too, or a shorter timeout
+                    // armed for an earlier reply, which is set to the time left and retried.
+                    let left = self.until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(self.late());
+                    }
+                    self.arm(left)?;
+                }
+                r => return r,
+            }
         }
     }
 }
@@ -127,6 +148,8 @@ pub(super) struct Conn {
     pub(super) stream: Wire,
     /// The longest a whole reply may take to arrive.
     pub(super) reply_timeout: Duration,
+    /// The socket's read timeout as last set ([`Deadline`]).
+    pub(super) armed: Duration,
     pub(super) buf: FrameBuf,
 }
 
@@ -141,7 +164,7 @@ impl Conn {
 
     /// Reads the next reply frame into the connection's buffer; returns its kind.
     pub(super) fn read(&mut self) -> Result<u8, ClientError> {
-        let mut within = Deadline::new(&mut self.stream, self.reply_timeout);
+        let mut within = Deadline::new(&mut self.stream, &mut self.armed, self.reply_timeout);
         read_frame_blocking(&mut within, &mut self.buf, DEFAULT_MAX_FRAME).map_err(|e| self.fail(e))
     }
 

@@ -250,7 +250,8 @@ impl Client {
         tcp.set_read_timeout(Some(config.reply_timeout)).map_err(fail)?;
         tcp.set_nodelay(true).map_err(fail)?;
         let stream = Wire::new(tcp, config.tls.as_ref()).map_err(fail)?;
-        let mut conn = Conn { index, addr, stream, buf: FrameBuf::default(), reply_timeout: config.reply_timeout };
+        let (reply_timeout, armed) = (config.reply_timeout, config.reply_timeout);
+        let mut conn = Conn { index, addr, stream, buf: FrameBuf::default(), reply_timeout, armed };
         if let Some(secret) = &config.secret {
             conn.authenticate(secret)?;
         }
@@ -584,7 +585,7 @@ fn receive_values(
             placed = true;
             Ok(true)
         };
-        let mut within = Deadline::new(&mut conn.stream, conn.reply_timeout);
+        let mut within = Deadline::new(&mut conn.stream, &mut conn.armed, conn.reply_timeout);
         read_reply_blocking(&mut within, &mut conn.buf, DEFAULT_MAX_FRAME, &mut into_place).map_err(|e| conn.fail(e))?
     };
     let conn = &*conn;
