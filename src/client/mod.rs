@@ -12,20 +12,20 @@ use std::time::Duration;
 use crate::checkpoint::ShardEntry;
 use crate::layout::{group_by_server, DenseLayout};
 use crate::protocol::{
-    read_reply_blocking, Apply, Declaration, DenseSelection, ErrorCode, Frame, FrameBuf, Hello, ProtocolError, Pull,
-    Push, PushOutcome, PushPart, Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME,
-    NOT_A_TRAINER, PROTOCOL_VERSION,
+    read_reply_blocking, Apply, Declaration, DenseSelection, Frame, ProtocolError, Pull, Push, PushOutcome, PushPart,
+    Request, Response, RowCreation, SparseGrads, SparseIds, DEFAULT_MAX_FRAME,
 };
 use crate::table::TableSpec;
 
 mod conn;
 mod error;
+mod open;
 mod operate;
 mod pass_auc;
 mod ready;
 mod recover;
 
-use conn::{connect_with_retry, Conn, Deadline, Wire};
+use conn::{Conn, Deadline};
 pub use error::ClientError;
 
 /// Where the servers are and how long to wait for them.
@@ -86,16 +86,6 @@ impl ClientConfig {
     }
 }
 
-/// `host:port` moved `k` ports up.
-fn port_plus(addr: &str, k: usize) -> Result<String, String> {
-    let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("server address {addr:?} has no :port"))?;
-    let port: usize = port.parse().map_err(|_| format!("server address {addr:?} has a bad port"))?;
-    let moved = port + k;
-    if moved > u16::MAX as usize {
-        return Err(format!("server address {addr:?}: port {moved} (port + {k}) is above 65535"));
-    }
-    Ok(format!("{host}:{moved}"))
-}
 /// Sparse ids of one table to pull.
 pub struct TableIds<'a> {
     /// Table index.
@@ -188,7 +178,7 @@ impl Client {
         for port in 0..ports {
             let mut row = Vec::with_capacity(n);
             for (index, met) in epochs.iter_mut().enumerate() {
-                let (conn, epoch) = Self::open(config, index, port, 0, config.connect_timeout)?;
+                let (conn, epoch) = open::open(config, index, port, 0, config.connect_timeout)?;
                 *met = (*met).max(epoch);
                 row.push(conn);
             }
@@ -207,71 +197,6 @@ impl Client {
             declared: None,
             ended: None,
         })
-    }
-
-    /// Connects to server `index`'s `port`-th port and shakes hands, telling it the newest epoch
-    /// of it met so far; returns the connection and the server's epoch. A server that answers
-    /// `Busy` (every place, or this address's share of places before the handshake, taken:
-    /// perhaps by a peer's silent connections, which it closes after its handshake timeout) is
-    /// tried again with backoff until `connect_timeout`, as one still starting is.
-    fn open(
-        config: &ClientConfig,
-        index: usize,
-        port: usize,
-        met: u64,
-        connect_timeout: Duration,
-    ) -> Result<(Conn, u64), ClientError> {
-        let deadline = std::time::Instant::now() + connect_timeout;
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match Self::open_once(config, index, port, met, left) {
-                Err(ClientError::Refused { code: ErrorCode::Busy, message, .. }) if left > pause => {
-                    tracing::warn!(server = index, "server busy, trying again: {message}");
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-                done => return done,
-            }
-        }
-    }
-
-    /// One attempt of [`open`](Self::open), connecting within `connect_timeout`.
-    fn open_once(
-        config: &ClientConfig,
-        index: usize,
-        port: usize,
-        met: u64,
-        connect_timeout: Duration,
-    ) -> Result<(Conn, u64), ClientError> {
-        let addr = port_plus(&config.servers[index], port).map_err(ClientError::Usage)?;
-        let tcp = connect_with_retry(index, &addr, connect_timeout)?;
-        let fail = |e: std::io::Error| ClientError::Protocol { index, addr: addr.clone(), cause: e.into() };
-        tcp.set_read_timeout(Some(config.reply_timeout)).map_err(fail)?;
-        tcp.set_nodelay(true).map_err(fail)?;
-        let stream = Wire::new(tcp, config.tls.as_ref()).map_err(fail)?;
-        let (reply_timeout, armed) = (config.reply_timeout, config.reply_timeout);
-        let mut conn = Conn { index, addr, stream, buf: FrameBuf::default(), reply_timeout, armed };
-        if let Some(secret) = &config.secret {
-            conn.authenticate(secret)?;
-        }
-        let hello = Hello {
-            version: PROTOCOL_VERSION,
-            job: config.job.clone(),
-            num_servers: config.servers.len() as u64,
-            server_index: index as u64,
-            trainer: config.trainer.unwrap_or(NOT_A_TRAINER),
-            epoch: met,
-        };
-        conn.send(&Request::Hello(hello).encode())?;
-        let kind = conn.read()?;
-        match conn.reply(kind, "the handshake")? {
-            Response::Welcome { epoch, .. } if epoch < met => {
-                Err(ClientError::Replaced { index, addr: conn.addr.clone(), epoch, met })
-            }
-            Response::Welcome { epoch, .. } => Ok((conn, epoch)),
-            other => Err(conn.unexpected("the handshake", &other)),
-        }
     }
 
     fn servers(&self) -> usize {
@@ -551,7 +476,7 @@ impl Client {
 /// answers a handshake and a stats request within the config's timeouts. A stopped or hung
 /// process accepts the connection (the kernel does) but never answers.
 pub fn probe(config: &ClientConfig, index: usize, epoch: u64) -> Result<(), ClientError> {
-    let (mut conn, _) = Client::open(config, index, 0, epoch, config.connect_timeout)?;
+    let (mut conn, _) = open::open(config, index, 0, epoch, config.connect_timeout)?;
     conn.send(&Request::Stats.encode())?;
     let kind = conn.read()?;
     match conn.reply(kind, "a heartbeat")? {

@@ -18,7 +18,7 @@ impl Client {
         let mut epoch = self.epochs[s];
         for port in 0..self.conns.len() {
             let wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
-            let (conn, e) = Self::open(&self.config, s, port, epoch, wait)?;
+            let (conn, e) = super::open::open(&self.config, s, port, epoch, wait)?;
             epoch = epoch.max(e);
             fresh.push(conn);
         }
