@@ -12,6 +12,8 @@ use crate::client::ClientError;
 
 /// The process failed on its own (bad input, a refused request, a bug).
 pub const FAILED: i32 = 1;
+/// A command line clap refused (clap's own status).
+pub const USAGE: i32 = 2;
 /// The process stopped because another member of the job was lost: a server whose trainer
 /// disconnected without closing, a trainer whose server went away and did not come back.
 pub const PEER_LOST: i32 = 3;
@@ -32,6 +34,19 @@ pub fn status(error: &anyhow::Error) -> i32 {
     } else {
         FAILED
     }
+}
+
+/// What a launcher says of a process it did not restart because it [`fails_again`].
+pub const NOT_RESTARTED: &str =
+    "not restarted: it stopped on its own error (bad input or a refusal), which a restart would meet again";
+
+/// Whether a process that ended with `status` would end the same way if started again: it
+/// stopped on its own error ([`FAILED`]: bad input, a refused request or job file; or
+/// [`USAGE`]: its command line), which a restart meets again. A launcher's `--max-restarts` restarts the others: a process killed by a
+/// signal (a crash, the out-of-memory killer, a keeper's kill of a hung one), one that lost a
+/// peer, one that panicked.
+pub fn fails_again(status: &std::process::ExitStatus) -> bool {
+    matches!(status.code(), Some(FAILED | USAGE))
 }
 
 #[cfg(test)]
@@ -55,5 +70,15 @@ mod tests {
         assert_eq!(status(&anyhow::anyhow!("part-00000: pipe_command failed")), FAILED);
         let refused = ClientError::Usage("bad".into());
         assert_eq!(status(&anyhow::Error::new(refused).context("push")), FAILED);
+    }
+
+    #[test]
+    fn only_a_process_that_failed_on_its_own_error_would_fail_again() {
+        use std::os::unix::process::ExitStatusExt;
+        let exited = |code: i32| std::process::ExitStatus::from_raw(code << 8);
+        assert!(fails_again(&exited(FAILED)) && fails_again(&exited(USAGE)));
+        for other in [exited(PEER_LOST), exited(101), std::process::ExitStatus::from_raw(libc::SIGKILL)] {
+            assert!(!fails_again(&other), "{other}");
+        }
     }
 }

@@ -430,3 +430,23 @@ fn max_restarts_without_an_output_folder_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--max-restarts needs --output and --checkpoint-every"), "{err}");
 }
+
+/// A trainer that stops on its own error (here a torn line in its part) is not restarted under
+/// `--max-restarts`: it would read the same line again. The job fails at once naming the line
+/// and why it was not restarted; before, the launcher restarted it into the same error until
+/// its restarts ran out.
+#[test]
+fn a_trainer_that_fails_on_its_own_error_is_not_restarted_into_it() {
+    let job = Job::new();
+    let part = job.train.join("part-00001");
+    let mut text_of_part = std::fs::read_to_string(&part).unwrap();
+    let at = text_of_part.match_indices('\n').nth(99).unwrap().0 + 1;
+    text_of_part.insert_str(at, "torn\n");
+    std::fs::write(&part, text_of_part).unwrap();
+    let out = job.launch("async", "", &["--checkpoint-every", "0.2", "--max-restarts", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(!err.contains("restarting it"), "a restart:\n{err}");
+    assert!(err.contains(oar::exit::NOT_RESTARTED), "{err}");
+    assert!(err.contains("part-00001:101"), "the torn line is named:\n{err}");
+}
