@@ -152,10 +152,12 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router, limit
     }
 }
 
-/// The room for request bodies over all connections: each body reserves its declared length
-/// (the largest body when it declares none) before a byte is read, and gives it back when its
-/// request is answered. Without it, every connection could hold a body of the largest size at
-/// once: 1,024 connections of 16 MiB each, 16 GiB.
+/// The room for request bodies over all connections: each body takes room for its bytes as
+/// they arrive, and gives it back when its request is answered (or scored, if later). Without
+/// it, every connection could hold a body of the largest size at once: 1,024 connections of
+/// 16 MiB each, 16 GiB. Room is taken for what arrived, not for what a body declares: sixteen
+/// connections declaring 16 MiB each and sending a few bytes held all 256 MiB, and every
+/// other client was refused, for as long as they kept sending nothing.
 pub struct Bodies {
     /// Free room, in KiB.
     room: Arc<tokio::sync::Semaphore>,
@@ -190,39 +192,56 @@ impl std::ops::Deref for Buffered {
 }
 
 /// Reads a request body of at most `limits.max_body` bytes arriving within
-/// `limits.read_timeout`, with room for it in `bodies`; else the status and message to answer
-/// (413: refused by its declared length before reading; 503: no room now, refused at once
-/// rather than held waiting, with a `Retry-After`; 408: too slow).
+/// `limits.read_timeout`, with room in `bodies` for each part as it arrives; else the status
+/// and message to answer (413: over the limit, refused by its declared length before reading;
+/// 503: no room now, refused at once rather than held waiting, with a `Retry-After`; 408: too
+/// slow).
 pub async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limits: &Limits,
     bodies: &Bodies,
 ) -> Result<Buffered, (StatusCode, String)> {
+    use http_body_util::BodyExt;
     let too_large = || {
         (StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {} bytes (--max-body-mib)", limits.max_body))
+    };
+    let no_room = || {
+        let message = format!(
+            "no room for this body among the {} MiB of request bodies the server holds at once \
+             (--max-buffered-mib): try again",
+            bodies.total >> 10
+        );
+        (StatusCode::SERVICE_UNAVAILABLE, message)
     };
     let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limits.max_body as u64) {
         return Err(too_large());
     }
-    // In range: at most max_body, which the flags keep within the room.
-    let most = declared.map_or(limits.max_body, |n| n as usize);
-    let kib = u32::try_from(most.div_ceil(1024)).unwrap_or(u32::MAX);
-    let Ok(room) = bodies.room.clone().try_acquire_many_owned(kib) else {
-        return Err((
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "no room for this body among the {} MiB of request bodies the server holds at once \
-                 (--max-buffered-mib): try again",
-                bodies.total >> 10
-            ),
-        ));
+    let mut room = bodies.room.clone().try_acquire_many_owned(0).map_err(|_| no_room())?;
+    // The declared length as capacity costs address space only: pages are taken as bytes land.
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let read = async {
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            // A broken body (the client's stream failed) is answered as one over the limit.
+            let Ok(data) = frame.map_err(|_| too_large())?.into_data() else { continue };
+            let len = bytes.len() + data.len();
+            if len > limits.max_body {
+                return Err(too_large());
+            }
+            let need = u32::try_from(len.div_ceil(1024)).unwrap_or(u32::MAX);
+            if need > room.num_permits() as u32 {
+                let more = bodies.room.clone().try_acquire_many_owned(need - room.num_permits() as u32);
+                room.merge(more.map_err(|_| no_room())?);
+            }
+            bytes.extend_from_slice(&data);
+        }
+        Ok(())
     };
-    match tokio::time::timeout(limits.read_timeout, axum::body::to_bytes(body, most)).await {
-        Ok(Ok(bytes)) => Ok(Buffered { bytes, _room: room }),
-        // `to_bytes` fails for a body over the limit (without a declared length) or a broken one.
-        Ok(Err(_)) => Err(too_large()),
+    match tokio::time::timeout(limits.read_timeout, read).await {
+        Ok(Ok(())) => Ok(Buffered { bytes: Bytes::from(bytes), _room: room }),
+        Ok(Err(answer)) => Err(answer),
         Err(_) => Err((
             StatusCode::REQUEST_TIMEOUT,
             format!("the request body did not arrive within {:?} (--read-timeout)", limits.read_timeout),

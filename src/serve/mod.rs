@@ -97,8 +97,13 @@ struct Server {
     name: String,
     limits: crate::http::Limits,
     /// Requests parsed and scored at once (the cores, at least 2): a parsed body takes many
-    /// times its size, so the bodies waiting stay bodies.
-    scoring: tokio::sync::Semaphore,
+    /// times its size, so the bodies waiting stay bodies. A turn is held by the scoring itself,
+    /// which goes on when its client hangs up.
+    scoring: Arc<tokio::sync::Semaphore>,
+    /// The turns `scoring` has in all.
+    turns: usize,
+    /// Requests being parsed and scored now.
+    in_scoring: AtomicU64,
     /// The room for request bodies waiting or being scored.
     bodies: crate::http::Bodies,
     current: RwLock<Arc<Loaded>>,
@@ -174,6 +179,12 @@ impl Server {
             "Request-body bytes held now, waiting or being scored (at most --max-buffered-mib).",
             self.bodies.held() as f64,
         );
+        sheet.gauge(
+            "serve_scoring",
+            "Infer requests being parsed and scored now, a hung-up client's included (at most serve_scoring_turns).",
+            n(&self.in_scoring) as f64,
+        );
+        sheet.gauge("serve_scoring_turns", "Infer requests parsed and scored at once, at most.", self.turns as f64);
         sheet.latency("serve_request", "Time to score an infer request, parsing included.", &self.latency);
         sheet.render()
     }
@@ -257,12 +268,15 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
         std::net::TcpListener::bind(&config.addr).with_context(|| format!("cannot listen on {}", config.addr))?;
     listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
+    let turns = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
     let server = Arc::new(Server {
         name: config.name.clone(),
         limits: config.limits,
         current: RwLock::new(Arc::new(loaded)),
         bodies: crate::http::Bodies::new(&config.limits),
-        scoring: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get().max(2))),
+        scoring: Arc::new(tokio::sync::Semaphore::new(turns)),
+        turns,
+        in_scoring: AtomicU64::new(0),
         scorers: Mutex::new(Vec::new()),
         answered: AtomicU64::new(0),
         samples: AtomicU64::new(0),
@@ -335,11 +349,20 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
                         return answer;
                     }
                 };
-                let Ok(_turn) = s.scoring.acquire().await else {
+                let Ok(turn) = s.scoring.clone().acquire_owned().await else {
                     return error(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping");
                 };
                 let s2 = s.clone();
-                match tokio::task::spawn_blocking(move || s2.infer(&m, &body)).await {
+                // The turn (and the body's room) go with the scoring: a client that hangs up
+                // drops this handler, not the work, which would otherwise run beyond the bound.
+                let scored = tokio::task::spawn_blocking(move || {
+                    let _turn = turn;
+                    s2.in_scoring.fetch_add(1, Ordering::Relaxed);
+                    let answer = s2.infer(&m, &body);
+                    s2.in_scoring.fetch_sub(1, Ordering::Relaxed);
+                    answer
+                });
+                match scored.await {
                     Ok(r) => r,
                     Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("scoring failed: {e}")),
                 }

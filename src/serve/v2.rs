@@ -17,6 +17,8 @@ use crate::data::Schema;
 
 /// The most samples one request may carry.
 pub const MAX_ROWS: usize = 1 << 20;
+/// Samples a typed request may ask for without a value among them.
+pub const MOST_EMPTY_ROWS: usize = 1024;
 
 /// One tensor of a request or response.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -165,6 +167,15 @@ fn typed_batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Ba
     if let Some(t) = req.inputs.iter().find(|t| t.shape.first() != Some(&(rows as u64))) {
         return Err(format!("input {:?}: {:?} samples, the first input has {rows}", t.name, t.shape.first()));
     }
+    // Work follows the samples, so past a few they must come with the bytes: a few hundred
+    // bytes of `[1048576, 0]` shapes otherwise asked for a million empty samples (30 s of
+    // scoring). A sample of empty bags alone is still a sample (a user with no history).
+    let values = req.inputs.iter().try_fold(0usize, |n, t| Ok::<_, BadRequest>(n + elements(t)?.len()))?;
+    if rows > values.max(MOST_EMPTY_ROWS) {
+        return Err(format!(
+            "{rows} samples but {values} values in all the inputs: past {MOST_EMPTY_ROWS}, each sample needs at least one"
+        ));
+    }
     let mut batch = Batch::new(schema.labels.len(), schema.dense_width, schema.slots.len());
     let mut labels = vec![vec![0.0; rows]; schema.labels.len()];
     for (l, name) in schema.labels.iter().enumerate() {
@@ -306,6 +317,13 @@ mod tests {
         let nan = req(r#"{"inputs":[{"name":"a.ids","shape":[1,1],"datatype":"INT64","data":[1]},
             {"name":"a.weights","shape":[1,1],"datatype":"FP32","data":["NaN"]}]}"#);
         assert!(batch(&nan, &schema, &[true, false]).unwrap_err().contains("not a finite number"));
+        // Empty bags are samples, but a million of them must come with the bytes.
+        let empty = |n: usize| {
+            req(&format!(r#"{{"inputs":[{{"name":"a.ids","shape":[{n},0],"datatype":"INT64","data":[]}}]}}"#))
+        };
+        assert_eq!(batch(&empty(MOST_EMPTY_ROWS), &schema, &[true, false]).unwrap().len(), MOST_EMPTY_ROWS);
+        let flood = batch(&empty(1 << 20), &schema, &[true, false]).unwrap_err();
+        assert!(flood.contains("1048576 samples but 0 values"), "{flood}");
         let unknown = req(r#"{"inputs":[{"name":"c.ids","shape":[1,1],"datatype":"INT64","data":[1]}]}"#);
         assert!(batch(&unknown, &schema, &[true, false]).unwrap_err().starts_with("unknown input \"c.ids\""));
     }

@@ -503,10 +503,11 @@ fn clients_that_never_read_their_answers_cannot_hold_the_server() {
     drop(stalled);
 }
 
-/// Request bodies held at once are bounded over all connections: a body reserves its declared
-/// length before a byte is read, and a request without room is answered 503 with Retry-After
-/// at once, naming the flag (before, 1,024 connections could each hold a 16 MiB body). The room
-/// comes back when the holder goes.
+/// Request bodies held at once are bounded over all connections: a body takes room for the
+/// bytes that have arrived, and a request without room is answered 503 with Retry-After at
+/// once, naming the flag (before, 1,024 connections could each hold a 16 MiB body). A body's
+/// declared length holds nothing (before, sixteen heads declaring 16 MiB and a byte each shut
+/// every other client out), and the room comes back when the holder goes.
 #[test]
 fn request_bodies_held_at_once_are_bounded() {
     use std::io::Write;
@@ -516,12 +517,16 @@ fn request_bodies_held_at_once_are_bounded() {
     let addr = s.url.trim_start_matches("http://").to_string();
     let buffered = || crate::telemetry::value(&crate::telemetry::scrape(&addr), "oar_serve_buffered_bytes", None);
     assert_eq!(buffered(), 0.0);
-    // A head that promises a body of the whole room, then one byte of it.
-    let mut holder = std::net::TcpStream::connect(&addr).unwrap();
-    write!(holder, "POST /v2/models/oar/infer HTTP/1.1\r\nHost: oar\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n{{").unwrap();
-    wait_until(60, "the promised body's room reserved", || buffered() == 1048576.0);
     let infer = format!("{}/v2/models/oar/infer", s.url);
     let body = lines_request(&lines[..1]);
+    // A head that promises a body of the whole room, then one byte of it: a KiB held, no more.
+    let mut holder = std::net::TcpStream::connect(&addr).unwrap();
+    write!(holder, "POST /v2/models/oar/infer HTTP/1.1\r\nHost: oar\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n{{").unwrap();
+    wait_until(60, "the first byte's room taken", || buffered() == 1024.0);
+    assert_eq!(post(&infer, &body).0, 200, "a promise alone shuts nobody out");
+    // All of it but the last byte: now the room is the holder's.
+    holder.write_all(&vec![b' '; 1048574]).unwrap();
+    wait_until(60, "the arrived body's room taken", || buffered() == 1048576.0);
     let r =
         ureq::post(&infer).timeout(Duration::from_secs(60)).set("Content-Type", "application/json").send_string(&body);
     match r {
@@ -540,4 +545,49 @@ fn request_bodies_held_at_once_are_bounded() {
     let bad = oar(&["serve", "--model", model.to_str().unwrap(), "--max-body-mib", "8", "--max-buffered-mib", "4"]);
     assert!(!bad.status.success());
     assert!(text(&bad).contains("--max-buffered-mib must be --max-body-mib (8) to"), "{}", text(&bad));
+}
+
+/// A client that hangs up does not give its scoring's turn away: a scoring that started goes
+/// on and holds the turn to its end, so the turns bound the scorings at once. Before, the turn went with the dropped handler while the scoring went on, and clients
+/// that sent large requests and hung up ran any number of them at once (8 took 2.5 GB; 12
+/// aborted a server limited to 3 GB).
+#[test]
+fn a_client_that_hangs_up_keeps_its_scoring_within_the_turns() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let (model, lines, _) = trained(dir.path(), "1");
+    let s = serve(&model, &["--max-body-mib", "32", "--max-buffered-mib", "1024"]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let metric = |sheet: &prometheus_parse::Scrape, name: &str| crate::telemetry::value(sheet, name, None);
+    let turns = metric(&crate::telemetry::scrape(&addr), "oar_serve_scoring_turns");
+    assert!(turns >= 2.0, "{turns}");
+    // Two more requests than turns, of 60,000 lines each (about 16 MB), each sent whole and then
+    // hung up on.
+    let many: Vec<String> = lines.iter().cycle().take(60_000).cloned().collect();
+    let body = lines_request(&many);
+    for _ in 0..turns as usize + 2 {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        write!(c, "POST /v2/models/oar/infer HTTP/1.1\r\nHost: oar\r\nContent-Type: application/json\r\n").unwrap();
+        write!(c, "Content-Length: {}\r\n\r\n", body.len()).unwrap();
+        c.write_all(body.as_bytes()).unwrap();
+    }
+    let (mut most, deadline) = (0.0f64, std::time::Instant::now() + Duration::from_secs(30));
+    loop {
+        let sheet = crate::telemetry::scrape(&addr);
+        let now = metric(&sheet, "oar_serve_scoring");
+        most = most.max(now);
+        // Hung-up requests still waiting for a turn may be dropped (their handlers go with
+        // their connections), so the end is the first scorings' end.
+        if now == 0.0 && metric(&sheet, "oar_serve_requests_total") >= 1.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after 300 s: {now} scorings running, {} answered, {} refused",
+            metric(&sheet, "oar_serve_requests_total"),
+            metric(&sheet, "oar_serve_refused_total")
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(most <= turns, "{most} scorings at once, over the {turns} turns");
 }
