@@ -197,6 +197,10 @@ fn fleet(v: &Vars) -> Result<ClusterEnv, EnvError> {
         .filter(|s| !s.is_empty())
         .map(|e| endpoint("PADDLE_PSERVERS_IP_PORT_LIST", e))
         .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        // Else `,` alone named no server, and the trainer fell back to training alone.
+        return Err(EnvError { var: "PADDLE_PSERVERS_IP_PORT_LIST", reason: format!("{list:?} names no server") });
+    }
     let trainers = v
         .count("PADDLE_TRAINERS_NUM")?
         .ok_or(EnvError { var: "PADDLE_TRAINERS_NUM", reason: "missing (the number of trainers)".into() })?;
@@ -374,6 +378,8 @@ mod tests {
         }
         let e = err(&[("TRAINING_ROLE", "TRAINER"), ("PADDLE_PSERVERS_IP_PORT_LIST", "10.0.0.1")]);
         assert!(e.contains("not an ip:port"), "{e}");
+        let e = err(&[("TRAINING_ROLE", "TRAINER"), ("PADDLE_PSERVERS_IP_PORT_LIST", " , ")]);
+        assert!(e.contains("names no server"), "{e}");
         let e = err(&[
             ("TRAINING_ROLE", "PSERVER"),
             list,

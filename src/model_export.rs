@@ -170,15 +170,57 @@ fn data_of(schema: &Schema) -> ManifestData {
     }
 }
 
+/// The largest ONNX file: a protobuf message is at most 2 GiB - 1 (ONNX's external data, which
+/// would lift it, is not written).
+pub const MAX_ONNX_BYTES: usize = (1 << 31) - 1;
+
+/// Refuses an `out` folder that would overwrite a saved model: the saved model's own folder or
+/// one holding it (an export's `manifest.json` at a job folder's root would be found before
+/// its passes), or any folder holding a saved pass's `manifest.json`. An earlier export's
+/// folder is fine.
+fn check_out(out: &Path, source: &Path) -> anyhow::Result<()> {
+    let real =
+        |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| std::path::absolute(p).unwrap_or(p.to_path_buf()));
+    let (out_real, source_real) = (real(out), real(source));
+    anyhow::ensure!(
+        !source_real.starts_with(&out_real),
+        "--out {} holds the saved model {} it would overwrite: export elsewhere",
+        out.display(),
+        source.display()
+    );
+    let manifest = out.join("manifest.json");
+    if let Ok(text) = std::fs::read(&manifest) {
+        anyhow::ensure!(
+            serde_json::from_slice::<ExportManifest>(&text).is_ok(),
+            "--out {}: {} is not an export's (a saved model's?), and an export would overwrite it",
+            out.display(),
+            manifest.display()
+        );
+    }
+    Ok(())
+}
+
 /// Exports `saved` (read from `source`) into `config.out`; returns the manifest written.
 pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Result<ExportManifest> {
+    check_out(&config.out, source)?;
     let (model, params) = (&saved.model, &saved.params);
     let affine = saved.schema.dense_affine.as_ref();
     let dense = model.to_onnx(params, None, affine).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        dense.bytes.len() <= MAX_ONNX_BYTES,
+        "the dense graph takes {} bytes, over ONNX's 2 GiB for one file (its external data is not written)",
+        dense.bytes.len()
+    );
     let tables = tables(saved)?;
     let table_bytes: u64 = tables.iter().map(|t| 4 * t.weights.len() as u64 + 16 * t.ids.len() as u64).sum();
     let (complete, model_skipped) = if config.complete_limit == 0 {
         (None, Some("not asked for (--complete-limit 0)".to_string()))
+    } else if table_bytes.saturating_add(dense.bytes.len() as u64) > MAX_ONNX_BYTES as u64 {
+        let why = format!(
+            "the tables ({table_bytes} bytes) and the dense graph would take more than ONNX's 2 GiB for one file; \
+             look rows up in tables.safetensors and run dense.onnx"
+        );
+        (None, Some(why))
     } else if table_bytes > config.complete_limit {
         let why = format!(
             "the tables hold {table_bytes} bytes, more than --complete-limit {}; look rows up in tables.safetensors and run dense.onnx",

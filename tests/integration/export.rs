@@ -252,3 +252,31 @@ fn a_layer_without_an_onnx_form_is_refused_by_name() {
     let err = model.to_onnx(&params, None, None).err().expect("refused");
     assert!(err.contains("layer \"mystery\" (opaque) cannot be exported"), "{err}");
 }
+
+/// An export cannot overwrite the saved model it reads: `--out` the job's folder (whose root
+/// `manifest.json` would then be found before its passes) or a pass folder (whose manifest it
+/// would replace) is refused, and the model still evaluates; a folder beside it is fine, and
+/// so is exporting again over an earlier export.
+#[test]
+fn an_export_into_the_saved_models_own_folder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = gen_data(&dir.path().join("data"), 1, 300, 50);
+    let model = dir.path().join("model");
+    let s = |p: &Path| p.display().to_string();
+    let o = oar(&["train", "--train", &s(&train), "--hidden", "4", "--output", &s(&model)]);
+    assert!(o.status.success(), "{}", text(&o));
+    for (out, why) in [(model.clone(), "holds the saved model"), (model.join("pass-0001"), "is not an export's")] {
+        let o = oar(&["export", "--model", &s(&model), "--out", &s(&out)]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains(why), "{}", text(&o));
+    }
+    let o = oar(&["export", "--model", &s(&model.join("pass-0001")), "--out", &s(&model)]);
+    assert!(text(&o).contains("holds the saved model"), "{}", text(&o));
+    let o = oar(&["eval", "--model", &s(&model), "--data", &s(&test)]);
+    assert!(o.status.success(), "the saved model is intact: {}", text(&o));
+    let beside = dir.path().join("export");
+    for _ in 0..2 {
+        let o = oar(&["export", "--model", &s(&model), "--out", &s(&beside)]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+}
