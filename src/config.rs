@@ -145,7 +145,7 @@ impl JobConfig {
     /// Writes the job as TOML (the launcher hands its resolved job to children this way).
     pub fn to_file(&self, path: &Path) -> anyhow::Result<()> {
         let text = toml::to_string_pretty(self)?;
-        std::fs::write(path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        Ok(crate::state_file::write_atomic(path, text.as_bytes())?)
     }
 
     /// Checks everything with the built-in layer types; messages name the setting.

@@ -95,7 +95,7 @@ impl CurveLog {
         if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
             return Err(std::io::Error::other("not a regular file"));
         }
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        let mut file = crate::state_file::append_plain(path).map_err(std::io::Error::other)?;
         if file.metadata()?.len() == 0 {
             file.write_all(format!("{HEADER}\n").as_bytes())?;
         }

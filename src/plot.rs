@@ -37,6 +37,21 @@ pub fn draw_file(csv: &Path, out: &Path) -> anyhow::Result<usize> {
 pub fn draw(points: &[Point], title: &str, out: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(!points.is_empty(), "no curve points to draw");
     register_font()?;
+    // Drawn beside `out`, then renamed over it: never written through a link at its name.
+    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = out.file_name().with_context(|| format!("{}: no file name", out.display()))?;
+    let tmp = dir.join(format!(".{}.{}.tmp.png", name.to_string_lossy(), std::process::id()));
+    // Made here first, so nothing already at that name (a link) is drawn through.
+    drop(crate::state_file::create_new(&tmp, 0o644)?);
+    let drawn = draw_to(points, title, &tmp)
+        .and_then(|()| std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display())));
+    if drawn.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    drawn
+}
+
+fn draw_to(points: &[Point], title: &str, out: &Path) -> anyhow::Result<()> {
     let root = BitMapBackend::new(out, SIZE).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 22))?;

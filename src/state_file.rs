@@ -203,6 +203,40 @@ pub fn create_new(path: &Path, mode: u32) -> Result<std::fs::File, StateFileErro
         .map_err(StateFileError::io(path))
 }
 
+/// Opens `path` to write it from its start (created, or emptied), never through a symbolic link
+/// and never a named pipe or a device: a link planted at an output's name (a log, a generated
+/// part) had the output written into whatever it named.
+pub fn create_plain(path: &Path) -> Result<std::fs::File, StateFileError> {
+    let file = open_plain(path, false)?;
+    file.set_len(0).map_err(StateFileError::io(path))?;
+    Ok(file)
+}
+
+/// Opens `path` to append to it (created if absent), as [`create_plain`] opens.
+pub fn append_plain(path: &Path) -> Result<std::fs::File, StateFileError> {
+    open_plain(path, true)
+}
+
+fn open_plain(path: &Path, append: bool) -> Result<std::fs::File, StateFileError> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .append(append)
+        .create(true)
+        .mode(0o644)
+        // Non-blocking: opening a named pipe for writing would wait for a reader.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => StateFileError::invalid(path, "a symbolic link: oar does not write through one"),
+            _ => StateFileError::io(path)(e),
+        })?;
+    let meta = file.metadata().map_err(StateFileError::io(path))?;
+    if !meta.file_type().is_file() {
+        return Err(StateFileError::NotRegular { path: path.to_path_buf(), kind: kind_of(&meta) });
+    }
+    Ok(file)
+}
+
 /// Writes `bytes` durably into a new file at `path` ([`create_new`]) with permissions `mode`.
 pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateFileError> {
     let mut f = create_new(path, mode)?;

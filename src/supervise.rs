@@ -129,7 +129,7 @@ pub(crate) fn spawn(
         .spawn()
         .with_context(|| format!("cannot start {name} ({:?})", cmd.get_program()))?;
     let state = Arc::new(Mutex::new(ChildState::default()));
-    let file = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+    let file = crate::state_file::create_plain(&log)?;
     let file = Arc::new(Mutex::new(std::io::LineWriter::new(file)));
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
@@ -374,8 +374,6 @@ pub(crate) fn summarize(
             .collect(),
         curves,
     };
-    let path = logs.join("summary.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&summary)?)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    crate::state_file::write_json(&logs.join("summary.json"), &summary)?;
     Ok(summary)
 }

@@ -187,7 +187,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 skip_bad_lines: a.skip_bad_lines,
             };
             let run = || -> anyhow::Result<crate::predict::PredictReport> {
-                let file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+                let file = crate::state_file::create_new(&tmp, 0o644)?;
                 let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
                 let r = crate::predict::predict(&saved, &config, &mut out, &|bytes| bar.set_position(bytes))?;
                 drop(out);

@@ -249,7 +249,10 @@ pub(crate) fn write_part(
     range: std::ops::Range<u64>,
     path: &Path,
 ) -> PartResult {
-    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut f = std::io::BufWriter::with_capacity(
+        1 << 20,
+        crate::state_file::create_plain(path).map_err(std::io::Error::other)?,
+    );
     let (mut labels, mut probs) = (Vec::new(), Vec::new());
     let mut buf = Vec::with_capacity(1 << 16);
     for line in range {
@@ -275,9 +278,7 @@ pub fn generate(config: &GenConfig) -> anyhow::Result<GenReport> {
 
 /// Writes `config.out/meta.json`.
 pub(crate) fn write_meta(config: &GenConfig, meta: &impl serde::Serialize) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let path = config.out.join("meta.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(meta)?).with_context(|| format!("cannot write {}", path.display()))
+    Ok(crate::state_file::write_json(&config.out.join("meta.json"), meta)?)
 }
 
 /// Writes the train parts (stream 1) and the test part (stream 2) of `config` with

@@ -56,7 +56,7 @@ impl Read for Bounded {
 }
 
 fn create(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
-    let f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let f = crate::state_file::create_plain(path)?;
     Ok(std::io::BufWriter::new(f))
 }
 

@@ -393,3 +393,59 @@ fn processes_refuse_hostile_restart_files_with_one_clear_line() {
     let err = trainer("a position of pass 999");
     assert!(err.contains("pass 999"), "{err}");
 }
+
+/// Outputs are never written through a symbolic link planted at their names: a file written
+/// whole replaces the link (`meta.json`, a picture), and one written as it goes (a generated
+/// part, a log, `metrics.csv`) refuses it with one line naming it. Before, each was written
+/// into whatever the link named.
+#[test]
+fn outputs_are_never_written_through_a_link_at_their_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = |name: &str| {
+        let v = dir.path().join(name);
+        std::fs::write(&v, "precious\n").unwrap();
+        v
+    };
+    let intact =
+        |v: &Path| assert_eq!(std::fs::read_to_string(v).unwrap(), "precious\n", "{} was written", v.display());
+    // `oar gen`: meta.json is replaced; a part is refused.
+    let gen = dir.path().join("gen");
+    std::fs::create_dir_all(&gen).unwrap();
+    let meta = victim("meta-victim");
+    std::os::unix::fs::symlink(&meta, gen.join("meta.json")).unwrap();
+    let args = ["gen", "criteo", "--lines", "200", "--test-lines", "20", "--parts", "1", "--out", &s(&gen)];
+    let o = oar(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    intact(&meta);
+    assert!(!std::fs::symlink_metadata(gen.join("meta.json")).unwrap().file_type().is_symlink());
+    let part = victim("part-victim");
+    std::fs::remove_file(gen.join("train/part-00000")).unwrap();
+    std::os::unix::fs::symlink(&part, gen.join("train/part-00000")).unwrap();
+    let o = oar(&args);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("a symbolic link: oar does not write through one"), "{}", text(&o));
+    intact(&part);
+    // `oar train --output`: a link at metrics.csv is refused before training.
+    let (train, out) = (gen.join("train"), dir.path().join("out"));
+    std::fs::create_dir_all(&out).unwrap();
+    let csv = victim("csv-victim");
+    std::os::unix::fs::symlink(&csv, out.join("metrics.csv")).unwrap();
+    std::fs::remove_file(&part).unwrap();
+    std::fs::remove_file(gen.join("train/part-00000")).unwrap();
+    assert!(oar(&args).status.success());
+    let o = oar(&["train", "--train", &s(&train), "--hidden", "4", "--output", &s(&out)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("metrics.csv") && text(&o).contains("symbolic link"), "{}", text(&o));
+    intact(&csv);
+    // `oar plot --out`: the link is replaced by the picture.
+    std::fs::remove_file(out.join("metrics.csv")).unwrap();
+    let o = oar(&["train", "--train", &s(&train), "--hidden", "4", "--output", &s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let png = victim("png-victim");
+    let link = dir.path().join("curves.png");
+    std::os::unix::fs::symlink(&png, &link).unwrap();
+    let o = oar(&["plot", "--metrics", &s(&out.join("metrics.csv")), "--out", &s(&link)]);
+    assert!(o.status.success(), "{}", text(&o));
+    intact(&png);
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_file());
+}
