@@ -285,7 +285,7 @@ pub(super) struct TasksArgs {
     /// The planted task relation.
     #[arg(long, value_enum, default_value_t)]
     pub(super) effect: crate::data::gen_tasks::Effect,
-    /// Correlation of the two tasks' linear parts (`sines`), or about that of their gates'
+    /// Correlation of the two tasks' linear parts (`sines`, `wiggle`), or about that of their gates'
     /// rows (`experts`), in [-1, 1].
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(super) correlation: f64,
@@ -296,7 +296,7 @@ pub(super) struct TasksArgs {
     /// in the labels.
     #[arg(long, default_value_t = crate::data::gen_tasks::SHARPNESS)]
     pub(super) sharpness: f64,
-    /// Multiplies each sine's frequency (`sines`; 1 is the paper's), in (0, 10].
+    /// Multiplies each sine's frequency (`sines`: 1 is the paper's; `wiggle`: 1 is 6), in (0, 10].
     #[arg(long, default_value_t = 1.0)]
     pub(super) frequency: f64,
 }

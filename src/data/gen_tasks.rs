@@ -22,6 +22,12 @@
 //!   `s_t = sum_k softmax(2 G_t x)_k v_k . x`. The tasks share what is computed but weigh it by
 //!   the input, differently: the relation MMoE's gates are built for, and a product of the
 //!   input with itself that a shared ReLU bottom can only approximate.
+//! - `--effect wiggle`: the linear parts of `sines`, each task with one sine of its own
+//!   projection, `s_t = w_t . x + sin(6 w_t . x + b_t)` (the frequency times `--frequency`;
+//!   `b_t` uniform in [0, 2 pi), drawn per task). A function that wiggles that fast where the
+//!   data is dense is learned in a few passes by PLE's two levels of experts but not by a
+//!   shared bottom's one layer or MMoE's (README, "A function that wiggles"): on every planted
+//!   draw, where the paper's sines part the models on some draws only.
 //!
 //! A line is plain text: `label1 label2 x1 .. x100` (the `plain` format; `meta.json` has the
 //! `[data]` section).
@@ -41,6 +47,8 @@ pub const SINES: usize = 10;
 pub const MOST_SINES: usize = INPUTS;
 /// Slope of the click probability in the standardized score unless asked.
 pub const SHARPNESS: f64 = 3.0;
+/// The sine's frequency of `--effect wiggle` (times `--frequency`).
+pub const WIGGLE_FREQUENCY: f64 = 6.0;
 /// Lines of stream 3 that fix each score's mean and standard deviation.
 const CALIBRATION_LINES: u64 = 10_000;
 
@@ -57,6 +65,8 @@ pub enum Effect {
     Sines,
     /// A planted mixture of 4 linear experts with a softmax gate per task.
     Experts,
+    /// Each task's linear part and one sine of it, of frequency 6 and a phase of its own.
+    Wiggle,
 }
 
 /// What `oar gen tasks` plants: the relation, the tasks' correlation, the sine terms of
@@ -109,6 +119,8 @@ struct Planted {
     sharpness: f64,
     /// `Some` for `--effect experts`, which then ignores `w` and `sines`.
     mixture: Option<Mixture>,
+    /// `Some` for `--effect wiggle`: each task's one sine (frequency, phase), in place of `sines`.
+    wiggles: Option<[(f64, f64); 2]>,
     /// Each task's score mean and standard deviation.
     scale: [(f64, f64); 2],
 }
@@ -182,8 +194,14 @@ impl Planted {
             })
             .collect();
         let mixture = (effect == Effect::Experts).then(|| Mixture::new(&d, correlation));
+        // Drawn after the experts' (d's indices from 16 INPUTS on), so the other effects keep
+        // the data they wrote before this one existed.
+        let wiggles = (effect == Effect::Wiggle).then(|| {
+            let a = WIGGLE_FREQUENCY * relation.frequency;
+            [0, 1].map(|t| (a, std::f64::consts::TAU * d.uniform((16 * INPUTS + t) as u64)))
+        });
         let sharpness = relation.sharpness;
-        let mut planted = Planted { w: [u1, w2], sines, sharpness, mixture, scale: [(0.0, 1.0); 2] };
+        let mut planted = Planted { w: [u1, w2], sines, sharpness, mixture, wiggles, scale: [(0.0, 1.0); 2] };
         let mut sums = [(0.0, 0.0); 2];
         for line in 0..CALIBRATION_LINES {
             let s = planted.scores(&inputs(seed, 3, line));
@@ -202,10 +220,11 @@ impl Planted {
         if let Some(m) = &self.mixture {
             return m.scores(x);
         }
-        self.w.map(|w| {
-            let z: f64 = w.iter().zip(x).map(|(a, b)| a * b).sum();
-            z + self.sines.iter().map(|(a, b)| (a * z + b).sin()).sum::<f64>()
-        })
+        let z = self.w.map(|w| dot(&w, x));
+        if let Some(wiggles) = self.wiggles {
+            return [0, 1].map(|t| z[t] + (wiggles[t].0 * z[t] + wiggles[t].1).sin());
+        }
+        z.map(|z| z + self.sines.iter().map(|(a, b)| (a * z + b).sin()).sum::<f64>())
     }
 
     /// Each task's click probability of inputs `x`.
@@ -276,6 +295,7 @@ pub fn generate(config: &GenConfig, relation: &Relation) -> anyhow::Result<Tasks
         "gate_sharpness": GATE_SHARPNESS,
         "sharpness": sharpness,
         "frequency": frequency,
+        "wiggles": planted.wiggles,
         "oracle_test_auc": [report.oracle_test_auc, crate::metrics::auc(&probs, &labels)],
         "format": "plain: task1 task2 x1 .. x100",
     });
@@ -293,6 +313,21 @@ pub fn generate(config: &GenConfig, relation: &Relation) -> anyhow::Result<Tasks
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wiggle_is_each_tasks_own_sine_of_its_projection() {
+        let p = Planted::new(3, &Relation { sharpness: 10.0, ..Relation::new(Effect::Wiggle, 0.5) });
+        let faster = Planted::new(3, &Relation { frequency: 0.5, ..Relation::new(Effect::Wiggle, 0.5) });
+        let [(a1, b1), (a2, b2)] = p.wiggles.unwrap();
+        assert_eq!((a1, a2), (WIGGLE_FREQUENCY, WIGGLE_FREQUENCY));
+        assert_eq!(faster.wiggles.unwrap()[0], (3.0, b1));
+        assert!(b1 != b2 && (0.0..std::f64::consts::TAU).contains(&b1) && (0.0..std::f64::consts::TAU).contains(&b2));
+        let x = inputs(3, 0, 17);
+        let z = p.w.map(|w| dot(&w, &x));
+        assert_eq!(p.scores(&x), [z[0] + (6.0 * z[0] + b1).sin(), z[1] + (6.0 * z[1] + b2).sin()]);
+        // The linear parts are the sines effect's, whose data stays as it was.
+        assert_eq!(p.w, Planted::new(3, &Relation::new(Effect::Sines, 0.5)).w);
+    }
 
     #[test]
     fn the_tasks_linear_parts_have_the_asked_correlation() {
