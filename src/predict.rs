@@ -114,6 +114,10 @@ pub fn predict(
     let (done_tx, done_rx) = mpsc::channel::<(u64, anyhow::Result<(usize, String)>)>();
     let mut report = PredictReport::default();
     std::thread::scope(|s| -> anyhow::Result<()> {
+        // Owned here: a write that fails returns from this closure and drops it, so the workers'
+        // sends fail, they stop, and the feeder's do too. Held outside, every batch was still
+        // read and scored before the error was reported.
+        let done_rx = done_rx;
         for _ in 0..threads {
             let (work_rx, done_tx, params) = (work_rx.clone(), done_tx.clone(), params);
             s.spawn(move || {
