@@ -262,6 +262,7 @@ impl Server {
 
 /// Serves `config.model` until the process is stopped.
 pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
+    v2::check_model_name(&config.name).map_err(anyhow::Error::msg)?;
     let loaded = load(stamp(&config.model)?, registry)?;
     let pass = loaded.saved.manifest.pass;
     let listener =

@@ -57,6 +57,17 @@ pub struct InferResponse {
     pub outputs: Vec<Tensor>,
 }
 
+/// Checks a served model's name (`oar serve --name`): it is a segment of every URL, so 1 to 64
+/// letters, digits, `-`, `_` or `.`, not starting with `.` (an empty name or one holding `/`
+/// was served at URLs no plain client could name).
+pub fn check_model_name(name: &str) -> Result<(), BadRequest> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    if (1..=64).contains(&name.len()) && name.chars().all(plain) && !name.starts_with('.') {
+        return Ok(());
+    }
+    Err(format!("--name {name:?}: 1 to 64 letters, digits, '-', '_' or '.' (not first), as it is part of every URL"))
+}
+
 /// A request's error, answered with status 400 and `{"error": ...}`.
 pub type BadRequest = String;
 
@@ -272,6 +283,16 @@ mod tests {
 
     fn req(json: &str) -> InferRequest {
         serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn a_model_name_is_one_plain_url_segment() {
+        for good in ["oar", "ctr-dnn_v2.1", "A"] {
+            assert!(check_model_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "a/b", ".hidden", "..", "a b", "é", &"x".repeat(65)] {
+            assert!(check_model_name(bad).unwrap_err().contains("--name"), "{bad}");
+        }
     }
 
     #[test]
