@@ -180,6 +180,22 @@ impl TrainConfig {
             self.trainers
         );
         anyhow::ensure!(!self.train_files.is_empty(), "no training files (--train)");
+        if let Some(out) = self.output.as_ref().and_then(|o| std::fs::canonicalize(o).ok()) {
+            // The job writes its curves, passes and `latest` there: a later run listing the same
+            // folder for data read them as data (a folder below `--output` is fine).
+            let inside = self
+                .train_files
+                .iter()
+                .chain(&self.test_files)
+                .find(|f| std::fs::canonicalize(f).is_ok_and(|f| f.parent() == Some(out.as_path())));
+            if let Some(f) = inside {
+                anyhow::bail!(
+                    "--output {} is the folder of the data file {}: the job's own files there would be read as data next time; save elsewhere",
+                    out.display(),
+                    f.display()
+                );
+            }
+        }
         anyhow::ensure!(
             !self.rejoin || self.positions.is_some(),
             "--rejoin goes on from a recorded position: give --position-dir"

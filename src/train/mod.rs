@@ -464,6 +464,12 @@ fn end_pass(
                 save_for_serving(out, store, spec, kind, date, day_pass)?;
             }
             let dir = out.join(pass_dir_name(pass));
+            // A link planted at the pass's name had the save's files written wherever it led.
+            anyhow::ensure!(
+                !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()),
+                "{} is a symbolic link: a save does not go through one",
+                dir.display()
+            );
             let shards = store.save(&dir).with_context(|| format!("saving pass {pass} to {}", dir.display()))?;
             let manifest = Manifest {
                 format: FORMAT_VERSION,

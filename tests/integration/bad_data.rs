@@ -107,3 +107,19 @@ fn an_output_path_the_done_file_cannot_hold_is_refused_before_training() {
     assert!(text(&out).contains("holds a tab or a line break"), "{}", text(&out));
     assert!(!out_dir.exists(), "refused before anything was written");
 }
+
+/// `--output` the training data's own folder is refused before training: the job's curves,
+/// pictures and `latest` landed beside the data, and the next run read `curves.png` as a bad
+/// line. A folder below `--output` is fine.
+#[test]
+fn an_output_folder_that_is_the_datas_own_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 1, 200, 10);
+    let o = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "4", "--output", train.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("is the folder of the data file"), "{}", text(&o));
+    assert_eq!(std::fs::read_dir(&train).unwrap().count(), 1, "nothing was written beside the data");
+    let o =
+        oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "4", "--output", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+}

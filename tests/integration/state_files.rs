@@ -437,6 +437,16 @@ fn outputs_are_never_written_through_a_link_at_their_names() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("metrics.csv") && text(&o).contains("symbolic link"), "{}", text(&o));
     intact(&csv);
+    // A pass folder that is a link: the save refuses it.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let linked = dir.path().join("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, linked.join("pass-0001")).unwrap();
+    let o = oar(&["train", "--train", &s(&train), "--hidden", "4", "--output", &s(&linked)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("pass-0001 is a symbolic link"), "{}", text(&o));
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "nothing was saved through the link");
     // `oar plot --out`: the link is replaced by the picture.
     std::fs::remove_file(out.join("metrics.csv")).unwrap();
     let o = oar(&["train", "--train", &s(&train), "--hidden", "4", "--output", &s(&out)]);
