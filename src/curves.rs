@@ -91,10 +91,7 @@ impl CurveLog {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
-        // Checked before opening: opening a named pipe would wait for its other end.
-        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-            return Err(std::io::Error::other("not a regular file"));
-        }
+        // Never a named pipe (whose opening would wait for its other end), nor through a link.
         let mut file = crate::state_file::append_plain(path).map_err(std::io::Error::other)?;
         if file.metadata()?.len() == 0 {
             file.write_all(format!("{HEADER}\n").as_bytes())?;

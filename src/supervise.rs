@@ -191,7 +191,12 @@ pub(crate) trait Keeper {
     fn tick(&mut self, _procs: &mut [Proc]) -> anyhow::Result<()> {
         Ok(())
     }
-    /// Child `i` failed: `Ok(true)` once it has been restarted in its place.
+    /// Whether this keeper restarts failed children at all (`--max-restarts` above 0).
+    fn restarts(&self) -> bool {
+        false
+    }
+    /// Child `i` failed, and not on its own error ([`crate::exit::fails_again`], never
+    /// restarted): `Ok(true)` once it has been restarted in its place.
     fn restart(&mut self, _procs: &mut [Proc], _i: usize, _status: std::process::ExitStatus) -> anyhow::Result<bool> {
         Ok(false)
     }
@@ -233,7 +238,7 @@ pub(crate) fn check_children(
         if let Some(status) = p.child.try_wait().with_context(|| format!("cannot wait for {}", p.name))? {
             if status.success() {
                 done.push(i);
-            } else if !keeper.restart(procs, i, status)? {
+            } else if crate::exit::fails_again(&status) || !keeper.restart(procs, i, status)? {
                 failed.push((i, status));
             }
         }
@@ -255,7 +260,11 @@ pub(crate) fn check_children(
     // The cause first: a child that stopped because another was lost (exit status 3, set by
     // the child from its error's type) after the children that failed on their own.
     failed.sort_by_key(|&(_, status)| status.code() == Some(crate::exit::PEER_LOST));
-    let all: Vec<String> = failed.iter().map(|&(i, status)| failure(&procs[i], status, keeper.cause(i))).collect();
+    let cause = |i: usize, status: std::process::ExitStatus| {
+        let left = keeper.restarts() && crate::exit::fails_again(&status);
+        keeper.cause(i).or_else(|| left.then(|| crate::exit::NOT_RESTARTED.to_string()))
+    };
+    let all: Vec<String> = failed.iter().map(|&(i, status)| failure(&procs[i], status, cause(i, status))).collect();
     anyhow::bail!("{}", all.join("; also "))
 }
 

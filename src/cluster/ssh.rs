@@ -327,18 +327,16 @@ struct Restarts<'a> {
     lives: Vec<u64>,
     restarts: Vec<Restart>,
     started: Instant,
-    /// Processes that failed on their own error, left stopped ([`crate::exit::fails_again`]).
-    not_restarted: Vec<usize>,
 }
 
 impl Keeper for Restarts<'_> {
+    fn restarts(&self) -> bool {
+        self.starter.config.max_restarts > 0
+    }
+
     fn restart(&mut self, procs: &mut [Proc], i: usize, status: std::process::ExitStatus) -> anyhow::Result<bool> {
         // 255 is ssh's own failure: the remote process may still run, so it is not started twice.
         if self.restarts.len() >= self.starter.config.max_restarts || status.code() == Some(255) {
-            return Ok(false);
-        }
-        if crate::exit::fails_again(&status) {
-            self.not_restarted.push(i);
             return Ok(false);
         }
         self.lives[i] += 1;
@@ -355,10 +353,6 @@ impl Keeper for Restarts<'_> {
             from: None,
         });
         Ok(true)
-    }
-
-    fn cause(&self, i: usize) -> Option<String> {
-        self.not_restarted.contains(&i).then(|| crate::exit::NOT_RESTARTED.into())
     }
 }
 
@@ -429,7 +423,6 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
         lives: vec![0; placements.len()],
         restarts: Vec::new(),
         started,
-        not_restarted: Vec::new(),
     };
     let result = (|| -> anyhow::Result<LaunchSummary> {
         for p in &placements {

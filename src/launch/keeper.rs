@@ -53,8 +53,6 @@ pub(super) struct JobKeeper {
     ready: Option<(mpsc::Sender<Ready>, mpsc::Receiver<Ready>)>,
     /// Why the keeper killed a server, by index.
     killed: Vec<Option<String>>,
-    /// Processes (by index) that failed on their own error and were left stopped.
-    not_restarted: Vec<usize>,
     pub(super) restarts: Vec<crate::supervise::Restart>,
     started: Instant,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -79,7 +77,6 @@ impl JobKeeper {
             watched: Default::default(),
             ready: None,
             killed: vec![None; config.servers],
-            not_restarted: Vec::new(),
             restarts: Vec::new(),
             started: Instant::now(),
             stop: Default::default(),
@@ -214,12 +211,12 @@ impl Keeper for JobKeeper {
         Ok(())
     }
 
+    fn restarts(&self) -> bool {
+        self.max_restarts > 0
+    }
+
     fn restart(&mut self, procs: &mut [Proc], i: usize, status: std::process::ExitStatus) -> anyhow::Result<bool> {
         if self.restarts.len() >= self.max_restarts || self.ready.is_none() {
-            return Ok(false);
-        }
-        if crate::exit::fails_again(&status) {
-            self.not_restarted.push(i); // the job then fails naming it and why
             return Ok(false);
         }
         if i >= self.servers {
@@ -257,9 +254,6 @@ impl Keeper for JobKeeper {
     }
 
     fn cause(&self, i: usize) -> Option<String> {
-        if self.not_restarted.contains(&i) {
-            return Some(crate::exit::NOT_RESTARTED.into());
-        }
         self.killed.get(i).cloned().flatten()
     }
 }

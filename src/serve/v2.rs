@@ -181,8 +181,13 @@ fn typed_batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Ba
     // Work follows the samples, so past a few they must come with the bytes: a few hundred
     // bytes of `[1048576, 0]` shapes otherwise asked for a million empty samples (30 s of
     // scoring). A sample of empty bags alone is still a sample (a user with no history).
-    let values = req.inputs.iter().try_fold(0usize, |n, t| Ok::<_, BadRequest>(n + elements(t)?.len()))?;
-    if rows > values.max(MOST_EMPTY_ROWS) {
+    // From the shapes, which each input's elements are checked against when read below.
+    let values = req
+        .inputs
+        .iter()
+        .map(|t| t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).unwrap_or(u64::MAX))
+        .fold(0u64, u64::saturating_add);
+    if rows as u64 > values.max(MOST_EMPTY_ROWS as u64) {
         return Err(format!(
             "{rows} samples but {values} values in all the inputs: past {MOST_EMPTY_ROWS}, each sample needs at least one"
         ));
