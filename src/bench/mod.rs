@@ -43,7 +43,8 @@ pub struct BenchConfig {
     pub models: bool,
     /// With `models`: only these zoo models (names as the table prints them); empty: all.
     pub only: Vec<String>,
-    /// With `models` and `baselines`: alternating rounds per model (medians are reported).
+    /// Alternating rounds of (b), each measuring every build (medians, and ratios paired by
+    /// round, are reported); with `models` and `baselines`, rounds per model.
     pub rounds: usize,
 }
 
@@ -437,11 +438,13 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
     println!("    raw TCP copy (send N, echo N)     {raw:7.2} GB/s   (median of 5 alternating runs)");
     println!("    oar push + pull through a server  {oar:7.2} GB/s   = {:.0}% of raw TCP", 100.0 * oar / raw);
 
+    let rounds = config.rounds.max(1);
     println!(
-        "(b) sparse rows of dim 10, {} rows inserted per table, then batches of {} Zipf-like keys, one server (medians of 3 alternating rounds)",
+        "(b) sparse rows of dim 10, {} rows inserted per table, then batches of {} Zipf-like keys, one server (medians of {rounds} alternating rounds)",
         config.sparse_rows, config.sparse_keys
     );
-    let r = sparse_rates(&config.exe, &config.baselines, config.sparse_rows, config.sparse_keys, config.seconds)?;
+    let r =
+        sparse_rates(&config.exe, &config.baselines, config.sparse_rows, config.sparse_keys, config.seconds, rounds)?;
     println!(
         "    ({} keys drawn per batch hold {} unique ids on average; deps.md counts the drawn keys, trainers send unique ones)",
         config.sparse_keys, r.unique
@@ -452,7 +455,8 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
             if std::ptr::eq(b, this) {
                 String::new()
             } else {
-                format!(" (this build: {:.2}x)", this.ops[k].0 / b.ops[k].0)
+                let (mid, lo, hi) = this.ratios(b, k);
+                format!(" (this build: {mid:.2}x, rounds {lo:.2}-{hi:.2}x)")
             }
         };
         println!("    {}:", b.name);

@@ -21,6 +21,19 @@ pub(super) struct BuildRates {
     /// Pull as drawn, pull unique, push unique: (keys per wall second, keys per server CPU
     /// second), medians of the alternating rounds.
     pub(super) ops: [(f64, f64); 3],
+    /// The same, keys per wall second in each round, for ratios paired by round.
+    pub(super) per_round: [Vec<f64>; 3],
+}
+
+impl BuildRates {
+    /// This build's rate of `op` over `other`'s, round by round (each round measures both one
+    /// after the other, so a drift of the machine between rounds cancels): the median and the
+    /// least and greatest.
+    pub(super) fn ratios(&self, other: &BuildRates, op: usize) -> (f64, f64, f64) {
+        let r: Vec<f64> = self.per_round[op].iter().zip(&other.per_round[op]).map(|(a, b)| a / b).collect();
+        let (lo, hi) = r.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+        (median(r), lo, hi)
+    }
 }
 
 /// Sparse results: every build's figures through a server, and this build's table in memory.
@@ -39,7 +52,7 @@ pub struct SparseDraws {
     pub inserts: Vec<Vec<u64>>,
     /// Batches as drawn (with repeats).
     pub drawn: Vec<Vec<u64>>,
-    /// The drawn batches deduplicated (what a trainer sends).
+    /// The drawn batches deduplicated in first-seen order (what a trainer sends).
     pub unique: Vec<Vec<u64>>,
 }
 
@@ -59,13 +72,13 @@ impl SparseDraws {
                     .collect()
             })
             .collect();
+        // In first-seen order, as a trainer deduplicates (`train::store`): sorted ids would
+        // visit a layout that places rows by id in address order, which no trainer's pull does.
         let unique = drawn
             .iter()
             .map(|d| {
-                let mut v = d.clone();
-                v.sort_unstable();
-                v.dedup();
-                v
+                let mut seen = hashbrown::HashSet::with_capacity(d.len());
+                d.iter().copied().filter(|&id| seen.insert(id)).collect()
             })
             .collect();
         SparseDraws { inserts, drawn, unique }
@@ -91,6 +104,7 @@ pub(super) fn sparse_rates(
     rows: usize,
     keys: usize,
     seconds: f64,
+    rounds: usize,
 ) -> anyhow::Result<SparseRates> {
     let table = SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05));
     let row_wise = SparseSpec::new(
@@ -128,13 +142,13 @@ pub(super) fn sparse_rates(
                 insert = rate;
             }
         }
-        let rates = BuildRates { name, insert, bytes_per_row, ops: Default::default() };
+        let rates = BuildRates { name, insert, bytes_per_row, ops: Default::default(), per_round: Default::default() };
         measured.push(Measured { server, client, rates, rounds: Default::default(), step: 0 });
     }
-    // Three rounds, each measuring every build in turn, so drifts of the machine hit all alike;
-    // each round starts at the next build, as the first one measured ran about 5% slower.
+    // Rounds each measuring every build in turn, so drifts of the machine hit all alike; each
+    // round starts at the next build, as the first one measured ran about 5% slower.
     let n = measured.len();
-    for round in 0..3 {
+    for round in 0..rounds.max(1) {
         for k in 0..n {
             let m = &mut measured[(round + k) % n];
             let (client, server) = (&mut m.client, &m.server);
@@ -163,6 +177,7 @@ pub(super) fn sparse_rates(
     for mut m in measured {
         for (k, r) in m.rounds.iter().enumerate() {
             m.rates.ops[k] = (median(r.iter().map(|r| r.0).collect()), median(r.iter().map(|r| r.1).collect()));
+            m.rates.per_round[k] = r.iter().map(|r| r.0).collect();
         }
         m.client.close(0)?;
         m.server.stop();
@@ -205,4 +220,39 @@ fn timed(
     }
     let (wall, busy) = (started.elapsed().as_secs_f64(), cpu()? - cpu0);
     anyhow::Ok((n as f64 / wall, n as f64 / busy.max(1e-3)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_batches_keep_first_seen_order_as_a_trainer_sends_them() {
+        let d = SparseDraws::new(1000, 400);
+        for (drawn, unique) in d.drawn.iter().zip(&d.unique) {
+            let mut seen = std::collections::HashSet::new();
+            let first: Vec<u64> = drawn.iter().copied().filter(|&id| seen.insert(id)).collect();
+            assert_eq!(unique, &first);
+            assert!(unique.len() < drawn.len(), "Zipf draws repeat ids");
+        }
+    }
+
+    #[test]
+    fn ratios_are_paired_by_round() {
+        let build = |per_round: Vec<f64>| BuildRates {
+            name: String::new(),
+            insert: 0.0,
+            bytes_per_row: [0.0; 2],
+            ops: Default::default(),
+            per_round: [per_round, vec![], vec![]],
+        };
+        // A machine that slows down round by round: each round's pair keeps the 1.1x, where the
+        // two builds' medians (20 against 20) would show none.
+        let (this, base) = (build(vec![11.0, 22.0, 33.0]), build(vec![10.0, 20.0, 30.0]));
+        let (mid, lo, hi) = this.ratios(&base, 0);
+        assert!((mid - 1.1).abs() < 1e-9 && (lo - 1.1).abs() < 1e-9 && (hi - 1.1).abs() < 1e-9);
+        let this = build(vec![9.0, 24.0, 36.0]);
+        let (mid, lo, hi) = this.ratios(&base, 0);
+        assert_eq!((mid, lo, hi), (1.2, 0.9, 1.2));
+    }
 }

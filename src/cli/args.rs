@@ -411,7 +411,8 @@ pub(super) struct BenchArgs {
     /// With --models: only this zoo model (as the table names it, e.g. DCN, CTR-DNN); repeatable.
     #[arg(long = "model")]
     pub(super) model: Vec<String>,
-    /// With --models and --baseline-exe: alternating rounds per model (medians are reported).
+    /// Alternating rounds of (b), each measuring every build (medians, and ratios paired by
+    /// round, are reported); with --models and --baseline-exe, rounds per model.
     #[arg(long, default_value_t = 3)]
     pub(super) rounds: usize,
     /// Instead: local vs sync vs async 2x2 quality of the CTR-DNN on --real (rotated through

@@ -341,6 +341,37 @@ fn bench_models_refuses_a_model_the_zoo_does_not_have() {
     assert!(text(&o).contains("NoSuchNet") && text(&o).contains("CTR-DNN"), "{}", text(&o));
 }
 
+/// `oar bench` (b) against a baseline (this binary again, a server process of its own):
+/// every op gets a ratio paired over the rounds asked for.
+#[test]
+fn bench_measures_a_baseline_server_in_alternating_rounds() {
+    let o = oar(&[
+        "bench",
+        "--skip-training",
+        "--seconds",
+        "0.2",
+        "--dense-floats",
+        "1024",
+        "--sparse-rows",
+        "3000",
+        "--sparse-keys",
+        "500",
+        "--rounds",
+        "2",
+        "--baseline-exe",
+        env!("CARGO_BIN_EXE_oar"),
+    ]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("medians of 2 alternating rounds"), "{out}");
+    for op in ["ids as drawn", "unique ids"] {
+        let lines: Vec<&str> = out.lines().filter(|l| l.contains(op) && l.contains("through the server")).collect();
+        // Pull and push of unique ids, or the pull as drawn, for each of the two servers.
+        assert!(lines.len() >= 2, "{out}");
+        assert!(lines.iter().any(|l| l.contains("(this build: ") && l.contains("x, rounds ")), "{out}");
+    }
+}
+
 #[test]
 fn usage_errors_exit_with_code_2() {
     let out = oar(&["train", "--batch-size", "many"]);
