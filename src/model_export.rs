@@ -189,7 +189,11 @@ fn check_out(out: &Path, source: &Path) -> anyhow::Result<()> {
         source.display()
     );
     let manifest = out.join("manifest.json");
-    if let Ok(text) = std::fs::read(&manifest) {
+    // Read as a state file: a pipe, a device or a link there is refused, not waited on or
+    // followed, and a huge file not read whole.
+    if let Some(text) = crate::state_file::read(&manifest, crate::checkpoint::MAX_MANIFEST_BYTES)
+        .with_context(|| format!("--out {}: its manifest.json cannot be checked", out.display()))?
+    {
         anyhow::ensure!(
             serde_json::from_slice::<ExportManifest>(&text).is_ok(),
             "--out {}: {} is not an export's (a saved model's?), and an export would overwrite it",

@@ -38,7 +38,7 @@ pub const FORMAT_VERSION: u32 = 4;
 pub const OLDEST_FORMAT: u32 = 1;
 /// Largest manifest read (64 MiB): a manifest lists one small entry per server (at most 65,536),
 /// so a larger file is not one oar wrote.
-const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
 /// Floats per stored sparse row of `t` in checkpoint format `format`.
 fn stored_row_len(t: &crate::table::SparseSpec, format: u32) -> usize {

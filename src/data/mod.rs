@@ -148,7 +148,12 @@ pub(crate) fn parse_u64(v: &[u8]) -> Option<u64> {
     Some(x)
 }
 
-/// A finite decimal number, or None.
+/// Largest magnitude a label, dense value or weight in the data may have: the bound a push's
+/// values must keep (`table::MAX_PUSHED`). A finite value far beyond it (`3e38`) overflows the
+/// first layer, and the job then failed on a refused push that named a step, not the line.
+pub const MAX_VALUE: f32 = 1e18;
+
+/// `v` as a decimal number within ±[`MAX_VALUE`], or `None`.
 #[inline]
 pub(crate) fn parse_f32(v: &[u8]) -> Option<f32> {
     // Fast path for the common short forms `0`, `1`, `0.5`.
@@ -158,7 +163,8 @@ pub(crate) fn parse_f32(v: &[u8]) -> Option<f32> {
         _ => {}
     }
     let x: f32 = std::str::from_utf8(v).ok()?.parse().ok()?;
-    x.is_finite().then_some(x)
+    // `x.abs() <= MAX` is false for a NaN as for an infinity.
+    (x.abs() <= MAX_VALUE).then_some(x)
 }
 
 /// `v` as text for error messages (lossy, cut to 40 bytes).
@@ -184,6 +190,7 @@ mod tests {
             (parse_f32(b"nan"), parse_f32(b"inf"), parse_f32(b"1e99"), parse_f32(b"")),
             (None, None, None, None)
         );
+        assert_eq!((parse_f32(b"-1e18"), parse_f32(b"3e38"), parse_f32(b"-1.1e18")), (Some(-1e18), None, None));
     }
 
     #[test]

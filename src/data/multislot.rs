@@ -81,8 +81,8 @@ impl LineParser for MultiSlotParser {
                         return Err(format!("label {name:?} has {count} values, not 1"));
                     }
                     let v = value(0)?;
-                    self.labels[i] =
-                        parse_f32(v).ok_or_else(|| format!("label {name:?}: {} is not a finite number", quote(v)))?;
+                    self.labels[i] = parse_f32(v)
+                        .ok_or_else(|| format!("label {name:?}: {} is not a number within ±1e18", quote(v)))?;
                 }
                 Field::Dense(c) => {
                     let (start, width) = self.columns[c];
@@ -92,7 +92,7 @@ impl LineParser for MultiSlotParser {
                     for j in 0..width {
                         let v = value(j)?;
                         self.dense[start + j] = parse_f32(v)
-                            .ok_or_else(|| format!("dense {name:?}: {} is not a finite number", quote(v)))?;
+                            .ok_or_else(|| format!("dense {name:?}: {} is not a number within ±1e18", quote(v)))?;
                     }
                 }
                 Field::Slot(s) => {
@@ -171,10 +171,10 @@ mod tests {
             ("1 1 1 7 2 8 9 0", "field \"dense_feature\" is missing: the line ends after 4 of its 5 fields"),
             ("1 1 1 7 2 8", "field \"2\": the line ends after 1 of its 2 values"),
             ("2 1 0 1 7 2 8 9 0 2 0.5 0.25", "label \"click\" has 2 values, not 1"),
-            ("1 x 1 7 2 8 9 0 2 0.5 0.25", "label \"click\": \"x\" is not a finite number"),
+            ("1 x 1 7 2 8 9 0 2 0.5 0.25", "label \"click\": \"x\" is not a number within ±1e18"),
             ("1 1 1 -7 2 8 9 0 2 0.5 0.25", "slot \"1\": id \"-7\" is not an unsigned integer"),
             ("1 1 1 7 2 8 9 0 3 0.5 0.25 1", "dense \"dense_feature\" has 3 values, not its width 2"),
-            ("1 1 1 7 2 8 9 0 2 0.5 nan", "dense \"dense_feature\": \"nan\" is not a finite number"),
+            ("1 1 1 7 2 8 9 0 2 0.5 nan", "dense \"dense_feature\": \"nan\" is not a number within ±1e18"),
             ("1 1 1 7 2 8 9 0 2 0.5 0.25 3", "1 value(s) after the last field, from \"3\""),
             ("1 1 99999999999 7", "count \"99999999999\" is not a number up to 1048576"),
         ] {

@@ -68,7 +68,8 @@ impl PlainParser {
                     None => 1.0,
                     Some(w) => {
                         weighted = true;
-                        parse_f32(w).ok_or_else(|| format!("weight {} of id {raw} is not a finite number", quote(w)))?
+                        parse_f32(w)
+                            .ok_or_else(|| format!("weight {} of id {raw} is not a number within ±1e18", quote(w)))?
                     }
                 };
                 self.ids.push(if self.hash { slot_id(slot, raw) } else { raw });
@@ -103,7 +104,7 @@ impl LineParser for PlainParser {
                     Some(v) => self.values.push(v),
                     None => {
                         return Err(format!(
-                            "column {} ({}) is not a finite number: {}",
+                            "column {} ({}) is not a number within ±1e18: {}",
                             n + 1,
                             self.columns[n],
                             quote(f)
@@ -156,7 +157,7 @@ mod tests {
         let before = b.clone();
         for (line, want) in [
             (&b"1 2 3 4 5"[..], "column 6 (slot \"3\") is missing"),
-            (b"1 2 x 4 5 6", "column 3 (dense \"x\" value 2) is not a finite number: \"x\""),
+            (b"1 2 x 4 5 6", "column 3 (dense \"x\" value 2) is not a number within ±1e18: \"x\""),
             (b"1 2 3 4 -5 6", "column 5 (slot \"2\"): id \"-5\" is not an unsigned integer"),
             (b"1 2 3 4 5,,6 6", "column 5 (slot \"2\"): id \"\""),
             (b"1 2 3 4 5:x 6", "column 5 (slot \"2\"): weight \"x\" of id 5"),

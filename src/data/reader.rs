@@ -404,7 +404,7 @@ mod tests {
         let many = vec!["s:7"; MAX_LINE_IDS + 1].join(" ");
         std::fs::write(
             &a,
-            format!("click:1 s:1\nclick:3e38 s:2\n{}\nclick:0 {many}\nclick:-1 s:4\nclick:0 s:5\n", "click:1 s:3"),
+            format!("click:1 s:1\nclick:2 s:2\n{}\nclick:0 {many}\nclick:-1 s:4\nclick:0 s:5\n", "click:1 s:3"),
         )
         .unwrap();
         let data = super::super::DataConfig {
@@ -418,7 +418,7 @@ mod tests {
         let got: Vec<_> = Reader::spawn(vec![a.clone()], config.clone()).collect();
         let err = got.last().unwrap().as_ref().unwrap_err().to_string();
         assert!(
-            err.starts_with(&format!("{}:2: label \"click\" is 3e38: a log-loss label is 0 to 1", a.display())),
+            err.starts_with(&format!("{}:2: label \"click\" is 2.0: a log-loss label is 0 to 1", a.display())),
             "{err}"
         );
         let reader = Reader::spawn(vec![a], ReaderConfig { skip_bad_lines: true, ..config });

@@ -135,7 +135,11 @@ impl SlotsParser {
                     Some(w) => {
                         self.weighted[s] = true;
                         parse_f32(w).ok_or_else(|| {
-                            format!("slot {}: weight {} of id {raw} is not a finite number", quote(name), quote(w))
+                            format!(
+                                "slot {}: weight {} of id {raw} is not a number within ±1e18",
+                                quote(name),
+                                quote(w)
+                            )
                         })?
                     }
                 };
@@ -147,7 +151,7 @@ impl SlotsParser {
                     return Err(format!("label {} appears twice", quote(name)));
                 }
                 let v = parse_f32(value)
-                    .ok_or_else(|| format!("label {}: {} is not a finite number", quote(name), quote(value)))?;
+                    .ok_or_else(|| format!("label {}: {} is not a number within ±1e18", quote(name), quote(value)))?;
                 self.label_values[i] = Some(v);
             }
             Target::Dense(c) => {
@@ -157,7 +161,7 @@ impl SlotsParser {
                     return Err(format!("dense {} appears more than {width} times", quote(name)));
                 }
                 self.dense[start + n] = parse_f32(value)
-                    .ok_or_else(|| format!("dense {}: {} is not a finite number", quote(name), quote(value)))?;
+                    .ok_or_else(|| format!("dense {}: {} is not a number within ±1e18", quote(name), quote(value)))?;
                 self.dense_count[c] = n + 1;
             }
         }
@@ -263,7 +267,7 @@ mod tests {
         for (line, want) in [
             (&b"buy:0 1:5"[..], "label \"click\" is missing"),
             (b"click:1 buy:0 click:0", "label \"click\" appears twice"),
-            (b"click:x buy:0", "label \"click\": \"x\" is not a finite number"),
+            (b"click:x buy:0", "label \"click\": \"x\" is not a number within ±1e18"),
             (b"click:1 buy:0 d:1", "dense \"d\" appears 1 times, expected 2"),
             (b"click:1 buy:0 d:1 d:2 d:3", "dense \"d\" appears more than 2 times"),
             (b"click:1 buy:0 d:1 d:nan", "dense \"d\": \"nan\""),

@@ -378,7 +378,8 @@ pub fn all_pushable<'a>(values: impl IntoIterator<Item = &'a [f32]>) -> bool {
 }
 
 /// What a refusal of a non-finite push tells the user to do.
-pub const NONFINITE_HINT: &str = "a diverging model: lower the learning rate, or clip gradients";
+pub const NONFINITE_HINT: &str =
+    "a diverging model: lower the learning rate, or clip gradients; or input values too large for the model: scale them";
 
 /// Widest sparse row a declaration or a shard file may hold, in floats: far beyond any
 /// embedding in use, and small enough that an empty table's first slots stay small.

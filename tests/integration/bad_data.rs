@@ -4,8 +4,9 @@
 
 use crate::util::*;
 
-/// A click of 3e38 in the slots format is named by file and line, not met later as a refused
-/// push ("a diverging model"), and `--skip-bad-lines` skips it.
+/// A click of 3e38 and a dense value of 3e38 in the slots format are named by file and line,
+/// not met later as a refused push ("a diverging model": the dense value overflowed the first
+/// layer), and `--skip-bad-lines` skips them.
 #[test]
 fn a_label_its_loss_cannot_take_is_a_bad_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -16,8 +17,12 @@ fn a_label_its_loss_cannot_take_is_a_bad_line() {
     let file = data.join("train/part-00000");
     let content = std::fs::read_to_string(&file).unwrap();
     let mut lines: Vec<String> = content.lines().map(String::from).collect();
-    let (_, rest) = lines[4].split_once(' ').unwrap();
-    lines[4] = format!("click:3e38 {rest}");
+    let (_, features) = lines[4].split_once(' ').unwrap();
+    let features = features.to_string();
+    lines[4] = format!("click:3e38 {features}");
+    let (click, rest) = lines[9].split_once(' ').unwrap();
+    let (_, rest) = rest.split_once(' ').unwrap();
+    lines[9] = format!("{click} d:-3e38 {rest}");
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
     let job = std::path::absolute("examples/multi_hot.toml").unwrap();
     let train_dir = data.join("train");
@@ -29,7 +34,24 @@ fn a_label_its_loss_cannot_take_is_a_bad_line() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&format!("{}:5: label \"click\" is 3e38: a log-loss label is 0 to 1", file.display())),
+        err.contains(&format!("{}:5: label \"click\": \"3e38\" is not a number within ±1e18", file.display())),
+        "{err}"
+    );
+    lines[4] = format!("click:2 {features}");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let out = train(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:5: label \"click\" is 2.0: a log-loss label is 0 to 1", file.display())),
+        "{err}"
+    );
+    lines[4] = lines[5].clone();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let out = train(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:10: dense \"d\": \"-3e38\" is not a number within ±1e18", file.display())),
         "{err}"
     );
     let out = train(&["--skip-bad-lines"]);

@@ -279,4 +279,14 @@ fn an_export_into_the_saved_models_own_folder_is_refused() {
         let o = oar(&["export", "--model", &s(&model), "--out", &s(&beside)]);
         assert!(o.status.success(), "{}", text(&o));
     }
+    // A named pipe planted as the folder's manifest is named, not waited on (reading it to
+    // check whose it was blocked until a writer came).
+    let piped = dir.path().join("piped");
+    std::fs::create_dir(&piped).unwrap();
+    let c = std::ffi::CString::new(piped.join("manifest.json").to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string naming a new path in a fresh folder.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let o = oar(&["export", "--model", &s(&model), "--out", &s(&piped)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("not a regular file (a named pipe)"), "{}", text(&o));
 }
