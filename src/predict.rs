@@ -31,15 +31,23 @@ pub struct Saved {
     pub params: Vec<f32>,
 }
 
-/// Says, before a saved model's data is read, the command its manifest runs over every file:
-/// a model from elsewhere runs what its manifest names, as a job file does.
-pub fn announce_pipe_command(schema: &Schema, dir: &std::path::Path) {
-    if let Some(command) = &schema.pipe_command {
-        eprintln!(
-            "oar: the data is read through the saved model's pipe_command `{command}` (its manifest, in {})",
-            dir.display()
-        );
-    }
+/// Refuses a saved model whose manifest names a `pipe_command` unless `trusted`
+/// (`--trust-pipe-command`): the command would run on this machine over every data file, and
+/// a model from elsewhere is not a job file its user wrote. When trusted, says the command
+/// before it runs, escaped, so control characters in it cannot hide the line.
+pub fn check_pipe_command(schema: &Schema, dir: &std::path::Path, trusted: bool) -> anyhow::Result<()> {
+    let Some(command) = &schema.pipe_command else { return Ok(()) };
+    anyhow::ensure!(
+        trusted,
+        "{}: the saved model reads its data through the pipe_command {command:?} its manifest names: \
+         run it only if you trust the model's source, with --trust-pipe-command",
+        dir.display()
+    );
+    eprintln!(
+        "oar: the data is read through the saved model's pipe_command {command:?} (its manifest, in {})",
+        dir.display()
+    );
+    Ok(())
 }
 
 /// Loads the saved model in `dir` (an output folder or one of its pass folders), checking that

@@ -350,6 +350,11 @@ pub(super) struct EvalArgs {
     /// Skip and count bad data lines instead of failing.
     #[arg(long)]
     pub(super) skip_bad_lines: bool,
+    /// Run the `pipe_command` the saved model's manifest names over the data: a model from
+    /// elsewhere runs a command on this machine only when asked (without this, such a model is
+    /// refused, naming its command).
+    #[arg(long)]
+    pub(super) trust_pipe_command: bool,
 }
 
 #[derive(Args)]
@@ -375,6 +380,11 @@ pub(super) struct PredictArgs {
     /// No progress bar.
     #[arg(long)]
     pub(super) no_progress: bool,
+    /// Run the `pipe_command` the saved model's manifest names over the data: a model from
+    /// elsewhere runs a command on this machine only when asked (without this, such a model is
+    /// refused, naming its command).
+    #[arg(long)]
+    pub(super) trust_pipe_command: bool,
 }
 
 #[derive(Args)]

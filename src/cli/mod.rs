@@ -167,7 +167,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }
         Command::Predict(a) => {
             let saved = crate::predict::load(&a.model, registry)?;
-            crate::predict::announce_pipe_command(&saved.schema, &a.model);
+            crate::predict::check_pipe_command(&saved.schema, &a.model, a.trust_pipe_command)?;
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let bar = files_bar(&files);
             if a.no_progress {
@@ -239,7 +239,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let crate::predict::Saved { manifest, model, schema, shard, .. } =
                 crate::predict::load(&a.model, registry)?;
-            crate::predict::announce_pipe_command(&schema, &a.model);
+            crate::predict::check_pipe_command(&schema, &a.model, a.trust_pipe_command)?;
             let mut store = crate::train::Store::local(shard);
             let heads =
                 crate::train::evaluate_heads(&mut store, &model, &schema, &files, a.batch_size, a.skip_bad_lines)?;

@@ -267,12 +267,27 @@ fn a_saved_models_shards_must_be_the_ones_its_manifest_records() {
     assert!(eval(&mine).0, "the model restored");
     let manifest = mine.join("pass-0002/manifest.json");
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
-    // A command in the manifest's reader is said before it runs over the data.
+    // A command in the manifest's reader runs only when asked (it ran, announced by one line
+    // that a carriage return and escape codes in the command could hide), and is said escaped.
     let mut piped = m.clone();
-    piped["model"]["data"]["pipe_command"] = "cat".into();
+    let planted = dir.path().join("planted");
+    let command = format!("touch {}; cat #\r\x1b[2K", planted.display());
+    piped["model"]["data"]["pipe_command"] = command.clone().into();
     std::fs::write(&manifest, serde_json::to_vec(&piped).unwrap()).unwrap();
-    let o = oar(&["eval", "--model", &s(&mine), "--data", &s(&test)]);
-    assert!(o.status.success() && text(&o).contains("the saved model's pipe_command `cat`"), "{}", text(&o));
+    for verb in [&["eval"][..], &["predict", "--out", &s(&dir.path().join("scores"))]] {
+        let o = oar(&[verb, &["--model", &s(&mine), "--data", &s(&test)]].concat());
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(
+            text(&o).contains("--trust-pipe-command") && text(&o).contains(&format!("{command:?}")),
+            "{}",
+            text(&o)
+        );
+        assert!(!planted.exists(), "{verb:?} ran the manifest's command");
+    }
+    let o = oar(&["eval", "--model", &s(&mine), "--data", &s(&test), "--trust-pipe-command"]);
+    assert!(o.status.success() && planted.exists(), "{}", text(&o));
+    assert!(text(&o).contains(&format!("the saved model's pipe_command {command:?}")), "{}", text(&o));
+    assert!(!text(&o).contains('\x1b'), "{}", text(&o));
     // A pass count at u32::MAX: nothing to resume (the next pass wrapped to 0 and trained).
     let mut last = m.clone();
     last["pass"] = u32::MAX.into();
