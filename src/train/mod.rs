@@ -352,6 +352,11 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
                 "{}: the saved model's tables differ from this job's (model shape or optimizer changed)",
                 pass_dir.display()
             );
+            if let Some(o) = &config.online {
+                let saved = manifest.model.get("online").map(|v| serde_json::from_value(v.clone())).transpose();
+                let saved = saved.with_context(|| format!("{}: the manifest's online calendar", pass_dir.display()))?;
+                o.check_resume(manifest.pass, saved.as_ref()).with_context(|| pass_dir.display().to_string())?;
+            }
             Some(manifest.pass)
         }
         None => None,
@@ -471,13 +476,18 @@ fn end_pass(
                 dir.display()
             );
             let shards = store.save(&dir).with_context(|| format!("saving pass {pass} to {}", dir.display()))?;
+            let mut model = description(config, Some(step));
+            if let Some((o, _)) = slot {
+                // Where a resume must count from (`Online::check_resume`).
+                model["online"] = serde_json::to_value(o.saved_day(pass))?;
+            }
             let manifest = Manifest {
                 format: FORMAT_VERSION,
                 job: config.job.clone(),
                 pass,
                 num_servers: shards.len(),
                 spec: spec.clone(),
-                model: description(config, Some(step)),
+                model,
                 shards,
             };
             manifest.write(&dir)?;

@@ -16,6 +16,18 @@ pub struct Online {
     pub passes_per_day: u32,
 }
 
+/// Where a saved pass stands in its calendar, as the pass's manifest records it (`online`):
+/// passes are numbered from the job's first day, so a resume must count from the same one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedDay {
+    /// The job's first day (`YYYYMMDD`).
+    pub first_day: String,
+    /// The day the pass trained.
+    pub day: String,
+    /// Passes per day.
+    pub passes_per_day: u32,
+}
+
 /// Where a pass falls in the calendar.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
@@ -91,6 +103,50 @@ impl Online {
         crate::data::gen_stream::split(&self.days[slot.day].1, slot.pass as usize - 1, self.passes_per_day as usize)
     }
 
+    /// What a manifest records of pass `pass` (1-based, within the calendar).
+    pub fn saved_day(&self, pass: u32) -> SavedDay {
+        SavedDay {
+            first_day: self.days[0].0.clone(),
+            day: self.days[self.slot(pass).day].0.clone(),
+            passes_per_day: self.passes_per_day,
+        }
+    }
+
+    /// Checks that a saved model's pass `pass`, recorded as `saved` (`None`: a model not saved
+    /// by online training), falls on the day it trained in this calendar. Passes are numbered
+    /// from the first day, so a calendar starting on another day, split otherwise, or missing
+    /// a day in between would go on at the wrong day, skipping or repeating days without a word.
+    pub fn check_resume(&self, pass: u32, saved: Option<&SavedDay>) -> anyhow::Result<()> {
+        let Some(saved) = saved else {
+            anyhow::bail!(
+                "the saved model's {pass} pass(es) were not trained online: online training numbers its passes from \
+                 its first day, so it resumes only a model it saved"
+            )
+        };
+        let SavedDay { first_day, day, passes_per_day } = saved;
+        anyhow::ensure!(
+            *passes_per_day == self.passes_per_day,
+            "the saved model trained {passes_per_day} pass(es) a day, this job {}: resume with --passes-per-day \
+             {passes_per_day}",
+            self.passes_per_day
+        );
+        let (from, to) = (&self.days[0].0, &self.days[self.days.len() - 1].0);
+        anyhow::ensure!(
+            first_day == from,
+            "the saved model's job began on day {first_day} and this calendar on {from}: passes are numbered from \
+             the first day, so resume with --days {first_day}..{to}"
+        );
+        let at = self.slot(pass).day;
+        if let Some((now, _)) = self.days.get(at) {
+            anyhow::ensure!(
+                now == day,
+                "the saved model's pass {pass} trained day {day}, but in this calendar pass {pass} falls on day {now}: \
+                 a day of the stream between {first_day} and {day} is missing or new"
+            );
+        }
+        Ok(())
+    }
+
     /// The first split of the day after `day`, on which `day`'s model is evaluated before
     /// training goes on; `None` after the last day.
     pub fn next_first_split(&self, day: usize) -> Option<&[PathBuf]> {
@@ -106,6 +162,30 @@ mod tests {
     fn two_days() -> Online {
         let files = |d: &str| (0..4).map(|i| PathBuf::from(format!("{d}/part-{i:05}"))).collect();
         Online { days: vec![("20260101".into(), files("a")), ("20260102".into(), files("b"))], passes_per_day: 2 }
+    }
+
+    #[test]
+    fn a_resume_must_count_its_passes_from_the_same_first_day() {
+        let o = two_days();
+        let saved = o.saved_day(2);
+        assert_eq!(saved, SavedDay { first_day: "20260101".into(), day: "20260101".into(), passes_per_day: 2 });
+        o.check_resume(2, Some(&saved)).unwrap();
+        o.check_resume(4, Some(&o.saved_day(4))).unwrap();
+        let err = |o: &Online, pass, saved: Option<&SavedDay>| o.check_resume(pass, saved).unwrap_err().to_string();
+        assert!(err(&o, 2, None).contains("not trained online"));
+        // The next day alone: its passes would be numbered as the first day's.
+        let later = Online { days: vec![o.days[1].clone()], passes_per_day: 2 };
+        assert!(err(&later, 2, Some(&saved)).contains("resume with --days 20260101..20260102"));
+        let split = Online { passes_per_day: 1, ..o.clone() };
+        assert!(err(&split, 2, Some(&saved)).contains("--passes-per-day 2"));
+        // Day 1 gone from the stream: pass 2 would now fall on day 2.
+        let mut lost = o.clone();
+        lost.days[0].0 = "20251231".into();
+        lost.days.insert(1, ("20260101x".into(), lost.days[1].1.clone()));
+        let shifted = SavedDay { first_day: "20251231".into(), day: "20260101".into(), passes_per_day: 2 };
+        assert!(err(&lost, 4, Some(&shifted)).contains("falls on day 20260101x"));
+        // A pass beyond this calendar is left to the count of passes to train.
+        later.check_resume(9, Some(&SavedDay { first_day: "20260102".into(), ..saved })).unwrap();
     }
 
     #[test]

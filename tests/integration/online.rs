@@ -226,3 +226,38 @@ fn a_trainer_listing_another_calendar_is_refused_naming_the_day() {
     assert_eq!(first.status.code(), Some(3), "{}", text(&first));
     assert!(server.handle.join().is_err(), "the server ended with an error");
 }
+
+/// A resume counts its passes from the job's first day: the next day given alone (`--days`
+/// from it) is refused naming the range to give, as is a model trained offline; the range from
+/// the first day goes on at the next day. Before, the first trained only the last day ("nothing
+/// to train" for two new days), the second skipped a day, both without a word.
+#[test]
+fn an_online_resume_goes_on_at_the_next_day_or_names_the_days_to_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = stream(dir.path(), 4, 1_000);
+    let job = job(dir.path());
+    let out = dir.path().join("out").display().to_string();
+    let train = |days: &str, from: &str, extra: &[&str]| {
+        let args = ["train", "--config", &job, "--online", &stream, "--days", days, "--output", from];
+        oar(&[&args[..], extra].concat())
+    };
+    let o = train("20260101..20260102", &out, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = train("20260103..20260104", &out, &["--resume", &out]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("resume with --days 20260101..20260104"), "{}", text(&o));
+    let o = train("20260101..20260104", &out, &["--resume", &out]);
+    assert!(o.status.success(), "{}", text(&o));
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(Path::new(&out).join("pass-0004/manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["model"]["online"]["day"], "20260104", "{m}");
+    assert!(!Path::new(&out).join("pass-0005").exists());
+    // A model trained offline on the first day's files.
+    let offline = dir.path().join("offline").display().to_string();
+    let first = format!("{stream}/20260101");
+    let o = oar(&["train", "--config", &job, "--train", &first, "--output", &offline]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = train("20260101..20260102", &offline, &["--resume", &offline]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("not trained online"), "{}", text(&o));
+}
