@@ -527,6 +527,9 @@ fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()
         if report.discarded_pushes > 0 {
             println!("{} step(s) not applied: stale, or non-finite under --nonfinite skip", report.discarded_pushes);
         }
+        if report.bad_lines > 0 {
+            println!("{} bad line(s) skipped (--skip-bad-lines)", report.bad_lines);
+        }
         let t = &report.time;
         println!(
             "training loop time: waiting for data {:.1} s, pull {:.1} s, forward/backward {:.1} s, push {:.1} s",

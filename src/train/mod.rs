@@ -75,6 +75,7 @@ pub fn evaluate_heads(
     store.pull(Some(&mut params), &[], &mut [], RowCreation::Peek)?;
     let reader =
         Reader::spawn(files.to_vec(), ReaderConfig { skip_bad_lines, ..ReaderConfig::new(schema, batch_size) });
+    let progress = reader.progress();
     let (mut lookups, mut rows, mut work) = (Lookups::default(), Vec::new(), Work::default());
     rows.resize_with(dims.len(), Vec::new);
     let mut metrics = HeadMetrics::new(model);
@@ -86,7 +87,30 @@ pub fn evaluate_heads(
         model.evaluate(&params, &batch, &lookups.rows(&rows), &mut work);
         metrics.observe(model, &batch, &work.heads());
     }
-    Ok(metrics.0.iter().map(PassMetrics::report).collect())
+    let reports: Vec<EvalReport> = metrics.0.iter().map(PassMetrics::report).collect();
+    let bad = progress.bad_lines.load(Relaxed);
+    if bad > 0 {
+        tracing::warn!("{bad} bad line(s) skipped in {}", files_named(files));
+    }
+    // Figures over no sample (a log-loss of NaN, "one class only") would pass for a result.
+    anyhow::ensure!(reports[0].samples > 0, "no sample to evaluate in {}{}", files_named(files), skipped(bad));
+    Ok(reports)
+}
+
+/// `files` for a message: the first few, and how many in all.
+fn files_named(files: &[PathBuf]) -> String {
+    let first: Vec<String> = files.iter().take(3).map(|f| f.display().to_string()).collect();
+    let more = if files.len() > 3 { format!(" and {} more", files.len() - 3) } else { String::new() };
+    format!("{} file(s): {}{more}", files.len(), first.join(", "))
+}
+
+/// ` (N bad lines skipped)` when any were.
+fn skipped(bad: u64) -> String {
+    if bad > 0 {
+        format!(" ({bad} bad line(s) skipped)")
+    } else {
+        String::new()
+    }
 }
 
 /// One [`PassMetrics`] per head.
@@ -207,6 +231,7 @@ pub fn run_with(
             Some(o) => shard_files(o.files(pass), config.trainers, me),
             None => files.clone(),
         };
+        let named = files_named(&pass_files);
         let reader = Reader::spawn(
             pass_files,
             ReaderConfig {
@@ -234,8 +259,16 @@ pub fn run_with(
         })?;
         step = pass_loop.step.load(Relaxed);
         bytes_before += progress.bytes.load(Relaxed);
-        report.bad_lines += progress.bad_lines.load(Relaxed);
+        let bad = progress.bad_lines.load(Relaxed);
+        report.bad_lines += bad;
         let trains: Vec<EvalReport> = metrics.0.iter().map(PassMetrics::report).collect();
+        // A pass over no sample (empty files, or every line bad) trained nothing, yet saved and
+        // announced a model as if it had; a rejoining trainer past its last sample is fine.
+        anyhow::ensure!(
+            trains[0].samples > 0 || resumed > 0,
+            "pass {pass}: trainer {me} read no sample from its {named}{}: nothing to train on",
+            skipped(bad)
+        );
         for (name, t) in model.head_names().iter().zip(&trains) {
             tracing::info!(trainer = me, pass, samples = t.samples, head = %name, "pass done: {t}");
         }

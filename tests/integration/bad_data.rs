@@ -145,3 +145,36 @@ fn an_output_folder_that_is_the_datas_own_is_refused() {
         oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "4", "--output", dir.path().to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// A pass or an evaluation over no sample is an error naming the files: an empty file trained
+/// "0 samples", saved a model and exited 0, and `oar eval` printed a log-loss of NaN; with
+/// every line bad and skipped, the skipped lines are counted in the error, and when some are
+/// good, in the report.
+#[test]
+fn a_pass_or_an_evaluation_over_no_sample_is_an_error_naming_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = |p: &std::path::Path| p.display().to_string();
+    let (train, test) = gen_data(&dir.path().join("data"), 1, 200, 50);
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let model = dir.path().join("model");
+    let o = oar(&["train", "--train", &s(&empty), "--hidden", "4", "--output", &s(&model)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains(&format!("read no sample from its 1 file(s): {}", s(&empty))), "{}", text(&o));
+    assert!(!model.join("pass-0001").exists(), "no model saved");
+    let garbage = dir.path().join("garbage.txt");
+    std::fs::write(&garbage, "not a line\nnor this\n").unwrap();
+    let o = oar(&["train", "--train", &s(&garbage), "--hidden", "4", "--skip-bad-lines"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("(2 bad line(s) skipped): nothing to train on"), "{}", text(&o));
+    let mixed = dir.path().join("mixed.txt");
+    let good = std::fs::read_to_string(train.join("part-00000")).unwrap();
+    std::fs::write(&mixed, format!("{good}not a line\n")).unwrap();
+    let o = oar(&["train", "--train", &s(&mixed), "--hidden", "4", "--skip-bad-lines", "--output", &s(&model)]);
+    assert!(o.status.success() && text(&o).contains("1 bad line(s) skipped"), "{}", text(&o));
+    let o = oar(&["eval", "--model", &s(&model), "--data", &s(&empty)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains(&format!("no sample to evaluate in 1 file(s): {}", s(&empty))), "{}", text(&o));
+    let o = oar(&["eval", "--model", &s(&model), "--data", &s(&test)]);
+    assert!(o.status.success(), "{}", text(&o));
+}
