@@ -176,6 +176,10 @@ pub fn run_with(
     let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
     spec.validate().map_err(anyhow::Error::msg)?;
     let me = config.trainer_id;
+    // The done-file trainer 0 appends to is checked before training, not after the first day.
+    if let (0, Some(out), true) = (me, &config.output, config.delta_every.is_some() || config.online.is_some()) {
+        crate::export::done_lines(&out.join("donefile.txt"))?;
+    }
     crate::fault::set_trainer_life(u64::from(config.rejoin));
     let (mut store, first_pass) = open_store(config, &spec)?;
     let files = shard_files(&config.train_files, config.trainers, me);

@@ -261,3 +261,27 @@ fn an_online_resume_goes_on_at_the_next_day_or_names_the_days_to_give() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("not trained online"), "{}", text(&o));
 }
+
+/// A done-file whose last line was cut short is refused when the job starts, naming the line,
+/// before a day is trained: it was accepted, the next save's line was appended onto it, and
+/// the job after that failed only once its day was trained, leaving a save unannounced.
+#[test]
+fn a_torn_done_file_is_refused_before_a_day_is_trained() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = stream(dir.path(), 3, 1_000);
+    let job = job(dir.path());
+    let out = dir.path().join("out");
+    let train = |days: &str, extra: &[&str]| {
+        let args = ["train", "--config", &job, "--online", &stream, "--days", days, "--delta-every", "1"];
+        oar(&[&args[..], &["--output", &out.display().to_string()], extra].concat())
+    };
+    assert!(train("20260101..20260102", &[]).status.success());
+    let done = out.join("donefile.txt");
+    let whole = std::fs::read(&done).unwrap();
+    std::fs::write(&done, &whole[..whole.len() - 6]).unwrap();
+    let o = train("20260101..20260103", &["--resume", &out.display().to_string()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("has no line break at its end"), "{}", text(&o));
+    assert!(!out.join("pass-0003").exists(), "no day trained");
+    assert_eq!(std::fs::read(&done).unwrap(), whole[..whole.len() - 6], "the done-file untouched");
+}
