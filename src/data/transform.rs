@@ -113,6 +113,17 @@ impl Affine {
         if let Some(v) = all.clone().find(|v| !(**v as f32).is_finite()) {
             return Err(format!("[data] dense_stats: a statistic ({v:e}) is not a finite 32-bit number"));
         }
+        // Statistics no data gives: they were scaled by 1 and saved with the model, unremarked.
+        if stats.count == 0 {
+            return Err("[data] dense_stats: statistics of 0 samples".into());
+        }
+        if let Some((k, s)) = stats.std.iter().enumerate().find(|(_, s)| **s < 0.0) {
+            return Err(format!("[data] dense_stats: std of dense value {} is {s}, below 0", k + 1));
+        }
+        let mut ranges = stats.min.iter().zip(&stats.max).enumerate();
+        if let Some((k, (lo, hi))) = ranges.find(|(_, (lo, hi))| lo > hi) {
+            return Err(format!("[data] dense_stats: dense value {}'s min {lo} is above its max {hi}", k + 1));
+        }
         let inverse = |d: f64| if d > 1e-12 { (1.0 / d) as f32 } else { 1.0 };
         let (shift, scale) = match transform {
             DenseTransform::Standardize => {
@@ -268,6 +279,15 @@ mod tests {
         assert!(Affine::new(DenseTransform::Standardize, &s, 3).unwrap_err().contains("3 dense values"));
         let nan = DenseStats { mean: vec![f64::NAN, 0.0], ..s.clone() };
         assert!(Affine::new(DenseTransform::Minmax, &nan, 2).unwrap_err().contains("finite"));
+        // Statistics no data gives (an edited file's): refused, naming the value.
+        let negative = DenseStats { std: vec![1.0, -1.0], ..s.clone() };
+        let err = Affine::new(DenseTransform::Standardize, &negative, 2).unwrap_err();
+        assert!(err.contains("std of dense value 2 is -1, below 0"), "{err}");
+        let crossed = DenseStats { min: vec![5.0, 5.0], max: vec![-5.0, 5.0], ..s.clone() };
+        let err = Affine::new(DenseTransform::Minmax, &crossed, 2).unwrap_err();
+        assert!(err.contains("dense value 1's min 5 is above its max -5"), "{err}");
+        let nothing = DenseStats { count: 0, ..s.clone() };
+        assert!(Affine::new(DenseTransform::Minmax, &nothing, 2).unwrap_err().contains("0 samples"));
         let huge = DenseStats { mean: vec![1e300, 0.0], ..s };
         let err = Affine::new(DenseTransform::Standardize, &huge, 2).unwrap_err();
         assert!(err.contains("(1e300) is not a finite 32-bit number"), "{err}");

@@ -77,6 +77,27 @@ fn scaling_without_dense_values_is_refused_before_training() {
     let out = oar(&["train", "--config", job.to_str().unwrap(), "--train", data.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("[data] dense_transform: the data has no dense values to scale"), "{}", text(&out));
+    // Statistics no data gives: a negative std, a min above its max (scaled by 1 and saved
+    // with the model, exit 0).
+    let data = dir.path().join("dense.txt");
+    std::fs::write(&data, "1 0.5 -\n0 1.5 -\n").unwrap();
+    for (stats, transform, want) in [
+        (
+            "count = 2, mean = [1.0], std = [-1.0], min = [0.5], max = [1.5]",
+            "standardize",
+            "std of dense value 1 is -1",
+        ),
+        ("count = 2, mean = [1.0], std = [0.5], min = [5.0], max = [-5.0]", "minmax", "min 5 is above its max -5"),
+    ] {
+        let text_job = format!(
+            "[model]\nslots = 1\ndense_features = 1\nhidden = [4]\n[data]\nformat = \"plain\"\nslots = [\"s\"]\n\
+             dense = [{{ name = \"x\", width = 1 }}]\ndense_transform = \"{transform}\"\ndense_stats = {{ {stats} }}\n"
+        );
+        std::fs::write(&job, text_job).unwrap();
+        let out = oar(&["train", "--config", job.to_str().unwrap(), "--train", data.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(text(&out).contains(want), "{}", text(&out));
+    }
 }
 
 /// `oar eval` and `oar predict` check their batch size against the machine as training does:
