@@ -449,6 +449,12 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
     })();
     // Servers still up after their trainers finished (--keep-serving) are stopped as well.
     stop_remote(config, &mut procs, &hosts);
+    // The secret guards only this job: every run left one on every host.
+    for host in &config.hosts {
+        if let Err(e) = run_remote_with_input(config, host, &format!("rm -f {}", sh_quote(&secret_file)), &[]) {
+            tracing::warn!(%host, "the job's secret {secret_file} stays there: {e:#}");
+        }
+    }
     result
 }
 

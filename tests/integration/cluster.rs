@@ -124,6 +124,13 @@ fn cluster_ssh_runs_servers_and_trainers_on_two_hosts_to_a_saved_model() {
     let manifest = std::fs::read_to_string(rws.join("model/final/manifest.json")).unwrap();
     assert!(manifest.contains("\"num_servers\": 2"), "{manifest}");
     assert!(ws.join("log/launcher/summary.json").exists(), "local copies of the logs and the summary");
+    // The job's secret is gone from the hosts once it stopped (every run left one).
+    let left: Vec<_> = std::fs::read_dir(rws.join(".oar"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("secret."))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 
     // Without --dispatch the deployed workspace and binary are used: the local data is gone.
     std::fs::remove_dir_all(ws.join("data")).unwrap();
