@@ -65,6 +65,46 @@ pub fn check_name(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Checks what goes into the manifests as Kubernetes checks it when they are applied: one it
+/// refuses after the Secret and Service were created leaves half a job behind.
+fn check_fields(c: &K8sConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(c.port >= 1, "--port 0: a container port is 1 to 65535");
+    anyhow::ensure!(
+        !c.image.is_empty() && !c.image.chars().any(|ch| ch.is_whitespace() || ch.is_control()),
+        "--image {:?}: an image reference has no spaces or line breaks",
+        c.image
+    );
+    if let Some(cpus) = &c.cpus {
+        // A quantity as Kubernetes writes CPUs: `2`, `0.5`, `500m`.
+        let digits = cpus.strip_suffix('m').unwrap_or(cpus);
+        let (whole, frac) = digits.split_once('.').unwrap_or((digits, "0"));
+        let number = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+        anyhow::ensure!(
+            number(whole) && number(frac) && cpus.len() <= 20,
+            "--cpus {cpus:?}: a CPU quantity such as 2, 0.5 or 500m"
+        );
+    }
+    if let Some(claim) = &c.volume_claim {
+        let ok = (1..=253).contains(&claim.len())
+            && claim.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && claim.starts_with(|ch: char| ch.is_ascii_alphanumeric())
+            && claim.ends_with(|ch: char| ch.is_ascii_alphanumeric());
+        anyhow::ensure!(ok, "--volume-claim {claim:?}: a claim's name is lower-case letters, digits, '-' and '.'");
+    }
+    anyhow::ensure!(
+        c.mount_path.starts_with('/') && !c.mount_path.contains(':') && !c.mount_path.chars().any(char::is_control),
+        "--mount-path {:?}: an absolute path without ':'",
+        c.mount_path
+    );
+    anyhow::ensure!(
+        c.max_restarts <= i32::MAX as usize,
+        "--max-restarts {}: at most {} (a Job's backoffLimit is a 32-bit number)",
+        c.max_restarts,
+        i32::MAX
+    );
+    Ok(())
+}
+
 fn env(name: &str, value: impl ToString) -> Value {
     json!({"name": name, "value": value.to_string()})
 }
@@ -111,6 +151,7 @@ fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, serv
 /// The manifests, as Kubernetes objects in apply order.
 pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     check_name(&c.name)?;
+    check_fields(c)?;
     anyhow::ensure!(c.servers >= 1 && c.workers >= 1, "--servers and --workers must be at least 1");
     let max = crate::server::MAX_PEERS;
     anyhow::ensure!(c.servers <= max && c.workers <= max, "--servers and --workers must be at most {max}");
@@ -264,6 +305,34 @@ mod tests {
             paddlejob: false,
             max_restarts: 0,
             secret: None,
+        }
+    }
+
+    #[test]
+    fn fields_kubernetes_would_refuse_are_refused_when_rendering() {
+        let claim = |c: &str| K8sConfig { volume_claim: Some(c.into()), max_restarts: 1, ..config() };
+        let ok = [
+            K8sConfig { cpus: Some("500m".into()), ..config() },
+            K8sConfig { cpus: Some("0.5".into()), ..config() },
+            claim("data.claim-1"),
+        ];
+        for c in ok {
+            manifests(&c).unwrap();
+        }
+        let bad = [
+            (K8sConfig { port: 0, ..config() }, "--port 0"),
+            (K8sConfig { image: "img\nkind: Pod".into(), ..config() }, "--image"),
+            (K8sConfig { image: String::new(), ..config() }, "--image"),
+            (K8sConfig { cpus: Some("abc".into()), ..config() }, "--cpus \"abc\""),
+            (K8sConfig { cpus: Some("1.".into()), ..config() }, "--cpus"),
+            (claim("Bad Claim;$(id)"), "--volume-claim"),
+            (claim("-x"), "--volume-claim"),
+            (K8sConfig { mount_path: "rel:path".into(), ..config() }, "--mount-path"),
+            (K8sConfig { max_restarts: usize::MAX, ..claim("c") }, "at most 2147483647"),
+        ];
+        for (c, want) in bad {
+            let e = manifests(&c).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
         }
     }
 

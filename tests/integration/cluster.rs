@@ -602,3 +602,21 @@ fn k8s_containers_restarted_by_their_policy_go_on_where_they_were() {
     let manifest = std::fs::read_to_string(model.join("final/manifest.json")).unwrap();
     assert!(manifest.contains("\"num_servers\": 2"), "{manifest}");
 }
+
+/// Fields Kubernetes would refuse on apply (after the Secret and Service were created, leaving
+/// half a job) are refused when rendering, naming the flag; all were printed, exit 0.
+#[test]
+fn k8s_fields_kubernetes_would_refuse_are_refused_naming_the_flag() {
+    let base = ["cluster", "k8s", "--name", "ctr", "--servers", "1", "--workers", "1"];
+    let cases: [(&[&str], &str); 4] = [
+        (&["--image", "img", "--port", "0"], "--port 0"),
+        (&["--image", "img\nkind: Pod"], "--image"),
+        (&["--image", "img", "--cpus", "abc"], "--cpus \"abc\""),
+        (&["--image", "img", "--volume-claim", "Bad Claim;$(id)", "--mount-path", "/w"], "--volume-claim"),
+    ];
+    for (args, want) in cases {
+        let o = oar(&[&base[..], args, &["--", "--train", "x"]].concat());
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(want), "{args:?}: {}", text(&o));
+    }
+}
