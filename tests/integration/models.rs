@@ -251,6 +251,7 @@ fn a_two_headed_model_trains_both_heads_and_reports_each() {
         &dir.path().join("model").display().to_string(),
         "--data",
         &dir.path().join("test").display().to_string(),
+        "--trust-pipe-command",
     ]);
     assert!(text(&out).contains("head ctr: AUC") && text(&out).contains("head cvr: AUC"), "{}", text(&out));
 }

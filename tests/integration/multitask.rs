@@ -77,7 +77,8 @@ fn esmm_trains_on_paddlerecs_ali_ccp_sample_as_stored() {
 
     // pCTCVR is pCTR x pCVR: the CTCVR head's prediction never exceeds the CTR head's.
     let predicted = dir.path().join("predicted.tsv");
-    let o = oar(&["predict", "--model", &s(&model), "--data", &s(&file), "--out", &s(&predicted), "--no-progress"]);
+    let args = ["predict", "--model", &s(&model), "--data", &s(&file), "--out", &s(&predicted), "--no-progress"];
+    let o = oar(&[&args[..], &["--trust-pipe-command"]].concat());
     assert!(o.status.success(), "{}", text(&o));
     let rows: Vec<Vec<f32>> = std::fs::read_to_string(&predicted)
         .unwrap()

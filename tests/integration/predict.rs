@@ -49,6 +49,7 @@ fn predict_matches_eval(dir: &Path, data: &Path, job: Option<&Path>, heads: usiz
         "--batch-size",
         "100",
         "--no-progress",
+        "--trust-pipe-command",
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let cols = columns(&scores, heads);
