@@ -285,3 +285,46 @@ fn a_torn_done_file_is_refused_before_a_day_is_trained() {
     assert!(!out.join("pass-0003").exists(), "no day trained");
     assert_eq!(std::fs::read(&done).unwrap(), whole[..whole.len() - 6], "the done-file untouched");
 }
+
+/// A split of a day that gives a trainer no file is refused before any day is trained, naming
+/// the day: with 2 files a day in 2 passes and 2 trainers, trainer 1 met a pass over nothing.
+#[test]
+fn a_day_too_few_files_for_its_trainers_is_refused_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("stream");
+    let o = oar(&[
+        "gen",
+        "stream",
+        "--days",
+        "2",
+        "--lines-per-day",
+        "400",
+        "--parts",
+        "2",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let job = job(dir.path());
+    let logs = dir.path().join("logs").display().to_string();
+    let o = oar(&[
+        "launch",
+        "--logs",
+        &logs,
+        "--no-progress",
+        "--servers",
+        "1",
+        "--workers",
+        "2",
+        "--config",
+        &job,
+        "--online",
+        &out.display().to_string(),
+        "--days",
+        "20260101..20260102",
+        "--passes-per-day",
+        "2",
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("day 20260101 split 1 holds 1 file(s), none of them trainer 1's of 2"), "{}", text(&o));
+}
