@@ -180,23 +180,8 @@ pub fn run_with(
     if let (0, Some(out), true) = (me, &config.output, config.delta_every.is_some() || config.online.is_some()) {
         crate::export::done_lines(&out.join("donefile.txt"))?;
     }
-    // Every split of every day must give this trainer a file: a pass over none is an error, met
-    // only once the job reached that day.
     if let Some(o) = &config.online {
-        for pass in 1..=o.passes() {
-            let split = o.files(pass);
-            if shard_files(split, config.trainers, me).is_empty() {
-                let slot = o.slot(pass);
-                anyhow::bail!(
-                    "day {} split {} holds {} file(s), none of them trainer {me}'s of {}: give each day at least \
-                     --passes-per-day x trainers files, or fewer passes per day",
-                    o.days[slot.day].0,
-                    slot.pass,
-                    split.len(),
-                    config.trainers
-                );
-            }
-        }
+        o.check_shares(config.trainers, me)?;
     }
     crate::fault::set_trainer_life(u64::from(config.rejoin));
     let (mut store, first_pass) = open_store(config, &spec)?;

@@ -147,6 +147,25 @@ impl Online {
         Ok(())
     }
 
+    /// Checks that every split of every day gives trainer `me` of `trainers` a file: a pass
+    /// over none is an error, met only once the job reached that day.
+    pub fn check_shares(&self, trainers: usize, me: usize) -> anyhow::Result<()> {
+        for pass in 1..=self.passes() {
+            let split = self.files(pass);
+            if crate::data::shard_files(split, trainers, me).is_empty() {
+                let slot = self.slot(pass);
+                anyhow::bail!(
+                    "day {} split {} holds {} file(s), none of them trainer {me}'s of {trainers}: give each day at \
+                     least --passes-per-day x trainers files, or fewer passes per day",
+                    self.days[slot.day].0,
+                    slot.pass,
+                    split.len()
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// The first split of the day after `day`, on which `day`'s model is evaluated before
     /// training goes on; `None` after the last day.
     pub fn next_first_split(&self, day: usize) -> Option<&[PathBuf]> {
@@ -186,6 +205,14 @@ mod tests {
         assert!(err(&lost, 4, Some(&shifted)).contains("falls on day 20260101x"));
         // A pass beyond this calendar is left to the count of passes to train.
         later.check_resume(9, Some(&SavedDay { first_day: "20260102".into(), ..saved })).unwrap();
+    }
+
+    #[test]
+    fn every_split_must_give_every_trainer_a_file() {
+        let o = two_days();
+        o.check_shares(2, 1).unwrap();
+        let e = o.check_shares(3, 2).unwrap_err().to_string();
+        assert!(e.contains("day 20260101 split 1 holds 2 file(s), none of them trainer 2's of 3"), "{e}");
     }
 
     #[test]
