@@ -168,30 +168,47 @@ pub fn passes_done(resume: Option<&Path>) -> Result<u32, CheckpointError> {
 pub fn load_merged(dir: &Path) -> Result<(Manifest, Shard), CheckpointError> {
     let (manifest, pass_dir) = Manifest::find(dir)?;
     manifest.check_size(&pass_dir)?;
-    let merged = Shard::new(manifest.spec.clone(), 0, 1);
-    for index in 0..manifest.num_servers {
-        let shard = manifest.load_shard(&pass_dir, index)?;
-        let mut target = merged.dense.lock();
-        for block in &shard.dense.lock().blocks {
-            // With one server, block b is the b-th block, covering the same range.
-            let t = &mut target.blocks[block.index];
-            std::sync::Arc::make_mut(&mut t.weights).copy_from_slice(&block.weights);
-            t.state.copy_from_slice(&block.state);
-        }
-        for (t, from) in merged.sparse.iter().zip(&shard.sparse) {
-            let mut result = Ok(());
-            from.for_each_row(|id, row| {
-                if result.is_ok() {
-                    result = t.insert_row(id, row);
-                }
-            });
-            result.map_err(|e| CheckpointError::Corrupt {
-                path: pass_dir.join(&manifest.shards[index].file),
-                reason: e.to_string(),
-            })?;
-        }
-    }
+    let merged = manifest.load_resharded(&pass_dir, 0, 1)?;
     Ok((manifest, merged))
+}
+
+impl Manifest {
+    /// Server `index` of `num_servers`'s share of this saved model, whatever number of servers
+    /// saved it: its own shard file when the numbers agree, else the rows and dense blocks that
+    /// [`crate::layout`] places on it, taken from every shard file in turn (so a job may go on
+    /// with more or fewer servers than the one that saved). Call [`Manifest::check_size`] first.
+    pub fn load_resharded(&self, pass_dir: &Path, index: usize, num_servers: usize) -> Result<Shard, CheckpointError> {
+        if num_servers == self.num_servers {
+            return self.load_shard(pass_dir, index);
+        }
+        let target = Shard::new(self.spec.clone(), index, num_servers);
+        for from in 0..self.num_servers {
+            let shard = self.load_shard(pass_dir, from)?;
+            let mut dense = target.dense.lock();
+            for block in &shard.dense.lock().blocks {
+                // Blocks are numbered over the whole vector whatever the server count, and each
+                // server keeps its own in increasing order.
+                if let Ok(at) = dense.blocks.binary_search_by_key(&block.index, |b| b.index) {
+                    let t = &mut dense.blocks[at];
+                    std::sync::Arc::make_mut(&mut t.weights).copy_from_slice(&block.weights);
+                    t.state.copy_from_slice(&block.state);
+                }
+            }
+            for (table, (t, saved)) in target.sparse.iter().zip(&shard.sparse).enumerate() {
+                let mut result = Ok(());
+                saved.for_each_row(|id, row| {
+                    if result.is_ok() && crate::layout::server_of_row(table as u32, id, num_servers) == index {
+                        result = t.insert_row(id, row);
+                    }
+                });
+                result.map_err(|e| CheckpointError::Corrupt {
+                    path: pass_dir.join(&self.shards[from].file),
+                    reason: e.to_string(),
+                })?;
+            }
+        }
+        Ok(target)
+    }
 }
 
 /// One server's entry of a final save, with the job and pass it is for.

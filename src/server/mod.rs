@@ -527,15 +527,18 @@ fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Re
         return Ok((shard, entry.version, entry.ledgers));
     }
     let (manifest, pass_dir) = Manifest::find(dir)?;
-    anyhow::ensure!(
-        manifest.num_servers == config.num_servers,
-        "{}: saved with {} servers, this job has {}; resume with the same number of servers",
-        pass_dir.display(),
-        manifest.num_servers,
-        config.num_servers
-    );
-    let shard = manifest.load_shard(&pass_dir, config.index)?;
-    tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, "resumed shard");
+    manifest.check_size(&pass_dir)?;
+    if manifest.num_servers != config.num_servers {
+        tracing::info!(
+            dir = %pass_dir.display(),
+            saved_by = manifest.num_servers,
+            servers = config.num_servers,
+            "the model was saved by another number of servers: taking this server's rows from every shard file"
+        );
+    }
+    let shard = manifest.load_resharded(&pass_dir, config.index, config.num_servers)?;
+    let rows: usize = shard.sparse.iter().map(|t| t.len()).sum();
+    tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, rows, "resumed shard");
     Ok((shard, 0, Vec::new()))
 }
 
