@@ -54,6 +54,10 @@ pub(super) struct PserverArgs {
     /// Load this server's shard from a saved model before serving.
     #[arg(long, env = "OAR_RESUME")]
     pub(super) resume: Option<PathBuf>,
+    /// Load this server's share of a saved model to start a new job from (the trainers' warm
+    /// start, --init-model); loads as --resume does.
+    #[arg(long, alias = "init_model_path", env = "OAR_INIT_MODEL", conflicts_with = "resume")]
+    pub(super) init_model: Option<PathBuf>,
     /// Keep serving after every trainer has closed.
     #[arg(long, env = "OAR_KEEP_SERVING")]
     pub(super) keep_serving: bool,
@@ -363,6 +367,11 @@ pub(super) struct TrainArgs {
     /// Continue from this saved model.
     #[arg(long, env = "OAR_RESUME")]
     pub(super) resume: Option<PathBuf>,
+    /// Start from this saved model's parameters and optimizer state, numbering passes afresh
+    /// from 1 (a warm start, PaddleRec's `init_model_path`: e.g. online training after an
+    /// offline model); --resume goes on from a save's next pass instead.
+    #[arg(long, alias = "init_model_path", env = "OAR_INIT_MODEL", conflicts_with = "resume")]
+    pub(super) init_model: Option<PathBuf>,
     /// Job id (must match the servers').
     #[arg(long = "job", env = "OAR_JOB", default_value = "oar")]
     pub(super) job_id: String,
@@ -443,6 +452,10 @@ pub(super) struct LaunchArgs {
     /// Continue from this saved model.
     #[arg(long)]
     pub(super) resume: Option<PathBuf>,
+    /// Start from this saved model's parameters and optimizer state, numbering passes afresh
+    /// (a warm start; see `oar train --init-model`).
+    #[arg(long, alias = "init_model_path", conflicts_with = "resume")]
+    pub(super) init_model: Option<PathBuf>,
     /// Servers checkpoint their shards in the background every this many seconds, into
     /// OUTPUT/checkpoints (needs --output) [default: 30 with --max-restarts, else none].
     #[arg(long)]

@@ -148,6 +148,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 test: a.test,
                 output: a.output,
                 resume: a.resume,
+                init_model: a.init_model,
                 // A restarted server resumes from its newest checkpoint: restarts turn them on.
                 checkpoint_every: a.checkpoint_every.or((a.max_restarts > 0).then_some(RESTART_CHECKPOINT_SECONDS)),
                 max_restarts: a.max_restarts,

@@ -58,7 +58,8 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
         max_frame: a.max_frame_mb << 20,
         timeout: super::limits::whole_seconds("timeout", a.timeout)?,
         lag_ratio: a.lag_ratio,
-        resume: a.resume,
+        // A warm start loads as a resume does; a restart's checkpoint (set as resume) wins.
+        resume: a.resume.or(a.init_model),
         exit_when_done: !a.keep_serving,
         sparse_ports: sparse,
         save_root: match (a.save_root, &a.save_dir) {
@@ -179,6 +180,7 @@ pub(super) fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         timeout: job.train.timeout_secs,
         lag_ratio: job.train.lag_ratio,
         resume: a.resume.clone(),
+        init_model: a.init_model.clone(),
         keep_serving: a.server.keep_serving,
         // The model's folder: trainers save into it after each pass, servers at the end.
         save_dir: a.output.as_ref().map(|o| o.join("final")),
@@ -403,6 +405,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         sparse_optimizer: job.sparse_optimizer,
         output: a.output.clone(),
         resume: a.resume,
+        init_model: a.init_model,
         log_every: job.train.log_every,
         metrics_addr: a.metrics_addr.clone(),
         metrics_csv: a.metrics_csv.clone().or_else(|| a.output.as_ref().map(|o| o.join("metrics.csv"))),

@@ -37,6 +37,8 @@ pub struct LaunchConfig {
     pub output: Option<PathBuf>,
     /// Continue from this saved model.
     pub resume: Option<PathBuf>,
+    /// Start from this saved model, numbering passes afresh (a warm start).
+    pub init_model: Option<PathBuf>,
     /// Servers checkpoint in the background every this many seconds into `output/checkpoints`.
     pub checkpoint_every: Option<f64>,
     /// Servers that die (or hang) are restarted from their latest checkpoint, and trainers that
@@ -187,6 +189,9 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             if let Some(r) = &config.resume {
                 args.extend(["--resume".into(), r.display().to_string()]);
             }
+            if let Some(m) = &config.init_model {
+                args.extend(["--init-model".into(), m.display().to_string()]);
+            }
             // Trainer 0 saves each pass there: the one folder saves from the network may use.
             if let Some(o) = &config.output {
                 args.extend(["--save-root".into(), o.display().to_string()]);
@@ -251,6 +256,9 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             args.extend(["--metrics-addr".into(), "127.0.0.1:0".into()]);
             if let Some(r) = &config.resume {
                 args.extend(["--resume".into(), r.display().to_string()]);
+            }
+            if let Some(m) = &config.init_model {
+                args.extend(["--init-model".into(), m.display().to_string()]);
             }
             if config.max_restarts > 0 {
                 args.extend(["--recover-timeout".into(), RECOVER_SECONDS.to_string(), "--recoverable".into()]);

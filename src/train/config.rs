@@ -48,6 +48,9 @@ pub struct TrainConfig {
     pub output: Option<PathBuf>,
     /// Continue from this saved model.
     pub resume: Option<PathBuf>,
+    /// Start from this saved model's parameters and optimizer state, passes numbered afresh
+    /// (a warm start, [`super::init_model`]).
+    pub init_model: Option<PathBuf>,
     /// Log metrics every this many steps (0: only at the end of a pass).
     pub log_every: u64,
     /// Serve this trainer's Prometheus metrics here (port 0: any free port).

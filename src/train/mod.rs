@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 mod ahead;
 mod comms;
 mod config;
+pub mod init_model;
 pub mod online;
 mod pass;
 pub mod position;
@@ -157,10 +158,16 @@ pub fn run_with(
 ) -> anyhow::Result<TrainReport> {
     // Dense statistics not given: those of all the training files (as `oar train` computes
     // them), saved with the model.
+    // A job that starts from a saved model (resumed or warm) scales as that model did, with its
+    // statistics.
     let filled;
-    let stats = match &config.online {
-        None => crate::data::transform::fill_stats(&config.data, &config.train_files, config.model.shorthand_shape())?,
-        Some(_) => None,
+    let from = init_model::StartModel::open(config.resume.as_deref(), config.init_model.as_deref())?;
+    let stats = match (&from, &config.online) {
+        (Some(from), _) => Some(from.data(&config.data)?),
+        (None, None) => {
+            crate::data::transform::fill_stats(&config.data, &config.train_files, config.model.shorthand_shape())?
+        }
+        (None, Some(_)) => None,
     };
     let config = match stats {
         Some(data) => {
@@ -184,7 +191,10 @@ pub fn run_with(
         o.check_shares(config.trainers, me)?;
     }
     crate::fault::set_trainer_life(u64::from(config.rejoin));
-    let (mut store, first_pass) = open_store(config, &spec)?;
+    if let Some(from) = &from {
+        from.check_spec(&spec)?;
+    }
+    let (mut store, first_pass) = open_store(config, &spec, from.as_ref())?;
     let files = shard_files(&config.train_files, config.trainers, me);
     anyhow::ensure!(
         !files.is_empty(),
@@ -382,16 +392,16 @@ fn start_position(config: &TrainConfig, first_pass: u32) -> anyhow::Result<Posit
     }
 }
 
-/// Connects (or builds the local store) and returns it with the first pass to train.
-fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, u32)> {
-    let resumed = match &config.resume {
-        Some(dir) => {
-            let (manifest, pass_dir) = Manifest::find(dir)?;
-            anyhow::ensure!(
-                &manifest.spec == spec,
-                "{}: the saved model's tables differ from this job's (model shape or optimizer changed)",
-                pass_dir.display()
-            );
+/// Connects (or builds the local store) and returns it with the first pass to train: after the
+/// saved pass for a resume, the first for a warm start (`from`'s tables already checked).
+fn open_store(
+    config: &TrainConfig,
+    spec: &TableSpec,
+    from: Option<&init_model::StartModel>,
+) -> anyhow::Result<(Store, u32)> {
+    let resumed = match (&config.resume, from) {
+        (Some(_), Some(from)) => {
+            let (manifest, pass_dir) = (&from.manifest, &from.pass_dir);
             if let Some(o) = &config.online {
                 let saved = manifest.model.get("online").map(|v| serde_json::from_value(v.clone())).transpose();
                 let saved = saved.with_context(|| format!("{}: the manifest's online calendar", pass_dir.display()))?;
@@ -399,7 +409,7 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
             }
             Some(manifest.pass)
         }
-        None => None,
+        _ => None,
     };
     // Compared before adding one: a manifest's pass of u32::MAX wrapped to a first pass of 0.
     let done = resumed.unwrap_or(0);
@@ -409,7 +419,8 @@ fn open_store(config: &TrainConfig, spec: &TableSpec) -> anyhow::Result<(Store, 
     );
     let first_pass = done + 1;
     let store = match config.mode {
-        Mode::Local => match &config.resume {
+        // A warm start's servers load its model; here the trainer is the one.
+        Mode::Local => match config.resume.as_ref().or(config.init_model.as_ref()) {
             Some(dir) => Store::Local(Box::new(load_merged(dir)?.1), config.nonfinite),
             None => Store::Local(Box::new(Shard::new(spec.clone(), 0, 1)), config.nonfinite),
         },
@@ -445,6 +456,9 @@ fn description(config: &TrainConfig, steps: Option<u64>) -> serde_json::Value {
     });
     if let Some(steps) = steps {
         d["steps"] = steps.into();
+    }
+    if let Some(dir) = &config.init_model {
+        d["init_model"] = dir.display().to_string().into();
     }
     d
 }

@@ -120,7 +120,8 @@ impl Online {
         let Some(saved) = saved else {
             anyhow::bail!(
                 "the saved model's {pass} pass(es) were not trained online: online training numbers its passes from \
-                 its first day, so it resumes only a model it saved"
+                 its first day, so it resumes only a model it saved; to start online training from this model, give \
+                 --init-model instead of --resume"
             )
         };
         let SavedDay { first_day, day, passes_per_day } = saved;

@@ -328,3 +328,76 @@ fn a_day_too_few_files_for_its_trainers_is_refused_before_training() {
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("day 20260101 split 1 holds 1 file(s), none of them trainer 1's of 2"), "{}", text(&o));
 }
+
+/// A warm start: online training from a model trained offline on the first day (one process,
+/// so one shard) by 2 servers x 2 trainers with `--init-model`. Counted in the saved tables:
+/// the warm model holds every row of the offline model and every row a cold online run of the
+/// same days learns, and each offline row the stream never showed again keeps its saved weight
+/// bit for bit. Its passes are numbered from the calendar's first day, it scales its dense
+/// values with the offline model's statistics, and statistics of its own that differ are
+/// refused by name.
+#[test]
+fn online_training_starts_from_an_offline_model_with_init_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = stream(dir.path(), 3, 2_000);
+    // No shrink (no accessor): the rows a day leaves unseen stay, to be counted.
+    let text_of = std::fs::read_to_string(job(dir.path())).unwrap();
+    let text_of = text_of.replace(", accessor = { show_click_decay_rate = 0.9, delete_threshold = 0.15 }", "");
+    let (plain, job) = (dir.path().join("plain.toml"), dir.path().join("warm.toml"));
+    std::fs::write(&plain, &text_of).unwrap();
+    std::fs::write(&job, text_of + "[data]\ndense_transform = \"standardize\"\n").unwrap();
+    let (plain, job) = (plain.display().to_string(), job.display().to_string());
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let (offline, cold, warm) = (path("offline"), path("cold"), path("warm"));
+    let o = oar(&["train", "--config", &job, "--train", &format!("{stream}/20260101"), "--output", &offline]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The rows the stream's days teach (online training scales only with statistics given).
+    let online = ["--online", &stream, "--days", "20260102..20260103"];
+    let o = oar(&[&["train", "--config", &plain][..], &online, &["--output", &cold]].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let args = [
+        &["--config", &job][..],
+        &online,
+        &["--servers", "2", "--workers", "2", "--init-model", &offline, "--output", &warm],
+    ]
+    .concat();
+    launch(&dir.path().join("logs"), &args);
+
+    let manifest = |dir: &str| oar::checkpoint::Manifest::find(Path::new(dir)).unwrap().0;
+    let m = manifest(&warm);
+    assert_eq!((m.pass, m.num_servers), (2, 2));
+    assert_eq!(m.model["online"]["first_day"], "20260102", "{}", m.model);
+    assert_eq!(m.model["init_model"], offline.as_str());
+    assert_eq!(m.model["data"]["dense_stats"], manifest(&offline).model["data"]["dense_stats"]);
+
+    let rows = |dir: &str| -> std::collections::BTreeMap<u64, Vec<f32>> {
+        load_params(Path::new(dir)).rows.into_iter().map(|(_, id, w)| (id, w)).collect()
+    };
+    let (offline_rows, cold_rows, warm_rows) = (rows(&offline), rows(&cold), rows(&warm));
+    let mut ids: Vec<u64> = offline_rows.keys().chain(cold_rows.keys()).copied().collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(warm_rows.keys().copied().collect::<Vec<_>>(), ids);
+    let unseen: Vec<u64> = offline_rows.keys().filter(|id| !cold_rows.contains_key(id)).copied().collect();
+    assert!(unseen.len() > 100, "{} offline rows the stream does not show again", unseen.len());
+    for id in &unseen {
+        let (a, b) = (&offline_rows[id], &warm_rows[id]);
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "row {id}: {a:?} against {b:?}");
+    }
+
+    // Statistics of its own that differ from the model's are refused, naming the first.
+    let stats = dir.path().join("stats.json");
+    let mut s: serde_json::Value = manifest(&offline).model["data"]["dense_stats"].clone();
+    s["mean"][0] = (s["mean"][0].as_f64().unwrap() + 1.0).into();
+    std::fs::write(&stats, s.to_string()).unwrap();
+    let other = dir.path().join("other.toml");
+    let text_of = std::fs::read_to_string(&job).unwrap();
+    std::fs::write(&other, text_of + "dense_stats = \"stats.json\"\n").unwrap();
+    let args = ["train", "--config", other.to_str().unwrap(), "--online", &stream, "--days", "20260102..20260103"];
+    let o = oar(&[&args[..], &["--init-model", &offline, "--output", &path("refused")]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("dense_stats differ from the saved model's (mean[0]"), "{}", text(&o));
+    // Both flags name a model to start from: one is asked for.
+    let o = oar(&[&args[..], &["--init-model", &offline, "--resume", &offline]].concat());
+    assert!(!o.status.success() && text(&o).contains("--init-model"), "{}", text(&o));
+}

@@ -117,6 +117,7 @@ pub fn train_config(
         sparse_optimizer: Optimizer { initial_accumulator: 0.1, ..Optimizer::adagrad(0.05) },
         output: None,
         resume: None,
+        init_model: None,
         log_every: 0,
         metrics_addr: None,
         metrics_csv: None,
