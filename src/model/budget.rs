@@ -86,16 +86,71 @@ pub fn check_batch(
     Ok(())
 }
 
-/// The memory this machine has available (`MemAvailable` of `/proc/meminfo`), in bytes; `None`
-/// where it cannot be read.
+/// Most steps a local run may hold back with `delay` (delayed updates, a measurement of
+/// staleness): each holds its gradients until it is applied.
+pub const MAX_DELAY: usize = 1024;
+
+/// Checks that `delay` delayed steps, each holding the gradients of `params` dense parameters,
+/// fit in `available` bytes beside what the batches need (`None`: unknown, only the bound).
+pub fn check_delay(delay: usize, params: usize, available: Option<u64>) -> Result<(), String> {
+    if delay > MAX_DELAY {
+        return Err(format!("--delay {delay}: at most {MAX_DELAY} steps may be held back"));
+    }
+    let need = (delay as u64).saturating_mul(params as u64).saturating_mul(4);
+    match available {
+        Some(available) if need > available => Err(format!(
+            "--delay {delay} holds {delay} steps' gradients of {params} dense parameters ({:.1} GiB), more than \
+             the {:.1} GiB available: lower --delay",
+            need as f64 / (1u64 << 30) as f64,
+            available as f64 / (1u64 << 30) as f64
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The memory this process may still take, in bytes: the least of the machine's
+/// (`MemAvailable` of `/proc/meminfo`), its control group's (`memory.max` less
+/// `memory.current`, cgroup v2) and its address-space limit's (`RLIMIT_AS` less the address
+/// space in use). A job whose estimate fitted the machine aborted under a smaller limit, where
+/// it should have been told to lower its batch. `None` where none can be read.
 pub fn available_memory() -> Option<u64> {
-    meminfo_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let machine = read("/proc/meminfo").and_then(|t| meminfo_available(&t));
+    let group = match (read("/sys/fs/cgroup/memory.max"), read("/sys/fs/cgroup/memory.current")) {
+        (Some(max), Some(current)) => cgroup_room(&max, &current),
+        _ => None,
+    };
+    let space = read("/proc/self/status").and_then(|status| address_room(rlimit_as()?, &status));
+    [machine, group, space].into_iter().flatten().min()
 }
 
 fn meminfo_available(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib.saturating_mul(1024))
+}
+
+/// Room left in a cgroup v2 group: `memory.max` (bytes, or `max`: no limit) less
+/// `memory.current`.
+fn cgroup_room(max: &str, current: &str) -> Option<u64> {
+    let max: u64 = max.trim().parse().ok()?;
+    Some(max.saturating_sub(current.trim().parse().ok()?))
+}
+
+/// Room left under an address-space limit of `limit` bytes, less `VmSize` of
+/// `/proc/self/status` (in KiB).
+fn address_room(limit: u64, status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmSize:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(limit.saturating_sub(kib.saturating_mul(1024)))
+}
+
+/// This process's `RLIMIT_AS` soft limit in bytes (`None`: unlimited or unreadable).
+fn rlimit_as() -> Option<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into the struct it is given.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+    (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64)
 }
 
 #[cfg(test)]
@@ -128,6 +183,28 @@ mod tests {
         assert!(e.contains("lower batch_size or threads"), "{e}");
         assert!(check_batch(usize::MAX, usize::MAX, usize::MAX, 2, Some(u64::MAX - 1)).is_err());
         assert!(check_batch(usize::MAX, 0, 1, 1, None).is_ok(), "unknown memory: not checked");
+    }
+
+    #[test]
+    fn a_control_group_or_an_address_space_limit_bounds_the_memory_available() {
+        assert_eq!(cgroup_room("max\n", "1000\n"), None);
+        assert_eq!(cgroup_room("4096\n", "1000\n"), Some(3096));
+        assert_eq!(cgroup_room("4096\n", "9000\n"), Some(0));
+        let status = "Name:\toar\nVmPeak:\t  9000 kB\nVmSize:\t  2000 kB\n";
+        assert_eq!(address_room(4 << 20, status), Some((4 << 20) - 2000 * 1024));
+        assert_eq!(address_room(1024, status), Some(0));
+        // This process's own figure is the least of those it can read.
+        let machine = meminfo_available(&std::fs::read_to_string("/proc/meminfo").unwrap());
+        assert!(available_memory() <= machine);
+    }
+
+    #[test]
+    fn a_delay_is_bounded_and_must_fit_in_memory() {
+        assert!(check_delay(MAX_DELAY, 1000, None).is_ok());
+        assert!(check_delay(MAX_DELAY + 1, 1, None).unwrap_err().contains("at most 1024"));
+        let err = check_delay(100, 1 << 20, Some(100 << 20)).unwrap_err();
+        assert!(err.contains("lower --delay"), "{err}");
+        assert!(check_delay(10, 1 << 20, Some(100 << 20)).is_ok());
     }
 
     #[test]

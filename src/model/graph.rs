@@ -229,6 +229,13 @@ impl Model {
                 if head.label.is_some() {
                     return Err(format!("{what}: a value head is its own loss and takes no label"));
                 }
+                let is_loss = nodes.iter().any(|n| n.output == tensor && matches!(&n.op, Op::Layer(l) if l.is_loss()));
+                if !is_loss {
+                    return Err(format!(
+                        "{what}: a value head minimizes a loss a layer computes (next_item_loss), and {:?} is not one",
+                        head.output
+                    ));
+                }
                 // Never read by a value head's loss. Column 0 exists in every batch: a batch's
                 // length is its label rows'.
                 resolved.push(Head { tensor, loss: head.loss, label: 0, weight: head.weight, width });

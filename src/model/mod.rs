@@ -211,6 +211,12 @@ impl Model {
         budget::check_batch(self.floats_per_sample, self.dense_len(), rows, threads, available_memory())
     }
 
+    /// Checks that `delay` held-back steps (local mode's delayed updates) are within bounds and
+    /// fit in the memory available.
+    pub fn check_delay(&self, delay: usize) -> Result<(), String> {
+        budget::check_delay(delay, self.dense_len(), available_memory())
+    }
+
     /// A one-line description of the layers in running order, with their output shapes.
     pub fn summary(&self) -> String {
         let parts: Vec<String> = self.nodes.iter().map(|n| format!("{} ({})", n.name, self.shapes[n.output])).collect();

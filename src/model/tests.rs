@@ -20,8 +20,13 @@ fn parse(text: &str) -> ModelConfig {
     toml::from_str::<Job>(text).unwrap_or_else(|e| panic!("{e}")).model
 }
 
+/// The built-in layers and `linear_loss` ([`OwnLoss`]).
+fn registry() -> Registry {
+    Registry::default().register("linear_loss", own_loss)
+}
+
 fn build_err(text: &str) -> String {
-    Model::build(&parse(text), &input(3, 2, &["click"]), &Registry::default()).unwrap_err()
+    Model::build(&parse(text), &input(3, 2, &["click"]), &registry()).unwrap_err()
 }
 
 #[test]
@@ -130,6 +135,64 @@ fn batch() -> Batch {
     b
 }
 
+/// A linear layer whose output counts as a loss of its own, so a `value` head may take it: the
+/// value head's gradient path, tested without the sequence `next_item_loss` needs.
+#[derive(Debug)]
+struct OwnLoss(Box<dyn crate::nn::layer::Layer>);
+
+impl crate::nn::layer::Layer for OwnLoss {
+    fn output(&self) -> Shape {
+        self.0.output()
+    }
+    fn params(&self) -> Vec<crate::table::DenseParam> {
+        self.0.params()
+    }
+    fn scratch(&self) -> usize {
+        self.0.scratch()
+    }
+    fn is_loss(&self) -> bool {
+        true
+    }
+    fn forward(&self, ctx: &crate::nn::layer::Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], scratch: &mut [f32]) {
+        self.0.forward(ctx, params, x, y, scratch)
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        ctx: &crate::nn::layer::Ctx,
+        params: &[f32],
+        x: &[&[f32]],
+        y: &[f32],
+        dy: &[f32],
+        scratch: &mut [f32],
+        grads: &mut [f32],
+        dx: &mut [Option<&mut [f32]>],
+    ) {
+        self.0.backward(ctx, params, x, y, dy, scratch, grads, dx)
+    }
+}
+
+fn own_loss(
+    args: &mut crate::nn::layer::LayerArgs,
+    inputs: &[Shape],
+) -> Result<Box<dyn crate::nn::layer::Layer>, String> {
+    Ok(Box::new(OwnLoss(Registry::default().build("linear", args, inputs)?)))
+}
+
+#[test]
+fn a_value_head_takes_only_a_loss_a_layer_computes() {
+    let text = "[model]\nheads = [{ output = \"ctr\", loss = \"log_loss\" }, { output = \"own\", loss = \"value\" }]\n\
+                layers = [{ name = \"ctr\", type = \"linear\", input = \"dense\", out = 1 }, \
+                { name = \"own\", type = \"linear\", input = \"dense\", out = 1 }]\n";
+    let err = build_err(text);
+    assert!(
+        err.contains("a value head minimizes a loss a layer computes (next_item_loss), and \"own\" is not one"),
+        "{err}"
+    );
+    let text = text.replace("name = \"own\", type = \"linear\"", "name = \"own\", type = \"linear_loss\"");
+    Model::build(&parse(&text), &input(3, 2, &["click"]), &registry()).unwrap();
+}
+
 #[test]
 fn whole_model_gradients_match_finite_differences() {
     let text = r#"
@@ -146,10 +209,10 @@ layers = [
   { name = "deep", type = "mlp", input = "x", hidden = [5], activation = "tanh", out = 1 },
   { name = "ctr", type = "add", inputs = ["lr", "fm", "deep"] },
   { name = "cvr", type = "linear", input = "x", out = 1 },
-  { name = "own", type = "linear", input = "x", out = 1 },
+  { name = "own", type = "linear_loss", input = "x", out = 1 },
 ]
 "#;
-    let model = Model::build(&parse(text), &input(3, 2, &["click", "buy"]), &Registry::default()).unwrap();
+    let model = Model::build(&parse(text), &input(3, 2, &["click", "buy"]), &registry()).unwrap();
     let b = batch();
     let mut lookups = Lookups::default();
     lookups.run(&b, model.table_slots(), model.click_column());
@@ -214,12 +277,12 @@ fn a_value_head_is_its_own_loss_without_a_label() {
     let text = |label: &str| {
         format!(
             "[model]\nheads = [{{ output = \"out\", loss = \"log_loss\" }}, {{ output = \"own\", loss = \"value\"{label} }}]\n\
-             layers = [{{ name = \"out\", type = \"linear\", input = \"dense\", out = 1 }}, {{ name = \"own\", type = \"linear\", input = \"dense\", out = 1 }}]\n"
+             layers = [{{ name = \"out\", type = \"linear\", input = \"dense\", out = 1 }}, {{ name = \"own\", type = \"linear_loss\", input = \"dense\", out = 1 }}]\n"
         )
     };
     // One label column serves the log-loss head; the value head needs none.
-    assert!(Model::build(&parse(&text("")), &input(0, 2, &["click"]), &Registry::default()).is_ok());
-    let model = Model::build(&parse(&text("")), &input(3, 2, &["click", "buy"]), &Registry::default()).unwrap();
+    assert!(Model::build(&parse(&text("")), &input(0, 2, &["click"]), &registry()).is_ok());
+    let model = Model::build(&parse(&text("")), &input(3, 2, &["click", "buy"]), &registry()).unwrap();
     assert_eq!(model.losses(), vec![Loss::LogLoss, Loss::Value]);
     let err = build_err(&text(", label = \"click\""));
     assert!(err.contains("head \"own\": a value head is its own loss and takes no label"), "{err}");
@@ -232,9 +295,9 @@ fn a_value_head_is_its_own_loss_without_a_label() {
          layers = [{ name = \"a\", type = \"embedding\", table = \"v\", slots = [\"C1\", \"C2\"] }, \
          { name = \"b\", type = \"embedding\", table = \"v\", slots = [\"C3\"] }, \
          { name = \"out\", type = \"linear\", input = \"a\", out = 1 }, { name = \"ab\", type = \"concat\", inputs = [\"a\", \"b\"] }, \
-         { name = \"own\", type = \"linear\", input = \"ab\", out = 1 }]\n",
+         { name = \"own\", type = \"linear_loss\", input = \"ab\", out = 1 }]\n",
     );
-    let served = Model::build(&served, &input(3, 2, &["click"]), &Registry::default()).unwrap();
+    let served = Model::build(&served, &input(3, 2, &["click"]), &registry()).unwrap();
     assert_eq!((served.scored_heads(), served.scored_slots()), (vec![0], vec![true, true, false]));
     let mut built = crate::model::GraphBuilder::new();
     built.value_head("own", 0.5);

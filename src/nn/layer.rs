@@ -93,6 +93,13 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Whether the layer's output is a loss of its own (a `value` head minimizes it as it is,
+    /// as `next_item_loss`'s): a value head on any other output trained the model to make that
+    /// output as small as it could, without a word.
+    fn is_loss(&self) -> bool {
+        false
+    }
+
     /// Computes `y` (rows x output size) from the inputs `x` (rows x each input's size).
     fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], scratch: &mut [f32]);
 

@@ -355,6 +355,17 @@ impl TableSpec {
                 }
             }
         }
+        // What a shard file of these tables may hold (a reader refuses more): a local job's
+        // filter of 2^32 cells aborted on allocation where a server refused it.
+        let empty = empty_sparse_bytes(self);
+        if empty > MAX_EMPTY_TABLE_BYTES {
+            return Err(format!(
+                "the sparse tables take {} MiB before any row (admission filters: filter_capacity), more than the {} \
+                 MiB a saved model's tables may: lower filter_capacity",
+                empty >> 20,
+                MAX_EMPTY_TABLE_BYTES >> 20
+            ));
+        }
         Ok(())
     }
 }

@@ -180,6 +180,7 @@ pub fn run_with(
     let started = Instant::now();
     let (model, schema) = crate::config::build_model(&config.model, &config.data, registry)?;
     model.check_memory(config.batch_size, config.threads).map_err(anyhow::Error::msg)?;
+    model.check_delay(config.delay).map_err(anyhow::Error::msg)?;
     let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
     spec.validate().map_err(anyhow::Error::msg)?;
     let me = config.trainer_id;

@@ -14,6 +14,7 @@ mod export;
 mod faults;
 mod fetch;
 mod global_auc;
+mod hostile_jobs;
 mod interactions;
 mod lifecycle;
 mod models;

@@ -121,6 +121,10 @@ impl Layer for NextItemLossLayer {
         Shape::flat(1)
     }
 
+    fn is_loss(&self) -> bool {
+        true
+    }
+
     fn params(&self) -> Vec<DenseParam> {
         self.mlp.params()
     }
