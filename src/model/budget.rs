@@ -145,12 +145,13 @@ fn address_room(limit: u64, status: &str) -> Option<u64> {
     Some(limit.saturating_sub(kib.saturating_mul(1024)))
 }
 
-/// This process's `RLIMIT_AS` soft limit in bytes (`None`: unlimited or unreadable).
+/// This process's `RLIMIT_AS` soft limit in bytes (`None`: unlimited or unreadable; `rlim_t` is
+/// a u64 on Linux).
 fn rlimit_as() -> Option<u64> {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes one rlimit into the struct it is given.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
-    (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64)
+    (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
 }
 
 #[cfg(test)]
