@@ -28,6 +28,7 @@ type Value = fn(&Point) -> Option<f64>;
 
 /// Reads the curves file `csv` and draws it to the PNG `out`; returns the points drawn.
 pub fn draw_file(csv: &Path, out: &Path) -> anyhow::Result<usize> {
+    crate::state_file::check_output(out, &[csv])?;
     let points = crate::curves::read(csv)?;
     draw(&points, &format!("training curves: {}", csv.display()), out)?;
     Ok(points.len())

@@ -261,6 +261,34 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
     })
 }
 
+/// Checks that a tool may put its output at `out` by renaming over it: nothing there, a regular
+/// file, or a link (the link is replaced, not what it names), and none of `inputs` (the same
+/// file under any name). `oar plot --out` and `oar data stats --out` replaced their own input,
+/// a device or a named pipe without a word.
+pub fn check_output(out: &Path, inputs: &[&Path]) -> Result<(), StateFileError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::symlink_metadata(out) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StateFileError::io(out)(e)),
+    };
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    if !meta.is_file() {
+        return Err(StateFileError::invalid(out, format!("{} is there, not a file to replace", kind_of(&meta))));
+    }
+    for input in inputs {
+        if std::fs::metadata(input).is_ok_and(|i| (i.dev(), i.ino()) == (meta.dev(), meta.ino())) {
+            return Err(StateFileError::invalid(
+                out,
+                format!("is the input {}: writing there would replace it; name another file", input.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Writes `value` as JSON to `path` with [`write_atomic`].
 pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), StateFileError> {
     write_atomic(path, &serde_json::to_vec_pretty(value).expect("state files serialize"))
@@ -281,6 +309,24 @@ pub const COUNTER_MAX: u64 = 1 << 48;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_may_replace_a_file_or_a_link_but_not_its_input_a_device_or_a_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let (input, out, link) = (dir.path().join("in"), dir.path().join("out"), dir.path().join("link"));
+        std::fs::write(&input, "x").unwrap();
+        check_output(&out, &[&input]).unwrap();
+        std::fs::write(&out, "old").unwrap();
+        check_output(&out, &[&input]).unwrap();
+        std::os::unix::fs::symlink(&input, &link).unwrap();
+        check_output(&link, &[&input]).unwrap();
+        let hard = dir.path().join("hard");
+        std::fs::hard_link(&input, &hard).unwrap();
+        let err = check_output(&hard, &[&input]).unwrap_err().to_string();
+        assert!(err.contains("is the input") && err.contains("would replace it"), "{err}");
+        assert!(check_output(Path::new("/dev/null"), &[]).unwrap_err().to_string().contains("a device is there"));
+        assert!(check_output(dir.path(), &[]).unwrap_err().to_string().contains("a folder is there"));
+    }
 
     #[test]
     fn reads_refuse_links_pipes_folders_and_oversized_files_and_writes_replace_links() {

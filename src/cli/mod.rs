@@ -170,6 +170,8 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             let saved = crate::predict::load(&a.model, registry)?;
             crate::predict::check_pipe_command(&saved.schema, &a.model, a.trust_pipe_command)?;
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
+            let inputs: Vec<&std::path::Path> = files.iter().map(|f| f.as_path()).collect();
+            crate::state_file::check_output(&a.out, &inputs)?;
             let bar = files_bar(&files);
             if a.no_progress {
                 bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -364,6 +366,8 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 None => crate::config::JobConfig::default(),
             };
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
+            let inputs: Vec<&std::path::Path> = files.iter().map(|f| f.as_path()).chain(a.config.as_deref()).collect();
+            crate::state_file::check_output(&a.out, &inputs)?;
             let bar = files_bar(&files);
             let stats = crate::data::transform::compute(files, &job.data, job.model.shorthand_shape(), &|b| {
                 bar.set_position(b)
