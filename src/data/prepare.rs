@@ -72,13 +72,22 @@ pub fn uci_housing(src: &Path, out: &Path) -> anyhow::Result<Prepared> {
         if line.trim().is_empty() {
             continue;
         }
-        let mut row = [0.0; COLS];
+        let mut row = [0.0f64; COLS];
         let mut fields = line.split_ascii_whitespace();
         for (c, v) in row.iter_mut().enumerate() {
             let f = fields.next().with_context(|| format!("{}:{}: {COLS} columns expected", src.display(), n + 1))?;
             *v = f
                 .parse()
                 .with_context(|| format!("{}:{}: column {} is not a number: {f:?}", src.display(), n + 1, c + 1))?;
+            // A NaN, an infinity or a sum past f64 made every row's column NaN, and exit 0.
+            anyhow::ensure!(
+                v.abs() <= f64::from(super::MAX_VALUE),
+                "{}:{}: column {} is {f:?}, not a number within +-{:e}",
+                src.display(),
+                n + 1,
+                c + 1,
+                super::MAX_VALUE
+            );
         }
         anyhow::ensure!(fields.next().is_none(), "{}:{}: more than {COLS} columns", src.display(), n + 1);
         rows.push(row);
@@ -182,22 +191,39 @@ pub fn build_dict(files: &[PathBuf], min_count: u64) -> anyhow::Result<Vec<Strin
     Ok(dict)
 }
 
-/// The `n`-grams of `paddle.dataset.imikolov` (`DataType.NGRAM`) of one file: every line
-/// becomes `<s> words <e>`, words outside the dictionary become `<unk>`, and every window of
-/// `n` consecutive words is one sample (lines shorter than `n` give none).
-fn ngrams(path: &Path, index: &HashMap<&str, u64>, unk: u64, n: usize) -> anyhow::Result<Vec<Vec<u64>>> {
-    let mut out = Vec::new();
+/// The `n`-grams of `paddle.dataset.imikolov` (`DataType.NGRAM`) of one file, each given to
+/// `each` as it is made: every line becomes `<s> words <e>`, words outside the dictionary
+/// become `<unk>`, and every window of `n` consecutive words is one sample (lines shorter than
+/// `n` give none). Returns how many there were. Streamed: kept as a list, the samples took 42
+/// times the file's size, and a large `n` aborted the process on allocation.
+fn ngrams(
+    path: &Path,
+    index: &HashMap<&str, u64>,
+    unk: u64,
+    n: usize,
+    mut each: impl FnMut(&[u64]) -> anyhow::Result<()>,
+) -> anyhow::Result<u64> {
+    let mut count = 0;
+    let mut ids = Vec::new();
     for line in open_text(path)?.lines() {
         let line = line.with_context(|| format!("cannot read {}", path.display()))?;
-        let ids: Vec<u64> = std::iter::once("<s>")
-            .chain(line.split_ascii_whitespace())
-            .chain(std::iter::once("<e>"))
-            .map(|w| index.get(w).copied().unwrap_or(unk))
-            .collect();
-        out.extend(ids.windows(n).map(|w| w.to_vec()));
+        ids.clear();
+        ids.extend(
+            std::iter::once("<s>")
+                .chain(line.split_ascii_whitespace())
+                .chain(std::iter::once("<e>"))
+                .map(|w| index.get(w).copied().unwrap_or(unk)),
+        );
+        for window in ids.windows(n) {
+            each(window)?;
+            count += 1;
+        }
     }
-    Ok(out)
+    Ok(count)
 }
+
+/// Largest `n` of `oar data prepare imikolov` (Paddle's examples use 5).
+pub const MAX_NGRAM: usize = 64;
 
 /// PTB as `paddle.dataset.imikolov`: the dictionary of [`build_dict`] over `ptb.train.txt` and
 /// `ptb.valid.txt` in `src` (`.gz` accepted), `n`-gram samples of `ptb.train.txt` (train) and of
@@ -206,7 +232,7 @@ fn ngrams(path: &Path, index: &HashMap<&str, u64>, unk: u64, n: usize) -> anyhow
 /// smoothed bigram model fitted on the train samples, its perplexity on the test samples'
 /// last words.
 pub fn imikolov(src: &Path, out: &Path, min_count: u64, n: usize) -> anyhow::Result<Prepared> {
-    anyhow::ensure!(n >= 2, "--n must be at least 2");
+    anyhow::ensure!((2..=MAX_NGRAM).contains(&n), "--n must be in 2..={MAX_NGRAM}, not {n}");
     let (train_src, test_src) = (src.join("ptb.train.txt"), src.join("ptb.valid.txt"));
     let dict = build_dict(&[train_src.clone(), test_src.clone()], min_count)?;
     let index: HashMap<&str, u64> = dict.iter().enumerate().map(|(i, w)| (w.as_str(), i as u64)).collect();
@@ -218,37 +244,40 @@ pub fn imikolov(src: &Path, out: &Path, min_count: u64, n: usize) -> anyhow::Res
     w.flush().with_context(|| format!("cannot write {}", dict_path.display()))?;
 
     let (train, test) = (out.join("train.txt"), out.join("test.txt"));
-    let mut sets = Vec::new();
-    for (from, to) in [(&train_src, &train), (&test_src, &test)] {
-        let grams = ngrams(from, &index, unk, n)?;
+    let v = dict.len() as f64;
+    // The bigram baseline's counts over the train samples, then its loss on the test samples.
+    let (mut pair, mut single): (HashMap<(u64, u64), u64>, HashMap<u64, u64>) = (HashMap::new(), HashMap::new());
+    let mut nll = 0.0;
+    let mut samples = [0u64; 2];
+    for (k, (from, to)) in [(&train_src, &train), (&test_src, &test)].into_iter().enumerate() {
         let mut w = create(to)?;
-        for g in &grams {
+        samples[k] = ngrams(from, &index, unk, n, |g| {
             write!(w, "{}", g[n - 1])?;
             g[..n - 1].iter().try_for_each(|id| write!(w, " {id}"))?;
             writeln!(w)?;
-        }
+            let (prev, word) = (g[n - 2], g[n - 1]);
+            if k == 0 {
+                *pair.entry((prev, word)).or_default() += 1;
+                *single.entry(prev).or_default() += 1;
+            } else {
+                let c = pair.get(&(prev, word)).copied().unwrap_or(0) as f64;
+                let total = single.get(&prev).copied().unwrap_or(0) as f64;
+                nll -= ((c + 1.0) / (total + v)).ln();
+            }
+            Ok(())
+        })?;
         w.flush().with_context(|| format!("cannot write {}", to.display()))?;
-        sets.push(grams);
+        anyhow::ensure!(
+            samples[k] > 0,
+            "{}: no line holds {n} words with its start and end: no sample",
+            from.display()
+        );
     }
-    let v = dict.len() as f64;
-    let (mut pair, mut single): (HashMap<(u64, u64), u64>, HashMap<u64, u64>) = (HashMap::new(), HashMap::new());
-    for g in &sets[0] {
-        *pair.entry((g[n - 2], g[n - 1])).or_default() += 1;
-        *single.entry(g[n - 2]).or_default() += 1;
-    }
-    let nll: f64 = sets[1]
-        .iter()
-        .map(|g| {
-            let c = pair.get(&(g[n - 2], g[n - 1])).copied().unwrap_or(0) as f64;
-            let total = single.get(&g[n - 2]).copied().unwrap_or(0) as f64;
-            -((c + 1.0) / (total + v)).ln()
-        })
-        .sum();
     Ok(Prepared {
         train,
         test,
-        samples: (sets[0].len(), sets[1].len()),
-        baselines: vec![("add-one bigram test perplexity".into(), (nll / sets[1].len() as f64).exp())],
+        samples: (samples[0] as usize, samples[1] as usize),
+        baselines: vec![("add-one bigram test perplexity".into(), (nll / samples[1] as f64).exp())],
         dict: Some((dict_path, dict.len())),
     })
 }
@@ -273,7 +302,24 @@ mod tests {
         let a = dir.path().join("a.txt");
         std::fs::write(&a, " x y \n x \n").unwrap();
         let index: HashMap<&str, u64> = [("<s>", 0), ("<e>", 1), ("x", 2)].into_iter().collect();
-        let grams = ngrams(&a, &index, 9, 3).unwrap();
+        let mut grams = Vec::new();
+        let count = ngrams(&a, &index, 9, 3, |g| Ok(grams.push(g.to_vec()))).unwrap();
         assert_eq!(grams, [vec![0, 2, 9], vec![2, 9, 1], vec![0, 2, 1]]);
+        assert_eq!(count, 3);
+    }
+
+    #[test]
+    fn an_n_past_the_bound_or_past_every_line_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ptb.train.txt"), "a b c\n").unwrap();
+        std::fs::write(dir.path().join("ptb.valid.txt"), "a b\n").unwrap();
+        let out = dir.path().join("out");
+        let err = |n| imikolov(dir.path(), &out, 0, n).unwrap_err().to_string();
+        assert!(err(100_000).contains("--n must be in 2..=64, not 100000"));
+        assert!(err(usize::MAX).contains("--n must be in 2..=64"));
+        // `<s> a b c <e>`: 5 words, so 6-grams there are none: an error, not a NaN perplexity.
+        assert!(err(6).contains("ptb.train.txt: no line holds 6 words"), "{}", err(6));
+        assert!(err(5).contains("ptb.valid.txt: no line holds 5 words"), "{}", err(5));
+        assert_eq!(imikolov(dir.path(), &out, 0, 4).unwrap().samples, (2, 1));
     }
 }
