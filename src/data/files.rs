@@ -110,6 +110,39 @@ pub fn check_fill(parts: usize, lines: u64, what: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The lines of each of `parts` balanced parts of `lines` lines (the first `lines % parts`
+/// one longer): never an empty part when `parts <= lines`.
+pub fn part_sizes(lines: u64, parts: usize) -> impl Iterator<Item = u64> {
+    let parts = parts.max(1) as u64;
+    (0..parts).map(move |k| lines / parts + u64::from(k < lines % parts))
+}
+
+/// Checks that `dir` holds no part file (`PREFIX` then digits) numbered `parts` or more: one
+/// from an earlier run with more parts was left beside the new ones, read as data with them
+/// (`oar gen` run twice held 3,000 train lines where its `meta.json` said 1,000).
+pub fn check_no_stale_parts(dir: &Path, prefix: &str, parts: usize) -> Result<(), String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+    let mut stale: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| {
+            let digits = name.strip_prefix(prefix).unwrap_or("");
+            digits.len() >= 5
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && digits.parse::<u64>().is_ok_and(|k| k >= parts as u64)
+        })
+        .collect();
+    stale.sort();
+    match stale.first() {
+        None => Ok(()),
+        Some(first) => Err(format!(
+            "{} holds {first} ({} part file(s) in all) from an earlier run with more parts: it would be read with \
+             the new {parts}; remove them or write elsewhere",
+            dir.display(),
+            stale.len()
+        )),
+    }
+}
+
 /// Checks a `--parts` count: at least 1, at most [`MAX_PARTS`].
 pub fn check_parts(parts: usize) -> Result<(), String> {
     match parts {
@@ -154,9 +187,12 @@ pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u
             format!("{}: {lines} line(s) cannot fill {parts} parts", path.display()),
         ));
     }
+    let (dir, name) = (path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")), path.file_name());
+    let prefix = format!("{}-", name.map(|n| n.to_string_lossy()).unwrap_or_default());
+    check_no_stale_parts(dir, &prefix, parts).map_err(|e| std::io::Error::new(std::io::ErrorKind::AlreadyExists, e))?;
     let mut reader = open()?;
     let mut files = Vec::with_capacity(parts);
-    for k in 0..parts as u64 {
+    for (k, count) in (0..parts as u64).zip(part_sizes(lines, parts)) {
         let out = PathBuf::from(format!("{}-{k:05}", path.display()));
         // Written to a new file beside it, then renamed into place: a link already at the
         // part's name is replaced, never written through (`in-00000 -> in` emptied the input
@@ -167,7 +203,6 @@ pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u
             let p = p.to_path_buf();
             move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
         };
-        let count = lines / parts as u64 + u64::from(k < lines % parts as u64);
         let written = (|| {
             let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(named(&tmp))?;
             let mut w = std::io::BufWriter::new(file);
@@ -276,6 +311,25 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep\n");
         assert!(!std::fs::symlink_metadata(&parts[0]).unwrap().file_type().is_symlink());
         assert_eq!(std::fs::read_to_string(&parts[1]).unwrap(), "c\nd\n");
+    }
+
+    #[test]
+    fn parts_are_balanced_and_stale_parts_of_an_earlier_run_are_named() {
+        assert_eq!(part_sizes(5, 4).collect::<Vec<_>>(), [2, 1, 1, 1]);
+        assert_eq!(part_sizes(8, 4).collect::<Vec<_>>(), [2, 2, 2, 2]);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("in");
+        std::fs::write(&f, "a\nb\nc\n").unwrap();
+        split_file(&f, 3).unwrap();
+        // A split into fewer parts would leave in-00002 beside the new ones.
+        let err = split_file(&f, 2).unwrap_err().to_string();
+        assert!(err.contains("holds in-00002 (1 part file(s) in all) from an earlier run"), "{err}");
+        std::fs::remove_file(dir.path().join("in-00002")).unwrap();
+        split_file(&f, 2).unwrap();
+        // Other names are not parts.
+        std::fs::write(dir.path().join("in-0000x"), "").unwrap();
+        std::fs::write(dir.path().join("in-2"), "").unwrap();
+        check_no_stale_parts(dir.path(), "in-", 2).unwrap();
     }
 
     #[test]

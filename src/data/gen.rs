@@ -289,15 +289,13 @@ pub(crate) fn write_parts(config: &GenConfig, write_line: WriteLine) -> anyhow::
     super::files::check_fill(config.parts, config.lines, "train line(s)").map_err(anyhow::Error::msg)?;
     let train_dir = config.out.join("train");
     let test_dir = config.out.join("test");
-    for d in [&train_dir, &test_dir] {
+    for (d, parts) in [(&train_dir, config.parts), (&test_dir, 1)] {
         std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        super::files::check_no_stale_parts(d, "part-", parts).map_err(anyhow::Error::msg)?;
     }
-    let per = config.lines / config.parts as u64;
-    let extra = config.lines % config.parts as u64;
     let mut jobs = Vec::new();
     let mut start = 0;
-    for i in 0..config.parts as u64 {
-        let n = per + (i < extra) as u64;
+    for (i, n) in super::files::part_sizes(config.lines, config.parts).enumerate() {
         jobs.push((1u64, start..start + n, train_dir.join(format!("part-{i:05}"))));
         start += n;
     }

@@ -91,10 +91,17 @@ pub fn generate(config: &StreamConfig, on_day: &dyn Fn(&DayMeta)) -> anyhow::Res
         let date = config.start + chrono::Days::new(day as u64);
         let dir = config.out.join(folder_name(date));
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        super::files::check_no_stale_parts(&dir, "part-", config.parts).map_err(anyhow::Error::msg)?;
         let stream = DAY_STREAM + day as u64;
-        let per = config.lines_per_day.div_ceil(config.parts as u64);
-        let parts: Vec<(std::ops::Range<u64>, PathBuf)> = (0..config.parts as u64)
-            .map(|i| (i * per..((i + 1) * per).min(config.lines_per_day), dir.join(format!("part-{i:05}"))))
+        // Balanced: ceil-divided ranges left the last parts short or empty (5 lines in 4 parts:
+        // 2, 2, 1, 0), and an online trainer with an empty part read no sample.
+        let mut start = 0;
+        let parts: Vec<(std::ops::Range<u64>, PathBuf)> = super::files::part_sizes(config.lines_per_day, config.parts)
+            .enumerate()
+            .map(|(i, n)| {
+                start += n;
+                (start - n..start, dir.join(format!("part-{i:05}")))
+            })
             .collect();
         let written: Vec<_> = std::thread::scope(|scope| {
             let handles: Vec<_> = parts
