@@ -143,30 +143,60 @@ impl CurveLog {
 
 /// Most bytes of a curves file read (a point a line of about 80 bytes: millions of points).
 pub const MAX_BYTES: u64 = 1 << 30;
+/// Longest line of a curves file (oar writes under 100 bytes).
+pub const MAX_LINE_BYTES: usize = 4096;
+/// Most points drawn from one file (about 256 MiB of points).
+pub const MAX_POINTS: usize = 4 << 20;
 
-/// Reads every point of a curves file. A last line without its newline is a point still being
-/// written by a running job, and is left out.
+/// Reads every point of a curves file, a line at a time (the whole text held at once, with its
+/// points and a copy of each line, took 7 times the file: a 1 GiB file aborted the process). A
+/// last line without its newline is a point still being written by a running job, and is left
+/// out.
 pub fn read(path: &Path) -> Result<Vec<Point>, CurvesError> {
     let io = |source| CurvesError::Io { path: path.to_path_buf(), source };
-    let mut text = crate::state_file::read_named(path, MAX_BYTES).map_err(|e| io(std::io::Error::other(e.reason())))?;
-    text.truncate(text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1));
-    parse(text.as_slice(), path)
+    let (file, size) = crate::state_file::open_sized(path, false)
+        .map_err(|e| io(std::io::Error::other(e.reason())))?
+        .ok_or_else(|| io(std::io::ErrorKind::NotFound.into()))?;
+    if size > MAX_BYTES {
+        return Err(io(std::io::Error::other(format!(
+            "{size} bytes, more than the {MAX_BYTES} a curves file may hold"
+        ))));
+    }
+    parse(std::io::Read::take(file, MAX_BYTES), path)
 }
 
-/// Reads the points of curves text (`path` only names it in errors).
+/// Reads the points of curves text (`path` only names it in errors); a last line without its
+/// newline is left out.
 pub fn parse(text: impl std::io::Read, path: &Path) -> Result<Vec<Point>, CurvesError> {
-    let mut r = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text);
+    use std::io::{BufRead, Read};
+    let mut r = std::io::BufReader::new(text);
     let mut points = Vec::new();
     let bad = |line: u64, message: String| CurvesError::Line { path: path.to_path_buf(), line, message };
-    for (k, record) in r.records().enumerate() {
-        let line = record.as_ref().ok().and_then(|r| r.position()).map_or(k as u64 + 1, |p| p.line());
-        let record = record.map_err(|e| bad(line, e.to_string()))?;
-        if record.iter().collect::<Vec<_>>().join(",") == HEADER {
+    let mut line = Vec::new();
+    for number in 1.. {
+        line.clear();
+        let n = r
+            .by_ref()
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(|source| CurvesError::Io { path: path.to_path_buf(), source })?;
+        if line.last() != Some(&b'\n') {
+            if n > MAX_LINE_BYTES {
+                return Err(bad(number, format!("the line is longer than {MAX_LINE_BYTES} bytes")));
+            }
+            break; // the end, or a point still being written
+        }
+        let text = String::from_utf8_lossy(&line[..n - 1]);
+        let fields: Vec<&str> = text.trim_end_matches('\r').split(',').collect();
+        if fields.first() == Some(&"trainer") && fields.join(",") == HEADER {
             continue;
         }
-        let point: Point = record.deserialize(None).map_err(|e| bad(line, e.to_string()))?;
+        let point: Point = csv::StringRecord::from(fields).deserialize(None).map_err(|e| bad(number, e.to_string()))?;
         if point.loss.is_some_and(|v| !v.is_finite()) || point.auc.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
-            return Err(bad(line, "loss must be finite and AUC within [0, 1]".into()));
+            return Err(bad(number, "loss must be finite and AUC within [0, 1]".into()));
+        }
+        if points.len() == MAX_POINTS {
+            return Err(bad(number, format!("more than {MAX_POINTS} points: draw part of the file")));
         }
         points.push(point);
     }
@@ -204,8 +234,12 @@ mod tests {
         let p = parse(text.as_bytes(), Path::new("m.csv")).unwrap();
         assert_eq!((p[0].kind, p[0].loss, p[0].auc), (Kind::Pass, None, Some(0.75)));
         for bad in ["0,1,50,1,1,steps,NaN,0.5", "0,1,50,1,1,steps,0.4,1.5", "0,1,50,1,1,epoch,0.4,0.5", "0,1"] {
-            assert!(parse(bad.as_bytes(), Path::new("m.csv")).is_err(), "{bad}");
+            assert!(parse(format!("{bad}\n").as_bytes(), Path::new("m.csv")).is_err(), "{bad}");
         }
+        // A line past the bound is named, not held: a 1 GiB line aborted the process.
+        let long = format!("{HEADER}\n0,1,{}\n", "5".repeat(MAX_LINE_BYTES));
+        let err = parse(long.as_bytes(), Path::new("m.csv")).unwrap_err().to_string();
+        assert!(err.starts_with("m.csv:2: not a curve point: the line is longer than 4096 bytes"), "{err}");
     }
 
     #[test]
