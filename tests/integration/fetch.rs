@@ -175,8 +175,8 @@ fn hold(stream: &mut std::net::TcpStream) {
 }
 
 /// A host that goes silent (before its headers, or mid-file) fails the download after
-/// `--read-timeout`, naming it; one that sends without end is stopped at the bound; neither
-/// leaves a file in the cache.
+/// `--read-timeout`, naming it; one that sends past the file's size, or too slowly, is stopped;
+/// none leaves a file in the cache.
 #[test]
 fn data_get_names_a_silent_or_endless_host_and_keeps_nothing() {
     let cache = tempfile::tempdir().unwrap();
@@ -212,7 +212,17 @@ fn data_get_names_a_silent_or_endless_host_and_keeps_nothing() {
         while s.write_all(&chunk).is_ok() {}
     });
     let err = run(&endless);
-    assert!(err.contains("more than 256 MiB, far more than housing.data holds"), "{err}");
+    assert!(err.contains("more than the 49082 bytes housing.data holds"), "{err}");
+    // A host that sends a byte every 0.3 s is never silent for --read-timeout: it is stopped
+    // once the download has run 30 s slower than 16 KiB/s.
+    let trickle = hostile(|s| {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 49082\r\n\r\n");
+        while s.write_all(b"7").is_ok() {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+    });
+    let err = run(&trickle);
+    assert!(err.contains("slower than 16 KiB/s: stopped"), "{err}");
     let left: Vec<_> = std::fs::read_dir(cache.path().join("uci_housing")).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
 }
