@@ -68,3 +68,51 @@ fn settings_past_what_the_process_may_hold_are_refused_naming_them() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("lower batch_size or threads"), "{}", text(&o));
 }
+
+/// The tools around training refuse what they used to do wrong with exit 0: an output over
+/// their own input or a device, a non-finite value in the data they prepare, a part left empty
+/// or left over from an earlier run.
+#[test]
+fn tools_refuse_to_destroy_their_input_or_write_wrong_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let csv =
+        write(dir.path(), "m.csv", "trainer,pass,step,samples,seconds,kind,loss,auc\n0,1,50,100,1.0,steps,0.6,0.7\n");
+    // `oar plot --out` its own input: the curves were replaced by the picture.
+    let o = oar(&["plot", "--metrics", &csv, "--out", &csv]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("is the input") && text(&o).contains("name another file"), "{}", text(&o));
+    assert!(std::fs::read_to_string(&csv).unwrap().starts_with("trainer,"));
+    let o = oar(&["plot", "--metrics", &csv, "--out", "/dev/null"]);
+    assert!(text(&o).contains("a device is there, not a file to replace"), "{}", text(&o));
+    // `oar data stats --out` a data file.
+    let (train, _) = gen_data(&dir.path().join("data"), 1, 100, 10);
+    let part = train.join("part-00000").display().to_string();
+    let before = std::fs::read(&part).unwrap();
+    let o = oar(&["data", "stats", "--data", &part, "--out", &part]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("is the input"), "{}", text(&o));
+    assert_eq!(std::fs::read(&part).unwrap(), before);
+
+    // A NaN in UCI housing made a whole column NaN and a NaN test error, exit 0.
+    let rows: String = (0..10).map(|k| format!("{}\n", vec![(k + 1).to_string(); 14].join(" "))).collect();
+    let src = write(dir.path(), "housing.data", &rows.replacen("1 1 1 1", "1 1 1 NaN", 1));
+    let o = oar(&["data", "prepare", "uci-housing", "--src", &src, "--out", &path("uci")]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("housing.data:1: column 4 is \"NaN\", not a number within"), "{}", text(&o));
+
+    // 5 lines a day in 4 parts were written 2, 2, 1, 0: a trainer then read no sample.
+    let stream = path("stream");
+    let o = oar(&["gen", "stream", "--days", "1", "--lines-per-day", "5", "--parts", "4", "--out", &stream]);
+    assert!(o.status.success(), "{}", text(&o));
+    let lines = |p: &Path| std::fs::read_to_string(p).unwrap().lines().count();
+    let day = Path::new(&stream).join("20260101");
+    let sizes: Vec<usize> = (0..4).map(|k| lines(&day.join(format!("part-{k:05}")))).collect();
+    assert_eq!(sizes, [2, 1, 1, 1]);
+    // Generated again with fewer parts: the old parts would be read with the new ones.
+    let o = oar(&["gen", "criteo", "--lines", "400", "--parts", "4", "--out", &path("gen")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = oar(&["gen", "criteo", "--lines", "400", "--parts", "2", "--out", &path("gen")]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("holds part-00002 (2 part file(s) in all) from an earlier run"), "{}", text(&o));
+}
