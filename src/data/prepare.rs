@@ -303,7 +303,11 @@ mod tests {
         std::fs::write(&a, " x y \n x \n").unwrap();
         let index: HashMap<&str, u64> = [("<s>", 0), ("<e>", 1), ("x", 2)].into_iter().collect();
         let mut grams = Vec::new();
-        let count = ngrams(&a, &index, 9, 3, |g| Ok(grams.push(g.to_vec()))).unwrap();
+        let count = ngrams(&a, &index, 9, 3, |g| {
+            grams.push(g.to_vec());
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(grams, [vec![0, 2, 9], vec![2, 9, 1], vec![0, 2, 1]]);
         assert_eq!(count, 3);
     }
