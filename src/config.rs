@@ -127,12 +127,29 @@ pub const MAX_JOB_FILE_BYTES: u64 = 16 << 20;
 /// from the sizes where adding a duration to a clock overflows (a panic).
 pub const MAX_SECONDS: u64 = 30 * 86_400;
 
+/// A job file's TOML error as one line, `FILE:LINE:COLUMN: message`, the message cut to 300
+/// characters and its control characters escaped: the parser's own report is six lines that
+/// quote the source line whole (a 15 MB line came back as 31 MB of errors, escape codes and all).
+fn toml_error(path: &Path, text: &str, e: &toml::de::Error) -> String {
+    let at = match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!(":{line}:{column}")
+        }
+        None => String::new(),
+    };
+    let message: String = e.message().trim().chars().flat_map(char::escape_debug).take(300).collect();
+    format!("{}{at}: {message}", path.display())
+}
+
 impl JobConfig {
     /// Reads a TOML job file; unknown keys are errors that name the file.
     pub fn from_file(path: &Path) -> anyhow::Result<JobConfig> {
         let bytes = crate::state_file::read_named(path, MAX_JOB_FILE_BYTES)?;
         let text = String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{}: not UTF-8 text: {e}", path.display()))?;
-        let mut job: JobConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let mut job: JobConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!(toml_error(path, &text, &e)))?;
         // A statistics file is read now, so the job (and the model it saves) carries the numbers.
         if let Some(source @ crate::data::StatsSource::File(_)) = &job.data.dense_stats {
             let base = path.parent().unwrap_or(Path::new("."));
@@ -221,6 +238,17 @@ pub fn resolve_files(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
 mod tests {
     use super::*;
     use crate::table::OptimizerKind;
+
+    #[test]
+    fn a_toml_error_is_one_line_naming_file_line_and_column_without_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.toml");
+        let long = "7".repeat(100_000);
+        std::fs::write(&path, format!("[train]\nbatch_size = 5\n[model]\nhidden = [{long}, \"\u{1b}[2K\"\n")).unwrap();
+        let err = JobConfig::from_file(&path).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("{}:4:", path.display())), "{err}");
+        assert!(!err.contains('\n') && !err.contains('\u{1b}') && err.len() < 1000, "{}", &err[..err.len().min(400)]);
+    }
 
     #[test]
     fn a_job_file_round_trips_and_unknown_keys_are_named() {
