@@ -97,6 +97,13 @@ impl Model {
         // Tensor 0 is the dense features; then one per layer, in file order.
         let mut tensor_of: HashMap<String, usize> = HashMap::from([("dense".to_string(), DENSE)]);
         for (i, l) in g.layers.iter().enumerate() {
+            if l.name.is_empty() || l.name.chars().any(char::is_control) {
+                return Err(format!(
+                    "model: layer {} has no name, or one with a control character: {:?}",
+                    i + 1,
+                    l.name
+                ));
+            }
             if l.name == "dense" || tensor_of.insert(l.name.clone(), i + 1).is_some() {
                 return Err(format!("model: the layer name {:?} is taken (by `dense` or another layer)", l.name));
             }
@@ -127,7 +134,11 @@ impl Model {
                 let t = *tensor_of.get(name.as_str()).ok_or_else(|| {
                     let mut known: Vec<&str> = tensor_of.keys().map(String::as_str).collect();
                     known.sort_unstable();
-                    format!("model: layer {:?}: unknown input {name:?} (tensors: {})", l.name, known.join(", "))
+                    // The first ones: a graph of 200,000 layers made a message of 1.7 MB.
+                    let more = known.len().saturating_sub(20);
+                    known.truncate(20);
+                    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+                    format!("model: layer {:?}: unknown input {name:?} (tensors: {}{more})", l.name, known.join(", "))
                 })?;
                 if t == DENSE && input.dense_width == 0 {
                     return Err(format!("model: layer {:?} reads `dense` but the data has no dense features", l.name));

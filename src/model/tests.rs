@@ -60,6 +60,7 @@ fn bad_graphs_are_one_clear_error_naming_the_layer() {
         ("hidden = [4]\nlayers = [{ name = \"out\", type = \"linear\", input = \"dense\", out = 1 }]", "`hidden` belongs to the shorthand form"),
         ("layers = [{ name = \"dense\", type = \"relu\", input = \"dense\" }]", "the layer name \"dense\" is taken"),
         ("layers = [{ name = \"out\", type = \"fm\", input = \"dense\" }]", "layer \"out\" (fm)"),
+        ("layers = [{ name = \"\", type = \"relu\", input = \"dense\" }]", "layer 1 has no name"),
     ];
     for (layers, expected) in cases {
         let err = build_err(&format!("{head}{layers}\n"));
@@ -88,6 +89,9 @@ fn a_cycle_under_a_long_chain_is_named_without_the_chain() {
     );
     let err = build_err(&text);
     assert!(err.ends_with("the layers c1, c0 depend on each other in a cycle"), "{}", &err[..err.len().min(300)]);
+    // An unknown input among them names the first tensors, not all 20,004.
+    let err = build_err(&text.replace("input = \"c1\"", "input = \"nope\""));
+    assert!(err.contains("unknown input \"nope\"") && err.ends_with("and 19984 more)") && err.len() < 1000, "{err}");
     // Without the cycle the same chain builds, each layer after its input.
     let text = text
         .replace("name = \"c1\", type = \"relu\", input = \"c0\"", "name = \"c1\", type = \"relu\", input = \"dense\"");
