@@ -116,6 +116,19 @@ pub struct Generated {
 /// written as `ca.pem`, `cert.pem` and `key.pem` into `dir`. The authority's own key is not
 /// kept: nothing else can be issued by it, so trusting it trusts only this certificate.
 pub fn generate(dir: &Path, name: &str) -> Result<Generated, TlsError> {
+    // A name clients cannot check (`a b`, empty, a line break) made a certificate no trainer
+    // could connect with, found only when one tried.
+    ServerName::try_from(name.to_string()).map_err(|e| TlsError::Config(format!("--name {name:?}: {e}")))?;
+    let files = Generated { ca: dir.join("ca.pem"), cert: dir.join("cert.pem"), key: dir.join("key.pem") };
+    // All three are new or none is written: a key left from another run beside a new
+    // certificate would not match it.
+    if let Some(there) = [&files.ca, &files.cert, &files.key].into_iter().find(|p| std::fs::symlink_metadata(p).is_ok())
+    {
+        return Err(TlsError::Config(format!(
+            "{} is already there: oar tls writes ca.pem, cert.pem and key.pem anew; use an empty folder",
+            there.display()
+        )));
+    }
     let fail = |e: rcgen::Error| TlsError::Config(format!("making a certificate: {e}"));
     let ca_key = rcgen::KeyPair::generate().map_err(fail)?;
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(fail)?;
@@ -128,7 +141,6 @@ pub fn generate(dir: &Path, name: &str) -> Result<Generated, TlsError> {
     params.distinguished_name.push(rcgen::DnType::CommonName, name);
     let cert = params.signed_by(&key, &issuer).map_err(fail)?;
     std::fs::create_dir_all(dir).map_err(|e| file_error(dir, e))?;
-    let files = Generated { ca: dir.join("ca.pem"), cert: dir.join("cert.pem"), key: dir.join("key.pem") };
     let write = |path: &Path, text: String, mode| {
         crate::state_file::write_new(path, text.as_bytes(), mode).map_err(|e| file_error(path, e))
     };
@@ -150,8 +162,20 @@ mod tests {
         client_config(&files.ca, "oar").unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&files.key).unwrap().permissions().mode() & 0o777, 0o600);
-        // Not over existing files.
+        // Not over existing files, nor beside one of them: nothing written.
         assert!(generate(dir.path(), "oar").unwrap_err().to_string().contains("ca.pem"));
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(other.path().join("key.pem"), "old").unwrap();
+        let e = generate(other.path(), "oar").unwrap_err().to_string();
+        assert!(e.contains("key.pem is already there"), "{e}");
+        assert!(!other.path().join("ca.pem").exists() && !other.path().join("cert.pem").exists());
+        // A name no client can check is refused before anything is made.
+        for bad in ["a b", "", "x\ny"] {
+            let e = generate(&other.path().join("n"), bad).unwrap_err().to_string();
+            assert!(e.contains("--name"), "{e}");
+        }
+        assert!(!other.path().join("n").exists());
+        generate(&other.path().join("ip"), "127.0.0.1").unwrap();
         // A key where the certificate belongs, a directory, a missing file.
         let e = server_config(&files.key, &files.key).unwrap_err().to_string();
         assert!(e.contains("key.pem") && e.contains("no CERTIFICATE"), "{e}");
