@@ -206,8 +206,12 @@ pub fn split_file(path: &Path, parts: usize) -> std::io::Result<(Vec<PathBuf>, u
         let written = (|| {
             let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(named(&tmp))?;
             let mut w = std::io::BufWriter::new(file);
-            copy_lines(&mut reader, &mut w, count)?;
-            w.flush()?;
+            // A full disk was reported without the file it was writing.
+            let copying = |e: std::io::Error| {
+                std::io::Error::new(e.kind(), format!("{} -> {}: {e}", path.display(), out.display()))
+            };
+            copy_lines(&mut reader, &mut w, count).map_err(copying)?;
+            w.flush().map_err(named(&out))?;
             std::fs::rename(&tmp, &out).map_err(named(&out))
         })();
         if let Err(e) = written {
