@@ -155,6 +155,16 @@ impl Manifest {
     }
 }
 
+/// The SHA-256 (hex) of the manifest in `pass_dir`: which saved model a process loaded, for
+/// servers and trainers to compare (a path may differ from machine to machine).
+pub fn digest(pass_dir: &Path) -> Result<String, CheckpointError> {
+    use sha2::Digest;
+    let path = pass_dir.join("manifest.json");
+    let bytes = crate::state_file::read(&path, MAX_MANIFEST_BYTES)?
+        .ok_or_else(|| io_err(&path)(std::io::ErrorKind::NotFound.into()))?;
+    Ok(sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Passes already in the saved model a job resumes from (0 when it starts afresh).
 pub fn passes_done(resume: Option<&Path>) -> Result<u32, CheckpointError> {
     match resume {

@@ -68,6 +68,8 @@ struct State {
     model: Mutex<serde_json::Value>,
     /// The online calendar of the first declaration that had one.
     calendar: Mutex<Vec<crate::protocol::ListedDay>>,
+    /// What the shard was loaded from, for declarations to be compared with.
+    start: requests::Start,
     shard: Mutex<Option<Arc<Shard>>>,
     counters: Counters,
     sync: Mutex<SyncStep>,
@@ -250,12 +252,12 @@ pub async fn run(
         listeners.len(),
         config.sparse_ports
     );
-    let (shard, version, mut ledgers) = match &config.resume {
+    let (shard, version, mut ledgers, start) = match &config.resume {
         Some(dir) => {
-            let (shard, version, ledgers) = load_resume_shard(dir, &config)?;
-            (Some(Arc::new(shard)), version, ledgers)
+            let (shard, version, ledgers, start) = load_resume_shard(dir, &config)?;
+            (Some(Arc::new(shard)), version, ledgers, start)
         }
-        None => (None, 0, Vec::new()),
+        None => (None, 0, Vec::new(), requests::Start::Fresh),
     };
     anyhow::ensure!(
         ledgers.len() <= config.trainers,
@@ -285,6 +287,7 @@ pub async fn run(
         place: Mutex::new(place),
         model: Mutex::new(serde_json::Value::Null),
         calendar: Mutex::new(Vec::new()),
+        start,
         shard: Mutex::new(shard),
         // A shard restored from a checkpoint goes on counting from the updates it holds, so a
         // sync step or an async staleness check sees the versions it would have.
@@ -511,8 +514,11 @@ pub async fn run(
     Ok(state.stats())
 }
 
-/// The shard to resume from, and the updates it holds (0 for a saved pass).
-fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Result<(Shard, u64, Vec<TrainerLedger>)> {
+/// The shard to resume from, the updates it holds (0 for a saved pass), and what it is.
+fn load_resume_shard(
+    dir: &std::path::Path,
+    config: &ServerConfig,
+) -> anyhow::Result<(Shard, u64, Vec<TrainerLedger>, requests::Start)> {
     // A checkpoint folder (background checkpoints): this server's newest readable one.
     if crate::shard_checkpoints::has_checkpoints(dir, config.index) {
         let (entry, shard) = crate::shard_checkpoints::load_latest(dir, config.index, &config.job)?;
@@ -524,7 +530,7 @@ fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Re
             config.num_servers
         );
         tracing::info!(dir = %dir.display(), seq = entry.seq, version = entry.version, "resumed shard from a checkpoint");
-        return Ok((shard, entry.version, entry.ledgers));
+        return Ok((shard, entry.version, entry.ledgers, requests::Start::Checkpoint));
     }
     let (manifest, pass_dir) = Manifest::find(dir)?;
     manifest.check_size(&pass_dir)?;
@@ -539,7 +545,8 @@ fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Re
     let shard = manifest.load_resharded(&pass_dir, config.index, config.num_servers)?;
     let rows: usize = shard.sparse.iter().map(|t| t.len()).sum();
     tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, rows, "resumed shard");
-    Ok((shard, 0, Vec::new()))
+    let start = requests::Start::Saved { path: pass_dir.clone(), digest: crate::checkpoint::digest(&pass_dir)? };
+    Ok((shard, 0, Vec::new(), start))
 }
 
 /// Binds `addrs` (the general ports, then `config.sparse_ports` sparse-only ones) and serves

@@ -11,8 +11,57 @@ use crate::protocol::{Declaration, DenseSelection, ErrorCode, Pull, Response, Ro
 use crate::table::{Shard, MAX_DIM, MAX_TABLES};
 
 /// Creates the shard from the first declaration; later ones must match it.
+/// What a server's shard was loaded from when it started.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Start {
+    /// Nothing: a fresh model.
+    Fresh,
+    /// A saved model (`--resume` or `--init-model`): its pass folder and its manifest's SHA-256.
+    Saved { path: PathBuf, digest: String },
+    /// Its own background checkpoint (a restart): a continuation, not compared.
+    Checkpoint,
+}
+
+/// Checks that a trainer starting from the saved model `declared` (its `start_model` record:
+/// `None` for a fresh start) meets a server that loaded the same one. Servers started without
+/// `--init-model` or `--resume` while their trainers had it trained a fresh model without a word.
+pub(super) fn check_start(server: &Start, declared: Option<&serde_json::Value>) -> Result<(), String> {
+    let named = |d: &serde_json::Value| {
+        let (flag, path) = (d["flag"].as_str().unwrap_or("--init-model"), d["path"].as_str().unwrap_or("?"));
+        (flag.to_string(), path.to_string(), d["manifest_sha256"].as_str().unwrap_or("").to_string())
+    };
+    match (server, declared.filter(|d| !d.is_null())) {
+        (Start::Checkpoint, _) | (Start::Fresh, None) => Ok(()),
+        (_, Some(serde_json::Value::String(s))) if s == "rejoining" => Ok(()),
+        (Start::Fresh, Some(d)) => {
+            let (flag, path, _) = named(d);
+            Err(format!(
+                "the trainer starts from the saved model {path} ({flag}) but this server loaded none: start the servers \
+                 with {flag} too"
+            ))
+        }
+        (Start::Saved { path, .. }, None) => Err(format!(
+            "this server loaded the saved model {} but the trainer starts afresh: give the trainers --resume or \
+             --init-model with it too",
+            path.display()
+        )),
+        (Start::Saved { path, digest }, Some(d)) => {
+            let (flag, theirs, their_digest) = named(d);
+            if *digest == their_digest {
+                return Ok(());
+            }
+            Err(format!(
+                "the trainer starts from the saved model {theirs} ({flag}), this server loaded another, {}: give both \
+                 the same",
+                path.display()
+            ))
+        }
+    }
+}
+
 pub(super) fn declare(state: &State, declaration: Declaration) -> Reply {
     let Declaration { spec, model, calendar } = declaration;
+    check_start(&state.start, model.get("start_model")).map_err(|m| (ErrorCode::Table, m))?;
     if !calendar.is_empty() {
         let mut kept = state.calendar.lock();
         if kept.is_empty() {
@@ -224,6 +273,24 @@ fn resolved(path: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trainer_and_a_server_must_start_from_the_same_saved_model() {
+        let saved = Start::Saved { path: "m/pass-0001".into(), digest: "ab".into() };
+        let record = |digest: &str| serde_json::json!({"flag": "--init-model", "path": "m/pass-0001", "manifest_sha256": digest});
+        assert!(check_start(&saved, Some(&record("ab"))).is_ok());
+        assert!(check_start(&Start::Fresh, None).is_ok());
+        assert!(check_start(&Start::Fresh, Some(&serde_json::Value::Null)).is_ok());
+        // Restarted servers and rejoining trainers go on from where they were.
+        assert!(check_start(&Start::Checkpoint, Some(&record("ab"))).is_ok());
+        assert!(check_start(&saved, Some(&"rejoining".into())).is_ok());
+        let err = check_start(&Start::Fresh, Some(&record("ab"))).unwrap_err();
+        assert!(err.contains("this server loaded none: start the servers with --init-model too"), "{err}");
+        let err = check_start(&saved, None).unwrap_err();
+        assert!(err.contains("loaded the saved model m/pass-0001 but the trainer starts afresh"), "{err}");
+        let err = check_start(&saved, Some(&record("cd"))).unwrap_err();
+        assert!(err.contains("this server loaded another, m/pass-0001"), "{err}");
+    }
 
     /// A save lands inside the save root only: a relative folder is taken inside it (never
     /// from the server's working directory), `..` is refused, and a symbolic link inside the

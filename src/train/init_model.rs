@@ -22,6 +22,8 @@ pub struct StartModel {
     pub pass_dir: PathBuf,
     /// The flag that named it, for messages.
     flag: &'static str,
+    /// The SHA-256 of its manifest.
+    digest: String,
 }
 
 impl StartModel {
@@ -38,7 +40,20 @@ impl StartModel {
             (None, None) => return Ok(None),
         };
         let (manifest, pass_dir) = Manifest::find(dir).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
-        Ok(Some(StartModel { manifest, pass_dir, flag }))
+        let digest = crate::checkpoint::digest(&pass_dir).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+        Ok(Some(StartModel { manifest, pass_dir, flag, digest }))
+    }
+
+    /// What a trainer declares to the servers of the model it starts from, which each server
+    /// compares with the one it loaded (`start_model` in the declared description): servers
+    /// started without the model, or with another, would have trained a fresh one without a word.
+    pub fn record(&self) -> serde_json::Value {
+        serde_json::json!({
+            "flag": self.flag,
+            "path": self.pass_dir.display().to_string(),
+            "pass": self.manifest.pass,
+            "manifest_sha256": self.digest,
+        })
     }
 
     /// Checks that the saved model has this job's tables: shapes and optimizers.

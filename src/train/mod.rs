@@ -439,7 +439,14 @@ fn open_store(
                 tls: config.tls.clone(),
             })?;
             let calendar = config.online.as_ref().map(|o| o.listing()).transpose()?.unwrap_or_default();
-            let model = description(config, None);
+            let mut model = description(config, None);
+            // A rejoining trainer's servers may have saved passes since into the folder it
+            // started from, or restarted from their checkpoints: only a first start is compared.
+            model["start_model"] = match from {
+                _ if config.rejoin => "rejoining".into(),
+                Some(from) => from.record(),
+                None => serde_json::Value::Null,
+            };
             client.declare_with(crate::protocol::Declaration { spec: spec.clone(), model, calendar })?;
             Store::Remote(Box::new(client))
         }

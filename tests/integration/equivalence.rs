@@ -225,6 +225,26 @@ fn a_mismatched_or_corrupt_checkpoint_is_a_clear_error() {
     let err = oar::train::run(&c, &|_, _| {}).unwrap_err().to_string();
     assert!(err.contains("pass-0001") && err.contains("tables differ"), "{err}");
 
+    // Servers and trainers that start from different models are refused at the declaration:
+    // a trainer resuming against fresh servers, a fresh trainer against resumed servers, and a
+    // trainer warm-started from another save (each compares its manifest's SHA-256).
+    let other = dir.path().join("other");
+    sync_run(2, &train, &other, 2, None);
+    let cases = [
+        (None, Some(&saved), None, "this server loaded none: start the servers with --resume too"),
+        (Some(&saved), None, None, "but the trainer starts afresh"),
+        (Some(&saved), None, Some(&other), "this server loaded another"),
+    ];
+    for (served, resume, init, expected) in cases {
+        let cluster = start_cluster(1, 1, Mode::Sync, served.map(|p| p.as_path()));
+        let mut c = train_config(Mode::Sync, &cluster, 0, 1, &train);
+        c.resume = resume.cloned();
+        c.init_model = init.cloned();
+        c.passes = 3;
+        let err = format!("{:#}", oar::train::run(&c, &|_, _| {}).unwrap_err());
+        assert!(err.contains(expected), "{expected}: {err}");
+    }
+
     // A damaged shard is named.
     let shard = saved.join("pass-0001/server-1.shard");
     let mut bytes = std::fs::read(&shard).unwrap();
