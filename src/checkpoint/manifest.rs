@@ -189,10 +189,24 @@ impl Manifest {
     /// with more or fewer servers than the one that saved). Call [`Manifest::check_size`] first.
     pub fn load_resharded(&self, pass_dir: &Path, index: usize, num_servers: usize) -> Result<Shard, CheckpointError> {
         if num_servers == self.num_servers {
+            self.check_memory(pass_dir, index)?;
             return self.load_shard(pass_dir, index);
+        }
+        let refuse = |reason: String| CheckpointError::Mismatch { path: pass_dir.join("manifest.json"), reason };
+        // Count filters hold each server's pending ids by hash, which cannot be dealt to other
+        // servers: resharded, ids seen before the save had to be seen again (a model that
+        // differed from an uninterrupted run's).
+        if let Some(t) = self.spec.sparse.iter().find(|t| matches!(t.entry, crate::table::Entry::Count(_))) {
+            return Err(refuse(format!(
+                "saved by {} servers; table {}'s count filter (count_filter_entry) keeps each server's pending ids and \
+                 cannot move to {num_servers}: go on with {} servers",
+                self.num_servers, t.name, self.num_servers
+            )));
         }
         let target = Shard::new(self.spec.clone(), index, num_servers);
         for from in 0..self.num_servers {
+            // Each server reads every shard file in turn, one at a time.
+            self.check_memory(pass_dir, from)?;
             let shard = self.load_shard(pass_dir, from)?;
             let mut dense = target.dense.lock();
             for block in &shard.dense.lock().blocks {
@@ -217,7 +231,36 @@ impl Manifest {
                 })?;
             }
         }
+        // Fewer servers hold more rows each: a table's capacity is each server's bound.
+        for t in &target.sparse {
+            if let Some(capacity) = t.spec().capacity.filter(|&c| t.len() as u64 > c) {
+                return Err(refuse(format!(
+                    "saved by {} servers; table {} puts {} rows on server {index} of {num_servers}, over its capacity of \
+                     {capacity} per server: go on with more servers",
+                    self.num_servers,
+                    t.spec().name,
+                    t.len()
+                )));
+            }
+        }
         Ok(target)
+    }
+
+    /// Checks that shard file `index` (read whole, then its rows kept) fits in the memory this
+    /// process may take: a shard larger than that aborted the process on allocation.
+    fn check_memory(&self, pass_dir: &Path, index: usize) -> Result<(), CheckpointError> {
+        let bytes = self.shards[index].bytes;
+        match crate::model::available_memory() {
+            Some(room) if bytes > room => Err(CheckpointError::Mismatch {
+                path: pass_dir.join(&self.shards[index].file),
+                reason: format!(
+                    "{} MiB to read, more than the {} MiB this process may still take",
+                    bytes >> 20,
+                    room >> 20
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 }
 

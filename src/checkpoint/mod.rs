@@ -36,9 +36,10 @@ pub const FORMAT_VERSION: u32 = 4;
 /// The oldest format this build reads: format 1's sparse rows have no statistics, which read as
 /// nothing seen yet.
 pub const OLDEST_FORMAT: u32 = 1;
-/// Largest manifest read (64 MiB): a manifest lists one small entry per server (at most 65,536),
-/// so a larger file is not one oar wrote.
-pub(crate) const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+/// Largest manifest read (16 MiB): a manifest lists one small entry per server (at most 65,536)
+/// and the model's description, so a larger file is not one oar wrote. Parsed, a manifest takes
+/// up to 16 times its size (a 62 MB one of statistics took 2.9 GB).
+pub(crate) const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 
 /// Floats per stored sparse row of `t` in checkpoint format `format`.
 fn stored_row_len(t: &crate::table::SparseSpec, format: u32) -> usize {

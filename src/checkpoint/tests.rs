@@ -152,3 +152,56 @@ fn a_final_save_ignores_an_entry_left_by_an_earlier_run() {
     assert_eq!((manifest.job.as_str(), manifest.pass, manifest.shards.len()), ("new", 1, 2));
     load_merged(&dir).unwrap();
 }
+
+/// A model saved by 2 servers and loaded by 1 (`load_resharded`): rows and blocks come from both
+/// files; a table's capacity per server that the one server would pass, and a count filter
+/// (its pending ids are each server's), are refused by name.
+#[test]
+fn a_save_reshards_unless_a_capacity_or_a_count_filter_forbids_it() {
+    let save = |spec: TableSpec, dir: &Path| {
+        let mut shards = Vec::new();
+        for index in 0..2 {
+            let shard = Shard::new(spec.clone(), index, 2);
+            let ids: Vec<u64> = (1..=400).filter(|&id| crate::layout::server_of_row(0, id, 2) == index).collect();
+            // Pushed, twice: a capped or filtered table creates rows only from pushes.
+            for _ in 0..2 {
+                shard.sparse[0].push(&ids, &vec![1.0; 2 * ids.len()], &vec![0.1; 4 * ids.len()], 1.0).unwrap();
+            }
+            let (file, bytes, crc32) = write_shard(&shard, dir).unwrap();
+            shards.push(ShardEntry { file, bytes, crc32 });
+        }
+        let manifest = Manifest {
+            format: FORMAT_VERSION,
+            job: "j".into(),
+            pass: 1,
+            num_servers: 2,
+            spec,
+            model: serde_json::Value::Null,
+            shards,
+        };
+        manifest.write(dir).unwrap();
+        manifest
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = save(spec(), dir.path());
+    let one = m.load_resharded(dir.path(), 0, 1).unwrap();
+    assert_eq!(one.sparse[0].len(), 400);
+    let three: usize = (0..3).map(|i| m.load_resharded(dir.path(), i, 3).unwrap().sparse[0].len()).sum();
+    assert_eq!(three, 400);
+
+    let capped = tempfile::tempdir().unwrap();
+    let mut spec_capped = spec();
+    spec_capped.sparse[0].capacity = Some(300);
+    let m = save(spec_capped, capped.path());
+    let err = m.load_resharded(capped.path(), 0, 1).err().unwrap().to_string();
+    assert!(err.contains("rows on server 0 of 1, over its capacity of 300 per server"), "{err}");
+    assert!(m.load_resharded(capped.path(), 0, 2).is_ok());
+
+    let counted = tempfile::tempdir().unwrap();
+    let mut spec_counted = spec();
+    spec_counted.sparse[0].entry = crate::table::Entry::Count(1);
+    spec_counted.sparse[0].filter_capacity = 4096;
+    let m = save(spec_counted, counted.path());
+    let err = m.load_resharded(counted.path(), 0, 3).err().unwrap().to_string();
+    assert!(err.contains("count filter (count_filter_entry) keeps each server's pending ids"), "{err}");
+}

@@ -199,6 +199,17 @@ impl TrainConfig {
                 );
             }
         }
+        if let (Some(init), Some(out)) = (&self.init_model, &self.output) {
+            // A warm start is a new job: its passes would overwrite the model it starts from.
+            let (o, i) = (std::fs::canonicalize(out).ok(), std::fs::canonicalize(init).ok());
+            let inside = o.is_some() && (o == i || o.as_deref() == i.as_deref().and_then(std::path::Path::parent));
+            anyhow::ensure!(
+                !inside,
+                "--init-model {} is in --output {}: a warm start is a new job whose passes would overwrite it; save elsewhere",
+                init.display(),
+                out.display()
+            );
+        }
         anyhow::ensure!(
             !self.rejoin || self.positions.is_some(),
             "--rejoin goes on from a recorded position: give --position-dir"

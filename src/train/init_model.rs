@@ -39,6 +39,7 @@ impl StartModel {
             (None, Some(dir)) => (dir, "--init-model"),
             (None, None) => return Ok(None),
         };
+        anyhow::ensure!(!dir.is_file(), "{flag} {}: a file, not a saved model's folder", dir.display());
         let (manifest, pass_dir) = Manifest::find(dir).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
         let digest = crate::checkpoint::digest(&pass_dir).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
         Ok(Some(StartModel { manifest, pass_dir, flag, digest }))
@@ -69,8 +70,9 @@ impl StartModel {
 
     /// This job's `[data]` for the warm start: see [`scaling`].
     pub fn data(&self, job: &DataConfig) -> anyhow::Result<DataConfig> {
+        // Read in place: a copy of a manifest's huge statistics aborted the process.
         let saved = match self.manifest.model.get("data") {
-            Some(v) => Some(serde_json::from_value::<DataConfig>(v.clone()).map_err(|e| {
+            Some(v) => Some(<DataConfig as serde::Deserialize>::deserialize(v).map_err(|e| {
                 anyhow::anyhow!("{} {}: the manifest's [data]: {e}", self.flag, self.pass_dir.display())
             })?),
             None => None,
@@ -124,8 +126,8 @@ pub fn scaling(job: &DataConfig, saved: Option<&DataConfig>) -> Result<DataConfi
         Some(given) => match first_difference(given, saved_stats) {
             None => Ok(job.clone()),
             Some(what) => Err(format!(
-                "this job's dense_stats differ from the saved model's ({what}): drop them from [data] and the \
-                 warm start takes the saved model's"
+                "this job's dense_stats differ from the saved model's ({what}): drop them from [data] and the job \
+                 takes the saved model's"
             )),
         },
     }

@@ -466,7 +466,7 @@ fn description(config: &TrainConfig, steps: Option<u64>) -> serde_json::Value {
         d["steps"] = steps.into();
     }
     if let Some(dir) = &config.init_model {
-        d["init_model"] = dir.display().to_string().into();
+        d["init_model"] = std::path::absolute(dir).unwrap_or(dir.clone()).display().to_string().into();
     }
     d
 }

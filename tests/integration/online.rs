@@ -397,6 +397,10 @@ fn online_training_starts_from_an_offline_model_with_init_model() {
     let o = oar(&[&args[..], &["--init-model", &offline, "--output", &path("refused")]].concat());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("dense_stats differ from the saved model's (mean[0]"), "{}", text(&o));
+    // A warm start saving into the model it starts from would overwrite it.
+    let o = oar(&[&args[..], &["--init-model", &offline, "--output", &offline]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("a warm start is a new job whose passes would overwrite it"), "{}", text(&o));
     // Both flags name a model to start from: one is asked for.
     let o = oar(&[&args[..], &["--init-model", &offline, "--resume", &offline]].concat());
     assert!(!o.status.success() && text(&o).contains("--init-model"), "{}", text(&o));
