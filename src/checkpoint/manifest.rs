@@ -192,17 +192,6 @@ impl Manifest {
             self.check_memory(pass_dir, index)?;
             return self.load_shard(pass_dir, index);
         }
-        let refuse = |reason: String| CheckpointError::Mismatch { path: pass_dir.join("manifest.json"), reason };
-        // Count filters hold each server's pending ids by hash, which cannot be dealt to other
-        // servers: resharded, ids seen before the save had to be seen again (a model that
-        // differed from an uninterrupted run's).
-        if let Some(t) = self.spec.sparse.iter().find(|t| matches!(t.entry, crate::table::Entry::Count(_))) {
-            return Err(refuse(format!(
-                "saved by {} servers; table {}'s count filter (count_filter_entry) keeps each server's pending ids and \
-                 cannot move to {num_servers}: go on with {} servers",
-                self.num_servers, t.name, self.num_servers
-            )));
-        }
         let target = Shard::new(self.spec.clone(), index, num_servers);
         for from in 0..self.num_servers {
             // Each server reads every shard file in turn, one at a time.
@@ -231,8 +220,32 @@ impl Manifest {
                 })?;
             }
         }
-        // Fewer servers hold more rows each: a table's capacity is each server's bound.
-        for t in &target.sparse {
+        Ok(target)
+    }
+
+    /// [`Manifest::load_resharded`] for a job that goes on training from the save (a server's
+    /// resume or warm start, a local one), refusing what cannot move to `num_servers` servers:
+    /// a count filter (`count_filter_entry`) holds each server's pending ids by hash, so moved,
+    /// ids seen before the save had to be seen again (a model that differed from an
+    /// uninterrupted run's); and fewer servers must not hold more rows each than a table's
+    /// capacity (its bound per server).
+    pub fn load_to_continue(
+        &self,
+        pass_dir: &Path,
+        index: usize,
+        num_servers: usize,
+    ) -> Result<Shard, CheckpointError> {
+        let refuse = |reason: String| CheckpointError::Mismatch { path: pass_dir.join("manifest.json"), reason };
+        let moved = num_servers != self.num_servers;
+        if let Some(t) = self.spec.sparse.iter().find(|t| moved && matches!(t.entry, crate::table::Entry::Count(_))) {
+            return Err(refuse(format!(
+                "saved by {} servers; table {}'s count filter (count_filter_entry) keeps each server's pending ids and \
+                 cannot move to {num_servers}: go on with {} servers",
+                self.num_servers, t.name, self.num_servers
+            )));
+        }
+        let shard = self.load_resharded(pass_dir, index, num_servers)?;
+        for t in shard.sparse.iter().filter(|_| moved) {
             if let Some(capacity) = t.spec().capacity.filter(|&c| t.len() as u64 > c) {
                 return Err(refuse(format!(
                     "saved by {} servers; table {} puts {} rows on server {index} of {num_servers}, over its capacity of \
@@ -243,7 +256,7 @@ impl Manifest {
                 )));
             }
         }
-        Ok(target)
+        Ok(shard)
     }
 
     /// Checks that shard file `index` (read whole, then its rows kept) fits in the memory this

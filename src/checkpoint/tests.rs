@@ -157,7 +157,7 @@ fn a_final_save_ignores_an_entry_left_by_an_earlier_run() {
 /// files; a table's capacity per server that the one server would pass, and a count filter
 /// (its pending ids are each server's), are refused by name.
 #[test]
-fn a_save_reshards_unless_a_capacity_or_a_count_filter_forbids_it() {
+fn a_save_goes_on_resharded_unless_a_capacity_or_a_count_filter_forbids_it() {
     let save = |spec: TableSpec, dir: &Path| {
         let mut shards = Vec::new();
         for index in 0..2 {
@@ -193,15 +193,17 @@ fn a_save_reshards_unless_a_capacity_or_a_count_filter_forbids_it() {
     let mut spec_capped = spec();
     spec_capped.sparse[0].capacity = Some(300);
     let m = save(spec_capped, capped.path());
-    let err = m.load_resharded(capped.path(), 0, 1).err().unwrap().to_string();
+    let err = m.load_to_continue(capped.path(), 0, 1).err().unwrap().to_string();
     assert!(err.contains("rows on server 0 of 1, over its capacity of 300 per server"), "{err}");
-    assert!(m.load_resharded(capped.path(), 0, 2).is_ok());
+    assert!(m.load_to_continue(capped.path(), 0, 2).is_ok());
+    // Read whole (evaluation, export), the rows merge whatever the bounds.
+    assert!(m.load_resharded(capped.path(), 0, 1).is_ok());
 
     let counted = tempfile::tempdir().unwrap();
     let mut spec_counted = spec();
     spec_counted.sparse[0].entry = crate::table::Entry::Count(1);
     spec_counted.sparse[0].filter_capacity = 4096;
     let m = save(spec_counted, counted.path());
-    let err = m.load_resharded(counted.path(), 0, 3).err().unwrap().to_string();
+    let err = m.load_to_continue(counted.path(), 0, 3).err().unwrap().to_string();
     assert!(err.contains("count filter (count_filter_entry) keeps each server's pending ids"), "{err}");
 }

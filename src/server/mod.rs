@@ -542,7 +542,7 @@ fn load_resume_shard(
             "the model was saved by another number of servers: taking this server's rows from every shard file"
         );
     }
-    let shard = manifest.load_resharded(&pass_dir, config.index, config.num_servers)?;
+    let shard = manifest.load_to_continue(&pass_dir, config.index, config.num_servers)?;
     let rows: usize = shard.sparse.iter().map(|t| t.len()).sum();
     tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, rows, "resumed shard");
     let start = requests::Start::Saved { path: pass_dir.clone(), digest: crate::checkpoint::digest(&pass_dir)? };

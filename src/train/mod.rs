@@ -36,7 +36,7 @@ pub use store::{pull_rows, Lookups, StepHeader, Store, TableLookup};
 use warmup::WarmupPlan;
 
 use crate::batch::Batch;
-use crate::checkpoint::{load_merged, pass_dir_name, Manifest, FORMAT_VERSION};
+use crate::checkpoint::{pass_dir_name, Manifest, FORMAT_VERSION};
 use crate::client::{Client, ClientConfig};
 use crate::data::{shard_files, Reader, ReaderConfig, Schema};
 use crate::metrics::EvalReport;
@@ -421,8 +421,12 @@ fn open_store(
     let first_pass = done + 1;
     let store = match config.mode {
         // A warm start's servers load its model; here the trainer is the one.
-        Mode::Local => match config.resume.as_ref().or(config.init_model.as_ref()) {
-            Some(dir) => Store::Local(Box::new(load_merged(dir)?.1), config.nonfinite),
+        Mode::Local => match from {
+            Some(from) => {
+                from.manifest.check_size(&from.pass_dir)?;
+                let shard = from.manifest.load_to_continue(&from.pass_dir, 0, 1)?;
+                Store::Local(Box::new(shard), config.nonfinite)
+            }
             None => Store::Local(Box::new(Shard::new(spec.clone(), 0, 1)), config.nonfinite),
         },
         _ => {
