@@ -61,6 +61,14 @@ fn bad_graphs_are_one_clear_error_naming_the_layer() {
         ("layers = [{ name = \"dense\", type = \"relu\", input = \"dense\" }]", "the layer name \"dense\" is taken"),
         ("layers = [{ name = \"out\", type = \"fm\", input = \"dense\" }]", "layer \"out\" (fm)"),
         ("layers = [{ name = \"\", type = \"relu\", input = \"dense\" }]", "layer 1 has no name"),
+        (
+            "layers = [{ name = \"n\", type = \"layer_norm\", input = \"dense\", eps = inf }, { name = \"out\", type = \"linear\", input = \"n\", out = 1 }]",
+            "eps must be a finite number, not NaN or an infinity",
+        ),
+        (
+            "layers = [{ name = \"n\", type = \"layer_norm\", input = \"dense\", eps = 1e300 }, { name = \"out\", type = \"linear\", input = \"n\", out = 1 }]",
+            "eps = 1e300 is beyond what a 32-bit float holds",
+        ),
     ];
     for (layers, expected) in cases {
         let err = build_err(&format!("{head}{layers}\n"));

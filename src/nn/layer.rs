@@ -173,7 +173,15 @@ impl LayerArgs {
     pub fn f32(&mut self, key: &str) -> Result<Option<f32>, String> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(|n| Some(n as f32)).ok_or_else(|| format!("{key} must be a number, got {v}")),
+            // A job file's `nan` or `inf` reaches here as null (JSON has neither).
+            Some(serde_json::Value::Null) => Err(format!("{key} must be a finite number, not NaN or an infinity")),
+            Some(v) => match v.as_f64() {
+                Some(n) if n.is_finite() && n.abs() > f64::from(f32::MAX) => {
+                    Err(format!("{key} = {n:e} is beyond what a 32-bit float holds"))
+                }
+                Some(n) => Ok(Some(n as f32)),
+                None => Err(format!("{key} must be a number, got {v}")),
+            },
         }
     }
 
