@@ -95,7 +95,7 @@ impl Secret {
     }
 }
 
-/// `bytes` as lower-case hex (for the rendezvous's JSON lines).
+/// `bytes` as lower-case hex (the rendezvous's JSON lines, digests in manifests and calendars).
 pub fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -240,7 +240,7 @@ pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Re
     let mut files = HashMap::new();
     let mut write = |name: &str, bytes: &[u8]| -> anyhow::Result<()> {
         crate::state_file::write_atomic(&out.join(name), bytes)?;
-        files.insert(name.to_string(), hex(&sha2::Sha256::digest(bytes)));
+        files.insert(name.to_string(), crate::auth::to_hex(&sha2::Sha256::digest(bytes)));
         Ok(())
     };
     write("dense.onnx", &dense.bytes)?;
@@ -302,8 +302,4 @@ pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Re
     let json = serde_json::to_vec_pretty(&manifest).expect("a manifest serializes");
     crate::state_file::write_atomic(&out.join("manifest.json"), &json)?;
     Ok(manifest)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

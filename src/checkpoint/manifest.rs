@@ -162,7 +162,7 @@ pub fn digest(pass_dir: &Path) -> Result<String, CheckpointError> {
     let path = pass_dir.join("manifest.json");
     let bytes = crate::state_file::read(&path, MAX_MANIFEST_BYTES)?
         .ok_or_else(|| io_err(&path)(std::io::ErrorKind::NotFound.into()))?;
-    Ok(sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::auth::to_hex(&sha2::Sha256::digest(&bytes)))
 }
 
 /// Passes already in the saved model a job resumes from (0 when it starts afresh).
@@ -235,9 +235,11 @@ impl Manifest {
         index: usize,
         num_servers: usize,
     ) -> Result<Shard, CheckpointError> {
+        if num_servers == self.num_servers {
+            return self.load_resharded(pass_dir, index, num_servers);
+        }
         let refuse = |reason: String| CheckpointError::Mismatch { path: pass_dir.join("manifest.json"), reason };
-        let moved = num_servers != self.num_servers;
-        if let Some(t) = self.spec.sparse.iter().find(|t| moved && matches!(t.entry, crate::table::Entry::Count(_))) {
+        if let Some(t) = self.spec.sparse.iter().find(|t| matches!(t.entry, crate::table::Entry::Count(_))) {
             return Err(refuse(format!(
                 "saved by {} servers; table {}'s count filter (count_filter_entry) keeps each server's pending ids and \
                  cannot move to {num_servers}: go on with {} servers",
@@ -245,7 +247,7 @@ impl Manifest {
             )));
         }
         let shard = self.load_resharded(pass_dir, index, num_servers)?;
-        for t in shard.sparse.iter().filter(|_| moved) {
+        for t in &shard.sparse {
             if let Some(capacity) = t.spec().capacity.filter(|&c| t.len() as u64 > c) {
                 return Err(refuse(format!(
                     "saved by {} servers; table {} puts {} rows on server {index} of {num_servers}, over its capacity of \

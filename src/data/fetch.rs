@@ -113,14 +113,10 @@ fn sha256_of(path: &Path) -> std::io::Result<String> {
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {
-            return Ok(hex(&h.finalize()));
+            return Ok(crate::auth::to_hex(&h.finalize()));
         }
         h.update(&buf[..n]);
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Most bytes one downloaded file may hold (after unpacking): far above any set's (a few MiB),
@@ -224,7 +220,7 @@ fn download(
             progress(total);
         }
         out.flush().with_context(|| format!("cannot write {}", part.display()))?;
-        let got = hex(&hash.finalize());
+        let got = crate::auth::to_hex(&hash.finalize());
         anyhow::ensure!(
             got == file.sha256,
             "{url}: checksum mismatch: SHA-256 {got}, expected {} (the download was discarded)",

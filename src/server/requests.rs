@@ -10,7 +10,6 @@ use crate::checkpoint::write_shard;
 use crate::protocol::{Declaration, DenseSelection, ErrorCode, Pull, Response, RowCreation};
 use crate::table::{Shard, MAX_DIM, MAX_TABLES};
 
-/// Creates the shard from the first declaration; later ones must match it.
 /// What a server's shard was loaded from when it started.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Start {
@@ -59,6 +58,8 @@ pub(super) fn check_start(server: &Start, declared: Option<&serde_json::Value>) 
     }
 }
 
+/// Creates the shard from the first declaration; later ones must match it, and every one must
+/// start from the saved model this server loaded ([`check_start`]).
 pub(super) fn declare(state: &State, declaration: Declaration) -> Reply {
     let Declaration { spec, model, calendar } = declaration;
     check_start(&state.start, model.get("start_model")).map_err(|m| (ErrorCode::Table, m))?;

@@ -68,7 +68,7 @@ impl StartModel {
         Ok(())
     }
 
-    /// This job's `[data]` for the warm start: see [`scaling`].
+    /// This job's `[data]` when it starts from this model: see [`scaling`].
     pub fn data(&self, job: &DataConfig) -> anyhow::Result<DataConfig> {
         // Read in place: a copy of a manifest's huge statistics aborted the process.
         let saved = match self.manifest.model.get("data") {
@@ -94,8 +94,8 @@ fn stats(data: &DataConfig) -> Option<&DenseStats> {
     }
 }
 
-/// The job's `[data]` for a start (warm or resumed) from a model saved with `saved` (`None`: a manifest that
-/// records none). The weights were learned on inputs scaled the saved model's way, so the job
+/// The job's `[data]` for a start (warm or resumed) from a model saved with `saved` (`None`: a
+/// manifest that records none). The weights were learned on inputs scaled the saved model's way, so the job
 /// must scale them the same: the same transform, and the saved statistics, which the job takes
 /// when it gives none (it does not compute its own over its files, which would differ) and
 /// which it may not contradict.

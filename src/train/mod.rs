@@ -156,10 +156,9 @@ pub fn run_with(
     registry: &Registry,
     on_progress: &dyn Fn(u64, u64),
 ) -> anyhow::Result<TrainReport> {
-    // Dense statistics not given: those of all the training files (as `oar train` computes
+    // Dense statistics not given: a job that starts from a saved model (resumed or warm) takes
+    // that model's; an offline one those of all its training files (as `oar train` computes
     // them), saved with the model.
-    // A job that starts from a saved model (resumed or warm) scales as that model did, with its
-    // statistics.
     let filled;
     let from = init_model::StartModel::open(config.resume.as_deref(), config.init_model.as_deref())?;
     let stats = match (&from, &config.online) {

@@ -69,7 +69,7 @@ impl Online {
                 hash.update(format!("{name}\0{size}\n").as_bytes());
                 bytes += size;
             }
-            let digest = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+            let digest = crate::auth::to_hex(&hash.finalize());
             days.push(crate::protocol::ListedDay { day: day.clone(), files: files.len() as u64, bytes, digest });
         }
         Ok(days)
