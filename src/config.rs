@@ -63,6 +63,13 @@ pub struct TrainSettings {
     pub days: Option<String>,
     /// Online training: passes per day, each over one split of the day's files.
     pub passes_per_day: u32,
+    /// Give each trainer's lines of a pass in a random order, a new one every pass (PaddlePaddle's
+    /// `local_shuffle`; see [`crate::data::shuffle`]). Test files are read in order.
+    pub shuffle: bool,
+    /// Lines a trainer holds to shuffle (`None`: all of its share of the pass, within the memory
+    /// it may take).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shuffle_window: Option<u64>,
 }
 
 impl Default for TrainSettings {
@@ -87,6 +94,25 @@ impl Default for TrainSettings {
             online: None,
             days: None,
             passes_per_day: 1,
+            shuffle: false,
+            shuffle_window: None,
+        }
+    }
+}
+
+impl TrainSettings {
+    /// How trainers shuffle: `Some(window)` lines held at once (`u64::MAX`: a trainer's whole
+    /// share), `None`: read in order.
+    pub fn shuffle(&self) -> anyhow::Result<Option<u64>> {
+        match (self.shuffle, self.shuffle_window) {
+            (_, Some(0)) => anyhow::bail!("shuffle_window must be at least 1 line"),
+            (false, Some(w)) => {
+                anyhow::bail!(
+                    "shuffle_window = {w} sets how shuffling holds lines, but shuffle is off: set shuffle = true"
+                )
+            }
+            (false, None) => Ok(None),
+            (true, w) => Ok(Some(w.unwrap_or(u64::MAX))),
         }
     }
 }
@@ -211,6 +237,7 @@ impl JobConfig {
         if self.train.delta_every == Some(0) {
             anyhow::bail!("delta_every must be at least 1 (passes between saves for serving)");
         }
+        self.train.shuffle()?;
         if let Some(c) = self.train.clip_grad_norm {
             anyhow::ensure!(c.is_finite() && c > 0.0, "clip_grad_norm must be a positive number, not {c}");
         }
@@ -263,6 +290,20 @@ mod tests {
         std::fs::write(&path, "[train]\nbatch_sise = 3\n").unwrap();
         let err = JobConfig::from_file(&path).unwrap_err().to_string();
         assert!(err.contains("job.toml") && err.contains("batch_sise"), "{err}");
+    }
+
+    #[test]
+    fn shuffle_settings_resolve_to_a_window_or_are_refused_naming_the_key() {
+        let train = |text: &str| toml::from_str::<JobConfig>(&format!("[train]\n{text}")).unwrap().train;
+        assert_eq!(train("").shuffle().unwrap(), None);
+        assert_eq!(train("shuffle = true").shuffle().unwrap(), Some(u64::MAX));
+        assert_eq!(train("shuffle = true\nshuffle_window = 1000").shuffle().unwrap(), Some(1000));
+        let err = train("shuffle_window = 1000").shuffle().unwrap_err().to_string();
+        assert!(err.contains("shuffle is off: set shuffle = true"), "{err}");
+        let err = train("shuffle = true\nshuffle_window = 0").shuffle().unwrap_err().to_string();
+        assert_eq!(err, "shuffle_window must be at least 1 line");
+        let job = JobConfig { train: train("shuffle_window = 5"), ..JobConfig::default() };
+        assert!(job.validate().is_err(), "a job file's validation runs it");
     }
 
     #[test]

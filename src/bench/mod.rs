@@ -297,6 +297,7 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
         reply_timeout: Duration::from_secs(600),
         delay: job.train.delay,
         pull_ahead: job.train.pull_ahead,
+        shuffle: job.train.shuffle()?,
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
         clip_grad_norm: job.train.clip_grad_norm,

@@ -200,6 +200,13 @@ pub(super) struct JobArgs {
     /// (faster, one step staler) [default: false].
     #[arg(long, env = "OAR_PULL_AHEAD")]
     pub(super) pull_ahead: Option<bool>,
+    /// Give each trainer's lines of a pass in a random order, a new one every pass (Paddle's
+    /// local_shuffle); test files are read in order [default: false].
+    #[arg(long, alias = "local_shuffle", env = "OAR_SHUFFLE", num_args = 0..=1, default_missing_value = "true")]
+    pub(super) shuffle: Option<bool>,
+    /// Lines a trainer holds to shuffle [default: all of its share of the pass].
+    #[arg(long, env = "OAR_SHUFFLE_WINDOW")]
+    pub(super) shuffle_window: Option<u64>,
     /// Async mode: make the first N updates synchronous steps (each trainer's batch split in
     /// as many parts as trainers, so an update covers the batch size), then go async.
     #[arg(long, env = "OAR_SYNC_WARMUP")]
@@ -276,6 +283,10 @@ impl JobArgs {
         set(&mut t.delay, self.delay);
         set(&mut t.pull_ahead, self.pull_ahead);
         set(&mut t.sync_warmup, self.sync_warmup);
+        set(&mut t.shuffle, self.shuffle);
+        if self.shuffle_window.is_some() {
+            t.shuffle_window = self.shuffle_window;
+        }
         set(&mut t.scale_stale_steps, self.scale_stale_steps);
         if self.clip_grad_norm.is_some() {
             t.clip_grad_norm = self.clip_grad_norm;

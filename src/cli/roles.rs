@@ -418,6 +418,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         reply_timeout: timeout + Duration::from_secs(30),
         delay: job.train.delay,
         pull_ahead: job.train.pull_ahead,
+        shuffle: job.train.shuffle()?,
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
         clip_grad_norm: job.train.clip_grad_norm,

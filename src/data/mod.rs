@@ -25,6 +25,8 @@ pub mod plain;
 pub mod prepare;
 pub mod reader;
 pub mod schema;
+pub mod shuffle;
+mod sink;
 pub mod slots;
 pub mod transform;
 

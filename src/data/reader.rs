@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
-use super::{Batch, LineParser, Schema};
+use super::shuffle::{ShuffleConfig, ShuffleError, Shuffler};
+use super::sink::{Out, Sink};
+pub use super::sink::{MAX_BATCH_IDS, MAX_LINE_IDS};
+use super::{Batch, Schema};
 
 /// A bad input: the file, the 1-based line, and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +58,9 @@ pub enum DataError {
         /// Samples the files held.
         held: u64,
     },
+    /// Shuffling would hold more lines than the memory allowed to it.
+    #[error(transparent)]
+    Shuffle(#[from] ShuffleError),
     /// The reader thread stopped on a bug while reading a file: the data did not end there.
     #[error("{path}: reading stopped on an internal error ({reason}); the data did not end here (please report it)")]
     Crashed {
@@ -83,6 +89,8 @@ pub struct ReaderConfig {
     /// Samples to leave out at the start (a restarted trainer's already trained ones): the
     /// batch they end in is cut, the batches after it keep their places.
     pub skip: u64,
+    /// Give the lines in a seeded random order ([`super::shuffle`]) instead of the files'.
+    pub shuffle: Option<ShuffleConfig>,
 }
 
 impl ReaderConfig {
@@ -101,6 +109,7 @@ impl ReaderConfig {
             pipe_command: schema.pipe_command.clone(),
             pipe_timeout: std::time::Duration::from_secs(schema.pipe_timeout),
             skip: 0,
+            shuffle: None,
         }
     }
 }
@@ -136,24 +145,23 @@ impl Reader {
                 // A panic must not read as the end of the data (the channel closing): a job
                 // then ended with part of its data, or none, and exit status 0.
                 let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let mut parser = super::parser(&config.schema);
-                    let mut out = Out { tx, skip: config.skip, gone: false };
-                    let mut batch = config.schema.new_batch();
-                    for path in files {
-                        at.clone_from(&path);
-                        if let Err(e) = read_file(&path, &config, &mut *parser, &p, &mut batch, &mut out) {
-                            let _ = out.tx.send(Err(e));
-                            return;
-                        }
-                    }
-                    if !batch.is_empty() {
-                        out.send(batch);
-                    }
-                    if out.skip > 0 && !out.gone {
-                        // A position record from other (or fewer) data: the whole pass was
-                        // skipped, and the trainer ended it having trained nothing, status 0.
-                        let held = config.skip - out.skip;
-                        let _ = out.tx.send(Err(DataError::ShortOfSkip { asked: config.skip, held }));
+                    let mut sink = Sink {
+                        config: &config,
+                        files: &files,
+                        parser: super::parser(&config.schema),
+                        progress: &p,
+                        batch: config.schema.new_batch(),
+                        out: Out { tx, skip: config.skip, gone: false },
+                        shuffler: config.shuffle.map(Shuffler::new),
+                    };
+                    let read = (0..files.len())
+                        .try_for_each(|i| {
+                            at.clone_from(&files[i]);
+                            read_file(i, &mut sink)
+                        })
+                        .and_then(|()| sink.finish());
+                    if let Err(e) = read {
+                        let _ = sink.out.tx.send(Err(e));
                     }
                 }));
                 if let Err(panic) = read {
@@ -175,29 +183,6 @@ impl Reader {
     }
 }
 
-/// The reader thread's end of the channel, leaving out the samples to skip.
-struct Out {
-    tx: std::sync::mpsc::SyncSender<Result<Batch, DataError>>,
-    skip: u64,
-    /// Whether the consumer is gone (a send failed): reading stops.
-    gone: bool,
-}
-
-impl Out {
-    /// Sends `batch` less the samples still to skip; false once the consumer is gone.
-    fn send(&mut self, batch: Batch) -> bool {
-        let n = batch.len() as u64;
-        if self.skip >= n {
-            self.skip -= n;
-            return true;
-        }
-        let batch = if self.skip > 0 { batch.slice(self.skip as usize..n as usize) } else { batch };
-        self.skip = 0;
-        self.gone = self.tx.send(Ok(batch)).is_err();
-        !self.gone
-    }
-}
-
 impl Iterator for Reader {
     type Item = Result<Batch, DataError>;
 
@@ -206,14 +191,12 @@ impl Iterator for Reader {
     }
 }
 
-fn read_file(
-    path: &std::path::Path,
-    config: &ReaderConfig,
-    parser: &mut dyn LineParser,
-    progress: &ReadProgress,
-    batch: &mut Batch,
-    out: &mut Out,
-) -> Result<(), DataError> {
+/// Reads file `i` of the sink's list into it (nothing once the consumer is gone).
+fn read_file(i: usize, sink: &mut Sink) -> Result<(), DataError> {
+    if sink.out.gone {
+        return Ok(());
+    }
+    let (path, config) = (&sink.files[i], sink.config);
     let io = |cause| DataError::Io { path: path.to_path_buf(), cause };
     // Checked again as it is opened: files are listed long before they are read (an online
     // day hours before), and a named pipe put in a file's place was waited on for good.
@@ -222,21 +205,13 @@ fn read_file(
         _ => io(e),
     })?;
     let Some(command) = &config.pipe_command else {
-        return read_lines(
-            path,
-            std::io::BufReader::with_capacity(1 << 20, file),
-            config,
-            parser,
-            progress,
-            batch,
-            out,
-        );
+        return read_lines(i, std::io::BufReader::with_capacity(1 << 20, file), sink);
     };
     let (mut pipe, mut output) = super::pipe::Pipe::spawn(command, file, config.pipe_timeout).map_err(io)?;
     let mut lines = std::io::BufReader::with_capacity(1 << 20, &mut output);
-    let read = read_lines(path, &mut lines, config, parser, progress, batch, out);
+    let read = read_lines(i, &mut lines, sink);
     drop(lines);
-    if read.is_err() || out.gone {
+    if read.is_err() || sink.out.gone {
         pipe.kill();
     }
     let status = pipe.finish(config.pipe_timeout).map_err(io)?;
@@ -245,7 +220,7 @@ fn read_file(
         return Err(pipe_error(super::pipe::silence_message(config.pipe_timeout)));
     }
     read?;
-    if out.gone {
+    if sink.out.gone {
         return Ok(());
     }
     status.map_err(pipe_error)
@@ -277,38 +252,8 @@ fn skip_rest_of_line(r: &mut impl BufRead) -> std::io::Result<u64> {
     }
 }
 
-/// Most ids one line may hold: a 64 MiB line of one-character ids held 16 million (128 MB
-/// parsed), and a batch of such lines tens of gigabytes.
-pub const MAX_LINE_IDS: usize = 1 << 20;
-/// Most ids one batch may hold (128 MiB of ids).
-pub const MAX_BATCH_IDS: usize = 1 << 24;
-
-/// Checks the sample just parsed into `batch` (which held `ids_before` ids before it): its ids
-/// within [`MAX_LINE_IDS`] and the batch's within [`MAX_BATCH_IDS`], its labels within the
-/// model's bounds. A sample that fails is taken out again, and the reason returned.
-fn check_sample(schema: &Schema, batch: &mut Batch, ids_before: usize) -> Result<(), String> {
-    let ids = batch.ids.len() - ids_before;
-    let labels = &batch.labels[batch.labels.len() - batch.label_width..];
-    let checked = if ids > MAX_LINE_IDS {
-        Err(format!("the line holds {ids} ids, at most {MAX_LINE_IDS}"))
-    } else if batch.ids.len() > MAX_BATCH_IDS {
-        Err(format!("with this line the batch would hold over {MAX_BATCH_IDS} ids: lower batch_size"))
-    } else {
-        schema.check_labels(labels)
-    };
-    checked.inspect_err(|_| batch.truncate(batch.len() - 1))
-}
-
-fn read_lines(
-    path: &std::path::Path,
-    mut r: impl BufRead,
-    config: &ReaderConfig,
-    parser: &mut dyn LineParser,
-    progress: &ReadProgress,
-    batch: &mut Batch,
-    out: &mut Out,
-) -> Result<(), DataError> {
-    let io = |cause| DataError::Io { path: path.to_path_buf(), cause };
+fn read_lines(i: usize, mut r: impl BufRead, sink: &mut Sink) -> Result<(), DataError> {
+    let io = |cause| DataError::Io { path: sink.files[i].to_path_buf(), cause };
     let mut line = Vec::with_capacity(512);
     let mut number = 0u64;
     loop {
@@ -318,34 +263,21 @@ fn read_lines(
             return Ok(());
         }
         number += 1;
-        progress.bytes.fetch_add(n as u64, Relaxed);
-        let parsed = if n as u64 > MAX_LINE_BYTES && line.last() != Some(&b'\n') {
-            progress.bytes.fetch_add(skip_rest_of_line(&mut r).map_err(io)?, Relaxed);
-            Err(format!("the line is longer than {} MiB", MAX_LINE_BYTES >> 20))
+        let going = if n as u64 > MAX_LINE_BYTES && line.last() != Some(&b'\n') {
+            let rest = skip_rest_of_line(&mut r).map_err(io)?;
+            sink.progress.bytes.fetch_add(n as u64 + rest, Relaxed);
+            sink.outcome(i, number, Err(format!("the line is longer than {} MiB", MAX_LINE_BYTES >> 20)))?
         } else {
             let text = line.strip_suffix(b"\n").unwrap_or(&line);
             if text.is_empty() {
+                sink.progress.bytes.fetch_add(n as u64, Relaxed);
                 continue;
             }
-            let ids = batch.ids.len();
-            parser.parse(text, batch).and_then(|()| check_sample(&config.schema, batch, ids))
+            sink.take(i, number, n as u64, text)?
         };
-        match parsed {
-            Ok(()) => {
-                progress.samples.fetch_add(1, Relaxed);
-            }
-            Err(_) if config.skip_bad_lines => {
-                progress.bad_lines.fetch_add(1, Relaxed);
-                continue;
-            }
-            Err(reason) => return Err(DataError::BadLine { path: path.to_path_buf(), line: number, reason }),
-        }
-        if batch.len() == config.batch_size {
-            let full = std::mem::replace(batch, config.schema.new_batch());
-            if !out.send(full) {
-                // The consumer is gone: stop reading.
-                return Ok(());
-            }
+        if !going {
+            // The consumer is gone: stop reading.
+            return Ok(());
         }
     }
 }

@@ -107,6 +107,10 @@ pub struct TrainConfig {
     /// come back before failing (`None`: fail at once).
     #[serde(default)]
     pub recover: Option<Duration>,
+    /// Shuffle each pass's lines: `Some(window)` lines held at once (`u64::MAX`: the whole
+    /// share), `None`: read in order ([`crate::data::shuffle`]).
+    #[serde(default)]
+    pub shuffle: Option<u64>,
     /// Record this trainer's position in its data in this folder after every step (see
     /// [`position`](super::position)).
     #[serde(default)]
@@ -152,6 +156,19 @@ pub fn ports_per_server(ports_num: usize, sparse: usize) -> anyhow::Result<usize
 }
 
 impl TrainConfig {
+    /// How this trainer's reader shuffles `pass` (`None`: in order): the lines it may hold
+    /// within half the memory the process may still take when the pass starts (the rest is
+    /// for the batches and the model's copy).
+    pub fn shuffle_for(&self, pass: u32) -> Option<crate::data::shuffle::ShuffleConfig> {
+        let window = self.shuffle?;
+        let available = crate::model::available_memory().unwrap_or(u64::MAX);
+        Some(crate::data::shuffle::ShuffleConfig {
+            window,
+            seed: crate::data::shuffle::pass_seed(self.model.seed, pass, self.trainer_id),
+            max_bytes: available / 2,
+        })
+    }
+
     /// Checks the configuration; messages name the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");

@@ -214,7 +214,12 @@ pub fn run_with(
         }
         None => (None, None),
     };
-    tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, first_pass = start.pass, model = %model.summary(), "training");
+    let shuffle = match config.shuffle {
+        None => "off".to_string(),
+        Some(u64::MAX) => "whole share".to_string(),
+        Some(w) => format!("{w}-line window"),
+    };
+    tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, %shuffle, first_pass = start.pass, model = %model.summary(), "training");
 
     let mut report = TrainReport {
         trainer: me,
@@ -254,6 +259,7 @@ pub fn run_with(
             ReaderConfig {
                 skip_bad_lines: config.skip_bad_lines,
                 skip: plan.reader_skip,
+                shuffle: config.shuffle_for(pass),
                 ..ReaderConfig::new(&schema, config.batch_size)
             },
         );

@@ -23,12 +23,14 @@ struct HandJob {
     train: PathBuf,
     ports: u16,
     mode: &'static str,
+    /// More trainer flags (`--shuffle`).
+    extra: &'static [&'static str],
 }
 
 impl HandJob {
-    fn new(dir: &Path, mode: &'static str) -> HandJob {
+    fn new(dir: &Path, mode: &'static str, extra: &'static [&'static str]) -> HandJob {
         let (train, _) = gen_data(&dir.join("data"), 2, LINES_PER_TRAINER, 0);
-        HandJob { dir: dir.to_path_buf(), train, ports: free_ports(2), mode }
+        HandJob { dir: dir.to_path_buf(), train, ports: free_ports(2), mode, extra }
     }
 
     fn out(&self) -> PathBuf {
@@ -61,7 +63,7 @@ impl HandJob {
         let (train, out) = (self.train.display().to_string(), self.out().display().to_string());
         let args = ["train", "--servers", &servers, "--trainers", "2", "--trainer-id", &id, "--train", &train];
         let more = ["--output", &out, "--batch-size", "200", "--hidden", "16", "--sync-warmup", "40"];
-        let all: Vec<&str> = args.iter().chain(&more).copied().collect();
+        let all: Vec<&str> = args.iter().chain(&more).chain(self.extra).copied().collect();
         self.oar(&all, fault, log)
     }
 
@@ -139,8 +141,13 @@ impl HandJob {
 }
 
 fn assert_exactly_once(mode: &'static str, survivor_first: bool) {
+    assert_exactly_once_with(mode, survivor_first, &[]);
+}
+
+/// As [`assert_exactly_once`], the trainers given `extra` flags; returns the disturbed run's model.
+fn assert_exactly_once_with(mode: &'static str, survivor_first: bool, extra: &'static [&'static str]) -> Params {
     let disturbed = tempfile::tempdir().unwrap();
-    let job = HandJob::new(disturbed.path(), mode);
+    let job = HandJob::new(disturbed.path(), mode, extra);
     let stats = job.disturbed(survivor_first);
     assert!(job.log("worker.1.log").contains("rejoining"), "{}", job.log("worker.1.log"));
     assert_eq!(stats.len(), 2, "both servers reported their counters");
@@ -152,20 +159,22 @@ fn assert_exactly_once(mode: &'static str, survivor_first: bool) {
         }
         assert_eq!(s.repeats, u64::from(survivor_first), "server {k}: the resent push answered from the ledger");
     }
+    let params = load_params(&job.out());
     if mode == "async" {
-        return; // past the warm-up, async updates depend on timing: no reference to equal
+        return params; // past the warm-up, async updates depend on timing: no reference to equal
     }
     for (k, s) in stats.iter().enumerate() {
         assert_eq!(s.version, LINES_PER_TRAINER / BATCH, "server {k}: one update per step");
     }
     let undisturbed = tempfile::tempdir().unwrap();
-    let reference = HandJob::new(undisturbed.path(), mode);
+    let reference = HandJob::new(undisturbed.path(), mode, extra);
     let clean = reference.undisturbed();
     assert_eq!(
         clean.iter().map(|s| s.version).collect::<Vec<_>>(),
         stats.iter().map(|s| s.version).collect::<Vec<_>>()
     );
-    assert_same_params(&load_params(&job.out()), &load_params(&reference.out()), 0.0);
+    assert_same_params(&params, &load_params(&reference.out()), 0.0);
+    params
 }
 
 /// Sync: the survivor completes the step with the dead process's push; the restart's copy is
@@ -187,4 +196,16 @@ fn sync_a_trainer_killed_with_its_push_pending_and_restarted_before_the_step_com
 #[test]
 fn async_warmup_a_trainer_killed_with_its_merged_push_pending_counts_once_and_the_job_finishes() {
     assert_exactly_once("async", true);
+}
+
+/// A shuffled pass: the restarted trainer reads its share in the same order and leaves out the
+/// samples it pushed, so each server applies every sample once and the model is the undisturbed
+/// shuffled run's bit for bit; and the shuffle took effect (the model is not the unshuffled one's).
+#[test]
+fn sync_shuffled_a_trainer_killed_and_restarted_reads_the_same_order_and_counts_once() {
+    let shuffled = assert_exactly_once_with("sync", true, &["--shuffle"]);
+    let dir = tempfile::tempdir().unwrap();
+    let in_order = HandJob::new(dir.path(), "sync", &[]);
+    in_order.undisturbed();
+    assert_ne!(shuffled.dense, load_params(&in_order.out()).dense, "the shuffled run trained another order");
 }

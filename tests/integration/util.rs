@@ -134,6 +134,7 @@ pub fn train_config(
         delay: 0,
         // The default: tests that want the pipeline that pulls ahead set it.
         pull_ahead: false,
+        shuffle: None,
         sync_warmup: oar::train::DEFAULT_SYNC_WARMUP,
         scale_stale_steps: oar::train::DEFAULT_SCALE_STALE_STEPS,
         clip_grad_norm: None,

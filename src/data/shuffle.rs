@@ -1,0 +1,195 @@
+//! Shuffling a trainer's lines within a pass (PaddlePaddle's `InMemoryDataset.local_shuffle`,
+//! or a bounded window of it): click logs are written in time order, and an unshuffled pass
+//! feeds batches of correlated samples, one hour's traffic after another.
+//!
+//! A [`Shuffler`] holds raw lines, not parsed samples (a Criteo line is about 200 bytes, its
+//! parsed sample several times that), and gives them back in an order that depends only on its
+//! seed and the lines: a rejoining trainer that skips the samples it already pushed skips the
+//! same ones again. With a window at least the share's line count it is a uniform permutation
+//! of the whole share; with a smaller one, each line leaves at a uniformly drawn place of the
+//! window once the window is full (what `tf.data`'s `shuffle(buffer_size)` does).
+
+use crate::layout::mix64;
+
+/// How a reader shuffles: the window and the seed of this trainer's pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShuffleConfig {
+    /// Lines held at once; `u64::MAX`: the whole share.
+    pub window: u64,
+    /// The seed of this pass's order ([`pass_seed`]).
+    pub seed: u64,
+    /// Most bytes of lines held before reading stops with [`ShuffleError`].
+    pub max_bytes: u64,
+}
+
+/// The seed of the order of `trainer`'s lines in `pass` of a job seeded `seed`: every pass a
+/// different order, every trainer its own, the same on every run and every restart.
+pub fn pass_seed(seed: u64, pass: u32, trainer: usize) -> u64 {
+    mix64(mix64(seed ^ 0x5f0f_f1e5) ^ (u64::from(pass) << 32 | trainer as u64))
+}
+
+/// Lines held past the memory allowed to shuffling.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "shuffling holds this trainer's lines in memory: {held} lines ({mib} MiB) reach the {limit_mib} MiB it may \
+     take; set shuffle_window (--shuffle-window) to a number of lines, or use more trainers"
+)]
+pub struct ShuffleError {
+    /// Lines held when the bound was reached.
+    pub held: u64,
+    /// Their bytes, in MiB.
+    pub mib: u64,
+    /// The bound, in MiB.
+    pub limit_mib: u64,
+}
+
+/// Bytes a held line costs beyond its text (its box, place and line number).
+const LINE_OVERHEAD: u64 = 40;
+
+/// A line as read: where it came from (for error messages) and its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLine {
+    /// Index of its file in the reader's list.
+    pub file: usize,
+    /// Its 1-based line number in that file (or in its `pipe_command`'s output).
+    pub number: u64,
+    /// Bytes it took in the input, its line break included (for progress).
+    pub bytes: u64,
+    /// The text, without its line break.
+    pub text: Box<[u8]>,
+}
+
+/// The lines of a pass, given back in a seeded random order.
+#[derive(Debug)]
+pub struct Shuffler {
+    config: ShuffleConfig,
+    held: Vec<HeldLine>,
+    held_bytes: u64,
+    draws: u64,
+}
+
+impl Shuffler {
+    /// An empty shuffler.
+    pub fn new(config: ShuffleConfig) -> Shuffler {
+        Shuffler { config, held: Vec::new(), held_bytes: 0, draws: 0 }
+    }
+
+    /// A uniform draw in `0..n` (`n > 0`), the next of this pass's counter-based stream.
+    fn draw(&mut self, n: usize) -> usize {
+        self.draws += 1;
+        let r = mix64(self.config.seed.wrapping_add(self.draws.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+        ((r as u128 * n as u128) >> 64) as usize
+    }
+
+    /// Takes `line`; once the window is full, gives back one held line drawn at random, whose
+    /// place the new line takes.
+    pub fn push(&mut self, line: HeldLine) -> Result<Option<HeldLine>, ShuffleError> {
+        let cost = line.text.len() as u64 + LINE_OVERHEAD;
+        if (self.held.len() as u64) < self.config.window {
+            if self.held_bytes + cost > self.config.max_bytes {
+                return Err(ShuffleError {
+                    held: self.held.len() as u64,
+                    mib: self.held_bytes >> 20,
+                    limit_mib: self.config.max_bytes >> 20,
+                });
+            }
+            self.held_bytes += cost;
+            self.held.push(line);
+            return Ok(None);
+        }
+        let i = self.draw(self.held.len());
+        let out = std::mem::replace(&mut self.held[i], line);
+        self.held_bytes = self.held_bytes - (out.text.len() as u64 + LINE_OVERHEAD) + cost;
+        Ok(Some(out))
+    }
+
+    /// Gives back one of the lines still held, drawn at random; `None` when none is left.
+    pub fn pop(&mut self) -> Option<HeldLine> {
+        if self.held.is_empty() {
+            return None;
+        }
+        let i = self.draw(self.held.len());
+        let out = self.held.swap_remove(i);
+        self.held_bytes -= out.text.len() as u64 + LINE_OVERHEAD;
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(k: u64) -> HeldLine {
+        HeldLine { file: 0, number: k, bytes: 2, text: k.to_string().into_bytes().into() }
+    }
+
+    fn order(config: ShuffleConfig, n: u64) -> Vec<u64> {
+        let mut s = Shuffler::new(config);
+        let mut out = Vec::new();
+        for k in 0..n {
+            out.extend(s.push(line(k)).unwrap().map(|l| l.number));
+        }
+        out.extend(std::iter::from_fn(|| s.pop()).map(|l| l.number));
+        out
+    }
+
+    fn config(window: u64, seed: u64) -> ShuffleConfig {
+        ShuffleConfig { window, seed, max_bytes: u64::MAX }
+    }
+
+    #[test]
+    fn a_whole_share_comes_back_once_each_in_an_order_set_by_the_seed() {
+        let a = order(config(u64::MAX, 7), 1000);
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1000).collect::<Vec<_>>(), "every line once");
+        assert_eq!(a, order(config(u64::MAX, 7), 1000), "the same seed, the same order");
+        assert_ne!(a, order(config(u64::MAX, 8), 1000), "another seed, another order");
+        // Shuffled, not nearly sorted: most lines land far from their place in the file.
+        let moved = a.iter().enumerate().filter(|(i, &k)| (*i as i64 - k as i64).abs() > 100).count();
+        assert!(moved > 700, "{moved} of 1000 lines moved more than 100 places");
+        // Where each of 4 quarters of the lines lands: every quarter reaches every quarter.
+        for q in 0..4 {
+            let places: Vec<usize> = (0..1000).filter(|i| a[*i] / 250 == q).collect();
+            assert!((0..4).all(|p| places.iter().any(|i| i / 250 == p)), "quarter {q} lands everywhere");
+        }
+    }
+
+    #[test]
+    fn a_window_keeps_every_line_and_moves_each_within_its_reach() {
+        let a = order(config(10, 3), 1000);
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1000).collect::<Vec<_>>(), "every line once");
+        // A line cannot leave before the window that holds it has filled up to it.
+        assert!(a.iter().enumerate().all(|(i, &k)| k <= i as u64 + 10), "no line leaves before it was read");
+        assert_ne!(a, (0..1000).collect::<Vec<_>>());
+        // A window of one is the file's order.
+        assert_eq!(order(config(1, 3), 50), (0..50).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn lines_past_the_memory_allowed_are_an_error_naming_the_window_setting() {
+        let mut s = Shuffler::new(ShuffleConfig { window: u64::MAX, seed: 1, max_bytes: 3 * (LINE_OVERHEAD + 1) });
+        for k in 0..3 {
+            assert_eq!(s.push(line(k)).unwrap(), None);
+        }
+        let err = s.push(line(3)).unwrap_err();
+        assert_eq!(err.held, 3);
+        assert!(err.to_string().contains("set shuffle_window (--shuffle-window)"), "{err}");
+        // Within a window the bound holds what the window holds: lines are replaced, not added.
+        let mut w = Shuffler::new(ShuffleConfig { window: 2, seed: 1, max_bytes: 2 * (LINE_OVERHEAD + 1) });
+        assert!((0..9).all(|k| w.push(line(k)).is_ok()));
+    }
+
+    #[test]
+    fn seeds_differ_by_pass_and_by_trainer() {
+        let seeds = [pass_seed(1, 1, 0), pass_seed(1, 2, 0), pass_seed(1, 1, 1), pass_seed(2, 1, 0)];
+        for i in 0..seeds.len() {
+            for j in i + 1..seeds.len() {
+                assert_ne!(seeds[i], seeds[j]);
+            }
+        }
+        assert_eq!(pass_seed(1, 1, 0), pass_seed(1, 1, 0));
+    }
+}
