@@ -323,11 +323,17 @@ impl TableSpec {
         }
         if self.dense.optimizer.kind.is_paddle() {
             return Err(format!(
-                "the dense optimizer is sgd, adagrad or adam: {:?} is one of Paddle's sparse rules",
+                "the dense optimizer is sgd, adagrad, adam or adam_d2sum: {:?} is one of Paddle's sparse rules",
                 self.dense.optimizer.kind
             ));
         }
         for t in &self.sparse {
+            if t.optimizer.kind == OptimizerKind::AdamD2Sum {
+                return Err(format!(
+                    "sparse table {}: adam_d2sum is Paddle's dense rule; a sparse table takes sparse_adam or sparse_shared_adam",
+                    t.name
+                ));
+            }
             if t.dim == 0 {
                 return Err(format!("sparse table {} has dim 0", t.name));
             }

@@ -34,12 +34,20 @@ pub enum OptimizerKind {
     /// Paddle's `SparseSharedAdamSGDRule`: one moment pair per row (sparse tables).
     #[serde(alias = "SparseSharedAdamSGDRule")]
     SparseSharedAdam,
+    /// Paddle's dense `DAdamD2Sum`, what its parameter-server mode runs for a dense Adam when
+    /// `strategy.adam_d2sum` is set (PaddleRec's PS trainer sets it by default): a momentum
+    /// (`beta1`, default 0.99) scaled per weight by `sqrt(d2sum / g2sum)`, the decayed counts of
+    /// updates and of squared gradients (`beta2`, default 0.9999), without bias correction.
+    /// Dense parameters only.
+    #[serde(rename = "adam_d2sum", alias = "DAdamD2Sum")]
+    #[value(name = "adam_d2sum", alias = "adam-d2sum")]
+    AdamD2Sum,
 }
 
 impl OptimizerKind {
     /// Whether this is one of Paddle's sparse rules.
     pub fn is_paddle(self) -> bool {
-        !matches!(self, OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam)
+        !matches!(self, OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam | OptimizerKind::AdamD2Sum)
     }
 }
 
@@ -86,7 +94,11 @@ impl From<OptimizerFields> for Optimizer {
     fn from(f: OptimizerFields) -> Optimizer {
         let kind = f.kind.unwrap_or(OptimizerKind::Adam);
         // PyTorch's rules keep the defaults job files always had: Adam's, with the kind set.
-        let base = if kind.is_paddle() { Optimizer::paddle(kind) } else { Optimizer { kind, ..Optimizer::default() } };
+        let base = match kind {
+            _ if kind.is_paddle() => Optimizer::paddle(kind),
+            OptimizerKind::AdamD2Sum => Optimizer::adam_d2sum(1e-3),
+            _ => Optimizer { kind, ..Optimizer::default() },
+        };
         Optimizer {
             kind,
             lr: f.lr.unwrap_or(base.lr),
@@ -136,6 +148,12 @@ impl Optimizer {
     /// Adam with learning rate `lr`, PyTorch's defaults otherwise.
     pub fn adam(lr: f32) -> Self {
         Optimizer { kind: OptimizerKind::Adam, ..Optimizer::sgd(lr) }
+    }
+
+    /// Paddle's dense `DAdamD2Sum` with learning rate `lr` and `the_one_ps.py`'s settings:
+    /// `MomentDecayRate` 0.99 (`beta1`), `AdaDecayRate` 0.9999 (`beta2`), `AdaEpsilon` 1e-8.
+    pub fn adam_d2sum(lr: f32) -> Self {
+        Optimizer { kind: OptimizerKind::AdamD2Sum, beta1: 0.99, beta2: 0.9999, ..Optimizer::sgd(lr) }
     }
 
     /// Checks the hyper-parameters; `what` names the table in the message.
@@ -188,6 +206,9 @@ impl Optimizer {
             // bias corrections 1 - beta^t are computed from t in f64: kept as running f32
             // products they would lose 1e-4 of relative precision to cancellation.
             OptimizerKind::Adam => 2 * dim + 1,
+            // The momentum and g2sum per weight, then d2sum: Paddle keeps one per weight, but
+            // every push moves every weight of a block, so they are all the same number.
+            OptimizerKind::AdamD2Sum => 2 * dim + 1,
         }
     }
 
@@ -212,7 +233,7 @@ impl Optimizer {
             | OptimizerKind::SparseSharedAdam => super::paddle_rules::init_state(self, state),
             OptimizerKind::Sgd => {}
             OptimizerKind::Adagrad => state.fill(self.initial_accumulator),
-            OptimizerKind::Adam => {
+            OptimizerKind::Adam | OptimizerKind::AdamD2Sum => {
                 state.fill(0.0);
             }
         }
@@ -266,6 +287,21 @@ impl Optimizer {
                     w[i] -= step_size * m[i] / denom;
                 }
             }
+            OptimizerKind::AdamD2Sum => {
+                let dim = w.len();
+                let (mg, d2sum) = state.split_at_mut(2 * dim);
+                let (mom, g2sum) = mg.split_at_mut(dim);
+                let (mom_decay, ada_decay) = (self.beta1, self.beta2);
+                d2sum[0] = d2sum[0] * ada_decay + 1.0;
+                let d = d2sum[0];
+                let eps = d * self.epsilon;
+                for i in 0..dim {
+                    let g = grad[i] * scale + l2 * w[i];
+                    g2sum[i] = g2sum[i] * ada_decay + g * g;
+                    mom[i] = (mom[i] - g) * mom_decay + g;
+                    w[i] -= lr * mom[i] * ((d + eps) / (g2sum[i] + eps)).sqrt();
+                }
+            }
             // Dense parameters never run them (refused by `TableSpec::validate`); a sparse row
             // goes through `update_sparse`.
             _ => super::paddle_rules::update(self, w, state, grad, 1.0 / scale.max(f32::MIN_POSITIVE)),
@@ -314,6 +350,18 @@ mod tests {
     fn adam_with_l2_matches_golden() {
         let opt = Optimizer { l2: 0.01, ..Optimizer::adam(0.1) };
         assert_close(&run(opt), &[0.20707367323594328, -0.7000467282918086, 1.704429343197273]);
+    }
+
+    #[test]
+    fn paddles_dense_adam_d2sum_matches_golden() {
+        let opt = Optimizer { l2: 0.01, ..Optimizer::adam_d2sum(0.1) };
+        assert_close(&run(opt), &[0.49433478423509386, -0.9940399022909662, 1.9941054850256086]);
+        let opt = Optimizer { beta1: 0.9, beta2: 0.99, ..Optimizer::adam_d2sum(0.1) };
+        assert_close(&run(opt), &[0.44579141600294625, -0.9439000067319988, 1.9450871761883002]);
+        // A job file names it as Paddle's strategy or its class does, and gets Paddle's settings.
+        for text in ["kind = \"adam_d2sum\"", "kind = \"DAdamD2Sum\""] {
+            assert_eq!(toml::from_str::<Optimizer>(text).unwrap(), Optimizer::adam_d2sum(1e-3), "{text}");
+        }
     }
 
     #[test]

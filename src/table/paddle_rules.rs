@@ -18,7 +18,9 @@ pub fn state_len(kind: OptimizerKind, dim: usize) -> usize {
         // First and second moments per weight, then beta1^t and beta2^t.
         OptimizerKind::SparseAdam => 2 * dim + 2,
         OptimizerKind::SparseSharedAdam => 4,
-        OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam => unreachable!("not a Paddle rule"),
+        OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam | OptimizerKind::AdamD2Sum => {
+            unreachable!("not a Paddle sparse rule")
+        }
     }
 }
 
@@ -95,7 +97,9 @@ pub fn update(o: &Optimizer, w: &mut [f32], state: &mut [f32], grad: &[f32], sho
             state[2] *= o.beta1;
             state[3] *= o.beta2;
         }
-        OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam => unreachable!("not a Paddle rule"),
+        OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam | OptimizerKind::AdamD2Sum => {
+            unreachable!("not a Paddle sparse rule")
+        }
     }
 }
 

@@ -64,6 +64,13 @@ fn two_sync_trainers_of_batch_b_equal_local_training_with_batch_2b() {
     sync_equals_local(&|_| {}, 1e-5);
 }
 
+/// Paddle's dense `DAdamD2Sum` (`[dense_optimizer] kind = "adam_d2sum"`) runs on the servers'
+/// blocks as on the local table, its state split by block.
+#[test]
+fn paddles_dense_adam_d2sum_trains_the_same_in_sync_2x2_as_locally() {
+    sync_equals_local(&|c| c.dense_optimizer = oar::table::Optimizer::adam_d2sum(1e-3), 1e-5);
+}
+
 /// Sync 2 x B against local 2B for a model set by `model` (on generated data), every value
 /// within `rel` (of itself or of the values' scale: the order of float summation differs).
 fn sync_equals_local(model: &dyn Fn(&mut oar::train::TrainConfig), rel: f32) {
