@@ -117,19 +117,42 @@ pub const AUC_BUCKETS: usize = 4096;
 
 /// Paddle's bucketed AUC: per prediction bucket (`floor(p * 4095)`), the positive and negative
 /// samples seen. Histograms of several trainers add up exactly, which is how `fleet.metrics.auc`
-/// gets one AUC over all trainers' samples; [`AucBuckets::auc`] is its formula.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// gets one AUC over all trainers' samples; [`AucBuckets::auc`] is its formula. Beside them, the
+/// sums PaddleRec's `ctr_metric_bundle` adds over trainers for `fleet.metrics.mae`, `rmse` and
+/// the predicted CTR ([`AucBuckets::bundle`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AucBuckets {
     /// Positive samples per bucket.
     pub pos: Vec<u64>,
     /// Negative samples per bucket.
     pub neg: Vec<u64>,
+    /// Over the samples counted, the sums of `|p - y|`, `(p - y)^2` and `p`: Paddle's
+    /// `abserr`, `sqrerr` and `prob`, with `p` as its bucket reads it (within [0, 1], NaN as 0)
+    /// and `y` the label as its bucket reads it (1 above 0.5, else 0).
+    #[serde(default)]
+    pub sums: [f64; 3],
 }
 
 impl Default for AucBuckets {
     fn default() -> AucBuckets {
-        AucBuckets { pos: vec![0; AUC_BUCKETS], neg: vec![0; AUC_BUCKETS] }
+        AucBuckets { pos: vec![0; AUC_BUCKETS], neg: vec![0; AUC_BUCKETS], sums: [0.0; 3] }
     }
+}
+
+/// A pass's error figures over samples, from [`AucBuckets`]' sums (`ctr_metric_bundle`'s).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CtrBundle {
+    /// Mean absolute error of the predictions (`fleet.metrics.mae`).
+    pub mae: f64,
+    /// Root mean squared error (`fleet.metrics.rmse`).
+    pub rmse: f64,
+    /// Mean prediction.
+    pub predicted_ctr: f64,
+    /// Share of positive labels.
+    pub actual_ctr: f64,
+    /// Clicks over predicted clicks, `actual_ctr / predicted_ctr` (PaddleRec's COPC; 1 is
+    /// calibrated); `None` when nothing was predicted.
+    pub copc: Option<f64>,
 }
 
 impl AucBuckets {
@@ -138,25 +161,56 @@ impl AucBuckets {
         let mut b = AucBuckets::default();
         for (&p, &l) in probs.iter().zip(labels) {
             // A NaN prediction lands in bucket 0, as Paddle's integer cast puts it.
-            let k = ((p.clamp(0.0, 1.0) as f64) * (AUC_BUCKETS - 1) as f64) as usize;
-            if l > 0.5 {
+            let p = if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) as f64 };
+            let k = (p * (AUC_BUCKETS - 1) as f64) as usize;
+            let y = if l > 0.5 {
                 b.pos[k] += 1;
+                1.0
             } else {
                 b.neg[k] += 1;
-            }
+                0.0
+            };
+            let e = p - y;
+            b.sums[0] += e.abs();
+            b.sums[1] += e * e;
+            b.sums[2] += p;
         }
         b
     }
 
-    /// Whether the histogram has Paddle's shape (what a peer sent is checked before use).
+    /// Whether the histogram has Paddle's shape and sums its samples can make (each sum within
+    /// 0 and the sample count, as each term is within [0, 1]): what a peer sent is checked
+    /// before use, so a wrong one cannot make the job's figures NaN or negative.
     pub fn is_valid(&self) -> bool {
-        self.pos.len() == AUC_BUCKETS && self.neg.len() == AUC_BUCKETS
+        let most = self.samples() as f64 * (1.0 + 1e-9);
+        self.pos.len() == AUC_BUCKETS
+            && self.neg.len() == AUC_BUCKETS
+            && self.sums.iter().all(|&s| s.is_finite() && (0.0..=most).contains(&s))
     }
 
-    /// Adds `other`'s counts.
+    /// Adds `other`'s counts and sums.
     pub fn merge(&mut self, other: &AucBuckets) {
         self.pos.iter_mut().zip(&other.pos).for_each(|(a, b)| *a = a.saturating_add(*b));
         self.neg.iter_mut().zip(&other.neg).for_each(|(a, b)| *a = a.saturating_add(*b));
+        self.sums.iter_mut().zip(&other.sums).for_each(|(a, b)| *a += b);
+    }
+
+    /// The error figures over the samples counted; `None` without samples.
+    pub fn bundle(&self) -> Option<CtrBundle> {
+        let n = self.samples();
+        if n == 0 {
+            return None;
+        }
+        let (n, positives) = (n as f64, self.pos.iter().fold(0u64, |a, b| a.saturating_add(*b)) as f64);
+        let predicted_ctr = self.sums[2] / n;
+        let actual_ctr = positives / n;
+        Some(CtrBundle {
+            mae: self.sums[0] / n,
+            rmse: (self.sums[1] / n).sqrt(),
+            predicted_ctr,
+            actual_ctr,
+            copc: (predicted_ctr > 0.0).then(|| actual_ctr / predicted_ctr),
+        })
     }
 
     /// Samples counted.
@@ -372,12 +426,29 @@ mod tests {
         // Two trainers' halves merged give the whole.
         let mut merged = AucBuckets::of(&probs[..3], &labels[..3]);
         merged.merge(&AucBuckets::of(&probs[3..], &labels[3..]));
-        assert_eq!(merged, all);
+        assert_eq!((&merged.pos, &merged.neg), (&all.pos, &all.neg));
+        assert!(merged.sums.iter().zip(&all.sums).all(|(a, b)| (a - b).abs() < 1e-12));
         assert_eq!(merged.samples(), 6);
+        // The error figures by hand: errors 0.1, 0.8, 0.7, 0.3, 0.1, 0.2 (labels 1 0 1 1 0 0).
+        let b = merged.bundle().unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        assert!(close(b.mae, 2.2 / 6.0), "{b:?}");
+        assert!(close(b.rmse, (1.28f64 / 6.0).sqrt()), "{b:?}");
+        assert!(close(b.predicted_ctr, 3.0 / 6.0) && close(b.actual_ctr, 0.5), "{b:?}");
+        assert!(close(b.copc.unwrap(), 1.0), "{b:?}");
+        assert_eq!(AucBuckets::default().bundle(), None);
+        assert_eq!(AucBuckets::of(&[0.0], &[1.0]).bundle().unwrap().copc, None, "nothing predicted");
+        // A NaN prediction counts as 0, as its bucket does.
+        assert_eq!(AucBuckets::of(&[f32::NAN], &[1.0]).sums, [1.0, 1.0, 0.0]);
+        // Sums no samples can make are refused.
+        for sums in [[f64::NAN, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 7.0]] {
+            assert!(!AucBuckets { sums, ..all.clone() }.is_valid(), "{sums:?}");
+        }
+        assert!(all.is_valid());
         // Two predictions in one bucket (0.50001 and 0.50002) are a tie: half a pair.
         let tied = AucBuckets::of(&[0.50001, 0.50002], &[0.0, 1.0]);
         assert_eq!(tied.auc(), Some(0.5));
         assert_eq!(AucBuckets::of(&[0.4], &[1.0]).auc(), None, "one class only");
-        assert!(!AucBuckets { pos: vec![1], neg: vec![] }.is_valid());
+        assert!(!AucBuckets { pos: vec![1], neg: vec![], sums: [0.0; 3] }.is_valid());
     }
 }

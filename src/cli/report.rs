@@ -24,9 +24,8 @@ pub(super) fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
         s.servers, s.workers, s.samples, s.wall_seconds, s.samples_per_sec, s.train_loop_samples_per_sec
     );
     if let Some(a) = &s.train_auc_all_trainers {
-        let auc = a.auc.map_or("-".to_string(), |x| format!("{x:.4}"));
         println!(
-            "last pass's training AUC over all {} trainers' {} samples (Paddle's buckets): {auc}",
+            "last pass's training figures over all {} trainers' {} samples (Paddle's buckets): {a}",
             a.trainers.len(),
             a.samples
         );

@@ -13,6 +13,7 @@ impl Client {
             pass: pass as u64,
             pos: buckets.pos.as_slice().into(),
             neg: buckets.neg.as_slice().into(),
+            sums: buckets.sums,
         };
         self.on_first(&request, |conn| conn.expect_done("a pass AUC histogram"))
     }

@@ -293,9 +293,10 @@ impl<'a> Request<'a> {
                 e.finish()
             }
             Request::Stats => Encoder::new(kind::STATS).finish(),
-            Request::PassAuc { trainer, pass, pos, neg } => {
+            Request::PassAuc { trainer, pass, pos, neg, sums } => {
                 let mut e = Encoder::new(kind::PASS_AUC);
                 e.u64(*trainer).u64(*pass).u64s(pos).u64s(neg);
+                sums.iter().for_each(|s| _ = e.u64(s.to_bits()));
                 e.finish()
             }
             Request::GlobalAuc { pass } => {
@@ -376,7 +377,13 @@ impl<'a> Request<'a> {
             kind::SAVE => Request::Save { dir: d.string()? },
             kind::CLOSE => Request::Close { trainer: d.u64()? },
             kind::STATS => Request::Stats,
-            kind::PASS_AUC => Request::PassAuc { trainer: d.u64()?, pass: d.u64()?, pos: d.array()?, neg: d.array()? },
+            kind::PASS_AUC => Request::PassAuc {
+                trainer: d.u64()?,
+                pass: d.u64()?,
+                pos: d.array()?,
+                neg: d.array()?,
+                sums: [f64::from_bits(d.u64()?), f64::from_bits(d.u64()?), f64::from_bits(d.u64()?)],
+            },
             kind::GLOBAL_AUC => Request::GlobalAuc { pass: d.u64()? },
             kind::SHRINK => Request::Shrink { days: d.u64()? },
             kind::EXPORT => Request::Export {
@@ -546,6 +553,7 @@ mod tests {
             pass: 2,
             pos: vec![3, 0, 5].into(),
             neg: vec![0, 7, 0].into(),
+            sums: [1.5, 0.25, 7.0],
         });
         round_trip_request(Request::GlobalAuc { pass: 2 });
         round_trip_request(Request::Shrink { days: 1 });

@@ -341,6 +341,8 @@ pub enum Request<'a> {
         pos: Cow<'a, [u64]>,
         /// Negative samples per bucket.
         neg: Cow<'a, [u64]>,
+        /// The error sums ([`crate::metrics::AucBuckets::sums`]).
+        sums: [f64; 3],
     },
     /// Ask server 0 for pass `pass`'s histograms merged over the trainers that sent one,
     /// answered as `Stats` JSON ([`GlobalAuc`]).

@@ -124,18 +124,19 @@ pub(super) fn save_final(state: &State, dir: &std::path::Path) -> Result<(), (Er
 const AUC_PASSES: usize = 3;
 
 /// Keeps trainer `trainer`'s histogram of pass `pass` (a resend replaces it: counted once).
-pub(super) fn pass_auc(state: &State, trainer: u64, pass: u64, pos: &[u64], neg: &[u64]) -> Reply {
-    let buckets = crate::metrics::AucBuckets { pos: pos.to_vec(), neg: neg.to_vec() };
+pub(super) fn pass_auc(state: &State, trainer: u64, pass: u64, buckets: crate::metrics::AucBuckets) -> Reply {
     if !buckets.is_valid() {
-        return Err((
-            ErrorCode::Malformed,
+        let (pos, neg, want) = (buckets.pos.len(), buckets.neg.len(), crate::metrics::AUC_BUCKETS);
+        let message = if pos != want || neg != want {
+            format!("an AUC histogram has {pos} and {neg} buckets, not {want}")
+        } else {
             format!(
-                "an AUC histogram has {} and {} buckets, not {}",
-                pos.len(),
-                neg.len(),
-                crate::metrics::AUC_BUCKETS
-            ),
-        ));
+                "an AUC histogram's error sums {:?} are not numbers within 0 and its {} samples",
+                buckets.sums,
+                buckets.samples()
+            )
+        };
+        return Err((ErrorCode::Malformed, message));
     }
     let mut all = state.pass_auc.lock();
     all.entry(pass).or_default().insert(trainer, buckets);

@@ -309,16 +309,13 @@ pub fn run_with(
         let all_trainers = match (&mut store, buckets) {
             (Store::Remote(client), Some(_)) => {
                 let g = client.global_auc(pass).with_context(|| format!("reading pass {pass}'s AUC"))?;
-                Some(AllTrainersAuc { auc: g.buckets.auc(), samples: g.buckets.samples(), trainers: g.trainers })
+                Some(AllTrainersAuc::of(&g.buckets, g.trainers))
             }
-            (Store::Local(..), Some(b)) => {
-                Some(AllTrainersAuc { auc: b.auc(), samples: b.samples(), trainers: vec![me as u64] })
-            }
+            (Store::Local(..), Some(b)) => Some(AllTrainersAuc::of(&b, vec![me as u64])),
             (_, None) => None,
         };
         if let Some(a) = &all_trainers {
-            let auc = a.auc.unwrap_or(f64::NAN);
-            tracing::info!(trainer = me, pass, samples = a.samples, trainers = ?a.trainers, "pass AUC over all trainers (Paddle's buckets): {auc:.4}");
+            tracing::info!(trainer = me, pass, samples = a.samples, trainers = ?a.trainers, "pass figures over all trainers (Paddle's buckets): {a}");
         }
         let heads = if trains.len() > 1 {
             let names = model.head_names();

@@ -33,6 +33,34 @@ pub struct AllTrainersAuc {
     pub samples: u64,
     /// Trainers whose histograms it merges.
     pub trainers: Vec<u64>,
+    /// MAE, RMSE, predicted and actual CTR and COPC over the same samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errors: Option<crate::metrics::CtrBundle>,
+}
+
+impl AllTrainersAuc {
+    /// The figures of `buckets`, the histograms of `trainers` merged.
+    pub fn of(buckets: &crate::metrics::AucBuckets, trainers: Vec<u64>) -> AllTrainersAuc {
+        AllTrainersAuc { auc: buckets.auc(), samples: buckets.samples(), trainers, errors: buckets.bundle() }
+    }
+}
+
+impl std::fmt::Display for AllTrainersAuc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.auc {
+            Some(auc) => write!(f, "AUC {auc:.4}")?,
+            None => write!(f, "AUC -")?,
+        }
+        if let Some(e) = &self.errors {
+            let copc = e.copc.map_or("-".to_string(), |c| format!("{c:.4}"));
+            write!(
+                f,
+                ", MAE {:.4}, RMSE {:.4}, predicted CTR {:.4} (actual {:.4}), COPC {copc}",
+                e.mae, e.rmse, e.predicted_ctr, e.actual_ctr
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// One head's figures over a pass.

@@ -28,7 +28,9 @@ fn server_zero_merges_each_trainers_histogram_once() {
     t1.pass_auc(1, 1, &b).unwrap();
     let global = tool.global_auc(1).unwrap();
     assert_eq!(global.trainers, [0, 1]);
-    assert_eq!(global.buckets, AucBuckets::of(&probs, &labels));
+    let whole = AucBuckets::of(&probs, &labels);
+    assert_eq!((&global.buckets.pos, &global.buckets.neg), (&whole.pos, &whole.neg));
+    assert!(global.buckets.sums.iter().zip(&whole.sums).all(|(a, b)| (a - b).abs() < 1e-12));
     assert!((global.buckets.auc().unwrap() - 7.0 / 9.0).abs() < 1e-12);
     let refused = |e: ClientError| match e {
         ClientError::Refused { code, message, .. } => (code, message),
@@ -36,14 +38,23 @@ fn server_zero_merges_each_trainers_histogram_once() {
     };
     let (code, m) = refused(tool.pass_auc(0, 1, &a).unwrap_err());
     assert!(code == ErrorCode::State && m.contains("a tool's"), "{m}");
-    let (code, m) = refused(t0.pass_auc(0, 2, &AucBuckets { pos: vec![1; 3], neg: vec![0; 3] }).unwrap_err());
+    let (code, m) =
+        refused(t0.pass_auc(0, 2, &AucBuckets { pos: vec![1; 3], neg: vec![0; 3], sums: [0.0; 3] }).unwrap_err());
     assert!(code == ErrorCode::Malformed && m.contains("3 and 3 buckets, not 4096"), "{m}");
+    // Error sums no samples can make (a NaN, or beyond the sample count) would poison the
+    // figures every trainer reads: refused.
+    for sums in [[f64::NAN, 0.0, 0.0], [0.0, 0.0, 1e300]] {
+        let (code, m) = refused(t0.pass_auc(0, 2, &AucBuckets { sums, ..a.clone() }).unwrap_err());
+        assert!(code == ErrorCode::Malformed && m.contains("error sums"), "{m}");
+    }
     let (code, m) = refused(tool.global_auc(7).unwrap_err());
     assert!(code == ErrorCode::State && m.contains("pass 7"), "{m}");
 }
 
 /// On 2 servers x 2 trainers every trainer reads the same pass AUC over both trainers'
-/// samples, and the launch summary reports it.
+/// samples, and the launch summary reports it; its predicted and actual CTR are the trainers'
+/// own figures (each exact over its samples) weighted by their samples, and its MAE and RMSE
+/// are within what those predictions allow.
 #[test]
 fn a_launched_job_reports_the_pass_auc_over_every_trainer() {
     let dir = tempfile::tempdir().unwrap();
@@ -51,7 +62,8 @@ fn a_launched_job_reports_the_pass_auc_over_every_trainer() {
     let logs = dir.path().join("logs");
     let train = train.display().to_string();
     let (out, summary) = launch(&logs, &["--mode", "sync", "--train", &train, "--hidden", "8", "--passes", "2"]);
-    assert!(out.contains("training AUC over all 2 trainers' 6000 samples"), "{out}");
+    assert!(out.contains("training figures over all 2 trainers' 6000 samples"), "{out}");
+    assert!(out.contains(", COPC "), "{out}");
     let all = summary.train_auc_all_trainers.clone().expect("the summary has the pass AUC over all trainers");
     assert_eq!((all.trainers.clone(), all.samples), (vec![0, 1], 6000));
     let auc = all.auc.unwrap();
@@ -62,6 +74,16 @@ fn a_launched_job_reports_the_pass_auc_over_every_trainer() {
             let first = &summary.reports[0].passes[p.pass as usize - 1];
             assert_eq!(Some(a), first.all_trainers.as_ref(), "trainer {} read the same figure", r.trainer);
             assert_eq!(a.samples, 6000);
+            let e = a.errors.expect("error figures");
+            let trains: Vec<_> = summary.reports.iter().map(|r| &r.passes[p.pass as usize - 1].train).collect();
+            let weighted = |f: &dyn Fn(&(f64, f64)) -> f64| {
+                trains.iter().map(|t| t.samples as f64 * f(&t.ctr.unwrap())).sum::<f64>() / 6000.0
+            };
+            assert!((e.predicted_ctr - weighted(&|c| c.0)).abs() < 1e-6, "{e:?} against {trains:?}");
+            assert!((e.actual_ctr - weighted(&|c| c.1)).abs() < 1e-12, "{e:?} against {trains:?}");
+            assert!((e.copc.unwrap() - e.actual_ctr / e.predicted_ctr).abs() < 1e-12);
+            // |p - y| <= 1 and (p - y)^2 <= |p - y|; a model better than a coin is below 0.5.
+            assert!(e.mae > 0.0 && e.rmse * e.rmse <= e.mae + 1e-12 && e.mae < 0.5, "{e:?}");
         }
     }
 }

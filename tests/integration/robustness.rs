@@ -480,7 +480,7 @@ fn write_fuzz_seeds() {
         Request::Barrier { trainer: 0, epoch: 1 },
         Request::Save { dir: "seed-save".into() },
         Request::Stats,
-        Request::PassAuc { trainer: 0, pass: 1, pos: vec![1; 8].into(), neg: vec![2; 8].into() },
+        Request::PassAuc { trainer: 0, pass: 1, pos: vec![1; 8].into(), neg: vec![2; 8].into(), sums: [0.0; 3] },
         Request::GlobalAuc { pass: 1 },
         Request::Shrink { days: 1 },
         Request::Export { dir: "seed-export".into(), kind: oar::export::ExportKind::Delta },
