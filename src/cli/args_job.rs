@@ -146,7 +146,8 @@ pub(super) struct JobArgs {
     /// Hidden layer widths, comma-separated.
     #[arg(long, env = "OAR_HIDDEN", value_delimiter = ',')]
     pub(super) hidden: Option<Vec<usize>>,
-    /// Dense optimizer.
+    /// Dense optimizer (a rule other than the job file's comes with its own settings, the
+    /// file's learning rate and L2 kept).
     #[arg(long, env = "OAR_DENSE_OPTIMIZER", value_enum)]
     pub(super) dense_optimizer: Option<OptimizerKind>,
     /// Dense learning rate.
@@ -155,7 +156,8 @@ pub(super) struct JobArgs {
     /// Dense L2 regularization.
     #[arg(long, env = "OAR_DENSE_L2")]
     pub(super) dense_l2: Option<f32>,
-    /// Embedding optimizer.
+    /// Embedding optimizer (a rule other than the job file's comes with its own settings, the
+    /// file's learning rate and L2 kept).
     #[arg(long, env = "OAR_SPARSE_OPTIMIZER", value_enum)]
     pub(super) sparse_optimizer: Option<OptimizerKind>,
     /// Embedding learning rate.
@@ -265,7 +267,9 @@ impl JobArgs {
             (&mut job.dense_optimizer, self.dense_optimizer, self.dense_lr, self.dense_l2),
             (&mut job.sparse_optimizer, self.sparse_optimizer, self.sparse_lr, self.sparse_l2),
         ] {
-            set(&mut opt.kind, kind);
+            if let Some(kind) = kind {
+                *opt = opt.with_kind(kind);
+            }
             set(&mut opt.lr, lr);
             set(&mut opt.l2, l2);
         }
@@ -284,6 +288,10 @@ impl JobArgs {
         set(&mut t.pull_ahead, self.pull_ahead);
         set(&mut t.sync_warmup, self.sync_warmup);
         set(&mut t.shuffle, self.shuffle);
+        if self.shuffle == Some(false) {
+            // Turned off over a job file that shuffles: its window goes with it.
+            t.shuffle_window = None;
+        }
         if self.shuffle_window.is_some() {
             t.shuffle_window = self.shuffle_window;
         }

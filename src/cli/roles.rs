@@ -148,6 +148,7 @@ pub(super) fn recoverable_trainer(mut config: TrainConfig) -> anyhow::Result<Tra
         Some(p) if p.job == config.job => {
             // Checked before connecting: a record this run cannot go on from fails at once.
             p.check_passes(&dir, config.passes)?;
+            p.check_order(&dir, &config.order())?;
             config.rejoin = true
         }
         Some(p) => tracing::info!(job = %p.job, "a position record of another job: starting afresh"),

@@ -140,6 +140,17 @@ impl Reader {
         std::thread::Builder::new()
             .name("oar-reader".into())
             .spawn(move || {
+                if let Some(s) = &config.shuffle {
+                    let window = if s.window == u64::MAX {
+                        "the whole share".to_string()
+                    } else {
+                        format!("{} lines", s.window)
+                    };
+                    tracing::info!(
+                        files = files.len(),
+                        "shuffling: holding {window} of this pass in memory before training on them"
+                    );
+                }
                 let crashed = tx.clone();
                 let mut at = PathBuf::new();
                 // A panic must not read as the end of the data (the channel closing): a job

@@ -28,11 +28,12 @@ pub fn pass_seed(seed: u64, pass: u32, trainer: usize) -> u64 {
     mix64(mix64(seed ^ 0x5f0f_f1e5) ^ (u64::from(pass) << 32 | trainer as u64))
 }
 
-/// Lines held past the memory allowed to shuffling.
+/// Lines held past the memory allowed to shuffling, or that the allocator refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "shuffling holds this trainer's lines in memory: {held} lines ({mib} MiB) reach the {limit_mib} MiB it may \
-     take; set shuffle_window (--shuffle-window) to a number of lines, or use more trainers"
+    "shuffling holds this trainer's lines in memory: with {held} lines ({mib} MiB) held, the next does not fit \
+     in the {limit_mib} MiB it may take; set shuffle_window (--shuffle-window) to a number of lines, or use more \
+     trainers"
 )]
 pub struct ShuffleError {
     /// Lines held when the bound was reached.
@@ -42,9 +43,6 @@ pub struct ShuffleError {
     /// The bound, in MiB.
     pub limit_mib: u64,
 }
-
-/// Bytes a held line costs beyond its text (its box, place and line number).
-const LINE_OVERHEAD: u64 = 40;
 
 /// A line as read: where it came from (for error messages) and its text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,19 +57,32 @@ pub struct HeldLine {
     pub text: Box<[u8]>,
 }
 
-/// The lines of a pass, given back in a seeded random order.
+/// The memory a held text of `len` bytes takes: the allocator's 16-byte granules and header.
+/// Counting the text alone let 5 million one-byte lines take 1.85 times what was counted.
+fn text_cost(len: usize) -> u64 {
+    if len == 0 {
+        0
+    } else {
+        (len as u64).div_ceil(16) * 16 + 16
+    }
+}
+
+/// The lines of a pass, given back in a seeded random order. Everything it holds is counted
+/// (texts as the allocator rounds them, and the list's whole capacity) and allocated fallibly,
+/// so a share that does not fit is [`ShuffleError`], not an abort.
 #[derive(Debug)]
 pub struct Shuffler {
     config: ShuffleConfig,
     held: Vec<HeldLine>,
-    held_bytes: u64,
+    /// Bytes of the held texts ([`text_cost`]).
+    text_bytes: u64,
     draws: u64,
 }
 
 impl Shuffler {
     /// An empty shuffler.
     pub fn new(config: ShuffleConfig) -> Shuffler {
-        Shuffler { config, held: Vec::new(), held_bytes: 0, draws: 0 }
+        Shuffler { config, held: Vec::new(), text_bytes: 0, draws: 0 }
     }
 
     /// A uniform draw in `0..n` (`n > 0`), the next of this pass's counter-based stream.
@@ -81,26 +92,67 @@ impl Shuffler {
         ((r as u128 * n as u128) >> 64) as usize
     }
 
-    /// Takes `line`; once the window is full, gives back one held line drawn at random, whose
-    /// place the new line takes.
-    pub fn push(&mut self, line: HeldLine) -> Result<Option<HeldLine>, ShuffleError> {
-        let cost = line.text.len() as u64 + LINE_OVERHEAD;
-        if (self.held.len() as u64) < self.config.window {
-            if self.held_bytes + cost > self.config.max_bytes {
-                return Err(ShuffleError {
-                    held: self.held.len() as u64,
-                    mib: self.held_bytes >> 20,
-                    limit_mib: self.config.max_bytes >> 20,
-                });
-            }
-            self.held_bytes += cost;
-            self.held.push(line);
-            return Ok(None);
+    /// Bytes held: the texts and the list's capacity.
+    pub fn held_bytes(&self) -> u64 {
+        self.text_bytes + (self.held.capacity() * std::mem::size_of::<HeldLine>()) as u64
+    }
+
+    /// Lines held.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether no line is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    fn full(&self) -> ShuffleError {
+        ShuffleError {
+            held: self.held.len() as u64,
+            mib: self.held_bytes() >> 20,
+            limit_mib: self.config.max_bytes >> 20,
         }
-        let i = self.draw(self.held.len());
-        let out = std::mem::replace(&mut self.held[i], line);
-        self.held_bytes = self.held_bytes - (out.text.len() as u64 + LINE_OVERHEAD) + cost;
-        Ok(Some(out))
+    }
+
+    /// Takes line `number` of file `file`, `bytes` long in the input, whose text is `text`;
+    /// once the window is full, gives back one held line drawn at random, whose place the new
+    /// line takes.
+    pub fn push(
+        &mut self,
+        file: usize,
+        number: u64,
+        bytes: u64,
+        text: &[u8],
+    ) -> Result<Option<HeldLine>, ShuffleError> {
+        let cost = text_cost(text.len());
+        let filling = (self.held.len() as u64) < self.config.window;
+        if filling && self.held.len() == self.held.capacity() {
+            // The list doubles: its new capacity is counted before it is asked for.
+            let room = (self.config.window - self.held.len() as u64).min(usize::MAX as u64) as usize;
+            let more = self.held.capacity().max(1024).min(room);
+            let list = (more * std::mem::size_of::<HeldLine>()) as u64;
+            if self.held_bytes() + list + cost > self.config.max_bytes || self.held.try_reserve_exact(more).is_err() {
+                return Err(self.full());
+            }
+        }
+        let i = if filling { None } else { Some(self.draw(self.held.len())) };
+        let leaving = i.map_or(0, |i| text_cost(self.held[i].text.len()));
+        if self.held_bytes() - leaving + cost > self.config.max_bytes {
+            return Err(self.full());
+        }
+        let mut owned = Vec::new();
+        owned.try_reserve_exact(text.len()).map_err(|_| self.full())?;
+        owned.extend_from_slice(text);
+        let line = HeldLine { file, number, bytes, text: owned.into_boxed_slice() };
+        self.text_bytes = self.text_bytes - leaving + cost;
+        match i {
+            None => {
+                self.held.push(line);
+                Ok(None)
+            }
+            Some(i) => Ok(Some(std::mem::replace(&mut self.held[i], line))),
+        }
     }
 
     /// Gives back one of the lines still held, drawn at random; `None` when none is left.
@@ -110,7 +162,7 @@ impl Shuffler {
         }
         let i = self.draw(self.held.len());
         let out = self.held.swap_remove(i);
-        self.held_bytes -= out.text.len() as u64 + LINE_OVERHEAD;
+        self.text_bytes -= text_cost(out.text.len());
         Some(out)
     }
 }
@@ -119,15 +171,15 @@ impl Shuffler {
 mod tests {
     use super::*;
 
-    fn line(k: u64) -> HeldLine {
-        HeldLine { file: 0, number: k, bytes: 2, text: k.to_string().into_bytes().into() }
+    fn push(s: &mut Shuffler, k: u64) -> Result<Option<HeldLine>, ShuffleError> {
+        s.push(0, k, 2, k.to_string().as_bytes())
     }
 
     fn order(config: ShuffleConfig, n: u64) -> Vec<u64> {
         let mut s = Shuffler::new(config);
         let mut out = Vec::new();
         for k in 0..n {
-            out.extend(s.push(line(k)).unwrap().map(|l| l.number));
+            out.extend(push(&mut s, k).unwrap().map(|l| l.number));
         }
         out.extend(std::iter::from_fn(|| s.pop()).map(|l| l.number));
         out
@@ -170,16 +222,29 @@ mod tests {
 
     #[test]
     fn lines_past_the_memory_allowed_are_an_error_naming_the_window_setting() {
-        let mut s = Shuffler::new(ShuffleConfig { window: u64::MAX, seed: 1, max_bytes: 3 * (LINE_OVERHEAD + 1) });
+        let list = (1024 * std::mem::size_of::<HeldLine>()) as u64;
+        // Room for the list and three one-digit lines (32 bytes each, as the allocator has them).
+        let mut s = Shuffler::new(ShuffleConfig { window: u64::MAX, seed: 1, max_bytes: list + 3 * 32 });
         for k in 0..3 {
-            assert_eq!(s.push(line(k)).unwrap(), None);
+            assert_eq!(push(&mut s, k).unwrap(), None);
         }
-        let err = s.push(line(3)).unwrap_err();
+        assert_eq!(s.held_bytes(), list + 3 * 32);
+        let err = push(&mut s, 3).unwrap_err();
         assert_eq!(err.held, 3);
         assert!(err.to_string().contains("set shuffle_window (--shuffle-window)"), "{err}");
-        // Within a window the bound holds what the window holds: lines are replaced, not added.
-        let mut w = Shuffler::new(ShuffleConfig { window: 2, seed: 1, max_bytes: 2 * (LINE_OVERHEAD + 1) });
-        assert!((0..9).all(|k| w.push(line(k)).is_ok()));
+        // A list that must grow is counted at its new capacity before it is asked for.
+        let err = push(&mut Shuffler::new(ShuffleConfig { window: 5000, seed: 1, max_bytes: list }), 0).unwrap_err();
+        assert_eq!(err.held, 0);
+        // A window smaller than that asks for its own size only.
+        let small = (5 * std::mem::size_of::<HeldLine>()) as u64;
+        assert!(push(&mut Shuffler::new(ShuffleConfig { window: 5, seed: 1, max_bytes: small + 32 }), 0).is_ok());
+        // Within a window, a line replaced by a longer one is counted too: one that no longer
+        // fits is refused, whatever the window.
+        let two = (2 * std::mem::size_of::<HeldLine>()) as u64;
+        let mut w = Shuffler::new(ShuffleConfig { window: 2, seed: 1, max_bytes: two + 2 * 32 });
+        assert!((0..9).all(|k| push(&mut w, k).is_ok()), "one-digit lines replace one-digit lines");
+        assert!(w.push(0, 9, 40, &[b'7'; 39]).is_err(), "a 39-byte line takes 64 bytes");
+        assert_eq!(w.len(), 2);
     }
 
     #[test]

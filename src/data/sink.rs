@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::reader::{DataError, ReadProgress, ReaderConfig};
-use super::shuffle::{HeldLine, Shuffler};
+use super::shuffle::Shuffler;
 use super::{Batch, LineParser, Schema};
 
 /// The reader thread's end of the channel, leaving out the samples to skip.
@@ -50,7 +50,7 @@ impl Sink<'_> {
         let Some(shuffler) = &mut self.shuffler else {
             return self.parse(file, number, bytes, text);
         };
-        match shuffler.push(HeldLine { file, number, bytes, text: text.into() })? {
+        match shuffler.push(file, number, bytes, text)? {
             Some(line) => self.parse(line.file, line.number, line.bytes, &line.text),
             None => Ok(true),
         }
@@ -93,6 +93,13 @@ impl Sink<'_> {
     /// After the last file: the lines still held, the last batch, and the check that the
     /// samples to skip were there.
     pub(super) fn finish(&mut self) -> Result<(), DataError> {
+        if let Some(s) = self.shuffler.as_ref().filter(|s| !s.is_empty()) {
+            tracing::info!(
+                lines = s.len(),
+                mib = s.held_bytes() >> 20,
+                "shuffling: the pass's lines are read; training on them in a random order"
+            );
+        }
         while let Some(line) = self.shuffler.as_mut().and_then(Shuffler::pop) {
             if !self.parse(line.file, line.number, line.bytes, &line.text)? {
                 return Ok(());

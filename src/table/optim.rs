@@ -93,12 +93,7 @@ struct OptimizerFields {
 impl From<OptimizerFields> for Optimizer {
     fn from(f: OptimizerFields) -> Optimizer {
         let kind = f.kind.unwrap_or(OptimizerKind::Adam);
-        // PyTorch's rules keep the defaults job files always had: Adam's, with the kind set.
-        let base = match kind {
-            _ if kind.is_paddle() => Optimizer::paddle(kind),
-            OptimizerKind::AdamD2Sum => Optimizer::adam_d2sum(1e-3),
-            _ => Optimizer { kind, ..Optimizer::default() },
-        };
+        let base = Optimizer::defaults(kind);
         Optimizer {
             kind,
             lr: f.lr.unwrap_or(base.lr),
@@ -148,6 +143,26 @@ impl Optimizer {
     /// Adam with learning rate `lr`, PyTorch's defaults otherwise.
     pub fn adam(lr: f32) -> Self {
         Optimizer { kind: OptimizerKind::Adam, ..Optimizer::sgd(lr) }
+    }
+
+    /// The settings a job file that names only `kind` gets: Paddle's for its rules; PyTorch's
+    /// keep the defaults job files always had, Adam's, with the kind set.
+    pub fn defaults(kind: OptimizerKind) -> Self {
+        match kind {
+            _ if kind.is_paddle() => Optimizer::paddle(kind),
+            OptimizerKind::AdamD2Sum => Optimizer::adam_d2sum(1e-3),
+            _ => Optimizer { kind, ..Optimizer::default() },
+        }
+    }
+
+    /// This optimizer with its rule changed to `kind` (a flag over a job file): the new rule's
+    /// own settings (its betas, epsilon, accumulator, bounds), this one's learning rate and L2.
+    /// Keeping the old rule's betas ran `adam_d2sum` with Adam's, without a word.
+    pub fn with_kind(self, kind: OptimizerKind) -> Self {
+        if kind == self.kind {
+            return self;
+        }
+        Optimizer { lr: self.lr, l2: self.l2, ..Optimizer::defaults(kind) }
     }
 
     /// Paddle's dense `DAdamD2Sum` with learning rate `lr` and `the_one_ps.py`'s settings:
@@ -293,13 +308,17 @@ impl Optimizer {
                 let (mom, g2sum) = mg.split_at_mut(dim);
                 let (mom_decay, ada_decay) = (self.beta1, self.beta2);
                 d2sum[0] = d2sum[0] * ada_decay + 1.0;
-                let d = d2sum[0];
-                let eps = d * self.epsilon;
+                // The ratio in f64: with a tiny epsilon and a weight whose gradients were all
+                // zero, f32's (d + eps) / eps overflowed, and infinity times a zero momentum
+                // wrote NaN into the model.
+                let d = d2sum[0] as f64;
+                let eps = d * self.epsilon as f64;
                 for i in 0..dim {
                     let g = grad[i] * scale + l2 * w[i];
                     g2sum[i] = g2sum[i] * ada_decay + g * g;
                     mom[i] = (mom[i] - g) * mom_decay + g;
-                    w[i] -= lr * mom[i] * ((d + eps) / (g2sum[i] + eps)).sqrt();
+                    let ratio = ((d + eps) / (g2sum[i] as f64 + eps)).sqrt();
+                    w[i] -= (lr as f64 * mom[i] as f64 * ratio) as f32;
                 }
             }
             // Dense parameters never run them (refused by `TableSpec::validate`); a sparse row
@@ -358,6 +377,18 @@ mod tests {
         assert_close(&run(opt), &[0.49433478423509386, -0.9940399022909662, 1.9941054850256086]);
         let opt = Optimizer { beta1: 0.9, beta2: 0.99, ..Optimizer::adam_d2sum(0.1) };
         assert_close(&run(opt), &[0.44579141600294625, -0.9439000067319988, 1.9450871761883002]);
+        // A weight whose gradients are all zero stays put under the smallest epsilon (it was NaN).
+        let opt = Optimizer { epsilon: 1e-45, ..Optimizer::adam_d2sum(0.1) };
+        let (mut w, mut s) = (vec![0.5f32, 2.0], vec![0.0; opt.state_len(2)]);
+        opt.update(&mut w, &mut s, &[0.0, 0.3], 1.0);
+        assert_eq!(w[0], 0.5);
+        assert!(w[1].is_finite() && w[1] < 2.0, "{w:?}");
+        // A flag that changes a job file's rule gives the new rule's settings, not the old one's.
+        let switched = Optimizer { lr: 0.01, ..Optimizer::adam(0.01) }.with_kind(OptimizerKind::AdamD2Sum);
+        assert_eq!(switched, Optimizer::adam_d2sum(0.01));
+        assert_eq!(switched.with_kind(OptimizerKind::Adam), Optimizer::adam(0.01));
+        let sparse = Optimizer::adagrad(0.05).with_kind(OptimizerKind::SparseAdagrad);
+        assert_eq!(sparse, Optimizer::paddle(OptimizerKind::SparseAdagrad));
         // A job file names it as Paddle's strategy or its class does, and gets Paddle's settings.
         for text in ["kind = \"adam_d2sum\"", "kind = \"DAdamD2Sum\""] {
             assert_eq!(toml::from_str::<Optimizer>(text).unwrap(), Optimizer::adam_d2sum(1e-3), "{text}");

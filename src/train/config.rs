@@ -157,16 +157,25 @@ pub fn ports_per_server(ports_num: usize, sparse: usize) -> anyhow::Result<usize
 
 impl TrainConfig {
     /// How this trainer's reader shuffles `pass` (`None`: in order): the lines it may hold
-    /// within half the memory the process may still take when the pass starts (the rest is
-    /// for the batches and the model's copy).
+    /// within a third of the memory the process may still take when the pass starts (the rest
+    /// is for the batches, the model's rows as the pass adds them, and other trainers on the
+    /// machine).
     pub fn shuffle_for(&self, pass: u32) -> Option<crate::data::shuffle::ShuffleConfig> {
         let window = self.shuffle?;
         let available = crate::model::available_memory().unwrap_or(u64::MAX);
         Some(crate::data::shuffle::ShuffleConfig {
             window,
             seed: crate::data::shuffle::pass_seed(self.model.seed, pass, self.trainer_id),
-            max_bytes: available / 2,
+            max_bytes: available / 3,
         })
+    }
+
+    /// The order this trainer reads its lines in, as its position record states it: `None` for
+    /// the files' order, else the shuffle's seed and window.
+    pub fn order(&self) -> Option<String> {
+        let window = self.shuffle?;
+        let window = if window == u64::MAX { "the whole share".to_string() } else { format!("{window} lines") };
+        Some(format!("shuffled by seed {} within {window}", self.model.seed))
     }
 
     /// Checks the configuration; messages name the flag.

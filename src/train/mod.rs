@@ -371,11 +371,13 @@ fn start_position(config: &TrainConfig, first_pass: u32) -> anyhow::Result<Posit
         samples: 0,
         trained: 0,
         finished: false,
+        order: config.order(),
     };
     let (Some(dir), true) = (&config.positions, config.rejoin) else { return Ok(fresh) };
     match Position::load(dir, &config.job, config.trainer_id)? {
         Some(p) => {
             p.check_passes(dir, config.passes)?;
+            p.check_order(dir, &fresh.order)?;
             tracing::warn!(
                 trainer = p.trainer,
                 pass = p.pass,

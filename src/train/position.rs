@@ -37,6 +37,11 @@ pub struct Position {
     /// The run ended (the trainer closed): a later start of the same job is a new run.
     #[serde(default)]
     pub finished: bool,
+    /// The order the trainer reads its lines in ([`super::TrainConfig::order`]; `None`: the
+    /// files' order): `samples` counts a prefix of that order, which only a restart reading the
+    /// same order may skip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<String>,
 }
 
 impl Position {
@@ -88,6 +93,23 @@ impl Position {
              without the record, or give the run's --passes)",
             Position::path(dir, self.trainer).display(),
             self.pass
+        );
+        Ok(())
+    }
+
+    /// Checks that this record's samples were read in `order`, the order this run reads its
+    /// lines in: skipping as many of the lines in another order would skip other samples.
+    pub fn check_order(&self, dir: &Path, order: &Option<String>) -> anyhow::Result<()> {
+        let said = |o: &Option<String>| o.clone().unwrap_or_else(|| "in the files' order".into());
+        anyhow::ensure!(
+            &self.order == order,
+            "{}: the record counts {} samples of pass {} read {}, but this run reads them {}: they are other \
+             samples (rejoin with the first run's --shuffle, --shuffle-window and --seed)",
+            Position::path(dir, self.trainer).display(),
+            self.samples,
+            self.pass,
+            said(&self.order),
+            said(order)
         );
         Ok(())
     }
@@ -203,6 +225,8 @@ mod tests {
             samples: 0,
             trained: 0,
             finished: false,
+            // The longest a shuffled order reads: the record still fits its block.
+            order: Some(format!("shuffled by seed {} within {} lines", u64::MAX, u64::MAX - 1)),
         }
     }
 
@@ -223,6 +247,7 @@ mod tests {
         log.done(d).unwrap();
         let pos = Position::load(dir.path(), "j", 1).unwrap().unwrap();
         assert_eq!((pos.pass, pos.samples, pos.trained, pos.step), (2, 7, 42, 4));
+        assert_eq!(pos.order, start("j").order, "the order is kept with the record");
 
         let err = Position::load(dir.path(), "other", 1).unwrap_err().to_string();
         assert!(err.contains("not of trainer 1 of 'other'"), "{err}");

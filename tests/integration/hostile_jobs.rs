@@ -67,6 +67,14 @@ fn settings_past_what_the_process_may_hold_are_refused_naming_them() {
     let o = oar_limited(3 << 30, &[&local[..], &["--batch-size", "500000"]].concat());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("lower batch_size or threads"), "{}", text(&o));
+    // A shuffled pass over endless short lines (a `pipe_command` that never ends) under the
+    // same limit: the lines held, and their list, reach the shuffle's bound and are refused
+    // naming shuffle_window, where the allocator aborted the process (counting the texts alone
+    // let the held lines take twice what was counted).
+    let endless = ["--shuffle", "--pipe-command", "yes '1	1'"];
+    let o = oar_limited(3 << 30, &[&local[..], &endless[..]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("the next does not fit") && text(&o).contains("--shuffle-window"), "{}", text(&o));
 }
 
 /// The tools around training refuse what they used to do wrong with exit 0: an output over
@@ -115,4 +123,36 @@ fn tools_refuse_to_destroy_their_input_or_write_wrong_data() {
     let o = oar(&["gen", "criteo", "--lines", "400", "--parts", "2", "--out", &path("gen")]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("holds part-00002 (2 part file(s) in all) from an earlier run"), "{}", text(&o));
+}
+
+/// Flags over a job file mean what they say: `--dense-optimizer adam_d2sum` over the file's
+/// Adam runs Paddle's rule with its own settings (it ran with Adam's betas, exit 0), and
+/// `--shuffle false` over a file that shuffles in a window turns shuffling off (it was refused
+/// with advice to set shuffle = true).
+#[test]
+fn flags_over_a_job_file_change_a_rule_with_its_settings_and_turn_shuffling_off_with_its_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 1, 200, 10);
+    let (train, out) = (train.display().to_string(), dir.path().join("out"));
+    let job = write(dir.path(), "job.toml", "[dense_optimizer]\nkind = \"adam\"\nlr = 0.002\n");
+    let o = oar(&[
+        "train",
+        "--is-local",
+        "--train",
+        &train,
+        "--config",
+        &job,
+        "--dense-optimizer",
+        "adam_d2sum",
+        "--output",
+        &out.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (manifest, _) = oar::checkpoint::Manifest::find(&out).unwrap();
+    assert_eq!(manifest.spec.dense.optimizer, oar::table::Optimizer::adam_d2sum(0.002), "the file's rate kept");
+
+    let job = write(dir.path(), "shuffled.toml", "[train]\nshuffle = true\nshuffle_window = 1000\n");
+    let o = oar(&["train", "--is-local", "--train", &train, "--config", &job, "--shuffle", "false"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("shuffle=off"), "{}", text(&o));
 }

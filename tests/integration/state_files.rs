@@ -312,6 +312,7 @@ fn a_damaged_position_record_is_an_error_naming_it_and_a_link_is_never_written_t
         samples: 10,
         trained: 10,
         finished: false,
+        order: None,
     };
     for how in DAMAGES {
         let dir = tempfile::tempdir().unwrap();
@@ -374,11 +375,11 @@ fn processes_refuse_hostile_restart_files_with_one_clear_line() {
     server("trainers.json");
 
     let (train, _) = gen_data(&dir.path().join("data"), 1, 400, 0);
-    let trainer = |what: &str| {
+    let trainer = |what: &str, extra: &[&str]| {
         let (train, out) = (train.display().to_string(), dir.path().join("out").display().to_string());
         let addr = format!("127.0.0.1:{port}");
-        let run =
-            oar(&["train", "--recoverable", "--job", "j", "--servers", &addr, "--train", &train, "--output", &out]);
+        let args = ["train", "--recoverable", "--job", "j", "--servers", &addr, "--train", &train, "--output", &out];
+        let run = oar(&[&args[..], extra].concat());
         assert!(!run.status.success(), "{what}: {}", text(&run));
         let err = String::from_utf8_lossy(&run.stderr).lines().last().unwrap_or_default().to_string();
         assert!(err.starts_with("oar: error:") && err.contains("trainer-0.position"), "{what}: {err}");
@@ -388,7 +389,7 @@ fn processes_refuse_hostile_restart_files_with_one_clear_line() {
     let outside = dir.path().join("outside.txt");
     std::fs::write(&outside, b"not yours").unwrap();
     std::os::unix::fs::symlink(&outside, &position).unwrap();
-    let err = trainer("a linked position");
+    let err = trainer("a linked position", &[]);
     assert!(err.contains("symbolic link"), "{err}");
     assert_eq!(std::fs::read(&outside).unwrap(), b"not yours");
     std::fs::remove_file(&position).unwrap();
@@ -403,10 +404,29 @@ fn processes_refuse_hostile_restart_files_with_one_clear_line() {
             samples: 0,
             trained: 0,
             finished: false,
+            order: None,
         },
     ));
-    let err = trainer("a position of pass 999");
+    let err = trainer("a position of pass 999", &[]);
     assert!(err.contains("pass 999"), "{err}");
+    // A record of samples read in the files' order, rejoined by a run that shuffles: skipping
+    // that many of the shuffled lines would skip other samples (and train some twice).
+    drop(PositionLog::create(
+        &ckpt,
+        Position {
+            job: "j".into(),
+            trainer: 0,
+            first_pass: 1,
+            pass: 1,
+            step: 2,
+            samples: 100,
+            trained: 100,
+            finished: false,
+            order: None,
+        },
+    ));
+    let err = trainer("a position read in another order", &["--shuffle"]);
+    assert!(err.contains("read in the files' order, but this run reads them shuffled by seed"), "{err}");
 }
 
 /// Outputs are never written through a symbolic link planted at their names: a file written
