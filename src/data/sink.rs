@@ -80,6 +80,7 @@ impl Sink<'_> {
                 return Ok(true);
             }
             Err(reason) => {
+                let reason = cut(reason);
                 return Err(DataError::BadLine { path: self.files[file].clone(), line: number, reason });
             }
         }
@@ -117,6 +118,17 @@ impl Sink<'_> {
         }
         Ok(())
     }
+}
+
+/// A bad line's reason within 300 characters: a parser quotes the token it refused, and a
+/// 60 MiB field came back whole, as 63 MB of error message.
+fn cut(reason: String) -> String {
+    const MOST: usize = 300;
+    if reason.chars().nth(MOST).is_none() {
+        return reason;
+    }
+    let kept: String = reason.chars().take(MOST).collect();
+    format!("{kept}... (the reason cut from {} bytes)", reason.len())
 }
 
 /// Most ids one line may hold: a 64 MiB line of one-character ids held 16 million (128 MB
@@ -214,6 +226,17 @@ mod tests {
         assert!(err.starts_with(&format!("{}:5: ", files[1].display())), "{err}");
         let skipping = ReaderConfig { skip_bad_lines: true, ..shuffled(5, u64::MAX) };
         assert_eq!(read(&files, skipping).0.unwrap().len(), 699);
+    }
+
+    #[test]
+    fn a_bad_line_s_reason_is_cut_whatever_the_token_it_quotes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a");
+        std::fs::write(&path, format!("1\t{}\n", "9".repeat(100_000))).unwrap();
+        let (got, _) = read(std::slice::from_ref(&path), ReaderConfig::criteo(4));
+        let err = got.unwrap_err();
+        assert!(err.starts_with(&format!("{}:1: ", path.display())) && err.len() < 600, "{} bytes", err.len());
+        assert!(err.contains("... (the reason cut from"), "{err}");
     }
 
     #[test]

@@ -196,6 +196,14 @@ impl Optimizer {
                 self.kind
             ));
         }
+        if self.weight_bounds.is_some() && !self.kind.is_paddle() {
+            // Accepted and ignored, the job ran without the bounds it asked for.
+            return Err(format!(
+                "{what} optimizer ({:?}): weight_bounds are kept by Paddle's sparse rules only (sparse_naive, \
+                 sparse_adagrad, std_adagrad, sparse_adam, sparse_shared_adam); this rule would ignore them",
+                self.kind
+            ));
+        }
         if let Some([lo, hi]) = self.weight_bounds {
             if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
                 return Err(format!(
@@ -383,6 +391,12 @@ mod tests {
         opt.update(&mut w, &mut s, &[0.0, 0.3], 1.0);
         assert_eq!(w[0], 0.5);
         assert!(w[1].is_finite() && w[1] < 2.0, "{w:?}");
+        // Bounds only a Paddle rule keeps are refused on another, not ignored.
+        let bounded = Optimizer { weight_bounds: Some([-1.0, 1.0]), ..Optimizer::adam_d2sum(0.1) };
+        assert!(bounded
+            .validate("dense")
+            .unwrap_err()
+            .contains("weight_bounds are kept by Paddle's sparse rules only"));
         // A flag that changes a job file's rule gives the new rule's settings, not the old one's.
         let switched = Optimizer { lr: 0.01, ..Optimizer::adam(0.01) }.with_kind(OptimizerKind::AdamD2Sum);
         assert_eq!(switched, Optimizer::adam_d2sum(0.01));
