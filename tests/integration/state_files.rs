@@ -393,38 +393,26 @@ fn processes_refuse_hostile_restart_files_with_one_clear_line() {
     assert!(err.contains("symbolic link"), "{err}");
     assert_eq!(std::fs::read(&outside).unwrap(), b"not yours");
     std::fs::remove_file(&position).unwrap();
-    drop(PositionLog::create(
-        &ckpt,
-        Position {
+    let record = |pass: u32, samples: u64| {
+        let p = Position {
             job: "j".into(),
             trainer: 0,
             first_pass: 1,
-            pass: 999,
-            step: 0,
-            samples: 0,
-            trained: 0,
+            pass,
+            step: samples / 50,
+            samples,
+            trained: samples,
             finished: false,
             order: None,
-        },
-    ));
+        };
+        drop(PositionLog::create(&ckpt, p));
+    };
+    record(999, 0);
     let err = trainer("a position of pass 999", &[]);
     assert!(err.contains("pass 999"), "{err}");
     // A record of samples read in the files' order, rejoined by a run that shuffles: skipping
     // that many of the shuffled lines would skip other samples (and train some twice).
-    drop(PositionLog::create(
-        &ckpt,
-        Position {
-            job: "j".into(),
-            trainer: 0,
-            first_pass: 1,
-            pass: 1,
-            step: 2,
-            samples: 100,
-            trained: 100,
-            finished: false,
-            order: None,
-        },
-    ));
+    record(1, 100);
     let err = trainer("a position read in another order", &["--shuffle"]);
     assert!(err.contains("read in the files' order, but this run reads them shuffled by seed"), "{err}");
 }
