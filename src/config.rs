@@ -105,10 +105,11 @@ impl TrainSettings {
     /// share), `None`: read in order.
     pub fn shuffle(&self) -> anyhow::Result<Option<u64>> {
         match (self.shuffle, self.shuffle_window) {
-            (_, Some(0)) => anyhow::bail!("shuffle_window must be at least 1 line"),
+            (_, Some(0)) => anyhow::bail!("shuffle_window (--shuffle-window) must be at least 1 line"),
             (false, Some(w)) => {
                 anyhow::bail!(
-                    "shuffle_window = {w} sets how shuffling holds lines, but shuffle is off: set shuffle = true"
+                    "shuffle_window (--shuffle-window) = {w} sets how shuffling holds lines, but shuffle is off: set \
+                     shuffle = true (--shuffle)"
                 )
             }
             (false, None) => Ok(None),
@@ -301,7 +302,7 @@ mod tests {
         let err = train("shuffle_window = 1000").shuffle().unwrap_err().to_string();
         assert!(err.contains("shuffle is off: set shuffle = true"), "{err}");
         let err = train("shuffle = true\nshuffle_window = 0").shuffle().unwrap_err().to_string();
-        assert_eq!(err, "shuffle_window must be at least 1 line");
+        assert_eq!(err, "shuffle_window (--shuffle-window) must be at least 1 line");
         let job = JobConfig { train: train("shuffle_window = 5"), ..JobConfig::default() };
         assert!(job.validate().is_err(), "a job file's validation runs it");
     }

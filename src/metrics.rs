@@ -115,6 +115,11 @@ impl PassMetrics {
 /// Buckets of Paddle's AUC: `paddle.static.auc`'s 4095 thresholds give 4096 buckets.
 pub const AUC_BUCKETS: usize = 4096;
 
+/// Most samples one trainer's histogram of one pass may count (2^48, hundreds of trillions):
+/// far beyond any pass, and low enough that the histograms of every trainer a server admits
+/// add up without saturating (two of u64::MAX samples made the merged MAE 2).
+pub const MAX_PASS_SAMPLES: u64 = 1 << 48;
+
 /// Paddle's bucketed AUC: per prediction bucket (`floor(p * 4095)`), the positive and negative
 /// samples seen. Histograms of several trainers add up exactly, which is how `fleet.metrics.auc`
 /// gets one AUC over all trainers' samples; [`AucBuckets::auc`] is its formula. Beside them, the
@@ -178,14 +183,33 @@ impl AucBuckets {
         b
     }
 
-    /// Whether the histogram has Paddle's shape and sums its samples can make (each sum within
-    /// 0 and the sample count, as each term is within [0, 1]): what a peer sent is checked
-    /// before use, so a wrong one cannot make the job's figures NaN or negative.
+    /// Whether the histogram has Paddle's shape, at most [`MAX_PASS_SAMPLES`] samples, and sums
+    /// its buckets allow: each sample's prediction lies within its bucket's width, which
+    /// bounds every sum. What a peer sent is checked before use, so a wrong one cannot make
+    /// the job's figures NaN, negative, above 1 or contrary to its own histogram.
     pub fn is_valid(&self) -> bool {
-        let most = self.samples() as f64 * (1.0 + 1e-9);
-        self.pos.len() == AUC_BUCKETS
-            && self.neg.len() == AUC_BUCKETS
-            && self.sums.iter().all(|&s| s.is_finite() && (0.0..=most).contains(&s))
+        if self.pos.len() != AUC_BUCKETS || self.neg.len() != AUC_BUCKETS || self.samples() > MAX_PASS_SAMPLES {
+            return false;
+        }
+        let (mut lo, mut hi) = ([0.0f64; 3], [0.0f64; 3]);
+        let width = 1.0 / (AUC_BUCKETS - 1) as f64;
+        for k in 0..AUC_BUCKETS {
+            // Predictions of bucket k lie in [a, b]; a positive's error is 1 - p, a negative's p.
+            let (a, b) = (k as f64 * width, ((k + 1) as f64 * width).min(1.0));
+            let (p, n) = (self.pos[k] as f64, self.neg[k] as f64);
+            let bounds = [
+                ((1.0 - b) * p + a * n, (1.0 - a) * p + b * n),
+                ((1.0 - b).powi(2) * p + a * a * n, (1.0 - a).powi(2) * p + b * b * n),
+                (a * (p + n), b * (p + n)),
+            ];
+            for (i, (l, h)) in bounds.into_iter().enumerate() {
+                lo[i] += l;
+                hi[i] += h;
+            }
+        }
+        // Float rounding of a sum of this many terms, and f32 predictions at a bucket's edge.
+        let slack = 1e-6 * (self.samples() as f64).max(1.0);
+        self.sums.iter().enumerate().all(|(i, &s)| s.is_finite() && s >= lo[i] - slack && s <= hi[i] + slack)
     }
 
     /// Adds `other`'s counts and sums.
@@ -209,7 +233,9 @@ impl AucBuckets {
             rmse: (self.sums[1] / n).sqrt(),
             predicted_ctr,
             actual_ctr,
-            copc: (predicted_ctr > 0.0).then(|| actual_ctr / predicted_ctr),
+            // Paddle's `fleet_util` gives no COPC below a predicted CTR of 1e-6 either: a sum
+            // of 5e-324 made it infinite.
+            copc: (predicted_ctr > 1e-6).then(|| actual_ctr / predicted_ctr),
         })
     }
 
@@ -440,11 +466,22 @@ mod tests {
         assert_eq!(AucBuckets::of(&[0.0], &[1.0]).bundle().unwrap().copc, None, "nothing predicted");
         // A NaN prediction counts as 0, as its bucket does.
         assert_eq!(AucBuckets::of(&[f32::NAN], &[1.0]).sums, [1.0, 1.0, 0.0]);
-        // Sums no samples can make are refused.
-        for sums in [[f64::NAN, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 7.0]] {
+        // Sums no samples can make are refused, and so are sums contrary to the histogram:
+        // near-perfect predictions with the errors of the worst ones.
+        for sums in [[f64::NAN, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 7.0], [6.0, 6.0, 0.0]] {
             assert!(!AucBuckets { sums, ..all.clone() }.is_valid(), "{sums:?}");
         }
         assert!(all.is_valid());
+        let sure = AucBuckets::of(&[0.9999; 1000], &[1.0; 1000]);
+        assert!(sure.is_valid());
+        assert!(!AucBuckets { sums: [1000.0, 1000.0, 0.0], ..sure.clone() }.is_valid());
+        let mut huge = AucBuckets::default();
+        huge.pos[4095] = u64::MAX;
+        assert!(!AucBuckets { sums: [0.0, 0.0, u64::MAX as f64], ..huge }.is_valid(), "beyond 2^48 samples");
+        // Random predictions at bucket edges and inside stay valid, whatever the labels.
+        let probs: Vec<f32> = (0..5000).map(|i| (i as f32 / 4999.0).powi(3)).collect();
+        let labels: Vec<f32> = (0..5000).map(|i| (i % 3 == 0) as u8 as f32).collect();
+        assert!(AucBuckets::of(&probs, &labels).is_valid());
         // Two predictions in one bucket (0.50001 and 0.50002) are a tie: half a pair.
         let tied = AucBuckets::of(&[0.50001, 0.50002], &[0.0, 1.0]);
         assert_eq!(tied.auc(), Some(0.5));

@@ -31,9 +31,8 @@ pub fn pass_seed(seed: u64, pass: u32, trainer: usize) -> u64 {
 /// Lines held past the memory allowed to shuffling, or that the allocator refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "shuffling holds this trainer's lines in memory: with {held} lines ({mib} MiB) held, the next does not fit \
-     in the {limit_mib} MiB it may take; set shuffle_window (--shuffle-window) to a number of lines, or use more \
-     trainers"
+    "shuffling holds this trainer's lines in memory: with {held} lines ({mib} MiB) held, {why}; set \
+     shuffle_window (--shuffle-window) to a number of lines, or use more trainers"
 )]
 pub struct ShuffleError {
     /// Lines held when the bound was reached.
@@ -42,6 +41,9 @@ pub struct ShuffleError {
     pub mib: u64,
     /// The bound, in MiB.
     pub limit_mib: u64,
+    /// What stopped it: the bound, or the allocator refusing before it (a process limit or a
+    /// machine short of memory since the bound was set).
+    pub why: String,
 }
 
 /// A line as read: where it came from (for error messages) and its text.
@@ -108,10 +110,23 @@ impl Shuffler {
     }
 
     fn full(&self) -> ShuffleError {
+        let limit_mib = self.config.max_bytes >> 20;
+        self.stopped(format!("the next does not fit in the {limit_mib} MiB it may take"))
+    }
+
+    fn refused(&self) -> ShuffleError {
+        self.stopped(
+            "the allocator refused more memory (a process limit, or the machine's memory taken since the pass began)"
+                .into(),
+        )
+    }
+
+    fn stopped(&self, why: String) -> ShuffleError {
         ShuffleError {
             held: self.held.len() as u64,
             mib: self.held_bytes() >> 20,
             limit_mib: self.config.max_bytes >> 20,
+            why,
         }
     }
 
@@ -132,9 +147,10 @@ impl Shuffler {
             let room = (self.config.window - self.held.len() as u64).min(usize::MAX as u64) as usize;
             let more = self.held.capacity().max(1024).min(room);
             let list = (more * std::mem::size_of::<HeldLine>()) as u64;
-            if self.held_bytes() + list + cost > self.config.max_bytes || self.held.try_reserve_exact(more).is_err() {
+            if self.held_bytes() + list + cost > self.config.max_bytes {
                 return Err(self.full());
             }
+            self.held.try_reserve_exact(more).map_err(|_| self.refused())?;
         }
         let i = if filling { None } else { Some(self.draw(self.held.len())) };
         let leaving = i.map_or(0, |i| text_cost(self.held[i].text.len()));
@@ -142,7 +158,7 @@ impl Shuffler {
             return Err(self.full());
         }
         let mut owned = Vec::new();
-        owned.try_reserve_exact(text.len()).map_err(|_| self.full())?;
+        owned.try_reserve_exact(text.len()).map_err(|_| self.refused())?;
         owned.extend_from_slice(text);
         let line = HeldLine { file, number, bytes, text: owned.into_boxed_slice() };
         self.text_bytes = self.text_bytes - leaving + cost;

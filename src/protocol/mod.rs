@@ -26,7 +26,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 8;
+pub const PROTOCOL_VERSION: u64 = 9;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.

@@ -383,10 +383,7 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         Request::Stats => {
             Ok(Answer::Response(Response::Stats(serde_json::to_string(&state.stats()).expect("stats serialize"))))
         }
-        Request::PassAuc { trainer, pass, pos, neg, sums } => {
-            let buckets = crate::metrics::AucBuckets { pos: pos.into_owned(), neg: neg.into_owned(), sums };
-            members::pass_auc(state, trainer, pass, buckets)
-        }
+        Request::PassAuc { trainer, pass, pos, neg, sums } => members::pass_auc(state, trainer, pass, &pos, &neg, sums),
         Request::GlobalAuc { pass } => members::global_auc(state, pass),
         Request::Shrink { days } => requests::shrink(state, days).await,
         Request::Export { dir, kind } => requests::export(state, &dir, kind).await,

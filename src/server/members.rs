@@ -124,18 +124,21 @@ pub(super) fn save_final(state: &State, dir: &std::path::Path) -> Result<(), (Er
 const AUC_PASSES: usize = 3;
 
 /// Keeps trainer `trainer`'s histogram of pass `pass` (a resend replaces it: counted once).
-pub(super) fn pass_auc(state: &State, trainer: u64, pass: u64, buckets: crate::metrics::AucBuckets) -> Reply {
+pub(super) fn pass_auc(state: &State, trainer: u64, pass: u64, pos: &[u64], neg: &[u64], sums: [f64; 3]) -> Reply {
+    let want = crate::metrics::AUC_BUCKETS;
+    if pos.len() != want || neg.len() != want {
+        // Checked before copying: a frame's arrays may be as long as its bound.
+        let message = format!("an AUC histogram has {} and {} buckets, not {want}", pos.len(), neg.len());
+        return Err((ErrorCode::Malformed, message));
+    }
+    let buckets = crate::metrics::AucBuckets { pos: pos.to_vec(), neg: neg.to_vec(), sums };
     if !buckets.is_valid() {
-        let (pos, neg, want) = (buckets.pos.len(), buckets.neg.len(), crate::metrics::AUC_BUCKETS);
-        let message = if pos != want || neg != want {
-            format!("an AUC histogram has {pos} and {neg} buckets, not {want}")
-        } else {
-            format!(
-                "an AUC histogram's error sums {:?} are not numbers within 0 and its {} samples",
-                buckets.sums,
-                buckets.samples()
-            )
-        };
+        let message = format!(
+            "an AUC histogram of {} samples (at most {}) with error sums {:?} its buckets do not allow",
+            buckets.samples(),
+            crate::metrics::MAX_PASS_SAMPLES,
+            buckets.sums
+        );
         return Err((ErrorCode::Malformed, message));
     }
     let mut all = state.pass_auc.lock();

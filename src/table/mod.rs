@@ -330,7 +330,7 @@ impl TableSpec {
         for t in &self.sparse {
             if t.optimizer.kind == OptimizerKind::AdamD2Sum {
                 return Err(format!(
-                    "sparse table {}: adam_d2sum is Paddle's dense rule; a sparse table takes sparse_adam or sparse_shared_adam",
+                    "sparse table {}: adam_d2sum is Paddle's dense rule; for Paddle's Adam on a sparse table use sparse_adam or sparse_shared_adam",
                     t.name
                 ));
             }

@@ -43,10 +43,15 @@ fn server_zero_merges_each_trainers_histogram_once() {
     assert!(code == ErrorCode::Malformed && m.contains("3 and 3 buckets, not 4096"), "{m}");
     // Error sums no samples can make (a NaN, or beyond the sample count) would poison the
     // figures every trainer reads: refused.
-    for sums in [[f64::NAN, 0.0, 0.0], [0.0, 0.0, 1e300]] {
+    for sums in [[f64::NAN, 0.0, 0.0], [0.0, 0.0, 1e300], [3.0, 3.0, 0.0]] {
         let (code, m) = refused(t0.pass_auc(0, 2, &AucBuckets { sums, ..a.clone() }).unwrap_err());
         assert!(code == ErrorCode::Malformed && m.contains("error sums"), "{m}");
     }
+    // Counts that would saturate the merged histogram (and make its MAE 2) are refused.
+    let mut huge = AucBuckets::default();
+    huge.pos[4095] = u64::MAX;
+    let (code, m) = refused(t0.pass_auc(0, 2, &huge).unwrap_err());
+    assert!(code == ErrorCode::Malformed && m.contains("(at most 281474976710656)"), "{m}");
     let (code, m) = refused(tool.global_auc(7).unwrap_err());
     assert!(code == ErrorCode::State && m.contains("pass 7"), "{m}");
 }

@@ -74,7 +74,11 @@ fn settings_past_what_the_process_may_hold_are_refused_naming_them() {
     let endless = ["--shuffle", "--pipe-command", "yes '1	1'"];
     let o = oar_limited(3 << 30, &[&local[..], &endless[..]].concat());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("the next does not fit") && text(&o).contains("--shuffle-window"), "{}", text(&o));
+    assert!(
+        text(&o).contains("shuffling holds this trainer's lines") && text(&o).contains("--shuffle-window"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// The tools around training refuse what they used to do wrong with exit 0: an output over
