@@ -141,11 +141,7 @@ impl Reader {
             .name("oar-reader".into())
             .spawn(move || {
                 if let Some(s) = &config.shuffle {
-                    let window = if s.window == u64::MAX {
-                        "the whole share".to_string()
-                    } else {
-                        format!("{} lines", s.window)
-                    };
+                    let window = super::shuffle::window_text(s.window);
                     tracing::info!(
                         files = files.len(),
                         "shuffling: holding {window} of this pass in memory before training on them"

@@ -28,6 +28,16 @@ pub fn pass_seed(seed: u64, pass: u32, trainer: usize) -> u64 {
     mix64(mix64(seed ^ 0x5f0f_f1e5) ^ (u64::from(pass) << 32 | trainer as u64))
 }
 
+/// What a window of `window` lines holds, in words: "the whole share" or "N lines" (the
+/// position record's order and the logs say it so).
+pub fn window_text(window: u64) -> String {
+    if window == u64::MAX {
+        "the whole share".to_string()
+    } else {
+        format!("{window} lines")
+    }
+}
+
 /// Lines held past the memory allowed to shuffling, or that the allocator refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -39,8 +49,6 @@ pub struct ShuffleError {
     pub held: u64,
     /// Their bytes, in MiB.
     pub mib: u64,
-    /// The bound, in MiB.
-    pub limit_mib: u64,
     /// What stopped it: the bound, or the allocator refusing before it (a process limit or a
     /// machine short of memory since the bound was set).
     pub why: String,
@@ -122,12 +130,7 @@ impl Shuffler {
     }
 
     fn stopped(&self, why: String) -> ShuffleError {
-        ShuffleError {
-            held: self.held.len() as u64,
-            mib: self.held_bytes() >> 20,
-            limit_mib: self.config.max_bytes >> 20,
-            why,
-        }
+        ShuffleError { held: self.held.len() as u64, mib: self.held_bytes() >> 20, why }
     }
 
     /// Takes line `number` of file `file`, `bytes` long in the input, whose text is `text`;

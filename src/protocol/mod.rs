@@ -13,11 +13,13 @@
 
 pub mod auth;
 mod codec;
+mod fields;
 mod io;
 
 use std::borrow::Cow;
 
-pub use codec::{encode_values, Frame};
+pub use codec::encode_values;
+pub use fields::Frame;
 pub use io::{
     read_frame, read_frame_blocking, read_reply_blocking, split_frame, write_frame, write_frame_blocking, FrameBuf,
 };

@@ -173,8 +173,7 @@ impl TrainConfig {
     /// The order this trainer reads its lines in, as its position record states it: `None` for
     /// the files' order, else the shuffle's seed and window.
     pub fn order(&self) -> Option<String> {
-        let window = self.shuffle?;
-        let window = if window == u64::MAX { "the whole share".to_string() } else { format!("{window} lines") };
+        let window = crate::data::shuffle::window_text(self.shuffle?);
         Some(format!("shuffled by seed {} within {window}", self.model.seed))
     }
 

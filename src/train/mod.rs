@@ -214,11 +214,7 @@ pub fn run_with(
         }
         None => (None, None),
     };
-    let shuffle = match config.shuffle {
-        None => "off".to_string(),
-        Some(u64::MAX) => "whole share".to_string(),
-        Some(w) => format!("{w}-line window"),
-    };
+    let shuffle = config.order().unwrap_or_else(|| "off".into());
     tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, %shuffle, first_pass = start.pass, model = %model.summary(), "training");
 
     let mut report = TrainReport {
