@@ -96,7 +96,7 @@ fn panel(
         .x_desc("samples (per trainer)")
         .y_desc(name)
         .x_label_formatter(&|x| samples_label(*x))
-        .y_label_formatter(&|y| format!("{y:.3}"))
+        .y_label_formatter(&|y| value_label(*y))
         .label_style(("sans-serif", 14))
         .draw()?;
     // Grouped once: a scan of every point per trainer took 43 s for 100,000 trainers' lines.
@@ -155,9 +155,11 @@ fn panel(
     Ok(())
 }
 
-/// A sample count as an axis shows it: 25k, 1.5M.
+/// A sample count as an axis shows it: 25k, 1.5M, 2.0e12.
 fn samples_label(x: f64) -> String {
-    if x >= 1e6 {
+    if x >= 1e12 {
+        format!("{x:.1e}")
+    } else if x >= 1e6 {
         format!("{:.1}M", x / 1e6)
     } else if x >= 1e3 {
         format!("{:.0}k", x / 1e3)
@@ -166,9 +168,34 @@ fn samples_label(x: f64) -> String {
     }
 }
 
+/// A loss or AUC as an axis shows it: three decimals, or three significant digits in
+/// exponent form where decimals would print hundreds of digits (a diverged loss of 1e308)
+/// or none (1e-9).
+fn value_label(y: f64) -> String {
+    if y != 0.0 && !(1e-3..1e6).contains(&y.abs()) {
+        format!("{y:.2e}")
+    } else {
+        format!("{y:.3}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn axis_labels_stay_short_for_any_value() {
+        assert_eq!(value_label(0.6931), "0.693");
+        assert_eq!(value_label(0.0), "0.000");
+        assert_eq!(value_label(-1e308), "-1.00e308");
+        assert_eq!(value_label(2.5e-9), "2.50e-9");
+        assert_eq!(samples_label(1.5e6), "1.5M");
+        assert_eq!(samples_label(25_000.0), "25k");
+        assert_eq!(samples_label(1.8e19), "1.8e19");
+        for v in [f64::MAX, -f64::MAX, f64::MIN_POSITIVE, 1e-320, f64::NAN, f64::INFINITY] {
+            assert!(value_label(v).len() <= 10 && samples_label(v.abs()).len() <= 10, "{v}");
+        }
+    }
 
     #[test]
     fn a_picture_is_drawn_with_curves_in_it() {
