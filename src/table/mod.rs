@@ -13,6 +13,7 @@ pub mod admit;
 pub mod chunked;
 pub mod dense;
 pub mod index;
+pub mod init;
 pub mod optim;
 pub mod paddle_rules;
 pub mod pages;
@@ -29,58 +30,11 @@ use serde::{Deserialize, Serialize};
 pub use accessor::{Accessor, RowStats};
 pub use admit::Entry;
 pub use dense::DenseShard;
+pub use init::Init;
 pub use optim::{Optimizer, OptimizerKind};
 pub use sparse::SparseTable;
 
 use crate::layout::{mix64, DenseLayout};
-
-/// How initial values are drawn.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
-pub enum Init {
-    /// All zeros.
-    Zeros,
-    /// Uniform in `[-scale, scale]`.
-    Uniform {
-        /// Half-width of the interval.
-        scale: f32,
-    },
-    /// Every value `value` (a normalization's gain starts at 1).
-    Constant {
-        /// The value.
-        value: f32,
-    },
-}
-
-impl Init {
-    /// Checks the initializer's number: finite (an `embedding_init` of 1e300 is an infinite
-    /// f32, and every row would start infinite), a uniform scale 0 or more.
-    pub fn check(&self) -> Result<(), String> {
-        match *self {
-            Init::Zeros => Ok(()),
-            Init::Uniform { scale } if scale.is_finite() && scale >= 0.0 => Ok(()),
-            Init::Uniform { scale } => {
-                Err(format!("a uniform initializer's scale is {scale}: it must be finite, 0 or more"))
-            }
-            Init::Constant { value } if value.is_finite() => Ok(()),
-            Init::Constant { value } => Err(format!("a constant initializer's value is {value}: it must be finite")),
-        }
-    }
-
-    /// The initial value at counter `key`, a pure function of its inputs.
-    #[inline]
-    pub fn value(&self, key: u64) -> f32 {
-        match *self {
-            Init::Zeros => 0.0,
-            Init::Constant { value } => value,
-            Init::Uniform { scale } => {
-                // 24 random bits give a uniform f32 in [0, 1) exactly.
-                let u = (mix64(key) >> 40) as f32 / (1u64 << 24) as f32;
-                scale * (2.0 * u - 1.0)
-            }
-        }
-    }
-}
 
 /// One named dense parameter (a weight matrix or bias), a slice of the flat dense vector.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
