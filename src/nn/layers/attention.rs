@@ -31,8 +31,9 @@ pub struct SelfAttentionLayer {
 
 /// `self_attention`: `heads = 2`, `dim` (per head, default the input's D), `residual = true`,
 /// `scale = false`, `positions = false`, `activation = "relu"`, `init = "uniform"` (the
-/// projections +-1/sqrt(D), as PyTorch's default) or `"xavier"` (Glorot-uniform, as FuxiCTR's
-/// AutoInt starts them; position vectors stay +-1/sqrt(D)); inputs a field tensor `(F, D)` and optionally its
+/// projections +-1/sqrt(D), as PyTorch's default), `"xavier"` (Glorot-uniform) or
+/// `"xavier_normal"` (Glorot-normal, as FuxiCTR's AutoInt starts them); position vectors stay
+/// +-1/sqrt(D); inputs a field tensor `(F, D)` and optionally its
 /// mask (`F`) -> `(F, heads * dim)`.
 pub fn self_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let heads = args.usize("heads")?.unwrap_or(2);
@@ -318,7 +319,7 @@ mod tests {
     }
 
     #[test]
-    fn xavier_starts_the_projections_glorot_uniform_and_leaves_the_positions() {
+    fn xavier_starts_the_projections_glorot_uniform_or_normal_and_leaves_the_positions() {
         let s = Shape { fields: 4, dim: 10 };
         let json = r#"{"heads": 2, "dim": 8, "positions": true, "init": "xavier"}"#;
         let params = self_attention(&mut args(json), &[s]).unwrap().params();
@@ -329,6 +330,10 @@ mod tests {
         let default = self_attention(&mut args(r#"{"heads": 2, "dim": 8}"#), &[s]).unwrap().params();
         assert!(default.iter().all(|p| p.init == Init::Uniform { scale: 1.0 / 10f32.sqrt() }));
         assert!(self_attention(&mut args(r#"{"init": "zeros"}"#), &[s]).is_err());
+        // Glorot-normal: the same variance, 2 / 26.
+        let json = r#"{"heads": 2, "dim": 8, "init": "xavier_normal"}"#;
+        let normal = self_attention(&mut args(json), &[s]).unwrap().params();
+        assert!(normal.iter().all(|p| p.init == Init::Normal { std: (2.0f32 / 26.0).sqrt() }), "{normal:?}");
     }
 
     #[test]

@@ -25,8 +25,11 @@ pub enum LinearInit {
     Uniform,
     /// All zero (a linear term on raw features).
     Zeros,
-    /// Glorot-uniform weights, zero bias (FuxiCTR's and Keras's start).
+    /// Glorot-uniform weights, zero bias (Keras's start).
     Xavier,
+    /// Glorot-normal weights (the same variance, `2 / (inputs + outputs)`), zero bias:
+    /// FuxiCTR's start (`BaseModel.reset_parameters`, `xavier_normal_`).
+    XavierNormal,
 }
 
 impl LinearInit {
@@ -40,36 +43,44 @@ impl LinearInit {
             }
             LinearInit::Zeros => (Init::Zeros, Init::Zeros),
             LinearInit::Xavier => (Init::Uniform { scale: (6.0 / (i + o)).sqrt() }, Init::Zeros),
+            LinearInit::XavierNormal => (Init::Normal { std: (2.0 / (i + o)).sqrt() }, Init::Zeros),
         }
     }
 
-    /// The job file's `init` setting among `uniform` and `xavier` (for stacks of hidden layers).
+    /// The job file's `init` setting among `uniform`, `xavier` and `xavier_normal` (for stacks
+    /// of hidden layers).
     pub fn parse_hidden(args: &mut LayerArgs) -> Result<LinearInit, String> {
-        match args.string("init")?.as_deref() {
-            None | Some("uniform") => Ok(LinearInit::Uniform),
-            Some("xavier") => Ok(LinearInit::Xavier),
-            Some(other) => Err(format!("init must be \"uniform\" or \"xavier\", got {other:?}")),
-        }
+        Self::parse(args, false)
+    }
+
+    /// The job file's `init` setting; `"zeros"` only where `zeros` allows it.
+    fn parse(args: &mut LayerArgs, zeros: bool) -> Result<LinearInit, String> {
+        let init = match args.string("init")?.as_deref() {
+            None | Some("uniform") => LinearInit::Uniform,
+            Some("zeros") if zeros => LinearInit::Zeros,
+            Some("xavier") => LinearInit::Xavier,
+            Some("xavier_normal") => LinearInit::XavierNormal,
+            Some(other) => {
+                let names = if zeros { "\"uniform\", \"zeros\", \"xavier\"" } else { "\"uniform\", \"xavier\"" };
+                return Err(format!("init must be {names} or \"xavier_normal\", got {other:?}"));
+            }
+        };
+        Ok(init)
     }
 }
 
 /// `linear`: `out` (required), `bias = true`, `activation = "identity"`, `init = "uniform"`
 /// (PyTorch's default, +-1/sqrt(inputs), for a hidden layer), `"zeros"` (weights and bias at
 /// zero, for a linear term on raw features, as the reference LR parts start near zero: a random
-/// start on unscaled inputs is a random logit the first steps must undo) or `"xavier"`
-/// (Glorot-uniform weights, zero bias); `per_field = false` (true: `(F, D) -> (F, out)`, each
+/// start on unscaled inputs is a random logit the first steps must undo), `"xavier"`
+/// (Glorot-uniform weights, zero bias) or `"xavier_normal"` (Glorot-normal, FuxiCTR's); `per_field = false` (true: `(F, D) -> (F, out)`, each
 /// vector mapped by the same weights).
 pub fn linear(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let [input] = inputs else { return Err("takes one input".into()) };
     let out = args.required_usize("out")?;
     let bias = args.bool("bias")?.unwrap_or(true);
     let activation = args.activation("activation")?.unwrap_or(Activation::Identity);
-    let init = match args.string("init")?.as_deref() {
-        None | Some("uniform") => LinearInit::Uniform,
-        Some("zeros") => LinearInit::Zeros,
-        Some("xavier") => LinearInit::Xavier,
-        Some(other) => return Err(format!("init must be \"uniform\", \"zeros\" or \"xavier\", got {other:?}")),
-    };
+    let init = LinearInit::parse(args, true)?;
     let per_field = args.bool("per_field")?.unwrap_or(false);
     args.finish()?;
     if out == 0 {
@@ -175,8 +186,8 @@ pub struct MlpLayer {
 
 /// `mlp`: `hidden = [..]`, `activation = "relu"`, `dropout = 0`, `out` (optional final width),
 /// `out_activation = "identity"`, `init = "uniform"` (PyTorch's default, +-1/sqrt(inputs) for
-/// weights and biases) or `"xavier"` (Glorot-uniform weights, zero biases, as FuxiCTR and
-/// Keras start). Parameters are named `0.w`, `0.b`, `1.w`, ... by layer.
+/// weights and biases), `"xavier"` (Glorot-uniform weights, zero biases, as Keras starts) or
+/// `"xavier_normal"` (Glorot-normal, as FuxiCTR starts). Parameters are named `0.w`, `0.b`, `1.w`, ... by layer.
 pub fn mlp(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let [input] = inputs else { return Err("takes one input".into()) };
     let hidden = args.usize_list("hidden")?.unwrap_or_default();

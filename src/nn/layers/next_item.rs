@@ -26,7 +26,7 @@ pub struct NextItemLossLayer {
 }
 
 /// `next_item_loss`: `hidden = [100, 50]` (FuxiCTR's `aux_hidden_units`), `activation =
-/// "relu"`, `init = "uniform"` (or `"xavier"`); inputs the interest states (`(L, H)`), the
+/// "relu"`, `init = "uniform"` (or `"xavier"`, `"xavier_normal"`); inputs the interest states (`(L, H)`), the
 /// behaviours (`(L, E)`), the negative behaviours (`(L, E)`) and optionally the sequence's mask
 /// (`L`) -> 1.
 pub fn next_item_loss(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {

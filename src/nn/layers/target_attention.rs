@@ -44,7 +44,7 @@ pub struct TargetAttentionLayer {
 }
 
 /// `target_attention`: `hidden = [80, 40]`, `activation = "prelu"` (or `"dice"`, relu, sigmoid, tanh),
-/// `softmax = false`, `init = "uniform"` (or `"xavier"`, as `mlp`), `output = "pooled"` (or `"scores"`: the weights `w_l` themselves, `L`
+/// `softmax = false`, `init = "uniform"` (or `"xavier"`, `"xavier_normal"`, as `mlp`), `output = "pooled"` (or `"scores"`: the weights `w_l` themselves, `L`
 /// values, as DIEN's AUGRU takes them); inputs the query (`E`), the sequence (`(L, E)`) and
 /// optionally its mask (`L`, a sequence embedding's `NAME.mask`) -> `E`.
 pub fn target_attention(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
