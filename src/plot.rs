@@ -185,7 +185,7 @@ mod tests {
 
     #[test]
     fn axis_labels_stay_short_for_any_value() {
-        assert_eq!(value_label(0.6931), "0.693");
+        assert_eq!(value_label(0.4512), "0.451");
         assert_eq!(value_label(0.0), "0.000");
         assert_eq!(value_label(-1e308), "-1.00e308");
         assert_eq!(value_label(2.5e-9), "2.50e-9");
