@@ -592,7 +592,7 @@ fn absurd_counts_and_periods_are_one_error_line_not_a_panic() {
     assert!(err.contains("PADDLE_TRAINERS_NUM: 18446744073709551615 trainers, more than 65536"), "{err}");
 
     // Job-file numbers that are no number, or infinite: an infinite l2 or initializer scale
-    // used to pass (`>= 0`) and train to NaN; each is now named.
+    // used to pass (`>= 0`) and train to NaN; each is now named, as a negative std is.
     let job = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml")).unwrap();
     let edits = [
         ("lr = 1e-3\n", "lr = 1e-3\nl2 = inf\n", "dense optimizer (Adam): l2 is inf; it must be a finite number"),
@@ -601,7 +601,15 @@ fn absurd_counts_and_periods_are_one_error_line_not_a_panic() {
         ("lr = 1e-3\n", "lr = 1e-3\nbeta1 = 2.0\n", "beta1 is 2; it must be a finite number in [0, 1)"),
     ];
     let file = dir.path().join("job.toml");
-    for (from, to, want) in edits {
+    let autoint =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/zoo/autoint.toml")).unwrap();
+    let normal = "std = 1e-4 }";
+    let edits = edits.into_iter().map(|(from, to, want)| (&job, from, to, want)).chain([
+        (&autoint, normal, "std = -1e-4 }", "a normal initializer's std is -1e-4"),
+        // Finite, but draws 6.8 standard deviations out would be infinite.
+        (&autoint, normal, "std = 1e38 }", "a normal initializer's std is 1e38"),
+    ]);
+    for (job, from, to, want) in edits {
         assert!(job.contains(from));
         std::fs::write(&file, job.replacen(from, to, 1)).unwrap();
         let o = oar(&["train", "--config", file.to_str().unwrap(), "--train", train]);
