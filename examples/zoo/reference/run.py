@@ -377,9 +377,12 @@ def step(opts, loss):
 
 
 def optimizers(model, dense_lr):
-    """Adagrad (lr 0.05, initial accumulator 0, eps 1e-10: oar's [sparse_optimizer] defaults,
-    src/table/optim.rs) on every nn.Embedding table; Adam (betas 0.9/0.999, eps 1e-8) with the
-    job file's lr on everything else, as oar's dense parameters."""
+    """Adagrad (lr 0.05, initial accumulator 0, eps 1e-10, PyTorch's) on every nn.Embedding
+    table; Adam (betas 0.9/0.999, eps 1e-8) with the job file's lr on everything else, as oar's
+    dense parameters. A job file's Adagrad has eps 1e-8 unless it sets one (src/table/optim.rs,
+    `Optimizer::defaults`); autoint.toml sets 1e-10: its rows start at N(0, 1e-4), and 1e-8
+    damped the first steps of rows whose gradient was near it (same_start.py). The other job
+    files keep 1e-8 against this 1e-10."""
     import torch
     from torch import nn
 
