@@ -57,6 +57,12 @@ impl StartModel {
         })
     }
 
+    /// The warm start this model came from (its manifest's `init_model`), if it names one as
+    /// a path. A resumed job's saves name it again, so a resume does not drop the lineage.
+    pub fn warm_start(&self) -> Option<&str> {
+        self.manifest.model.get("init_model").and_then(|v| v.as_str())
+    }
+
     /// Checks that the saved model has this job's tables: shapes and optimizers.
     pub fn check_spec(&self, spec: &TableSpec) -> anyhow::Result<()> {
         anyhow::ensure!(

@@ -194,7 +194,12 @@ pub fn run_with(
     if let Some(from) = &from {
         from.check_spec(&spec)?;
     }
-    let (mut store, first_pass) = open_store(config, &spec, from.as_ref())?;
+    // What every save's manifest names as the warm start: this job's, or the resumed save's.
+    let warm = match &config.init_model {
+        Some(dir) => Some(std::path::absolute(dir).unwrap_or(dir.clone()).display().to_string()),
+        None => from.as_ref().and_then(|f| f.warm_start()).map(str::to_string),
+    };
+    let (mut store, first_pass) = open_store(config, &spec, from.as_ref(), warm.as_deref())?;
     let files = shard_files(&config.train_files, config.trainers, me);
     anyhow::ensure!(
         !files.is_empty(),
@@ -301,7 +306,8 @@ pub fn run_with(
         if let (Store::Remote(client), Some(b)) = (&mut store, &buckets) {
             client.pass_auc(me, pass, b).with_context(|| format!("sending pass {pass}'s AUC histogram"))?;
         }
-        let (tests, day) = end_pass(config, &mut store, &model, &schema, &spec, pass, step, &mut exports)?;
+        let (tests, day) =
+            end_pass(config, &mut store, &model, &schema, &spec, pass, step, warm.as_deref(), &mut exports)?;
         let all_trainers = match (&mut store, buckets) {
             (Store::Remote(client), Some(_)) => {
                 let g = client.global_auc(pass).with_context(|| format!("reading pass {pass}'s AUC"))?;
@@ -399,6 +405,7 @@ fn open_store(
     config: &TrainConfig,
     spec: &TableSpec,
     from: Option<&init_model::StartModel>,
+    warm: Option<&str>,
 ) -> anyhow::Result<(Store, u32)> {
     let resumed = match (&config.resume, from) {
         (Some(_), Some(from)) => {
@@ -443,7 +450,7 @@ fn open_store(
                 tls: config.tls.clone(),
             })?;
             let calendar = config.online.as_ref().map(|o| o.listing()).transpose()?.unwrap_or_default();
-            let mut model = description(config, None);
+            let mut model = description(config, None, warm);
             // A rejoining trainer's servers may have saved passes since into the folder it
             // started from, or restarted from their checkpoints: only a first start is compared.
             model["start_model"] = match from {
@@ -458,8 +465,9 @@ fn open_store(
     Ok((store, first_pass))
 }
 
-/// What a saved model's manifest says about the model and how it was trained.
-fn description(config: &TrainConfig, steps: Option<u64>) -> serde_json::Value {
+/// What a saved model's manifest says about the model and how it was trained (`warm`: the
+/// model its job, or the job it resumes, started from with `--init-model`).
+fn description(config: &TrainConfig, steps: Option<u64>, warm: Option<&str>) -> serde_json::Value {
     let mut d = serde_json::json!({
         "model": config.model.with_shorthand_defaults(),
         "data": config.data,
@@ -469,8 +477,8 @@ fn description(config: &TrainConfig, steps: Option<u64>) -> serde_json::Value {
     if let Some(steps) = steps {
         d["steps"] = steps.into();
     }
-    if let Some(dir) = &config.init_model {
-        d["init_model"] = std::path::absolute(dir).unwrap_or(dir.clone()).display().to_string().into();
+    if let Some(warm) = warm {
+        d["init_model"] = warm.into();
     }
     d
 }
@@ -508,6 +516,7 @@ fn end_pass(
     spec: &TableSpec,
     pass: u32,
     step: u64,
+    warm: Option<&str>,
     exports: &mut crate::export::ExportPlan,
 ) -> anyhow::Result<(Vec<EvalReport>, Option<DayReport>)> {
     let me = config.trainer_id;
@@ -542,7 +551,7 @@ fn end_pass(
                 dir.display()
             );
             let shards = store.save(&dir).with_context(|| format!("saving pass {pass} to {}", dir.display()))?;
-            let mut model = description(config, Some(step));
+            let mut model = description(config, Some(step), warm);
             if let Some((o, _)) = slot {
                 // Where a resume must count from (`Online::check_resume`).
                 model["online"] = serde_json::to_value(o.saved_day(pass))?;

@@ -339,7 +339,7 @@ fn a_day_too_few_files_for_its_trainers_is_refused_before_training() {
 #[test]
 fn online_training_starts_from_an_offline_model_with_init_model() {
     let dir = tempfile::tempdir().unwrap();
-    let stream = stream(dir.path(), 3, 2_000);
+    let stream = stream(dir.path(), 4, 2_000);
     // No shrink (no accessor): the rows a day leaves unseen stay, to be counted.
     let text_of = std::fs::read_to_string(job(dir.path())).unwrap();
     let text_of = text_of.replace(", accessor = { show_click_decay_rate = 0.9, delete_threshold = 0.15 }", "");
@@ -384,6 +384,15 @@ fn online_training_starts_from_an_offline_model_with_init_model() {
         let (a, b) = (&offline_rows[id], &warm_rows[id]);
         assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "row {id}: {a:?} against {b:?}");
     }
+
+    // Resumed for the next day (in one process), its save still names the model it started
+    // from: a resume used to drop the lineage from every manifest after it.
+    let next = ["--online", &stream, "--days", "20260102..20260104", "--resume", &warm, "--output", &warm];
+    let o = oar(&[&["train", "--config", &job][..], &next].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let m = manifest(&warm);
+    assert_eq!(m.pass, 3);
+    assert_eq!(m.model["init_model"], offline.as_str(), "{}", m.model);
 
     // Statistics of its own that differ from the model's are refused, naming the first.
     let stats = dir.path().join("stats.json");
