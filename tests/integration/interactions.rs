@@ -60,3 +60,47 @@ fn fm_and_xdeepfm_learn_planted_pairs_and_ffm_field_aware_ones_that_a_dnn_misses
     eprintln!("FFM 2x2 async: {two_by_two:.4}");
     assert!(two_by_two > dnn + 0.01, "2x2 async FFM {two_by_two} vs the local DNN {dnn}");
 }
+
+/// `examples/zoo/paired.sh`, which states AutoInt+'s margin over its DNN (`autoint_base.toml`)
+/// in the README, run as a user runs it: each seed's two AUCs, then means and the paired
+/// difference computed from them; a job that fails stops it with that job and seed named.
+#[test]
+fn paired_script_states_a_model_against_its_baseline_seed_by_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        oar::data::gen::GenConfig { lines: 4_000, test_lines: 2_000, seed: 1, parts: 1, out: dir.path().into() };
+    oar::data::gen_interactions::generate(&config, Effect::Pairs).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = |job: &str, seeds: &[&str]| {
+        std::process::Command::new("bash")
+            .arg(root.join("examples/zoo/paired.sh"))
+            .args([job, "examples/zoo/autoint_base.toml", dir.path().to_str().unwrap()])
+            .args(seeds)
+            .env("OAR", env!("CARGO_BIN_EXE_oar"))
+            .current_dir(root)
+            .output()
+            .unwrap()
+    };
+    let o = run("examples/zoo/autoint.toml", &["1", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let seeds: Vec<(f64, f64)> = out
+        .lines()
+        .filter(|l| l.starts_with("seed "))
+        .map(|l| {
+            let v: Vec<f64> = l.split(": ").nth(1).unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
+            (v[0], v[1])
+        })
+        .collect();
+    assert_eq!(seeds.len(), 2, "{out}");
+    assert!(seeds.iter().all(|&(a, b)| a > 0.5 && b > 0.5 && a != b), "{out}");
+    // In the script's order of operations, so the printed rounding is the same.
+    let diff = (0.0 + (seeds[0].0 - seeds[0].1) + (seeds[1].0 - seeds[1].1)) / 2.0;
+    let wins = seeds.iter().filter(|(a, b)| a > b).count();
+    let want = format!("paired autoint.toml - autoint_base.toml: {diff:+.4}, standard error");
+    assert!(out.contains(&want) && out.contains(&format!("{wins} of 2 seeds won")), "{out}\nwanted {want}");
+
+    let o = run("examples/zoo/no_such_job.toml", &["3"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("no_such_job.toml, seed 3:"), "{}", text(&o));
+}
