@@ -1,24 +1,33 @@
 //! `weight_multiply`: each value of a flat input times its own learned vector, so numeric
 //! features become fields beside the embeddings (DeepFM's dense features).
 
+use super::dense::LinearInit;
 use crate::nn::layer::{Ctx, Layer, LayerArgs, Shape};
 use crate::table::{DenseParam, Init};
 
-/// `y[k] = x_k * W_k` for the `K` input values, `W` (`K x dim`) the parameter `w`, uniform in
-/// +-0.05 like embeddings.
+/// `y[k] = x_k * W_k` for the `K` input values, `W` (`K x dim`) the parameter `w`, by default
+/// uniform in +-0.05 like embeddings.
 #[derive(Debug)]
 pub struct WeightMultiplyLayer {
     values: usize,
     dim: usize,
+    init: Init,
 }
 
-/// The initial half-width of `w`: the embeddings' default, since the output sits beside them.
+/// The default initial half-width of `w`: the embeddings' default, since the output sits
+/// beside them.
 const INIT_SCALE: f32 = 0.05;
 
-/// `weight_multiply`: `dim` (required); one input of any shape, read as its `K` values ->
-/// `(K, dim)`.
+/// `weight_multiply`: `dim` (required), `init = "uniform"` (+-0.05) or, each value's vector
+/// taken as a 1 x `dim` linear map, `"xavier"` or `"xavier_normal"` (FuxiCTR's numeric
+/// fields, an `nn.Linear(1, dim)` its model starts Glorot-normal); one input of any shape,
+/// read as its `K` values -> `(K, dim)`.
 pub fn weight_multiply(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, String> {
     let dim = args.required_usize("dim")?;
+    let init = match LinearInit::parse_hidden(args)? {
+        LinearInit::Uniform => Init::Uniform { scale: INIT_SCALE },
+        other => other.of(1, dim).0,
+    };
     args.finish()?;
     let [input] = inputs else { return Err(format!("takes one input, got {}", inputs.len())) };
     if dim == 0 {
@@ -27,7 +36,7 @@ pub fn weight_multiply(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn
     if input.size() == 0 {
         return Err("input is empty".into());
     }
-    Ok(Box::new(WeightMultiplyLayer { values: input.size(), dim }))
+    Ok(Box::new(WeightMultiplyLayer { values: input.size(), dim, init }))
 }
 
 impl Layer for WeightMultiplyLayer {
@@ -36,7 +45,7 @@ impl Layer for WeightMultiplyLayer {
     }
 
     fn params(&self) -> Vec<DenseParam> {
-        vec![DenseParam::new("w", self.values * self.dim, Init::Uniform { scale: INIT_SCALE })]
+        vec![DenseParam::new("w", self.values * self.dim, self.init)]
     }
 
     fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], _: &mut [f32]) {
@@ -120,6 +129,11 @@ mod tests {
         let mut y = [0.0; 8];
         layer.forward(&Ctx { rows: 2, train: false, seeds: &[0, 0] }, &w, &[&x], &mut y, &mut []);
         assert_eq!(y, [3.0, 6.0, -2.0, 1.0, 0.0, 0.0, 1.0, -0.5]);
+        // Each value's vector as a 1 x dim map: Glorot's variance 2 / (1 + dim).
+        let normal = weight_multiply(&mut args(r#"{"dim": 10, "init": "xavier_normal"}"#), &[Shape::flat(2)]).unwrap();
+        assert_eq!(normal.params()[0].init, Init::Normal { std: (2.0f32 / 11.0).sqrt() });
+        let uniform = weight_multiply(&mut args(r#"{"dim": 2, "init": "xavier"}"#), &[Shape::flat(2)]).unwrap();
+        assert_eq!(uniform.params()[0].init, Init::Uniform { scale: 2.0f32.sqrt() });
     }
 
     #[test]
@@ -133,6 +147,9 @@ mod tests {
         assert!(weight_multiply(&mut args(r#"{"dim": 2, "bias": true}"#), &flat)
             .unwrap_err()
             .contains("unknown setting(s) bias"));
+        assert!(weight_multiply(&mut args(r#"{"dim": 2, "init": "zeros"}"#), &flat)
+            .unwrap_err()
+            .contains("init must be"));
         assert!(weight_multiply(&mut args(r#"{"dim": 2}"#), &[flat[0], flat[0]])
             .unwrap_err()
             .contains("takes one input"));
