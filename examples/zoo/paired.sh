@@ -3,20 +3,23 @@
 # locally for one pass at batch 256 on one thread (so a seed's run is the same on any machine)
 # at every seed; prints each seed's two test AUCs, each job's mean and standard deviation, and
 # the paired difference JOB - BASE with its standard error (sd / sqrt(n)) and the seeds JOB
-# wins. Both read the same lines in the same order, and at one seed a table they share starts
-# with the same rows, so the pairing removes part of what varies with the seed. The README
-# states AutoInt+'s margin over its DNN (autoint_base.toml) this way.
+# wins. Each seed is one comparison on the same lines in the same order, so the standard
+# error is that of the seeds' differences. The README states AutoInt+'s margin over its DNN
+# (autoint_base.toml) this way. Single-head jobs: the last test AUC printed is the one read.
 #
 #   examples/zoo/paired.sh JOB BASE DIR [SEED...]   (DIR: train/ and test/; seeds 1..5)
+#   e.g. examples/zoo/paired.sh examples/zoo/autoint.toml examples/zoo/autoint_base.toml DIR $(seq 20)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 usage="usage: paired.sh JOB BASE DIR [SEED...]"
+# Paths as given, from the caller's folder; then to the repository for the default binary.
 job=$(realpath "${1:?$usage}")
 base=$(realpath "${2:?$usage}")
 dir=$(realpath "${3:?$usage}")
+[ -z "${OAR:-}" ] || OAR=$(realpath "$OAR")
 shift 3
 seeds=("$@")
 [ ${#seeds[@]} -gt 0 ] || seeds=(1 2 3 4 5)
+cd "$(dirname "$0")/../.."
 oar=$(realpath "${OAR:-target/release/oar}")
 [ -d "$dir/train" ] && [ -d "$dir/test" ] || { echo "$dir: no train/ and test/ folders" >&2; exit 2; }
 auc() {
