@@ -66,7 +66,8 @@ pub struct Optimizer {
     pub beta1: f32,
     /// Adam's second-moment decay.
     pub beta2: f32,
-    /// Added to the denominator (Adam: 1e-8, Adagrad: 1e-10 as in PyTorch).
+    /// Added to the denominator: 1e-8 (Adam's, and a job file's for any kind it names),
+    /// 1e-10 for `Optimizer::adagrad` (PyTorch's; a job file without `[sparse_optimizer]`).
     pub epsilon: f32,
     /// Adagrad's initial accumulator value (Paddle's `initial_g2sum` in its Adagrad rules).
     pub initial_accumulator: f32,

@@ -15,8 +15,8 @@ row the training lines touch. This script reads them (dense.onnx's initializers,
 tables.safetensors' rows), hashes each line's categorical values as oar does (onnx_predict.py's
 criteo_id), and trains in file order at batch 256: Adagrad (lr 0.05, accumulator 0, eps 1e-10)
 on the rows, Adam (1e-3) on the rest, as the job file. DIR holds `oar gen interactions` lines
-(the 13 integer fields empty, so the dense input is zero). Needs onnx, safetensors, torch,
-scikit-learn.
+(the 13 integer fields empty, so the dense input is zero). Needs onnx, onnxruntime (onnx_predict.py
+imports it), safetensors, torch, scikit-learn.
 """
 import os
 import sys
