@@ -34,8 +34,9 @@ runs=""
 for seed in "${seeds[@]}"; do
     a=$(auc "$job" "$seed")
     b=$(auc "$base" "$seed")
-    echo "seed $seed: $a $b"
-    runs+="seed $seed: $a $b"$'\n'
+    line="seed $seed: $a $b"
+    echo "$line"
+    runs+="$line"$'\n'
 done
 printf "%s" "$runs" | awk -v a="$(basename "$job")" -v b="$(basename "$base")" '
     { n++; x[n] = $3; y[n] = $4; d[n] = $3 - $4 }

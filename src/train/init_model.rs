@@ -57,12 +57,6 @@ impl StartModel {
         })
     }
 
-    /// The warm start this model came from (its manifest's `init_model`), if it names one as
-    /// a path. A resumed job's saves name it again, so a resume does not drop the lineage.
-    pub fn warm_start(&self) -> Option<&str> {
-        self.manifest.model.get("init_model").and_then(|v| v.as_str())
-    }
-
     /// Checks that the saved model has this job's tables: shapes and optimizers.
     pub fn check_spec(&self, spec: &TableSpec) -> anyhow::Result<()> {
         anyhow::ensure!(
@@ -84,6 +78,16 @@ impl StartModel {
             None => None,
         };
         scaling(job, saved.as_ref()).map_err(|e| anyhow::anyhow!("{} {}: {e}", self.flag, self.pass_dir.display()))
+    }
+}
+
+/// What a job's saves name as the model it was warm-started from (`init_model` in their
+/// manifests): its own `--init-model`, or on a resume the one the resumed save names (as a
+/// path), so a resume does not drop the lineage.
+pub fn lineage(init_model: Option<&Path>, from: Option<&StartModel>) -> Option<String> {
+    match init_model {
+        Some(dir) => Some(std::path::absolute(dir).unwrap_or(dir.to_path_buf()).display().to_string()),
+        None => from?.manifest.model.get("init_model")?.as_str().map(str::to_string),
     }
 }
 

@@ -194,11 +194,7 @@ pub fn run_with(
     if let Some(from) = &from {
         from.check_spec(&spec)?;
     }
-    // What every save's manifest names as the warm start: this job's, or the resumed save's.
-    let warm = match &config.init_model {
-        Some(dir) => Some(std::path::absolute(dir).unwrap_or(dir.clone()).display().to_string()),
-        None => from.as_ref().and_then(|f| f.warm_start()).map(str::to_string),
-    };
+    let warm = init_model::lineage(config.init_model.as_deref(), from.as_ref());
     let (mut store, first_pass) = open_store(config, &spec, from.as_ref(), warm.as_deref())?;
     let files = shard_files(&config.train_files, config.trainers, me);
     anyhow::ensure!(

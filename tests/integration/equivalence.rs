@@ -162,9 +162,9 @@ fn sequence_multitask_and_gate_models_train_the_same_in_sync_2x2_as_locally_at_t
 fn ffm_xdeepfm_and_autoint_train_the_same_in_sync_2x2_as_locally_at_the_doubled_batch() {
     // Adam's normalized step magnifies the summation order of near-zero gradients. AutoInt,
     // started as FuxiCTR starts it, holds 1 of its 433,220 dense values beyond 1e-5 (7.5e-7
-    // apart at 0.049; with its numeric vectors in +-0.05, 3.6e-6 at 0.041); 1e-4 holds them. xDeepFM, its MLP started
-    // Glorot-uniform, holds 2 of 479,200 values beyond 1e-5 (5e-7 apart at 0.010, 2e-6 at
-    // 0.020); 1e-4 holds them.
+    // apart at 0.049; with its numeric vectors in +-0.05, 3.6e-6 at 0.041); 1e-4 holds them.
+    // xDeepFM, its MLP started Glorot-uniform, holds 2 of 479,200 values beyond 1e-5 (5e-7
+    // apart at 0.010, 2e-6 at 0.020); 1e-4 holds them.
     for (name, rel) in [("ffm", 1e-5), ("xdeepfm", 1e-4), ("autoint", 1e-4)] {
         sync_equals_local(&zoo_model(name), rel);
     }
