@@ -54,6 +54,11 @@ pub struct Exported {
     pub rows: Vec<u64>,
     /// Ids named as removed per table (a delta).
     pub deleted: Vec<u64>,
+    /// A delta was asked for and nothing was written: this server cannot name every id removed
+    /// since the last save (it was restored from a checkpoint, or its removal log outgrew its
+    /// bound), so the save must be a base.
+    #[serde(default)]
+    pub base_needed: bool,
 }
 
 /// Errors of base and delta files; each names the file.
@@ -85,9 +90,20 @@ pub fn file_name(index: usize) -> String {
     format!("server-{index}.safetensors")
 }
 
-/// The rows of every table of `shard` a save of `kind` keeps (call with updates held off).
-pub fn collect(shard: &Shard, kind: ExportKind) -> Vec<TableExport> {
-    shard.sparse.iter().map(|t| t.export(kind == ExportKind::Delta)).collect()
+/// The rows of every table of `shard` a save of `kind` keeps (call with updates held off);
+/// `None` for a delta of a shard that cannot name every id removed since its last save (see
+/// [`Exported::base_needed`]): nothing is collected or reset then.
+pub fn collect(shard: &Shard, kind: ExportKind) -> Option<Vec<TableExport>> {
+    let delta = kind == ExportKind::Delta;
+    if delta && !shard.sparse.iter().all(|t| t.can_delta()) {
+        return None;
+    }
+    Some(shard.sparse.iter().map(|t| t.export(delta)).collect())
+}
+
+/// What a server answers for a delta it cannot write (see [`Exported::base_needed`]).
+pub fn base_needed(shard: &Shard) -> Exported {
+    Exported { file: file_name(shard.index), base_needed: true, ..Exported::default() }
 }
 
 /// Writes `tables` (from [`collect`]) as server `shard.index`'s file in `dir`, atomically.
@@ -110,6 +126,7 @@ pub fn write(shard: &Shard, kind: ExportKind, tables: &[TableExport], dir: &Path
         bytes: bytes.len() as u64,
         rows: tables.iter().map(|t| t.ids.len() as u64).collect(),
         deleted: tables.iter().map(|t| t.deleted.len() as u64).collect(),
+        base_needed: false,
     })
 }
 
@@ -297,6 +314,10 @@ pub fn append_done(done: &Path, line: &DoneLine) -> Result<(), ExportError> {
         .map_err(io)?;
     f.write_all(line.render().as_bytes()).and_then(|_| f.sync_all()).map_err(io)
 }
+
+#[cfg(test)]
+#[path = "export_replay_tests.rs"]
+mod replay_tests;
 
 #[cfg(test)]
 mod tests {

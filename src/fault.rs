@@ -18,7 +18,10 @@
 //!   trainers' replies are held back, and the fault fires when trainer 0's next push arrives:
 //!   one trainer has moved on while another never learnt its step was applied; trainer 0 must
 //!   take part in that step and push again through a sync step, or the held trainers wait
-//!   until their reply timeout).
+//!   until their reply timeout), `dayend=N` (trainer 0 at the end of an online day: 1 before
+//!   its shrink, 2 after the shrink, 3 after the save for serving, 4 after the pass's save),
+//!   `shrunk=N` (a server, having applied the shrink of the day end after pass N and before
+//!   answering it: no checkpoint of it holds that shrink).
 //!
 //! A launcher passes its environment to its children, so one variable reaches the process named.
 
@@ -47,6 +50,11 @@ pub enum Moment {
     /// A server's sync step making this version was answered to trainer 0 only, and trainer 0
     /// pushes again.
     Unanswered(u64),
+    /// Trainer 0 at the end of an online day: 1 before the shrink, 2 after it, 3 after the
+    /// save for serving, 4 after the pass's save.
+    DayEnd(u64),
+    /// A server has applied the shrink of the day end after this pass, and not answered it.
+    Shrunk(u64),
 }
 
 /// Which process.
@@ -75,7 +83,7 @@ impl std::str::FromStr for Fault {
     fn from_str(s: &str) -> Result<Fault, String> {
         let bad = || {
             format!(
-                "OAR_FAULT={s:?}: expected <server|trainer><K>:<kill|stop>@<version|checkpoint|step|sent|unanswered>=N"
+                "OAR_FAULT={s:?}: expected <server|trainer><K>:<kill|stop>@<version|checkpoint|step|sent|unanswered|dayend|shrunk>=N"
             )
         };
         let (who, rest) = s.split_once(':').ok_or_else(bad)?;
@@ -100,6 +108,8 @@ impl std::str::FromStr for Fault {
             "step" => Moment::Step(n),
             "sent" => Moment::Sent(n),
             "unanswered" => Moment::Unanswered(n),
+            "dayend" => Moment::DayEnd(n),
+            "shrunk" => Moment::Shrunk(n),
             _ => return Err(bad()),
         };
         Ok(Fault { target, action, moment })
@@ -170,6 +180,7 @@ mod tests {
         assert!("server1:kill@checkpoint=2".parse::<Fault>().unwrap().moment == Moment::Checkpoint(2));
         assert!("trainer1:kill@sent=7".parse::<Fault>().unwrap().moment == Moment::Sent(7));
         assert!("server0:kill@unanswered=9".parse::<Fault>().unwrap().moment == Moment::Unanswered(9));
+        assert!("trainer0:kill@dayend=2".parse::<Fault>().unwrap().moment == Moment::DayEnd(2));
         for bad in ["server:kill@version=1", "server1:explode@version=1", "server1:kill@hour=1", "worker1:kill@step=1"]
         {
             assert!(bad.parse::<Fault>().unwrap_err().contains("expected"), "{bad}");

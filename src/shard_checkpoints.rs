@@ -50,6 +50,10 @@ pub struct Entry {
     /// restarted server answers a push it holds as a repeat, and applies one it does not.
     #[serde(default)]
     pub ledgers: Vec<TrainerLedger>,
+    /// The last online day end (its pass) whose shrink the shard holds, in the same cut: a
+    /// restarted server answers that shrink as a repeat, and applies a later one it is sent.
+    #[serde(default)]
+    pub day_end: u64,
 }
 
 /// What one checkpoint holds, taken at one moment with no update half applied (see the
@@ -61,13 +65,15 @@ pub struct Cut {
     pub version: u64,
     /// Per trainer, the pushes handled when it was taken.
     pub ledgers: Vec<TrainerLedger>,
+    /// The last day end whose shrink it holds (0: none).
+    pub day_end: u64,
 }
 
 impl Cut {
     /// A cut of `shard`, idle at `version` updates, with no ledgers (tools and tests; a
     /// serving server takes its cuts under its update gate).
     pub fn of(shard: &Shard, version: u64) -> Cut {
-        Cut { snapshot: ShardSnapshot::take(shard), version, ledgers: Vec::new() }
+        Cut { snapshot: ShardSnapshot::take(shard), version, ledgers: Vec::new(), day_end: 0 }
     }
 }
 
@@ -171,7 +177,7 @@ impl Checkpointer {
     /// Writes `cut` as the next checkpoint, then drops the ones beyond `keep`. A failed attempt
     /// uses up its number.
     pub fn write(&mut self, cut: Cut) -> Result<Entry, CheckpointError> {
-        let Cut { snapshot, version, ledgers } = cut;
+        let Cut { snapshot, version, ledgers, day_end } = cut;
         let seq = self.next;
         self.next += 1;
         self.attempts += 1;
@@ -189,7 +195,7 @@ impl Checkpointer {
             let unix_ms =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
             let (epoch, job) = (self.fence.epoch, self.fence.job.clone());
-            let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64, epoch, job, ledgers };
+            let entry = Entry { seq, version, bytes, crc32, unix_ms: unix_ms as u64, epoch, job, ledgers, day_end };
             state_file::write_json(&tmp.join("entry.json"), &entry)?;
             if let Some(newer) = self.fence.superseded_by(&folder)? {
                 return Err(CheckpointError::Superseded { epoch: self.fence.epoch, newer });
@@ -220,10 +226,14 @@ pub fn run(
     written: impl Fn(),
     stop: std::sync::mpsc::Receiver<()>,
 ) {
-    let every = checkpointer.policy.every;
-    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+    // The first checkpoint as soon as the tables are declared: a server that dies before its
+    // first period would otherwise leave a restart nothing to go on from (a loaded model, the
+    // ledgers), and it would start empty.
+    let mut wait = Duration::from_millis(20).min(checkpointer.policy.every);
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(wait) {
         let (started, cpu) = (std::time::Instant::now(), thread_cpu_seconds());
         let Some(cut) = cut() else { continue };
+        wait = checkpointer.policy.every;
         let version = cut.version;
         match checkpointer.write(cut) {
             Ok(e) => {

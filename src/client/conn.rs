@@ -216,6 +216,15 @@ impl Conn {
         self.expect_done("the authentication")
     }
 
+    /// Expects a `Stats` (JSON) reply, and drops it.
+    pub(super) fn expect_json(&mut self, what: &'static str) -> Result<(), ClientError> {
+        let kind = self.read()?;
+        match self.reply(kind, what)? {
+            Response::Stats(_) => Ok(()),
+            other => Err(self.unexpected(what, &other)),
+        }
+    }
+
     /// Expects a `Done` reply.
     pub(super) fn expect_done(&mut self, what: &'static str) -> Result<(), ClientError> {
         let kind = self.read()?;

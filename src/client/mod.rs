@@ -154,9 +154,12 @@ pub struct Client {
     /// staleness is judged against the version that server had.
     ahead: Vec<u64>,
     /// What a reconnection repeats so a restarted server knows this trainer's state: the
-    /// declaration, and the last pass this trainer ended.
+    /// declaration, the last pass this trainer ended, and the day ends it shrank the tables at
+    /// (a server restored from a checkpoint taken before one applies it then; one that holds
+    /// it answers a repeat).
     declared: Option<Declaration>,
     ended: Option<(u64, u64)>,
+    day_ends: Vec<u64>,
 }
 
 impl Client {
@@ -196,6 +199,7 @@ impl Client {
             ahead: vec![0; n],
             declared: None,
             ended: None,
+            day_ends: Vec::new(),
         })
     }
 

@@ -12,9 +12,20 @@ impl Client {
     }
 
     /// Shrinks every server's sparse tables after `days` more days (0: within the day): each
-    /// server's deletions and rows left per table.
+    /// server's deletions and rows left per table. An operator's shrink: applied every time.
     pub fn shrink(&mut self, days: u32) -> Result<Vec<Shrunk>, ClientError> {
-        self.json_round(&Request::Shrink { days: days as u64 })
+        self.json_round(&Request::Shrink { days: days as u64, day_end: 0 })
+    }
+
+    /// The shrink of one day's end, after pass `pass` (one more day): each server applies it
+    /// once, whoever sends it how often, and a server restarted from a checkpoint taken before
+    /// it is sent it again when this client reconnects (answered as a repeat where it is held).
+    pub fn shrink_day_end(&mut self, pass: u32) -> Result<Vec<Shrunk>, ClientError> {
+        let pass = u64::from(pass);
+        if self.day_ends.last().is_none_or(|&last| last < pass) {
+            self.day_ends.push(pass);
+        }
+        self.json_round(&Request::Shrink { days: 1, day_end: pass })
     }
 
     /// Every server's base or delta save into `dir`, with what each wrote.

@@ -12,7 +12,7 @@ use crate::protocol::{Frame, Request};
 
 impl Client {
     /// Opens every port of server `s` again, and tells the (restarted) server what it must know
-    /// of this trainer: the declaration, and the pass it ended.
+    /// of this trainer: the declaration, the pass it ended, and the day ends it shrank at.
     fn reconnect(&mut self, s: usize, deadline: Instant) -> Result<(), ClientError> {
         let mut fresh = Vec::with_capacity(self.conns.len());
         let mut epoch = self.epochs[s];
@@ -29,6 +29,10 @@ impl Client {
         if let Some((trainer, pass)) = self.ended {
             fresh[0].send(&Request::EndPass { trainer, pass }.encode())?;
             fresh[0].expect_done("an end of pass")?;
+        }
+        for &day_end in &self.day_ends {
+            fresh[0].send(&Request::Shrink { days: 1, day_end }.encode())?;
+            fresh[0].expect_json("a day end's shrink")?;
         }
         for (row, conn) in self.conns.iter_mut().zip(fresh) {
             row[s] = conn;

@@ -111,9 +111,9 @@ impl<'a> Request<'a> {
                 e.u64(*pass);
                 e.finish()
             }
-            Request::Shrink { days } => {
+            Request::Shrink { days, day_end } => {
                 let mut e = Encoder::new(kind::SHRINK);
-                e.u64(*days);
+                e.u64(*days).u64(*day_end);
                 e.finish()
             }
             Request::Export { dir, kind } => {
@@ -192,7 +192,7 @@ impl<'a> Request<'a> {
                 sums: [d.f64()?, d.f64()?, d.f64()?],
             },
             kind::GLOBAL_AUC => Request::GlobalAuc { pass: d.u64()? },
-            kind::SHRINK => Request::Shrink { days: d.u64()? },
+            kind::SHRINK => Request::Shrink { days: d.u64()?, day_end: d.u64()? },
             kind::EXPORT => Request::Export {
                 dir: d.string()?,
                 kind: enum_field(d.u64()?, &[ExportKind::Base, ExportKind::Delta], "save kind")?,
@@ -363,7 +363,7 @@ mod tests {
             sums: [1.5, 0.25, 7.0],
         });
         round_trip_request(Request::GlobalAuc { pass: 2 });
-        round_trip_request(Request::Shrink { days: 1 });
+        round_trip_request(Request::Shrink { days: 1, day_end: 4 });
         round_trip_request(Request::Export { dir: "/tmp/d".into(), kind: ExportKind::Delta });
     }
 

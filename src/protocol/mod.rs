@@ -28,7 +28,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 9;
+pub const PROTOCOL_VERSION: u64 = 10;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.
@@ -357,6 +357,11 @@ pub enum Request<'a> {
     Shrink {
         /// Days passed since the last shrink that counted days (0: within the day).
         days: u64,
+        /// The pass whose end this shrink is (an online day's last pass): a server applies
+        /// each day end once, answering a shrink for a day end it has applied already (sent
+        /// again by a restarted trainer or after a restart of the server) as a repeat. 0 for
+        /// an operator's shrink (`oar shrink`), applied every time.
+        day_end: u64,
     },
     /// Write this server's base or delta save into `dir` (see [`crate::export`]); answered as
     /// `Stats` JSON ([`crate::export::Exported`]).
@@ -375,6 +380,9 @@ pub struct Shrunk {
     pub deleted: Vec<u64>,
     /// Rows left.
     pub rows: Vec<u64>,
+    /// The day end had been applied already: nothing was done this time.
+    #[serde(default)]
+    pub repeat: bool,
 }
 
 /// A pass's training AUC over every trainer's samples: the trainers whose histograms server 0

@@ -220,4 +220,7 @@ pub struct ServerStats {
     /// Pushes refused for holding a NaN, an infinity or a value beyond ±1e18, per trainer.
     #[serde(default)]
     pub nonfinite: Vec<u64>,
+    /// The last online day end (its pass) whose shrink the tables hold (0: none).
+    #[serde(default)]
+    pub day_end: u64,
 }

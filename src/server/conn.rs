@@ -385,7 +385,7 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         }
         Request::PassAuc { trainer, pass, pos, neg, sums } => members::pass_auc(state, trainer, pass, &pos, &neg, sums),
         Request::GlobalAuc { pass } => members::global_auc(state, pass),
-        Request::Shrink { days } => requests::shrink(state, days).await,
+        Request::Shrink { days, day_end } => requests::shrink(state, days, day_end).await,
         Request::Export { dir, kind } => requests::export(state, &dir, kind).await,
     }
 }

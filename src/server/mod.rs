@@ -92,6 +92,9 @@ struct State {
     fenced: watch::Sender<Option<u64>>,
     /// What this server has done with each trainer's pushes (see [`crate::ledger`]).
     ledgers: Vec<Mutex<TrainerLedger>>,
+    /// The last online day end (its pass) whose shrink the shard holds: each day end's shrink
+    /// is applied once (taken after `gate`, kept in the checkpoints' cut).
+    day_end: Mutex<u64>,
     /// Shared by every update, exclusive for a checkpoint's snapshot: a checkpoint holds whole
     /// updates, and the ledgers and version that match them.
     gate: RwLock<()>,
@@ -211,6 +214,7 @@ impl State {
             discarded_samples: self.ledgers.iter().map(|l| l.lock().discarded_samples).collect(),
             repeats: self.ledgers.iter().map(|l| l.lock().repeats).sum(),
             nonfinite: self.ledgers.iter().map(|l| l.lock().nonfinite).collect(),
+            day_end: *self.day_end.lock(),
         }
     }
 
@@ -223,6 +227,7 @@ impl State {
             snapshot: crate::checkpoint::ShardSnapshot::take(&shard),
             version: self.counters.version.load(Relaxed),
             ledgers: self.ledgers.iter().map(|l| l.lock().clone()).collect(),
+            day_end: *self.day_end.lock(),
         })
     }
 }
@@ -252,12 +257,12 @@ pub async fn run(
         listeners.len(),
         config.sparse_ports
     );
-    let (shard, version, mut ledgers, start) = match &config.resume {
+    let (shard, Resumed { version, mut ledgers, day_end, start }) = match &config.resume {
         Some(dir) => {
-            let (shard, version, ledgers, start) = load_resume_shard(dir, &config)?;
-            (Some(Arc::new(shard)), version, ledgers, start)
+            let (shard, resumed) = load_resume_shard(dir, &config)?;
+            (Some(Arc::new(shard)), resumed)
         }
-        None => (None, 0, Vec::new(), requests::Start::Fresh),
+        None => (None, Resumed { version: 0, ledgers: Vec::new(), day_end: 0, start: requests::Start::Fresh }),
     };
     anyhow::ensure!(
         ledgers.len() <= config.trainers,
@@ -307,6 +312,7 @@ pub async fn run(
         lost: watch::channel(BTreeMap::new()).0,
         fenced: watch::channel(None).0,
         ledgers: ledgers.into_iter().map(Mutex::new).collect(),
+        day_end: Mutex::new(day_end),
         gate: RwLock::new(()),
         step_errors: Mutex::new(BTreeMap::new()),
         recording: Mutex::new(()),
@@ -514,11 +520,21 @@ pub async fn run(
     Ok(state.stats())
 }
 
-/// The shard to resume from, the updates it holds (0 for a saved pass), and what it is.
-fn load_resume_shard(
-    dir: &std::path::Path,
-    config: &ServerConfig,
-) -> anyhow::Result<(Shard, u64, Vec<TrainerLedger>, requests::Start)> {
+/// What a resumed shard comes with.
+struct Resumed {
+    /// The updates it holds (0 for a saved pass).
+    version: u64,
+    /// What it holds of each trainer's pushes (none for a saved pass).
+    ledgers: Vec<TrainerLedger>,
+    /// The last day end whose shrink it holds (0 for a saved pass: a new run's day ends come
+    /// after it).
+    day_end: u64,
+    /// What it was loaded from.
+    start: requests::Start,
+}
+
+/// The shard to resume from, and what it comes with.
+fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Result<(Shard, Resumed)> {
     // A checkpoint folder (background checkpoints): this server's newest readable one.
     if crate::shard_checkpoints::has_checkpoints(dir, config.index) {
         let (entry, shard) = crate::shard_checkpoints::load_latest(dir, config.index, &config.job)?;
@@ -529,8 +545,9 @@ fn load_resume_shard(
             shard.num_servers,
             config.num_servers
         );
-        tracing::info!(dir = %dir.display(), seq = entry.seq, version = entry.version, "resumed shard from a checkpoint");
-        return Ok((shard, entry.version, entry.ledgers, requests::Start::Checkpoint));
+        tracing::info!(dir = %dir.display(), seq = entry.seq, version = entry.version, day_end = entry.day_end, "resumed shard from a checkpoint");
+        let (version, ledgers, day_end) = (entry.version, entry.ledgers, entry.day_end);
+        return Ok((shard, Resumed { version, ledgers, day_end, start: requests::Start::Checkpoint }));
     }
     let (manifest, pass_dir) = Manifest::find(dir)?;
     manifest.check_size(&pass_dir)?;
@@ -546,7 +563,7 @@ fn load_resume_shard(
     let rows: usize = shard.sparse.iter().map(|t| t.len()).sum();
     tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, rows, "resumed shard");
     let start = requests::Start::Saved { path: pass_dir.clone(), digest: crate::checkpoint::digest(&pass_dir)? };
-    Ok((shard, 0, Vec::new(), start))
+    Ok((shard, Resumed { version: 0, ledgers: Vec::new(), day_end: 0, start }))
 }
 
 /// Binds `addrs` (the general ports, then `config.sparse_ports` sparse-only ones) and serves

@@ -217,7 +217,10 @@ pub(super) async fn export(state: &Arc<State>, dir: &str, kind: crate::export::E
             let _gate = gate.gate.write();
             crate::export::collect(&shard, kind)
         };
-        crate::export::write(&shard, kind, &tables, &target)
+        match tables {
+            Some(tables) => crate::export::write(&shard, kind, &tables, &target),
+            None => Ok(crate::export::base_needed(&shard)),
+        }
     })
     .await
     .map_err(|e| (ErrorCode::Io, format!("the {} save stopped: {e}", kind.name())))?
@@ -230,21 +233,47 @@ pub(super) async fn export(state: &Arc<State>, dir: &str, kind: crate::export::E
 const MAX_SHRINK_DAYS: u64 = 36_500;
 
 /// Shrinks every sparse table after `days` more days (off the async workers: a sweep of every
-/// row), as an update: a checkpoint holds the table before or after it, never half of it.
-pub(super) async fn shrink(state: &Arc<State>, days: u64) -> Reply {
+/// row), as an update: a checkpoint holds the table before or after it, never half of it. A
+/// day end's shrink (`day_end` > 0, its pass) is applied once: one for a day end the shard
+/// holds already is answered as a repeat, so a trainer restarted after sending it, or a client
+/// sending it again to a server restored from a checkpoint, never shrinks a day twice.
+pub(super) async fn shrink(state: &Arc<State>, days: u64, day_end: u64) -> Reply {
     let shard = state.shard()?;
     if days > MAX_SHRINK_DAYS {
         return Err((ErrorCode::State, format!("a shrink of {days} days refused: at most {MAX_SHRINK_DAYS}")));
     }
+    // A day end is the end of a pass the trainers are in, or one before: a claim from the far
+    // future would make the server refuse every real day end after it as a repeat.
+    let pass = state.sync.lock().pass;
+    if day_end > pass.saturating_add(1) {
+        let m = format!("a day end's shrink after pass {day_end} refused: the trainers are in pass {pass}");
+        return Err((ErrorCode::State, m));
+    }
     let gate = Arc::clone(state);
     let swept = tokio::task::spawn_blocking(move || {
         let _gate = gate.gate.read();
+        let mut last = gate.day_end.lock();
+        let rows = |shard: &crate::table::Shard| shard.sparse.iter().map(|t| t.len() as u64).collect();
+        if day_end > 0 && day_end <= *last {
+            let deleted = vec![0; shard.sparse.len()];
+            return crate::protocol::Shrunk { deleted, rows: rows(&shard), repeat: true };
+        }
         let deleted: Vec<u64> = shard.sparse.iter().map(|t| t.shrink(days as u32)).collect();
-        crate::protocol::Shrunk { deleted, rows: shard.sparse.iter().map(|t| t.len() as u64).collect() }
+        if day_end > 0 {
+            *last = day_end;
+            // Killed here, the server's checkpoints cannot hold the shrink (the gate is held).
+            let me = crate::fault::Target::Server(gate.config.index);
+            crate::fault::at(me, gate.config.epoch, crate::fault::Moment::Shrunk(day_end));
+        }
+        crate::protocol::Shrunk { deleted, rows: rows(&shard), repeat: false }
     })
     .await
     .map_err(|e| (ErrorCode::Io, format!("the shrink stopped: {e}")))?;
-    tracing::info!(days, deleted = ?swept.deleted, rows = ?swept.rows, "shrink");
+    if swept.repeat {
+        tracing::info!(day_end, "the shrink of the day end after pass {day_end} is held already: not applied again");
+    } else {
+        tracing::info!(days, day_end, deleted = ?swept.deleted, rows = ?swept.rows, "shrink");
+    }
     Ok(Answer::Response(Response::Stats(serde_json::to_string(&swept).expect("shrink result serializes"))))
 }
 

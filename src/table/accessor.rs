@@ -158,6 +158,13 @@ impl Accessor {
             && stats[UNSEEN] <= self.delta_keep_days
     }
 
+    /// A shrink changed what a save writes of the row (its `embedx` part went dead): the next
+    /// delta carries it, as though it had been pushed (Paddle's rule for rows seen more than
+    /// `delta_keep_days` ago still keeps it out).
+    pub fn changed(&self, stats: &mut [f32]) {
+        stats[DELTA] = stats[DELTA].max(self.delta_threshold).max(f32::MIN_POSITIVE);
+    }
+
     /// After a save that kept the row: its delta score starts again.
     pub fn saved(stats: &mut [f32]) {
         stats[DELTA] = 0.0;

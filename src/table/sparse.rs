@@ -278,6 +278,11 @@ impl SparseTable {
         self.stripes.iter().map(|s| s.lock().shrink(&self.spec.accessor, self.spec.filter_forget_after(), days)).sum()
     }
 
+    /// Whether a delta save of this table can name every id removed since its last save.
+    pub fn can_delta(&self) -> bool {
+        self.stripes.iter().all(|s| s.lock().can_delta())
+    }
+
     /// A base (`delta` false) or delta save of this table (see [`Stripe::export`]): the kept
     /// rows' ids and weights, and for a delta the ids removed since the last save.
     pub fn export(&self, delta: bool) -> super::TableExport {

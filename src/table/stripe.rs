@@ -10,6 +10,10 @@ use super::rows::Rows;
 use super::SparseSpec;
 use crate::layout::mix64;
 
+/// Most ids a stripe's removal log holds (512 KiB): past it the log is dropped and the next
+/// save for serving is a base, so heavy churn between saves cannot grow a server without bound.
+pub const MAX_REMOVED: usize = 1 << 16;
+
 /// What a table's rows went through, counted where it happened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Lifecycle {
@@ -65,8 +69,10 @@ pub struct Stripe {
     filter: Option<CountFilter>,
     /// Draws made for `probability_entry`.
     draws: u64,
-    /// Ids removed since the last base or delta save, once the table has been saved so (a
-    /// delta names them); `None` before, so a table never saved this way logs nothing.
+    /// Ids removed (or gone from the base set) since the last base or delta save, once the
+    /// table has been saved so (a delta names them); `None` before, so a table never saved this
+    /// way in this process (a fresh one, or one restored from a checkpoint) logs nothing and
+    /// its next save must be a base, and `None` again once the log outgrows [`MAX_REMOVED`].
     removed: Option<Vec<u64>>,
     /// What happened to rows here.
     pub(super) counts: Lifecycle,
@@ -182,12 +188,27 @@ impl Stripe {
         admitted
     }
 
+    /// Whether a delta save can name every id removed since the last save (else the next save
+    /// must be a base).
+    pub fn can_delta(&self) -> bool {
+        self.removed.is_some()
+    }
+
+    /// Logs `id` as gone from what a base save would hold, for the next delta.
+    fn log_removed(&mut self, id: u64) {
+        if let Some(log) = &mut self.removed {
+            if log.len() >= MAX_REMOVED {
+                self.removed = None;
+            } else {
+                log.push(id);
+            }
+        }
+    }
+
     /// Removes `row`; the slab's last row takes its number.
     pub fn remove(&mut self, row: u32) {
         let id = self.rows.id(row);
-        if let Some(log) = &mut self.removed {
-            log.push(id);
-        }
+        self.log_removed(id);
         self.index.remove(mix64(id), row);
         if let Some((moved, from)) = self.rows.swap_remove(row) {
             self.index.renumber(mix64(moved), from, row);
@@ -249,7 +270,9 @@ impl Stripe {
 
     /// One shrink of every row: statistics decayed after `days` days, and rows the accessor
     /// condemns removed; returns how many. The count filter's pending ids age by the same days
-    /// and are forgotten once unseen for more than `forget_after` days.
+    /// and are forgotten once unseen for more than `forget_after` days. A kept row the decay
+    /// takes out of the base set is logged as removed, and one whose `embedx` part it kills is
+    /// marked for the next delta, so base + deltas stay equal to a fresh base.
     pub fn shrink(&mut self, accessor: &Accessor, forget_after: f32, days: u32) -> u64 {
         if let Some(f) = &mut self.filter {
             self.counts.forgotten += f.age(days, forget_after);
@@ -259,10 +282,17 @@ impl Stripe {
         // A removed row's number takes the last row, not yet visited: visit it next.
         while (row as usize) < self.rows.len() {
             let mut stats = self.rows.stats(row);
+            let (in_base, live) = (accessor.in_base(&stats), accessor.embedx_live(&stats));
             let verdict = accessor.shrink(&mut stats, days);
+            if verdict == Verdict::Keep && live && !accessor.embedx_live(&stats) {
+                accessor.changed(&mut stats);
+            }
             self.rows.row_mut(row).set_stats(&stats);
             match verdict {
                 Verdict::Keep => {
+                    if in_base && !accessor.in_base(&stats) {
+                        self.log_removed(self.rows.id(row));
+                    }
                     row += 1;
                     continue;
                 }

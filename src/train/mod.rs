@@ -203,6 +203,7 @@ pub fn run_with(
         config.trainers
     );
     let start = start_position(config, first_pass)?;
+    catch_up_day_ends(config, &mut store, &start)?;
     let positions = match &config.positions {
         Some(dir) => Some(Mutex::new(PositionLog::create(dir, start.clone())?)),
         None => None,
@@ -489,9 +490,20 @@ fn save_for_serving(
     day: u32,
     pass: u32,
 ) -> anyhow::Result<()> {
-    use crate::export::{append_done, DoneLine, ExportManifest};
-    let dir = out.join("serving").join(format!("{}-{day:03}-{pass:05}", kind.name()));
-    let files = store.export(kind, &dir).with_context(|| format!("{} save into {}", kind.name(), dir.display()))?;
+    use crate::export::{append_done, DoneLine, ExportKind, ExportManifest};
+    let folder = |kind: ExportKind| out.join("serving").join(format!("{}-{day:03}-{pass:05}", kind.name()));
+    let (mut kind, mut dir) = (kind, folder(kind));
+    let mut files = store.export(kind, &dir).with_context(|| format!("{} save into {}", kind.name(), dir.display()))?;
+    if let Some(f) = files.iter().find(|f| f.base_needed) {
+        // A server restored from a checkpoint (or past its removal log's bound) cannot name the
+        // rows it removed: the others' delta files are dropped unannounced, and all save a base.
+        tracing::warn!(server = %f.file, "a server cannot write a complete delta (restored from a checkpoint?): saving a base instead");
+        std::fs::remove_dir_all(&dir)
+            .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+            .with_context(|| format!("removing the unannounced delta {}", dir.display()))?;
+        (kind, dir) = (ExportKind::Base, folder(ExportKind::Base));
+        files = store.export(kind, &dir).with_context(|| format!("base save into {}", dir.display()))?;
+    }
     let tables = spec.sparse.iter().map(|t| (t.name.clone(), t.dim)).collect();
     let manifest = ExportManifest { kind, day, pass, tables, files };
     crate::state_file::write_atomic(&dir.join("export.json"), &serde_json::to_vec_pretty(&manifest)?)?;
@@ -499,6 +511,33 @@ fn save_for_serving(
     append_done(&out.join("donefile.txt"), &DoneLine { day, pass, kind, path: dir.clone(), unix_ms })?;
     let rows: u64 = manifest.files.iter().flat_map(|f| &f.rows).sum();
     tracing::info!(day, pass, kind = kind.name(), rows, dir = %dir.display(), "saved for serving");
+    Ok(())
+}
+
+/// The points of trainer 0's day end where the fault tests kill it (see [`crate::fault`]).
+#[derive(Clone, Copy)]
+enum DayEndPoint {
+    BeforeShrink = 1,
+    Shrunk = 2,
+    SavedForServing = 3,
+    Saved = 4,
+}
+
+/// Fires a fault planned for trainer 0 at `point` of a day's end.
+fn day_end_fault(point: DayEndPoint) {
+    crate::fault::at_trainer(0, crate::fault::Moment::DayEnd(point as u64));
+}
+
+/// Sends again the shrinks of the day ends this run passed before `start` (a rejoining
+/// trainer 0): each server applies a day end once, so the ones it holds are repeats, and a
+/// server restored meanwhile from a checkpoint older than one of them gets it now.
+fn catch_up_day_ends(config: &TrainConfig, store: &mut Store, start: &Position) -> anyhow::Result<()> {
+    let (Some(o), Store::Remote(_), 0, true) = (&config.online, &*store, config.trainer_id, config.rejoin) else {
+        return Ok(());
+    };
+    for pass in (start.first_pass..start.pass).filter(|&p| o.slot(p).day_end) {
+        store.shrink_day_end(pass).with_context(|| format!("sending again the day end after pass {pass}"))?;
+    }
     Ok(())
 }
 
@@ -530,7 +569,10 @@ fn end_pass(
     };
     if me == 0 {
         if let (Some((o, s)), true) = (slot, day_end) {
-            let shrunk_rows = store.shrink(1).with_context(|| format!("the shrink at the end of day {date}"))?;
+            day_end_fault(DayEndPoint::BeforeShrink);
+            let shrunk_rows =
+                store.shrink_day_end(pass).with_context(|| format!("the shrink at the end of day {date}"))?;
+            day_end_fault(DayEndPoint::Shrunk);
             day = Some(DayReport { date: o.days[s.day].0.clone(), shrunk_rows, ..DayReport::default() });
         }
         if let Some(out) = &config.output {
@@ -538,6 +580,9 @@ fn end_pass(
             // again and announces the save once; the other order could lose its line.
             if let Some(kind) = exports.due(day_pass, day_end) {
                 save_for_serving(out, store, spec, kind, date, day_pass)?;
+            }
+            if day_end {
+                day_end_fault(DayEndPoint::SavedForServing);
             }
             let dir = out.join(pass_dir_name(pass));
             // A link planted at the pass's name had the save's files written wherever it led.
@@ -563,6 +608,9 @@ fn end_pass(
             };
             manifest.write(&dir)?;
             tracing::info!(pass, dir = %dir.display(), "model saved");
+            if day_end {
+                day_end_fault(DayEndPoint::Saved);
+            }
         }
         if !config.test_files.is_empty() {
             let batch = config.batch_size.max(1024);

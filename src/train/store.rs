@@ -98,19 +98,27 @@ impl Store {
         dir: &Path,
     ) -> anyhow::Result<Vec<crate::export::Exported>> {
         match self {
-            Store::Local(shard, _) => {
-                let tables = crate::export::collect(shard, kind);
-                Ok(vec![crate::export::write(shard, kind, &tables, dir)?])
-            }
+            Store::Local(shard, _) => match crate::export::collect(shard, kind) {
+                Some(tables) => Ok(vec![crate::export::write(shard, kind, &tables, dir)?]),
+                None => Ok(vec![crate::export::base_needed(shard)]),
+            },
             Store::Remote(client) => Ok(client.export(&std::path::absolute(dir)?.to_string_lossy(), kind)?),
         }
     }
 
-    /// Shrinks every table after `days` more days; returns the rows deleted.
-    pub fn shrink(&mut self, days: u32) -> anyhow::Result<u64> {
+    /// The shrink at the end of the online day whose last pass is `pass` (one more day);
+    /// returns the rows deleted. Servers apply each day end once: one they hold already (this
+    /// trainer restarted after sending it) deletes nothing again.
+    pub fn shrink_day_end(&mut self, pass: u32) -> anyhow::Result<u64> {
         match self {
-            Store::Local(shard, _) => Ok(shard.sparse.iter().map(|t| t.shrink(days)).sum()),
-            Store::Remote(client) => Ok(client.shrink(days)?.iter().flat_map(|s| &s.deleted).sum()),
+            Store::Local(shard, _) => Ok(shard.sparse.iter().map(|t| t.shrink(1)).sum()),
+            Store::Remote(client) => {
+                let shrunk = client.shrink_day_end(pass)?;
+                if shrunk.iter().any(|s| s.repeat) {
+                    tracing::warn!(pass, "the day end after pass {pass} was shrunk before this trainer restarted");
+                }
+                Ok(shrunk.iter().flat_map(|s| &s.deleted).sum())
+            }
         }
     }
 

@@ -6,6 +6,7 @@ mod checkpoints;
 mod cli;
 mod cluster;
 mod curves;
+mod day_ends;
 mod engines;
 mod equivalence;
 mod exactly_once;
