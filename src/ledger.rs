@@ -18,8 +18,14 @@ const SPARSE: u8 = 2;
 const DISCARDED: u8 = 4;
 
 /// How far out of order a trainer's pushes may arrive: Hogwild threads push concurrently, at
-/// most one step each in flight, so a few steps; beyond this many, older steps count as handled.
+/// most one step each in flight, so a few steps. A push this many steps or more past the oldest
+/// step not yet handled is refused (never the watermark moved past work not done): a step from
+/// the far future cannot make the real ones count as repeats.
 pub const WINDOW: usize = 4096;
+
+/// Most samples one push may say it holds (a batch of 16 Mi samples): a claim beyond any batch
+/// would make the samples counted wrap.
+pub const MAX_SAMPLES: u64 = 1 << 24;
 
 fn bits(part: PushPart) -> u8 {
     match part {
@@ -61,6 +67,19 @@ impl TrainerLedger {
         (b & bits(part) == bits(part)).then_some(b & DISCARDED != 0)
     }
 
+    /// Why `step` is refused, if it is: at or past the window from the oldest step not handled
+    /// yet (the steps below it still to come).
+    pub fn refuses(&self, step: u64) -> Option<String> {
+        let end = self.below.saturating_add(WINDOW as u64);
+        (step >= end).then(|| {
+            format!(
+                "step {step} is past this trainer's window: its step {} is not handled yet and at most {WINDOW} steps \
+                 may be outstanding",
+                self.below
+            )
+        })
+    }
+
     /// Records that this part of `step` was handled: applied over `samples` samples (counted
     /// once per step: with the whole push or its dense half), or discarded.
     pub fn record(&mut self, step: u64, part: PushPart, samples: u64, discarded: bool) {
@@ -69,12 +88,8 @@ impl TrainerLedger {
         }
         *self.recent.entry(step).or_insert(0) |= bits(part) | if discarded { DISCARDED } else { 0 };
         if part != PushPart::Sparse {
-            *if discarded { &mut self.discarded_samples } else { &mut self.samples } += samples;
-        }
-        // A gap never filled (a step that never comes) is given up once the window is full.
-        while self.recent.len() > WINDOW {
-            let (s, _) = self.recent.pop_first().expect("longer than the window");
-            self.below = s + 1;
+            let count = if discarded { &mut self.discarded_samples } else { &mut self.samples };
+            *count = count.saturating_add(samples);
         }
         while let Some((&s, &b)) = self.recent.first_key_value() {
             if s != self.below || b & (DENSE | SPARSE) != DENSE | SPARSE {
@@ -104,11 +119,19 @@ mod tests {
         assert_eq!((l.repeat(3, PushPart::Whole), l.samples, l.discarded_samples), (Some(true), 10, 5), "discarded");
         l.record(2, PushPart::Whole, 5, false);
         assert_eq!((l.samples, l.below, l.recent.len()), (15, 4, 0), "once contiguous, only the count is kept");
-        // A gap never filled (a step that never came) is given up past the window.
-        for s in 5..(6 + WINDOW as u64) {
+        // A gap (step 4 not handled yet) holds the window: a step past it is refused, and the
+        // watermark never moves past the step not done.
+        for s in 5..(4 + WINDOW as u64) {
+            assert_eq!(l.refuses(s), None, "{s}");
             l.record(s, PushPart::Whole, 1, false);
         }
-        assert_eq!((l.recent.len(), l.below), (0, 6 + WINDOW as u64), "the gap at 4 given up");
-        assert_eq!(l.repeat(4, PushPart::Whole), Some(false), "older than the window: never applied late");
+        assert!(l.refuses(4 + WINDOW as u64).unwrap().contains("its step 4 is not handled yet"));
+        assert!(l.refuses(u64::MAX).is_some() && l.refuses(1 << 60).is_some());
+        assert_eq!((l.below, l.repeat(4, PushPart::Whole)), (4, None), "step 4 still to come");
+        l.record(4, PushPart::Whole, 1, false);
+        assert_eq!((l.recent.len(), l.below), (0, 4 + WINDOW as u64), "once it came, all count");
+        // Samples counted saturate rather than wrap.
+        l.record(1 << 40, PushPart::Whole, u64::MAX, false);
+        assert_eq!(l.samples, u64::MAX);
     }
 }

@@ -166,8 +166,8 @@ pub(super) fn sparse_rates(
             let mut push = |ids: &[u64]| {
                 let (counts, grads) = (&counts[..ids.len() * 2], &grads[..ids.len() * 10]);
                 let g = TableGrads { table: 0, dim: 10, ids, counts, grads };
-                *step += 1;
                 client.push(&StepHeader { step: *step, ..one_sample() }, None, &[g])?;
+                *step += 1;
                 anyhow::Ok(())
             };
             m.rounds[2].push(timed(&mut push, &batches, false, seconds, &|| server.cpu_seconds())?);

@@ -70,6 +70,8 @@ struct State {
     calendar: Mutex<Vec<crate::protocol::ListedDay>>,
     /// What the shard was loaded from, for declarations to be compared with.
     start: requests::Start,
+    /// The pass of the saved model the shard was loaded from (0: none).
+    saved_pass: u64,
     shard: Mutex<Option<Arc<Shard>>>,
     counters: Counters,
     sync: Mutex<SyncStep>,
@@ -166,6 +168,12 @@ impl State {
         }
     }
 
+    /// The furthest pass a push or a day end may name: one past the pass the trainers are in
+    /// (as far as this server knows: the passes ended and pushed, or the saved pass it loaded).
+    fn pass_bound(&self) -> u64 {
+        self.sync.lock().pass.max(self.saved_pass).saturating_add(1)
+    }
+
     fn active(&self) -> Vec<u64> {
         let closed = self.closed.lock();
         (0..self.config.trainers as u64).filter(|t| !closed.contains(t)).collect()
@@ -257,12 +265,15 @@ pub async fn run(
         listeners.len(),
         config.sparse_ports
     );
-    let (shard, Resumed { version, mut ledgers, day_end, start }) = match &config.resume {
+    let (shard, Resumed { version, mut ledgers, day_end, start, saved_pass }) = match &config.resume {
         Some(dir) => {
             let (shard, resumed) = load_resume_shard(dir, &config)?;
             (Some(Arc::new(shard)), resumed)
         }
-        None => (None, Resumed { version: 0, ledgers: Vec::new(), day_end: 0, start: requests::Start::Fresh }),
+        None => {
+            let start = requests::Start::Fresh;
+            (None, Resumed { version: 0, ledgers: Vec::new(), day_end: 0, start, saved_pass: 0 })
+        }
     };
     anyhow::ensure!(
         ledgers.len() <= config.trainers,
@@ -293,6 +304,7 @@ pub async fn run(
         model: Mutex::new(serde_json::Value::Null),
         calendar: Mutex::new(Vec::new()),
         start,
+        saved_pass,
         shard: Mutex::new(shard),
         // A shard restored from a checkpoint goes on counting from the updates it holds, so a
         // sync step or an async staleness check sees the versions it would have.
@@ -531,6 +543,9 @@ struct Resumed {
     day_end: u64,
     /// What it was loaded from.
     start: requests::Start,
+    /// The pass of the saved model it was loaded from (0 for none or a checkpoint): a resumed
+    /// job's trainers go on at the pass after it.
+    saved_pass: u64,
 }
 
 /// The shard to resume from, and what it comes with.
@@ -547,7 +562,8 @@ fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Re
         );
         tracing::info!(dir = %dir.display(), seq = entry.seq, version = entry.version, day_end = entry.day_end, "resumed shard from a checkpoint");
         let (version, ledgers, day_end) = (entry.version, entry.ledgers, entry.day_end);
-        return Ok((shard, Resumed { version, ledgers, day_end, start: requests::Start::Checkpoint }));
+        let start = requests::Start::Checkpoint;
+        return Ok((shard, Resumed { version, ledgers, day_end, start, saved_pass: 0 }));
     }
     let (manifest, pass_dir) = Manifest::find(dir)?;
     manifest.check_size(&pass_dir)?;
@@ -563,7 +579,7 @@ fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Re
     let rows: usize = shard.sparse.iter().map(|t| t.len()).sum();
     tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, rows, "resumed shard");
     let start = requests::Start::Saved { path: pass_dir.clone(), digest: crate::checkpoint::digest(&pass_dir)? };
-    Ok((shard, Resumed { version: 0, ledgers: Vec::new(), day_end: 0, start }))
+    Ok((shard, Resumed { version: 0, ledgers: Vec::new(), day_end: 0, start, saved_pass: u64::from(manifest.pass) }))
 }
 
 /// Binds `addrs` (the general ports, then `config.sparse_ports` sparse-only ones) and serves

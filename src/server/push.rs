@@ -35,6 +35,7 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
     if trainer >= state.config.trainers as u64 {
         return Err((ErrorCode::State, format!("trainer {trainer} is not in 0..{}", state.config.trainers)));
     }
+    bounded(state, push).map_err(|m| (ErrorCode::State, format!("trainer {trainer}'s push refused: {m}")))?;
     let dense = push.dense_len();
     let own = shard.dense_len;
     if dense != 0 && dense != own {
@@ -78,6 +79,23 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
         tracing::error!("{m}");
         (ErrorCode::NonFinite, m)
     })
+}
+
+/// Why a push's own numbers are refused before they touch any state, if they are: its step
+/// within its trainer's window ([`crate::ledger::WINDOW`]), its pass at most one past the pass
+/// the trainers are in, its samples those of one batch.
+fn bounded(state: &State, push: &Push<'_>) -> Result<(), String> {
+    if let Some(why) = state.ledgers[push.trainer as usize].lock().refuses(push.step) {
+        return Err(why);
+    }
+    let bound = state.pass_bound();
+    if push.pass > bound {
+        return Err(format!("it is of pass {}, the trainers are in pass {} at most", push.pass, bound - 1));
+    }
+    if push.samples == 0 || push.samples > crate::ledger::MAX_SAMPLES {
+        return Err(format!("{} samples: a batch holds 1 to {}", push.samples, crate::ledger::MAX_SAMPLES));
+    }
+    Ok(())
 }
 
 fn pushed(outcome: PushOutcome, version: u64) -> Reply {

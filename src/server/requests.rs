@@ -244,9 +244,10 @@ pub(super) async fn shrink(state: &Arc<State>, days: u64, day_end: u64) -> Reply
     }
     // A day end is the end of a pass the trainers are in, or one before: a claim from the far
     // future would make the server refuse every real day end after it as a repeat.
-    let pass = state.sync.lock().pass;
-    if day_end > pass.saturating_add(1) {
-        let m = format!("a day end's shrink after pass {day_end} refused: the trainers are in pass {pass}");
+    let bound = state.pass_bound();
+    if day_end > bound {
+        let m =
+            format!("a day end's shrink after pass {day_end} refused: the trainers are in pass {} at most", bound - 1);
         return Err((ErrorCode::State, m));
     }
     let gate = Arc::clone(state);

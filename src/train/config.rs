@@ -180,6 +180,13 @@ impl TrainConfig {
     /// Checks the configuration; messages name the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
+        // Servers refuse a push claiming more samples than this.
+        anyhow::ensure!(
+            self.batch_size as u64 <= crate::ledger::MAX_SAMPLES,
+            "--batch-size {} is over the most a push may hold, {}",
+            self.batch_size,
+            crate::ledger::MAX_SAMPLES
+        );
         anyhow::ensure!(self.passes > 0, "--passes must be at least 1");
         anyhow::ensure!(self.delta_every != Some(0), "--delta-every must be at least 1");
         anyhow::ensure!(

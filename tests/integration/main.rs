@@ -16,6 +16,7 @@ mod faults;
 mod fetch;
 mod global_auc;
 mod hostile_jobs;
+mod insiders;
 mod interactions;
 mod lifecycle;
 mod models;

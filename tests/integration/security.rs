@@ -15,7 +15,7 @@ use oar::client::{Client, ClientConfig, StepHeader};
 use oar::protocol::{auth, read_frame_blocking, FrameBuf, Hello, Request, Response, PROTOCOL_VERSION};
 use oar::server::ServerStats;
 
-const JOB: &str = "guarded-job-7f3a";
+pub(crate) const JOB: &str = "guarded-job-7f3a";
 
 /// The reply to what a hostile peer sent on `s`: the error message (the server then closes).
 fn refusal(mut s: TcpStream) -> String {
@@ -77,7 +77,7 @@ fn attack(addr: &str) {
 }
 
 /// What runs against the servers' addresses while the job is held mid-run.
-type Attack = dyn Fn(&[String]);
+pub(crate) type Attack = dyn Fn(&[String]);
 
 /// Waits for the server to close `s` (whatever it says first), failing after 20 s.
 fn closed_by_the_server(mut s: TcpStream) {
@@ -89,7 +89,8 @@ fn closed_by_the_server(mut s: TcpStream) {
     }
 }
 
-struct GuardedJob {
+/// A 2 x 2 sync job whose processes share a secret (see [`GuardedJob::run`]).
+pub(crate) struct GuardedJob {
     dir: PathBuf,
     train: PathBuf,
     secret: PathBuf,
@@ -97,16 +98,16 @@ struct GuardedJob {
 }
 
 impl GuardedJob {
-    fn new(dir: &Path, train: &Path, secret: &Path) -> GuardedJob {
+    pub(crate) fn new(dir: &Path, train: &Path, secret: &Path) -> GuardedJob {
         GuardedJob { dir: dir.into(), train: train.into(), secret: secret.into(), ports: free_ports(2) }
     }
 
-    fn addrs(&self) -> Vec<String> {
+    pub(crate) fn addrs(&self) -> Vec<String> {
         (0..2).map(|k| format!("127.0.0.1:{}", self.ports + k)).collect()
     }
 
     /// Runs the 2 x 2 sync job; `during` runs while trainer 0 is stopped at its step 5.
-    fn run(&self, during: Option<&Attack>) -> Vec<ServerStats> {
+    pub(crate) fn run(&self, during: Option<&Attack>) -> Vec<ServerStats> {
         let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
         let (secret, out) = (self.secret.display().to_string(), self.dir.join("out").display().to_string());
         let mut children = Vec::new();
