@@ -297,6 +297,14 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
         return refuse(format!("job '{}' is not this server's job", h.job));
     }
     if h.epoch > c.epoch {
+        // Only a successor that claimed this server's checkpoint folder stops it: a claim of an
+        // epoch no restart recorded (a stray or hostile peer) is refused and changes nothing.
+        if recorded_epoch(state) < h.epoch {
+            return refuse(format!(
+                "epoch {} claimed for server {}, which no restart of it recorded (it runs epoch {}): refused",
+                h.epoch, c.index, c.epoch
+            ));
+        }
         state.fenced.send_replace(Some(h.epoch));
         let m = format!("server {} epoch {} has been replaced by epoch {}: it stops", c.index, c.epoch, h.epoch);
         return Err((ErrorCode::Fenced, m));
@@ -322,6 +330,21 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
         ));
     }
     Ok(Answer::Response(Response::Welcome { server_index: index as u64, num_servers: servers as u64, epoch: c.epoch }))
+}
+
+/// The newest epoch of this server of this job recorded in its checkpoint folder's claim
+/// (`fence.json`, written by every restart before it serves): 0 without checkpoints or a claim.
+fn recorded_epoch(state: &State) -> u64 {
+    let Some(policy) = &state.config.checkpoints else { return 0 };
+    let folder = crate::shard_checkpoints::server_dir(&policy.dir, state.config.index);
+    match crate::shard_checkpoints::Fence::read(&folder) {
+        Ok(Some(fence)) if fence.job == state.config.job => fence.epoch,
+        Ok(_) => 0,
+        Err(e) => {
+            tracing::warn!("cannot read this server's checkpoint claim: {e}");
+            0
+        }
+    }
 }
 
 /// A connection of trainer `t` was greeted. A lost trainer that connects again within

@@ -59,39 +59,46 @@ pub(super) fn check_start(server: &Start, declared: Option<&serde_json::Value>) 
 }
 
 /// Creates the shard from the first declaration; later ones must match it, and every one must
-/// start from the saved model this server loaded ([`check_start`]).
+/// start from the saved model this server loaded ([`check_start`]). A declaration is checked
+/// whole before anything of it is kept: a refused one leaves no model description or calendar
+/// behind for the final manifest or the next trainer.
 pub(super) fn declare(state: &State, declaration: Declaration) -> Reply {
     let Declaration { spec, model, calendar } = declaration;
     check_start(&state.start, model.get("start_model")).map_err(|m| (ErrorCode::Table, m))?;
-    if !calendar.is_empty() {
-        let mut kept = state.calendar.lock();
-        if kept.is_empty() {
-            *kept = calendar;
-        } else if let Some(why) = crate::protocol::ListedDay::first_difference(&kept, &calendar) {
+    let mut slot = state.shard.lock();
+    let created = match slot.as_ref() {
+        Some(existing) if existing.spec != spec => {
+            let m = "declared tables differ from the ones this server holds (another model or a changed config?)";
+            return Err((ErrorCode::Table, m.into()));
+        }
+        Some(_) => None,
+        None => {
+            spec.validate().map_err(|m| (ErrorCode::Table, m))?;
+            let place = *state.place.lock();
+            let (index, servers) = place.ok_or((ErrorCode::State, "declare before the handshake".to_string()))?;
+            fits_frames(&spec, servers, state.config.max_frame).map_err(|m| (ErrorCode::TooLarge, m))?;
+            within_budget(&spec, servers, state.config.limits.max_declare_bytes)
+                .map_err(|m| (ErrorCode::TooLarge, m))?;
+            Some((spec, index, servers))
+        }
+    };
+    let mut kept = state.calendar.lock();
+    if !calendar.is_empty() && !kept.is_empty() {
+        if let Some(why) = crate::protocol::ListedDay::first_difference(&kept, &calendar) {
             return Err((ErrorCode::Table, why));
         }
     }
-    if !model.is_null() {
-        let mut kept = state.model.lock();
-        if kept.is_null() {
-            *kept = model;
-        }
+    // Checked whole: now kept.
+    if kept.is_empty() {
+        *kept = calendar;
     }
-    let mut slot = state.shard.lock();
-    if let Some(existing) = slot.as_ref() {
-        if existing.spec != spec {
-            return Err((
-                ErrorCode::Table,
-                "declared tables differ from the ones this server holds (another model or a changed config?)".into(),
-            ));
-        }
-        return Ok(Answer::Response(Response::Done));
+    let mut described = state.model.lock();
+    if described.is_null() {
+        *described = model;
     }
-    spec.validate().map_err(|m| (ErrorCode::Table, m))?;
-    let (index, servers) = state.place.lock().ok_or((ErrorCode::State, "declare before the handshake".to_string()))?;
-    fits_frames(&spec, servers, state.config.max_frame).map_err(|m| (ErrorCode::TooLarge, m))?;
-    within_budget(&spec, servers, state.config.limits.max_declare_bytes).map_err(|m| (ErrorCode::TooLarge, m))?;
-    *slot = Some(Arc::new(Shard::new(spec, index, servers)));
+    if let Some((spec, index, servers)) = created {
+        *slot = Some(Arc::new(Shard::new(spec, index, servers)));
+    }
     Ok(Answer::Response(Response::Done))
 }
 

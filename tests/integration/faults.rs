@@ -273,28 +273,40 @@ fn a_sync_trainer_killed_mid_pass_rejoins_at_the_barrier_and_the_model_is_unchan
 #[test]
 fn a_replaced_server_is_fenced_by_a_client_that_met_its_successor() {
     let (tx, rx) = std::sync::mpsc::channel();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = oar::shard_checkpoints::Policy { dir: dir.path().into(), every: Duration::from_secs(60), keep: 2 };
+    let checkpoints = Some(policy.clone());
     let old = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap().to_string()).unwrap();
-            let config = ServerConfig { exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) };
+            let config = ServerConfig { exit_when_done: false, checkpoints, ..server_config(0, 1, 1, Mode::Async) };
             oar::server::run(vec![listener], config, std::future::pending()).await
         })
     });
     let addr: String = rx.recv().unwrap();
-    let probe = |addr: &str| {
+    let probe = |addr: &str, epoch: u64| {
         let config = ClientConfig::new(vec![addr.to_string()], "test", Duration::from_secs(5), Duration::from_secs(5));
-        oar::client::probe(&config, 0, 1)
+        oar::client::probe(&config, 0, epoch)
     };
-    let err = probe(&addr).unwrap_err();
+    // A claim of an epoch no restart recorded (a stray or hostile peer) stops nothing.
+    let err = probe(&addr, 7).unwrap_err();
+    assert!(matches!(err, oar::client::ClientError::Refused { code: ErrorCode::Handshake, .. }), "{err}");
+    assert!(err.to_string().contains("epoch 7 claimed for server 0, which no restart of it recorded"), "{err}");
+    probe(&addr, 0).unwrap();
+    // Its successor claims the checkpoint folder before it serves; a client that met it then
+    // reaches the old process.
+    let fence = oar::shard_checkpoints::Fence { job: "test".into(), epoch: 1 };
+    oar::shard_checkpoints::Checkpointer::new(policy, 0, fence).unwrap();
+    let err = probe(&addr, 1).unwrap_err();
     assert!(matches!(err, oar::client::ClientError::Refused { code: ErrorCode::Fenced, .. }), "{err}");
     // The fenced server stops by itself, saying why.
     let stopped = old.join().unwrap().unwrap_err().to_string();
     assert!(stopped.contains("has been replaced by epoch 1"), "{stopped}");
 
     let current = start_server(ServerConfig { exit_when_done: false, epoch: 1, ..server_config(0, 1, 1, Mode::Async) });
-    probe(&current.addr).unwrap();
+    probe(&current.addr, 1).unwrap();
 }
 
 /// The checkpoint folder is fenced too: once epoch 1 has claimed it, epoch 0 (a stopped process

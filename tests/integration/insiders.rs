@@ -90,3 +90,71 @@ fn a_peer_with_the_secret_cannot_push_numbers_from_the_far_future_or_of_no_batch
     assert_eq!(work(&stats), work(&undisturbed));
     assert_same_params(&load_params(&attacked.join("out")), &load_params(&clean.join("out")), 0.0);
 }
+
+/// A declaration refused (tables with blocks of 0 floats) keeps nothing of itself: its model
+/// description and its online calendar were kept before, so the final save described another
+/// model and the real online trainer, listing its own days, was refused.
+#[test]
+fn a_refused_declaration_leaves_nothing_behind() {
+    use oar::protocol::{Declaration, ListedDay};
+    let dir = tempfile::tempdir().unwrap();
+    let stream = dir.path().join("stream").display().to_string();
+    let o = oar(&["gen", "stream", "--days", "1", "--lines-per-day", "2000", "--parts", "1", "--out", &stream]);
+    assert!(o.status.success(), "{}", text(&o));
+    let secret_file = dir.path().join("secret");
+    Secret::generate().write_new(&secret_file).unwrap();
+    let (secret_arg, final_dir) = (secret_file.display().to_string(), dir.path().join("final"));
+    let final_arg = final_dir.display().to_string();
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--index", "0", "--num-servers", "1"])
+        .args(["--trainers", "1", "--mode", "sync", "--job", JOB, "--secret-file", &secret_arg])
+        .args(["--save-dir", &final_arg, "--trainer-rejoin", "60", "--timeout", "60"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.as_mut().unwrap()), &mut line).unwrap();
+    let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
+
+    let mut c = insider(std::slice::from_ref(&addr), &Secret::read(&secret_file).unwrap());
+    let mut spec = crate::robustness::spec();
+    spec.dense.block_size = 0;
+    let day = ListedDay { day: "19990101".into(), files: 1, bytes: 1, digest: "0".repeat(64) };
+    let bogus = Declaration { spec, model: serde_json::json!({"model": "not this one"}), calendar: vec![day] };
+    let m = refusal(c.declare_with(bogus).unwrap_err());
+    assert!(m.contains("block"), "{m}");
+    drop(c);
+
+    let o = oar(&[
+        "train",
+        "--servers",
+        &addr,
+        "--trainers",
+        "1",
+        "--trainer-id",
+        "0",
+        "--mode",
+        "sync",
+        "--job",
+        JOB,
+        "--secret-file",
+        &secret_arg,
+        "--online",
+        &stream,
+        "--days",
+        "20260101..20260101",
+        "--passes-per-day",
+        "1",
+        "--batch-size",
+        "200",
+        "--hidden",
+        "8",
+    ]);
+    assert!(o.status.success(), "the real trainer: {}", text(&o));
+    let served = server.wait_with_output().unwrap();
+    assert!(served.status.success(), "{}", String::from_utf8_lossy(&served.stderr));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(final_dir.join("manifest.json")).unwrap()).unwrap();
+    assert!(manifest["model"]["model"].is_object(), "the real model described: {}", manifest["model"]);
+}

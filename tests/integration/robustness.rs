@@ -22,7 +22,7 @@ fn client(addrs: &[String]) -> Client {
     Client::connect(&config.as_trainer(0)).unwrap()
 }
 
-fn spec() -> oar::table::TableSpec {
+pub(crate) fn spec() -> oar::table::TableSpec {
     crate::util::criteo_model(&oar::model::ModelConfig { hidden: Some(vec![8]), ..Default::default() })
         .table_spec(oar::table::Optimizer::adam(1e-3), oar::table::Optimizer::adagrad(0.1))
 }
