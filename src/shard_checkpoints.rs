@@ -136,6 +136,11 @@ fn complete(server_dir: &Path) -> Vec<(u64, PathBuf)> {
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let seq: u64 = name.strip_prefix("ckpt-")?.parse().ok()?;
+            if e.file_type().is_ok_and(|t| t.is_symlink()) {
+                // Not one this server wrote: pruning or reading it would act on the link's target.
+                tracing::warn!(folder = %e.path().display(), "ignored: a checkpoint that is a symbolic link");
+                return None;
+            }
             if seq > COUNTER_MAX {
                 // Not one this server numbered: `ckpt-18446744073709551615` made the next number
                 // wrap to 0, and every new checkpoint was pruned as the oldest on writing.
@@ -163,6 +168,7 @@ impl Checkpointer {
     /// For server `index`, claiming its folder for `fence` (see [`Fence`]).
     pub fn new(policy: Policy, index: usize, fence: Fence) -> Result<Checkpointer, CheckpointError> {
         let folder = server_dir(&policy.dir, index);
+        refuse_link(&folder)?;
         fence.claim(&folder)?;
         // A process killed mid-write left its temporary folder: never published, never needed.
         for e in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
@@ -284,6 +290,9 @@ pub struct EarlierLife {
     /// That run of the job finished (every trainer closed): this is a new run of the same job,
     /// not a restart, and starts afresh.
     pub finished: bool,
+    /// Complete checkpoints whose record cannot be read (damaged, a link, too large), with why:
+    /// a restart that can read none refuses to start empty by accident.
+    pub unreadable: Vec<(PathBuf, String)>,
 }
 
 /// The mark a server leaves beside its checkpoints once every trainer of its run has closed.
@@ -314,10 +323,29 @@ pub fn set_aside(dir: &Path, index: usize) -> std::io::Result<PathBuf> {
 /// fresh start: a restart that took itself for a new server would serve an empty shard.
 pub fn earlier_life(dir: &Path, index: usize, job: &str) -> Result<Option<EarlierLife>, StateFileError> {
     let folder = server_dir(dir, index);
+    refuse_link(&folder)?;
     let Some(fence) = Fence::read(&folder)?.filter(|f| f.job == job) else { return Ok(None) };
-    let checkpoint = complete(&folder).iter().rev().any(|(_, path)| read_entry(path).is_ok_and(|e| e.job == job));
+    let (mut checkpoint, mut unreadable) = (false, Vec::new());
+    for (_, path) in complete(&folder) {
+        match read_entry(&path) {
+            Ok(e) => checkpoint |= e.job == job,
+            Err(e) => unreadable.push((path, e.to_string())),
+        }
+    }
     let finished = state_file::read_json::<Finished>(&folder.join("finished.json"), SMALL_FILE)?;
-    Ok(Some(EarlierLife { epoch: fence.epoch, checkpoint, finished: finished.is_some_and(|f| f.job == job) }))
+    let finished = finished.is_some_and(|f| f.job == job);
+    Ok(Some(EarlierLife { epoch: fence.epoch, checkpoint, finished, unreadable }))
+}
+
+/// Refuses a server's checkpoint folder that is a symbolic link: the server deletes and writes
+/// in it, and through a link it would do so wherever the link leads.
+fn refuse_link(folder: &Path) -> Result<(), StateFileError> {
+    match std::fs::symlink_metadata(folder) {
+        Ok(m) if m.file_type().is_symlink() => {
+            Err(StateFileError::invalid(folder, "a symbolic link: a server's checkpoint folder is never one"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A checkpoint's `entry.json`, checked.

@@ -99,6 +99,11 @@ pub(super) struct PserverArgs {
     /// closed; and wait --trainer-rejoin (default 60 s) for lost trainers.
     #[arg(long, env = "OAR_RECOVERABLE")]
     pub(super) recoverable: bool,
+    /// With --recoverable: a restart that finds this job's checkpoints but can read none of
+    /// them starts with empty tables instead of refusing to start (the model trained so far on
+    /// this server is lost).
+    #[arg(long, env = "OAR_START_EMPTY", requires = "recoverable")]
+    pub(super) start_empty: bool,
     #[command(flatten)]
     pub(super) limits: LimitArgs,
     /// The job's secret (a file of 16 to 4096 bytes): every client must prove it holds it
@@ -435,6 +440,10 @@ pub(super) struct ServerRoleArgs {
     /// OUTPUT/checkpoints [default: 30 with --recoverable, else none].
     #[arg(long, env = "OAR_CHECKPOINT_EVERY")]
     pub(super) checkpoint_every: Option<f64>,
+    /// Server role, with --recoverable: a restart that can read none of this job's checkpoints
+    /// starts with empty tables instead of refusing to start.
+    #[arg(long, env = "OAR_START_EMPTY")]
+    pub(super) start_empty: bool,
     #[command(flatten)]
     pub(super) limits: LimitArgs,
 }

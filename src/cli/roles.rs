@@ -121,6 +121,17 @@ pub(super) fn recover_server(a: &mut PserverArgs, index: Option<usize>, num_serv
     a.epoch = a.epoch.max(life.epoch + 1);
     if life.checkpoint {
         a.resume = Some(dir.clone());
+    } else if !life.unreadable.is_empty() {
+        let named: Vec<String> = life.unreadable.iter().map(|(p, why)| format!("{} ({why})", p.display())).collect();
+        anyhow::ensure!(
+            a.start_empty,
+            "this restart finds {} checkpoint(s) of job '{}' and can read none of them: {}; it refuses to start \
+             with empty tables (give --start-empty to, losing what this server trained)",
+            named.len(),
+            a.job,
+            named.join("; ")
+        );
+        tracing::warn!(unreadable = ?named, "--start-empty: no checkpoint can be read, starting with empty tables");
     }
     tracing::warn!(
         dir = %dir.display(),
@@ -196,6 +207,7 @@ pub(super) fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         trainers_closed: Vec::new(),
         trainer_rejoin: None,
         recoverable: a.recoverable,
+        start_empty: a.server.start_empty,
         limits: a.server.limits.clone(),
         secret_file: a.secret_file.clone(),
         tls: a.tls.clone(),

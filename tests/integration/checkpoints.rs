@@ -128,7 +128,7 @@ fn a_restarted_server_finds_only_its_own_jobs_earlier_life() {
     let life = earlier_life(dir.path(), 0, "test").unwrap().unwrap();
     assert_eq!(
         life,
-        EarlierLife { epoch: 0, checkpoint: false, finished: false },
+        EarlierLife { epoch: 0, checkpoint: false, finished: false, unreadable: vec![] },
         "the old job's checkpoint is not ours"
     );
     assert_eq!(Trainers::read(dir.path(), 0, "test", 2).unwrap(), None);
@@ -138,7 +138,7 @@ fn a_restarted_server_finds_only_its_own_jobs_earlier_life() {
     let trainers = Trainers { job: "test".into(), closed: vec![1], pass: 2, ended: vec![0] };
     trainers.write(dir.path(), 0).unwrap();
     let life = earlier_life(dir.path(), 0, "test").unwrap().unwrap();
-    assert_eq!(life, EarlierLife { epoch: 1, checkpoint: true, finished: false });
+    assert_eq!(life, EarlierLife { epoch: 1, checkpoint: true, finished: false, unreadable: vec![] });
     assert_eq!(Trainers::read(dir.path(), 0, "test", 2).unwrap(), Some(trainers));
     assert_eq!(load_latest(dir.path(), 0, "test").unwrap().0.job, "test");
     // Another job starting here afresh sees none of it.

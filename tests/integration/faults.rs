@@ -337,7 +337,7 @@ fn a_replaced_server_cannot_publish_a_checkpoint() {
 
 /// A one-server, one-trainer sync job started by hand with `--recoverable` (as an engine would
 /// start it) in `dir`, on `port`, with `fault` planted; returns (server, trainer) once both end.
-fn recoverable_job(
+pub(crate) fn recoverable_job(
     dir: &std::path::Path,
     port: u16,
     fault: &str,

@@ -25,6 +25,7 @@ mod norm_stats;
 mod online;
 mod paddle;
 mod predict;
+mod restarts;
 mod robustness;
 mod security;
 mod sequences;
