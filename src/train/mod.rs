@@ -23,6 +23,7 @@ pub mod online;
 mod pass;
 pub mod position;
 mod report;
+mod saves;
 mod step;
 mod store;
 pub mod telemetry;
@@ -32,6 +33,7 @@ pub use config::{ports_per_server, TrainConfig, DEFAULT_SCALE_STALE_STEPS, DEFAU
 use pass::PassLoop;
 use position::{Position, PositionLog};
 pub use report::{AllTrainersAuc, DayReport, HeadReport, PassReport, StepTimes, TrainReport};
+use saves::save_for_serving;
 pub use store::{pull_rows, Lookups, StepHeader, Store, TableLookup};
 use warmup::WarmupPlan;
 
@@ -478,40 +480,6 @@ fn description(config: &TrainConfig, steps: Option<u64>, warm: Option<&str>) -> 
         d["init_model"] = warm.into();
     }
     d
-}
-
-/// Trainer 0's save for serving after `pass` of `day`, if one is due: every server's file, the
-/// save's manifest, then its line in the done-file (announced once it is complete).
-fn save_for_serving(
-    out: &std::path::Path,
-    store: &mut Store,
-    spec: &TableSpec,
-    kind: crate::export::ExportKind,
-    day: u32,
-    pass: u32,
-) -> anyhow::Result<()> {
-    use crate::export::{append_done, DoneLine, ExportKind, ExportManifest};
-    let folder = |kind: ExportKind| out.join("serving").join(format!("{}-{day:03}-{pass:05}", kind.name()));
-    let (mut kind, mut dir) = (kind, folder(kind));
-    let mut files = store.export(kind, &dir).with_context(|| format!("{} save into {}", kind.name(), dir.display()))?;
-    if let Some(f) = files.iter().find(|f| f.base_needed) {
-        // A server restored from a checkpoint (or past its removal log's bound) cannot name the
-        // rows it removed: the others' delta files are dropped unannounced, and all save a base.
-        tracing::warn!(server = %f.file, "a server cannot write a complete delta (restored from a checkpoint?): saving a base instead");
-        std::fs::remove_dir_all(&dir)
-            .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
-            .with_context(|| format!("removing the unannounced delta {}", dir.display()))?;
-        (kind, dir) = (ExportKind::Base, folder(ExportKind::Base));
-        files = store.export(kind, &dir).with_context(|| format!("base save into {}", dir.display()))?;
-    }
-    let tables = spec.sparse.iter().map(|t| (t.name.clone(), t.dim)).collect();
-    let manifest = ExportManifest { kind, day, pass, tables, files };
-    crate::state_file::write_atomic(&dir.join("export.json"), &serde_json::to_vec_pretty(&manifest)?)?;
-    let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
-    append_done(&out.join("donefile.txt"), &DoneLine { day, pass, kind, path: dir.clone(), unix_ms })?;
-    let rows: u64 = manifest.files.iter().flat_map(|f| &f.rows).sum();
-    tracing::info!(day, pass, kind = kind.name(), rows, dir = %dir.display(), "saved for serving");
-    Ok(())
 }
 
 /// The points of trainer 0's day end where the fault tests kill it (see [`crate::fault`]).

@@ -53,7 +53,10 @@ fn a_restart_that_can_read_none_of_its_checkpoints_refuses_to_start_empty() {
     // On purpose: it starts, with empty tables, as the next epoch.
     let o = restart(&out, port, &["--start-empty"]);
     let log = text(&o);
-    assert!(log.contains("parameter server listening") && log.contains("--start-empty: no checkpoint can be read"), "{log}");
+    assert!(
+        log.contains("parameter server listening") && log.contains("--start-empty: no checkpoint can be read"),
+        "{log}"
+    );
 }
 
 #[test]
