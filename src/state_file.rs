@@ -262,9 +262,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
 }
 
 /// Checks that a tool may put its output at `out` by renaming over it: nothing there, a regular
-/// file, or a link (the link is replaced, not what it names), and none of `inputs` (the same
-/// file under any name). `oar plot --out` and `oar data stats --out` replaced their own input,
-/// a device or a named pipe without a word.
+/// file, or a link to a file in the same folder (the link is replaced, not what it names; a
+/// link elsewhere, such as `/dev/stdout`, is refused: run as root, `oar predict` replaced
+/// `/dev/stdout` with a file), and none of `inputs` (the same file under any name). `oar plot
+/// --out` and `oar data stats --out` replaced their own input, a device or a named pipe without
+/// a word.
 pub fn check_output(out: &Path, inputs: &[&Path]) -> Result<(), StateFileError> {
     use std::os::unix::fs::MetadataExt;
     let meta = match std::fs::symlink_metadata(out) {
@@ -273,7 +275,19 @@ pub fn check_output(out: &Path, inputs: &[&Path]) -> Result<(), StateFileError> 
         Err(e) => return Err(StateFileError::io(out)(e)),
     };
     if meta.file_type().is_symlink() {
-        return Ok(());
+        let target = std::fs::read_link(out).map_err(StateFileError::io(out))?;
+        let folder = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let named = folder.join(&target);
+        let same = |p: &Path| p.canonicalize().ok();
+        if named.parent().and_then(same).is_some_and(|f| Some(f) == same(folder)) {
+            return Ok(());
+        }
+        let why = format!(
+            "is a symbolic link to {}, outside its own folder: it is never replaced (name the file itself, or \
+             --out - for standard output where a command takes it)",
+            target.display()
+        );
+        return Err(StateFileError::invalid(out, why));
     }
     if !meta.is_file() {
         return Err(StateFileError::invalid(out, format!("{} is there, not a file to replace", kind_of(&meta))));

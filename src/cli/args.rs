@@ -365,7 +365,8 @@ pub(super) struct PredictArgs {
     /// Data files or folders, in the saved model's data format.
     #[arg(long, required = true, num_args = 1..)]
     pub(super) data: Vec<PathBuf>,
-    /// Where the scores go: one line per input line, every head's score tab-separated.
+    /// Where the scores go (`-`: standard output): one line per input line, every head's score
+    /// tab-separated.
     #[arg(long)]
     pub(super) out: PathBuf,
     /// Samples per batch.

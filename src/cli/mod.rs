@@ -171,7 +171,10 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             crate::predict::check_pipe_command(&saved.schema, &a.model, a.trust_pipe_command)?;
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let inputs: Vec<&std::path::Path> = files.iter().map(|f| f.as_path()).collect();
-            crate::state_file::check_output(&a.out, &inputs)?;
+            let to_stdout = a.out.as_os_str() == "-";
+            if !to_stdout {
+                crate::state_file::check_output(&a.out, &inputs)?;
+            }
             let bar = files_bar(&files);
             if a.no_progress {
                 bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -190,6 +193,10 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 skip_bad_lines: a.skip_bad_lines,
             };
             let run = || -> anyhow::Result<crate::predict::PredictReport> {
+                if to_stdout {
+                    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+                    return crate::predict::predict(&saved, &config, &mut out, &|bytes| bar.set_position(bytes));
+                }
                 let file = crate::state_file::create_new(&tmp, 0o644)?;
                 let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
                 let r = crate::predict::predict(&saved, &config, &mut out, &|bytes| bar.set_position(bytes))?;
@@ -202,13 +209,19 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             })?;
             bar.finish_and_clear();
             let heads = saved.model.head_names().join(", ");
-            println!(
+            let said = format!(
                 "model pass {}: {} lines of scores ({heads}) written to {}{}",
                 saved.manifest.pass,
                 r.samples,
-                a.out.display(),
+                if to_stdout { "standard output".into() } else { a.out.display().to_string() },
                 if r.bad_lines > 0 { format!("; {} bad lines skipped", r.bad_lines) } else { String::new() }
             );
+            // The scores went to standard output: what is said of them goes beside it.
+            if to_stdout {
+                eprintln!("{said}");
+            } else {
+                println!("{said}");
+            }
             Ok(())
         }
         Command::Export(a) => {

@@ -201,6 +201,7 @@ pub(super) async fn save(state: &Arc<State>, dir: &str) -> Reply {
         let m = format!("save to {dir} refused: not inside this server's --save-root {}", root.display());
         (ErrorCode::State, m)
     })?;
+    never_over(&target, "manifest.json", "a completed pass")?;
     let written = tokio::task::spawn_blocking(move || write_shard(&shard, &target)).await;
     let (file, bytes, crc32) = written
         .map_err(|e| (ErrorCode::Io, format!("the save stopped: {e}")))?
@@ -218,6 +219,7 @@ pub(super) async fn export(state: &Arc<State>, dir: &str, kind: crate::export::E
         let m = format!("{} to {dir} refused: not inside this server's --save-root {}", kind.name(), root.display());
         (ErrorCode::State, m)
     })?;
+    never_over(&target, "export.json", "a completed save for serving")?;
     let gate = Arc::clone(state);
     let written = tokio::task::spawn_blocking(move || {
         let tables = {
@@ -234,6 +236,17 @@ pub(super) async fn export(state: &Arc<State>, dir: &str, kind: crate::export::E
     .map_err(|e| (ErrorCode::Io, e.to_string()))?;
     tracing::info!(kind = kind.name(), rows = ?written.rows, deleted = ?written.deleted, "saved for serving");
     Ok(Answer::Response(Response::Stats(serde_json::to_string(&written).expect("a save's result serializes"))))
+}
+
+/// Refuses a save into `dir` when it holds `mark` (the file written last by a complete save of
+/// that kind): completed work is never overwritten, by a trainer redoing a pass (it skips a
+/// save that is there) or by anyone else.
+fn never_over(dir: &Path, mark: &str, what: &str) -> Result<(), (ErrorCode, String)> {
+    if std::fs::symlink_metadata(dir.join(mark)).is_ok() {
+        let m = format!("a save into {} refused: it holds {what} ({mark}), never overwritten", dir.display());
+        return Err((ErrorCode::State, m));
+    }
+    Ok(())
 }
 
 /// Most days one shrink may add to every row's unseen days: a century.

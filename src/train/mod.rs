@@ -559,23 +559,27 @@ fn end_pass(
                 "{} is a symbolic link: a save does not go through one",
                 dir.display()
             );
-            let shards = store.save(&dir).with_context(|| format!("saving pass {pass} to {}", dir.display()))?;
-            let mut model = description(config, Some(step), warm);
-            if let Some((o, _)) = slot {
-                // Where a resume must count from (`Online::check_resume`).
-                model["online"] = serde_json::to_value(o.saved_day(pass))?;
+            if saves::saved_before(&dir, &config.job, pass, config.rejoin)? {
+                tracing::info!(pass, dir = %dir.display(), "the pass was saved before this trainer restarted: kept as it is");
+            } else {
+                let shards = store.save(&dir).with_context(|| format!("saving pass {pass} to {}", dir.display()))?;
+                let mut model = description(config, Some(step), warm);
+                if let Some((o, _)) = slot {
+                    // Where a resume must count from (`Online::check_resume`).
+                    model["online"] = serde_json::to_value(o.saved_day(pass))?;
+                }
+                let manifest = Manifest {
+                    format: FORMAT_VERSION,
+                    job: config.job.clone(),
+                    pass,
+                    num_servers: shards.len(),
+                    spec: spec.clone(),
+                    model,
+                    shards,
+                };
+                manifest.write(&dir)?;
+                tracing::info!(pass, dir = %dir.display(), "model saved");
             }
-            let manifest = Manifest {
-                format: FORMAT_VERSION,
-                job: config.job.clone(),
-                pass,
-                num_servers: shards.len(),
-                spec: spec.clone(),
-                model,
-                shards,
-            };
-            manifest.write(&dir)?;
-            tracing::info!(pass, dir = %dir.display(), "model saved");
             if day_end {
                 day_end_fault(DayEndPoint::Saved);
             }

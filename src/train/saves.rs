@@ -1,5 +1,9 @@
 //! Trainer 0's saves at the end of a pass: for serving (a base or a delta of every server's
-//! rows, announced in the done-file once complete).
+//! rows, announced in the done-file once complete), and the rule that a complete save is never
+//! written over: a rejoining trainer 0 redoing its pass's end keeps the save it made before it
+//! died, and any other save into a complete one is refused (servers refuse it too).
+
+use std::path::Path;
 
 use anyhow::Context;
 
@@ -19,6 +23,22 @@ pub(super) fn save_for_serving(
     use crate::export::{append_done, DoneLine, ExportKind, ExportManifest};
     let folder = |kind: ExportKind| out.join("serving").join(format!("{}-{day:03}-{pass:05}", kind.name()));
     let (mut kind, mut dir) = (kind, folder(kind));
+    let done = out.join("donefile.txt");
+    let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+    if let Some(saved) = completed_serving(&folder(kind))? {
+        // Saved before this trainer restarted: announced now if it was not yet, never again.
+        anyhow::ensure!(
+            (saved.kind, saved.day, saved.pass) == (kind, day, pass),
+            "{}: it holds the {} save of day {} pass {}, not this one: a complete save is never written over",
+            folder(kind).display(),
+            saved.kind.name(),
+            saved.day,
+            saved.pass
+        );
+        append_done(&done, &DoneLine { day, pass, kind, path: folder(kind), unix_ms })?;
+        tracing::info!(day, pass, kind = kind.name(), "saved for serving before this trainer restarted: kept as it is");
+        return Ok(());
+    }
     let mut files = store.export(kind, &dir).with_context(|| format!("{} save into {}", kind.name(), dir.display()))?;
     if let Some(f) = files.iter().find(|f| f.base_needed) {
         // A server restored from a checkpoint (or past its removal log's bound) cannot name the
@@ -33,9 +53,34 @@ pub(super) fn save_for_serving(
     let tables = spec.sparse.iter().map(|t| (t.name.clone(), t.dim)).collect();
     let manifest = ExportManifest { kind, day, pass, tables, files };
     crate::state_file::write_atomic(&dir.join("export.json"), &serde_json::to_vec_pretty(&manifest)?)?;
-    let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
-    append_done(&out.join("donefile.txt"), &DoneLine { day, pass, kind, path: dir.clone(), unix_ms })?;
+    append_done(&done, &DoneLine { day, pass, kind, path: dir.clone(), unix_ms })?;
     let rows: u64 = manifest.files.iter().flat_map(|f| &f.rows).sum();
     tracing::info!(day, pass, kind = kind.name(), rows, dir = %dir.display(), "saved for serving");
     Ok(())
+}
+
+/// The manifest of a complete save for serving in `dir` (its `export.json`, written last), if
+/// there is one.
+fn completed_serving(dir: &Path) -> anyhow::Result<Option<crate::export::ExportManifest>> {
+    let path = dir.join("export.json");
+    Ok(crate::state_file::read_json(&path, crate::checkpoint::MAX_MANIFEST_BYTES)?)
+}
+
+/// Whether pass `pass` of job `job` is saved in `dir` already (its manifest, written last, is
+/// there): for a rejoining trainer (`rejoin`) redoing the end of the pass it died in, that
+/// save is kept; any other complete save there is refused, never written over.
+pub(super) fn saved_before(dir: &Path, job: &str, pass: u32, rejoin: bool) -> anyhow::Result<bool> {
+    if std::fs::symlink_metadata(dir.join("manifest.json")).is_err() {
+        return Ok(false);
+    }
+    let (saved, _) = crate::checkpoint::Manifest::find(dir)?;
+    anyhow::ensure!(
+        rejoin && saved.job == job && saved.pass == pass,
+        "{} holds a complete save (pass {} of job '{}'): a save never writes over one; move it away, or --resume \
+         from it",
+        dir.display(),
+        saved.pass,
+        saved.job
+    );
+    Ok(true)
 }

@@ -158,3 +158,70 @@ fn a_refused_declaration_leaves_nothing_behind() {
         serde_json::from_slice(&std::fs::read(final_dir.join("manifest.json")).unwrap()).unwrap();
     assert!(manifest["model"]["model"].is_object(), "the real model described: {}", manifest["model"]);
 }
+
+/// A save into a folder holding a complete pass, or a save for serving into one holding a
+/// complete save for serving, is refused by the server: a peer asking for either destroyed what
+/// it held.
+#[test]
+fn a_complete_save_is_never_written_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 1, 500, 0);
+    let out = dir.path().join("out");
+    let o = oar(&[
+        "train",
+        "--train",
+        &train.display().to_string(),
+        "--output",
+        &out.display().to_string(),
+        "--hidden",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let pass = out.join("pass-0001");
+    let before: Vec<Vec<u8>> =
+        ["manifest.json", "server-0.shard"].iter().map(|f| std::fs::read(pass.join(f)).unwrap()).collect();
+    let serving = out.join("serving/base-000-00001");
+    std::fs::create_dir_all(&serving).unwrap();
+    std::fs::write(serving.join("export.json"), b"{}").unwrap();
+
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args([
+            "pserver",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--index",
+            "0",
+            "--num-servers",
+            "1",
+            "--trainers",
+            "1",
+        ])
+        .args(["--job", JOB, "--keep-serving", "--save-root", &out.display().to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.as_mut().unwrap()), &mut line).unwrap();
+    let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
+    let config = ClientConfig {
+        trainer: Some(0),
+        ..ClientConfig::new(vec![addr], JOB, Duration::from_secs(5), Duration::from_secs(10))
+    };
+    let mut c = Client::connect(&config).unwrap();
+    c.declare(&crate::robustness::spec()).unwrap();
+    let m = refusal(c.save(&pass.display().to_string()).unwrap_err());
+    assert!(m.contains("it holds a completed pass (manifest.json), never overwritten"), "{m}");
+    let mut c = Client::connect(&config).unwrap();
+    c.attach(&crate::robustness::spec());
+    let m = refusal(c.export(&serving.display().to_string(), oar::export::ExportKind::Base).unwrap_err());
+    assert!(m.contains("it holds a completed save for serving (export.json)"), "{m}");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let after: Vec<Vec<u8>> =
+        ["manifest.json", "server-0.shard"].iter().map(|f| std::fs::read(pass.join(f)).unwrap()).collect();
+    assert!(before == after, "the complete pass is as it was");
+    assert!(!serving.join(oar::export::file_name(0)).exists());
+}

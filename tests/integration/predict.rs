@@ -167,3 +167,44 @@ fn standardized_dense_values_travel_with_the_model() {
     let o = oar(&["train", "--config", &s(&job), "--train", &s(&data.join("train"))]);
     assert!(!o.status.success() && text(&o).contains("dense_stats") && text(&o).contains("stats.json"), "{}", text(&o));
 }
+
+/// `--out -` writes the scores to standard output; an output path that is a link to somewhere
+/// outside its own folder (`/dev/stdout`, run as root, was replaced by a file) is never
+/// replaced, and one to a file beside it is.
+#[test]
+fn predict_writes_to_standard_output_and_never_replaces_a_link_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_data(&dir.path().join("data"), 1, 300, 0);
+    let (train, model) = (dir.path().join("data/train"), dir.path().join("model"));
+    let s = |p: &Path| p.display().to_string();
+    let o = oar(&["train", "--train", &s(&train), "--output", &s(&model), "--hidden", "8"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let predict =
+        |out: &str| oar(&["predict", "--model", &s(&model), "--data", &s(&train), "--out", out, "--no-progress"]);
+    let o = predict("-");
+    assert!(o.status.success(), "{}", text(&o));
+    let lines = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(lines.lines().count(), 300, "one score a line on standard output");
+    assert!(lines.lines().all(|l| l.parse::<f32>().is_ok_and(|p| (0.0..=1.0).contains(&p))), "{lines}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("300 lines of scores"));
+
+    let (elsewhere, link) = (dir.path().join("elsewhere"), dir.path().join("out/scores.tsv"));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::fs::write(elsewhere.join("keep.tsv"), "kept").unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("keep.tsv"), &link).unwrap();
+    for out in [s(&link), "/dev/stdout".to_string()] {
+        let o = predict(&out);
+        let err = text(&o);
+        assert!(!o.status.success() && err.contains("outside its own folder") && err.contains("--out -"), "{err}");
+    }
+    assert!(std::fs::symlink_metadata("/dev/stdout").unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read_to_string(elsewhere.join("keep.tsv")).unwrap(), "kept");
+    // A link to a file beside it is replaced by the scores (the file it named stays).
+    std::fs::write(dir.path().join("out/old.tsv"), "old").unwrap();
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink("old.tsv", &link).unwrap();
+    assert!(predict(&s(&link)).status.success());
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_file());
+    assert_eq!(std::fs::read_to_string(dir.path().join("out/old.tsv")).unwrap(), "old");
+}
