@@ -1,7 +1,8 @@
 //! Trainer 0's saves at the end of a pass: for serving (a base or a delta of every server's
 //! rows, announced in the done-file once complete), and the rule that a complete save is never
 //! written over: a rejoining trainer 0 redoing its pass's end keeps the save it made before it
-//! died, and any other save into a complete one is refused (servers refuse it too).
+//! died, and an earlier run's save in the pass's folder is moved aside (servers refuse a save
+//! into a complete one).
 
 use std::path::Path;
 
@@ -67,20 +68,26 @@ fn completed_serving(dir: &Path) -> anyhow::Result<Option<crate::export::ExportM
 }
 
 /// Whether pass `pass` of job `job` is saved in `dir` already (its manifest, written last, is
-/// there): for a rejoining trainer (`rejoin`) redoing the end of the pass it died in, that
-/// save is kept; any other complete save there is refused, never written over.
+/// there) by this trainer before it restarted (`rejoin`): that save is kept as it is. Any other
+/// complete save there (an earlier run's) is moved aside to `NAME.replaced-<unix ms>`, never
+/// written over, and `false` is returned.
 pub(super) fn saved_before(dir: &Path, job: &str, pass: u32, rejoin: bool) -> anyhow::Result<bool> {
     if std::fs::symlink_metadata(dir.join("manifest.json")).is_err() {
         return Ok(false);
     }
     let (saved, _) = crate::checkpoint::Manifest::find(dir)?;
-    anyhow::ensure!(
-        rejoin && saved.job == job && saved.pass == pass,
-        "{} holds a complete save (pass {} of job '{}'): a save never writes over one; move it away, or --resume \
-         from it",
-        dir.display(),
+    if rejoin && saved.job == job && saved.pass == pass {
+        return Ok(true);
+    }
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
+    let aside = dir.with_file_name(format!("{}.replaced-{ms}", dir.file_name().unwrap_or_default().to_string_lossy()));
+    std::fs::rename(dir, &aside).with_context(|| format!("moving the earlier save {} aside", dir.display()))?;
+    tracing::warn!(
+        dir = %dir.display(),
+        aside = %aside.display(),
+        "the folder held a complete save of pass {} of job '{}': moved aside, not written over",
         saved.pass,
         saved.job
     );
-    Ok(true)
+    Ok(false)
 }
