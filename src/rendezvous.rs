@@ -18,6 +18,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+/// What the ranks' proofs to the rendezvous are for: the job's master, made to the rendezvous
+/// (not a parameter server: a proof relayed between the two fails). Every rank of the MPI and
+/// Slurm paths holds the master secret.
+const RANKS: crate::auth::Claim<'static> =
+    crate::auth::Claim { job: "", identity: crate::auth::Identity::Master, server: crate::auth::RENDEZVOUS, epoch: 0 };
+
 /// This process's place as its engine gives it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rank {
@@ -209,11 +215,15 @@ fn read_registration(
             return None;
         };
         let ours = crate::auth::nonce();
-        let proof = crate::auth::to_hex(&secret.server_proof(&theirs, &ours));
+        let Some(proof) = secret.server_proof(&RANKS, &theirs, &ours) else {
+            refuse(&mut stream);
+            return None;
+        };
+        let proof = crate::auth::to_hex(&proof);
         write_line(&mut stream, &AuthLine { nonce: Some(crate::auth::to_hex(&ours)), proof: Some(proof) }).ok()?;
         let answer: Option<AuthLine> = read_line(&mut reader).and_then(|l| serde_json::from_str(&l).ok());
         let proved = answer.and_then(|a| crate::auth::from_hex(&a.proof?));
-        if !proved.is_some_and(|p| secret.is_client_proof(&ours, &theirs, &p)) {
+        if !proved.is_some_and(|p| secret.is_client_proof(&RANKS, &ours, &theirs, &p)) {
             refuse(&mut stream);
             return None;
         }
@@ -278,11 +288,14 @@ pub fn register(
             anyhow::bail!("rank {}: the rendezvous at {rendezvous} did not answer the challenge", rank.rank)
         };
         anyhow::ensure!(
-            secret.is_server_proof(&ours, &theirs, &proof),
+            secret.is_server_proof(&RANKS, &ours, &theirs, &proof),
             "rank {}: the rendezvous at {rendezvous} did not prove it holds the job's secret",
             rank.rank
         );
-        let proof = crate::auth::to_hex(&secret.client_proof(&theirs, &ours));
+        let proof = secret.client_proof(&RANKS, &theirs, &ours).with_context(|| {
+            format!("rank {}: the rendezvous takes the job's master secret, not a credential", rank.rank)
+        })?;
+        let proof = crate::auth::to_hex(&proof);
         write_line(&mut writer, &AuthLine { nonce: None, proof: Some(proof) })?;
     }
     write_line(&mut writer, &Register { rank: rank.rank, size: rank.size, addr: own })?;

@@ -41,6 +41,9 @@ pub(super) enum Command {
     },
     /// Make a job's TLS files: a certificate authority and a server certificate issued by it.
     Tls(TlsGenArgs),
+    /// Derive one process's credential from the job's master secret (trainer t, a tool or an
+    /// operator): it proves that identity and no other.
+    Secret(super::secret::SecretArgs),
     /// Shrink the sparse tables of running servers: decay every row's show and click counts,
     /// delete rows whose score fell below `delete_threshold` or unseen for more than
     /// `delete_after_unseen_days` (each table's accessor settings).
@@ -549,7 +552,8 @@ pub(super) struct ShrinkArgs {
     /// this first (1 at a day's end; 0 within a day).
     #[arg(long, default_value_t = 0)]
     pub(super) days: u32,
-    /// The job's secret file, when the servers have one.
+    /// The job's secret file, when the servers have one: an operator's credential (`oar
+    /// secret --operator`) or the master.
     #[arg(long, env = "OAR_SECRET_FILE")]
     pub(super) secret_file: Option<PathBuf>,
     /// TLS to the servers: --tls-ca (and --tls-name).

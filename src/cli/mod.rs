@@ -22,6 +22,7 @@ mod args_job;
 mod limits;
 mod report;
 mod roles;
+mod secret;
 mod tls_args;
 
 use args::*;
@@ -298,6 +299,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             println!("{points} points drawn to {}", out.display());
             Ok(())
         }
+        Command::Secret(a) => secret::run(a),
         Command::Shrink(a) => {
             let timeout = limits::whole_seconds("timeout", a.timeout.max(1))?;
             let config = crate::client::ClientConfig {

@@ -186,14 +186,21 @@ impl Conn {
         ClientError::Unexpected { index: self.index, addr: self.addr.clone(), what, got }
     }
 
-    /// Proves this client holds the job's secret and checks the server's proof (see
-    /// [`crate::auth`]), before any other frame.
-    pub(super) fn authenticate(&mut self, secret: &crate::auth::Secret) -> Result<(), ClientError> {
+    /// Proves this client holds the key of its identity in `job` (a credential's, or any with
+    /// the master) and checks the server's proof, for the server index it dialed (see
+    /// [`crate::auth`]), before any other frame. Returns the server's epoch as it proved it.
+    pub(super) fn authenticate(
+        &mut self,
+        secret: &crate::auth::Secret,
+        job: &str,
+        identity: crate::auth::Identity,
+    ) -> Result<u64, ClientError> {
         use crate::protocol::auth;
         use std::io::Write;
         let ours = crate::auth::nonce();
+        let server = self.index as u64;
         self.stream
-            .write_all(&auth::hello(&ours))
+            .write_all(&auth::hello(&ours, identity, server))
             .and_then(|_| self.stream.flush())
             .map_err(|e| self.fail(e.into()))?;
         let kind = self.read()?;
@@ -203,17 +210,24 @@ impl Conn {
                 Ok(other) => self.unexpected("the authentication", &other),
             });
         }
-        let Some((server, proof)) = auth::parse_challenge(self.buf.payload()) else {
+        let Some((theirs, epoch, proof)) = auth::parse_challenge(self.buf.payload()) else {
             return Err(self.mismatch("the authentication", "a malformed challenge".into()));
         };
-        if !secret.is_server_proof(&ours, &server, &proof) {
-            let why = "the server did not prove it holds the job's secret (another job's server, or a wrong \
-                       --secret-file)";
-            return Err(self.mismatch("the authentication", why.into()));
+        let claim = crate::auth::Claim { job, identity, server, epoch };
+        if !secret.is_server_proof(&claim, &ours, &theirs, &proof) {
+            let why = format!(
+                "the server did not prove it is server {server} of job '{job}' (another job's or another server's, \
+                 a relay, or a wrong --secret-file)"
+            );
+            return Err(self.mismatch("the authentication", why));
         }
-        let proof = auth::proof(&secret.client_proof(&server, &ours));
-        self.stream.write_all(&proof).and_then(|_| self.stream.flush()).map_err(|e| self.fail(e.into()))?;
-        self.expect_done("the authentication")
+        let mine = secret.client_proof(&claim, &theirs, &ours).expect("checked: this secret proves the claim");
+        self.stream
+            .write_all(&auth::proof(&mine))
+            .and_then(|_| self.stream.flush())
+            .map_err(|e| self.fail(e.into()))?;
+        self.expect_done("the authentication")?;
+        Ok(epoch)
     }
 
     /// Expects a `Stats` (JSON) reply, and drops it.

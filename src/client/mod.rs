@@ -60,6 +60,33 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// The identity this client proves: its credential's, checked against what it acts as (its
+    /// job, its trainer id or none); with the master secret, the master (which may act as any).
+    pub fn identity(&self) -> Result<crate::auth::Identity, ClientError> {
+        use crate::auth::Identity;
+        let Some(secret) = self.secret.as_ref().filter(|s| !s.is_master()) else { return Ok(Identity::Master) };
+        let identity = secret.identity();
+        if let Some(job) = secret.job().filter(|j| *j != self.job) {
+            return Err(ClientError::Usage(format!(
+                "the credential (--secret-file) is for job '{job}', this process is of job '{}'",
+                self.job
+            )));
+        }
+        let fits = match (identity, self.trainer) {
+            (Identity::Trainer(t), Some(mine)) => t == mine,
+            (Identity::Tool | Identity::Operator, None) => true,
+            _ => false,
+        };
+        if !fits {
+            let me = self.trainer.map_or("a tool".to_string(), |t| format!("trainer {t}"));
+            let theirs = identity.label();
+            return Err(ClientError::Usage(format!(
+                "the credential (--secret-file) is {theirs}'s, this process is {me}"
+            )));
+        }
+        Ok(identity)
+    }
+
     /// One port per server, no sparse-only ports, not a trainer (a tool: it may read, not
     /// change the model; see [`ClientConfig::as_trainer`]).
     pub fn new(servers: Vec<String>, job: &str, connect_timeout: Duration, reply_timeout: Duration) -> ClientConfig {

@@ -51,7 +51,7 @@ fn open_once(
     let (reply_timeout, armed) = (config.reply_timeout, config.reply_timeout);
     let mut conn = Conn { index, addr, stream, buf: FrameBuf::default(), reply_timeout, armed };
     if let Some(secret) = &config.secret {
-        conn.authenticate(secret)?;
+        conn.authenticate(secret, &config.job, config.identity()?)?;
     }
     let hello = Hello {
         version: PROTOCOL_VERSION,

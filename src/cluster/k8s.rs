@@ -189,7 +189,7 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
             "kind": "Secret",
             "metadata": {"name": format!("{name}-secret")},
             "type": "Opaque",
-            "stringData": {"secret": String::from_utf8_lossy(s.bytes())},
+            "stringData": {"secret": String::from_utf8_lossy(&s.bytes())},
         })
     });
     let restart_policy = if restartable { "OnFailure" } else { "Never" };
@@ -347,7 +347,7 @@ mod tests {
             );
             assert_eq!(m[0]["stringData"]["secret"].as_str().unwrap().as_bytes(), secret.bytes());
             let text = serde_json::to_string(&m[1..]).unwrap();
-            assert!(!text.contains(std::str::from_utf8(secret.bytes()).unwrap()), "only the Secret holds it");
+            assert!(!text.contains(std::str::from_utf8(&secret.bytes()).unwrap()), "only the Secret holds it");
             let pods: Vec<&Value> = if paddlejob {
                 let spec = &m[1]["spec"]["paddleReplicaSpecs"];
                 vec![&spec["Master"]["template"]["spec"], &spec["Worker"]["template"]["spec"]]

@@ -407,7 +407,7 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
     for host in &config.hosts {
         let (ws, file) = (sh_quote(&remote), sh_quote(&secret_file));
         let script = format!("umask 077 && mkdir -p {ws}/.oar && cat > {file}.part && mv -f {file}.part {file}");
-        run_remote_with_input(config, host, &script, secret.bytes())
+        run_remote_with_input(config, host, &script, &secret.bytes())
             .with_context(|| format!("sending the job's secret to {host}"))?;
     }
     let mut placements = placements(config, &job);

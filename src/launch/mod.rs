@@ -249,6 +249,12 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             if let Some(t) = &config.test {
                 args.extend(["--test".into(), t.display().to_string()]);
             }
+            if let Some(secret) = &keeper.secret {
+                // Each trainer holds its own credential, not the job's master secret: it can
+                // act for itself only (see `auth`). Its restarts take the same file.
+                let file = credential_file(config, secret, &job_id, w)?;
+                args.extend(["--secret-file".into(), file.display().to_string()]);
+            }
             if let Some(o) = &config.output {
                 args.extend(["--output".into(), o.display().to_string()]);
             }
@@ -344,3 +350,19 @@ const RECOVER_SECONDS: u64 = 60;
 
 mod keeper;
 use keeper::JobKeeper;
+
+/// Trainer `w`'s credential for job `job`, derived from the job's master secret into
+/// `LOGS/credentials/trainer-W` (mode 0600; an earlier run's in a reused logs folder replaced).
+fn credential_file(
+    config: &LaunchConfig,
+    master: &crate::auth::Secret,
+    job: &str,
+    w: usize,
+) -> anyhow::Result<PathBuf> {
+    let dir = std::path::absolute(config.logs.join("credentials"))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let file = dir.join(format!("trainer-{w}"));
+    let _ = std::fs::remove_file(&file);
+    master.derive(job, crate::auth::Identity::Trainer(w as u64))?.write_new(&file)?;
+    Ok(file)
+}

@@ -159,6 +159,13 @@ impl ServerConfig {
             self.num_servers
         );
         anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
+        if let Some(s) = self.secret.as_ref().filter(|s| !s.is_master()) {
+            anyhow::bail!(
+                "--secret-file holds a credential ({}), not the job's master secret: a server derives every \
+                 process's key from the master, so it takes the master",
+                s.identity().label()
+            );
+        }
         anyhow::ensure!(self.trainers <= MAX_PEERS, "--trainers is {}, more than {MAX_PEERS}", self.trainers);
         anyhow::ensure!(self.num_servers <= MAX_PEERS, "--num-servers is {}, more than {MAX_PEERS}", self.num_servers);
         anyhow::ensure!(self.mode != Mode::Local, "a server runs in sync or async mode, not local");

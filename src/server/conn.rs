@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 
 use super::waiting::Ticket;
 use super::{members, push, requests, Answer, Reply, State};
+use crate::auth::Identity;
 use crate::per_address::Held;
 use crate::protocol::{
     auth, encode_values, read_frame, write_frame, Apply, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Request,
@@ -104,15 +105,18 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) -> Result<(), ProtocolError> {
     let limits = &state.config.limits;
     let mut buf = FrameBuf::default();
+    // Who this connection proved it is: `None` on a server without a secret (anyone).
+    let mut proven = None;
     if let Some(secret) = &state.config.secret {
-        let proved = tokio::time::timeout(limits.handshake_timeout, authenticate(secret, &mut rd, &mut wr, &mut buf));
+        let proved =
+            tokio::time::timeout(limits.handshake_timeout, authenticate(state, secret, &mut rd, &mut wr, &mut buf));
         let Some(proved) = ticket.unless_closed(proved).await else {
             return closed_for_another(&mut wr).await;
         };
         match proved {
-            Ok(Ok(true)) => {}
+            Ok(Ok(Some(identity))) => proven = Some(identity),
             // Refused (and told so, with nothing about the job) or too slow: closed.
-            Ok(Ok(false)) | Err(_) => return Ok(()),
+            Ok(Ok(None)) | Err(_) => return Ok(()),
             Ok(Err(e)) => return Err(e),
         }
     }
@@ -169,9 +173,11 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         state.counters.port_requests[port].fetch_add(1, Relaxed);
         let hello_from = if let Request::Hello(h) = &request { Some(h.trainer) } else { None };
         let reply = match (&request, greeted) {
-            (Request::Hello(_), _) => handle_hello(state, &request),
+            (Request::Hello(_), _) => handle_hello(state, &request, proven),
             (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
-            (r, true) if !may_send(state, *trainer, r) => Err((ErrorCode::State, refusal(state, *trainer, r))),
+            (r, true) if !may_send(state, *trainer, proven, r) => {
+                Err((ErrorCode::State, refusal(state, *trainer, proven, r)))
+            }
             (r, true) if sparse_only && dense_on_sparse_port(r).is_some() => Err((
                 ErrorCode::State,
                 format!(
@@ -227,12 +233,15 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 enum Sender {
     /// Any greeted connection, a tool's too: reads that change nothing.
     Anyone,
-    /// A connection of one of this job's trainers: a declaration, a save, a pull that creates rows.
+    /// A connection of one of this job's trainers: a declaration, a pull that creates rows.
     AnyTrainer,
     /// A connection of this trainer only: its push, pass end, barrier or close.
     Trainer(u64),
-    /// Any greeted connection of the job (past its secret, when it has one): an operator's
-    /// command on the whole table, which `oar shrink` runs against live servers.
+    /// Trainer 0 (which saves and ends the days of a job) or an operator: a save, a save for
+    /// serving, a day end's shrink.
+    FirstTrainerOrOperator,
+    /// An operator: a shrink of the whole table at any time, which `oar shrink` runs against
+    /// live servers (on a server without a secret, anyone).
     Operator,
 }
 
@@ -244,31 +253,41 @@ fn sender(request: &Request) -> Sender {
         }
         Request::Push(p) => Sender::Trainer(p.trainer),
         Request::PassAuc { trainer, .. } => Sender::Trainer(*trainer),
-        Request::Declare(_) | Request::Save { .. } | Request::Export { .. } => Sender::AnyTrainer,
+        Request::Declare(_) => Sender::AnyTrainer,
+        Request::Save { .. } | Request::Export { .. } => Sender::FirstTrainerOrOperator,
+        Request::Shrink { day_end, .. } if *day_end > 0 => Sender::FirstTrainerOrOperator,
         Request::Pull(p) if p.create == RowCreation::Create => Sender::AnyTrainer,
         Request::Hello(_) | Request::Pull(_) | Request::Stats | Request::GlobalAuc { .. } => Sender::Anyone,
         Request::Shrink { .. } => Sender::Operator,
     }
 }
 
-/// Whether a connection whose handshake named `connection` may send `request`: only a trainer
-/// of this job changes the model, and only for itself, so that a tool, a stray or a buggy
-/// client cannot push, declare, close, end or hold back a trainer, or end the job early with an
-/// id beyond the job's trainers.
-fn may_send(state: &State, connection: Option<u64>, request: &Request) -> bool {
+/// Whether a connection whose handshake named `connection` and that proved `proven` may send
+/// `request`: only a trainer of this job changes the model, and only for itself, so that a
+/// tool, a stray or a buggy client cannot push, declare, close, end or hold back a trainer, or
+/// end the job early with an id beyond the job's trainers; and with a secret, only an operator
+/// (or the master's holder) runs an operator's command.
+fn may_send(state: &State, connection: Option<u64>, proven: Option<Identity>, request: &Request) -> bool {
     let trainers = state.config.trainers as u64;
     let own = connection.filter(|c| *c != NOT_A_TRAINER && *c < trainers);
+    let operator = match proven {
+        None => state.config.secret.is_none(),
+        Some(identity) => matches!(identity, Identity::Master | Identity::Operator),
+    };
     match sender(request) {
-        Sender::Anyone | Sender::Operator => true,
+        Sender::Anyone => true,
         Sender::AnyTrainer => own.is_some(),
         Sender::Trainer(t) => own == Some(t),
+        Sender::FirstTrainerOrOperator => own == Some(0) || (operator && proven.is_some()),
+        Sender::Operator => operator,
     }
 }
 
 /// The refusal of a request this connection may not send.
-fn refusal(state: &State, connection: Option<u64>, request: &Request) -> String {
-    let this = match connection {
-        Some(t) if t != NOT_A_TRAINER => format!("trainer {t}'s"),
+fn refusal(state: &State, connection: Option<u64>, proven: Option<Identity>, request: &Request) -> String {
+    let this = match (connection, proven) {
+        (Some(t), _) if t != NOT_A_TRAINER => format!("trainer {t}'s"),
+        (_, Some(Identity::Operator)) => "an operator's".to_string(),
         _ => "not a trainer's (a tool's)".to_string(),
     };
     let trainers = state.config.trainers;
@@ -278,6 +297,13 @@ fn refusal(state: &State, connection: Option<u64>, request: &Request) -> String 
                 "request for trainer {t} refused: this job has trainers 0..{trainers} and this connection is {this}"
             )
         }
+        Sender::FirstTrainerOrOperator => format!(
+            "{} refused: only trainer 0 or an operator may send it and this connection is {this}",
+            request.name()
+        ),
+        Sender::Operator => {
+            format!("{} refused: only an operator may send it and this connection is {this}", request.name())
+        }
         _ => format!(
             "{} refused: only this job's trainers (0..{trainers}) may send it and this connection is {this}",
             request.name()
@@ -285,12 +311,24 @@ fn refusal(state: &State, connection: Option<u64>, request: &Request) -> String 
     }
 }
 
-fn handle_hello(state: &State, request: &Request) -> Reply {
+fn handle_hello(state: &State, request: &Request, proven: Option<Identity>) -> Reply {
     let Request::Hello(h) = request else { unreachable!("called for Hello only") };
     let c = &state.config;
     let refuse = |m: String| Err((ErrorCode::Handshake, m));
     if h.version != PROTOCOL_VERSION {
         return refuse(format!("protocol version {} not supported (server speaks {PROTOCOL_VERSION})", h.version));
+    }
+    // The trainer a connection acts for is the one it proved, never one it declares.
+    let acts_for = match proven {
+        Some(Identity::Trainer(t)) => Some(t),
+        Some(Identity::Tool | Identity::Operator) => Some(NOT_A_TRAINER),
+        Some(Identity::Master) | None => None,
+    };
+    if acts_for.is_some_and(|t| t != h.trainer) {
+        let who = proven.map(Identity::label).unwrap_or_default();
+        let named =
+            if h.trainer == NOT_A_TRAINER { "no trainer".to_string() } else { format!("trainer {}", h.trainer) };
+        return refuse(format!("this connection proved it is {who} and names {named}: refused"));
     }
     if h.job != c.job {
         // The server's own job id is not told: without a secret it is what a peer would need.
@@ -298,8 +336,9 @@ fn handle_hello(state: &State, request: &Request) -> Reply {
     }
     if h.epoch > c.epoch {
         // Only a successor that claimed this server's checkpoint folder stops it: a claim of an
-        // epoch no restart recorded (a stray or hostile peer) is refused and changes nothing.
-        if recorded_epoch(state) < h.epoch {
+        // epoch no restart recorded (a stray or hostile peer) is refused and changes nothing,
+        // and a tool's claim is never heard.
+        if recorded_epoch(state) < h.epoch || proven == Some(Identity::Tool) {
             return refuse(format!(
                 "epoch {} claimed for server {}, which no restart of it recorded (it runs epoch {}): refused",
                 h.epoch, c.index, c.epoch
@@ -414,43 +453,52 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
 }
 
 /// The challenge and response that must open a connection to a server with a secret (see
-/// [`crate::auth`]): `Ok(true)` once the client proved it holds the secret (and was answered
-/// `Done`), `Ok(false)` once it was refused. A refusal says only that authentication failed.
+/// [`crate::auth`]): `Ok(Some(identity))` once the client proved that identity of this job
+/// (and was answered `Done`), `Ok(None)` once it was refused. A refusal says only that
+/// authentication failed. The proofs name this server's index (so a proof relayed from another
+/// server of the job fails) and its epoch.
 async fn authenticate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    state: &State,
     secret: &crate::auth::Secret,
     rd: &mut R,
     wr: &mut W,
     buf: &mut FrameBuf,
-) -> Result<bool, ProtocolError> {
+) -> Result<Option<Identity>, ProtocolError> {
     let refuse = |message: &str| Response::Error { code: ErrorCode::Handshake, message: message.to_string() };
     let small = 64;
-    let client = match read_frame(rd, buf, small).await {
+    let hello = match read_frame(rd, buf, small).await {
         Ok(auth::AUTH_HELLO) => auth::parse_hello(buf.payload()),
         Ok(_) | Err(ProtocolError::TooLarge { .. }) => None,
         Err(e) => return Err(e),
     };
-    let Some(client) = client else {
+    let Some((client, identity, dialed)) = hello else {
         write_frame(
             wr,
             &refuse("authentication required: this job's servers take only clients with its secret").encode(),
         )
         .await?;
-        return Ok(false);
+        return Ok(None);
     };
+    // This server's own index when it knows it (a proof for another fails); else the one the
+    // client dialed, which its Hello must then confirm.
+    let server = state.place.lock().map_or(dialed, |(index, _)| index as u64);
+    let c = &state.config;
+    let claim = crate::auth::Claim { job: &c.job, identity, server, epoch: c.epoch };
     let ours = crate::auth::nonce();
-    wr.write_all(&auth::challenge(&ours, &secret.server_proof(&client, &ours))).await?;
+    let proof = secret.server_proof(&claim, &client, &ours).expect("a server holds the master secret");
+    wr.write_all(&auth::challenge(&ours, c.epoch, &proof)).await?;
     wr.flush().await?;
     let proved = match read_frame(rd, buf, small).await {
-        Ok(auth::AUTH_PROOF) => secret.is_client_proof(&ours, &client, buf.payload()),
+        Ok(auth::AUTH_PROOF) => secret.is_client_proof(&claim, &ours, &client, buf.payload()),
         Ok(_) | Err(ProtocolError::TooLarge { .. }) => false,
         Err(e) => return Err(e),
     };
     if !proved {
         write_frame(wr, &refuse("authentication failed").encode()).await?;
-        return Ok(false);
+        return Ok(None);
     }
     write_frame(wr, &Response::Done.encode()).await?;
-    Ok(true)
+    Ok(Some(identity))
 }
 
 /// One open connection, counted against `--max-connections` until dropped.

@@ -436,6 +436,13 @@ fn open_store(
             None => Store::Local(Box::new(Shard::new(spec.clone(), 0, 1)), config.nonfinite),
         },
         _ => {
+            if config.secret.as_ref().is_some_and(|s| s.is_master()) {
+                tracing::warn!(
+                    "this trainer holds the job's master secret, so it could act as any process of the job \
+                     (insiders are not told apart): give each trainer its own credential (oar secret; oar launch \
+                     does)"
+                );
+            }
             let mut client = Client::connect(&ClientConfig {
                 servers: config.servers.clone(),
                 job: config.job.clone(),

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::util::*;
-use oar::auth::Secret;
+use oar::auth::{Identity, Secret};
 use oar::client::{Client, ClientConfig, StepHeader};
 use oar::protocol::{auth, read_frame_blocking, FrameBuf, Hello, Request, Response, PROTOCOL_VERSION};
 use oar::server::ServerStats;
@@ -57,11 +57,12 @@ fn attack(addr: &str) {
     // The challenge answered with another secret's proof.
     let mut s = TcpStream::connect(addr).unwrap();
     let ours = oar::auth::nonce();
-    s.write_all(&auth::hello(&ours)).unwrap();
+    s.write_all(&auth::hello(&ours, Identity::Master, 0)).unwrap();
     let mut buf = FrameBuf::default();
     assert_eq!(read_frame_blocking(&mut s, &mut buf, 1 << 10).unwrap(), auth::AUTH_CHALLENGE);
-    let (server, _) = auth::parse_challenge(buf.payload()).unwrap();
-    s.write_all(&auth::proof(&Secret::generate().client_proof(&server, &ours))).unwrap();
+    let (server, epoch, _) = auth::parse_challenge(buf.payload()).unwrap();
+    let claim = oar::auth::Claim { job: JOB, identity: Identity::Master, server: 0, epoch };
+    s.write_all(&auth::proof(&Secret::generate().client_proof(&claim, &server, &ours).unwrap())).unwrap();
     let m = refusal(s);
     assert_eq!(m, "authentication failed");
     // A client with another secret finds the server cannot prove it holds its secret.
@@ -70,7 +71,7 @@ fn attack(addr: &str) {
         ..ClientConfig::new(vec![addr.to_string(); 2], JOB, Duration::from_secs(5), Duration::from_secs(5))
     };
     let err = Client::connect(&config).map(drop).unwrap_err().to_string();
-    assert!(err.contains("did not prove it holds the job's secret"), "{err}");
+    assert!(err.contains("the server did not prove it is server 0 of job"), "{err}");
     // Idle connections that never speak are closed after the handshake timeout.
     let idle: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
     idle.into_iter().for_each(closed_by_the_server);
