@@ -225,3 +225,142 @@ fn a_complete_save_is_never_written_over() {
     assert!(before == after, "the complete pass is as it was");
     assert!(!serving.join(oar::export::file_name(0)).exists());
 }
+
+/// Starts `oar pserver` for job [`JOB`] as server `index` of `of`, 2 trainers, with the master
+/// secret `secret` and `extra` flags; returns it and its address.
+fn guarded_pserver(secret: &std::path::Path, index: usize, of: usize, extra: &[&str]) -> (std::process::Child, String) {
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--index", &index.to_string()])
+        .args(["--num-servers", &of.to_string(), "--trainers", "2", "--job", JOB, "--keep-serving", "--mode", "async"])
+        .args(["--secret-file", &secret.display().to_string()])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.as_mut().unwrap()), &mut line).unwrap();
+    (server, line.trim().strip_prefix("OAR_READY ").unwrap().to_string())
+}
+
+/// `oar secret` derives a credential for `identity` (`--trainer N`, `--tool`, `--operator`).
+fn credential(dir: &std::path::Path, master: &std::path::Path, identity: &[&str], name: &str) -> Secret {
+    let out = dir.join(name);
+    let o = oar(&[
+        &["secret", "--master", &master.display().to_string(), "--job", JOB][..],
+        identity,
+        &["--out", &out.display().to_string()],
+    ]
+    .concat());
+    assert!(o.status.success(), "{}", text(&o));
+    Secret::read(&out).unwrap()
+}
+
+/// Each process proves its own identity: trainer 1's credential cannot speak for trainer 0, a
+/// tool's only reads (no push, save, shrink or claim of a newer epoch), an operator's shrinks,
+/// and a process holding the master may still act as any (the launchers' heartbeats, and jobs
+/// started before credentials).
+#[test]
+fn a_credential_acts_for_its_own_identity_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = dir.path().join("master");
+    Secret::generate().write_new(&master).unwrap();
+    let (mut server, addr) = guarded_pserver(&master, 0, 1, &[]);
+    let connect = |secret: Secret, trainer: Option<u64>| {
+        let config = ClientConfig {
+            secret: Some(secret),
+            trainer,
+            ..ClientConfig::new(vec![addr.clone()], JOB, Duration::from_secs(5), Duration::from_secs(10))
+        };
+        Client::connect(&config)
+    };
+    let t1 = credential(dir.path(), &master, &["--trainer", "1"], "trainer-1");
+    let tool = credential(dir.path(), &master, &["--tool"], "tool");
+    let operator = credential(dir.path(), &master, &["--operator"], "operator");
+    // The client refuses to claim what its credential is not; a peer that tries it at the
+    // server (a Hello naming trainer 0 after proving trainer 1) is refused there.
+    let e = connect(t1.clone(), Some(0)).map(drop).unwrap_err().to_string();
+    assert!(e.contains("the credential (--secret-file) is trainer 1's, this process is trainer 0"), "{e}");
+    let e = hello_as(&addr, &t1, oar::auth::Identity::Trainer(1), 0);
+    assert!(e.contains("this connection proved it is trainer 1 and names trainer 0: refused"), "{e}");
+    // Trainer 1 declares and pushes for itself.
+    let mut trainer1 = connect(t1, Some(1)).unwrap();
+    trainer1.declare(&crate::robustness::spec()).unwrap();
+    let header = StepHeader { trainer: 1, step: 0, pass: 1, base_version: 0, samples: 1, apply: Default::default() };
+    trainer1.push(&header, None, &[]).unwrap();
+    // A tool: reads only.
+    let mut c = connect(tool.clone(), None).unwrap();
+    c.attach(&crate::robustness::spec());
+    assert_eq!(c.stats().unwrap()[0].applied_samples, [0, 1]);
+    let m = refusal(connect(tool.clone(), None).unwrap().shrink(36_500).unwrap_err());
+    assert!(m.contains("a shrink refused: only an operator may send it") && m.contains("a tool's"), "{m}");
+    let mut c = connect(tool.clone(), None).unwrap();
+    c.attach(&crate::robustness::spec());
+    let m = refusal(c.save(&dir.path().join("x").display().to_string()).unwrap_err());
+    assert!(m.contains("a save refused: only trainer 0 or an operator may send it"), "{m}");
+    let e = hello_as(&addr, &tool, oar::auth::Identity::Tool, u64::MAX);
+    assert!(e.is_empty(), "a tool greets as no trainer: {e}");
+    // An operator shrinks (nothing to delete here); so does the master's holder.
+    connect(operator, None).unwrap().shrink(0).unwrap();
+    connect(Secret::read(&master).unwrap(), None).unwrap().shrink(0).unwrap();
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
+/// A Hello for `trainer` (`u64::MAX`: none) after proving `identity` with `secret`: the
+/// server's refusal, or "" if it was welcomed.
+fn hello_as(addr: &str, secret: &Secret, identity: oar::auth::Identity, trainer: u64) -> String {
+    use oar::protocol::{auth, read_frame_blocking, FrameBuf, Hello, Request, Response, PROTOCOL_VERSION};
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let ours = oar::auth::nonce();
+    s.write_all(&auth::hello(&ours, identity, 0)).unwrap();
+    let mut buf = FrameBuf::default();
+    assert_eq!(read_frame_blocking(&mut s, &mut buf, 1 << 10).unwrap(), auth::AUTH_CHALLENGE);
+    let (theirs, epoch, _) = auth::parse_challenge(buf.payload()).unwrap();
+    let claim = oar::auth::Claim { job: JOB, identity, server: 0, epoch };
+    s.write_all(&auth::proof(&secret.client_proof(&claim, &theirs, &ours).unwrap())).unwrap();
+    let kind = read_frame_blocking(&mut s, &mut buf, 1 << 10).unwrap();
+    assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Done), "authenticated");
+    let hello =
+        Hello { version: PROTOCOL_VERSION, job: JOB.into(), num_servers: 1, server_index: 0, trainer, epoch: 0 };
+    s.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
+    let kind = read_frame_blocking(&mut s, &mut buf, 1 << 16).unwrap();
+    match Response::decode(kind, buf.payload()).unwrap() {
+        Response::Error { message, .. } => message,
+        _ => String::new(),
+    }
+}
+
+/// A process that receives a trainer's connection (a squatted port, a mixed-up address) and
+/// relays it to another server of the job gets nowhere: the proof names the server the
+/// trainer dialed, and the real server proves another index.
+#[test]
+fn a_proof_relayed_to_another_server_of_the_job_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = dir.path().join("master");
+    Secret::generate().write_new(&master).unwrap();
+    let (mut server1, addr1) = guarded_pserver(&master, 1, 2, &[]);
+    // The relay listens where the trainer expects server 0 and forwards every byte to server 1.
+    let relay = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let relay_addr = relay.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for inbound in relay.incoming().flatten() {
+            let outbound = std::net::TcpStream::connect(&addr1).unwrap();
+            let (mut in_r, mut in_w) = (inbound.try_clone().unwrap(), inbound);
+            let (mut out_r, mut out_w) = (outbound.try_clone().unwrap(), outbound);
+            std::thread::spawn(move || std::io::copy(&mut in_r, &mut out_w));
+            std::thread::spawn(move || std::io::copy(&mut out_r, &mut in_w));
+        }
+    });
+    let t0 = credential(dir.path(), &master, &["--trainer", "0"], "trainer-0");
+    let config = ClientConfig {
+        secret: Some(t0),
+        trainer: Some(0),
+        ..ClientConfig::new(vec![relay_addr, "127.0.0.1:1".into()], JOB, Duration::from_secs(5), Duration::from_secs(5))
+    };
+    let e = Client::connect(&config).map(drop).unwrap_err().to_string();
+    assert!(e.contains("the server did not prove it is server 0 of job") && e.contains("a relay"), "{e}");
+    server1.kill().unwrap();
+    server1.wait().unwrap();
+}

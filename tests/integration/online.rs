@@ -82,6 +82,14 @@ fn launch_trains_day_after_day_evaluating_each_day_on_the_next_and_shrinking_at_
     let held: u64 = summary.server_stats.iter().map(|s| s.rows[0] as u64).sum();
     assert_eq!(held, days[2].rows.iter().sum::<u64>());
     assert!(printed.contains("next-day AUC"), "{printed}");
+    // Each trainer was given its own credential, never the job's master secret.
+    for w in 0..2u64 {
+        let file = logs.join(format!("credentials/trainer-{w}"));
+        let credential = oar::auth::Secret::read(&file).unwrap();
+        assert_eq!((credential.is_master(), credential.identity()), (false, oar::auth::Identity::Trainer(w)));
+        let log = std::fs::read_to_string(logs.join(format!("worker.{w}.log"))).unwrap();
+        assert!(!log.contains("holds the job's master secret"), "{log}");
+    }
     // Every pass saved for serving once, a base at each day's end.
     let done = oar::export::done_lines(&Path::new(&out).join("donefile.txt")).unwrap();
     let saves: Vec<(u32, u32, &str)> = done.iter().map(|l| (l.day, l.pass, l.kind.name())).collect();
