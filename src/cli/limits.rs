@@ -29,6 +29,10 @@ pub struct LimitArgs {
     /// MiB the declared tables may take on a server before their first row.
     #[arg(long, env = "OAR_MAX_DECLARE_MB", default_value_t = 1024)]
     pub max_declare_mb: u64,
+    /// MiB the receive buffers of all a server's connections may hold together; a frame past
+    /// it is refused, naming this flag.
+    #[arg(long, env = "OAR_MAX_RECEIVE_MB", default_value_t = 4096)]
+    pub max_receive_mb: u64,
     /// A push holding a NaN, an infinity or a value beyond ±1e18 is never applied: `fail` refuses it and fails the
     /// trainer that sent it, `skip` leaves it out (counted and logged).
     #[arg(long, env = "OAR_NONFINITE", value_enum, default_value_t = NonFinite::Fail)]
@@ -44,6 +48,7 @@ impl Default for LimitArgs {
             handshake_timeout: d.handshake_timeout.as_secs_f64(),
             keepalive: d.keepalive.map_or(0.0, |k| k.as_secs_f64()),
             max_declare_mb: d.max_declare_bytes >> 20,
+            max_receive_mb: (d.max_receive_bytes >> 20) as u64,
             nonfinite: d.nonfinite,
         }
     }
@@ -128,6 +133,7 @@ impl LimitArgs {
             keepalive: (!keepalive.is_zero()).then(|| keepalive.max(Duration::from_secs(1))),
             max_declare_bytes: self.max_declare_mb.saturating_mul(1 << 20),
             nonfinite: self.nonfinite,
+            max_receive_bytes: usize::try_from(self.max_receive_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
             ..Limits::default()
         })
     }

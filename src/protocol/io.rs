@@ -12,12 +12,78 @@ use super::{Frame, ProtocolError, HEADER};
 pub struct FrameBuf {
     words: Vec<u64>,
     len: usize,
+    /// The budget this buffer's bytes count against (a server's connections share one).
+    budget: Option<std::sync::Arc<BufferBudget>>,
+    /// Payload lengths of the last few frames, newest last: the buffer shrinks back once a
+    /// large frame is no longer among them.
+    recent: [usize; RECENT],
+    next: usize,
 }
+
+/// Frames whose lengths decide how much of its buffer a connection keeps.
+const RECENT: usize = 16;
+/// What a buffer keeps at the least, and grows by at first: 64 KiB.
+const FIRST: usize = 64 << 10;
 
 impl FrameBuf {
     /// The payload of the last frame read.
     pub fn payload(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+
+    /// A buffer whose bytes count against `budget`.
+    pub fn budgeted(budget: std::sync::Arc<BufferBudget>) -> FrameBuf {
+        let mut buf = FrameBuf::default();
+        buf.budget = Some(budget);
+        buf
+    }
+
+    /// Bytes this buffer holds.
+    pub fn capacity(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    /// Gives back what the last frames do not need: everything past 64 KiB after a refused
+    /// request (`refused`), or past twice the largest of the last 16 frames otherwise. A peer's
+    /// one huge frame is not held for the rest of its connection's life.
+    pub fn shrink(&mut self, refused: bool) {
+        let keep = if refused { FIRST } else { self.recent.iter().max().map_or(FIRST, |m| (2 * m).max(FIRST)) };
+        if self.capacity() > keep {
+            let words = keep.div_ceil(8);
+            let freed = (self.words.len() - words) * 8;
+            self.words.truncate(words);
+            self.words.shrink_to_fit();
+            if let Some(b) = &self.budget {
+                b.held.fetch_sub(freed, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for FrameBuf {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.held.fetch_sub(self.capacity(), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// The bytes all of a server's connections' receive buffers may hold together.
+#[derive(Debug)]
+pub struct BufferBudget {
+    held: std::sync::atomic::AtomicUsize,
+    most: usize,
+}
+
+impl BufferBudget {
+    /// A budget of `most` bytes.
+    pub fn new(most: usize) -> std::sync::Arc<BufferBudget> {
+        std::sync::Arc::new(BufferBudget { held: 0.into(), most })
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -69,13 +135,34 @@ fn read_header_blocking<R: std::io::Read>(r: &mut R, header: &mut [u8; HEADER]) 
 }
 
 impl FrameBuf {
-    /// Makes room for `bytes` bytes (growing by at least doubling) and returns them.
-    fn room(&mut self, bytes: usize) -> &mut [u8] {
+    /// Makes room for `bytes` bytes of a frame of `len` (growing by at least doubling, within
+    /// the budget) and returns them.
+    fn room(&mut self, bytes: usize, len: usize) -> Result<&mut [u8], ProtocolError> {
         let words = bytes.div_ceil(8);
         if self.words.len() < words {
-            self.words.resize(words.max(self.words.len() * 2), 0);
+            // Doubling, but never past the frame being read.
+            let grown = words.max((self.words.len() * 2).min(len.div_ceil(8)));
+            if let Some(b) = &self.budget {
+                let extra = (grown - self.words.len()) * 8;
+                let reserve = |h: usize| h.checked_add(extra).filter(|&n| n <= b.most);
+                let taken = b.held.fetch_update(
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                    reserve,
+                );
+                if let Err(held) = taken {
+                    return Err(ProtocolError::OverBudget { len, held, most: b.most });
+                }
+            }
+            self.words.resize(grown, 0);
         }
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..bytes]
+        Ok(&mut bytemuck::cast_slice_mut(&mut self.words)[..bytes])
+    }
+
+    /// Notes a frame's length for [`shrink`](Self::shrink).
+    fn seen(&mut self, len: usize) {
+        self.recent[self.next % RECENT] = len;
+        self.next += 1;
     }
 }
 
@@ -94,14 +181,14 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut FrameBuf, max
     let (len, kind) = parse_header(&header, max)?;
     // The buffer grows with the bytes that arrive, not with what the header claims: a peer
     // announcing a huge frame and sending nothing pins no memory.
-    const FIRST: usize = 64 << 10;
     let mut filled = 0;
     while filled < len {
         let end = len.min(FIRST.max(filled * 2));
-        r.read_exact(&mut buf.room(end)[filled..]).await?;
+        r.read_exact(&mut buf.room(end, len)?[filled..]).await?;
         filled = end;
     }
     buf.len = len;
+    buf.seen(len);
     Ok(kind)
 }
 
@@ -137,12 +224,12 @@ pub fn read_reply_blocking<R: std::io::Read>(
                 r.read_exact(&mut [0u8; 4])?;
             }
             let rest = len - 16 - dense_bytes as usize;
-            let out = buf.room(16);
+            let out = buf.room(16, len)?;
             out[..8].copy_from_slice(&fixed[..8]);
             out[8..16].fill(0);
             read_growing(r, buf, 16, 16 + rest)?;
         } else {
-            buf.room(16).copy_from_slice(&fixed);
+            buf.room(16, len)?.copy_from_slice(&fixed);
             read_growing(r, buf, 16, len)?;
         }
         return Ok(kind);
@@ -154,15 +241,15 @@ pub fn read_reply_blocking<R: std::io::Read>(
 /// Reads a payload of `len` bytes into `buf`, whose first `from` bytes are in place already,
 /// growing the buffer with the bytes that arrive, not with what the header claims: a peer
 /// announcing a 256 MiB frame and sending a byte a second made a trainer set aside 256 MiB.
-fn read_growing<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, from: usize, len: usize) -> std::io::Result<()> {
-    const FIRST: usize = 64 << 10;
+fn read_growing<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, from: usize, len: usize) -> Result<(), ProtocolError> {
     let mut filled = from;
     while filled < len {
         let end = len.min(FIRST.max(filled * 2));
-        r.read_exact(&mut buf.room(end)[filled..])?;
+        r.read_exact(&mut buf.room(end, len)?[filled..])?;
         filled = end;
     }
     buf.len = len;
+    buf.seen(len);
     Ok(())
 }
 
@@ -203,7 +290,8 @@ pub fn write_frame_blocking<W: std::io::Write>(w: &mut W, frame: &Frame<'_>) -> 
 /// (used by tests and in-process callers that have the bytes already).
 pub fn split_frame(frame: &[u8]) -> (u8, FrameBuf) {
     let payload = &frame[HEADER..];
-    let mut buf = FrameBuf { words: vec![0; payload.len().div_ceil(8)], len: payload.len() };
+    let mut buf = FrameBuf::default();
+    (buf.words, buf.len) = (vec![0; payload.len().div_ceil(8)], payload.len());
     bytemuck::cast_slice_mut::<u64, u8>(&mut buf.words)[..payload.len()].copy_from_slice(payload);
     (frame[4], buf)
 }

@@ -21,7 +21,8 @@ use std::borrow::Cow;
 pub use codec::encode_values;
 pub use fields::Frame;
 pub use io::{
-    read_frame, read_frame_blocking, read_reply_blocking, split_frame, write_frame, write_frame_blocking, FrameBuf,
+    read_frame, read_frame_blocking, read_reply_blocking, split_frame, write_frame, write_frame_blocking, BufferBudget,
+    FrameBuf,
 };
 
 #[cfg(target_endian = "big")]
@@ -56,6 +57,19 @@ pub enum ProtocolError {
     /// The bytes do not form a valid message.
     #[error("malformed frame: {0}")]
     Malformed(String),
+    /// A frame would take the receive buffers of all connections past their shared budget.
+    #[error(
+        "frame of {len} bytes refused: the receive buffers of this server's connections hold {held} of the {most} \
+         bytes they may (--max-receive-mb)"
+    )]
+    OverBudget {
+        /// Announced payload length.
+        len: usize,
+        /// Bytes held by every connection's buffer.
+        held: usize,
+        /// The budget.
+        most: usize,
+    },
 }
 
 /// What a pull asks for the dense part.

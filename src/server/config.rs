@@ -129,6 +129,8 @@ pub struct Limits {
     pub max_declare_bytes: u64,
     /// What to do with a push holding a NaN, an infinity or a value beyond ±1e18.
     pub nonfinite: NonFinite,
+    /// Bytes the receive buffers of all connections may hold together.
+    pub max_receive_bytes: usize,
 }
 
 impl Default for Limits {
@@ -141,6 +143,7 @@ impl Default for Limits {
             keepalive: Some(Duration::from_secs(30)),
             max_declare_bytes: 1 << 30,
             nonfinite: NonFinite::Fail,
+            max_receive_bytes: 4 << 30,
         }
     }
 }

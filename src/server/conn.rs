@@ -104,7 +104,7 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     (pending, ticket): (&mut Option<Held>, &Ticket),
 ) -> Result<(), ProtocolError> {
     let limits = &state.config.limits;
-    let mut buf = FrameBuf::default();
+    let mut buf = FrameBuf::budgeted(state.buffers.clone());
     // Who this connection proved it is: `None` on a server without a secret (anyone).
     let mut proven = None;
     if let Some(secret) = &state.config.secret {
@@ -151,7 +151,7 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             }
             Ok(kind) => kind,
             Err(ProtocolError::Closed) => return Ok(()),
-            Err(e @ ProtocolError::TooLarge { .. }) => {
+            Err(e @ (ProtocolError::TooLarge { .. } | ProtocolError::OverBudget { .. })) => {
                 let reply = Response::Error { code: ErrorCode::TooLarge, message: e.to_string() };
                 let _ = write_frame(&mut wr, &reply.encode()).await;
                 return Err(e);
@@ -199,6 +199,9 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 reply
             }
         };
+        // A refused request's frame is not kept; a large one is let go once the last frames no
+        // longer need it.
+        buf.shrink(reply.is_err());
         let fatal = matches!(reply, Err((ErrorCode::Handshake | ErrorCode::State | ErrorCode::Fenced, _))) && !greeted;
         greeted |= reply.is_ok();
         if greeted {

@@ -114,6 +114,8 @@ struct State {
     waiting: waiting::Waiting,
     /// Latencies and checkpoint times for the metrics endpoint.
     telemetry: telemetry::Telemetry,
+    /// What every connection's receive buffer holds, within `--max-receive-mb`.
+    buffers: std::sync::Arc<crate::protocol::BufferBudget>,
 }
 
 type Reply = Result<Answer, (ErrorCode, String)>;
@@ -332,6 +334,7 @@ pub async fn run(
         pending: crate::per_address::PerAddress::new(config.limits.max_pending_per_address),
         waiting: waiting::Waiting::default(),
         telemetry: telemetry::Telemetry::default(),
+        buffers: crate::protocol::BufferBudget::new(config.limits.max_receive_bytes),
         config,
     });
     let _metrics = match &state.config.metrics_addr {

@@ -242,7 +242,7 @@ fn pserver(extra: &[&str]) -> (Server, String) {
     (Server(server), line.trim().strip_prefix("OAR_READY ").unwrap().to_string())
 }
 
-fn rss_mib(pid: u32) -> u64 {
+pub(crate) fn rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: u64 = status
         .lines()
