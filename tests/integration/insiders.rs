@@ -105,17 +105,9 @@ fn a_refused_declaration_leaves_nothing_behind() {
     Secret::generate().write_new(&secret_file).unwrap();
     let (secret_arg, final_dir) = (secret_file.display().to_string(), dir.path().join("final"));
     let final_arg = final_dir.display().to_string();
-    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
-        .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--index", "0", "--num-servers", "1"])
-        .args(["--trainers", "1", "--mode", "sync", "--job", JOB, "--secret-file", &secret_arg])
-        .args(["--save-dir", &final_arg, "--trainer-rejoin", "60", "--timeout", "60"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.as_mut().unwrap()), &mut line).unwrap();
-    let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
+    let args = ["--index", "0", "--num-servers", "1", "--trainers", "1", "--mode", "sync", "--job", JOB];
+    let rest = ["--secret-file", &secret_arg, "--save-dir", &final_arg, "--trainer-rejoin", "60", "--timeout", "60"];
+    let (server, addr) = pserver_ready(&[&args[..], &rest].concat(), std::process::Stdio::piped());
 
     let mut c = insider(std::slice::from_ref(&addr), &Secret::read(&secret_file).unwrap());
     let mut spec = crate::robustness::spec();
@@ -184,28 +176,9 @@ fn a_complete_save_is_never_written_over() {
     std::fs::create_dir_all(&serving).unwrap();
     std::fs::write(serving.join("export.json"), b"{}").unwrap();
 
-    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
-        .args([
-            "pserver",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--index",
-            "0",
-            "--num-servers",
-            "1",
-            "--trainers",
-            "1",
-        ])
-        .args(["--job", JOB, "--keep-serving", "--save-root", &out.display().to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.as_mut().unwrap()), &mut line).unwrap();
-    let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
+    let root = out.display().to_string();
+    let args = ["--index", "0", "--num-servers", "1", "--trainers", "1", "--job", JOB, "--keep-serving"];
+    let (mut server, addr) = pserver_ready(&[&args[..], &["--save-root", &root]].concat(), std::process::Stdio::null());
     let config = ClientConfig {
         trainer: Some(0),
         ..ClientConfig::new(vec![addr], JOB, Duration::from_secs(5), Duration::from_secs(10))
@@ -229,18 +202,10 @@ fn a_complete_save_is_never_written_over() {
 /// Starts `oar pserver` for job [`JOB`] as server `index` of `of`, 2 trainers, with the master
 /// secret `secret` and `extra` flags; returns it and its address.
 fn guarded_pserver(secret: &std::path::Path, index: usize, of: usize, extra: &[&str]) -> (std::process::Child, String) {
-    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
-        .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--index", &index.to_string()])
-        .args(["--num-servers", &of.to_string(), "--trainers", "2", "--job", JOB, "--keep-serving", "--mode", "async"])
-        .args(["--secret-file", &secret.display().to_string()])
-        .args(extra)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.as_mut().unwrap()), &mut line).unwrap();
-    (server, line.trim().strip_prefix("OAR_READY ").unwrap().to_string())
+    let (index, of, secret) = (index.to_string(), of.to_string(), secret.display().to_string());
+    let args = ["--index", &index, "--num-servers", &of, "--trainers", "2", "--job", JOB, "--keep-serving"];
+    let guard = ["--mode", "async", "--secret-file", &secret];
+    pserver_ready(&[&args[..], &guard, extra].concat(), std::process::Stdio::null())
 }
 
 /// `oar secret` derives a credential for `identity` (`--trainer N`, `--tool`, `--operator`).
@@ -363,4 +328,79 @@ fn a_proof_relayed_to_another_server_of_the_job_is_refused() {
     assert!(e.contains("the server did not prove it is server 0 of job") && e.contains("a relay"), "{e}");
     server1.kill().unwrap();
     server1.wait().unwrap();
+}
+
+/// A greeted peer's 64 MiB push for a trainer it is not, refused: 3 of them left 385 MiB held by
+/// their idle connections. A refused frame's buffer is given back at once, and every
+/// connection's buffer counts against one budget: a frame past it is refused, naming the flag.
+#[test]
+fn refused_frames_are_not_held_and_all_buffers_share_one_budget() {
+    use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Push, PushPart, Request, Response, SparseGrads};
+    use std::io::Write;
+    let args = ["--index", "0", "--num-servers", "1", "--trainers", "2", "--job", JOB, "--keep-serving"];
+    let limits = ["--max-frame-mb", "128", "--max-receive-mb", "100"];
+    let (mut server, addr) = pserver_ready(&[&args[..], &limits].concat(), std::process::Stdio::null());
+    let greeted = || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let hello = Hello {
+            version: oar::protocol::PROTOCOL_VERSION,
+            job: JOB.into(),
+            num_servers: 1,
+            server_index: 0,
+            trainer: u64::MAX,
+            epoch: 0,
+        };
+        s.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
+        let mut buf = FrameBuf::default();
+        let kind = read_frame_blocking(&mut s, &mut buf, 1 << 16).unwrap();
+        assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Welcome { .. }));
+        s
+    };
+    let reply = |s: &mut std::net::TcpStream| {
+        let mut buf = FrameBuf::default();
+        let kind = read_frame_blocking(s, &mut buf, 1 << 16).unwrap();
+        match Response::decode(kind, buf.payload()).unwrap() {
+            Response::Error { message, .. } => message,
+            other => format!("{other:?}"),
+        }
+    };
+    let grads = vec![0.0f32; 16 << 20]; // 64 MiB
+    let push = Push {
+        trainer: 1,
+        step: 0,
+        pass: 1,
+        base_version: 0,
+        samples: 1,
+        part: PushPart::Whole,
+        apply: Default::default(),
+        dense: vec![grads.as_slice().into()],
+        sparse: Vec::<SparseGrads>::new(),
+    };
+    let frame = Request::Push(push).encode().to_vec();
+    let before = crate::security::rss_mib(server.id());
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        let mut s = greeted();
+        s.write_all(&frame).unwrap();
+        let m = reply(&mut s);
+        assert!(m.contains("request for trainer 1 refused"), "{m}");
+        idle.push(s);
+    }
+    let after = crate::security::rss_mib(server.id());
+    assert!(after < before + 64, "three refused 64 MiB frames held {} MiB", after - before);
+    // One connection half way through a 64 MiB frame holds 64 MiB of the 100; a second frame
+    // that would take the buffers past them is refused, naming the flag.
+    let mut holding = greeted();
+    holding.write_all(&frame[..40 << 20]).unwrap();
+    let mut second = greeted();
+    second.write_all(&frame[..8]).unwrap();
+    let _ = second.write_all(&frame[8..40 << 20]);
+    let m = reply(&mut second);
+    assert!(
+        m.contains("the receive buffers of this server's connections hold") && m.contains("--max-receive-mb"),
+        "{m}"
+    );
+    drop((holding, idle));
+    server.kill().unwrap();
+    server.wait().unwrap();
 }

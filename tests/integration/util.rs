@@ -471,3 +471,20 @@ pub fn request_from(source: &str, addr: &str, request: &str) -> (String, String)
     let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
     (head.lines().next().unwrap_or("").to_string(), body.to_string())
 }
+
+/// Starts `oar pserver --host 127.0.0.1 --port 0` with `args` (its standard error to
+/// `stderr`), reads its standard output up to its `OAR_READY` line, and returns it with the
+/// address it listens on.
+pub fn pserver_ready(args: &[&str], stderr: std::process::Stdio) -> (std::process::Child, String) {
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(["pserver", "--host", "127.0.0.1", "--port", "0"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.as_mut().unwrap()), &mut line).unwrap();
+    let addr = line.trim().strip_prefix("OAR_READY ").unwrap_or_else(|| panic!("no OAR_READY line: {line:?}"));
+    (server, addr.to_string())
+}
