@@ -125,6 +125,7 @@ fn check_serving(out: &Path) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn trainer_0_killed_at_each_point_of_a_day_end_ends_with_the_undisturbed_tables() {
     let job = Online::new();
     let (whole, undisturbed) = job.launch("whole", "", &[]);
@@ -151,6 +152,7 @@ fn trainer_0_killed_at_each_point_of_a_day_end_ends_with_the_undisturbed_tables(
 }
 
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn a_server_killed_having_shrunk_the_day_is_restored_without_it_and_shrinks_it_once() {
     let job = Online::new();
     let extra = ["--max-restarts", "1", "--checkpoint-every", "0.2"];
@@ -171,6 +173,7 @@ fn a_server_killed_having_shrunk_the_day_is_restored_without_it_and_shrinks_it_o
 }
 
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn a_server_restored_mid_day_has_its_next_save_made_a_base() {
     let job = Online::new();
     let extra = ["--max-restarts", "1", "--checkpoint-every", "0.2"];

@@ -38,6 +38,7 @@ fn refusal(e: ClientError) -> String {
 /// repeats), steps and passes near the top of their range, sample counts of no batch, a day end
 /// from the far future (which would make every real day end a repeat).
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn a_peer_with_the_secret_cannot_push_numbers_from_the_far_future_or_of_no_batch() {
     let dir = tempfile::tempdir().unwrap();
     let (train, _) = gen_data(&dir.path().join("data"), 2, 3000, 0);

@@ -30,6 +30,7 @@ fn restart(out: &std::path::Path, port: u16, extra: &[&str]) -> std::process::Ou
 }
 
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn a_restart_that_can_read_none_of_its_checkpoints_refuses_to_start_empty() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_ports(1);
