@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 mod ahead;
 mod comms;
 mod config;
+mod day_end;
 pub mod init_model;
 pub mod online;
 mod pass;
@@ -30,6 +31,7 @@ pub mod telemetry;
 mod warmup;
 
 pub use config::{ports_per_server, TrainConfig, DEFAULT_SCALE_STALE_STEPS, DEFAULT_SYNC_WARMUP, MAX_PORTS};
+use day_end::{catch_up_day_ends, day_end_fault, DayEndPoint};
 use pass::PassLoop;
 use position::{Position, PositionLog};
 pub use report::{AllTrainersAuc, DayReport, HeadReport, PassReport, StepTimes, TrainReport};
@@ -487,33 +489,6 @@ fn description(config: &TrainConfig, steps: Option<u64>, warm: Option<&str>) -> 
         d["init_model"] = warm.into();
     }
     d
-}
-
-/// The points of trainer 0's day end where the fault tests kill it (see [`crate::fault`]).
-#[derive(Clone, Copy)]
-enum DayEndPoint {
-    BeforeShrink = 1,
-    Shrunk = 2,
-    SavedForServing = 3,
-    Saved = 4,
-}
-
-/// Fires a fault planned for trainer 0 at `point` of a day's end.
-fn day_end_fault(point: DayEndPoint) {
-    crate::fault::at_trainer(0, crate::fault::Moment::DayEnd(point as u64));
-}
-
-/// Sends again the shrinks of the day ends this run passed before `start` (a rejoining
-/// trainer 0): each server applies a day end once, so the ones it holds are repeats, and a
-/// server restored meanwhile from a checkpoint older than one of them gets it now.
-fn catch_up_day_ends(config: &TrainConfig, store: &mut Store, start: &Position) -> anyhow::Result<()> {
-    let (Some(o), Store::Remote(_), 0, true) = (&config.online, &*store, config.trainer_id, config.rejoin) else {
-        return Ok(());
-    };
-    for pass in (start.first_pass..start.pass).filter(|&p| o.slot(p).day_end) {
-        store.shrink_day_end(pass).with_context(|| format!("sending again the day end after pass {pass}"))?;
-    }
-    Ok(())
 }
 
 /// Barrier, the saves and evaluation (trainer 0), barrier.
