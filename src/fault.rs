@@ -13,7 +13,10 @@
 //!   midway through writing its N-th checkpoint of the run: the shard file written, not yet
 //!   published), `step=N` (a trainer, after pushing its N-th step), `sent=N` (a trainer, once its
 //!   push of step number N is written to every server and before any reply is read: the push
-//!   is pending at the servers when the process dies), `unanswered=N` (a server in a
+//!   is pending at the servers when the process dies), `sent-first=N` (the same, written to
+//!   server 0 only), `committed=N` and `committed-first=N` (a trainer of a sync step of several
+//!   servers, once its commit of step N is written to every server, or to server 0 only),
+//!   `unanswered=N` (a server in a
 //!   synchronous step: the step that makes version N is answered to trainer 0 only, the other
 //!   trainers' replies are held back, and the fault fires when trainer 0's next push arrives:
 //!   one trainer has moved on while another never learnt its step was applied; trainer 0 must
@@ -47,6 +50,12 @@ pub enum Moment {
     Step(u64),
     /// A trainer has sent its push of this step number, and read no reply yet.
     Sent(u64),
+    /// A trainer has sent its push of this step number to server 0, and to no other.
+    SentFirst(u64),
+    /// A trainer has sent its commit of this step number, and read no reply yet.
+    Committed(u64),
+    /// A trainer has sent its commit of this step number to server 0, and to no other.
+    CommittedFirst(u64),
     /// A server's sync step making this version was answered to trainer 0 only, and trainer 0
     /// pushes again.
     Unanswered(u64),
@@ -107,6 +116,9 @@ impl std::str::FromStr for Fault {
             "checkpoint" => Moment::Checkpoint(n),
             "step" => Moment::Step(n),
             "sent" => Moment::Sent(n),
+            "sent-first" => Moment::SentFirst(n),
+            "committed" => Moment::Committed(n),
+            "committed-first" => Moment::CommittedFirst(n),
             "unanswered" => Moment::Unanswered(n),
             "dayend" => Moment::DayEnd(n),
             "shrunk" => Moment::Shrunk(n),
@@ -179,6 +191,7 @@ mod tests {
         assert_eq!(f, Fault { target: Target::Trainer(0), action: Action::Stop, moment: Moment::Step(3) });
         assert!("server1:kill@checkpoint=2".parse::<Fault>().unwrap().moment == Moment::Checkpoint(2));
         assert!("trainer1:kill@sent=7".parse::<Fault>().unwrap().moment == Moment::Sent(7));
+        assert!("trainer1:kill@committed-first=7".parse::<Fault>().unwrap().moment == Moment::CommittedFirst(7));
         assert!("server0:kill@unanswered=9".parse::<Fault>().unwrap().moment == Moment::Unanswered(9));
         assert!("trainer0:kill@dayend=2".parse::<Fault>().unwrap().moment == Moment::DayEnd(2));
         for bad in ["server:kill@version=1", "server1:explode@version=1", "server1:kill@hour=1", "worker1:kill@step=1"]

@@ -67,6 +67,18 @@ impl TrainerLedger {
         (b & bits(part) == bits(part)).then_some(b & DISCARDED != 0)
     }
 
+    /// For a half of a split push: `Some(discarded)` once its other half was judged (a split
+    /// push is applied whole or discarded whole), else `None`.
+    pub fn other_half(&self, step: u64, part: PushPart) -> Option<bool> {
+        let other = match part {
+            PushPart::Dense => SPARSE,
+            PushPart::Sparse => DENSE,
+            PushPart::Whole => return None,
+        };
+        let b = *self.recent.get(&step)?;
+        (b & other != 0).then_some(b & DISCARDED != 0)
+    }
+
     /// Why `step` is refused, if it is: at or past the window from the oldest step not handled
     /// yet (the steps below it still to come).
     pub fn refuses(&self, step: u64) -> Option<String> {
@@ -113,6 +125,8 @@ mod tests {
         l.record(0, PushPart::Dense, 5, false);
         assert_eq!(l.repeat(0, PushPart::Dense), Some(false));
         assert_eq!(l.repeat(0, PushPart::Sparse), None, "its sparse half is still to come");
+        assert_eq!(l.other_half(0, PushPart::Sparse), Some(false), "judged with its dense half");
+        assert_eq!(l.other_half(0, PushPart::Dense), None);
         l.record(0, PushPart::Sparse, 5, false);
         assert_eq!((l.below, l.recent.len(), l.samples), (2, 0, 10), "samples counted once per step");
         l.record(3, PushPart::Whole, 5, true);

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 
+use super::conn::Conn;
 use super::{Client, ClientError, PushReport, StepHeader, TableGrads};
 use crate::layout::group_by_server;
 use crate::protocol::{Frame, Push, PushOutcome, PushPart, Request, Response, SparseGrads};
@@ -78,27 +79,113 @@ impl Client {
             .collect();
         let parts: Vec<Vec<(usize, Frame)>> =
             requests.iter().map(|r| r.iter().map(|(port, req)| (*port, req.encode())).collect()).collect();
-        let sent = || crate::fault::at_trainer(trainer, crate::fault::Moment::Sent(step));
-        let outcomes = self.exchange_then(&parts, sent, |conns, s| {
-            let (mut stale, mut staleness) = (false, 0);
-            for port in std::iter::once(first).chain(second) {
-                let conn = &mut conns[port][s];
-                let kind = conn.read()?;
-                match conn.reply(kind, "a push")? {
-                    Response::Pushed { outcome, version } => {
-                        stale |= outcome == PushOutcome::Discarded;
-                        // An applied push answers the version it made, a discarded one the
-                        // version it found.
-                        let found = if outcome == PushOutcome::Applied { version.saturating_sub(1) } else { version };
-                        staleness = staleness.max(found.saturating_sub(bases[s]));
-                    }
-                    other => return Err(conn.unexpected("a push", &other)),
-                }
+        let ports: Vec<usize> = std::iter::once(first).chain(second).collect();
+        let (me, last) = (trainer as u64, n - 1);
+        let sent = |s: usize| {
+            use crate::fault::{at_trainer, Moment};
+            if s == 0 {
+                at_trainer(trainer, Moment::SentFirst(step));
             }
-            Ok((stale, staleness))
-        })?;
+            if s == last {
+                at_trainer(trainer, Moment::Sent(step));
+            }
+        };
+        let mut outcomes = self.exchange_then(&parts, sent, |conns, s| read_pushed(conns, s, &ports, bases[s]))?;
+        if outcomes.iter().any(|o| o.held) {
+            let committed = self.commit(me, step, &parts, &ports, &outcomes, &bases)?;
+            for (o, c) in outcomes.iter_mut().zip(committed) {
+                *o = c.unwrap_or(*o);
+            }
+        }
+        let outcomes: Vec<(bool, u64)> = outcomes.iter().map(|o| (o.stale, o.staleness)).collect();
         let discarded = outcomes.iter().filter(|(stale, _)| *stale).count();
         let staleness = outcomes.iter().map(|(_, k)| *k).max().unwrap_or(0);
         Ok(PushReport { discarded, staleness })
     }
+
+    /// The commit phase of a sync push held by servers of several (`outcomes[s].held`): every
+    /// server holds it, so each is told to apply it. A server restarted from a checkpoint since
+    /// the push answers `NotHeld` and is sent the push again first. Returns the final answer of
+    /// each server committed to.
+    fn commit(
+        &mut self,
+        trainer: u64,
+        step: u64,
+        pushes: &[Vec<(usize, Frame<'_>)>],
+        ports: &[usize],
+        outcomes: &[Pushed],
+        bases: &[u64],
+    ) -> Result<Vec<Option<Pushed>>, ClientError> {
+        let commit = Request::Commit { trainer, step };
+        let parts: Vec<Vec<(usize, Frame)>> =
+            outcomes.iter().map(|o| if o.held { vec![(ports[0], commit.encode())] } else { Vec::new() }).collect();
+        let last = parts.len() - 1;
+        let committed = |s: usize| {
+            use crate::fault::{at_trainer, Moment};
+            if s == 0 {
+                at_trainer(trainer as usize, Moment::CommittedFirst(step));
+            }
+            if s == last {
+                at_trainer(trainer as usize, Moment::Committed(step));
+            }
+        };
+        self.exchange_then(&parts, committed, |conns, s| {
+            if !outcomes[s].held {
+                return Ok(None);
+            }
+            let answer = read_pushed(conns, s, &ports[..1], bases[s])?;
+            if !answer.not_held {
+                return Ok(Some(answer));
+            }
+            tracing::warn!(server = s, step, "server {s} no longer holds this push (it restarted): sent again");
+            for (port, frame) in &pushes[s] {
+                conns[*port][s].send(frame)?;
+            }
+            read_pushed(conns, s, ports, bases[s])?;
+            conns[ports[0]][s].send(&commit.encode())?;
+            let answer = read_pushed(conns, s, &ports[..1], bases[s])?;
+            if answer.not_held {
+                let conn = &conns[ports[0]][s];
+                return Err(
+                    conn.unexpected("a commit", &Response::Pushed { outcome: PushOutcome::NotHeld, version: 0 })
+                );
+            }
+            Ok(Some(answer))
+        })
+    }
+}
+
+/// One server's answer to a push (both halves of a split one) or a commit.
+#[derive(Clone, Copy, Debug, Default)]
+struct Pushed {
+    /// A part was discarded as too stale.
+    stale: bool,
+    /// How many updates the push's parameters were behind the version it found.
+    staleness: u64,
+    /// The server holds it until the trainer commits it.
+    held: bool,
+    /// A commit found nothing held.
+    not_held: bool,
+}
+
+/// Reads server `s`'s answers on `ports`, one each; `base` is its count behind the push.
+fn read_pushed(conns: &mut [Vec<Conn>], s: usize, ports: &[usize], base: u64) -> Result<Pushed, ClientError> {
+    let mut answer = Pushed::default();
+    for &port in ports {
+        let conn = &mut conns[port][s];
+        let kind = conn.read()?;
+        match conn.reply(kind, "a push")? {
+            Response::Pushed { outcome, version } => {
+                answer.stale |= outcome == PushOutcome::Discarded;
+                answer.held |= outcome == PushOutcome::Held;
+                answer.not_held |= outcome == PushOutcome::NotHeld;
+                // An applied push answers the version it made, a discarded one the version it
+                // found.
+                let found = if outcome == PushOutcome::Applied { version.saturating_sub(1) } else { version };
+                answer.staleness = answer.staleness.max(found.saturating_sub(base));
+            }
+            other => return Err(conn.unexpected("a push", &other)),
+        }
+    }
+    Ok(answer)
 }

@@ -101,15 +101,16 @@ impl Client {
         parts: &[Vec<(usize, Frame<'_>)>],
         read: impl FnMut(&mut [Vec<Conn>], usize) -> Result<T, ClientError>,
     ) -> Result<Vec<T>, ClientError> {
-        self.exchange_then(parts, || {}, read)
+        self.exchange_then(parts, |_| {}, read)
     }
 
-    /// [`Client::exchange`], calling `sent` once every frame is written and before any reply
-    /// is read (where a planted fault kills a trainer with its push pending).
+    /// [`Client::exchange`], calling `sent(s)` once server `s`'s frames are written (in server
+    /// order) and before any reply is read (where a planted fault kills a trainer with its push
+    /// pending at some servers or all).
     pub(super) fn exchange_then<T>(
         &mut self,
         parts: &[Vec<(usize, Frame<'_>)>],
-        sent: impl FnOnce(),
+        mut sent: impl FnMut(usize),
         mut read: impl FnMut(&mut [Vec<Conn>], usize) -> Result<T, ClientError>,
     ) -> Result<Vec<T>, ClientError> {
         let recovering = self.config.recover.is_some();
@@ -122,8 +123,8 @@ impl Client {
                     break;
                 }
             }
+            sent(s);
         }
-        sent();
         // Replies are read as they come, a lost server first: read in server order, a reply
         // could wait (a sync step) for a trainer that itself waits, at a server lost
         // meanwhile, for this trainer's part (see `ready`).

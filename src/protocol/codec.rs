@@ -22,6 +22,7 @@ pub(super) mod kind {
     pub const GLOBAL_AUC: u8 = 13;
     pub const SHRINK: u8 = 14;
     pub const EXPORT: u8 = 15;
+    pub const COMMIT: u8 = 16;
     pub const WELCOME: u8 = 101;
     pub const DONE: u8 = 102;
     pub const VALUES: u8 = 103;
@@ -116,6 +117,11 @@ impl<'a> Request<'a> {
                 e.u64(*days).u64(*day_end);
                 e.finish()
             }
+            Request::Commit { trainer, step } => {
+                let mut e = Encoder::new(kind::COMMIT);
+                e.u64(*trainer).u64(*step);
+                e.finish()
+            }
             Request::Export { dir, kind } => {
                 let mut e = Encoder::new(kind::EXPORT);
                 e.bytes(dir.as_bytes()).u64(*kind as u64);
@@ -193,6 +199,7 @@ impl<'a> Request<'a> {
             },
             kind::GLOBAL_AUC => Request::GlobalAuc { pass: d.u64()? },
             kind::SHRINK => Request::Shrink { days: d.u64()?, day_end: d.u64()? },
+            kind::COMMIT => Request::Commit { trainer: d.u64()?, step: d.u64()? },
             kind::EXPORT => Request::Export {
                 dir: d.string()?,
                 kind: enum_field(d.u64()?, &[ExportKind::Base, ExportKind::Delta], "save kind")?,
@@ -267,7 +274,11 @@ impl<'a> Response<'a> {
                 Response::Values { version, dense, sparse }
             }
             kind::PUSHED => {
-                let outcome = enum_field(d.u64()?, &[PushOutcome::Applied, PushOutcome::Discarded], "push outcome")?;
+                let outcome = enum_field(
+                    d.u64()?,
+                    &[PushOutcome::Applied, PushOutcome::Discarded, PushOutcome::Held, PushOutcome::NotHeld],
+                    "push outcome",
+                )?;
                 Response::Pushed { outcome, version: d.u64()? }
             }
             kind::SAVED => {
@@ -377,6 +388,8 @@ mod tests {
             sparse: vec![vec![2.0; 5].into(), vec![].into()],
         });
         round_trip_response(Response::Pushed { outcome: PushOutcome::Discarded, version: 9 });
+        round_trip_response(Response::Pushed { outcome: PushOutcome::NotHeld, version: 9 });
+        round_trip_request(Request::Commit { trainer: 1, step: 7 });
         round_trip_response(Response::Saved { file: "server-0.shard".into(), bytes: 10, crc32: 0xdead_beef });
         round_trip_response(Response::Stats("{}".into()));
         round_trip_response(Response::Error { code: ErrorCode::Timeout, message: "trainer 1 missing".into() });

@@ -29,7 +29,7 @@ pub use io::{
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
 
 /// Version of this wire format; a server refuses clients of another version.
-pub const PROTOCOL_VERSION: u64 = 10;
+pub const PROTOCOL_VERSION: u64 = 11;
 /// Magic number opening every Hello, so a stray client is recognized at once.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 /// Default maximum payload size accepted by a receiver.
@@ -320,6 +320,15 @@ pub enum Request<'a> {
     Pull(Pull<'a>),
     /// Apply gradients.
     Push(Push<'a>),
+    /// The trainer's push of `step` reached every server: a sync step may now apply it. A
+    /// server of several holds a sync push until its commit (see [`crate::server`]'s sync
+    /// step), so a step is applied everywhere or nowhere.
+    Commit {
+        /// Trainer id.
+        trainer: u64,
+        /// The trainer's step number of the push.
+        step: u64,
+    },
     /// Wait until every active trainer has reached `epoch`.
     Barrier {
         /// Trainer id.
@@ -417,6 +426,7 @@ impl Request<'_> {
             Request::Declare(_) => "a declaration",
             Request::Pull(_) => "a pull",
             Request::Push(_) => "a push",
+            Request::Commit { .. } => "a commit",
             Request::Barrier { .. } => "a barrier",
             Request::EndPass { .. } => "a pass end",
             Request::Save { .. } => "a save",
@@ -430,13 +440,18 @@ impl Request<'_> {
     }
 }
 
-/// Outcome of an async push.
+/// Outcome of a push or a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PushOutcome {
     /// The gradients were applied.
     Applied,
     /// The gradients were too stale and were dropped.
     Discarded,
+    /// A sync push is held until the trainer commits it ([`Request::Commit`]).
+    Held,
+    /// A commit found no push of that step held (a server restarted from a checkpoint since):
+    /// the trainer sends the push again.
+    NotHeld,
 }
 
 /// Why a server refused a request.

@@ -255,6 +255,7 @@ fn sender(request: &Request) -> Sender {
             Sender::Trainer(*trainer)
         }
         Request::Push(p) => Sender::Trainer(p.trainer),
+        Request::Commit { trainer, .. } => Sender::Trainer(*trainer),
         Request::PassAuc { trainer, .. } => Sender::Trainer(*trainer),
         Request::Declare(_) => Sender::AnyTrainer,
         Request::Save { .. } | Request::Export { .. } => Sender::FirstTrainerOrOperator,
@@ -441,6 +442,7 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
             push::push_sync(state, p).await
         }
         Request::Push(p) => push::push_async(state, p),
+        Request::Commit { trainer, step } => push::commit(state, trainer, step).await,
         Request::Barrier { trainer, epoch } => members::barrier(state, trainer, epoch).await,
         Request::Save { dir } => requests::save(state, &dir).await,
         Request::EndPass { trainer, pass } => members::end_pass(state, trainer, pass),

@@ -1,6 +1,7 @@
 //! Pushes: checked (tables, lengths, finite numbers), then applied at once (async) or gathered
-//! into the sync step (sync mode, and async mode's warm-up), each (trainer, step) once: a push
-//! sent again is answered from its trainer's ledger (see [`super::sync`]).
+//! into the sync step (sync mode, and async mode's warm-up) and applied once committed, each
+//! (trainer, step) once: a push sent again is answered from its trainer's ledger (see
+//! [`super::sync`]).
 //!
 //! Locks, always in this order: `sync` (the pending step), `gate` (shared by every update,
 //! exclusive for a checkpoint's snapshot, so a checkpoint holds whole steps and the ledgers that
@@ -140,7 +141,9 @@ pub(super) fn push_async(state: &State, push: Push<'_>) -> Reply {
     if push.part != PushPart::Sparse {
         c.staleness[(behind as usize).min(crate::metrics::Staleness::BUCKETS - 1)].fetch_add(1, Relaxed);
     }
-    if behind > max_lag {
+    // The halves of a split push share one verdict, the first's: the second, arriving after
+    // the first moved the version, would otherwise be judged staler than the push is.
+    if ledger.other_half(push.step, push.part).unwrap_or(behind > max_lag) {
         c.discarded.fetch_add(1, Relaxed);
         ledger.record(push.step, push.part, push.samples, true);
         return pushed(PushOutcome::Discarded, version);
@@ -157,8 +160,9 @@ pub(super) fn push_async(state: &State, push: Push<'_>) -> Reply {
     pushed(PushOutcome::Applied, version)
 }
 
-/// A push into the sync step: parked until every active trainer has pushed the step (or ended
-/// the pass), then answered with the step's version.
+/// A push into the sync step. On a server of several it is held and answered `Held` at once:
+/// its step is applied once every active trainer has committed (see [`commit`]). On a lone
+/// server it is committed on arrival, parked until the step is applied, and answered then.
 pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     let shard = state.shard()?;
     state.counters.pushes.fetch_add(1, Relaxed);
@@ -172,6 +176,7 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
         Push { dense: Vec::new(), sparse: Vec::new(), samples: 0, ..push }.into_owned()
     };
     state.unanswered_fault_on_arrival(trainer);
+    let lone = state.place.lock().is_some_and(|(_, servers)| servers == 1);
     let mut applied = state.applied.subscribe();
     // Trainers with fewer batches per pass than others have pushed fewer steps, so their own
     // step counts say nothing about which step this is; a trainer cannot be a step ahead, as
@@ -180,28 +185,71 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
         let mut pending = state.sync.lock();
         let offered = {
             let ledger = state.ledgers[trainer as usize].lock();
-            pending.offer(push, &ledger).map_err(|m| (ErrorCode::State, m))?
+            pending.offer(push, &ledger, lone).map_err(|m| (ErrorCode::State, m))?
         };
         match offered {
-            Offered::Repeat { discarded } => {
-                state.ledgers[trainer as usize].lock().repeats += 1;
-                tracing::info!(trainer, "a push sent again was answered with its first outcome");
-                return pushed(outcome(discarded), pending.step);
-            }
+            Offered::Repeat { discarded } => return repeat(state, trainer, discarded, pending.step),
+            Offered::Half(_) | Offered::Pending(_) if !lone => return pushed(PushOutcome::Held, pending.step),
             Offered::Half(step) => step,
             Offered::Pending(step) => {
                 complete_step(state, &shard, &mut pending)?;
                 step
             }
+            Offered::NotHeld => unreachable!("an offer is held or refused"),
         }
     };
+    wait_applied(state, &mut applied, trainer, step).await
+}
+
+/// Trainer `trainer` commits its push of `step`, held by every server: parked until the step
+/// is applied, then answered as the push would have been. A commit of a step this server does
+/// not hold (restarted from a checkpoint since the push) is answered `NotHeld`.
+pub(super) async fn commit(state: &Arc<State>, trainer: u64, step: u64) -> Reply {
+    let shard = state.shard()?;
+    if trainer >= state.config.trainers as u64 {
+        return Err((ErrorCode::State, format!("trainer {trainer} is not in 0..{}", state.config.trainers)));
+    }
+    let mut applied = state.applied.subscribe();
+    let step = {
+        let mut pending = state.sync.lock();
+        let offered = pending.commit(trainer, step, &state.ledgers[trainer as usize].lock());
+        match offered {
+            Offered::Repeat { discarded } => return repeat(state, trainer, discarded, pending.step),
+            Offered::NotHeld => return pushed(PushOutcome::NotHeld, pending.step),
+            Offered::Pending(step) | Offered::Half(step) => {
+                complete_step(state, &shard, &mut pending)?;
+                step
+            }
+        }
+    };
+    wait_applied(state, &mut applied, trainer, step).await
+}
+
+/// A push or commit of a step handled already, answered with its first outcome.
+fn repeat(state: &State, trainer: u64, discarded: bool, version: u64) -> Reply {
+    state.ledgers[trainer as usize].lock().repeats += 1;
+    tracing::info!(trainer, "a push sent again was answered with its first outcome");
+    pushed(outcome(discarded), version)
+}
+
+/// Waits (within the server's timeout, naming who is missing) until the sync step `step` is
+/// applied, and answers `trainer`'s push in it.
+async fn wait_applied(
+    state: &Arc<State>,
+    applied: &mut tokio::sync::watch::Receiver<u64>,
+    trainer: u64,
+    step: u64,
+) -> Reply {
     // Only whether it timed out: the watch's `Ref` must not live on across an await.
     let timed_out = tokio::time::timeout(state.config.timeout, applied.wait_for(|&n| n > step)).await.is_err();
     if timed_out {
         let missing = state.sync.lock().waiting_for(&state.active());
         return Err((
             ErrorCode::Timeout,
-            format!("sync step {step} timed out after {:?} waiting for trainer(s) {missing:?}", state.config.timeout),
+            format!(
+                "sync step {step} timed out after {:?} waiting for trainer(s) {missing:?} to push or commit",
+                state.config.timeout
+            ),
         ));
     }
     if let Some(error) = state.step_errors.lock().get(&step) {

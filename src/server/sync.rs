@@ -8,17 +8,27 @@
 //! from its recorded position (`train::position`). So a push sent again by a restart, or by a
 //! client whose connection broke before the reply, carries the step number of the first one,
 //! and the ledger answers it with the first one's outcome instead of applying it twice.
+//!
+//! A step is applied on every server or on none: a server of several holds each push until its
+//! trainer commits it, which the trainer does only once every server holds its push. So a
+//! trainer that dies with its push at some servers and not others left no server moved, and
+//! its restart computes the same batch from the same parameters; one that dies having
+//! committed at some servers left its push held at all of them. Either way the first copy a
+//! server holds is kept: a copy sent again is the same bytes (same batch, same parameters) or,
+//! once some server applied the step, computed from moved parameters and not to be used.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ledger::TrainerLedger;
 use crate::protocol::{Push, PushPart};
 
-/// What became of a push offered to the sync step.
+/// What became of a push offered to the sync step, or of a commit.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Offered {
     /// It waits in the pending step, the server's step number `.0`, until that is applied.
     Pending(u64),
+    /// A commit found no push of its step held: the trainer sends it again.
+    NotHeld,
     /// The first half of a split push: it waits for its other half.
     Half(u64),
     /// Its step was handled already (applied, or discarded if `discarded`): answered at once.
@@ -34,7 +44,8 @@ pub enum Offered {
 pub struct SyncStep {
     /// Steps applied (the server's version in sync mode).
     pub step: u64,
-    pushes: BTreeMap<u64, Push<'static>>,
+    /// Each trainer's push of the pending step, and whether it is committed.
+    pushes: BTreeMap<u64, (Push<'static>, bool)>,
     /// The pass the pending steps belong to.
     pub pass: u64,
     /// Trainers that have ended `pass`: steps no longer wait for them.
@@ -71,9 +82,10 @@ impl SyncStep {
     }
 
     /// Offers `push`; `ledger` is its trainer's. A push of a step already handled is a repeat;
-    /// one of the step already pending (the same batch sent again by a restarted process, from
-    /// the same parameters) takes the place of the first, so it counts once either way.
-    pub fn offer(&mut self, push: Push<'static>, ledger: &TrainerLedger) -> Result<Offered, String> {
+    /// one of the step already pending (sent again by a restarted process) leaves the first
+    /// in place (see the module's note), so it counts once either way. `committed`: the push
+    /// needs no commit (a job of one server).
+    pub fn offer(&mut self, push: Push<'static>, ledger: &TrainerLedger, committed: bool) -> Result<Offered, String> {
         if let Some(discarded) = ledger.repeat(push.step, push.part) {
             return Ok(Offered::Repeat { discarded });
         }
@@ -86,23 +98,30 @@ impl SyncStep {
                     let (dense, sparse) = if part == PushPart::Dense { (push, other) } else { (other, push) };
                     Push { part: PushPart::Whole, sparse: sparse.sparse, ..dense }
                 }
-                // A half sent again replaces the first; a half of a newer step replaces one whose
-                // other half never came (its sender died between the two).
+                // A half sent again leaves the first.
+                Some(other) if other.step == push.step => {
+                    self.halves.insert(trainer, other);
+                    return Ok(Offered::Half(self.step));
+                }
+                // A half of a newer step replaces one whose other half never came (its sender
+                // died between the two, before it could commit).
                 _ => {
                     self.halves.insert(trainer, push);
                     return Ok(Offered::Half(self.step));
                 }
             },
         };
-        if let Some(pending) = self.pushes.get(&trainer) {
+        if let Some((pending, held)) = self.pushes.get_mut(&trainer) {
             if pending.step != whole.step {
                 return Err(format!(
                     "trainer {trainer} pushed its step {} while its step {} waits in step {}",
                     whole.step, pending.step, self.step
                 ));
             }
+            *held |= committed;
+            return Ok(Offered::Pending(self.step));
         }
-        if let Some(other) = self.pushes.values().find(|p| !p.dense.is_empty()) {
+        if let Some((other, _)) = self.pushes.values().find(|(p, _)| !p.dense.is_empty()) {
             if !whole.dense.is_empty() && whole.dense_len() != other.dense_len() {
                 return Err(format!(
                     "trainer {trainer} pushed {} dense floats, trainer {} {}",
@@ -112,24 +131,44 @@ impl SyncStep {
                 ));
             }
         }
-        self.pushes.insert(trainer, whole);
+        self.pushes.insert(trainer, (whole, committed));
         Ok(Offered::Pending(self.step))
     }
 
-    /// Whether every trainer in `active` has pushed the pending step or ended the pass.
-    pub fn ready(&self, active: &[u64]) -> bool {
-        !self.pushes.is_empty() && active.iter().all(|t| self.pushes.contains_key(t) || self.ended.contains(t))
+    /// `trainer` commits its push of `step` (its own numbering): a repeat if the step was
+    /// handled, `NotHeld` if no whole push of it is held here.
+    pub fn commit(&mut self, trainer: u64, step: u64, ledger: &TrainerLedger) -> Offered {
+        if let Some(discarded) = ledger.repeat(step, PushPart::Whole) {
+            return Offered::Repeat { discarded };
+        }
+        match self.pushes.get_mut(&trainer) {
+            Some((push, committed)) if push.step == step => {
+                *committed = true;
+                Offered::Pending(self.step)
+            }
+            _ => Offered::NotHeld,
+        }
     }
 
-    /// The trainers of `active` the pending step waits for.
+    fn committed(&self, trainer: u64) -> bool {
+        self.pushes.get(&trainer).is_some_and(|(_, committed)| *committed)
+    }
+
+    /// Whether every trainer in `active` has committed its push of the pending step or ended
+    /// the pass.
+    pub fn ready(&self, active: &[u64]) -> bool {
+        !self.pushes.is_empty() && active.iter().all(|t| self.committed(*t) || self.ended.contains(t))
+    }
+
+    /// The trainers of `active` the pending step waits for (to push, or to commit).
     pub fn waiting_for(&self, active: &[u64]) -> Vec<u64> {
-        active.iter().copied().filter(|t| !self.pushes.contains_key(t) && !self.ended.contains(t)).collect()
+        active.iter().copied().filter(|t| !self.committed(*t) && !self.ended.contains(t)).collect()
     }
 
     /// Takes the pending step's pushes, in trainer order, and counts the step.
     pub fn take(&mut self) -> BTreeMap<u64, Push<'static>> {
         self.step += 1;
-        std::mem::take(&mut self.pushes)
+        std::mem::take(&mut self.pushes).into_iter().map(|(t, (push, _))| (t, push)).collect()
     }
 }
 
@@ -175,10 +214,10 @@ mod tests {
     #[test]
     fn a_step_waits_for_every_active_trainer_and_merges_in_trainer_order() {
         let (mut sync, ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 2]);
-        assert_eq!(sync.offer(push(1, 0, PushPart::Whole, 1.0), &ledgers[1]), Ok(Offered::Pending(0)));
+        assert_eq!(sync.offer(push(1, 0, PushPart::Whole, 1.0), &ledgers[1], true), Ok(Offered::Pending(0)));
         assert!(!sync.ready(&[0, 1]));
         assert_eq!(sync.waiting_for(&[0, 1]), vec![0]);
-        assert_eq!(sync.offer(push(0, 0, PushPart::Whole, 2.0), &ledgers[0]), Ok(Offered::Pending(0)));
+        assert_eq!(sync.offer(push(0, 0, PushPart::Whole, 2.0), &ledgers[0], true), Ok(Offered::Pending(0)));
         assert!(sync.ready(&[0, 1]));
         assert_eq!(sync.take().keys().copied().collect::<Vec<_>>(), vec![0, 1]);
         assert_eq!(sync.step, 1);
@@ -190,46 +229,49 @@ mod tests {
     #[test]
     fn a_push_sent_again_after_its_step_was_applied_is_a_repeat() {
         let (mut sync, mut ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 2]);
-        sync.offer(push(1, 0, PushPart::Whole, 1.0), &ledgers[1]).unwrap(); // the dead process's
-        sync.offer(push(0, 0, PushPart::Whole, 2.0), &ledgers[0]).unwrap();
+        sync.offer(push(1, 0, PushPart::Whole, 1.0), &ledgers[1], true).unwrap(); // the dead process's
+        sync.offer(push(0, 0, PushPart::Whole, 2.0), &ledgers[0], true).unwrap();
         assert!(sync.ready(&[0, 1]));
         apply(&mut sync, &mut ledgers);
-        assert_eq!(sync.offer(push(1, 0, PushPart::Whole, 9.0), &ledgers[1]), Ok(Offered::Repeat { discarded: false }));
+        assert_eq!(
+            sync.offer(push(1, 0, PushPart::Whole, 9.0), &ledgers[1], true),
+            Ok(Offered::Repeat { discarded: false })
+        );
         assert_eq!(ledgers[1].samples, 10, "applied once");
-        sync.offer(push(0, 1, PushPart::Whole, 2.0), &ledgers[0]).unwrap();
+        sync.offer(push(0, 1, PushPart::Whole, 2.0), &ledgers[0], true).unwrap();
         assert!(!sync.ready(&[0, 1]), "the repeat did not stand in for step 1");
-        sync.offer(push(1, 1, PushPart::Whole, 1.0), &ledgers[1]).unwrap();
+        sync.offer(push(1, 1, PushPart::Whole, 1.0), &ledgers[1], true).unwrap();
         assert_eq!(apply(&mut sync, &mut ledgers), vec![(0, 2.0), (1, 1.0)]);
         assert_eq!((ledgers[0].below, ledgers[1].below, sync.step), (2, 2, 2));
     }
 
     /// The other order: the restart sends the step again while the dead process's push still
-    /// waits. The new one takes its place; the step holds one push of each trainer.
+    /// waits. The first stays; the step holds one push of each trainer.
     #[test]
-    fn a_push_sent_again_while_its_step_waits_takes_the_first_ones_place() {
+    fn a_push_sent_again_while_its_step_waits_leaves_the_first_in_place() {
         let (mut sync, mut ledgers) = (SyncStep::new(5), vec![TrainerLedger::default(); 2]);
-        sync.offer(push(1, 0, PushPart::Whole, 1.0), &ledgers[1]).unwrap();
-        assert_eq!(sync.offer(push(1, 0, PushPart::Whole, 1.5), &ledgers[1]), Ok(Offered::Pending(5)));
+        sync.offer(push(1, 0, PushPart::Whole, 1.0), &ledgers[1], true).unwrap();
+        assert_eq!(sync.offer(push(1, 0, PushPart::Whole, 1.5), &ledgers[1], true), Ok(Offered::Pending(5)));
         assert!(!sync.ready(&[0, 1]));
-        sync.offer(push(0, 0, PushPart::Whole, 2.0), &ledgers[0]).unwrap();
-        assert_eq!(apply(&mut sync, &mut ledgers), vec![(0, 2.0), (1, 1.5)]);
+        sync.offer(push(0, 0, PushPart::Whole, 2.0), &ledgers[0], true).unwrap();
+        assert_eq!(apply(&mut sync, &mut ledgers), vec![(0, 2.0), (1, 1.0)]);
         assert_eq!(ledgers[1].samples, 10);
     }
 
     #[test]
-    fn halves_join_once_and_a_half_sent_again_replaces_the_first() {
+    fn halves_join_once_and_a_half_sent_again_leaves_the_first() {
         let (mut sync, mut ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 1]);
-        assert_eq!(sync.offer(push(0, 0, PushPart::Dense, 1.0), &ledgers[0]), Ok(Offered::Half(0)));
+        assert_eq!(sync.offer(push(0, 0, PushPart::Dense, 1.0), &ledgers[0], true), Ok(Offered::Half(0)));
         // The sender died between its halves; its restart sends both again.
-        assert_eq!(sync.offer(push(0, 0, PushPart::Dense, 3.0), &ledgers[0]), Ok(Offered::Half(0)));
+        assert_eq!(sync.offer(push(0, 0, PushPart::Dense, 3.0), &ledgers[0], true), Ok(Offered::Half(0)));
         assert!(!sync.ready(&[0]));
-        assert_eq!(sync.offer(push(0, 0, PushPart::Sparse, 4.0), &ledgers[0]), Ok(Offered::Pending(0)));
+        assert_eq!(sync.offer(push(0, 0, PushPart::Sparse, 4.0), &ledgers[0], true), Ok(Offered::Pending(0)));
         let pushes = sync.take();
         assert_eq!(pushes[&0].part, PushPart::Whole);
-        assert_eq!((pushes[&0].dense[0][0], pushes[&0].sparse[0].grads[0]), (3.0, 4.0));
+        assert_eq!((pushes[&0].dense[0][0], pushes[&0].sparse[0].grads[0]), (1.0, 4.0));
         ledgers[0].record(0, PushPart::Whole, 10, false);
         assert_eq!(
-            sync.offer(push(0, 0, PushPart::Sparse, 4.0), &ledgers[0]),
+            sync.offer(push(0, 0, PushPart::Sparse, 4.0), &ledgers[0], true),
             Ok(Offered::Repeat { discarded: false })
         );
     }
@@ -237,28 +279,49 @@ mod tests {
     #[test]
     fn ended_and_closed_trainers_no_longer_hold_a_step() {
         let (mut sync, ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 3]);
-        sync.offer(push(0, 3, PushPart::Whole, 1.0), &ledgers[0]).unwrap();
-        sync.offer(push(2, 4, PushPart::Dense, 1.0), &ledgers[2]).unwrap();
+        sync.offer(push(0, 3, PushPart::Whole, 1.0), &ledgers[0], true).unwrap();
+        sync.offer(push(2, 4, PushPart::Dense, 1.0), &ledgers[2], true).unwrap();
         sync.end_pass(1, 1);
         assert!(!sync.ready(&[0, 1, 2]));
         sync.close(2);
         assert!(sync.ready(&[0, 1]), "trainer 2 closed, 1 ended the pass");
         // A new pass forgets who ended the last one.
         sync.take();
-        sync.offer(Push { pass: 2, ..push(0, 4, PushPart::Whole, 1.0) }, &ledgers[0]).unwrap();
+        sync.offer(Push { pass: 2, ..push(0, 4, PushPart::Whole, 1.0) }, &ledgers[0], true).unwrap();
         assert!(!sync.ready(&[0, 1]));
     }
 
     #[test]
     fn a_different_step_while_one_waits_or_a_different_dense_length_is_refused() {
         let (mut sync, ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 2]);
-        sync.offer(push(0, 3, PushPart::Whole, 1.0), &ledgers[0]).unwrap();
-        let e = sync.offer(push(0, 4, PushPart::Whole, 1.0), &ledgers[0]).unwrap_err();
+        sync.offer(push(0, 3, PushPart::Whole, 1.0), &ledgers[0], true).unwrap();
+        let e = sync.offer(push(0, 4, PushPart::Whole, 1.0), &ledgers[0], true).unwrap_err();
         assert!(e.contains("pushed its step 4 while its step 3 waits"), "{e}");
         let mut short = push(1, 3, PushPart::Whole, 1.0);
         short.dense = vec![Cow::Owned(vec![1.0])];
-        let e = sync.offer(short, &ledgers[1]).unwrap_err();
+        let e = sync.offer(short, &ledgers[1], true).unwrap_err();
         assert!(e.contains("pushed 1 dense floats, trainer 0 2"), "{e}");
         assert!(!sync.ready(&[0, 1]), "nothing was taken by the refusals");
+    }
+
+    /// Several servers: a step waits for every trainer's commit, a commit of a step not held
+    /// asks for the push again, and a commit of a handled step is a repeat.
+    #[test]
+    fn a_step_of_several_servers_waits_for_every_commit() {
+        let (mut sync, mut ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 2]);
+        assert_eq!(sync.commit(1, 0, &ledgers[1]), Offered::NotHeld, "nothing held yet");
+        sync.offer(push(0, 0, PushPart::Whole, 1.0), &ledgers[0], false).unwrap();
+        sync.offer(push(1, 0, PushPart::Whole, 2.0), &ledgers[1], false).unwrap();
+        assert!(!sync.ready(&[0, 1]), "held, not committed");
+        assert_eq!(sync.waiting_for(&[0, 1]), vec![0, 1]);
+        assert_eq!(sync.commit(0, 0, &ledgers[0]), Offered::Pending(0));
+        assert_eq!(sync.commit(1, 3, &ledgers[1]), Offered::NotHeld, "another step");
+        assert_eq!(sync.waiting_for(&[0, 1]), vec![1]);
+        // Trainer 1's restart sends the step again, computed from other parameters: the first stays.
+        sync.offer(push(1, 0, PushPart::Whole, 9.0), &ledgers[1], false).unwrap();
+        assert_eq!(sync.commit(1, 0, &ledgers[1]), Offered::Pending(0));
+        assert!(sync.ready(&[0, 1]));
+        assert_eq!(apply(&mut sync, &mut ledgers), vec![(0, 1.0), (1, 2.0)]);
+        assert_eq!(sync.commit(1, 0, &ledgers[1]), Offered::Repeat { discarded: false });
     }
 }

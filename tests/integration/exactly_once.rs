@@ -1,7 +1,8 @@
 //! Every update applied exactly once, counted where it is applied: a 2-server, 2-trainer job
 //! started by hand (as an engine starts one, `--recoverable`), trainer 1 killed with its push
-//! pending at both servers (`OAR_FAULT=trainer1:kill@sent=N`), then started again with the
-//! same command line. Whichever comes first, the survivor completing the step with the dead
+//! pending at both servers (`OAR_FAULT=trainer1:kill@sent=N`), at one of them
+//! (`sent-first`), with its commit sent to both (`committed`) or one (`committed-first`), then
+//! started again with the same command line. Whichever comes first, the survivor completing the step with the dead
 //! process's push or the restart sending it again, the step counts the push once: the model is
 //! an undisturbed run's bit for bit, and each server applied every sample of the data once.
 
@@ -103,31 +104,39 @@ impl HandJob {
         self.finish(children)
     }
 
-    /// Trainer 1 killed with its push of step `KILLED_AT` sent; `survivor_first`: the survivor
-    /// completes that step before the restart starts, else the restart sends it again while it
-    /// still waits (trainer 0 stopped meanwhile).
-    fn disturbed(&self, survivor_first: bool) -> Vec<ServerStats> {
+    /// Trainer 1 killed at `kill` in its step `KILLED_AT`. Where some server may apply the step
+    /// (a commit sent), the survivor completes it there before the restart starts; where none
+    /// may, the restart sends the push again while the step still waits (with `Kill::Sent`,
+    /// trainer 0 stopped meanwhile, so the restart's copy meets the first one's).
+    fn disturbed(&self, kill: Kill) -> Vec<ServerStats> {
         let (s0, s1) = (self.server(0), self.server(1));
+        let restart_first = kill == Kill::Sent;
         // Trainer 0 stops itself before its own push of that step when the restart must come first.
-        let t0_fault = if survivor_first { String::new() } else { format!("trainer0:stop@step={KILLED_AT}") };
+        let t0_fault = if restart_first { format!("trainer0:stop@step={KILLED_AT}") } else { String::new() };
         let t0 = self.trainer(0, &t0_fault, "worker.0.log");
-        let mut t1 = self.trainer(1, &format!("trainer1:kill@sent={KILLED_AT}"), "worker.1.first.log");
+        let mut t1 = self.trainer(1, &format!("trainer1:kill@{}={KILLED_AT}", kill.moment()), "worker.1.first.log");
         let status = t1.wait().unwrap();
         assert_eq!(status.code(), None, "trainer 1 was killed:\n{}", self.log("worker.1.first.log"));
         let pending = |s: &ServerStats| s.pushes == 2 * s.version + 1;
-        if survivor_first {
-            // The survivor's push completes the step with the dead process's push in it.
-            wait_until(60, "the step completed by the survivor", || {
+        let applied_at = |k: usize| move |s: &[ServerStats]| s.len() == 2 && s[k].version > KILLED_AT;
+        match kill {
+            // The survivor's commit completes the step with the dead process's push in it.
+            Kill::Committed => wait_until(60, "the step completed by the survivor", || {
                 self.stats().iter().filter(|s| s.version > KILLED_AT).count() == 2
-            });
-        } else {
-            wait_until(60, "trainer 1's push pending at both servers", || {
+            }),
+            // ... at server 0 only: server 1 still holds the push.
+            Kill::CommittedFirst => {
+                wait_until(60, "the step completed at server 0", || applied_at(0)(&self.stats()));
+                assert!(!applied_at(1)(&self.stats()), "server 1 waits for the dead trainer's commit");
+            }
+            Kill::Sent => wait_until(60, "trainer 1's push pending at both servers", || {
                 let stats = self.stats();
                 stats.len() == 2 && stats.iter().all(|s| s.version == KILLED_AT && pending(s))
-            });
+            }),
+            Kill::SentFirst => {}
         }
         let t1 = self.trainer(1, "", "worker.1.log");
-        if !survivor_first {
+        if restart_first {
             // The restart's copy of the push has arrived (a second push of trainer 1 in the step).
             wait_until(60, "the restart's push", || {
                 self.stats().iter().filter(|s| s.pushes == 2 * s.version + 2).count() == 2
@@ -140,15 +149,49 @@ impl HandJob {
     }
 }
 
-fn assert_exactly_once(mode: &'static str, survivor_first: bool) {
-    assert_exactly_once_with(mode, survivor_first, &[]);
+/// Where in its step trainer 1 dies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kill {
+    /// Its push written to both servers, not committed.
+    Sent,
+    /// Its push written to server 0 only.
+    SentFirst,
+    /// Its commit written to both servers.
+    Committed,
+    /// Its commit written to server 0 only.
+    CommittedFirst,
+}
+
+impl Kill {
+    fn moment(self) -> &'static str {
+        match self {
+            Kill::Sent => "sent",
+            Kill::SentFirst => "sent-first",
+            Kill::Committed => "committed",
+            Kill::CommittedFirst => "committed-first",
+        }
+    }
+
+    /// Per server, the pushes answered from the ledger: the restart's copy, where the first
+    /// one was applied.
+    fn repeats(self) -> [u64; 2] {
+        match self {
+            Kill::Sent | Kill::SentFirst => [0, 0],
+            Kill::Committed => [1, 1],
+            Kill::CommittedFirst => [1, 0],
+        }
+    }
+}
+
+fn assert_exactly_once(mode: &'static str, kill: Kill) {
+    assert_exactly_once_with(mode, kill, &[]);
 }
 
 /// As [`assert_exactly_once`], the trainers given `extra` flags; returns the disturbed run's model.
-fn assert_exactly_once_with(mode: &'static str, survivor_first: bool, extra: &'static [&'static str]) -> Params {
+fn assert_exactly_once_with(mode: &'static str, kill: Kill, extra: &'static [&'static str]) -> Params {
     let disturbed = tempfile::tempdir().unwrap();
     let job = HandJob::new(disturbed.path(), mode, extra);
-    let stats = job.disturbed(survivor_first);
+    let stats = job.disturbed(kill);
     assert!(job.log("worker.1.log").contains("rejoining"), "{}", job.log("worker.1.log"));
     assert_eq!(stats.len(), 2, "both servers reported their counters");
     for (k, s) in stats.iter().enumerate() {
@@ -157,7 +200,7 @@ fn assert_exactly_once_with(mode: &'static str, survivor_first: bool, extra: &'s
         if mode == "sync" {
             assert_eq!(s.applied_samples, vec![LINES_PER_TRAINER; 2], "server {k} applied every sample once: {s:?}");
         }
-        assert_eq!(s.repeats, u64::from(survivor_first), "server {k}: the resent push answered from the ledger");
+        assert_eq!(s.repeats, kill.repeats()[k], "server {k}: the resent push answered from the ledger");
     }
     let params = load_params(&job.out());
     if mode == "async" {
@@ -180,22 +223,39 @@ fn assert_exactly_once_with(mode: &'static str, survivor_first: bool, extra: &'s
 /// Sync: the survivor completes the step with the dead process's push; the restart's copy is
 /// answered from the ledger, not applied again.
 #[test]
-fn sync_a_trainer_killed_with_its_push_pending_after_the_survivor_completes_the_step_counts_once() {
-    assert_exactly_once("sync", true);
+fn sync_a_trainer_killed_with_its_push_committed_after_the_survivor_completes_the_step_counts_once() {
+    assert_exactly_once("sync", Kill::Committed);
 }
 
 /// Sync: the restart sends the push again while the step still waits (the survivor stopped):
-/// the copy takes the first one's place.
+/// the first copy stays.
 #[test]
 fn sync_a_trainer_killed_with_its_push_pending_and_restarted_before_the_step_completes_counts_once() {
-    assert_exactly_once("sync", false);
+    assert_exactly_once("sync", Kill::Sent);
+}
+
+/// Sync, a push all or nothing: trainer 1 dies with its push at server 0 and not at server 1.
+/// No server applies the step without its commit, so the restart computes the same batch from
+/// the same parameters (the review's finding: with the step applied at server 0, the restart's
+/// gradient came from moved parameters and the model differed).
+#[test]
+fn sync_a_trainer_killed_with_its_push_at_one_server_of_two_gives_the_undisturbed_model() {
+    assert_exactly_once("sync", Kill::SentFirst);
+}
+
+/// Sync: trainer 1 dies having committed at server 0 only, which applies the step with the
+/// survivor while server 1 waits. Server 1 still holds the first push, and the restart's copy
+/// (computed from server 0's moved parameters) does not replace it.
+#[test]
+fn sync_a_trainer_killed_with_its_commit_at_one_server_of_two_gives_the_undisturbed_model() {
+    assert_exactly_once("sync", Kill::CommittedFirst);
 }
 
 /// Async mode's synchronous warm-up (40 merged updates, so step 15 is inside it): the merged
 /// steps of the two trainers stay paired and the job finishes.
 #[test]
 fn async_warmup_a_trainer_killed_with_its_merged_push_pending_counts_once_and_the_job_finishes() {
-    assert_exactly_once("async", true);
+    assert_exactly_once("async", Kill::Committed);
 }
 
 /// A shuffled pass: the restarted trainer reads its share in the same order and leaves out the
@@ -203,7 +263,7 @@ fn async_warmup_a_trainer_killed_with_its_merged_push_pending_counts_once_and_th
 /// shuffled run's bit for bit; and the shuffle took effect (the model is not the unshuffled one's).
 #[test]
 fn sync_shuffled_a_trainer_killed_and_restarted_reads_the_same_order_and_counts_once() {
-    let shuffled = assert_exactly_once_with("sync", true, &["--shuffle"]);
+    let shuffled = assert_exactly_once_with("sync", Kill::Committed, &["--shuffle"]);
     let dir = tempfile::tempdir().unwrap();
     let in_order = HandJob::new(dir.path(), "sync", &[]);
     in_order.undisturbed();

@@ -141,3 +141,75 @@ fn delayed_local_updates_honour_the_warm_up_and_the_scaled_steps() {
     assert_ne!(plain.dense, scaled.dense);
     assert_same_params(&scaled, &scaled_again, 0.0);
 }
+
+/// The two halves of a split async push (dense and sparse, sent on two connections) are judged
+/// for staleness together: the sparse half, arriving after its dense half moved the version,
+/// is applied with it rather than discarded (counted at the server: no discarded push). The
+/// halves are sent in that order on one connection to a real server process, lag bound 1.
+#[test]
+fn the_halves_of_a_split_async_push_are_applied_or_discarded_together() {
+    use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Push, PushOutcome, PushPart, Request, Response};
+    use oar::protocol::{SparseGrads, PROTOCOL_VERSION};
+    use std::borrow::Cow;
+    use std::io::Write;
+    let args = ["--mode", "async", "--trainers", "1", "--lag-ratio", "1", "--job", "halves"];
+    let (mut server, addr) = pserver_ready(&args, std::process::Stdio::null());
+    let config = ClientConfig::new(vec![addr.clone()], "halves", Duration::from_secs(5), Duration::from_secs(10));
+    let mut client = Client::connect(&config.as_trainer(0)).unwrap();
+    let spec = crate::robustness::spec();
+    client.declare(&spec).unwrap();
+    let dense = spec.dense.total();
+    let dim = spec.sparse[0].dim;
+    // Step 0 moves the server to version 1.
+    let header = StepHeader { trainer: 0, step: 0, pass: 1, base_version: 0, samples: 4, apply: Apply::Now };
+    client.push(&header, Some(&vec![0.0; dense]), &[]).unwrap();
+
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let mut buf = FrameBuf::default();
+    let mut ask = |request: Request| {
+        s.write_all(&request.encode().to_vec()).unwrap();
+        let kind = read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
+        Response::decode(kind, buf.payload()).map(|r| format!("{r:?}")).unwrap()
+    };
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        job: "halves".into(),
+        num_servers: 1,
+        server_index: 0,
+        trainer: 0,
+        epoch: 0,
+    };
+    assert!(ask(Request::Hello(hello)).contains("Welcome"));
+    // Step 1 computed at version 0: one behind when its dense half arrives, two when its sparse
+    // half does, with 1 allowed.
+    let half = |part, dense: Vec<Cow<'static, [f32]>>, sparse| Push {
+        trainer: 0,
+        step: 1,
+        pass: 1,
+        base_version: 0,
+        samples: 4,
+        part,
+        apply: Apply::Now,
+        dense,
+        sparse,
+    };
+    let dense_half = half(PushPart::Dense, vec![Cow::Owned(vec![0.0; dense])], Vec::new());
+    let grads = SparseGrads {
+        table: 0,
+        ids: Cow::Owned(vec![7]),
+        counts: Cow::Owned(vec![1.0, 0.0]),
+        grads: Cow::Owned(vec![0.5; dim]),
+    };
+    let sparse_half = half(PushPart::Sparse, Vec::new(), vec![grads]);
+    let applied = format!("{:?}", PushOutcome::Applied);
+    let first = ask(Request::Push(dense_half));
+    assert!(first.contains(&applied), "the dense half, one behind: {first}");
+    let second = ask(Request::Push(sparse_half));
+    assert!(second.contains(&applied), "the sparse half is judged with its dense half: {second}");
+    drop(ask);
+    drop(s);
+    let stats = client.stats().unwrap();
+    assert_eq!((stats[0].discarded, stats[0].applied_samples.clone()), (0, vec![8]), "{:?}", stats[0]);
+    client.close(0).unwrap();
+    assert!(server.wait().unwrap().success());
+}
