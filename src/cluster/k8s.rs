@@ -43,8 +43,10 @@ pub struct K8sConfig {
     /// Failed trainer containers are restarted this many times at most (server containers
     /// always are), every process `--recoverable`; 0: a failure fails the job.
     pub max_restarts: usize,
-    /// The job's secret: put in a Kubernetes Secret (`NAME-secret`, applied first) mounted
-    /// read-only into every pod, its file given as `OAR_SECRET_FILE`.
+    /// The job's master secret: put in a Kubernetes Secret (`NAME-secret`, applied first)
+    /// beside each trainer's credential derived from it (`trainer-<i>`). Server pods mount the
+    /// master alone, trainer pods the trainers' credentials, read-only; `OAR_SECRET_FILE`
+    /// names the master for a server and a trainer's own credential for it.
     pub secret: Option<crate::auth::Secret>,
 }
 
@@ -138,7 +140,12 @@ fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, serv
     }
     if c.secret.is_some() {
         mounts.push(json!({"name": "secret", "mountPath": SECRET_MOUNT, "readOnly": true}));
-        let secret = json!({"secretName": format!("{}-secret", c.name), "defaultMode": 0o400});
+        // A pod template is shared by every replica of its role, so a trainer pod sees every
+        // trainer's credential (never the master); a server pod sees the master alone.
+        let keys: Vec<String> =
+            if server { vec!["secret".into()] } else { (0..c.workers).map(|i| format!("trainer-{i}")).collect() };
+        let items: Vec<Value> = keys.iter().map(|k| json!({"key": k, "path": k})).collect();
+        let secret = json!({"secretName": format!("{}-secret", c.name), "defaultMode": 0o400, "items": items});
         volumes.push(json!({"name": "secret", "secret": secret}));
     }
     if !mounts.is_empty() {
@@ -177,29 +184,44 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
         if restartable {
             vars.push(env("OAR_RECOVERABLE", "true"));
         }
-        if c.secret.is_some() {
-            vars.push(env("OAR_SECRET_FILE", format!("{SECRET_MOUNT}/secret")));
-        }
         vars
     };
+    // After the trainer id: a trainer's own credential is named by dependent expansion.
+    let secret_file = |vars: &mut Vec<Value>, server: bool| {
+        if c.secret.is_some() {
+            let file = if server { "secret" } else { "trainer-$(PADDLE_TRAINER_ID)" };
+            vars.push(env("OAR_SECRET_FILE", format!("{SECRET_MOUNT}/{file}")));
+        }
+    };
     // The Secret comes first: pods that mount it cannot start before it exists.
-    let secret = c.secret.as_ref().map(|s| {
-        json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": format!("{name}-secret")},
-            "type": "Opaque",
-            "stringData": {"secret": String::from_utf8_lossy(&s.bytes())},
-        })
-    });
+    let secret = match &c.secret {
+        Some(master) => {
+            let mut data = serde_json::Map::new();
+            data.insert("secret".into(), json!(String::from_utf8_lossy(&master.bytes())));
+            for i in 0..c.workers {
+                let own = master.derive(name, crate::auth::Identity::Trainer(i as u64))?;
+                data.insert(format!("trainer-{i}"), json!(String::from_utf8_lossy(&own.bytes())));
+            }
+            Some(json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": format!("{name}-secret")},
+                "type": "Opaque",
+                "stringData": data,
+            }))
+        }
+        None => None,
+    };
     let restart_policy = if restartable { "OnFailure" } else { "Never" };
     if c.paddlejob {
         let index = "metadata.labels['training.kubeflow.org/replica-index']";
         let mut server_env = common("PSERVER");
         server_env.push(env_from("REPLICA_INDEX", index));
         server_env.push(env("POD_IP", format!("{name}-master-$(REPLICA_INDEX)")));
+        secret_file(&mut server_env, true);
         let mut trainer_env = common("TRAINER");
         trainer_env.push(env_from("PADDLE_TRAINER_ID", index));
+        secret_file(&mut trainer_env, false);
         let replica = |replicas: usize, spec: Value| json!({"replicas": replicas, "restartPolicy": restart_policy, "template": {"spec": spec}});
         let mut run_policy = json!({"cleanPodPolicy": "None"});
         if restartable {
@@ -227,8 +249,10 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     // Dependent expansion: the server's own name in the list, which is how it finds its index.
     server_env.push(env("POD_IP", format!("$(POD_NAME).{svc}")));
     server_env.push(env("OAR_KEEP_SERVING", "true"));
+    secret_file(&mut server_env, true);
     let mut trainer_env = common("TRAINER");
     trainer_env.push(env_from("PADDLE_TRAINER_ID", "metadata.annotations['batch.kubernetes.io/job-completion-index']"));
+    secret_file(&mut trainer_env, false);
     Ok(secret
         .into_iter()
         .chain([
@@ -354,9 +378,26 @@ mod tests {
             } else {
                 vec![&m[2]["spec"]["template"]["spec"], &m[3]["spec"]["template"]["spec"]]
             };
-            for pod in pods {
-                assert!(env_of(pod).contains(&("OAR_SECRET_FILE".into(), "/etc/oar-secret/secret".into())));
-                assert_eq!(pod["volumes"][0]["secret"]["secretName"], "ctr-secret");
+            // Servers read the master; trainers their own credential, derived for this job.
+            let trainer_1: crate::auth::Secret = {
+                let dir = tempfile::tempdir().unwrap();
+                let file = dir.path().join("trainer-1");
+                std::fs::write(&file, m[0]["stringData"]["trainer-1"].as_str().unwrap()).unwrap();
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).unwrap();
+                crate::auth::Secret::read(&file).unwrap()
+            };
+            assert_eq!((trainer_1.identity(), trainer_1.job()), (crate::auth::Identity::Trainer(1), Some("ctr")));
+            for (pod, file, keys) in [
+                (pods[0], "/etc/oar-secret/secret", vec!["secret"]),
+                (pods[1], "/etc/oar-secret/trainer-$(PADDLE_TRAINER_ID)", vec!["trainer-0", "trainer-1", "trainer-2"]),
+            ] {
+                assert!(env_of(pod).contains(&("OAR_SECRET_FILE".into(), file.into())), "{:?}", env_of(pod));
+                let volume = &pod["volumes"][0]["secret"];
+                assert_eq!(volume["secretName"], "ctr-secret");
+                let mounted: Vec<&str> =
+                    volume["items"].as_array().unwrap().iter().map(|i| i["key"].as_str().unwrap()).collect();
+                assert_eq!(mounted, keys);
                 assert_eq!(pod["containers"][0]["volumeMounts"][0]["readOnly"], true);
             }
         }

@@ -151,6 +151,40 @@ pub fn placements(config: &SshConfig, job: &str) -> Vec<Placement> {
     out
 }
 
+/// Writes the job's secret files on each host (the master where servers run, each trainer's
+/// credential where it runs) and points every placement's `OAR_SECRET_FILE` at its own;
+/// returns, per host, the files written there.
+fn secret_files(
+    config: &SshConfig,
+    master: &crate::auth::Secret,
+    remote: &str,
+    job: &str,
+    placements: &mut [Placement],
+) -> anyhow::Result<Vec<Vec<String>>> {
+    let mut files: Vec<Vec<String>> = vec![Vec::new(); config.hosts.len()];
+    for p in placements.iter_mut() {
+        let trainer = p.env.iter().find(|(k, _)| k == "PADDLE_TRAINER_ID").map(|(_, v)| v.clone());
+        let (file, secret) = match trainer {
+            Some(t) => {
+                let id = crate::auth::Identity::Trainer(t.parse().context("a trainer id")?);
+                (format!("{remote}/.oar/credential.{job}.trainer-{t}"), master.derive(job, id)?)
+            }
+            None => (format!("{remote}/.oar/secret.{job}"), master.clone()),
+        };
+        p.env.push(("OAR_SECRET_FILE".into(), file.clone()));
+        if files[p.host].contains(&file) {
+            continue;
+        }
+        let (ws, quoted) = (sh_quote(remote), sh_quote(&file));
+        let script = format!("umask 077 && mkdir -p {ws}/.oar && cat > {quoted}.part && mv -f {quoted}.part {quoted}");
+        let host = &config.hosts[p.host];
+        run_remote_with_input(config, host, &script, &secret.bytes())
+            .with_context(|| format!("sending {}'s secret to {host}", p.name))?;
+        files[p.host].push(file);
+    }
+    Ok(files)
+}
+
 /// The remote shell script that starts one process and watches it (see the module doc).
 pub fn wrapper(workspace: &str, oar: &str, p: &Placement, args: &[String]) -> String {
     let log = format!("log/{}.log", p.name);
@@ -400,20 +434,12 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
         }
     }
     let job = format!("oar-ssh-{}-{}", std::process::id(), started.elapsed().as_nanos());
-    // A new secret for the job, sent to each host over ssh's standard input into a file only
-    // its owner reads (never on a command line, where `ps` would show it).
+    // A new secret for the job, sent over ssh's standard input into files only their owner
+    // reads (never on a command line, where `ps` would show it): the master to the hosts of
+    // servers, and to each trainer only its own credential (see `auth`).
     let secret = crate::auth::Secret::generate();
-    let secret_file = format!("{remote}/.oar/secret.{job}");
-    for host in &config.hosts {
-        let (ws, file) = (sh_quote(&remote), sh_quote(&secret_file));
-        let script = format!("umask 077 && mkdir -p {ws}/.oar && cat > {file}.part && mv -f {file}.part {file}");
-        run_remote_with_input(config, host, &script, &secret.bytes())
-            .with_context(|| format!("sending the job's secret to {host}"))?;
-    }
     let mut placements = placements(config, &job);
-    for p in &mut placements {
-        p.env.push(("OAR_SECRET_FILE".into(), secret_file.clone()));
-    }
+    let files = secret_files(config, &secret, &remote, &job, &mut placements)?;
     let servers = config.hosts.len() * config.servers_per_host;
     let hosts: Vec<usize> = placements.iter().map(|p| p.host).collect();
     let mut procs: Vec<Proc> = Vec::new();
@@ -449,10 +475,11 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
     })();
     // Servers still up after their trainers finished (--keep-serving) are stopped as well.
     stop_remote(config, &mut procs, &hosts);
-    // The secret guards only this job: every run left one on every host.
-    for host in &config.hosts {
-        if let Err(e) = run_remote_with_input(config, host, &format!("rm -f {}", sh_quote(&secret_file)), &[]) {
-            tracing::warn!(%host, "the job's secret {secret_file} stays there: {e:#}");
+    // The secret guards only this job: every run left some on every host.
+    for (host, files) in config.hosts.iter().zip(&files) {
+        let quoted: Vec<String> = files.iter().map(|f| sh_quote(f)).collect();
+        if let Err(e) = run_remote_with_input(config, host, &format!("rm -f {}", quoted.join(" ")), &[]) {
+            tracing::warn!(%host, "the job's secret files {files:?} stay there: {e:#}");
         }
     }
     result

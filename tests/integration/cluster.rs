@@ -117,18 +117,20 @@ fn cluster_ssh_runs_servers_and_trainers_on_two_hosts_to_a_saved_model() {
     for (i, host) in ["127.0.0.2", "127.0.0.3"].iter().enumerate() {
         let log = std::fs::read_to_string(rws.join(format!("log/server.{i}.log"))).unwrap();
         assert!(log.contains(&format!("OAR_READY {host}:")), "server {i}:\n{log}");
-        assert!(rws.join(format!("log/trainer.{i}.log")).exists());
+        // Each trainer was handed its own credential, not the job's master secret.
+        let trainer = std::fs::read_to_string(rws.join(format!("log/trainer.{i}.log"))).unwrap();
+        assert!(!trainer.contains("master secret"), "trainer {i}:\n{trainer}");
     }
     // The workspace and the binary were dispatched; the servers saved the final model there.
     assert!(rws.join("data/train/part-00001").exists() && rws.join(".oar/oar").exists());
     let manifest = std::fs::read_to_string(rws.join("model/final/manifest.json")).unwrap();
     assert!(manifest.contains("\"num_servers\": 2"), "{manifest}");
     assert!(ws.join("log/launcher/summary.json").exists(), "local copies of the logs and the summary");
-    // The job's secret is gone from the hosts once it stopped (every run left one).
+    // The job's secret and credentials are gone from the hosts once it stopped.
     let left: Vec<_> = std::fs::read_dir(rws.join(".oar"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("secret."))
+        .filter(|n| n.starts_with("secret.") || n.starts_with("credential."))
         .collect();
     assert!(left.is_empty(), "{left:?}");
 
@@ -376,10 +378,14 @@ fn mount_secret(docs: &[serde_json::Value], dir: &Path) -> (String, String) {
     let secret = by_kind(docs, "Secret");
     let folder = dir.join("secret-volume");
     std::fs::create_dir_all(&folder).unwrap();
-    std::fs::write(folder.join("secret"), secret["stringData"]["secret"].as_str().unwrap()).unwrap();
-    // Mounted as the manifest's defaultMode says: the owner's alone.
+    // Every key (the master and each trainer's credential) in one folder: the pods' own
+    // volumes each select theirs, and each process reads only the file it is given.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(folder.join("secret"), std::fs::Permissions::from_mode(0o400)).unwrap();
+    for (key, value) in secret["stringData"].as_object().unwrap() {
+        std::fs::write(folder.join(key), value.as_str().unwrap()).unwrap();
+        // Mounted as the manifest's defaultMode says: the owner's alone.
+        std::fs::set_permissions(folder.join(key), std::fs::Permissions::from_mode(0o400)).unwrap();
+    }
     ("/etc/oar-secret".to_string(), folder.display().to_string())
 }
 
@@ -502,6 +508,8 @@ fn k8s_manifests_configure_a_working_job_when_their_pods_are_emulated() {
             let log = std::fs::read_to_string(d.join(format!("trainer.{i}.log"))).unwrap();
             assert!(status.success(), "paddlejob={paddlejob} trainer {i}:\n{log}");
             assert!(log.contains("trained 1500 samples"), "{log}");
+            // Its own credential, picked by its index from the trainers' ones it mounts.
+            assert!(!log.contains("master secret"), "{log}");
         }
         if paddlejob {
             // PaddleJob servers exit when the trainers are done (completing the job).
