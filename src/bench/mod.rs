@@ -340,6 +340,7 @@ pub(super) fn two_by_two(mode: Mode, data: &Path, exe: &Path, logs: &Path) -> cr
         secret_file: None,
         tls: false,
         open: false,
+        shared_secret: false,
     }
 }
 

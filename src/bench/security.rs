@@ -1,7 +1,8 @@
-//! `oar bench --security`: what authentication and TLS cost, side by side in one run. Three
+//! `oar bench --security`: what authentication and TLS cost, side by side in one run. Four
 //! guards, measured in turn round after round so the machine's drift hits each alike: open
-//! (no secret, plain TCP), the job's secret (challenge and response at each connection), and
-//! the secret with TLS. Per guard: connections set up per second (TCP, TLS and the secret's
+//! (no secret, plain TCP), one shared secret (every process proves the job's master at each
+//! connection), per-process credentials (each proves its own identity, the server derives its
+//! key), and credentials with TLS. Per guard: connections set up per second (TCP, TLS and the secret's
 //! handshake, `Hello`), dense push+pull GB/s through one server, and the CTR-DNN's samples/s
 //! on 2 servers x 2 workers launched as processes.
 
@@ -30,18 +31,20 @@ pub struct SecurityConfig {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Guard {
     Open,
-    Secret,
-    SecretTls,
+    Shared,
+    Credential,
+    CredentialTls,
 }
 
 impl Guard {
-    const ALL: [Guard; 3] = [Guard::Open, Guard::Secret, Guard::SecretTls];
+    const ALL: [Guard; 4] = [Guard::Open, Guard::Shared, Guard::Credential, Guard::CredentialTls];
 
     fn name(self) -> &'static str {
         match self {
             Guard::Open => "open (no secret, TCP)",
-            Guard::Secret => "secret (HMAC handshake, TCP)",
-            Guard::SecretTls => "secret + TLS",
+            Guard::Shared => "shared secret (HMAC, TCP)",
+            Guard::Credential => "per-process credentials",
+            Guard::CredentialTls => "credentials + TLS",
         }
     }
 }
@@ -60,9 +63,12 @@ fn start(exe: &Path, dir: &Path, guard: Guard) -> anyhow::Result<Guarded> {
         let secret = crate::auth::Secret::generate();
         secret.write_new(&file)?;
         args.extend(["--secret-file".to_string(), file.display().to_string()]);
-        client.secret = Some(secret);
+        // The bench's client acts as trainer 0 (it pushes): with credentials, it holds that one.
+        let own = secret.derive("bench", crate::auth::Identity::Trainer(0))?;
+        client.secret = Some(if guard == Guard::Shared { secret } else { own });
+        client.trainer = Some(0);
     }
-    if guard == Guard::SecretTls {
+    if guard == Guard::CredentialTls {
         let files = crate::tls::generate(&dir.join("tls"), crate::tls::DEFAULT_NAME)?;
         for (flag, path) in [("--tls-cert", &files.cert), ("--tls-key", &files.key)] {
             args.extend([flag.to_string(), path.display().to_string()]);
@@ -99,12 +105,12 @@ fn measure(config: &SecurityConfig, dir: &Path) -> anyhow::Result<()> {
         guarded.iter().map(|g| connect_with(g.client.clone(), &spec)).collect::<Result<_, _>>()?;
     let grads = vec![1.0f32; config.dense_floats];
     let (mut dense, mut step) = (Vec::new(), 0u64);
-    let mut handshakes: [Vec<f64>; 3] = Default::default();
-    let mut gbps: [Vec<f64>; 3] = Default::default();
+    let mut handshakes: [Vec<f64>; 4] = Default::default();
+    let mut gbps: [Vec<f64>; 4] = Default::default();
     let per_round = (2 * config.dense_floats * 4) as f64 / 1e9;
     for _ in 0..config.rounds.max(1) {
         for (k, g) in guarded.iter().enumerate() {
-            // A tool's connection: TCP (and TLS), the secret's challenge and response, Hello.
+            // A trainer's connection: TCP (and TLS), the challenge and response, Hello.
             handshakes[k].push(rate(config.seconds, || {
                 Client::connect(&g.client)?;
                 Ok(())
@@ -134,8 +140,8 @@ fn measure(config: &SecurityConfig, dir: &Path) -> anyhow::Result<()> {
     }
     let Some(data) = &config.data else { return Ok(()) };
     println!("    CTR-DNN, 1 pass over {}, 2 servers x 2 workers async, end to end:", data.display());
-    let mut samples: [Vec<f64>; 3] = Default::default();
-    let mut aucs: [Vec<f64>; 3] = Default::default();
+    let mut samples: [Vec<f64>; 4] = Default::default();
+    let mut aucs: [Vec<f64>; 4] = Default::default();
     for _ in 0..rounds {
         for (k, guard) in Guard::ALL.iter().enumerate() {
             let started = Instant::now();
@@ -168,8 +174,9 @@ fn launched(
 ) -> anyhow::Result<crate::launch::LaunchSummary> {
     let _ = std::fs::remove_dir_all(logs);
     crate::launch::run(&crate::launch::LaunchConfig {
-        tls: guard == Guard::SecretTls,
+        tls: guard == Guard::CredentialTls,
         open: guard == Guard::Open,
+        shared_secret: guard == Guard::Shared,
         ..super::two_by_two(Mode::Async, data, &config.exe, logs)
     })
 }

@@ -161,6 +161,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 secret_file: a.secret_file,
                 tls: a.tls,
                 open: false,
+                shared_secret: false,
             };
             let s = crate::launch::run(&config)?;
             print_summary(&format!("oar launch ({})", config.mode), &s);

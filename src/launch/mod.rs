@@ -63,6 +63,9 @@ pub struct LaunchConfig {
     /// No secret at all: the servers take anyone who reaches their ports. Only for the
     /// baseline of `oar bench --security`; `oar launch` has no flag for it.
     pub open: bool,
+    /// Every trainer given the job's master secret rather than its own credential (as before
+    /// credentials existed). Only for the baseline of `oar bench --security`.
+    pub shared_secret: bool,
 }
 
 pub use crate::supervise::LaunchSummary;
@@ -249,9 +252,10 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
             if let Some(t) = &config.test {
                 args.extend(["--test".into(), t.display().to_string()]);
             }
-            if let Some(secret) = &keeper.secret {
-                // Each trainer holds its own credential, not the job's master secret: it can
-                // act for itself only (see `auth`). Its restarts take the same file.
+            // Each trainer holds its own credential, not the job's master secret: it can act
+            // for itself only (see `auth`). Its restarts take the same file. (With
+            // `shared_secret`, it reads the master from `OAR_SECRET_FILE`, as every child does.)
+            if let Some(secret) = keeper.secret.as_ref().filter(|_| !config.shared_secret) {
                 let file = credential_file(config, secret, &job_id, w)?;
                 args.extend(["--secret-file".into(), file.display().to_string()]);
             }
