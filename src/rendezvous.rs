@@ -18,11 +18,29 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-/// What the ranks' proofs to the rendezvous are for: the job's master, made to the rendezvous
-/// (not a parameter server: a proof relayed between the two fails). Every rank of the MPI and
-/// Slurm paths holds the master secret.
-const RANKS: crate::auth::Claim<'static> =
-    crate::auth::Claim { job: "", identity: crate::auth::Identity::Master, server: crate::auth::RENDEZVOUS, epoch: 0 };
+use crate::auth::Identity;
+
+/// What a rank's proof to the rendezvous is for: its identity in job `job` (the master for a
+/// server rank, a trainer's credential or the master for a trainer rank), made to the
+/// rendezvous (not a parameter server: a proof relayed between the two fails).
+fn ranks(job: &str, identity: Identity) -> crate::auth::Claim<'_> {
+    crate::auth::Claim { job, identity, server: crate::auth::RENDEZVOUS, epoch: 0 }
+}
+
+/// Why a rank that proved `identity` may not register as `rank` of a job whose ranks
+/// `0..servers` are servers, if it may not: a trainer's credential registers its own rank only,
+/// a tool's or an operator's none; the master any.
+fn refusal(identity: Identity, rank: usize, servers: usize) -> Option<String> {
+    match identity {
+        Identity::Master => None,
+        Identity::Trainer(t) if (t as usize).checked_add(servers) == Some(rank) => None,
+        Identity::Trainer(t) => Some(format!(
+            "rank {rank} proved trainer {t}'s credential, which is rank {}'s",
+            (t as usize).saturating_add(servers)
+        )),
+        other => Some(format!("rank {rank} proved {}, which is no rank of a job", other.label())),
+    }
+}
 
 /// This process's place as its engine gives it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +87,9 @@ struct Register {
 struct AuthLine {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nonce: Option<String>,
+    /// The identity a caller proves (its first line; none: the master).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    identity: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     proof: Option<String>,
 }
@@ -112,6 +133,7 @@ pub fn host(
     servers: usize,
     timeout: Duration,
     secret: Option<crate::auth::Secret>,
+    job: &str,
 ) -> anyhow::Result<Vec<String>> {
     let deadline = Instant::now() + timeout;
     listener.set_nonblocking(true)?;
@@ -136,9 +158,10 @@ pub fn host(
                     continue;
                 }
                 let (registered, reading, secret) = (registered.clone(), reading.clone(), secret.clone());
+                let job = job.to_string();
                 std::thread::spawn(move || {
                     let until = deadline.min(Instant::now() + REGISTRATION_WAIT);
-                    let read = read_registration(stream, until, secret.as_ref());
+                    let read = read_registration(stream, until, secret.as_ref(), &job);
                     reading.fetch_sub(1, SeqCst);
                     match read {
                         Some(r) => {
@@ -153,13 +176,18 @@ pub fn host(
                 });
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if let Ok((mut stream, r)) = registrations.recv_timeout(Duration::from_millis(10)) {
+                if let Ok((mut stream, r, identity)) = registrations.recv_timeout(Duration::from_millis(10)) {
                     let r: Register = r;
                     if r.size != size || r.rank >= size || joined[r.rank].is_some() {
                         let error = format!(
                             "rank {} of {} does not fit this job of {size} ranks (or registered twice)",
                             r.rank, r.size
                         );
+                        let _ = write_line(&mut stream, &Layout { servers: vec![], error: Some(error) });
+                        continue;
+                    }
+                    if let Some(error) = refusal(identity, r.rank, servers) {
+                        tracing::warn!("refused a registration at the rendezvous: {error}");
                         let _ = write_line(&mut stream, &Layout { servers: vec![], error: Some(error) });
                         continue;
                     }
@@ -195,42 +223,54 @@ impl Read for Until {
 }
 
 /// Reads one registration line (after the challenge and response with a secret), all of it
-/// by `until`; a malformed one is answered with an error. `None`: nothing usable came.
+/// by `until`, with the identity the caller proved (the master without a secret); a malformed
+/// one is answered with an error. `None`: nothing usable came.
 fn read_registration(
     stream: TcpStream,
     until: Instant,
     secret: Option<&crate::auth::Secret>,
-) -> Option<(TcpStream, Register)> {
+    job: &str,
+) -> Option<(TcpStream, Register, Identity)> {
     stream.set_nonblocking(false).ok()?;
     let mut reader = BufReader::new(Until { stream: stream.try_clone().ok()?, until });
     let mut stream = stream;
+    let mut identity = Identity::Master;
     if let Some(secret) = secret {
         let refuse = |stream: &mut TcpStream| {
             let error = "authentication failed: this rendezvous takes only the job's ranks".to_string();
             let _ = write_line(stream, &Layout { servers: vec![], error: Some(error) });
         };
         let hello: Option<AuthLine> = read_line(&mut reader).and_then(|l| serde_json::from_str(&l).ok());
-        let Some(theirs) = hello.and_then(|h| crate::auth::from_hex(&h.nonce?)) else {
+        let Some((theirs, claimed)) = hello.and_then(|h| {
+            let claimed = match &h.identity {
+                Some(label) => Identity::parse(label)?,
+                None => Identity::Master,
+            };
+            Some((crate::auth::from_hex(&h.nonce?)?, claimed))
+        }) else {
             refuse(&mut stream);
             return None;
         };
+        identity = claimed;
+        let claim = ranks(job, identity);
         let ours = crate::auth::nonce();
-        let Some(proof) = secret.server_proof(&RANKS, &theirs, &ours) else {
+        let Some(proof) = secret.server_proof(&claim, &theirs, &ours) else {
             refuse(&mut stream);
             return None;
         };
         let proof = crate::auth::to_hex(&proof);
-        write_line(&mut stream, &AuthLine { nonce: Some(crate::auth::to_hex(&ours)), proof: Some(proof) }).ok()?;
+        let line = AuthLine { nonce: Some(crate::auth::to_hex(&ours)), proof: Some(proof), identity: None };
+        write_line(&mut stream, &line).ok()?;
         let answer: Option<AuthLine> = read_line(&mut reader).and_then(|l| serde_json::from_str(&l).ok());
         let proved = answer.and_then(|a| crate::auth::from_hex(&a.proof?));
-        if !proved.is_some_and(|p| secret.is_client_proof(&RANKS, &ours, &theirs, &p)) {
+        if !proved.is_some_and(|p| secret.is_client_proof(&claim, &ours, &theirs, &p)) {
             refuse(&mut stream);
             return None;
         }
     }
     let line = read_line(&mut reader).unwrap_or_default();
     match serde_json::from_str(&line) {
-        Ok(r) => Some((stream, r)),
+        Ok(r) => Some((stream, r, identity)),
         Err(e) => {
             let error = format!("a malformed rendezvous registration: {e}");
             let _ = write_line(&mut stream, &Layout { servers: vec![], error: Some(error) });
@@ -248,7 +288,11 @@ pub fn register(
     addr: &dyn Fn(std::net::IpAddr) -> String,
     timeout: Duration,
     secret: Option<&crate::auth::Secret>,
+    job: &str,
 ) -> anyhow::Result<Vec<String>> {
+    if let Some(theirs) = secret.and_then(|s| s.job()).filter(|j| *j != job) {
+        anyhow::bail!("rank {}: its credential is for job {theirs:?}, not {job:?}", rank.rank);
+    }
     let deadline = Instant::now() + timeout;
     let stream = loop {
         let attempt = rendezvous
@@ -275,7 +319,9 @@ pub fn register(
     let mut reader = BufReader::new(&stream);
     if let Some(secret) = secret {
         let ours = crate::auth::nonce();
-        write_line(&mut writer, &AuthLine { nonce: Some(crate::auth::to_hex(&ours)), proof: None })?;
+        let claim = ranks(job, secret.identity());
+        let identity = (!secret.is_master()).then(|| secret.identity().label());
+        write_line(&mut writer, &AuthLine { nonce: Some(crate::auth::to_hex(&ours)), proof: None, identity })?;
         let line = read_line(&mut reader).unwrap_or_default();
         let challenge: AuthLine = serde_json::from_str(&line).unwrap_or_default();
         let layout: Option<Layout> = serde_json::from_str(&line).ok();
@@ -288,15 +334,15 @@ pub fn register(
             anyhow::bail!("rank {}: the rendezvous at {rendezvous} did not answer the challenge", rank.rank)
         };
         anyhow::ensure!(
-            secret.is_server_proof(&RANKS, &ours, &theirs, &proof),
+            secret.is_server_proof(&claim, &ours, &theirs, &proof),
             "rank {}: the rendezvous at {rendezvous} did not prove it holds the job's secret",
             rank.rank
         );
-        let proof = secret.client_proof(&RANKS, &theirs, &ours).with_context(|| {
-            format!("rank {}: the rendezvous takes the job's master secret, not a credential", rank.rank)
-        })?;
+        let proof = secret
+            .client_proof(&claim, &theirs, &ours)
+            .with_context(|| format!("rank {}: its credential is for another job than {job:?}", rank.rank))?;
         let proof = crate::auth::to_hex(&proof);
-        write_line(&mut writer, &AuthLine { nonce: None, proof: Some(proof) })?;
+        write_line(&mut writer, &AuthLine { nonce: None, proof: Some(proof), identity: None })?;
     }
     write_line(&mut writer, &Register { rank: rank.rank, size: rank.size, addr: own })?;
     let reply = read_line(&mut reader)
@@ -331,7 +377,7 @@ mod tests {
     fn everyone_gets_the_servers_in_rank_order_and_a_missing_rank_is_named() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
-        let hosting = std::thread::spawn(move || host(listener, 3, 2, Duration::from_secs(10), None));
+        let hosting = std::thread::spawn(move || host(listener, 3, 2, Duration::from_secs(10), None, "j"));
         let joins: Vec<_> = (0..3)
             .map(|r| {
                 let at = at.clone();
@@ -343,6 +389,7 @@ mod tests {
                         &|ip| if r < 2 { format!("{ip}:{}", 7000 + r) } else { String::new() },
                         Duration::from_secs(10),
                         None,
+                        "j",
                     )
                 })
             })
@@ -354,9 +401,10 @@ mod tests {
 
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
-        let hosting = std::thread::spawn(move || host(listener, 3, 1, Duration::from_millis(500), None));
+        let hosting = std::thread::spawn(move || host(listener, 3, 1, Duration::from_millis(500), None, "j"));
         let me = Rank { rank: 0, size: 3, source: "test" };
-        let err = register(&at, me, &|ip| format!("{ip}:1"), Duration::from_secs(5), None).unwrap_err().to_string();
+        let err =
+            register(&at, me, &|ip| format!("{ip}:1"), Duration::from_secs(5), None, "j").unwrap_err().to_string();
         assert!(err.contains("waiting for rank(s) [1, 2] of 3"), "{err}");
         assert!(hosting.join().unwrap().is_err());
     }
@@ -367,7 +415,7 @@ mod tests {
     fn bad_registrations_do_not_abort_the_rendezvous() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
-        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20), None));
+        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20), None, "j"));
         let reply = |line: &[u8]| {
             let mut s = TcpStream::connect(&at).unwrap();
             s.write_all(line).unwrap();
@@ -383,7 +431,7 @@ mod tests {
                 let at = at.clone();
                 std::thread::spawn(move || {
                     let me = Rank { rank: r, size: 2, source: "test" };
-                    register(&at, me, &|ip| format!("{ip}:7000"), Duration::from_secs(20), None)
+                    register(&at, me, &|ip| format!("{ip}:7000"), Duration::from_secs(20), None, "j")
                 })
             })
             .collect();
@@ -402,7 +450,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
         let held = secret.clone();
-        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20), Some(held)));
+        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20), Some(held), "j"));
         let idle: Vec<TcpStream> = (0..12).map(|_| TcpStream::connect(&at).unwrap()).collect();
         // A byte of a line every 100 ms, until the host hangs up (its writes then fail).
         let dribbler = {
@@ -422,7 +470,7 @@ mod tests {
                 let (at, secret) = (at.clone(), secret.clone());
                 let me = Rank { rank: r, size: 2, source: "test" };
                 std::thread::spawn(move || {
-                    register(&at, me, &|ip| format!("{ip}:7000"), Duration::from_secs(20), Some(&secret))
+                    register(&at, me, &|ip| format!("{ip}:7000"), Duration::from_secs(20), Some(&secret), "j")
                 })
             })
             .collect();
@@ -444,7 +492,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
         let held = secret.clone();
-        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20), Some(held)));
+        let hosting = std::thread::spawn(move || host(listener, 2, 1, Duration::from_secs(20), Some(held), "j"));
         let mut plain = TcpStream::connect(&at).unwrap();
         plain.write_all(b"{\"rank\":0,\"size\":2,\"addr\":\"10.9.9.9:1\"}\n").unwrap();
         let mut reply = String::new();
@@ -452,18 +500,62 @@ mod tests {
         assert!(reply.contains("authentication failed") && !reply.contains("servers\":[\""), "{reply}");
         let me = |r| Rank { rank: r, size: 2, source: "test" };
         let other = crate::auth::Secret::generate();
-        let err = register(&at, me(0), &|_| "10.9.9.9:1".into(), Duration::from_secs(5), Some(&other)).unwrap_err();
+        let err =
+            register(&at, me(0), &|_| "10.9.9.9:1".into(), Duration::from_secs(5), Some(&other), "j").unwrap_err();
         assert!(err.to_string().contains("did not prove it holds the job's secret"), "{err}");
         let joins: Vec<_> = (0..2)
             .map(|r| {
                 let (at, secret) = (at.clone(), secret.clone());
                 std::thread::spawn(move || {
-                    register(&at, me(r), &|ip| format!("{ip}:7000"), Duration::from_secs(20), Some(&secret))
+                    register(&at, me(r), &|ip| format!("{ip}:7000"), Duration::from_secs(20), Some(&secret), "j")
                 })
             })
             .collect();
         for j in joins {
             assert_eq!(j.join().unwrap().unwrap(), ["127.0.0.1:7000"], "the forged rank 0 took no place");
+        }
+        assert!(hosting.join().unwrap().is_ok());
+    }
+
+    /// Per-rank credentials: a trainer rank proves its own credential (the host, holding the
+    /// master, derives its key) and registers its own rank only; a trainer's credential for
+    /// another rank, a tool's, or one of another job is refused, and the job's ranks meet.
+    #[test]
+    fn a_trainer_rank_registers_with_its_own_credential_and_as_its_own_rank_only() {
+        let master = crate::auth::Secret::generate();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let held = master.clone();
+        // Ranks 0 and 1 serve; rank 2 is trainer 0, rank 3 trainer 1.
+        let hosting = std::thread::spawn(move || host(listener, 4, 2, Duration::from_secs(20), Some(held), "j"));
+        let me = |r| Rank { rank: r, size: 4, source: "test" };
+        let own = |t| master.derive("j", Identity::Trainer(t)).unwrap();
+        let quick = Duration::from_secs(5);
+        let register_as =
+            |r, secret: &crate::auth::Secret| register(&at, me(r), &|_| String::new(), quick, Some(secret), "j");
+        let e = register_as(3, &own(0)).unwrap_err().to_string();
+        assert!(e.contains("rank 3 proved trainer 0's credential, which is rank 2's"), "{e}");
+        let e = register_as(3, &master.derive("j", Identity::Tool).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("rank 3 proved tool, which is no rank"), "{e}");
+        let e = register_as(3, &master.derive("another", Identity::Trainer(1)).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("its credential is for job \"another\", not \"j\""), "{e}");
+        let joins: Vec<_> = (0..4)
+            .map(|r| {
+                let (at, secret) = (at.clone(), if r < 2 { master.clone() } else { own(r as u64 - 2) });
+                std::thread::spawn(move || {
+                    register(
+                        &at,
+                        me(r),
+                        &|ip| format!("{ip}:{}", 7000 + r),
+                        Duration::from_secs(20),
+                        Some(&secret),
+                        "j",
+                    )
+                })
+            })
+            .collect();
+        for j in joins {
+            assert_eq!(j.join().unwrap().unwrap(), ["127.0.0.1:7000", "127.0.0.1:7001"]);
         }
         assert!(hosting.join().unwrap().is_ok());
     }

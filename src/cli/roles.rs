@@ -255,6 +255,23 @@ pub(super) fn single_host_rendezvous(var: &dyn Fn(&str) -> Option<String>, paren
     Some(format!("127.0.0.1:{}", 15_000 + hash % 10_000))
 }
 
+/// An engine rank's `--secret-file`: a path naming `{rank}` is this rank's own file (a job
+/// script's per-rank files: the master for the server ranks `0..S`, trainer t's credential for
+/// rank S+t, made with `oar secret`), so each rank is handed only its own.
+fn per_rank(
+    file: Option<std::path::PathBuf>,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<std::path::PathBuf>> {
+    let Some(file) = file else { return Ok(None) };
+    let text = file.to_string_lossy();
+    if !text.contains("{rank}") {
+        return Ok(Some(file));
+    }
+    let rank = crate::rendezvous::rank_from(var)?
+        .with_context(|| format!("--secret-file {text} names {{rank}}, but no engine rank was found"))?;
+    Ok(Some(std::path::PathBuf::from(text.replace("{rank}", &rank.rank.to_string()))))
+}
+
 /// Under an engine: registers at the rendezvous. A server rank serves until the trainers are
 /// done and returns `None`; a trainer rank returns (servers, its trainer id, trainers).
 pub(super) fn engine_rank(
@@ -296,8 +313,9 @@ pub(super) fn engine_rank(
     let secret = a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?;
     tracing::info!(rank = rank.rank, size = rank.size, source = rank.source, %rendezvous, "joining the job");
     if rank.rank >= num_servers {
-        let servers = crate::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout, secret.as_ref())
-            .map_err(hint)?;
+        let servers =
+            crate::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout, secret.as_ref(), &a.job_id)
+                .map_err(hint)?;
         return Ok(Some((servers, rank.rank - num_servers, rank.size - num_servers)));
     }
     let listener = std::net::TcpListener::bind("0.0.0.0:0").context("cannot listen")?;
@@ -310,13 +328,14 @@ pub(super) fn engine_rank(
         let l = std::net::TcpListener::bind(("0.0.0.0", rport))
             .with_context(|| format!("rank 0 cannot listen on the rendezvous port {rport}"))?;
         let size = rank.size;
-        let secret = secret.clone();
-        Some(std::thread::spawn(move || crate::rendezvous::host(l, size, num_servers, timeout, secret)))
+        let (secret, job) = (secret.clone(), a.job_id.clone());
+        Some(std::thread::spawn(move || crate::rendezvous::host(l, size, num_servers, timeout, secret, &job)))
     } else {
         None
     };
     let own = |ip| format!("{ip}:{port}");
-    let servers = crate::rendezvous::register(&rendezvous, rank, &own, timeout, secret.as_ref()).map_err(hint)?;
+    let servers =
+        crate::rendezvous::register(&rendezvous, rank, &own, timeout, secret.as_ref(), &a.job_id).map_err(hint)?;
     if let Some(h) = hosting {
         h.join().map_err(|_| anyhow::anyhow!("the rendezvous thread panicked"))??;
     }
@@ -359,6 +378,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
     // Under mpirun/srun with --num-servers: the rendezvous decides the role.
     let (mut engine_servers, mut engine_trainer, mut engine_trainers) = (None, None, None);
     if let (Some(n), true) = (a.num_servers, a.servers.is_empty() && env.servers.is_none()) {
+        a.secret_file = per_rank(a.secret_file.take(), &|k| std::env::var(k).ok())?;
         match engine_rank(&a, &job, n)? {
             None => return Ok(None), // a server rank, done serving
             Some((servers, id, trainers)) => {
@@ -445,6 +465,18 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_secret_file_naming_the_rank_is_each_ranks_own() {
+        let slurm =
+            |k: &str| (k == "SLURM_PROCID").then(|| "3".to_string()).or((k == "SLURM_NTASKS").then(|| "4".into()));
+        let file = |f: &str| Some(std::path::PathBuf::from(f));
+        assert_eq!(super::per_rank(file("creds/rank-{rank}"), &slurm).unwrap(), file("creds/rank-3"));
+        assert_eq!(super::per_rank(file("secret"), &slurm).unwrap(), file("secret"), "one file for every rank");
+        assert_eq!(super::per_rank(None, &slurm).unwrap(), None);
+        let e = super::per_rank(file("rank-{rank}"), &|_| None).unwrap_err().to_string();
+        assert!(e.contains("names {rank}, but no engine rank was found"), "{e}");
+    }
+
     #[test]
     fn the_first_slurm_host_of_compressed_lists() {
         assert_eq!(super::first_slurm_host("n[1-3,5]").as_deref(), Some("n1"));

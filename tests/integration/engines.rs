@@ -104,12 +104,27 @@ fn mpi_launchers() -> Vec<(&'static str, Vec<&'static str>)> {
 /// `explicit`, at a `--rendezvous` on a free port, else at the one oar derives on one host.
 fn run_mpi(launcher: &[&str], train: &str, model: &str, explicit: bool) -> (std::process::ExitStatus, String) {
     let rendezvous = format!("127.0.0.1:{}", free_ports(1));
-    // The job's secret, as a batch script would give it to every rank (a file they all read).
-    let secret = std::path::Path::new(model).with_extension("secret");
-    let _ = std::fs::remove_file(&secret);
-    oar::auth::Secret::generate().write_new(&secret).unwrap();
+    // Each rank its own file, as a batch script makes them with `oar secret`: the master for
+    // the server ranks 0 and 1, trainer t's credential for rank 2 + t.
+    let secrets = std::path::Path::new(model).with_extension("secrets");
+    let _ = std::fs::remove_dir_all(&secrets);
+    std::fs::create_dir_all(&secrets).unwrap();
+    let master = secrets.join("master");
+    oar::auth::Secret::generate().write_new(&master).unwrap();
+    for rank in 0..4 {
+        let out = secrets.join(format!("rank-{rank}"));
+        let made = if rank < 2 {
+            oar::auth::Secret::read(&master).unwrap().write_new(&out).map(|()| String::new()).unwrap()
+        } else {
+            let (m, t, o) = (master.display().to_string(), (rank - 2).to_string(), out.display().to_string());
+            let made = oar(&["secret", "--master", &m, "--job", "oar", "--trainer", &t, "--out", &o]);
+            assert!(made.status.success(), "{}", text(&made));
+            text(&made)
+        };
+        assert!(out.exists(), "{made}");
+    }
     let mut cmd = Command::new("timeout");
-    cmd.env("OAR_SECRET_FILE", &secret);
+    cmd.env("OAR_SECRET_FILE", secrets.join("rank-{rank}"));
     cmd.arg("120").args(launcher).arg(env!("CARGO_BIN_EXE_oar"));
     cmd.args(args(train, model, explicit.then_some(rendezvous.as_str()))).env("RUST_LOG", "warn");
     let out = cmd.output().unwrap();
@@ -129,6 +144,8 @@ fn mpi_launchers_train_two_servers_and_two_trainers() {
         let (status, text) = run_mpi(&launcher, &train.display().to_string(), &model.display().to_string(), false);
         assert!(status.success(), "{name}:\n{text}");
         assert_eq!(text.matches("trained 1500 samples").count(), 2, "{name}:\n{text}");
+        // Each trainer rank held its own credential, not the master.
+        assert!(!text.contains("master secret"), "{name}:\n{text}");
         check_model(&model);
     }
 }
@@ -286,6 +303,8 @@ fn slurm_srun_and_sbatch_train_two_by_two_and_a_failing_rank_fails_the_step() {
     let text = format!("{}{}{logs}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "sbatch:\n{text}");
     assert_eq!(logs.matches("trained 1500 samples").count(), 2, "{text}");
+    // The script gave the servers a master and each trainer only its own credential.
+    assert!(!logs.contains("has no secret") && !logs.contains("master secret"), "{text}");
     check_model(&model);
 
     // A rank failing mid-run fails the step (srun -K), with its error line.
