@@ -45,13 +45,19 @@ pub struct K8sConfig {
     pub max_restarts: usize,
     /// The job's master secret: put in a Kubernetes Secret (`NAME-secret`, applied first)
     /// beside each trainer's credential derived from it (`trainer-<i>`). Server pods mount the
-    /// master alone, trainer pods the trainers' credentials, read-only; `OAR_SECRET_FILE`
-    /// names the master for a server and a trainer's own credential for it.
+    /// master alone; a trainer pod's init container copies the pod's own credential into a
+    /// memory volume, the only secret its `oar train` sees (`OAR_SECRET_FILE`).
     pub secret: Option<crate::auth::Secret>,
 }
 
-/// Where the job's Secret is mounted in every container.
+/// Where a process's own secret file (`secret`) is mounted: the master for a server, its own
+/// credential for a trainer.
 const SECRET_MOUNT: &str = "/etc/oar-secret";
+/// Where a trainer pod's init container mounts the trainers' credentials.
+const CREDENTIALS_MOUNT: &str = "/etc/oar-credentials";
+/// The init container's copy of its pod's credential (no `$(`: Kubernetes would expand it).
+const COPY_OWN_CREDENTIAL: &str =
+    r#"cp "$FROM/trainer-$PADDLE_TRAINER_ID" "$TO.part" && chmod 400 "$TO.part" && mv -f "$TO.part" "$TO""#;
 
 /// Checks the name is a DNS-1035 label Kubernetes accepts for every object derived from it.
 pub fn check_name(name: &str) -> anyhow::Result<()> {
@@ -122,7 +128,7 @@ fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, serv
         "image": c.image,
         "command": ["oar", "train"],
         "args": c.train_args,
-        "env": env,
+        "env": env.clone(),
     });
     if server {
         container["ports"] = json!([{"name": if c.paddlejob { "master" } else { "ps" }, "containerPort": c.port}]);
@@ -140,13 +146,37 @@ fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, serv
     }
     if c.secret.is_some() {
         mounts.push(json!({"name": "secret", "mountPath": SECRET_MOUNT, "readOnly": true}));
-        // A pod template is shared by every replica of its role, so a trainer pod sees every
-        // trainer's credential (never the master); a server pod sees the master alone.
-        let keys: Vec<String> =
-            if server { vec!["secret".into()] } else { (0..c.workers).map(|i| format!("trainer-{i}")).collect() };
-        let items: Vec<Value> = keys.iter().map(|k| json!({"key": k, "path": k})).collect();
-        let secret = json!({"secretName": format!("{}-secret", c.name), "defaultMode": 0o400, "items": items});
-        volumes.push(json!({"name": "secret", "secret": secret}));
+        let secret_name = format!("{}-secret", c.name);
+        if server {
+            let items = [json!({"key": "secret", "path": "secret"})];
+            let master = json!({"secretName": secret_name, "defaultMode": 0o400, "items": items});
+            volumes.push(json!({"name": "secret", "secret": master}));
+        } else {
+            // A pod template is shared by every replica of its role: an init container, which
+            // alone mounts the trainers' credentials, copies this pod's own into a memory
+            // volume, the only one `oar train` sees.
+            let key = |i: usize| json!({"key": format!("trainer-{i}"), "path": format!("trainer-{i}")});
+            let items: Vec<Value> = (0..c.workers).map(key).collect();
+            let credentials = json!({"secretName": secret_name, "defaultMode": 0o400, "items": items});
+            volumes.push(json!({"name": "secret", "emptyDir": {"medium": "Memory"}}));
+            volumes.push(json!({"name": "credentials", "secret": credentials}));
+            let id = env.iter().find(|v| v["name"] == "PADDLE_TRAINER_ID").cloned();
+            let paths = [
+                json!({"name": "FROM", "value": CREDENTIALS_MOUNT}),
+                json!({"name": "TO", "value": format!("{SECRET_MOUNT}/secret")}),
+            ];
+            let copy = json!({
+                "name": "credential",
+                "image": c.image,
+                "command": ["sh", "-c", COPY_OWN_CREDENTIAL],
+                "env": id.into_iter().chain(paths).collect::<Vec<_>>(),
+                "volumeMounts": [
+                    {"name": "credentials", "mountPath": CREDENTIALS_MOUNT, "readOnly": true},
+                    {"name": "secret", "mountPath": SECRET_MOUNT},
+                ],
+            });
+            spec["initContainers"] = json!([copy]);
+        }
     }
     if !mounts.is_empty() {
         spec["containers"][0]["volumeMounts"] = json!(mounts);
@@ -186,11 +216,9 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
         }
         vars
     };
-    // After the trainer id: a trainer's own credential is named by dependent expansion.
-    let secret_file = |vars: &mut Vec<Value>, server: bool| {
+    let secret_file = |vars: &mut Vec<Value>| {
         if c.secret.is_some() {
-            let file = if server { "secret" } else { "trainer-$(PADDLE_TRAINER_ID)" };
-            vars.push(env("OAR_SECRET_FILE", format!("{SECRET_MOUNT}/{file}")));
+            vars.push(env("OAR_SECRET_FILE", format!("{SECRET_MOUNT}/secret")));
         }
     };
     // The Secret comes first: pods that mount it cannot start before it exists.
@@ -218,10 +246,10 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
         let mut server_env = common("PSERVER");
         server_env.push(env_from("REPLICA_INDEX", index));
         server_env.push(env("POD_IP", format!("{name}-master-$(REPLICA_INDEX)")));
-        secret_file(&mut server_env, true);
+        secret_file(&mut server_env);
         let mut trainer_env = common("TRAINER");
         trainer_env.push(env_from("PADDLE_TRAINER_ID", index));
-        secret_file(&mut trainer_env, false);
+        secret_file(&mut trainer_env);
         let replica = |replicas: usize, spec: Value| json!({"replicas": replicas, "restartPolicy": restart_policy, "template": {"spec": spec}});
         let mut run_policy = json!({"cleanPodPolicy": "None"});
         if restartable {
@@ -249,10 +277,10 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     // Dependent expansion: the server's own name in the list, which is how it finds its index.
     server_env.push(env("POD_IP", format!("$(POD_NAME).{svc}")));
     server_env.push(env("OAR_KEEP_SERVING", "true"));
-    secret_file(&mut server_env, true);
+    secret_file(&mut server_env);
     let mut trainer_env = common("TRAINER");
     trainer_env.push(env_from("PADDLE_TRAINER_ID", "metadata.annotations['batch.kubernetes.io/job-completion-index']"));
-    secret_file(&mut trainer_env, false);
+    secret_file(&mut trainer_env);
     Ok(secret
         .into_iter()
         .chain([
@@ -388,23 +416,41 @@ mod tests {
                 crate::auth::Secret::read(&file).unwrap()
             };
             assert_eq!((trainer_1.identity(), trainer_1.job()), (crate::auth::Identity::Trainer(1), Some("ctr")));
-            for (pod, file, keys) in [
-                (pods[0], "/etc/oar-secret/secret", vec!["secret"]),
-                (pods[1], "/etc/oar-secret/trainer-$(PADDLE_TRAINER_ID)", vec!["trainer-0", "trainer-1", "trainer-2"]),
-            ] {
-                assert!(env_of(pod).contains(&("OAR_SECRET_FILE".into(), file.into())), "{:?}", env_of(pod));
-                let volume = &pod["volumes"][0]["secret"];
-                assert_eq!(volume["secretName"], "ctr-secret");
-                let mounted: Vec<&str> =
-                    volume["items"].as_array().unwrap().iter().map(|i| i["key"].as_str().unwrap()).collect();
-                assert_eq!(mounted, keys);
-                assert_eq!(pod["containers"][0]["volumeMounts"][0]["readOnly"], true);
+            let keys = |volume: &Value| -> Vec<String> {
+                assert_eq!(volume["secret"]["secretName"], "ctr-secret");
+                volume["secret"]["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i["key"].as_str().unwrap().into())
+                    .collect()
+            };
+            for pod in &pods {
+                assert!(env_of(pod).contains(&("OAR_SECRET_FILE".into(), "/etc/oar-secret/secret".into())));
+                let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+                assert_eq!((&mounts[0]["name"], &mounts[0]["readOnly"]), (&json!("secret"), &json!(true)));
+                assert_eq!(mounts.len(), 1, "no other secret");
             }
+            // The server's own volume holds the master alone.
+            assert_eq!(keys(&pods[0]["volumes"][0]), ["secret"]);
+            assert!(pods[0].get("initContainers").is_none());
+            // A trainer's is a memory volume its init container fills from the trainers' credentials.
+            assert_eq!(pods[1]["volumes"][0]["emptyDir"]["medium"], "Memory");
+            assert_eq!(keys(&pods[1]["volumes"][1]), ["trainer-0", "trainer-1", "trainer-2"]);
+            let init = &pods[1]["initContainers"][0];
+            let mounts: Vec<&str> =
+                init["volumeMounts"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+            assert_eq!(mounts, ["credentials", "secret"]);
+            assert!(env_of_container(init).iter().any(|(k, _)| k == "PADDLE_TRAINER_ID"));
         }
     }
 
     fn env_of(pod: &Value) -> Vec<(String, String)> {
-        pod["containers"][0]["env"]
+        env_of_container(&pod["containers"][0])
+    }
+
+    fn env_of_container(container: &Value) -> Vec<(String, String)> {
+        container["env"]
             .as_array()
             .unwrap()
             .iter()

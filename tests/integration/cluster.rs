@@ -397,8 +397,17 @@ fn kubelet_env(
     fields: &[(&str, String)],
     names: &[(String, String)],
 ) -> Vec<(String, String)> {
+    container_env(&pod["containers"][0], fields, names)
+}
+
+/// [`kubelet_env`] of one container.
+fn container_env(
+    container: &serde_json::Value,
+    fields: &[(&str, String)],
+    names: &[(String, String)],
+) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = Vec::new();
-    for e in pod["containers"][0]["env"].as_array().unwrap() {
+    for e in container["env"].as_array().unwrap() {
         let name = e["name"].as_str().unwrap().to_string();
         let mut value = match e.get("value") {
             Some(v) => v.as_str().unwrap().to_string(),
@@ -418,6 +427,43 @@ fn kubelet_env(
         }
     }
     env
+}
+
+/// Runs a pod's init containers to completion, as a kubelet does before its container: each
+/// command (a shell's) with its own environment, `names` mapping the pod's mounts to folders.
+fn run_init(pod: &serde_json::Value, fields: &[(&str, String)], names: &[(String, String)], log: &Path) {
+    for init in pod["initContainers"].as_array().into_iter().flatten() {
+        let command: Vec<&str> = init["command"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        let env = container_env(init, fields, names);
+        let out = Command::new(command[0])
+            .args(&command[1..])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        std::fs::write(log, [out.stdout, out.stderr].concat()).unwrap();
+        assert!(out.status.success(), "init container {}: see {}", init["name"], log.display());
+    }
+}
+
+/// Mount mappings of trainer pod `i`: its own memory volume at `/etc/oar-secret` (a folder of
+/// `dir`), the trainers' credentials at `/etc/oar-credentials` (the Secret's folder, `secret`
+/// as [`mount_secret`] returned it), then the job's `names`.
+fn trainer_mounts(
+    dir: &Path,
+    i: usize,
+    secret: &(String, String),
+    names: &[(String, String)],
+) -> Vec<(String, String)> {
+    let own = dir.join(format!("trainer-{i}-memory"));
+    std::fs::create_dir_all(&own).unwrap();
+    let mut mounts = vec![
+        ("/etc/oar-secret".to_string(), own.display().to_string()),
+        ("/etc/oar-credentials".to_string(), secret.1.clone()),
+    ];
+    mounts.extend_from_slice(names);
+    mounts
 }
 
 /// Starts a pod's container: its command (`oar` -> this binary) with the kubelet's environment.
@@ -481,7 +527,8 @@ fn k8s_manifests_configure_a_working_job_when_their_pods_are_emulated() {
         // Longest names first, so `emu-ps-1.emu-ps` is mapped before any shorter prefix.
         let mut names: Vec<(String, String)> =
             (0..2).rev().map(|i| (server_name(i), format!("127.0.0.{}", i + 2))).collect();
-        names.push(mount_secret(&docs, d));
+        let secret = mount_secret(&docs, d);
+        names.push(secret.clone());
         let mut pods = Daemons::default();
         for i in 0..2 {
             let fields = [
@@ -497,7 +544,9 @@ fn k8s_manifests_configure_a_working_job_when_their_pods_are_emulated() {
                     ("metadata.annotations['batch.kubernetes.io/job-completion-index']", i.to_string()),
                     ("metadata.labels['training.kubeflow.org/replica-index']", i.to_string()),
                 ];
-                let env = kubelet_env(&trainer_pod, &fields, &names);
+                let mounts = trainer_mounts(d, i, &secret, &names);
+                run_init(&trainer_pod, &fields, &mounts, &d.join(format!("trainer.{i}.init.log")));
+                let env = kubelet_env(&trainer_pod, &fields, &mounts);
                 let mut trainer = Daemons::default();
                 run_pod(&trainer_pod, &env, &d.join(format!("trainer.{i}.log")), &mut trainer, &format!("trainer {i}"));
                 trainer
@@ -554,16 +603,16 @@ fn k8s_containers_restarted_by_their_policy_go_on_where_they_were() {
     assert_eq!((&server_pod["restartPolicy"], &trainer_pod["restartPolicy"]), (&"Always".into(), &"OnFailure".into()));
     let mut names: Vec<(String, String)> =
         (0..2).rev().map(|i| (format!("emu-ps-{i}.emu-ps"), format!("127.0.0.{}", i + 2))).collect();
-    names.push(mount_secret(&docs, dir.path()));
+    let secret = mount_secret(&docs, dir.path());
+    names.push(secret.clone());
     // (pod spec, environment, name, whether it must end) of each pod; faults for the pods of index 1.
     let mut pods = Vec::new();
     for i in 0..2 {
         let mut env = kubelet_env(server_pod, &[("metadata.name", format!("emu-ps-{i}"))], &names);
-        let mut trainer_env = kubelet_env(
-            trainer_pod,
-            &[("metadata.annotations['batch.kubernetes.io/job-completion-index']", i.to_string())],
-            &names,
-        );
+        let fields = [("metadata.annotations['batch.kubernetes.io/job-completion-index']", i.to_string())];
+        let mounts = trainer_mounts(d, i, &secret, &names);
+        run_init(trainer_pod, &fields, &mounts, &d.join(format!("trainer.{i}.init.log")));
+        let mut trainer_env = kubelet_env(trainer_pod, &fields, &mounts);
         if i == 1 {
             env.push(("OAR_FAULT".into(), "server1:kill@version=70".into()));
             trainer_env.push(("OAR_FAULT".into(), "trainer1:kill@step=25".into()));
