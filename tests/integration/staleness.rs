@@ -206,7 +206,6 @@ fn the_halves_of_a_split_async_push_are_applied_or_discarded_together() {
     assert!(first.contains(&applied), "the dense half, one behind: {first}");
     let second = ask(Request::Push(sparse_half));
     assert!(second.contains(&applied), "the sparse half is judged with its dense half: {second}");
-    drop(ask);
     drop(s);
     let stats = client.stats().unwrap();
     assert_eq!((stats[0].discarded, stats[0].applied_samples.clone()), (0, vec![8]), "{:?}", stats[0]);
