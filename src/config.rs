@@ -11,6 +11,20 @@ use crate::data::{DataConfig, Schema};
 use crate::model::{Input, Model, ModelConfig, Registry};
 use crate::table::Optimizer;
 
+/// The default of `TrainConfig::sync_warmup`.
+pub const DEFAULT_SYNC_WARMUP: u64 = 100;
+/// The default of `TrainConfig::scale_stale_steps`.
+pub const DEFAULT_SCALE_STALE_STEPS: bool = true;
+
+/// The days to train and how each is split (what `train::online` reads of a pass).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Online {
+    /// The days in order: the date (`YYYYMMDD`) and the day's files in name order.
+    pub days: Vec<(String, Vec<PathBuf>)>,
+    /// Passes per day, each over one split of the day's files.
+    pub passes_per_day: u32,
+}
+
 /// Training settings of a job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -87,8 +101,8 @@ impl Default for TrainSettings {
             is_local: false,
             delay: 0,
             pull_ahead: false,
-            sync_warmup: crate::train::DEFAULT_SYNC_WARMUP,
-            scale_stale_steps: crate::train::DEFAULT_SCALE_STALE_STEPS,
+            sync_warmup: DEFAULT_SYNC_WARMUP,
+            scale_stale_steps: DEFAULT_SCALE_STALE_STEPS,
             clip_grad_norm: None,
             delta_every: None,
             online: None,
@@ -198,11 +212,11 @@ impl JobConfig {
     }
 
     /// The online calendar, when the job trains online: its days' files found on disk.
-    pub fn online(&self) -> anyhow::Result<Option<crate::train::online::Online>> {
+    pub fn online(&self) -> anyhow::Result<Option<Online>> {
         let t = &self.train;
         match (&t.online, &t.days) {
             (None, None) => Ok(None),
-            (Some(dir), Some(days)) => Ok(Some(crate::train::online::Online {
+            (Some(dir), Some(days)) => Ok(Some(Online {
                 days: crate::data::gen_stream::days_in(dir, days)?,
                 passes_per_day: t.passes_per_day,
             })),
@@ -254,12 +268,6 @@ pub fn build_model(model: &ModelConfig, data: &DataConfig, registry: &Registry) 
     let model = Model::build(model, &input, registry).map_err(anyhow::Error::msg)?;
     schema.label_bounds = model.label_bounds();
     Ok((model, schema))
-}
-
-/// The data files a `--train`/`--test` path names, as absolute paths.
-pub fn resolve_files(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let files = crate::data::list_files(path)?;
-    Ok(files.into_iter().map(|f| std::path::absolute(&f).unwrap_or(f)).collect())
 }
 
 #[cfg(test)]

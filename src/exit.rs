@@ -8,8 +8,6 @@
 //! often as the trainer's own error. The status is set by the failing process itself, from the
 //! error's type, so the order it gives does not depend on timing.
 
-use crate::client::ClientError;
-
 /// The process failed on its own (bad input, a refused request, a bug).
 pub const FAILED: i32 = 1;
 /// A command line clap refused (clap's own status).
@@ -22,19 +20,6 @@ pub const PEER_LOST: i32 = 3;
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct PeerLost(pub String);
-
-/// The exit status for `error`: [`PEER_LOST`] when anything in its chain is a lost peer, else
-/// [`FAILED`].
-pub fn status(error: &anyhow::Error) -> i32 {
-    let lost = error.chain().any(|cause| {
-        cause.is::<PeerLost>() || cause.downcast_ref::<ClientError>().is_some_and(ClientError::server_was_lost)
-    });
-    if lost {
-        PEER_LOST
-    } else {
-        FAILED
-    }
-}
 
 /// What a launcher says of a process it did not restart because it [`fails_again`].
 pub const NOT_RESTARTED: &str =
@@ -52,25 +37,6 @@ pub fn fails_again(status: &std::process::ExitStatus) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anyhow::Context;
-
-    #[test]
-    fn a_lost_peer_anywhere_in_the_chain_is_status_3_and_anything_else_1() {
-        let server = anyhow::Error::new(PeerLost("trainer 0 disconnected".into()));
-        assert_eq!(status(&server), PEER_LOST);
-        let trainer = Err::<(), _>(ClientError::Lost {
-            index: 1,
-            addr: "127.0.0.1:1".into(),
-            waited: std::time::Duration::from_secs(1),
-            cause: "closed".into(),
-        })
-        .context("pass 0, step 3")
-        .unwrap_err();
-        assert_eq!(status(&trainer), PEER_LOST);
-        assert_eq!(status(&anyhow::anyhow!("part-00000: pipe_command failed")), FAILED);
-        let refused = ClientError::Usage("bad".into());
-        assert_eq!(status(&anyhow::Error::new(refused).context("push")), FAILED);
-    }
 
     #[test]
     fn only_a_process_that_failed_on_its_own_error_would_fail_again() {

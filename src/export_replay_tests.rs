@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::export::{collect, ExportKind};
+use crate::export::collect;
 use crate::layout::mix64;
+use crate::protocol::ExportKind;
 use crate::table::accessor::Accessor;
 use crate::table::admit::Entry;
 use crate::table::{DenseParam, DenseSpec, Init, Optimizer, Shard, SparseSpec, TableExport, TableSpec};

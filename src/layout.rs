@@ -7,6 +7,11 @@
 
 use std::ops::Range;
 
+/// Most trainers, and most servers, one job may have: far above any cluster's (PaddlePaddle's
+/// largest parameter-server jobs run hundreds to a few thousand), and a bound on what a typo
+/// or a hostile environment variable can make a server allocate per trainer.
+pub const MAX_PEERS: usize = 1 << 16;
+
 /// The 64-bit finalizer of splitmix64: a cheap bijective mixer with good avalanche.
 #[inline]
 pub fn mix64(mut z: u64) -> u64 {

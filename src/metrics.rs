@@ -3,7 +3,24 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Loss;
+/// What a head's output is trained against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    /// One logit per sample, binary label, log-loss; quality is AUC and log-loss.
+    LogLoss,
+    /// One prediction per sample, real label, squared error; quality is the mean squared error.
+    Square,
+    /// One logit per class, the label is the class index, softmax cross-entropy; quality is
+    /// perplexity.
+    Softmax,
+    /// One value per sample that is itself the sample's loss (a layer's own, as DIEN's
+    /// auxiliary loss from `next_item_loss`): minimized as it is, with no label; quality is its
+    /// mean. `oar eval` reports it and `oar predict` writes it as a column; `oar serve` leaves it
+    /// out, with the slots only it reads; `oar export` refuses a model with such a head, naming
+    /// it.
+    Value,
+}
 
 /// Exact area under the ROC curve of `scores` for binary `labels` (1.0 = positive), by the
 /// Mann-Whitney rank statistic with tied scores sharing their average rank. `None` when one

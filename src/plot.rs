@@ -105,10 +105,10 @@ fn panel(
         by_trainer.entry(p.trainer).or_default().push(p);
     }
     anyhow::ensure!(
-        by_trainer.len() <= crate::server::MAX_PEERS,
+        by_trainer.len() <= crate::layout::MAX_PEERS,
         "{} trainers' curves: a job has at most {}",
         by_trainer.len(),
-        crate::server::MAX_PEERS
+        crate::layout::MAX_PEERS
     );
     for (&t, mine) in &by_trainer {
         let color = Palette99::pick(t as usize).to_rgba();
@@ -243,7 +243,7 @@ mod tests {
         assert!(draw(&[], "empty", &out).is_err());
         // More trainers than a job has is refused, not drawn a legend entry each.
         let many: Vec<Point> =
-            (0..=crate::server::MAX_PEERS as u32).map(|t| Point { trainer: t, ..points[0] }).collect();
+            (0..=crate::layout::MAX_PEERS as u32).map(|t| Point { trainer: t, ..points[0] }).collect();
         let err = format!("{:#}", draw(&many, "many", &out).unwrap_err());
         assert!(err.contains("65537 trainers' curves: a job has at most 65536"), "{err}");
     }

@@ -126,7 +126,7 @@ pub fn run(config: &RecoveryConfig) -> anyhow::Result<()> {
         cfg!(feature = "faults"),
         "oar bench --recovery kills processes with planted faults: build oar with `--features faults`"
     );
-    let files = crate::config::resolve_files(&config.data.join("train"))?;
+    let files = crate::data::resolve_files(&config.data.join("train"))?;
     let mut lines = 0u64;
     for f in &files {
         let text = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;

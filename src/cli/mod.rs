@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 
-use crate::config::{resolve_files, JobConfig};
+use crate::config::JobConfig;
+use crate::data::resolve_files;
 use crate::env::{ClusterEnv, Role};
 use crate::model::Registry;
 use crate::server::{Mode, ServerConfig};
@@ -23,6 +24,7 @@ mod limits;
 mod report;
 mod roles;
 mod secret;
+mod status;
 mod tls_args;
 
 use args::*;
@@ -45,7 +47,7 @@ pub fn main_with(registry: Registry) {
         // can be interleaved with another rank's.
         let line = format!("oar: error: {e:#}\n");
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
-        std::process::exit(crate::exit::status(&e));
+        std::process::exit(status::status(&e));
     }
 }
 

@@ -32,8 +32,8 @@ impl Client {
     pub fn export(
         &mut self,
         dir: &str,
-        kind: crate::export::ExportKind,
-    ) -> Result<Vec<crate::export::Exported>, ClientError> {
+        kind: crate::protocol::ExportKind,
+    ) -> Result<Vec<crate::protocol::Exported>, ClientError> {
         self.json_round(&Request::Export { dir: dir.to_string(), kind })
     }
 

@@ -190,7 +190,7 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     check_name(&c.name)?;
     check_fields(c)?;
     anyhow::ensure!(c.servers >= 1 && c.workers >= 1, "--servers and --workers must be at least 1");
-    let max = crate::server::MAX_PEERS;
+    let max = crate::layout::MAX_PEERS;
     anyhow::ensure!(c.servers <= max && c.workers <= max, "--servers and --workers must be at most {max}");
     anyhow::ensure!(
         c.max_restarts == 0 || c.volume_claim.is_some(),

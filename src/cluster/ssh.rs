@@ -396,7 +396,7 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
     anyhow::ensure!(!config.hosts.is_empty(), "no hosts");
     anyhow::ensure!(config.servers_per_host >= 1, "--servers-per-host must be at least 1");
     anyhow::ensure!(config.trainers_per_host >= 1, "--trainers-per-host must be at least 1");
-    let max = crate::server::MAX_PEERS;
+    let max = crate::layout::MAX_PEERS;
     let (servers, trainers) = (
         config.hosts.len().checked_mul(config.servers_per_host),
         config.hosts.len().checked_mul(config.trainers_per_host),

@@ -294,6 +294,12 @@ pub fn shard_files(files: &[PathBuf], trainers: usize, id: usize) -> Vec<PathBuf
         .collect()
 }
 
+/// The data files a `--train`/`--test` path names, as absolute paths.
+pub fn resolve_files(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let files = list_files(path)?;
+    Ok(files.into_iter().map(|f| std::path::absolute(&f).unwrap_or(f)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

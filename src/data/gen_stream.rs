@@ -151,7 +151,7 @@ pub fn days_in(dir: &Path, range: &str) -> anyhow::Result<Vec<(String, Vec<PathB
     while date <= to {
         let name = folder_name(date);
         let folder = dir.join(&name);
-        let files = crate::config::resolve_files(&folder)
+        let files = crate::data::resolve_files(&folder)
             .with_context(|| format!("day {name} of the online stream {}", dir.display()))?;
         anyhow::ensure!(!files.is_empty(), "day folder {} holds no files", folder.display());
         days.push((name, files));

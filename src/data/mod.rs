@@ -31,7 +31,7 @@ pub mod slots;
 pub mod transform;
 
 pub use crate::batch::Batch;
-pub use files::{list_files, shard_files};
+pub use files::{list_files, resolve_files, shard_files};
 pub use reader::{DataError, Reader, ReaderConfig};
 pub use schema::{expand_names, DenseColumn, LabelBound, Schema};
 pub use transform::{DenseStats, DenseTransform, StatsSource};

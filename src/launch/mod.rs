@@ -94,7 +94,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     let online = config.job.online()?;
     let files = match &online {
         Some(o) => o.all_files(),
-        None => crate::config::resolve_files(&config.train)?,
+        None => crate::data::resolve_files(&config.train)?,
     };
     // Dense statistics a scaling job does not give: computed once here, and handed to every
     // child in the job file.

@@ -4,11 +4,8 @@
 //! until the kernel killed it (measured: 24 GiB, then SIGKILL) or wrapped a size.
 
 use crate::nn::layer::Shape;
+use crate::nn::{MAX_FIELDS, MAX_TENSOR_FLOATS};
 
-/// Most vectors one tensor holds per sample (a sequence's positions, a concat's fields).
-pub const MAX_FIELDS: usize = 1 << 16;
-/// Most floats one tensor holds per sample (64 MiB).
-pub const MAX_TENSOR_FLOATS: usize = 1 << 24;
 /// Most floats a sample may need over the whole graph: every tensor, its gradient and every
 /// layer's workspace (1 GiB).
 pub const MAX_SAMPLE_FLOATS: usize = 1 << 28;

@@ -4,8 +4,9 @@
 
 use serde_json::{json, Value};
 
-use super::config::{HeadConfig, LayerConfig, Loss, ModelConfig, TableConfig};
+use super::config::{HeadConfig, LayerConfig, ModelConfig, TableConfig};
 use super::embedding::Pooling;
+use crate::metrics::Loss;
 
 /// Builds a layer-graph [`ModelConfig`].
 ///

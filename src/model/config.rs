@@ -4,27 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::metrics::Loss;
+
 use crate::nn::Activation;
 use crate::table::{Accessor, Entry, Init, Optimizer};
-
-/// What a head's output is trained against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Loss {
-    /// One logit per sample, binary label, log-loss; quality is AUC and log-loss.
-    LogLoss,
-    /// One prediction per sample, real label, squared error; quality is the mean squared error.
-    Square,
-    /// One logit per class, the label is the class index, softmax cross-entropy; quality is
-    /// perplexity.
-    Softmax,
-    /// One value per sample that is itself the sample's loss (a layer's own, as DIEN's
-    /// auxiliary loss from `next_item_loss`): minimized as it is, with no label; quality is its
-    /// mean. `oar eval` reports it and `oar predict` writes it as a column; `oar serve` leaves it
-    /// out, with the slots only it reads; `oar export` refuses a model with such a head, naming
-    /// it.
-    Value,
-}
 
 /// One sparse embedding table of the model.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -1,10 +1,10 @@
 //! Running a [`Model`] on a batch: forward through the nodes in order, the heads' losses, and
 //! backward in reverse order, with every tensor's values and gradients in reusable buffers.
 
-use super::config::Loss;
 use super::graph::{Model, Op, DENSE};
 use crate::batch::Batch;
 use crate::layout::mix64;
+use crate::metrics::Loss;
 use crate::nn::layer::Ctx;
 use crate::nn::{bce_with_logits, softmax_cross_entropy, square_error};
 

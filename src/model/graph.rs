@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
 use super::budget::Budget;
-use super::config::{LayerConfig, Loss, ModelConfig, TableConfig};
+use super::config::{LayerConfig, ModelConfig, TableConfig};
 use super::embedding::{Embedding, Pooling};
 use super::{Input, Registry};
+use crate::metrics::Loss;
 use crate::nn::layer::{Layer, LayerArgs, Shape};
 use crate::table::DenseParam;
 

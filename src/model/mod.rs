@@ -25,9 +25,11 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-pub use budget::{available_memory, MAX_DENSE_PARAMS, MAX_FIELDS, MAX_SAMPLE_FLOATS, MAX_TENSOR_FLOATS};
+pub use crate::metrics::Loss;
+pub use crate::nn::{MAX_FIELDS, MAX_TENSOR_FLOATS};
+pub use budget::{available_memory, MAX_DENSE_PARAMS, MAX_SAMPLE_FLOATS};
 pub use builder::GraphBuilder;
-pub use config::{HeadConfig, LayerConfig, Loss, ModelConfig, TableConfig, SHORTHAND_TABLE};
+pub use config::{HeadConfig, LayerConfig, ModelConfig, TableConfig, SHORTHAND_TABLE};
 pub use embedding::{Embedding, Pooling};
 pub use exec::{Grads, TableRows, Work};
 pub use graph::Model;

@@ -45,8 +45,8 @@ impl std::fmt::Display for Shape {
 
 /// Largest whole-number layer setting (widths, lengths, heads, ...): far above any model's, and
 /// low enough that the products layers form of their settings and input shapes cannot
-/// overflow (a model's tensors hold at most [`crate::model::MAX_FIELDS`] vectors and
-/// [`crate::model::MAX_TENSOR_FLOATS`] floats per sample), so a hostile job file gets an error,
+/// overflow (a model's tensors hold at most [`crate::nn::MAX_FIELDS`] vectors and
+/// [`crate::nn::MAX_TENSOR_FLOATS`] floats per sample), so a hostile job file gets an error,
 /// not a wrapped size.
 pub const MAX_SETTING: u64 = 1 << 16;
 

@@ -11,6 +11,12 @@
 //! Gradients are sums over the batch (losses return sums too); the server divides by the
 //! number of samples, so several trainers' pushes add up exactly like one larger batch.
 
+/// Most vectors one tensor holds per sample (a sequence's positions, a concat's fields).
+pub const MAX_FIELDS: usize = 1 << 16;
+
+/// Most floats one tensor holds per sample (64 MiB).
+pub const MAX_TENSOR_FLOATS: usize = 1 << 24;
+
 pub mod layer;
 pub mod layers;
 

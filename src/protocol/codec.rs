@@ -5,7 +5,6 @@ use std::borrow::Cow;
 
 use super::fields::{Decoder, Encoder, Frame};
 use super::*;
-use crate::export::ExportKind;
 
 pub(super) mod kind {
     pub const HELLO: u8 = 1;

@@ -15,6 +15,7 @@ pub mod auth;
 mod codec;
 mod fields;
 mod io;
+mod saves;
 
 use std::borrow::Cow;
 
@@ -24,6 +25,7 @@ pub use io::{
     read_frame, read_frame_blocking, read_reply_blocking, split_frame, write_frame, write_frame_blocking, BufferBudget,
     FrameBuf,
 };
+pub use saves::{ExportKind, Exported};
 
 #[cfg(target_endian = "big")]
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");
@@ -387,12 +389,12 @@ pub enum Request<'a> {
         day_end: u64,
     },
     /// Write this server's base or delta save into `dir` (see [`crate::export`]); answered as
-    /// `Stats` JSON ([`crate::export::Exported`]).
+    /// `Stats` JSON ([`Exported`]).
     Export {
         /// The save's folder (on the server's file system, inside its save root).
         dir: String,
         /// Base or delta.
-        kind: crate::export::ExportKind,
+        kind: ExportKind,
     },
 }
 

@@ -79,11 +79,6 @@ pub struct ServerConfig {
     pub rejoin: Option<Duration>,
 }
 
-/// Most trainers, and most servers, one job may have: far above any cluster's (PaddlePaddle's
-/// largest parameter-server jobs run hundreds to a few thousand), and a bound on what a typo
-/// or a hostile environment variable can make a server allocate per trainer.
-pub const MAX_PEERS: usize = 1 << 16;
-
 /// What a server does with a push holding a NaN, an infinity or a value beyond ±1e18 (it never applies one).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -169,8 +164,18 @@ impl ServerConfig {
                 s.identity().label()
             );
         }
-        anyhow::ensure!(self.trainers <= MAX_PEERS, "--trainers is {}, more than {MAX_PEERS}", self.trainers);
-        anyhow::ensure!(self.num_servers <= MAX_PEERS, "--num-servers is {}, more than {MAX_PEERS}", self.num_servers);
+        anyhow::ensure!(
+            self.trainers <= crate::layout::MAX_PEERS,
+            "--trainers is {}, more than {}",
+            self.trainers,
+            crate::layout::MAX_PEERS
+        );
+        anyhow::ensure!(
+            self.num_servers <= crate::layout::MAX_PEERS,
+            "--num-servers is {}, more than {}",
+            self.num_servers,
+            crate::layout::MAX_PEERS
+        );
         anyhow::ensure!(self.mode != Mode::Local, "a server runs in sync or async mode, not local");
         anyhow::ensure!(self.lag_ratio > 0.0, "--lag-ratio must be positive");
         Ok(())

@@ -37,7 +37,7 @@ pub mod sync;
 mod telemetry;
 mod waiting;
 
-pub use config::{Limits, Mode, NonFinite, ServerConfig, ServerStats, MAX_PEERS};
+pub use config::{Limits, Mode, NonFinite, ServerConfig, ServerStats};
 pub use requests::inside;
 use resume::{load_resume_shard, Resumed};
 use sync::SyncStep;

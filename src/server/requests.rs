@@ -212,7 +212,7 @@ pub(super) async fn save(state: &Arc<State>, dir: &str) -> Reply {
 /// Writes this server's base or delta save into `dir` (inside the save root, as a save): the
 /// rows are gathered with updates held off, so the save is one moment of the table, and
 /// written after.
-pub(super) async fn export(state: &Arc<State>, dir: &str, kind: crate::export::ExportKind) -> Reply {
+pub(super) async fn export(state: &Arc<State>, dir: &str, kind: crate::protocol::ExportKind) -> Reply {
     let shard = state.shard()?;
     let root = state.config.save_root.clone();
     let target = inside(&root, Path::new(dir)).ok_or_else(|| {

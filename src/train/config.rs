@@ -102,7 +102,7 @@ pub struct TrainConfig {
     pub delta_every: Option<u32>,
     /// Online training's calendar; `passes` is then its passes in all.
     #[serde(default)]
-    pub online: Option<super::online::Online>,
+    pub online: Option<crate::config::Online>,
     /// Under a supervisor that restarts failed servers: how long to wait for a lost server to
     /// come back before failing (`None`: fail at once).
     #[serde(default)]
@@ -126,17 +126,12 @@ pub struct TrainConfig {
     pub tls: Option<crate::tls::ClientTls>,
 }
 
-/// The default of [`TrainConfig::sync_warmup`].
-pub const DEFAULT_SYNC_WARMUP: u64 = 100;
-/// The default of [`TrainConfig::scale_stale_steps`].
-pub const DEFAULT_SCALE_STALE_STEPS: bool = true;
-
 fn default_sync_warmup() -> u64 {
-    DEFAULT_SYNC_WARMUP
+    crate::config::DEFAULT_SYNC_WARMUP
 }
 
 fn default_scale_stale_steps() -> bool {
-    DEFAULT_SCALE_STALE_STEPS
+    crate::config::DEFAULT_SCALE_STALE_STEPS
 }
 
 /// Most ports one server listens on (`--ports_num` + `--ports_num_for_sparse`).
@@ -205,7 +200,7 @@ impl TrainConfig {
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
         ports_per_server(self.ports_num, self.ports_num_for_sparse)?;
-        let max = crate::server::MAX_PEERS;
+        let max = crate::layout::MAX_PEERS;
         anyhow::ensure!(self.trainers <= max, "--trainers is {}, more than {max}", self.trainers);
         anyhow::ensure!(self.servers.len() <= max, "{} servers, more than {max}", self.servers.len());
         anyhow::ensure!(

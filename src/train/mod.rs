@@ -30,7 +30,7 @@ mod store;
 pub mod telemetry;
 mod warmup;
 
-pub use config::{ports_per_server, TrainConfig, DEFAULT_SCALE_STALE_STEPS, DEFAULT_SYNC_WARMUP, MAX_PORTS};
+pub use config::{ports_per_server, TrainConfig, MAX_PORTS};
 use day_end::{catch_up_day_ends, day_end_fault, DayEndPoint};
 use pass::PassLoop;
 use position::{Position, PositionLog};

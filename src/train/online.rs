@@ -7,14 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// The days to train and how each is split.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Online {
-    /// The days in order: the date (`YYYYMMDD`) and the day's files in name order.
-    pub days: Vec<(String, Vec<PathBuf>)>,
-    /// Passes per day, each over one split of the day's files.
-    pub passes_per_day: u32,
-}
+pub use crate::config::Online;
 
 /// Where a saved pass stands in its calendar, as the pass's manifest records it (`online`):
 /// passes are numbered from the job's first day, so a resume must count from the same one.

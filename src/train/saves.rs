@@ -17,11 +17,12 @@ pub(super) fn save_for_serving(
     out: &std::path::Path,
     store: &mut Store,
     spec: &TableSpec,
-    kind: crate::export::ExportKind,
+    kind: crate::protocol::ExportKind,
     day: u32,
     pass: u32,
 ) -> anyhow::Result<()> {
-    use crate::export::{append_done, DoneLine, ExportKind, ExportManifest};
+    use crate::export::{append_done, DoneLine, ExportManifest};
+    use crate::protocol::ExportKind;
     let folder = |kind: ExportKind| out.join("serving").join(format!("{}-{day:03}-{pass:05}", kind.name()));
     let (mut kind, mut dir) = (kind, folder(kind));
     let done = out.join("donefile.txt");

@@ -94,9 +94,9 @@ impl Store {
     /// Every shard's base or delta save for serving into `dir` (see [`crate::export`]).
     pub fn export(
         &mut self,
-        kind: crate::export::ExportKind,
+        kind: crate::protocol::ExportKind,
         dir: &Path,
-    ) -> anyhow::Result<Vec<crate::export::Exported>> {
+    ) -> anyhow::Result<Vec<crate::protocol::Exported>> {
         match self {
             Store::Local(shard, _) => match crate::export::collect(shard, kind) {
                 Some(tables) => Ok(vec![crate::export::write(shard, kind, &tables, dir)?]),

@@ -110,7 +110,7 @@ fn check_serving(out: &Path) {
         for s in 0..2 {
             let (kind, tables) = oar::export::read(&line.path.join(oar::export::file_name(s))).unwrap();
             let (dim, t) = &tables["w"];
-            if kind == oar::export::ExportKind::Base && s == 0 {
+            if kind == oar::protocol::ExportKind::Base && s == 0 {
                 served.clear();
             }
             for id in &t.deleted {

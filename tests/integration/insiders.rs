@@ -190,7 +190,7 @@ fn a_complete_save_is_never_written_over() {
     assert!(m.contains("it holds a completed pass (manifest.json), never overwritten"), "{m}");
     let mut c = Client::connect(&config).unwrap();
     c.attach(&crate::robustness::spec());
-    let m = refusal(c.export(&serving.display().to_string(), oar::export::ExportKind::Base).unwrap_err());
+    let m = refusal(c.export(&serving.display().to_string(), oar::protocol::ExportKind::Base).unwrap_err());
     assert!(m.contains("it holds a completed save for serving (export.json)"), "{m}");
     server.kill().unwrap();
     server.wait().unwrap();

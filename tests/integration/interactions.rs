@@ -18,7 +18,7 @@ fn generate(dir: &std::path::Path, effect: Effect) -> f64 {
 /// Test AUC of `job` trained on `dir` in `mode` on `trainers` trainers (and as many servers),
 /// one pass at batch 256.
 fn auc(job: &std::path::Path, dir: &std::path::Path, mode: Mode, trainers: usize) -> f64 {
-    let test = oar::config::resolve_files(&dir.join("test")).unwrap();
+    let test = oar::data::resolve_files(&dir.join("test")).unwrap();
     let config = |cluster: &[TestServer], t| {
         let mut c = job_config(job, mode, cluster, t, trainers, &dir.join("train"));
         c.passes = 1;

@@ -17,7 +17,7 @@ fn counts_in(train: &Path) -> HashMap<u64, (f32, f32)> {
     let schema = oar::data::schema::Schema::criteo();
     let mut parser = oar::data::parser(&schema);
     let mut batch = oar::batch::Batch::new(1, 13, 26);
-    for file in oar::config::resolve_files(train).unwrap() {
+    for file in oar::data::resolve_files(train).unwrap() {
         for line in std::fs::read_to_string(file).unwrap().lines() {
             parser.parse(line.as_bytes(), &mut batch).unwrap();
         }
@@ -184,7 +184,7 @@ fn apply_save(
     served: &mut std::collections::BTreeMap<u64, Vec<f32>>,
     dir: &Path,
     servers: usize,
-) -> oar::export::ExportKind {
+) -> oar::protocol::ExportKind {
     let mut kind = None;
     for i in 0..servers {
         let (k, tables) = oar::export::read(&dir.join(oar::export::file_name(i))).unwrap();
@@ -231,7 +231,7 @@ fn a_base_and_its_deltas_rebuild_the_table_the_servers_saved_and_the_done_file_n
             serde_json::from_slice(&std::fs::read(line.path.join("export.json")).unwrap()).unwrap();
         assert_eq!((manifest.pass, manifest.kind, manifest.files.len()), (line.pass, line.kind, 2));
         deleted += manifest.files.iter().map(|f| f.deleted[0]).sum::<u64>();
-        assert!(line.kind == oar::export::ExportKind::Base || before > 0);
+        assert!(line.kind == oar::protocol::ExportKind::Base || before > 0);
     }
     assert!(deleted > 0, "the deltas named evicted rows");
     // The servers' own last checkpoint, saved right after the last delta: the same rows, bit

@@ -63,7 +63,7 @@ fn multi_hot_data_with_a_planted_model_trains_to_within_0_02_auc_of_its_oracle()
     .unwrap();
     let oracle = gen.report.oracle_test_auc.unwrap();
     let mut c = job_config(&example("multi_hot.toml"), Mode::Local, &[], 0, 1, &dir.path().join("train"));
-    c.test_files = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+    c.test_files = oar::data::resolve_files(&dir.path().join("test")).unwrap();
     let r = oar::train::run(&c, &|_, _| {}).unwrap();
     let auc = r.passes.last().unwrap().test.as_ref().unwrap().auc.unwrap();
     eprintln!("multi-hot planted model: oracle test AUC {oracle:.4}, trained {auc:.4}");
@@ -234,7 +234,7 @@ fn a_two_headed_model_trains_both_heads_and_reports_each() {
     })
     .unwrap();
     let mut c = job_config(&example("multi_task.toml"), Mode::Local, &[], 0, 1, &dir.path().join("train"));
-    c.test_files = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+    c.test_files = oar::data::resolve_files(&dir.path().join("test")).unwrap();
     c.output = Some(dir.path().join("model"));
     let r = oar::train::run(&c, &|_, _| {}).unwrap();
     let heads = &r.passes[0].heads;

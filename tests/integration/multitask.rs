@@ -31,7 +31,7 @@ fn mmoe_and_ple_learn_both_census_tasks_locally_and_on_two_servers() {
     let config = |job: &Path, mode, servers: &[TestServer], id, trainers| {
         let mut c = job_config(job, mode, servers, id, trainers, &train);
         c.passes = 1;
-        c.test_files = oar::config::resolve_files(&test).unwrap();
+        c.test_files = oar::data::resolve_files(&test).unwrap();
         c
     };
     let mut table = Vec::new();
@@ -107,7 +107,7 @@ fn esmm_beats_a_dnn_on_the_ctcvr_label_alone_on_generated_conversions() {
         out: dir.path().to_path_buf(),
     };
     let generated = oar::data::gen_conversions::generate(&config).unwrap();
-    let test = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+    let test = oar::data::resolve_files(&dir.path().join("test")).unwrap();
     // ESMM's second head; the DNN's only one (a one-head report lists no heads).
     let ctcvr = |r: &oar::train::TrainReport| {
         head_aucs(r).last().copied().unwrap_or_else(|| r.passes[0].test.as_ref().unwrap().auc.unwrap())
@@ -148,7 +148,7 @@ impl GeneratedTasks {
             oar::data::gen::GenConfig { lines: 100_000, test_lines: 20_000, seed: 1, parts: 2, out: dir.path().into() };
         let generated = oar::data::gen_tasks::generate(&config, &relation).unwrap();
         let oracle = serde_json::from_value(generated.planted["oracle_test_auc"].clone()).unwrap();
-        let test = oar::config::resolve_files(&dir.path().join("test")).unwrap();
+        let test = oar::data::resolve_files(&dir.path().join("test")).unwrap();
         GeneratedTasks { dir, oracle, test }
     }
 

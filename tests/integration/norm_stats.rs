@@ -65,7 +65,7 @@ fn the_servers_statistics_count_every_training_sample_once_in_every_mode() {
     let (train, _) = gen_data(&dir.path().join("data"), 2, 200, 10);
     let job = dir.path().join("job.toml");
     std::fs::write(&job, JOB).unwrap();
-    let files = oar::config::resolve_files(&train).unwrap();
+    let files = oar::data::resolve_files(&train).unwrap();
     let (lines, sums) = column_sums(&files);
     let passes = 2;
     let check = |out: &Path, what: &str| {
@@ -112,7 +112,7 @@ fn a_model_with_batch_norm_evaluates_offline_with_the_servers_statistics() {
     let reports = train_on_cluster(2, 2, Mode::Async, |cluster, t| {
         let mut c = job_config(&job, Mode::Async, cluster, t, 2, &train);
         c.batch_size = 128;
-        c.test_files = oar::config::resolve_files(&test).unwrap();
+        c.test_files = oar::data::resolve_files(&test).unwrap();
         c.output = Some(out.clone());
         c
     });

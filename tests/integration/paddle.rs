@@ -364,7 +364,7 @@ fn trainer_count_threads_train_hogwild_in_async_mode() {
     let server = start_server(server_config(0, 1, 1, Mode::Async));
     let mut config = train_config(Mode::Async, std::slice::from_ref(&server), 0, 1, &train);
     config.threads = 3;
-    config.test_files = oar::config::resolve_files(&test).unwrap();
+    config.test_files = oar::data::resolve_files(&test).unwrap();
     let report = run_trainers(vec![config]).remove(0);
     assert_eq!(report.samples, 20_000);
     let stats = server.handle.join().unwrap();

@@ -55,7 +55,7 @@ fn predict_matches_eval(dir: &Path, data: &Path, job: Option<&Path>, heads: usiz
     let cols = columns(&scores, heads);
 
     let saved = oar::predict::load(&out, &Default::default()).unwrap();
-    let files = oar::config::resolve_files(&test).unwrap();
+    let files = oar::data::resolve_files(&test).unwrap();
     assert!(text(&o).contains(&format!("{} lines of scores", cols[0].len())), "{}", text(&o));
     let mut store = oar::train::Store::local(saved.shard);
     let evals = oar::train::evaluate_heads(&mut store, &saved.model, &saved.schema, &files, 4096, false).unwrap();

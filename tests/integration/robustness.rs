@@ -483,7 +483,7 @@ fn write_fuzz_seeds() {
         Request::PassAuc { trainer: 0, pass: 1, pos: vec![1; 8].into(), neg: vec![2; 8].into(), sums: [0.0; 3] },
         Request::GlobalAuc { pass: 1 },
         Request::Shrink { days: 1, day_end: 1 },
-        Request::Export { dir: "seed-export".into(), kind: oar::export::ExportKind::Delta },
+        Request::Export { dir: "seed-export".into(), kind: oar::protocol::ExportKind::Delta },
         Request::Close { trainer: 0 },
     ]
     .map(|r| r.encode().to_vec());

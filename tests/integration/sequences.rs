@@ -77,7 +77,7 @@ fn generated_aucs(dir: &std::path::Path, effect: oar::data::gen_sequences::Effec
             let mut c = job_config(&zoo_job(job), Mode::Local, &[], 0, 1, &dir.join("train"));
             c.passes = 1;
             c.batch_size = 256;
-            c.test_files = oar::config::resolve_files(&dir.join("test")).unwrap();
+            c.test_files = oar::data::resolve_files(&dir.join("test")).unwrap();
             let r = oar::train::run(&c, &|_, _| {}).unwrap();
             r.passes[0].test.as_ref().unwrap().auc.unwrap()
         })

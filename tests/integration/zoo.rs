@@ -42,7 +42,7 @@ fn zoo_config(
     let mut c = job_config(job, mode, servers, id, trainers, train);
     c.batch_size = 256;
     c.passes = 1;
-    c.test_files = oar::config::resolve_files(test).unwrap();
+    c.test_files = oar::data::resolve_files(test).unwrap();
     c
 }
 
@@ -82,7 +82,7 @@ fn every_zoo_model_trains_locally_and_on_two_servers_above_chance() {
         let data: oar::data::DataConfig = serde_json::from_value(manifest.model["data"].clone()).unwrap();
         let (model, schema) = oar::config::build_model(&model_config, &data, &Default::default()).unwrap();
         let mut store = oar::train::Store::local(shard);
-        let files = oar::config::resolve_files(&test).unwrap();
+        let files = oar::data::resolve_files(&test).unwrap();
         let offline = oar::train::evaluate(&mut store, &model, &schema, &files, 1024, false).unwrap();
         assert!((offline.auc.unwrap() - local_auc).abs() < 1e-6, "{name}: offline {offline} vs online {local_auc}");
 
