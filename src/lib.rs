@@ -25,7 +25,6 @@ pub mod model_export;
 pub mod nn;
 pub mod onnx;
 pub mod per_address;
-pub mod plot;
 pub mod predict;
 pub mod protocol;
 pub mod rendezvous;
@@ -36,7 +35,6 @@ pub mod state_file;
 pub mod supervise;
 pub mod table;
 pub mod telemetry;
-pub mod tfevents;
 pub mod tls;
 pub mod train;
 

@@ -298,7 +298,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }),
         Command::Plot(a) => {
             let out = a.out.unwrap_or_else(|| a.metrics.with_file_name("curves.png"));
-            let points = crate::plot::draw_file(&a.metrics, &out)?;
+            let points = crate::curves::plot::draw_file(&a.metrics, &out)?;
             println!("{points} points drawn to {}", out.display());
             Ok(())
         }

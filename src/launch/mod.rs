@@ -331,7 +331,7 @@ fn child(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
 /// fatal: the job itself went well.
 fn draw_curves(csv: &Path) -> Option<PathBuf> {
     let png = csv.with_file_name("curves.png");
-    match crate::plot::draw_file(csv, &png) {
+    match crate::curves::plot::draw_file(csv, &png) {
         Ok(_) => Some(png),
         Err(e) => {
             tracing::warn!("no curves drawn: {e:#}");

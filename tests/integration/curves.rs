@@ -137,7 +137,7 @@ print(json.dumps(out))
         let scalars = &read[run.to_str().unwrap()];
         let mut want: std::collections::BTreeMap<String, Vec<(u64, f32)>> = Default::default();
         for p in points.iter().filter(|p| p.trainer == t) {
-            for (tag, v) in oar::tfevents::tags(p) {
+            for (tag, v) in oar::curves::tfevents::tags(p) {
                 want.entry(tag).or_default().push((p.step, v));
             }
         }

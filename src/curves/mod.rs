@@ -1,12 +1,15 @@
 //! Training curves as a CSV file (`metrics.csv`): each trainer appends a point every N steps
 //! (the loss and AUC of its batches since the last point) and at the end of each pass (the
 //! pass's training figures, the AUC over all trainers, the test set's, the next day's), so a
-//! long job can be watched and plotted ([`crate::plot`]) instead of read from logs.
+//! long job can be watched and plotted ([`plot`]) instead of read from logs.
 //!
 //! Several trainers append to one file: each point is one `write` of one line to a file opened
 //! with `O_APPEND`, which Linux keeps whole on a local file system. Reading checks every field
 //! and names the line of a malformed one; a header line may repeat (two trainers that found the
 //! file empty at once both wrote it).
+
+pub mod plot;
+pub mod tfevents;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -78,10 +81,10 @@ pub enum CurvesError {
 pub const HEADER: &str = "trainer,pass,step,samples,seconds,kind,loss,auc";
 
 /// Where points go: a curves file they are appended to and, optionally, a TensorBoard event
-/// file ([`crate::tfevents`]).
+/// file ([`tfevents`]).
 pub struct CurveLog {
     file: Option<Mutex<std::fs::File>>,
-    events: Option<Mutex<crate::tfevents::EventFile>>,
+    events: Option<Mutex<tfevents::EventFile>>,
     path: PathBuf,
 }
 
@@ -108,7 +111,7 @@ impl CurveLog {
             None => CurveLog { file: None, events: None, path: PathBuf::new() },
         };
         if let Some(dir) = tensorboard {
-            let events = crate::tfevents::EventFile::create(dir, trainer)
+            let events = tfevents::EventFile::create(dir, trainer)
                 .with_context(|| format!("cannot write TensorBoard events under {}", dir.display()))?;
             if csv.is_none() {
                 log.path = events.path().to_path_buf();
