@@ -323,8 +323,8 @@ pub enum Request<'a> {
     /// Apply gradients.
     Push(Push<'a>),
     /// The trainer's push of `step` reached every server: a sync step may now apply it. A
-    /// server of several holds a sync push until its commit (see [`crate::server`]'s sync
-    /// step), so a step is applied everywhere or nowhere.
+    /// server of several holds a sync push until its commit (the server's sync step), so a
+    /// step is applied everywhere or nowhere.
     Commit {
         /// Trainer id.
         trainer: u64,
@@ -388,7 +388,7 @@ pub enum Request<'a> {
         /// an operator's shrink (`oar shrink`), applied every time.
         day_end: u64,
     },
-    /// Write this server's base or delta save into `dir` (see [`crate::export`]); answered as
+    /// Write this server's base or delta save into `dir` (the `export` module); answered as
     /// `Stats` JSON ([`Exported`]).
     Export {
         /// The save's folder (on the server's file system, inside its save root).

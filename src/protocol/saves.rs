@@ -1,5 +1,5 @@
 //! What a base or delta save is, on the wire and in files: its kind, and what one server wrote
-//! (see [`crate::export`]).
+//! (written by the `export` module).
 
 use serde::{Deserialize, Serialize};
 

@@ -42,12 +42,15 @@ fn sources(path: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The top-level modules a file's code refers to: comments and a trailing `#[cfg(test)]`
-/// module left out.
+/// The top-level modules a file's code refers to: comments and an inline `#[cfg(test)]`
+/// module (`mod tests {`, to the end of the file) left out.
 fn references(text: &str) -> Vec<String> {
-    let code = text.split("#[cfg(test)]\nmod ").next().unwrap();
     let mut found = Vec::new();
-    for line in code.lines() {
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line.trim() == "#[cfg(test)]" && lines.peek().is_some_and(|next| next.trim_end().ends_with('{')) {
+            break;
+        }
         let line = line.split("//").next().unwrap();
         // `crate::x` anywhere, and `x` of a grouped `use crate::{x, y::z}`.
         for (at, _) in line.match_indices("crate::") {
