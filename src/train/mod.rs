@@ -20,6 +20,7 @@ mod comms;
 mod config;
 mod day_end;
 pub mod init_model;
+mod job;
 pub mod online;
 mod pass;
 pub mod position;
@@ -154,212 +155,20 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
     run_with(config, &Registry::default(), on_progress)
 }
 
-/// Trains as configured, with the layer types of `registry` (a program's own layers).
+/// Trains as configured, with the layer types of `registry` (a program's own layers): the
+/// phases of [`job::Job`], pass after pass.
 pub fn run_with(
     config: &TrainConfig,
     registry: &Registry,
     on_progress: &dyn Fn(u64, u64),
 ) -> anyhow::Result<TrainReport> {
-    // Dense statistics not given: a job that starts from a saved model (resumed or warm) takes
-    // that model's; an offline one those of all its training files (as `oar train` computes
-    // them), saved with the model.
-    let filled;
-    let from = init_model::StartModel::open(config.resume.as_deref(), config.init_model.as_deref())?;
-    let stats = match (&from, &config.online) {
-        (Some(from), _) => Some(from.data(&config.data)?),
-        (None, None) => {
-            crate::data::transform::fill_stats(&config.data, &config.train_files, config.model.shorthand_shape())?
-        }
-        (None, Some(_)) => None,
-    };
-    let config = match stats {
-        Some(data) => {
-            filled = TrainConfig { data, ..config.clone() };
-            &filled
-        }
-        None => config,
-    };
-    config.validate()?;
-    let started = Instant::now();
-    let (model, schema) = crate::config::build_model(&config.model, &config.data, registry)?;
-    model.check_memory(config.batch_size, config.threads).map_err(anyhow::Error::msg)?;
-    model.check_delay(config.delay).map_err(anyhow::Error::msg)?;
-    let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
-    spec.validate().map_err(anyhow::Error::msg)?;
-    let me = config.trainer_id;
-    // The done-file trainer 0 appends to is checked before training, not after the first day.
-    if let (0, Some(out), true) = (me, &config.output, config.delta_every.is_some() || config.online.is_some()) {
-        crate::export::done_lines(&out.join("donefile.txt"))?;
+    let (config, from) = job::with_stats(config)?;
+    let mut job = job::Job::start(&config, registry, from)?;
+    for pass in job.passes() {
+        let trained = job.train_pass(pass, on_progress)?;
+        job.end_of_pass(pass, trained)?;
     }
-    if let Some(o) = &config.online {
-        o.check_shares(config.trainers, me)?;
-    }
-    crate::fault::set_trainer_life(u64::from(config.rejoin));
-    if let Some(from) = &from {
-        from.check_spec(&spec)?;
-    }
-    let warm = init_model::lineage(config.init_model.as_deref(), from.as_ref());
-    let (mut store, first_pass) = open_store(config, &spec, from.as_ref(), warm.as_deref())?;
-    let files = shard_files(&config.train_files, config.trainers, me);
-    anyhow::ensure!(
-        !files.is_empty(),
-        "trainer {me} of {} has no training file: give at least as many files as trainers",
-        config.trainers
-    );
-    let start = start_position(config, first_pass)?;
-    catch_up_day_ends(config, &mut store, &start)?;
-    let positions = match &config.positions {
-        Some(dir) => Some(Mutex::new(PositionLog::create(dir, start.clone())?)),
-        None => None,
-    };
-    let (telemetry, _metrics) = match &config.metrics_addr {
-        Some(addr) => {
-            let t = Arc::new(telemetry::TrainerTelemetry::new(me));
-            let shown = t.clone();
-            (Some(t), Some(crate::telemetry::Exporter::start(addr, Arc::new(move || shown.render()))?))
-        }
-        None => (None, None),
-    };
-    let shuffle = config.order().unwrap_or_else(|| "off".into());
-    tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, %shuffle, first_pass = start.pass, model = %model.summary(), "training");
-
-    let mut report = TrainReport {
-        trainer: me,
-        samples: start.trained,
-        train_seconds: 0.0,
-        wall_seconds: 0.0,
-        passes: Vec::new(),
-        time: StepTimes::default(),
-        discarded_pushes: 0,
-        staleness: Staleness::default(),
-        bad_lines: 0,
-        clipped_steps: 0,
-        days: Vec::new(),
-    };
-    let (mut step, mut bytes_before) = (start.step, 0u64);
-    let curves =
-        crate::curves::CurveLog::open_all(config.metrics_csv.as_deref(), config.tensorboard.as_deref(), me as u32)?;
-    let mut exports = crate::export::ExportPlan { delta_every: config.delta_every, based: false };
-    for pass in start.pass..=config.passes {
-        // A rejoining trainer goes on in the pass it was in, after the samples it pushed (and
-        // in the warm-up, at the part after its last merged step).
-        let resumed = if pass == start.pass { start.samples } else { 0 };
-        let plan = WarmupPlan::new(config, pass == start.first_pass, step, resumed);
-        if pass != start.pass {
-            if let Some(p) = &positions {
-                p.lock().start_pass(pass)?;
-            }
-        }
-        // Online: this pass's split of its day, this trainer's share of it.
-        let pass_files = match &config.online {
-            Some(o) => shard_files(o.files(pass), config.trainers, me),
-            None => files.clone(),
-        };
-        let named = files_named(&pass_files);
-        let reader = Reader::spawn(
-            pass_files,
-            ReaderConfig {
-                skip_bad_lines: config.skip_bad_lines,
-                skip: plan.reader_skip,
-                shuffle: config.shuffle_for(pass),
-                ..ReaderConfig::new(&schema, config.batch_size)
-            },
-        );
-        let progress = reader.progress();
-        let pass_loop = PassLoop {
-            config,
-            model: &model,
-            pass,
-            step: AtomicU64::new(step),
-            plan,
-            positions: positions.as_ref(),
-            curves: curves.as_ref().map(|log| (log, started)),
-            telemetry: telemetry.as_deref(),
-        };
-        if let Some(t) = &telemetry {
-            t.pass.store(pass as u64, Relaxed);
-        }
-        let metrics = pass_loop.run(&mut store, reader, &mut report, &|samples| {
-            on_progress(bytes_before + progress.bytes.load(Relaxed), samples)
-        })?;
-        step = pass_loop.step.load(Relaxed);
-        bytes_before += progress.bytes.load(Relaxed);
-        let bad = progress.bad_lines.load(Relaxed);
-        report.bad_lines += bad;
-        let trains: Vec<EvalReport> = metrics.0.iter().map(PassMetrics::report).collect();
-        // A pass over no sample (empty files, or every line bad) trained nothing, yet saved and
-        // announced a model as if it had; a rejoining trainer past its last sample is fine.
-        anyhow::ensure!(
-            trains[0].samples > 0 || resumed > 0,
-            "pass {pass}: trainer {me} read no sample from its {named}{}: nothing to train on",
-            skipped(bad)
-        );
-        for (name, t) in model.head_names().iter().zip(&trains) {
-            tracing::info!(trainer = me, pass, samples = t.samples, head = %name, "pass done: {t}");
-        }
-        if report.staleness.count() > 0 {
-            tracing::info!(trainer = me, pass, "push staleness so far: {}", report.staleness);
-        }
-        // The pass's AUC over every trainer: each sends server 0 its histogram, the end-of-pass
-        // barrier waits for all, then each reads them merged.
-        let first = &metrics.0[0];
-        let buckets = (!first.probs.is_empty()).then(|| AucBuckets::of(&first.probs, &first.labels));
-        if let (Store::Remote(client), Some(b)) = (&mut store, &buckets) {
-            client.pass_auc(me, pass, b).with_context(|| format!("sending pass {pass}'s AUC histogram"))?;
-        }
-        let (tests, day) =
-            end_pass(config, &mut store, &model, &schema, &spec, pass, step, warm.as_deref(), &mut exports)?;
-        let all_trainers = match (&mut store, buckets) {
-            (Store::Remote(client), Some(_)) => {
-                let g = client.global_auc(pass).with_context(|| format!("reading pass {pass}'s AUC"))?;
-                Some(AllTrainersAuc::of(&g.buckets, g.trainers))
-            }
-            (Store::Local(..), Some(b)) => Some(AllTrainersAuc::of(&b, vec![me as u64])),
-            (_, None) => None,
-        };
-        if let Some(a) = &all_trainers {
-            tracing::info!(trainer = me, pass, samples = a.samples, trainers = ?a.trainers, "pass figures over all trainers (Paddle's buckets): {a}");
-        }
-        let heads = if trains.len() > 1 {
-            let names = model.head_names();
-            (0..trains.len())
-                .map(|h| HeadReport { output: names[h].clone(), train: trains[h].clone(), test: tests.get(h).cloned() })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let next_day = day.as_ref().and_then(|d| d.next_day.clone());
-        if let Some(mut day) = day {
-            day.train_auc = all_trainers.as_ref().and_then(|a| a.auc);
-            let next = day.next_day.as_ref().map_or("-".to_string(), |e| e.to_string());
-            tracing::info!(date = %day.date, rows = ?day.rows, shrunk = day.shrunk_rows, "day done; next day's first split: {next}");
-            report.days.push(day);
-        }
-        let done = PassReport { pass, train: trains[0].clone(), test: tests.first().cloned(), heads, all_trainers };
-        if let Some(t) = &telemetry {
-            t.pass_loss.store(done.train.loss.to_bits(), Relaxed);
-            t.pass_auc.store(done.train.auc.unwrap_or(f64::NAN).to_bits(), Relaxed);
-        }
-        if let Some(log) = &curves {
-            let seconds = started.elapsed().as_secs_f64();
-            for p in done.curve_points(me as u32, step, report.samples, seconds, next_day.as_ref()) {
-                log.write(&p);
-            }
-        }
-        report.passes.push(done);
-    }
-    if let Store::Remote(client) = &mut store {
-        client.close(me)?;
-    }
-    if let Some(p) = &positions {
-        p.lock().finish()?;
-    }
-    report.wall_seconds = started.elapsed().as_secs_f64();
-    if report.clipped_steps > 0 {
-        let max = config.clip_grad_norm.unwrap_or_default();
-        tracing::info!(trainer = me, steps = report.clipped_steps, "steps' gradients clipped to norm {max}");
-    }
-    Ok(report)
+    job.finish()
 }
 
 /// Where this run starts: the recorded position of a rejoining trainer, else the first pass's
@@ -489,106 +298,4 @@ fn description(config: &TrainConfig, steps: Option<u64>, warm: Option<&str>) -> 
         d["init_model"] = warm.into();
     }
     d
-}
-
-/// Barrier, the saves and evaluation (trainer 0), barrier.
-#[allow(clippy::too_many_arguments)]
-fn end_pass(
-    config: &TrainConfig,
-    store: &mut Store,
-    model: &Model,
-    schema: &Schema,
-    spec: &TableSpec,
-    pass: u32,
-    step: u64,
-    warm: Option<&str>,
-    exports: &mut crate::export::ExportPlan,
-) -> anyhow::Result<(Vec<EvalReport>, Option<DayReport>)> {
-    let me = config.trainer_id;
-    if let Store::Remote(client) = store {
-        client.end_pass(me, pass)?;
-        client.barrier(me, 2 * pass as u64 - 1).with_context(|| format!("end of pass {pass}"))?;
-    }
-    let mut tests = Vec::new();
-    let mut day = None;
-    // Online: the pass's day and its number within the day; a day ends with a shrink.
-    let slot = config.online.as_ref().map(|o| (o, o.slot(pass)));
-    let (date, day_pass, day_end) = match slot {
-        Some((o, s)) => (o.date_number(s.day), s.pass, s.day_end),
-        None => (0, pass, false),
-    };
-    if me == 0 {
-        if let (Some((o, s)), true) = (slot, day_end) {
-            day_end_fault(DayEndPoint::BeforeShrink);
-            let shrunk_rows =
-                store.shrink_day_end(pass).with_context(|| format!("the shrink at the end of day {date}"))?;
-            day_end_fault(DayEndPoint::Shrunk);
-            day = Some(DayReport { date: o.days[s.day].0.clone(), shrunk_rows, ..DayReport::default() });
-        }
-        if let Some(out) = &config.output {
-            // Before the pass's checkpoint: a crash between the two redoes the pass, saves
-            // again and announces the save once; the other order could lose its line.
-            if let Some(kind) = exports.due(day_pass, day_end) {
-                save_for_serving(out, store, spec, kind, date, day_pass)?;
-            }
-            if day_end {
-                day_end_fault(DayEndPoint::SavedForServing);
-            }
-            let dir = out.join(pass_dir_name(pass));
-            // A link planted at the pass's name had the save's files written wherever it led.
-            anyhow::ensure!(
-                !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()),
-                "{} is a symbolic link: a save does not go through one",
-                dir.display()
-            );
-            if saves::saved_before(&dir, &config.job, pass, config.rejoin)? {
-                tracing::info!(pass, dir = %dir.display(), "the pass was saved before this trainer restarted: kept as it is");
-            } else {
-                let shards = store.save(&dir).with_context(|| format!("saving pass {pass} to {}", dir.display()))?;
-                let mut model = description(config, Some(step), warm);
-                if let Some((o, _)) = slot {
-                    // Where a resume must count from (`Online::check_resume`).
-                    model["online"] = serde_json::to_value(o.saved_day(pass))?;
-                }
-                let manifest = Manifest {
-                    format: FORMAT_VERSION,
-                    job: config.job.clone(),
-                    pass,
-                    num_servers: shards.len(),
-                    spec: spec.clone(),
-                    model,
-                    shards,
-                };
-                manifest.write(&dir)?;
-                tracing::info!(pass, dir = %dir.display(), "model saved");
-            }
-            if day_end {
-                day_end_fault(DayEndPoint::Saved);
-            }
-        }
-        if !config.test_files.is_empty() {
-            let batch = config.batch_size.max(1024);
-            tests = evaluate_heads(store, model, schema, &config.test_files, batch, config.skip_bad_lines)?;
-            for (name, r) in model.head_names().iter().zip(&tests) {
-                tracing::info!(pass, samples = r.samples, head = %name, "test: {r}");
-            }
-        }
-        if let (Some((o, s)), Some(d)) = (slot, day.as_mut()) {
-            // The day's model on the next day's first split, before any training on it.
-            if let Some(next) = o.next_first_split(s.day) {
-                let batch = config.batch_size.max(1024);
-                let heads = evaluate_heads(store, model, schema, next, batch, config.skip_bad_lines)?;
-                d.next_day = heads.into_iter().next();
-            }
-            for (rows, rss, peak) in store.footprint()? {
-                d.rows.push(rows);
-                d.rss_bytes.push(rss);
-                d.peak_rss_bytes.push(peak);
-            }
-        }
-    }
-    if let Store::Remote(client) = store {
-        client.barrier(me, 2 * pass as u64).with_context(|| format!("after saving pass {pass}"))?;
-    }
-    Ok((tests, day))
 }
