@@ -18,6 +18,7 @@ mod global_auc;
 mod hostile_jobs;
 mod insiders;
 mod interactions;
+mod k8s;
 mod layers;
 mod lifecycle;
 mod models;
