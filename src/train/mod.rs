@@ -156,7 +156,7 @@ pub fn run(config: &TrainConfig, on_progress: &dyn Fn(u64, u64)) -> anyhow::Resu
 }
 
 /// Trains as configured, with the layer types of `registry` (a program's own layers): the
-/// phases of [`job::Job`], pass after pass.
+/// phases of `train/job.rs`, pass after pass.
 pub fn run_with(
     config: &TrainConfig,
     registry: &Registry,
