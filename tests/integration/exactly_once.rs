@@ -223,6 +223,7 @@ fn assert_exactly_once_with(mode: &'static str, kill: Kill, extra: &'static [&'s
 /// Sync: the survivor completes the step with the dead process's push; the restart's copy is
 /// answered from the ledger, not applied again.
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn sync_a_trainer_killed_with_its_push_committed_after_the_survivor_completes_the_step_counts_once() {
     assert_exactly_once("sync", Kill::Committed);
 }
@@ -230,6 +231,7 @@ fn sync_a_trainer_killed_with_its_push_committed_after_the_survivor_completes_th
 /// Sync: the restart sends the push again while the step still waits (the survivor stopped):
 /// the first copy stays.
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn sync_a_trainer_killed_with_its_push_pending_and_restarted_before_the_step_completes_counts_once() {
     assert_exactly_once("sync", Kill::Sent);
 }
@@ -239,6 +241,7 @@ fn sync_a_trainer_killed_with_its_push_pending_and_restarted_before_the_step_com
 /// the same parameters (the review's finding: with the step applied at server 0, the restart's
 /// gradient came from moved parameters and the model differed).
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn sync_a_trainer_killed_with_its_push_at_one_server_of_two_gives_the_undisturbed_model() {
     assert_exactly_once("sync", Kill::SentFirst);
 }
@@ -247,6 +250,7 @@ fn sync_a_trainer_killed_with_its_push_at_one_server_of_two_gives_the_undisturbe
 /// survivor while server 1 waits. Server 1 still holds the first push, and the restart's copy
 /// (computed from server 0's moved parameters) does not replace it.
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn sync_a_trainer_killed_with_its_commit_at_one_server_of_two_gives_the_undisturbed_model() {
     assert_exactly_once("sync", Kill::CommittedFirst);
 }
@@ -254,6 +258,7 @@ fn sync_a_trainer_killed_with_its_commit_at_one_server_of_two_gives_the_undistur
 /// Async mode's synchronous warm-up (40 merged updates, so step 15 is inside it): the merged
 /// steps of the two trainers stay paired and the job finishes.
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn async_warmup_a_trainer_killed_with_its_merged_push_pending_counts_once_and_the_job_finishes() {
     assert_exactly_once("async", Kill::Committed);
 }
@@ -262,6 +267,7 @@ fn async_warmup_a_trainer_killed_with_its_merged_push_pending_counts_once_and_th
 /// samples it pushed, so each server applies every sample once and the model is the undisturbed
 /// shuffled run's bit for bit; and the shuffle took effect (the model is not the unshuffled one's).
 #[test]
+#[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn sync_shuffled_a_trainer_killed_and_restarted_reads_the_same_order_and_counts_once() {
     let shuffled = assert_exactly_once_with("sync", Kill::Committed, &["--shuffle"]);
     let dir = tempfile::tempdir().unwrap();

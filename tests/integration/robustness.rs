@@ -437,7 +437,7 @@ fn a_save_outside_the_servers_save_root_is_refused() {
 }
 
 /// Writes the fuzz targets' seed inputs (`fuzz/corpus/`): the frames of one training step
-/// (declare, pull, push, end of pass, barrier, save, stats, close) of a tiny model, together for
+/// (declare, pull, push, commit, end of pass, barrier, save, stats, close) of a tiny model, together for
 /// the server target and one by one for the decoder. Run by hand when the protocol changes:
 /// `cargo test --release --test integration -- --ignored write_fuzz_seeds`.
 #[test]
@@ -476,6 +476,7 @@ fn write_fuzz_seeds() {
                 grads: vec![0.1; 4].into(),
             }],
         }),
+        Request::Commit { trainer: 0, step: 0 },
         Request::EndPass { trainer: 0, pass: 1 },
         Request::Barrier { trainer: 0, epoch: 1 },
         Request::Save { dir: "seed-save".into() },
