@@ -27,8 +27,10 @@ use crate::ledger::TrainerLedger;
 use crate::protocol::{ErrorCode, Response};
 use crate::table::Shard;
 
+mod accept;
 mod config;
 mod conn;
+mod ends;
 mod members;
 mod push;
 mod requests;
@@ -255,6 +257,77 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<ServerStats> {
+    let state = restore(listeners.len(), config)?;
+    let _metrics = match &state.config.metrics_addr {
+        Some(addr) => {
+            let watched = state.clone();
+            Some(crate::telemetry::Exporter::start(addr, Arc::new(move || telemetry::render(&watched)))?)
+        }
+        None => None,
+    };
+    // Restarted after every trainer had closed (it died saving): only the final save is left.
+    if state.config.exit_when_done && state.closed.lock().len() >= state.config.trainers {
+        if let Some(dir) = &state.config.save_dir {
+            members::save_final(&state, dir).map_err(|(_, m)| anyhow::anyhow!(m))?;
+        }
+        return Ok(state.stats());
+    }
+    // Checkpoints on their own thread: the snapshot takes short locks, the writing none. The
+    // thread ends when `stop_checkpoints` is dropped: waited for on a normal stop (so no write
+    // is cut off), left to end by itself when the server fails.
+    let (stop_checkpoints, stopped) = std::sync::mpsc::channel::<()>();
+    let checkpoint_thread = start_checkpoints(&state, stopped)?;
+    let ports = listeners.len();
+    let mut acceptors = tokio::task::JoinSet::new();
+    for (port, listener) in listeners.into_iter().enumerate() {
+        let sparse_only = port >= ports - state.config.sparse_ports;
+        acceptors.spawn(accept::accept(state.clone(), port, listener, sparse_only));
+    }
+    tokio::select! {
+        _ = shutdown => {}
+        _ = ends::all_closed(state.clone()) => tracing::info!("every trainer has closed; stopping"),
+        newer = ends::replaced(state.clone()) => {
+            acceptors.abort_all();
+            anyhow::bail!(
+                "server {} epoch {} has been replaced by epoch {newer} (it was stopped or unreachable and restarted): \
+                 this process stops without touching the job's state",
+                state.config.index,
+                state.config.epoch
+            );
+        }
+        (trainer, window) = ends::lost_trainer(state.clone()) => {
+            acceptors.abort_all();
+            let lost = match window {
+                None => format!("trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"),
+                Some(w) => format!(
+                    "trainer {trainer} disconnected without closing and did not come back within {w:?} \
+                     (--trainer-rejoin): the job cannot finish"
+                ),
+            };
+            return Err(crate::exit::PeerLost(lost).into());
+        }
+        missing = ends::never_arrived(state.clone()) => {
+            acceptors.abort_all();
+            anyhow::bail!(
+                "trainer(s) {missing:?} of {} never connected within {:?} of this server starting (--timeout): \
+                 check that they were started and can reach this server",
+                state.config.trainers,
+                state.config.timeout
+            );
+        }
+    }
+    acceptors.abort_all();
+    drop(stop_checkpoints);
+    if let Some(thread) = checkpoint_thread {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+    Ok(state.stats())
+}
+
+/// A server's state at start, from its configuration: checked (the listeners for its ports,
+/// the secret), with the shard and ledgers it resumes from, and, for a restart, which trainers
+/// had closed or ended the pass when its predecessor last recorded it.
+fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
     config.validate()?;
     if config.secret.is_none() {
         tracing::warn!(
@@ -263,9 +336,9 @@ pub async fn run(
         );
     }
     anyhow::ensure!(
-        listeners.len() > config.sparse_ports,
+        ports > config.sparse_ports,
         "{} listeners for {} sparse-only ports: at least one general port is needed",
-        listeners.len(),
+        ports,
         config.sparse_ports
     );
     let (shard, Resumed { version, mut ledgers, day_end, start, saved_pass }) = match &config.resume {
@@ -298,7 +371,6 @@ pub async fn run(
         config.closed.extend(new);
         (sync.pass, sync.ended) = (t.pass, t.ended.into_iter().collect());
     }
-    let ports = listeners.len();
     let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
     let state = Arc::new(State {
         broken: Mutex::new(conn::Quiet::default()),
@@ -338,81 +410,19 @@ pub async fn run(
         buffers: crate::protocol::BufferBudget::new(config.limits.max_receive_bytes),
         config,
     });
-    let _metrics = match &state.config.metrics_addr {
-        Some(addr) => {
-            let watched = state.clone();
-            Some(crate::telemetry::Exporter::start(addr, Arc::new(move || telemetry::render(&watched)))?)
-        }
-        None => None,
-    };
     if state.config.epoch > 0 {
         let ended = state.sync.lock().ended.clone();
         tracing::info!(epoch = state.config.epoch, version, closed = ?state.config.closed, ?ended, "restarted server");
     }
-    // Restarted after every trainer had closed (it died saving): only the final save is left.
-    if state.config.exit_when_done && state.closed.lock().len() >= state.config.trainers {
-        if let Some(dir) = &state.config.save_dir {
-            members::save_final(&state, dir).map_err(|(_, m)| anyhow::anyhow!(m))?;
-        }
-        return Ok(state.stats());
-    }
-    let mut done = state.all_closed.subscribe();
-    let exit_when_done = state.config.exit_when_done;
-    let all_closed = async move {
-        if exit_when_done {
-            let _ = done.wait_for(|d| *d).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    // A server told to exit when its trainers are done must not wait forever for trainers that
-    // never come (a failed launch, a wrong address): after --timeout it names them and fails.
-    let watched = state.clone();
-    let arrival_deadline = async move {
-        if exit_when_done {
-            tokio::time::sleep(watched.config.timeout).await;
-            let missing = watched.never_arrived();
-            if !missing.is_empty() {
-                return missing;
-            }
-        }
-        std::future::pending().await
-    };
-    // A trainer that disconnects without closing can never finish the job (its close, its
-    // share of the data, the final save): a server that would exit when its trainers are done
-    // fails instead of waiting for it forever, or after the time it has to rejoin.
-    let (mut lost, rejoin) = (state.lost.subscribe(), state.config.rejoin);
-    let lost_trainer = async move {
-        loop {
-            if !exit_when_done {
-                std::future::pending::<()>().await;
-            }
-            // The borrowed map is not Send: read it before any await.
-            let first = lost.borrow_and_update().iter().min_by_key(|(_, at)| **at).map(|(t, at)| (*t, *at));
-            match (first, rejoin) {
-                (Some((t, _)), None) => return (t, None),
-                (Some((t, at)), Some(window)) => {
-                    let timed_out = tokio::select! {
-                        _ = tokio::time::sleep_until((at + window).into()) => true,
-                        changed = lost.changed() => changed.is_err(),
-                    };
-                    if timed_out && lost.borrow().contains_key(&t) {
-                        return (t, Some(window));
-                    }
-                }
-                (None, _) => {
-                    if lost.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-            }
-        }
-    };
-    // Checkpoints on their own thread: the snapshot takes short locks, the writing none. The
-    // thread ends when `stop_checkpoints` is dropped: waited for on a normal stop (so no write
-    // is cut off), left to end by itself when the server fails.
-    let (stop_checkpoints, stopped) = std::sync::mpsc::channel::<()>();
-    let mut checkpoint_thread = None;
+    Ok(state)
+}
+
+/// Claims the checkpoint folder and starts the checkpoint thread, which ends once `stopped`'s
+/// sender is dropped; `None` without checkpoints.
+fn start_checkpoints(
+    state: &Arc<State>,
+    stopped: std::sync::mpsc::Receiver<()>,
+) -> anyhow::Result<Option<std::thread::JoinHandle<()>>> {
     if let Some(policy) = state.config.checkpoints.clone() {
         let (watched, index) = (state.clone(), state.config.index);
         let fence = crate::shard_checkpoints::Fence { job: state.config.job.clone(), epoch: state.config.epoch };
@@ -427,113 +437,9 @@ pub async fn run(
             .name("oar-checkpoint".into())
             .spawn(move || crate::shard_checkpoints::run(checkpointer, cut, on_written, stopped))
             .context("starting the checkpoint thread")?;
-        checkpoint_thread = Some(thread);
+        return Ok(Some(thread));
     }
-    let mut fenced = state.fenced.subscribe();
-    let replaced = async move {
-        // The borrowed value is not Send: read it before any other await.
-        let newer = fenced.wait_for(Option::is_some).await.map(|e| e.unwrap_or_default());
-        match newer {
-            Ok(epoch) => epoch,
-            Err(_) => std::future::pending().await,
-        }
-    };
-    let mut acceptors = tokio::task::JoinSet::new();
-    for (port, listener) in listeners.into_iter().enumerate() {
-        let state = state.clone();
-        let sparse_only = port >= ports - state.config.sparse_ports;
-        acceptors.spawn(async move {
-            let mut quiet = conn::Quiet::default();
-            loop {
-                match listener.accept().await {
-                    Ok((socket, peer)) => {
-                        let open = match conn::Open::count(&state) {
-                            Some(open) => Some(open),
-                            // Every place taken: the oldest connection that has not spoken yet
-                            // makes room (a moment over the bound, until it has closed).
-                            None if state.waiting.close_oldest() => Some(conn::Open::over(&state)),
-                            None => None,
-                        };
-                        let Some(open) = open else {
-                            let message = format!(
-                                "the server has {} connections open, the most it takes (--max-connections)",
-                                state.config.limits.max_connections
-                            );
-                            quiet.warn(format_args!("connection from {peer} refused: {message}"));
-                            tokio::spawn(conn::refuse_busy(socket, message));
-                            continue;
-                        };
-                        let Some(pending) = state.pending.hold(peer.ip()) else {
-                            let message = format!(
-                                "{} has {} connections not yet through their handshake, the most one address \
-                                 may hold (--max-pending-per-address)",
-                                peer.ip(),
-                                state.pending.most()
-                            );
-                            quiet.warn(format_args!("connection from {peer} refused: {message}"));
-                            tokio::spawn(conn::refuse_busy(socket, message));
-                            continue;
-                        };
-                        let state = state.clone();
-                        let ticket = state.waiting.enter();
-                        tokio::spawn(async move {
-                            let served =
-                                conn::serve_connection(state.clone(), socket, port, sparse_only, pending, ticket);
-                            if let Err(e) = served.await {
-                                state.broken.lock().warn(format_args!("connection from {peer} closed on error: {e}"));
-                            }
-                            drop(open);
-                        });
-                    }
-                    Err(e) => {
-                        // Out of descriptors (or another passing failure): wait a little
-                        // rather than spin on the error, and say so once a second at most.
-                        quiet.warn(format_args!("accept failed: {e}"));
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        });
-    }
-    tokio::select! {
-        _ = shutdown => {}
-        _ = all_closed => tracing::info!("every trainer has closed; stopping"),
-        newer = replaced => {
-            acceptors.abort_all();
-            anyhow::bail!(
-                "server {} epoch {} has been replaced by epoch {newer} (it was stopped or unreachable and restarted): \
-                 this process stops without touching the job's state",
-                state.config.index,
-                state.config.epoch
-            );
-        }
-        (trainer, window) = lost_trainer => {
-            acceptors.abort_all();
-            let lost = match window {
-                None => format!("trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"),
-                Some(w) => format!(
-                    "trainer {trainer} disconnected without closing and did not come back within {w:?} \
-                     (--trainer-rejoin): the job cannot finish"
-                ),
-            };
-            return Err(crate::exit::PeerLost(lost).into());
-        }
-        missing = arrival_deadline => {
-            acceptors.abort_all();
-            anyhow::bail!(
-                "trainer(s) {missing:?} of {} never connected within {:?} of this server starting (--timeout): \
-                 check that they were started and can reach this server",
-                state.config.trainers,
-                state.config.timeout
-            );
-        }
-    }
-    acceptors.abort_all();
-    drop(stop_checkpoints);
-    if let Some(thread) = checkpoint_thread {
-        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-    }
-    Ok(state.stats())
+    Ok(None)
 }
 
 /// Binds `addrs` (the general ports, then `config.sparse_ports` sparse-only ones) and serves

@@ -1,0 +1,73 @@
+//! What ends a server, each a future `run` selects over besides its shutdown signal: every
+//! trainer closed, a trainer lost for good, trainers that never came, a newer epoch in its place.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::State;
+
+/// Every trainer has closed (only for a server that exits when its trainers are done).
+pub(super) async fn all_closed(state: Arc<State>) {
+    let mut done = state.all_closed.subscribe();
+    if state.config.exit_when_done {
+        let _ = done.wait_for(|d| *d).await;
+    } else {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A server told to exit when its trainers are done must not wait forever for trainers that
+/// never come (a failed launch, a wrong address): after `--timeout`, the ones that never came.
+pub(super) async fn never_arrived(state: Arc<State>) -> Vec<u64> {
+    if state.config.exit_when_done {
+        tokio::time::sleep(state.config.timeout).await;
+        let missing = state.never_arrived();
+        if !missing.is_empty() {
+            return missing;
+        }
+    }
+    std::future::pending().await
+}
+
+/// A trainer that disconnected without closing can never finish the job (its close, its share
+/// of the data, the final save): a server that would exit when its trainers are done fails
+/// instead of waiting for it forever, or after the time it has to rejoin. The trainer, and that
+/// time if any.
+pub(super) async fn lost_trainer(state: Arc<State>) -> (u64, Option<Duration>) {
+    let (mut lost, rejoin) = (state.lost.subscribe(), state.config.rejoin);
+    loop {
+        if !state.config.exit_when_done {
+            std::future::pending::<()>().await;
+        }
+        // The borrowed map is not Send: read it before any await.
+        let first = lost.borrow_and_update().iter().min_by_key(|(_, at)| **at).map(|(t, at)| (*t, *at));
+        match (first, rejoin) {
+            (Some((t, _)), None) => return (t, None),
+            (Some((t, at)), Some(window)) => {
+                let timed_out = tokio::select! {
+                    _ = tokio::time::sleep_until((at + window).into()) => true,
+                    changed = lost.changed() => changed.is_err(),
+                };
+                if timed_out && lost.borrow().contains_key(&t) {
+                    return (t, Some(window));
+                }
+            }
+            (None, _) => {
+                if lost.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+}
+
+/// A newer epoch of this server has claimed its place: that epoch.
+pub(super) async fn replaced(state: Arc<State>) -> u64 {
+    let mut fenced = state.fenced.subscribe();
+    // The borrowed value is not Send: read it before any other await.
+    let newer = fenced.wait_for(Option::is_some).await.map(|e| e.unwrap_or_default());
+    match newer {
+        Ok(epoch) => epoch,
+        Err(_) => std::future::pending().await,
+    }
+}
