@@ -128,7 +128,7 @@ fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, serv
         "image": c.image,
         "command": ["oar", "train"],
         "args": c.train_args,
-        "env": env.clone(),
+        "env": env,
     });
     if server {
         container["ports"] = json!([{"name": if c.paddlejob { "master" } else { "ps" }, "containerPort": c.port}]);
@@ -160,6 +160,7 @@ fn pod_spec(c: &K8sConfig, container: &str, env: Vec<Value>, restart: &str, serv
             let credentials = json!({"secretName": secret_name, "defaultMode": 0o400, "items": items});
             volumes.push(json!({"name": "secret", "emptyDir": {"medium": "Memory"}}));
             volumes.push(json!({"name": "credentials", "secret": credentials}));
+            // The init container picks this pod's credential by the same trainer id.
             let id = env.iter().find(|v| v["name"] == "PADDLE_TRAINER_ID").cloned();
             let paths = [
                 json!({"name": "FROM", "value": CREDENTIALS_MOUNT}),
