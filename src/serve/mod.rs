@@ -16,6 +16,8 @@
 //! the model it started with to its end, so none is dropped or mixed. A pass that fails to load
 //! (torn, another job's) is reported and the old one kept.
 
+pub mod model_export;
+pub mod predict;
 pub mod v2;
 
 use std::path::{Path, PathBuf};

@@ -21,6 +21,7 @@ mod config;
 mod day_end;
 pub mod init_model;
 mod job;
+pub mod job_config;
 pub mod online;
 mod pass;
 pub mod position;

@@ -1,0 +1,6 @@
+//! Watching a job: quality metrics over a pass, the Prometheus endpoint, and the learning
+//! curves (CSV, TensorBoard event files, plots).
+
+pub mod curves;
+pub mod metrics;
+pub mod telemetry;
