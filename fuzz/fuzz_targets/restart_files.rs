@@ -26,20 +26,20 @@ fuzz_target!(|data: &[u8]| {
     match which % 6 {
         0 => {
             std::fs::write(server.join("fence.json"), bytes).unwrap();
-            let _ = oar::shard_checkpoints::Fence::read(&server);
-            let _ = oar::shard_checkpoints::earlier_life(d, 0, "j");
+            let _ = oar::server::shard_checkpoints::Fence::read(&server);
+            let _ = oar::server::shard_checkpoints::earlier_life(d, 0, "j");
         }
         1 => {
             std::fs::write(server.join("trainers.json"), bytes).unwrap();
-            let _ = oar::shard_checkpoints::Trainers::read(d, 0, "j", 4);
+            let _ = oar::server::shard_checkpoints::Trainers::read(d, 0, "j", 4);
         }
         2 => {
             std::fs::write(ckpt.join("entry.json"), bytes).unwrap();
-            let _ = oar::shard_checkpoints::load_latest(d, 0, "j");
+            let _ = oar::server::shard_checkpoints::load_latest(d, 0, "j");
         }
         3 => {
             std::fs::write(ckpt.join("server-0.shard"), bytes).unwrap();
-            let _ = oar::checkpoint::read_shard(&ckpt.join("server-0.shard"));
+            let _ = oar::persist::checkpoint::read_shard(&ckpt.join("server-0.shard"));
         }
         4 => {
             std::fs::write(d.join("trainer-0.position"), bytes).unwrap();
@@ -49,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => {
             std::fs::write(ckpt.join("manifest.json"), bytes).unwrap();
-            if let Ok((m, pass_dir)) = oar::checkpoint::Manifest::find(&ckpt) {
+            if let Ok((m, pass_dir)) = oar::persist::checkpoint::Manifest::find(&ckpt) {
                 if m.num_servers > 0 {
                     let _ = m.load_shard(&pass_dir, 0);
                 }

@@ -92,10 +92,10 @@ impl Vars<'_> {
         }
     }
 
-    /// A number of trainers: 1 to [`MAX_PEERS`](crate::layout::MAX_PEERS), checked here so
+    /// A number of trainers: 1 to [`MAX_PEERS`](crate::base::layout::MAX_PEERS), checked here so
     /// the error names the variable it came from.
     fn count(&self, var: &'static str) -> Result<Option<usize>, EnvError> {
-        let max = crate::layout::MAX_PEERS;
+        let max = crate::base::layout::MAX_PEERS;
         match self.parse::<usize>(var, "a number of trainers")? {
             Some(0) => Err(EnvError { var, reason: "0 trainers: a job needs at least one".into() }),
             Some(n) if n > max => {

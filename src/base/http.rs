@@ -22,7 +22,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode};
 
-use crate::per_address::PerAddress;
+use crate::base::per_address::PerAddress;
 
 /// How much of the server one client may hold, and for how long.
 #[derive(Clone, Copy, Debug)]

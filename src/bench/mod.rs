@@ -125,7 +125,7 @@ impl ServerProc {
     /// The server's resident memory, bytes.
     fn rss_bytes(&self) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        Ok(crate::metrics::status_memory(&status).0)
+        Ok(crate::observe::metrics::status_memory(&status).0)
     }
 
     pub(super) fn stop(mut self) {
@@ -255,11 +255,16 @@ struct TrainRun {
 
 /// The CTR-DNN of `examples/ctr_dnn_graph.toml`: the default job's model written as a layer
 /// graph.
-pub fn ctr_dnn_graph() -> crate::config::JobConfig {
+pub fn ctr_dnn_graph() -> crate::train::job_config::JobConfig {
     toml::from_str(include_str!("../../examples/ctr_dnn_graph.toml")).expect("the example job file parses")
 }
 
-fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form: &str) -> anyhow::Result<TrainRun> {
+fn train_local(
+    data: &Path,
+    threads: usize,
+    job: crate::train::job_config::JobConfig,
+    form: &str,
+) -> anyhow::Result<TrainRun> {
     let started = Instant::now();
     let config = crate::train::TrainConfig {
         secret: None,
@@ -319,12 +324,12 @@ fn train_local(data: &Path, threads: usize, job: crate::config::JobConfig, form:
 
 /// The benchmarks' launched job: 2 servers x 2 workers in `mode` over `data`'s `train/`, tested
 /// on its `test/`, logs in `logs`, no output, restarts or TLS; callers change what they measure.
-pub(super) fn two_by_two(mode: Mode, data: &Path, exe: &Path, logs: &Path) -> crate::launch::LaunchConfig {
-    crate::launch::LaunchConfig {
+pub(super) fn two_by_two(mode: Mode, data: &Path, exe: &Path, logs: &Path) -> crate::run::launch::LaunchConfig {
+    crate::run::launch::LaunchConfig {
         servers: 2,
         workers: 2,
         mode,
-        job: crate::config::JobConfig::default(),
+        job: crate::train::job_config::JobConfig::default(),
         train: data.join("train"),
         test: Some(data.join("test")),
         output: None,
@@ -350,10 +355,10 @@ fn train_cluster(
     data: &Path,
     exe: &Path,
     logs: &Path,
-    job: crate::config::JobConfig,
+    job: crate::train::job_config::JobConfig,
     form: &str,
 ) -> anyhow::Result<TrainRun> {
-    let s = crate::launch::run(&crate::launch::LaunchConfig { job, ..two_by_two(mode, data, exe, logs) })?;
+    let s = crate::run::launch::run(&crate::run::launch::LaunchConfig { job, ..two_by_two(mode, data, exe, logs) })?;
     Ok(TrainRun {
         name: format!("2 servers x 2 workers, {mode}, {form}"),
         samples_per_sec: s.samples_per_sec,
@@ -384,7 +389,7 @@ fn models(data: &Path, config: &BenchConfig) -> anyhow::Result<()> {
     println!("{head}");
     println!("|---|---|---|---|---|---|---|{}", "---|---|".repeat(config.baselines.len()));
     for (name, text) in ZOO.iter().filter(|(n, _)| config.only.is_empty() || config.only.iter().any(|o| o == n)) {
-        let job: crate::config::JobConfig = toml::from_str(text)?;
+        let job: crate::train::job_config::JobConfig = toml::from_str(text)?;
         let local = train_local(data, 1, job.clone(), name)?;
         let (mut ours, mut theirs) = (Vec::new(), vec![Some(Vec::new()); config.baselines.len()]);
         let mut dist = None;
@@ -518,10 +523,10 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         "(c) CTR-DNN training, 1 pass over {}, batch 512, end to end (start-up and test included)",
         data.display()
     );
-    let shorthand = crate::config::JobConfig::default();
+    let shorthand = crate::train::job_config::JobConfig::default();
     // The same optimizers as the default job's, to the last hyper-parameter, so both forms are
     // the very same model (a job file's `kind = "adagrad"` keeps Adam's default epsilon).
-    let graph = crate::config::JobConfig {
+    let graph = crate::train::job_config::JobConfig {
         dense_optimizer: shorthand.dense_optimizer,
         sparse_optimizer: shorthand.sparse_optimizer,
         ..ctr_dnn_graph()
@@ -553,8 +558,8 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
     // The async staleness controls cost only the warm-up's synchronous steps; alternating runs
     // so that the machine's drift hits both alike.
     let t = &shorthand.train;
-    let plain = crate::config::JobConfig {
-        train: crate::config::TrainSettings { sync_warmup: 0, scale_stale_steps: false, ..t.clone() },
+    let plain = crate::train::job_config::JobConfig {
+        train: crate::train::job_config::TrainSettings { sync_warmup: 0, scale_stale_steps: false, ..t.clone() },
         ..shorthand.clone()
     };
     let (mut with, mut without) = (Vec::new(), Vec::new());

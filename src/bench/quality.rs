@@ -12,8 +12,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::{train_cluster, train_local, TrainRun};
-use crate::config::JobConfig;
 use crate::server::Mode;
+use crate::train::job_config::JobConfig;
 
 /// What `oar bench --quality` runs.
 #[derive(Clone, Debug)]
@@ -29,7 +29,7 @@ pub struct QualityConfig {
     /// Samples per update.
     pub batch: usize,
     /// Training settings of every run (batch size and log interval are set here).
-    pub train: crate::config::TrainSettings,
+    pub train: crate::train::job_config::TrainSettings,
     /// The `oar` binary, for the launched clusters.
     pub exe: PathBuf,
 }

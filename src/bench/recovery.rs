@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::launch::{LaunchConfig, LaunchSummary};
+use crate::run::launch::{LaunchConfig, LaunchSummary};
 use crate::server::Mode;
 
 /// What to run.
@@ -45,7 +45,7 @@ fn launch(
     if let Some(o) = out {
         let _ = std::fs::remove_dir_all(o);
     }
-    crate::launch::run(&LaunchConfig {
+    crate::run::launch::run(&LaunchConfig {
         output: out.map(Path::to_path_buf),
         checkpoint_every: out.map(|_| config.every),
         max_restarts: fault.is_some() as usize,

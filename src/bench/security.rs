@@ -60,20 +60,20 @@ fn start(exe: &Path, dir: &Path, guard: Guard) -> anyhow::Result<Guarded> {
         (Vec::new(), ClientConfig::new(vec![], "bench", Duration::from_secs(10), Duration::from_secs(60)));
     if guard != Guard::Open {
         let file = dir.join(format!("secret-{guard:?}"));
-        let secret = crate::auth::Secret::generate();
+        let secret = crate::security::auth::Secret::generate();
         secret.write_new(&file)?;
         args.extend(["--secret-file".to_string(), file.display().to_string()]);
         // The bench's client acts as trainer 0 (it pushes): with credentials, it holds that one.
-        let own = secret.derive("bench", crate::auth::Identity::Trainer(0))?;
+        let own = secret.derive("bench", crate::security::auth::Identity::Trainer(0))?;
         client.secret = Some(if guard == Guard::Shared { secret } else { own });
         client.trainer = Some(0);
     }
     if guard == Guard::CredentialTls {
-        let files = crate::tls::generate(&dir.join("tls"), crate::tls::DEFAULT_NAME)?;
+        let files = crate::security::tls::generate(&dir.join("tls"), crate::security::tls::DEFAULT_NAME)?;
         for (flag, path) in [("--tls-cert", &files.cert), ("--tls-key", &files.key)] {
             args.extend([flag.to_string(), path.display().to_string()]);
         }
-        client.tls = Some(crate::tls::client_config(&files.ca, crate::tls::DEFAULT_NAME)?);
+        client.tls = Some(crate::security::tls::client_config(&files.ca, crate::security::tls::DEFAULT_NAME)?);
     }
     let server = ServerProc::start_with(exe, &args)?;
     client.servers = vec![server.addr.clone()];
@@ -171,9 +171,9 @@ fn launched(
     data: &Path,
     logs: &Path,
     guard: Guard,
-) -> anyhow::Result<crate::launch::LaunchSummary> {
+) -> anyhow::Result<crate::run::launch::LaunchSummary> {
     let _ = std::fs::remove_dir_all(logs);
-    crate::launch::run(&crate::launch::LaunchConfig {
+    crate::run::launch::run(&crate::run::launch::LaunchConfig {
         tls: guard == Guard::CredentialTls,
         open: guard == Guard::Open,
         shared_secret: guard == Guard::Shared,

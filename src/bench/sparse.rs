@@ -59,14 +59,14 @@ pub struct SparseDraws {
 impl SparseDraws {
     /// The draws for a table of `rows` ids and requests of `keys` ids.
     pub fn new(rows: usize, keys: usize) -> SparseDraws {
-        let key = |rank: u64| crate::layout::mix64(rank ^ 0x5eed);
+        let key = |rank: u64| crate::base::layout::mix64(rank ^ 0x5eed);
         let inserts: Vec<Vec<u64>> =
             (0..rows as u64).collect::<Vec<_>>().chunks(keys).map(|c| c.iter().map(|&r| key(r)).collect()).collect();
         let drawn: Vec<Vec<u64>> = (0..64u64)
             .map(|b| {
                 (0..keys as u64)
                     .map(|i| {
-                        let u = (crate::layout::mix64(b << 32 | i) >> 11) as f64 / (1u64 << 53) as f64;
+                        let u = (crate::base::layout::mix64(b << 32 | i) >> 11) as f64 / (1u64 << 53) as f64;
                         key(((u * (rows as f64).ln()).exp() as u64).min(rows as u64 - 1))
                     })
                     .collect()

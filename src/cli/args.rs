@@ -28,7 +28,7 @@ pub(super) enum Command {
     /// Score data files with a saved model: one line per sample, every head's score.
     Predict(PredictArgs),
     /// Export a saved model for other tools: the dense graph and the complete model as ONNX,
-    /// the tables as safetensors, a manifest (see src/model_export.rs).
+    /// the tables as safetensors, a manifest (see src/serve/model_export.rs).
     Export(ExportArgs),
     /// Serve a saved model over HTTP with KServe's v2 inference protocol, reloading newer saves.
     Serve(ServeArgs),
@@ -96,7 +96,7 @@ pub(super) struct SshArgs {
     #[arg(long, default_value_t = 1)]
     pub(super) trainers_per_host: usize,
     /// First server port on each host (more servers per host take the next ports).
-    #[arg(long, default_value_t = crate::env::DEFAULT_PORT)]
+    #[arg(long, default_value_t = crate::base::env::DEFAULT_PORT)]
     pub(super) port: u16,
     /// ssh client configuration file (ssh -F): ports, users, keys.
     #[arg(long)]
@@ -135,7 +135,7 @@ pub(super) struct K8sArgs {
     #[arg(long)]
     pub(super) image: String,
     /// Servers' port.
-    #[arg(long, default_value_t = crate::env::DEFAULT_PORT)]
+    #[arg(long, default_value_t = crate::base::env::DEFAULT_PORT)]
     pub(super) port: u16,
     /// A PersistentVolumeClaim (data and model) mounted in every pod, also the working folder.
     #[arg(long)]
@@ -474,7 +474,7 @@ pub(super) struct TlsGenArgs {
     #[arg(long)]
     pub(super) out: PathBuf,
     /// The name the server certificate is issued for (--tls-name).
-    #[arg(long, default_value = crate::tls::DEFAULT_NAME)]
+    #[arg(long, default_value = crate::security::tls::DEFAULT_NAME)]
     pub(super) name: String,
 }
 

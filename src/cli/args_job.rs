@@ -9,10 +9,10 @@ use clap::Args;
 
 use super::limits::LimitArgs;
 use super::tls_args::TlsArgs;
-use crate::config::JobConfig;
 use crate::model::Registry;
 use crate::server::Mode;
 use crate::table::OptimizerKind;
+use crate::train::job_config::JobConfig;
 
 #[derive(Args, Clone)]
 pub(super) struct PserverArgs {

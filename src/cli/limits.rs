@@ -54,7 +54,7 @@ impl Default for LimitArgs {
     }
 }
 
-use crate::config::MAX_SECONDS;
+use crate::train::job_config::MAX_SECONDS;
 
 /// A flag's seconds as a duration: a number in `0..=MAX_SECONDS` (no NaN, no 1e300).
 pub fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
@@ -71,13 +71,13 @@ pub fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
 /// total, so one peer cannot take every place, and room for a proxy's keep-alive pool.
 const DEFAULT_PER_ADDRESS: usize = 256;
 
-/// The largest `--max-body-mib`: 4 GiB, what one reservation of [`crate::http::Bodies`] holds.
+/// The largest `--max-body-mib`: 4 GiB, what one reservation of [`crate::base::http::Bodies`] holds.
 const MAX_BODY_MIB: usize = 4096;
 /// The largest `--max-buffered-mib`: 1 TiB.
 const MAX_BUFFERED_MIB: usize = 1 << 20;
 
 /// `oar serve`'s bounds on a client, each flag checked.
-pub(super) fn serve_limits(a: &super::args::ServeArgs) -> anyhow::Result<crate::http::Limits> {
+pub(super) fn serve_limits(a: &super::args::ServeArgs) -> anyhow::Result<crate::base::http::Limits> {
     anyhow::ensure!(
         (1..=1 << 16).contains(&a.max_connections),
         "--max-connections must be 1 to 65536, not {}",
@@ -102,7 +102,7 @@ pub(super) fn serve_limits(a: &super::args::ServeArgs) -> anyhow::Result<crate::
         a.max_body_mib,
         a.max_buffered_mib
     );
-    Ok(crate::http::Limits {
+    Ok(crate::base::http::Limits {
         connections: a.max_connections,
         per_address,
         read_timeout,

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 
-use crate::config::JobConfig;
+use crate::base::env::{ClusterEnv, Role};
 use crate::data::resolve_files;
-use crate::env::{ClusterEnv, Role};
 use crate::model::Registry;
 use crate::server::{Mode, ServerConfig};
+use crate::train::job_config::JobConfig;
 use crate::train::TrainConfig;
 
 mod args;
@@ -80,12 +80,12 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         Command::Pserver(a) => pserver(a, &ClusterEnv::from_process()?),
         Command::Train(a) => train(*a, launched, registry),
         Command::Cluster { engine: ClusterCommand::Ssh(a) } => {
-            let bytes = crate::state_file::read_named(&a.hosts, crate::config::MAX_JOB_FILE_BYTES)
+            let bytes = crate::base::state_file::read_named(&a.hosts, crate::train::job_config::MAX_JOB_FILE_BYTES)
                 .map_err(|e| anyhow::anyhow!("hosts file {}: {}", a.hosts.display(), e.reason()))?;
             let text = String::from_utf8(bytes)
                 .with_context(|| format!("hosts file {}: not UTF-8 text", a.hosts.display()))?;
-            let config = crate::cluster::ssh::SshConfig {
-                hosts: crate::cluster::ssh::parse_hosts(&text, &a.hosts)?,
+            let config = crate::run::cluster::ssh::SshConfig {
+                hosts: crate::run::cluster::ssh::parse_hosts(&text, &a.hosts)?,
                 logs: a.logs.unwrap_or_else(|| a.workspace.join("log/launcher")),
                 workspace: a.workspace,
                 remote_workspace: a.remote_workspace,
@@ -99,7 +99,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 progress_bar: !a.no_progress,
                 max_restarts: a.max_restarts,
             };
-            let s = crate::cluster::ssh::run(&config)?;
+            let s = crate::run::cluster::ssh::run(&config)?;
             print_summary(&format!("oar cluster ssh on {} hosts", config.hosts.len()), &s);
             println!(
                 "logs on each host under {}/log; local copies and summary.json in {}",
@@ -109,7 +109,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             Ok(())
         }
         Command::Cluster { engine: ClusterCommand::K8s(a) } => {
-            let config = crate::cluster::k8s::K8sConfig {
+            let config = crate::run::cluster::k8s::K8sConfig {
                 name: a.name,
                 servers: a.servers,
                 workers: a.workers,
@@ -122,9 +122,9 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 paddlejob: a.paddlejob,
                 max_restarts: a.max_restarts,
                 // A new secret per rendering: the manifests carry it in a Kubernetes Secret.
-                secret: Some(crate::auth::Secret::generate()),
+                secret: Some(crate::security::auth::Secret::generate()),
             };
-            print!("{}", crate::cluster::k8s::render(&config)?);
+            print!("{}", crate::run::cluster::k8s::render(&config)?);
             Ok(())
         }
         Command::Launch(a) => {
@@ -142,7 +142,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                     "--checkpoint-every must be above 0"
                 );
             }
-            let config = crate::launch::LaunchConfig {
+            let config = crate::run::launch::LaunchConfig {
                 servers: a.servers,
                 workers: a.workers,
                 mode: a.mode,
@@ -165,19 +165,19 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 open: false,
                 shared_secret: false,
             };
-            let s = crate::launch::run(&config)?;
+            let s = crate::run::launch::run(&config)?;
             print_summary(&format!("oar launch ({})", config.mode), &s);
             println!("logs and summary.json in {}", config.logs.display());
             Ok(())
         }
         Command::Predict(a) => {
-            let saved = crate::predict::load(&a.model, registry)?;
-            crate::predict::check_pipe_command(&saved.schema, &a.model, a.trust_pipe_command)?;
+            let saved = crate::serve::predict::load(&a.model, registry)?;
+            crate::serve::predict::check_pipe_command(&saved.schema, &a.model, a.trust_pipe_command)?;
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let inputs: Vec<&std::path::Path> = files.iter().map(|f| f.as_path()).collect();
             let to_stdout = a.out.as_os_str() == "-";
             if !to_stdout {
-                crate::state_file::check_output(&a.out, &inputs)?;
+                crate::base::state_file::check_output(&a.out, &inputs)?;
             }
             let bar = files_bar(&files);
             if a.no_progress {
@@ -190,20 +190,20 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 a.out.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
                 std::process::id()
             ));
-            let config = crate::predict::PredictConfig {
+            let config = crate::serve::predict::PredictConfig {
                 files,
                 batch_size: a.batch_size,
                 threads: a.threads,
                 skip_bad_lines: a.skip_bad_lines,
             };
-            let run = || -> anyhow::Result<crate::predict::PredictReport> {
+            let run = || -> anyhow::Result<crate::serve::predict::PredictReport> {
                 if to_stdout {
                     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-                    return crate::predict::predict(&saved, &config, &mut out, &|bytes| bar.set_position(bytes));
+                    return crate::serve::predict::predict(&saved, &config, &mut out, &|bytes| bar.set_position(bytes));
                 }
-                let file = crate::state_file::create_new(&tmp, 0o644)?;
+                let file = crate::base::state_file::create_new(&tmp, 0o644)?;
                 let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-                let r = crate::predict::predict(&saved, &config, &mut out, &|bytes| bar.set_position(bytes))?;
+                let r = crate::serve::predict::predict(&saved, &config, &mut out, &|bytes| bar.set_position(bytes))?;
                 drop(out);
                 std::fs::rename(&tmp, &a.out).with_context(|| format!("cannot write {}", a.out.display()))?;
                 Ok(r)
@@ -229,9 +229,10 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             Ok(())
         }
         Command::Export(a) => {
-            let saved = crate::predict::load(&a.model, registry)?;
-            let config = crate::model_export::ExportConfig { out: a.out.clone(), complete_limit: a.complete_limit };
-            let m = crate::model_export::export(&saved, &a.model, &config)?;
+            let saved = crate::serve::predict::load(&a.model, registry)?;
+            let config =
+                crate::serve::model_export::ExportConfig { out: a.out.clone(), complete_limit: a.complete_limit };
+            let m = crate::serve::model_export::export(&saved, &a.model, &config)?;
             let rows: u64 = m.tables.iter().map(|t| t.rows).sum();
             let complete = match &m.model_skipped {
                 None => "model.onnx, ".to_string(),
@@ -257,9 +258,9 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         ),
         Command::Eval(a) => {
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
-            let crate::predict::Saved { manifest, model, schema, shard, .. } =
-                crate::predict::load(&a.model, registry)?;
-            crate::predict::check_pipe_command(&schema, &a.model, a.trust_pipe_command)?;
+            let crate::serve::predict::Saved { manifest, model, schema, shard, .. } =
+                crate::serve::predict::load(&a.model, registry)?;
+            crate::serve::predict::check_pipe_command(&schema, &a.model, a.trust_pipe_command)?;
             let mut store = crate::train::Store::local(shard);
             let heads =
                 crate::train::evaluate_heads(&mut store, &model, &schema, &files, a.batch_size, a.skip_bad_lines)?;
@@ -298,7 +299,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }),
         Command::Plot(a) => {
             let out = a.out.unwrap_or_else(|| a.metrics.with_file_name("curves.png"));
-            let points = crate::curves::plot::draw_file(&a.metrics, &out)?;
+            let points = crate::observe::curves::plot::draw_file(&a.metrics, &out)?;
             println!("{points} points drawn to {}", out.display());
             Ok(())
         }
@@ -306,7 +307,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         Command::Shrink(a) => {
             let timeout = limits::whole_seconds("timeout", a.timeout.max(1))?;
             let config = crate::client::ClientConfig {
-                secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
+                secret: a.secret_file.as_deref().map(crate::security::auth::Secret::read).transpose()?,
                 tls: a.tls.client()?,
                 ..crate::client::ClientConfig::new(a.servers, &a.job_id, timeout, timeout)
             };
@@ -318,7 +319,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             Ok(())
         }
         Command::Tls(a) => {
-            let files = crate::tls::generate(&a.out, &a.name)?;
+            let files = crate::security::tls::generate(&a.out, &a.name)?;
             println!(
                 "servers: --tls-cert {} --tls-key {}\ntrainers: --tls-ca {} (certificate name {})",
                 files.cert.display(),
@@ -380,19 +381,19 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }
         Command::Data { what: DataCommand::Stats(a) } => {
             let job = match &a.config {
-                Some(path) => crate::config::JobConfig::from_file(path)?,
-                None => crate::config::JobConfig::default(),
+                Some(path) => crate::train::job_config::JobConfig::from_file(path)?,
+                None => crate::train::job_config::JobConfig::default(),
             };
             let files = a.data.iter().map(|d| resolve_files(d)).collect::<Result<Vec<_>, _>>()?.concat();
             let inputs: Vec<&std::path::Path> = files.iter().map(|f| f.as_path()).chain(a.config.as_deref()).collect();
-            crate::state_file::check_output(&a.out, &inputs)?;
+            crate::base::state_file::check_output(&a.out, &inputs)?;
             let bar = files_bar(&files);
             let stats = crate::data::transform::compute(files, &job.data, job.model.shorthand_shape(), &|b| {
                 bar.set_position(b)
             })?;
             bar.finish_and_clear();
             let json = serde_json::to_vec_pretty(&stats).expect("statistics serialize");
-            crate::state_file::write_atomic(&a.out, &json)?;
+            crate::base::state_file::write_atomic(&a.out, &json)?;
             println!(
                 "{} samples, {} dense values: statistics in {} (add to [data]: dense_transform = \"standardize\" or \"minmax\", dense_stats = {:?})",
                 stats.count,
@@ -519,7 +520,8 @@ fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()
     config.validate()?;
     let mine = crate::data::shard_files(&config.train_files, config.trainers, config.trainer_id);
     // A resumed job trains only the passes after the saved one.
-    let passes = config.passes.saturating_sub(crate::checkpoint::passes_done(config.resume.as_deref())?) as u64;
+    let passes =
+        config.passes.saturating_sub(crate::persist::checkpoint::passes_done(config.resume.as_deref())?) as u64;
     let total = crate::data::files::total_bytes(&mine) * passes;
     let bar = if launched { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total) };
     bar.set_style(

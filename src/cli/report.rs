@@ -18,7 +18,7 @@ pub(super) fn print_generated(a: &GenArgs, r: &crate::data::gen::GenReport, star
 }
 
 /// The end-of-job lines both launchers print.
-pub(super) fn print_summary(label: &str, s: &crate::launch::LaunchSummary) {
+pub(super) fn print_summary(label: &str, s: &crate::run::launch::LaunchSummary) {
     println!(
         "{label}: {} servers x {} workers, {} samples in {:.1} s: {:.0} samples/s end to end, {:.0} in the training loops",
         s.servers, s.workers, s.samples, s.wall_seconds, s.samples_per_sec, s.train_loop_samples_per_sec

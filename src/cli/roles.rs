@@ -29,7 +29,7 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
         (None, Some(host)) => host.clone(),
         (None, None) => env.host.clone().unwrap_or_else(|| "0.0.0.0".into()),
     };
-    let port = a.ports.port.or(env.port).unwrap_or(crate::env::DEFAULT_PORT);
+    let port = a.ports.port.or(env.port).unwrap_or(crate::base::env::DEFAULT_PORT);
     let ports_num = a.ports.ports_num.or(env.ports_num).unwrap_or(1);
     let sparse = a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0);
     let ports = crate::train::ports_per_server(ports_num, sparse)?;
@@ -76,14 +76,14 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
             Some(dir) => {
                 let every = super::limits::seconds("checkpoint-every", a.checkpoint_every)?;
                 anyhow::ensure!(!every.is_zero(), "--checkpoint-every must be a positive number of seconds");
-                Some(crate::shard_checkpoints::Policy { dir, every, keep: a.checkpoint_keep })
+                Some(crate::server::shard_checkpoints::Policy { dir, every, keep: a.checkpoint_keep })
             }
             None => None,
         },
         epoch: a.epoch,
         closed: a.trainers_closed,
         limits: a.limits.limits()?,
-        secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
+        secret: a.secret_file.as_deref().map(crate::security::auth::Secret::read).transpose()?,
         tls: a.tls.server()?,
         rejoin: match a.trainer_rejoin {
             Some(secs) => Some(super::limits::seconds("trainer-rejoin", secs)?),
@@ -96,7 +96,7 @@ pub(super) fn server_config(a: PserverArgs, env: &ClusterEnv) -> anyhow::Result<
 }
 
 /// `--recoverable`: what an earlier process of this job left in the checkpoint folder decides
-/// the epoch and what to resume from (see [`crate::shard_checkpoints::earlier_life`]); the
+/// the epoch and what to resume from (see [`crate::server::shard_checkpoints::earlier_life`]); the
 /// server then reads there where the trainers were.
 pub(super) fn recover_server(a: &mut PserverArgs, index: Option<usize>, num_servers: usize) -> anyhow::Result<()> {
     let dir = a
@@ -107,13 +107,13 @@ pub(super) fn recover_server(a: &mut PserverArgs, index: Option<usize>, num_serv
         .filter(|_| num_servers > 0)
         .context("--recoverable needs the server's place to find its checkpoints: give --index and --num-servers")?;
     a.trainer_rejoin = a.trainer_rejoin.or(Some(RECOVER_SECONDS));
-    let Some(life) = crate::shard_checkpoints::earlier_life(&dir, index, &a.job)? else {
+    let Some(life) = crate::server::shard_checkpoints::earlier_life(&dir, index, &a.job)? else {
         tracing::info!(dir = %dir.display(), job = %a.job, "no earlier process of this server: starting afresh");
         return Ok(());
     };
     if life.finished {
         // The same job run again after it finished: a new run, never the old one's restart.
-        let aside = crate::shard_checkpoints::set_aside(&dir, index)
+        let aside = crate::server::shard_checkpoints::set_aside(&dir, index)
             .with_context(|| format!("moving the finished run's state in {} aside", dir.display()))?;
         tracing::warn!(job = %a.job, aside = %aside.display(), "this job finished here before: a new run starts afresh");
         return Ok(());
@@ -267,7 +267,7 @@ fn per_rank(
     if !text.contains("{rank}") {
         return Ok(Some(file));
     }
-    let rank = crate::rendezvous::rank_from(var)?
+    let rank = crate::run::rendezvous::rank_from(var)?
         .with_context(|| format!("--secret-file {text} names {{rank}}, but no engine rank was found"))?;
     Ok(Some(std::path::PathBuf::from(text.replace("{rank}", &rank.rank.to_string()))))
 }
@@ -279,7 +279,7 @@ pub(super) fn engine_rank(
     job: &JobConfig,
     num_servers: usize,
 ) -> anyhow::Result<Option<(Vec<String>, usize, usize)>> {
-    let rank = crate::rendezvous::rank_from(&|k| std::env::var(k).ok())?.context(
+    let rank = crate::run::rendezvous::rank_from(&|k| std::env::var(k).ok())?.context(
         "--num-servers makes ranks 0..N-1 servers, but no rank was found: run under mpirun or srun \
          (OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)",
     )?;
@@ -310,12 +310,18 @@ pub(super) fn engine_rank(
         }
     };
     let timeout = super::limits::whole_seconds("timeout", job.train.timeout_secs)?;
-    let secret = a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?;
+    let secret = a.secret_file.as_deref().map(crate::security::auth::Secret::read).transpose()?;
     tracing::info!(rank = rank.rank, size = rank.size, source = rank.source, %rendezvous, "joining the job");
     if rank.rank >= num_servers {
-        let servers =
-            crate::rendezvous::register(&rendezvous, rank, &|_| String::new(), timeout, secret.as_ref(), &a.job_id)
-                .map_err(hint)?;
+        let servers = crate::run::rendezvous::register(
+            &rendezvous,
+            rank,
+            &|_| String::new(),
+            timeout,
+            secret.as_ref(),
+            &a.job_id,
+        )
+        .map_err(hint)?;
         return Ok(Some((servers, rank.rank - num_servers, rank.size - num_servers)));
     }
     let listener = std::net::TcpListener::bind("0.0.0.0:0").context("cannot listen")?;
@@ -329,13 +335,13 @@ pub(super) fn engine_rank(
             .with_context(|| format!("rank 0 cannot listen on the rendezvous port {rport}"))?;
         let size = rank.size;
         let (secret, job) = (secret.clone(), a.job_id.clone());
-        Some(std::thread::spawn(move || crate::rendezvous::host(l, size, num_servers, timeout, secret, &job)))
+        Some(std::thread::spawn(move || crate::run::rendezvous::host(l, size, num_servers, timeout, secret, &job)))
     } else {
         None
     };
     let own = |ip| format!("{ip}:{port}");
     let servers =
-        crate::rendezvous::register(&rendezvous, rank, &own, timeout, secret.as_ref(), &a.job_id).map_err(hint)?;
+        crate::run::rendezvous::register(&rendezvous, rank, &own, timeout, secret.as_ref(), &a.job_id).map_err(hint)?;
     if let Some(h) = hosting {
         h.join().map_err(|_| anyhow::anyhow!("the rendezvous thread panicked"))??;
     }
@@ -386,7 +392,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
             }
         }
     }
-    let port = a.ports.port.or(env.port).unwrap_or(crate::env::DEFAULT_PORT);
+    let port = a.ports.port.or(env.port).unwrap_or(crate::base::env::DEFAULT_PORT);
     let servers: Vec<String> = if let Some(list) = engine_servers {
         list
     } else if a.servers.is_empty() {
@@ -418,7 +424,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
     };
     let timeout = super::limits::whole_seconds("timeout", job.train.timeout_secs)?;
     let config = TrainConfig {
-        secret: a.secret_file.as_deref().map(crate::auth::Secret::read).transpose()?,
+        secret: a.secret_file.as_deref().map(crate::security::auth::Secret::read).transpose()?,
         tls: a.tls.client()?,
         mode,
         servers: if mode == Mode::Local { Vec::new() } else { servers },

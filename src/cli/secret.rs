@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::auth::{Identity, Secret};
+use crate::security::auth::{Identity, Secret};
 
 /// Which process a credential is for, and where it goes.
 #[derive(Args)]

@@ -1,8 +1,8 @@
-//! The exit status of an `oar` process, from the error it stops with (see [`crate::exit`]):
+//! The exit status of an `oar` process, from the error it stops with (see [`crate::base::exit`]):
 //! here, above every layer whose errors it reads.
 
+use crate::base::exit::{PeerLost, FAILED, PEER_LOST};
 use crate::client::ClientError;
-use crate::exit::{PeerLost, FAILED, PEER_LOST};
 
 /// The exit status for `error`: [`PEER_LOST`] when anything in its chain is a lost peer, else
 /// [`FAILED`].

@@ -1,5 +1,5 @@
 //! TLS as flags (`oar pserver`, `oar train` in either role), resolved into the server's and
-//! the client's rustls configurations by [`crate::tls`].
+//! the client's rustls configurations by [`crate::security::tls`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ pub struct TlsArgs {
     pub tls_ca: Option<PathBuf>,
     /// Name the servers' certificate must be issued for (one certificate serves every server,
     /// wherever it runs).
-    #[arg(long, env = "OAR_TLS_NAME", default_value = crate::tls::DEFAULT_NAME)]
+    #[arg(long, env = "OAR_TLS_NAME", default_value = crate::security::tls::DEFAULT_NAME)]
     pub tls_name: String,
 }
 
@@ -32,14 +32,14 @@ impl TlsArgs {
     /// The server's TLS, if `--tls-cert` was given.
     pub fn server(&self) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
         match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Ok(Some(crate::tls::server_config(cert, key)?)),
+            (Some(cert), Some(key)) => Ok(Some(crate::security::tls::server_config(cert, key)?)),
             (None, None) => Ok(None),
             _ => anyhow::bail!("--tls-cert and --tls-key go together"),
         }
     }
 
     /// The client's TLS, if `--tls-ca` was given.
-    pub fn client(&self) -> anyhow::Result<Option<crate::tls::ClientTls>> {
-        Ok(self.tls_ca.as_deref().map(|ca| crate::tls::client_config(ca, &self.tls_name)).transpose()?)
+    pub fn client(&self) -> anyhow::Result<Option<crate::security::tls::ClientTls>> {
+        Ok(self.tls_ca.as_deref().map(|ca| crate::security::tls::client_config(ca, &self.tls_name)).transpose()?)
     }
 }

@@ -19,7 +19,7 @@ pub(super) enum Wire {
 impl Wire {
     /// Wraps `tcp` in TLS when configured, completing the TLS handshake (bounded by the
     /// socket's read timeout) so that a server with the wrong certificate fails here, named.
-    pub(super) fn new(tcp: TcpStream, tls: Option<&crate::tls::ClientTls>) -> std::io::Result<Wire> {
+    pub(super) fn new(tcp: TcpStream, tls: Option<&crate::security::tls::ClientTls>) -> std::io::Result<Wire> {
         let Some(tls) = tls else { return Ok(Wire::Plain(tcp)) };
         let connection = rustls::ClientConnection::new(tls.config.clone(), tls.name.clone())
             .map_err(|e| std::io::Error::other(format!("TLS: {e}")))?;
@@ -188,16 +188,16 @@ impl Conn {
 
     /// Proves this client holds the key of its identity in `job` (a credential's, or any with
     /// the master) and checks the server's proof, for the server index it dialed (see
-    /// [`crate::auth`]), before any other frame. Returns the server's epoch as it proved it.
+    /// [`crate::security::auth`]), before any other frame. Returns the server's epoch as it proved it.
     pub(super) fn authenticate(
         &mut self,
-        secret: &crate::auth::Secret,
+        secret: &crate::security::auth::Secret,
         job: &str,
-        identity: crate::auth::Identity,
+        identity: crate::security::auth::Identity,
     ) -> Result<u64, ClientError> {
         use crate::protocol::auth;
         use std::io::Write;
-        let ours = crate::auth::nonce();
+        let ours = crate::security::auth::nonce();
         let server = self.index as u64;
         self.stream
             .write_all(&auth::hello(&ours, identity, server))
@@ -213,7 +213,7 @@ impl Conn {
         let Some((theirs, epoch, proof)) = auth::parse_challenge(self.buf.payload()) else {
             return Err(self.mismatch("the authentication", "a malformed challenge".into()));
         };
-        let claim = crate::auth::Claim { job, identity, server, epoch };
+        let claim = crate::security::auth::Claim { job, identity, server, epoch };
         if !secret.is_server_proof(&claim, &ours, &theirs, &proof) {
             let why = format!(
                 "the server did not prove it is server {server} of job '{job}' (another job's or another server's, \

@@ -9,8 +9,8 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use crate::checkpoint::ShardEntry;
-use crate::layout::{group_by_server, DenseLayout};
+use crate::base::layout::{group_by_server, DenseLayout};
+use crate::persist::checkpoint::ShardEntry;
 use crate::protocol::{
     read_reply_blocking, Apply, Declaration, DenseSelection, Frame, ProtocolError, Pull, Request, Response,
     RowCreation, SparseIds, DEFAULT_MAX_FRAME,
@@ -55,16 +55,16 @@ pub struct ClientConfig {
     pub recover: Option<Duration>,
     /// The job's secret, proved to each server (and each server's proof checked) before the
     /// handshake; `None` for servers without one.
-    pub secret: Option<crate::auth::Secret>,
+    pub secret: Option<crate::security::auth::Secret>,
     /// TLS to the servers (`--tls-ca`); `None`: plain TCP.
-    pub tls: Option<crate::tls::ClientTls>,
+    pub tls: Option<crate::security::tls::ClientTls>,
 }
 
 impl ClientConfig {
     /// The identity this client proves: its credential's, checked against what it acts as (its
     /// job, its trainer id or none); with the master secret, the master (which may act as any).
-    pub fn identity(&self) -> Result<crate::auth::Identity, ClientError> {
-        use crate::auth::Identity;
+    pub fn identity(&self) -> Result<crate::security::auth::Identity, ClientError> {
+        use crate::security::auth::Identity;
         let Some(secret) = self.secret.as_ref().filter(|s| !s.is_master()) else { return Ok(Identity::Master) };
         let identity = secret.identity();
         if let Some(job) = secret.job().filter(|j| *j != self.job) {

@@ -2,7 +2,7 @@
 //! histogram of Paddle's AUC buckets, and after the end-of-pass barrier reads them merged.
 
 use super::{Client, ClientError};
-use crate::metrics::AucBuckets;
+use crate::observe::metrics::AucBuckets;
 use crate::protocol::{GlobalAuc, Request, Response};
 
 impl Client {

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use super::conn::Conn;
 use super::{Client, ClientError, PushReport, StepHeader, TableGrads};
-use crate::layout::group_by_server;
+use crate::base::layout::group_by_server;
 use crate::protocol::{Frame, Push, PushOutcome, PushPart, Request, Response, SparseGrads};
 
 impl Client {
@@ -82,7 +82,7 @@ impl Client {
         let ports: Vec<usize> = std::iter::once(first).chain(second).collect();
         let (me, last) = (trainer as u64, n - 1);
         let sent = |s: usize| {
-            use crate::fault::{at_trainer, Moment};
+            use crate::base::fault::{at_trainer, Moment};
             if s == 0 {
                 at_trainer(trainer, Moment::SentFirst(step));
             }
@@ -121,7 +121,7 @@ impl Client {
             outcomes.iter().map(|o| if o.held { vec![(ports[0], commit.encode())] } else { Vec::new() }).collect();
         let last = parts.len() - 1;
         let committed = |s: usize| {
-            use crate::fault::{at_trainer, Moment};
+            use crate::base::fault::{at_trainer, Moment};
             if s == 0 {
                 at_trainer(trainer as usize, Moment::CommittedFirst(step));
             }

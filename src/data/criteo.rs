@@ -9,7 +9,7 @@
 //! dense column `I` of width 13, slots `C1`..`C26`; every bag holds one id (one-hot).
 
 use super::{Batch, LineParser};
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// Integer features per line.
 pub const DENSE: usize = 13;

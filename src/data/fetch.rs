@@ -106,14 +106,14 @@ pub fn default_cache() -> PathBuf {
 fn sha256_of(path: &Path) -> std::io::Result<String> {
     // A regular file only, no link followed: a named pipe in the cache waited for ever, and a
     // link to /dev/zero hashed without end. Anything else is not cached and is downloaded anew.
-    let mut f = crate::state_file::open(path, false)
+    let mut f = crate::base::state_file::open(path, false)
         .map_err(|e| std::io::Error::other(e.to_string()))?
         .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
     let (mut h, mut buf) = (Sha256::new(), vec![0u8; 1 << 16]);
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {
-            return Ok(crate::auth::to_hex(&h.finalize()));
+            return Ok(crate::security::auth::to_hex(&h.finalize()));
         }
         h.update(&buf[..n]);
     }
@@ -220,7 +220,7 @@ fn download(
             progress(total);
         }
         out.flush().with_context(|| format!("cannot write {}", part.display()))?;
-        let got = crate::auth::to_hex(&hash.finalize());
+        let got = crate::security::auth::to_hex(&hash.finalize());
         anyhow::ensure!(
             got == file.sha256,
             "{url}: checksum mismatch: SHA-256 {got}, expected {} (the download was discarded)",

@@ -11,8 +11,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::criteo::{DENSE, SLOTS};
-use crate::layout::mix64;
-use crate::metrics;
+use crate::base::layout::mix64;
+use crate::observe::metrics;
 
 const CAT_VOCAB: [u32; SLOTS] = [
     1460, 583, 1_000_000, 1_000_000, 305, 24, 12517, 633, 3, 93145, 5683, 1_000_000, 3194, 27, 14992, 1_000_000, 10,
@@ -251,7 +251,7 @@ pub(crate) fn write_part(
 ) -> PartResult {
     let mut f = std::io::BufWriter::with_capacity(
         1 << 20,
-        crate::state_file::create_plain(path).map_err(std::io::Error::other)?,
+        crate::base::state_file::create_plain(path).map_err(std::io::Error::other)?,
     );
     let (mut labels, mut probs) = (Vec::new(), Vec::new());
     let mut buf = Vec::with_capacity(1 << 16);
@@ -278,7 +278,7 @@ pub fn generate(config: &GenConfig) -> anyhow::Result<GenReport> {
 
 /// Writes `config.out/meta.json`.
 pub(crate) fn write_meta(config: &GenConfig, meta: &impl serde::Serialize) -> anyhow::Result<()> {
-    Ok(crate::state_file::write_json(&config.out.join("meta.json"), meta)?)
+    Ok(crate::base::state_file::write_json(&config.out.join("meta.json"), meta)?)
 }
 
 /// Writes the train parts (stream 1) and the test part (stream 2) of `config` with

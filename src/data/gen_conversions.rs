@@ -19,7 +19,7 @@
 use std::io::Write;
 
 use super::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// Users.
 pub const USERS: u32 = 50_000;
@@ -101,7 +101,7 @@ pub fn generate(config: &GenConfig) -> anyhow::Result<PlantedReport> {
         "ctr_std": CTR_STD,
         "cvr_std": CVR_STD,
         "correlation": CORRELATION,
-        "oracle_test_ctr_auc": crate::metrics::auc(&probs, &clicks),
+        "oracle_test_ctr_auc": crate::observe::metrics::auc(&probs, &clicks),
         "format": "id,click,ctcvr,field:id,... (PaddleRec's Ali-CCP sample format; labels click and ctcvr)",
     });
     PlantedReport { report, planted }.save(config)
@@ -135,7 +135,7 @@ mod tests {
         }
         let (ctr, ctcvr) = (clicks as f64 / 20_000.0, conversions as f64 / 20_000.0);
         assert!((0.15..0.35).contains(&ctr) && (0.02..0.08).contains(&ctcvr), "CTR {ctr}, CTCVR {ctcvr}");
-        let auc = crate::metrics::auc(&probs, &labels).unwrap();
+        let auc = crate::observe::metrics::auc(&probs, &labels).unwrap();
         assert!(auc > 0.75, "planted CTCVR AUC {auc}");
     }
 }

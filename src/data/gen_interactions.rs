@@ -23,7 +23,7 @@ use std::io::Write;
 
 use super::criteo::{DENSE, SLOTS};
 use super::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// Values per field.
 pub const VOCAB: u32 = 300;
@@ -143,7 +143,7 @@ mod tests {
         assert_eq!(batch.len(), 300);
         let (labels, probs): (Vec<f32>, Vec<f32>) =
             (0..300).map(|line| write(Effect::Pairs, 5, 1, line, &mut Vec::new())).map(|(y, p)| (y, p as f32)).unzip();
-        assert!(crate::metrics::auc(&probs, &labels).unwrap() > 0.8);
+        assert!(crate::observe::metrics::auc(&probs, &labels).unwrap() > 0.8);
     }
 
     #[test]

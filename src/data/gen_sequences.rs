@@ -31,7 +31,7 @@
 use std::io::Write;
 
 use super::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// Categories.
 pub const CATEGORIES: u32 = 200;
@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn the_planted_model_separates_the_labels() {
         let (_, labels, probs) = lines(7, 20_000);
-        let auc = crate::metrics::auc(&probs, &labels).unwrap();
+        let auc = crate::observe::metrics::auc(&probs, &labels).unwrap();
         assert!(auc > 0.75, "oracle AUC {auc}");
     }
 
@@ -242,7 +242,7 @@ mod tests {
                 labels_in.push(*y);
             }
         }
-        let auc = |s: &[f32], y: &[f32]| crate::metrics::auc(s, y).unwrap();
+        let auc = |s: &[f32], y: &[f32]| crate::observe::metrics::auc(s, y).unwrap();
         let oracle = auc(&probs, &labels);
         assert!(oracle > 0.85, "oracle AUC {oracle}");
         assert!(auc(&recent, &labels) > auc(&whole, &labels) + 0.1);

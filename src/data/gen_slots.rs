@@ -26,7 +26,7 @@ use serde::Serialize;
 
 use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
 use super::{DataConfig, DenseColumn, Format};
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// How the planted model pools the per-id weights of a bag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -258,7 +258,7 @@ mod tests {
     #[test]
     fn the_planted_model_separates_the_labels() {
         let (_, labels, probs) = lines(7, 20_000);
-        let auc = crate::metrics::auc(&probs, &labels).unwrap();
+        let auc = crate::observe::metrics::auc(&probs, &labels).unwrap();
         assert!(auc > 0.72, "oracle AUC {auc}");
     }
 

@@ -12,7 +12,7 @@ use anyhow::Context;
 use chrono::{Datelike, NaiveDate};
 
 use super::gen::{planted_line, write_part, Drift};
-use crate::metrics;
+use crate::observe::metrics;
 
 /// Streams of a day's lines: far from the fixed data set's (1 and 2).
 const DAY_STREAM: u64 = 1 << 20;
@@ -219,7 +219,7 @@ mod tests {
             for line in 0..3000 {
                 planted_line(1, DAY_STREAM + day as u64, line, Some(Drift { day }), &mut out);
             }
-            let mut batch = crate::batch::Batch::new(1, 13, 26);
+            let mut batch = crate::base::batch::Batch::new(1, 13, 26);
             for l in out.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
                 crate::data::criteo::parse_line(l, &mut batch).unwrap();
             }

@@ -37,7 +37,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::gen::{sigmoid, write_meta, write_parts, Draws, GenConfig, GenReport};
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// Dense inputs per line.
 pub const INPUTS: usize = 100;
@@ -296,7 +296,7 @@ pub fn generate(config: &GenConfig, relation: &Relation) -> anyhow::Result<Tasks
         "sharpness": sharpness,
         "frequency": frequency,
         "wiggles": planted.wiggles,
-        "oracle_test_auc": [report.oracle_test_auc, crate::metrics::auc(&probs, &labels)],
+        "oracle_test_auc": [report.oracle_test_auc, crate::observe::metrics::auc(&probs, &labels)],
         "format": "plain: task1 task2 x1 .. x100",
     });
     let data = serde_json::json!({

@@ -30,7 +30,7 @@ mod sink;
 pub mod slots;
 pub mod transform;
 
-pub use crate::batch::Batch;
+pub use crate::base::batch::Batch;
 pub use files::{list_files, resolve_files, shard_files};
 pub use reader::{DataError, Reader, ReaderConfig};
 pub use schema::{expand_names, DenseColumn, LabelBound, Schema};

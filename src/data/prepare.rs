@@ -56,7 +56,7 @@ impl Read for Bounded {
 }
 
 fn create(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
-    let f = crate::state_file::create_plain(path)?;
+    let f = crate::base::state_file::create_plain(path)?;
     Ok(std::io::BufWriter::new(f))
 }
 

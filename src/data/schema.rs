@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Batch, DataConfig, Format};
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// A named group of dense values: `width` consecutive values of each sample.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@
 //! of the whole share; with a smaller one, each line leaves at a uniformly drawn place of the
 //! window once the window is full (what `tf.data`'s `shuffle(buffer_size)` does).
 
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// How a reader shuffles: the window and the seed of this trainer's pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

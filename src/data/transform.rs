@@ -61,7 +61,7 @@ impl StatsSource {
             StatsSource::File(f) => {
                 let path = base.join(f);
                 let bad = |e: String| format!("[data] dense_stats: {}: {e}", path.display());
-                let text = crate::state_file::read_named(&path, 64 << 20).map_err(|e| bad(e.reason()))?;
+                let text = crate::base::state_file::read_named(&path, 64 << 20).map_err(|e| bad(e.reason()))?;
                 serde_json::from_slice(&text)
                     .map_err(|e| format!("[data] dense_stats: {}: not oar data stats output: {e}", path.display()))
             }

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::config::{HeadConfig, LayerConfig, ModelConfig, TableConfig};
 use super::embedding::Pooling;
-use crate::metrics::Loss;
+use crate::observe::metrics::Loss;
 
 /// Builds a layer-graph [`ModelConfig`].
 ///

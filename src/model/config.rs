@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::Loss;
+use crate::observe::metrics::Loss;
 
 use crate::nn::Activation;
 use crate::table::{Accessor, Entry, Init, Optimizer};

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::batch::Batch;
+use crate::base::batch::Batch;
 
 /// How a bag of rows becomes one vector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,11 +2,11 @@
 //! backward in reverse order, with every tensor's values and gradients in reusable buffers.
 
 use super::graph::{Model, Op, DENSE};
-use crate::batch::Batch;
-use crate::layout::mix64;
-use crate::metrics::Loss;
+use crate::base::batch::Batch;
+use crate::base::layout::mix64;
 use crate::nn::layer::Ctx;
 use crate::nn::{bce_with_logits, softmax_cross_entropy, square_error};
+use crate::observe::metrics::Loss;
 
 /// One table's share of a batch: where each of the batch's ids is among the table's unique ids
 /// (`u32::MAX` for ids of slots this table is not looked up with), and the unique ids' rows.

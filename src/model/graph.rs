@@ -9,8 +9,8 @@ use super::budget::Budget;
 use super::config::{LayerConfig, ModelConfig, TableConfig};
 use super::embedding::{Embedding, Pooling};
 use super::{Input, Registry};
-use crate::metrics::Loss;
 use crate::nn::layer::{Layer, LayerArgs, Shape};
+use crate::observe::metrics::Loss;
 use crate::table::DenseParam;
 
 /// The tensor of the batch's dense features.

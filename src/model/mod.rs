@@ -25,8 +25,8 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-pub use crate::metrics::Loss;
 pub use crate::nn::{MAX_FIELDS, MAX_TENSOR_FLOATS};
+pub use crate::observe::metrics::Loss;
 pub use budget::{available_memory, MAX_DENSE_PARAMS, MAX_SAMPLE_FLOATS};
 pub use builder::GraphBuilder;
 pub use config::{HeadConfig, LayerConfig, ModelConfig, TableConfig, SHORTHAND_TABLE};
@@ -35,7 +35,7 @@ pub use exec::{Grads, TableRows, Work};
 pub use graph::Model;
 pub use onnx::{OnnxModel, OnnxTable, Port};
 
-use crate::batch::Batch;
+use crate::base::batch::Batch;
 use crate::nn::layer::{Factory, Layer, LayerArgs, Shape};
 use crate::table::{DenseParam, DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
 

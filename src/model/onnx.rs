@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use super::embedding::{Embedding, Pooling};
 use super::graph::{Model, Op, DENSE};
-use crate::metrics::Loss;
+use crate::observe::metrics::Loss;
 use crate::onnx::{label_encoder_attrs, Attr, Dim, Elem, Graph};
 
 /// One table's rows for a complete model: ids ascending, `dim` weights per id.

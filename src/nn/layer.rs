@@ -260,7 +260,8 @@ pub fn check_layer(layer: &dyn Layer, inputs: &[Shape], rows: usize, seed: u64) 
     let draw = |k: u64, n: usize, scale: f32| -> Vec<f32> {
         (0..n)
             .map(|i| {
-                let u = (crate::layout::mix64(seed ^ crate::layout::mix64(k << 32 | i as u64)) >> 40) as f32
+                let u = (crate::base::layout::mix64(seed ^ crate::base::layout::mix64(k << 32 | i as u64)) >> 40)
+                    as f32
                     / (1u64 << 24) as f32;
                 scale * (2.0 * u - 1.0)
             })
@@ -283,7 +284,7 @@ pub fn check_layer(layer: &dyn Layer, inputs: &[Shape], rows: usize, seed: u64) 
     let xs: Vec<Vec<f32>> = inputs.iter().enumerate().map(|(i, s)| draw(10 + i as u64, rows * s.size(), 1.0)).collect();
     let out = layer.output().size();
     let weights = draw(2, rows * out, 1.0);
-    let seeds: Vec<u64> = (0..rows as u64).map(|r| crate::layout::mix64(seed + r)).collect();
+    let seeds: Vec<u64> = (0..rows as u64).map(|r| crate::base::layout::mix64(seed + r)).collect();
     let ctx = Ctx { rows, train: true, seeds: &seeds };
     let mut scratch = vec![0.0; rows * layer.scratch()];
     let loss = |params: &[f32], xs: &[Vec<f32>], scratch: &mut Vec<f32>| -> f64 {

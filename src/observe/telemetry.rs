@@ -63,9 +63,9 @@ impl Sheet {
         self.0.register(name, help, g);
     }
 
-    /// The process's HTTP listeners' connection counts ([`crate::http::counts`]).
+    /// The process's HTTP listeners' connection counts ([`crate::base::http::counts`]).
     pub fn http_connections(&mut self) {
-        let (idle, turned_away) = crate::http::counts();
+        let (idle, turned_away) = crate::base::http::counts();
         self.counter(
             "http_connections_closed_idle",
             "Connections to this process's HTTP ports closed for sending no request within the read timeout.",
@@ -97,7 +97,7 @@ impl Sheet {
     }
 
     /// Pushes by how many updates behind they arrived, a gauge per count (`behind="k"`).
-    pub fn staleness(&mut self, help: &str, s: &crate::metrics::Staleness) {
+    pub fn staleness(&mut self, help: &str, s: &crate::observe::metrics::Staleness) {
         let counts: Vec<(String, f64)> = s.0.iter().enumerate().map(|(k, &n)| (k.to_string(), n as f64)).collect();
         self.gauges("pushes_by_staleness", help, "behind", &counts);
     }
@@ -118,7 +118,7 @@ impl Sheet {
 /// What scrapers may hold of a metrics endpoint: a few connections (16 from one address), each
 /// closed when idle for 10 s (a scrape takes milliseconds; Prometheus reconnects), no request
 /// body.
-const SCRAPER_LIMITS: crate::http::Limits = crate::http::Limits {
+const SCRAPER_LIMITS: crate::base::http::Limits = crate::base::http::Limits {
     connections: 64,
     per_address: 16,
     read_timeout: std::time::Duration::from_secs(10),
@@ -163,7 +163,7 @@ impl Exporter {
                         }
                     }),
                 );
-                crate::http::serve(listener, app, SCRAPER_LIMITS, async {
+                crate::base::http::serve(listener, app, SCRAPER_LIMITS, async {
                     let _ = stopped.await;
                 })
                 .await;

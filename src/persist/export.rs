@@ -31,7 +31,7 @@ pub enum ExportError {
     },
     /// A state file (a save's file, the done-file) could not be written or read.
     #[error(transparent)]
-    State(#[from] crate::state_file::StateFileError),
+    State(#[from] crate::base::state_file::StateFileError),
     /// A file is not a save oar wrote.
     #[error("{path}: not a base or delta save ({reason})")]
     Invalid {
@@ -77,7 +77,7 @@ pub fn write(shard: &Shard, kind: ExportKind, tables: &[TableExport], dir: &Path
     ]);
     let bytes = encode_tables(&named, kind == ExportKind::Delta, metadata)
         .map_err(|reason| ExportError::Invalid { path: path.clone(), reason })?;
-    crate::state_file::write_atomic(&path, &bytes)?;
+    crate::base::state_file::write_atomic(&path, &bytes)?;
     Ok(Exported {
         file: file_name(shard.index),
         bytes: bytes.len() as u64,
@@ -224,7 +224,7 @@ const MAX_DONE_BYTES: u64 = 64 << 20;
 /// write cut short) is refused: it still parsed when only its time was cut, and the next line
 /// was appended onto it.
 pub fn done_lines(done: &Path) -> Result<Vec<DoneLine>, ExportError> {
-    let Some(bytes) = crate::state_file::read(done, MAX_DONE_BYTES)? else { return Ok(Vec::new()) };
+    let Some(bytes) = crate::base::state_file::read(done, MAX_DONE_BYTES)? else { return Ok(Vec::new()) };
     let invalid = |reason: String| ExportError::Invalid { path: done.to_path_buf(), reason };
     let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();

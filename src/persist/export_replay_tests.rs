@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::export::collect;
-use crate::layout::mix64;
+use crate::base::layout::mix64;
+use crate::persist::export::collect;
 use crate::protocol::ExportKind;
 use crate::table::accessor::Accessor;
 use crate::table::admit::Entry;
@@ -119,8 +119,8 @@ fn run(seed: u64, steps: usize) -> (usize, usize) {
             }
             _ => {
                 // A restart from a checkpoint file of the shard as it is now.
-                let (name, _, _) = crate::checkpoint::write_shard(&shard, dir.path()).unwrap();
-                shard = crate::checkpoint::read_shard(&dir.path().join(name)).unwrap();
+                let (name, _, _) = crate::persist::checkpoint::write_shard(&shard, dir.path()).unwrap();
+                shard = crate::persist::checkpoint::read_shard(&dir.path().join(name)).unwrap();
                 restarts += 1;
             }
         }

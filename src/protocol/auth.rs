@@ -1,11 +1,11 @@
 //! The frames of the challenge and response that open a connection to a server with a secret
-//! (see [`crate::auth`]), before any other frame: the client's nonce, the identity it will prove
+//! (see [`crate::security::auth`]), before any other frame: the client's nonce, the identity it will prove
 //! and the index of the server it dialed (`AUTH_HELLO`), the server's nonce, epoch and proof
 //! (`AUTH_CHALLENGE`), the client's proof (`AUTH_PROOF`). Fixed layouts, each a few dozen
 //! bytes.
 
 use super::HEADER;
-use crate::auth::{Identity, LEN};
+use crate::security::auth::{Identity, LEN};
 
 /// Client to server: a magic number, then the client's nonce.
 pub const AUTH_HELLO: u8 = 10;

@@ -358,7 +358,7 @@ pub enum Request<'a> {
     /// Ask for the server's counters.
     Stats,
     /// Trainer `trainer`'s histogram of its pass-`pass` training predictions (Paddle's AUC
-    /// buckets, [`crate::metrics::AucBuckets`]), for server 0 to merge with the others'.
+    /// buckets, [`crate::observe::metrics::AucBuckets`]), for server 0 to merge with the others'.
     PassAuc {
         /// Trainer id.
         trainer: u64,
@@ -368,7 +368,7 @@ pub enum Request<'a> {
         pos: Cow<'a, [u64]>,
         /// Negative samples per bucket.
         neg: Cow<'a, [u64]>,
-        /// The error sums ([`crate::metrics::AucBuckets::sums`]).
+        /// The error sums ([`crate::observe::metrics::AucBuckets::sums`]).
         sums: [f64; 3],
     },
     /// Ask server 0 for pass `pass`'s histograms merged over the trainers that sent one,
@@ -417,7 +417,7 @@ pub struct GlobalAuc {
     /// Trainers that sent their histogram of the pass.
     pub trainers: Vec<u64>,
     /// Their histograms added up.
-    pub buckets: crate::metrics::AucBuckets,
+    pub buckets: crate::observe::metrics::AucBuckets,
 }
 
 impl Request<'_> {

@@ -7,7 +7,7 @@
 //! The protocol is one JSON line each way over TCP: `{"rank":r,"size":n,"addr":"host:port"}`
 //! in, `{"servers":["host:port",...]}` (by server index) or `{"error":"..."}` out. With the
 //! job's secret, the registration is preceded by the challenge and response of
-//! [`crate::auth`] as JSON lines: `{"nonce":hex}` in, `{"nonce":hex,"proof":hex}` out,
+//! [`crate::security::auth`] as JSON lines: `{"nonce":hex}` in, `{"nonce":hex,"proof":hex}` out,
 //! `{"proof":hex}` in; a caller that cannot prove the secret is refused before its
 //! registration is read, and a rank never takes a layout from a host that cannot prove it.
 
@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::Identity;
+use crate::security::auth::Identity;
 
 /// What a rank's proof to the rendezvous is for: its identity in job `job` (the master for a
 /// server rank, a trainer's credential or the master for a trainer rank), made to the
 /// rendezvous (not a parameter server: a proof relayed between the two fails).
-fn ranks(job: &str, identity: Identity) -> crate::auth::Claim<'_> {
-    crate::auth::Claim { job, identity, server: crate::auth::RENDEZVOUS, epoch: 0 }
+fn ranks(job: &str, identity: Identity) -> crate::security::auth::Claim<'_> {
+    crate::security::auth::Claim { job, identity, server: crate::security::auth::RENDEZVOUS, epoch: 0 }
 }
 
 /// Why a rank that proved `identity` may not register as `rank` of a job whose ranks
@@ -132,7 +132,7 @@ pub fn host(
     size: usize,
     servers: usize,
     timeout: Duration,
-    secret: Option<crate::auth::Secret>,
+    secret: Option<crate::security::auth::Secret>,
     job: &str,
 ) -> anyhow::Result<Vec<String>> {
     let deadline = Instant::now() + timeout;
@@ -228,7 +228,7 @@ impl Read for Until {
 fn read_registration(
     stream: TcpStream,
     until: Instant,
-    secret: Option<&crate::auth::Secret>,
+    secret: Option<&crate::security::auth::Secret>,
     job: &str,
 ) -> Option<(TcpStream, Register, Identity)> {
     stream.set_nonblocking(false).ok()?;
@@ -246,23 +246,23 @@ fn read_registration(
                 Some(label) => Identity::parse(label)?,
                 None => Identity::Master,
             };
-            Some((crate::auth::from_hex(&h.nonce?)?, claimed))
+            Some((crate::security::auth::from_hex(&h.nonce?)?, claimed))
         }) else {
             refuse(&mut stream);
             return None;
         };
         identity = claimed;
         let claim = ranks(job, identity);
-        let ours = crate::auth::nonce();
+        let ours = crate::security::auth::nonce();
         let Some(proof) = secret.server_proof(&claim, &theirs, &ours) else {
             refuse(&mut stream);
             return None;
         };
-        let proof = crate::auth::to_hex(&proof);
-        let line = AuthLine { nonce: Some(crate::auth::to_hex(&ours)), proof: Some(proof), identity: None };
+        let proof = crate::security::auth::to_hex(&proof);
+        let line = AuthLine { nonce: Some(crate::security::auth::to_hex(&ours)), proof: Some(proof), identity: None };
         write_line(&mut stream, &line).ok()?;
         let answer: Option<AuthLine> = read_line(&mut reader).and_then(|l| serde_json::from_str(&l).ok());
-        let proved = answer.and_then(|a| crate::auth::from_hex(&a.proof?));
+        let proved = answer.and_then(|a| crate::security::auth::from_hex(&a.proof?));
         if !proved.is_some_and(|p| secret.is_client_proof(&claim, &ours, &theirs, &p)) {
             refuse(&mut stream);
             return None;
@@ -287,7 +287,7 @@ pub fn register(
     rank: Rank,
     addr: &dyn Fn(std::net::IpAddr) -> String,
     timeout: Duration,
-    secret: Option<&crate::auth::Secret>,
+    secret: Option<&crate::security::auth::Secret>,
     job: &str,
 ) -> anyhow::Result<Vec<String>> {
     if let Some(theirs) = secret.and_then(|s| s.job()).filter(|j| *j != job) {
@@ -318,18 +318,21 @@ pub fn register(
     stream.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1))))?;
     let mut reader = BufReader::new(&stream);
     if let Some(secret) = secret {
-        let ours = crate::auth::nonce();
+        let ours = crate::security::auth::nonce();
         let claim = ranks(job, secret.identity());
         let identity = (!secret.is_master()).then(|| secret.identity().label());
-        write_line(&mut writer, &AuthLine { nonce: Some(crate::auth::to_hex(&ours)), proof: None, identity })?;
+        write_line(
+            &mut writer,
+            &AuthLine { nonce: Some(crate::security::auth::to_hex(&ours)), proof: None, identity },
+        )?;
         let line = read_line(&mut reader).unwrap_or_default();
         let challenge: AuthLine = serde_json::from_str(&line).unwrap_or_default();
         let layout: Option<Layout> = serde_json::from_str(&line).ok();
         if let Some(e) = layout.and_then(|l| l.error) {
             anyhow::bail!("rendezvous at {rendezvous}: {e}");
         }
-        let theirs = challenge.nonce.as_deref().and_then(crate::auth::from_hex);
-        let proof = challenge.proof.as_deref().and_then(crate::auth::from_hex);
+        let theirs = challenge.nonce.as_deref().and_then(crate::security::auth::from_hex);
+        let proof = challenge.proof.as_deref().and_then(crate::security::auth::from_hex);
         let (Some(theirs), Some(proof)) = (theirs, proof) else {
             anyhow::bail!("rank {}: the rendezvous at {rendezvous} did not answer the challenge", rank.rank)
         };
@@ -341,7 +344,7 @@ pub fn register(
         let proof = secret
             .client_proof(&claim, &theirs, &ours)
             .with_context(|| format!("rank {}: its credential is for another job than {job:?}", rank.rank))?;
-        let proof = crate::auth::to_hex(&proof);
+        let proof = crate::security::auth::to_hex(&proof);
         write_line(&mut writer, &AuthLine { nonce: None, proof: Some(proof), identity: None })?;
     }
     write_line(&mut writer, &Register { rank: rank.rank, size: rank.size, addr: own })?;
@@ -446,7 +449,7 @@ mod tests {
     /// past the ranks' 20 s, and a dribbling one for ever; now the ranks meet at once.
     #[test]
     fn silent_and_dribbling_callers_cannot_hold_the_rendezvous() {
-        let secret = crate::auth::Secret::generate();
+        let secret = crate::security::auth::Secret::generate();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
         let held = secret.clone();
@@ -488,7 +491,7 @@ mod tests {
     /// secret, and the job's ranks meet as before.
     #[test]
     fn with_a_secret_only_the_jobs_ranks_register() {
-        let secret = crate::auth::Secret::generate();
+        let secret = crate::security::auth::Secret::generate();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
         let held = secret.clone();
@@ -499,7 +502,7 @@ mod tests {
         BufReader::new(plain).read_line(&mut reply).unwrap();
         assert!(reply.contains("authentication failed") && !reply.contains("servers\":[\""), "{reply}");
         let me = |r| Rank { rank: r, size: 2, source: "test" };
-        let other = crate::auth::Secret::generate();
+        let other = crate::security::auth::Secret::generate();
         let err =
             register(&at, me(0), &|_| "10.9.9.9:1".into(), Duration::from_secs(5), Some(&other), "j").unwrap_err();
         assert!(err.to_string().contains("did not prove it holds the job's secret"), "{err}");
@@ -522,7 +525,7 @@ mod tests {
     /// another rank, a tool's, or one of another job is refused, and the job's ranks meet.
     #[test]
     fn a_trainer_rank_registers_with_its_own_credential_and_as_its_own_rank_only() {
-        let master = crate::auth::Secret::generate();
+        let master = crate::security::auth::Secret::generate();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
         let held = master.clone();
@@ -531,8 +534,9 @@ mod tests {
         let me = |r| Rank { rank: r, size: 4, source: "test" };
         let own = |t| master.derive("j", Identity::Trainer(t)).unwrap();
         let quick = Duration::from_secs(5);
-        let register_as =
-            |r, secret: &crate::auth::Secret| register(&at, me(r), &|_| String::new(), quick, Some(secret), "j");
+        let register_as = |r, secret: &crate::security::auth::Secret| {
+            register(&at, me(r), &|_| String::new(), quick, Some(secret), "j")
+        };
         let e = register_as(3, &own(0)).unwrap_err().to_string();
         assert!(e.contains("rank 3 proved trainer 0's credential, which is rank 2's"), "{e}");
         let e = register_as(3, &master.derive("j", Identity::Tool).unwrap()).unwrap_err().to_string();

@@ -36,7 +36,7 @@ pub struct LaunchSummary {
     /// Samples per second inside the trainers' training loops (summed over trainers).
     pub train_loop_samples_per_sec: f64,
     /// Test figures after the last pass (trainer 0; the first head's with several heads).
-    pub test: Option<crate::metrics::EvalReport>,
+    pub test: Option<crate::observe::metrics::EvalReport>,
     /// With several heads: every head's figures over the last pass (trainer 0), in the model's
     /// order (the first head's test figures are `test`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -48,7 +48,7 @@ pub struct LaunchSummary {
     /// Async pushes discarded as stale.
     pub discarded_pushes: u64,
     /// How many updates behind the trainers' pushes arrived (async).
-    pub staleness: crate::metrics::Staleness,
+    pub staleness: crate::observe::metrics::Staleness,
     /// Every trainer's report.
     pub reports: Vec<TrainReport>,
     /// Processes restarted during the job (`oar launch --max-restarts`).
@@ -129,7 +129,7 @@ pub(crate) fn spawn(
         .spawn()
         .with_context(|| format!("cannot start {name} ({:?})", cmd.get_program()))?;
     let state = Arc::new(Mutex::new(ChildState::default()));
-    let file = crate::state_file::create_plain(&log)?;
+    let file = crate::base::state_file::create_plain(&log)?;
     let file = Arc::new(Mutex::new(std::io::LineWriter::new(file)));
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
@@ -195,7 +195,7 @@ pub(crate) trait Keeper {
     fn restarts(&self) -> bool {
         false
     }
-    /// Child `i` failed, and not on its own error ([`crate::exit::fails_again`], never
+    /// Child `i` failed, and not on its own error ([`crate::base::exit::fails_again`], never
     /// restarted): `Ok(true)` once it has been restarted in its place.
     fn restart(&mut self, _procs: &mut [Proc], _i: usize, _status: std::process::ExitStatus) -> anyhow::Result<bool> {
         Ok(false)
@@ -238,7 +238,7 @@ pub(crate) fn check_children(
         if let Some(status) = p.child.try_wait().with_context(|| format!("cannot wait for {}", p.name))? {
             if status.success() {
                 done.push(i);
-            } else if crate::exit::fails_again(&status) || !keeper.restart(procs, i, status)? {
+            } else if crate::base::exit::fails_again(&status) || !keeper.restart(procs, i, status)? {
                 failed.push((i, status));
             }
         }
@@ -259,10 +259,10 @@ pub(crate) fn check_children(
     }
     // The cause first: a child that stopped because another was lost (exit status 3, set by
     // the child from its error's type) after the children that failed on their own.
-    failed.sort_by_key(|&(_, status)| status.code() == Some(crate::exit::PEER_LOST));
+    failed.sort_by_key(|&(_, status)| status.code() == Some(crate::base::exit::PEER_LOST));
     let cause = |i: usize, status: std::process::ExitStatus| {
-        let left = keeper.restarts() && crate::exit::fails_again(&status);
-        keeper.cause(i).or_else(|| left.then(|| crate::exit::NOT_RESTARTED.to_string()))
+        let left = keeper.restarts() && crate::base::exit::fails_again(&status);
+        keeper.cause(i).or_else(|| left.then(|| crate::base::exit::NOT_RESTARTED.to_string()))
     };
     let all: Vec<String> = failed.iter().map(|&(i, status)| failure(&procs[i], status, cause(i, status))).collect();
     anyhow::bail!("{}", all.join("; also "))
@@ -368,7 +368,7 @@ pub(crate) fn summarize(
         heads,
         train_auc_all_trainers,
         discarded_pushes: reports.iter().map(|r| r.discarded_pushes).sum(),
-        staleness: reports.iter().fold(Default::default(), |mut all: crate::metrics::Staleness, r| {
+        staleness: reports.iter().fold(Default::default(), |mut all: crate::observe::metrics::Staleness, r| {
             all.merge(&r.staleness);
             all
         }),
@@ -383,6 +383,6 @@ pub(crate) fn summarize(
             .collect(),
         curves,
     };
-    crate::state_file::write_json(&logs.join("summary.json"), &summary)?;
+    crate::base::state_file::write_json(&logs.join("summary.json"), &summary)?;
     Ok(summary)
 }

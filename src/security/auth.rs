@@ -137,7 +137,7 @@ impl Secret {
     /// 4096 bytes; surrounding whitespace is not part of it) or a credential (its first line
     /// `oar-credential 1`, written by [`Secret::write_new`] of a derived one).
     pub fn read(path: &Path) -> anyhow::Result<Secret> {
-        let bytes = crate::state_file::read_private(path, *SECRET_BYTES.end()).map_err(|e| {
+        let bytes = crate::base::state_file::read_private(path, *SECRET_BYTES.end()).map_err(|e| {
             anyhow::anyhow!("secret file {}: {}; a secret takes 16 to 4096 bytes", path.display(), e.reason())
         })?;
         if bytes.starts_with(CREDENTIAL_MAGIC.as_bytes()) {
@@ -174,7 +174,7 @@ impl Secret {
     /// Writes this secret (the master's bytes, or a credential's file) into a new file at
     /// `path` that only its owner may read.
     pub fn write_new(&self, path: &Path) -> anyhow::Result<()> {
-        crate::state_file::write_new(path, &self.bytes(), 0o600)
+        crate::base::state_file::write_new(path, &self.bytes(), 0o600)
             .map_err(|e| anyhow::anyhow!("cannot create the secret file: {e}"))
     }
 
@@ -352,7 +352,8 @@ mod tests {
         }
         assert_eq!(Identity::from_code(2, 5), None);
         let bad = dir.path().join("bad");
-        crate::state_file::write_new(&bad, b"oar-credential 1\njob: j\nidentity: master\nkey: 00\n", 0o600).unwrap();
+        crate::base::state_file::write_new(&bad, b"oar-credential 1\njob: j\nidentity: master\nkey: 00\n", 0o600)
+            .unwrap();
         let e = Secret::read(&bad).unwrap_err().to_string();
         assert!(e.contains("the identity is not 'trainer N', 'tool' or 'operator'"), "{e}");
     }

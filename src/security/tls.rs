@@ -2,7 +2,7 @@
 //! clients' configurations from PEM files, and `oar tls` making a job's certificate
 //! authority and server certificate.
 //!
-//! TLS adds what the secret's challenge and response (see [`crate::auth`]) does not give:
+//! TLS adds what the secret's challenge and response (see [`crate::security::auth`]) does not give:
 //! frames that nobody on the path can read or change. Every server presents one certificate
 //! issued for a name (`oar` unless told otherwise), not for its address, so one certificate
 //! serves a job whose servers move between hosts; clients check it against the job's
@@ -43,7 +43,7 @@ fn file_error(path: &Path, reason: impl ToString) -> TlsError {
 /// Reads a PEM file: a regular file (Kubernetes mounts Secrets through links, so links are
 /// followed) of at most 1 MiB.
 fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
-    crate::state_file::read_named(path, MAX_PEM_BYTES).map_err(|e| file_error(path, e.reason()))
+    crate::base::state_file::read_named(path, MAX_PEM_BYTES).map_err(|e| file_error(path, e.reason()))
 }
 
 fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -60,7 +60,7 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let chain = certificates(cert)?;
     // The private key, like the job's secret, must be its owner's alone.
-    let key_pem = crate::state_file::read_private(key, MAX_PEM_BYTES).map_err(|e| file_error(key, e.reason()))?;
+    let key_pem = crate::base::state_file::read_private(key, MAX_PEM_BYTES).map_err(|e| file_error(key, e.reason()))?;
     let key_der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| file_error(key, e))?;
     let config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -142,7 +142,7 @@ pub fn generate(dir: &Path, name: &str) -> Result<Generated, TlsError> {
     let cert = params.signed_by(&key, &issuer).map_err(fail)?;
     std::fs::create_dir_all(dir).map_err(|e| file_error(dir, e))?;
     let write = |path: &Path, text: String, mode| {
-        crate::state_file::write_new(path, text.as_bytes(), mode).map_err(|e| file_error(path, e))
+        crate::base::state_file::write_new(path, text.as_bytes(), mode).map_err(|e| file_error(path, e))
     };
     write(&files.ca, ca_cert.pem(), 0o644)?;
     write(&files.cert, cert.pem(), 0o644)?;

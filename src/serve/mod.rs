@@ -9,7 +9,7 @@
 //! | `POST /v2/models/NAME/infer` | one FP32 `[N, 1]` output per head ([`v2`]) |
 //! | `GET /metrics` | Prometheus: requests, samples, refusals, reloads, the served pass, latency |
 //!
-//! Scores come from oar's own forward pass ([`crate::predict::Scorer`], the numbers of `oar
+//! Scores come from oar's own forward pass ([`crate::serve::predict::Scorer`], the numbers of `oar
 //! predict`), on tokio's blocking pool so a long batch never stalls the connections. A watcher
 //! polls the model folder (`latest` and the pass's `manifest.json`, which a save writes last);
 //! when they change it loads the new pass beside the old one and swaps it in: a request holds
@@ -35,7 +35,7 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::json;
 
 use crate::model::Registry;
-use crate::predict::{Saved, Scorer};
+use crate::serve::predict::{Saved, Scorer};
 
 /// How to serve.
 #[derive(Clone, Debug)]
@@ -49,7 +49,7 @@ pub struct ServeConfig {
     /// How often the model folder is checked for a newer save.
     pub poll: Duration,
     /// What one client may hold: connections, read deadlines, the largest request body.
-    pub limits: crate::http::Limits,
+    pub limits: crate::base::http::Limits,
 }
 
 /// A loaded model and what identifies its files.
@@ -74,7 +74,7 @@ struct Stamp {
 }
 
 fn stamp(dir: &Path) -> anyhow::Result<Stamp> {
-    let (_, pass_dir) = crate::checkpoint::Manifest::find(dir)?;
+    let (_, pass_dir) = crate::persist::checkpoint::Manifest::find(dir)?;
     let meta = std::fs::metadata(pass_dir.join("manifest.json"))
         .with_context(|| format!("{}: no manifest.json", pass_dir.display()))?;
     Ok(Stamp { pass_dir, len: meta.len(), modified: meta.modified().ok() })
@@ -82,7 +82,7 @@ fn stamp(dir: &Path) -> anyhow::Result<Stamp> {
 
 /// Loads the pass `stamp` names.
 fn load(stamp: Stamp, registry: &Registry) -> anyhow::Result<Loaded> {
-    let saved = crate::predict::load(&stamp.pass_dir, registry)?;
+    let saved = crate::serve::predict::load(&stamp.pass_dir, registry)?;
     let model = &saved.model;
     let heads = model.scored_heads();
     let names = heads.iter().map(|&h| model.score_name(h)).collect();
@@ -97,7 +97,7 @@ const SCORE_ROWS: usize = 4096;
 
 struct Server {
     name: String,
-    limits: crate::http::Limits,
+    limits: crate::base::http::Limits,
     /// Requests parsed and scored at once (the cores, at least 2): a parsed body takes many
     /// times its size, so the bodies waiting stay bodies. A turn is held by the scoring itself,
     /// which goes on when its client hangs up.
@@ -107,7 +107,7 @@ struct Server {
     /// Requests being parsed and scored now.
     in_scoring: AtomicU64,
     /// The room for request bodies waiting or being scored.
-    bodies: crate::http::Bodies,
+    bodies: crate::base::http::Bodies,
     current: RwLock<Arc<Loaded>>,
     scorers: Mutex<Vec<Scorer>>,
     answered: AtomicU64,
@@ -115,7 +115,7 @@ struct Server {
     refused: AtomicU64,
     reloads: AtomicU64,
     failed_reloads: AtomicU64,
-    latency: crate::telemetry::Latency,
+    latency: crate::observe::telemetry::Latency,
 }
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
@@ -159,7 +159,7 @@ impl Server {
 
     /// The Prometheus text of `GET /metrics`.
     fn metrics(&self) -> String {
-        let mut sheet = crate::telemetry::Sheet::default();
+        let mut sheet = crate::observe::telemetry::Sheet::default();
         sheet.http_connections();
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         sheet.counter("serve_requests", "Infer requests answered with scores.", n(&self.answered));
@@ -276,7 +276,7 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
         name: config.name.clone(),
         limits: config.limits,
         current: RwLock::new(Arc::new(loaded)),
-        bodies: crate::http::Bodies::new(&config.limits),
+        bodies: crate::base::http::Bodies::new(&config.limits),
         scoring: Arc::new(tokio::sync::Semaphore::new(turns)),
         turns,
         in_scoring: AtomicU64::new(0),
@@ -286,7 +286,7 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
         refused: AtomicU64::new(0),
         reloads: AtomicU64::new(0),
         failed_reloads: AtomicU64::new(0),
-        latency: crate::telemetry::Latency::default(),
+        latency: crate::observe::telemetry::Latency::default(),
     });
     let (_stop, stopped) = std::sync::mpsc::channel();
     let watcher = {
@@ -340,7 +340,7 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
                         return error(StatusCode::NOT_FOUND, e);
                     }
                 };
-                let body = match crate::http::read_body(&headers, body, &s.limits, &s.bodies).await {
+                let body = match crate::base::http::read_body(&headers, body, &s.limits, &s.bodies).await {
                     Ok(body) => body,
                     Err((status, message)) => {
                         s.refused.fetch_add(1, Ordering::Relaxed);
@@ -384,7 +384,7 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
     let _ = std::io::stdout().flush();
     let served = rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        crate::http::serve(listener, app, config.limits, std::future::pending()).await;
+        crate::base::http::serve(listener, app, config.limits, std::future::pending()).await;
         anyhow::Ok(())
     });
     drop(_stop);

@@ -20,7 +20,7 @@ use sha2::Digest;
 
 use crate::data::Schema;
 use crate::model::{OnnxTable, Pooling, Port};
-use crate::predict::Saved;
+use crate::serve::predict::Saved;
 use crate::table::TableExport;
 
 /// The manifest's format version.
@@ -191,7 +191,7 @@ fn check_out(out: &Path, source: &Path) -> anyhow::Result<()> {
     let manifest = out.join("manifest.json");
     // Read as a state file: a pipe, a device or a link there is refused, not waited on or
     // followed, and a huge file not read whole.
-    if let Some(text) = crate::state_file::read(&manifest, crate::checkpoint::MAX_MANIFEST_BYTES)
+    if let Some(text) = crate::base::state_file::read(&manifest, crate::persist::checkpoint::MAX_MANIFEST_BYTES)
         .with_context(|| format!("--out {}: its manifest.json cannot be checked", out.display()))?
     {
         anyhow::ensure!(
@@ -239,8 +239,8 @@ pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Re
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut files = HashMap::new();
     let mut write = |name: &str, bytes: &[u8]| -> anyhow::Result<()> {
-        crate::state_file::write_atomic(&out.join(name), bytes)?;
-        files.insert(name.to_string(), crate::auth::to_hex(&sha2::Sha256::digest(bytes)));
+        crate::base::state_file::write_atomic(&out.join(name), bytes)?;
+        files.insert(name.to_string(), crate::security::auth::to_hex(&sha2::Sha256::digest(bytes)));
         Ok(())
     };
     write("dense.onnx", &dense.bytes)?;
@@ -258,7 +258,10 @@ pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Re
         ("source".to_string(), "oar export".to_string()),
         ("pass".to_string(), saved.manifest.pass.to_string()),
     ]);
-    write("tables.safetensors", &crate::export::encode_tables(&named, false, metadata).map_err(anyhow::Error::msg)?)?;
+    write(
+        "tables.safetensors",
+        &crate::persist::export::encode_tables(&named, false, metadata).map_err(anyhow::Error::msg)?,
+    )?;
     let input = model.input();
     let manifest = ExportManifest {
         format: FORMAT,
@@ -300,6 +303,6 @@ pub fn export(saved: &Saved, source: &Path, config: &ExportConfig) -> anyhow::Re
         files,
     };
     let json = serde_json::to_vec_pretty(&manifest).expect("a manifest serializes");
-    crate::state_file::write_atomic(&out.join("manifest.json"), &json)?;
+    crate::base::state_file::write_atomic(&out.join("manifest.json"), &json)?;
     Ok(manifest)
 }

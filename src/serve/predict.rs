@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::batch::Batch;
-use crate::checkpoint::Manifest;
+use crate::base::batch::Batch;
 use crate::data::{Reader, ReaderConfig, Schema};
 use crate::model::{Model, Registry, Work};
+use crate::persist::checkpoint::Manifest;
 use crate::protocol::RowCreation;
 use crate::table::Shard;
 use crate::train::{pull_rows, Lookups};
@@ -53,7 +53,7 @@ pub fn check_pipe_command(schema: &Schema, dir: &std::path::Path, trusted: bool)
 /// Loads the saved model in `dir` (an output folder or one of its pass folders), checking that
 /// its parameters fit its description.
 pub fn load(dir: &Path, registry: &Registry) -> anyhow::Result<Saved> {
-    let (manifest, shard) = crate::checkpoint::load_merged(dir)?;
+    let (manifest, shard) = crate::persist::checkpoint::load_merged(dir)?;
     let model_config: crate::model::ModelConfig = serde_json::from_value(manifest.model["model"].clone())
         .with_context(|| format!("{}: the manifest's model description is not one this oar reads", dir.display()))?;
     // Models saved before `[data]` existed were Criteo models.
@@ -62,7 +62,7 @@ pub fn load(dir: &Path, registry: &Registry) -> anyhow::Result<Saved> {
             .with_context(|| format!("{}: manifest has an unreadable data config", dir.display()))?,
         None => crate::data::DataConfig::default(),
     };
-    let (model, schema) = crate::config::build_model(&model_config, &data, registry)
+    let (model, schema) = crate::train::job_config::build_model(&model_config, &data, registry)
         .with_context(|| format!("{}: the saved model", dir.display()))?;
     let dims = |tables: &mut dyn Iterator<Item = (String, usize)>| tables.collect::<Vec<_>>();
     anyhow::ensure!(

@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::batch::Batch;
+use crate::base::batch::Batch;
 use crate::data::Schema;
 
 /// The most samples one request may carry.

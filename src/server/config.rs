@@ -58,7 +58,7 @@ pub struct ServerConfig {
     /// The folder that trainers' `Save` requests (a folder named over the network) must lie in.
     pub save_root: PathBuf,
     /// Checkpoint the shard in the background, as this says.
-    pub checkpoints: Option<crate::shard_checkpoints::Policy>,
+    pub checkpoints: Option<crate::server::shard_checkpoints::Policy>,
     /// This process's incarnation of its place: 0 at first, one more for each restart. A
     /// client that has met a newer epoch is refused, and the server stops (it has been replaced).
     pub epoch: u64,
@@ -69,7 +69,7 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// The job's secret: every connection must prove it holds it before anything else
     /// (`None`: anyone who can reach the port may speak, Paddle-style manual starts).
-    pub secret: Option<crate::auth::Secret>,
+    pub secret: Option<crate::security::auth::Secret>,
     /// TLS for every connection (`--tls-cert`, `--tls-key`): a client that does not speak it
     /// is refused at its first bytes. `None`: plain TCP.
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
@@ -165,16 +165,16 @@ impl ServerConfig {
             );
         }
         anyhow::ensure!(
-            self.trainers <= crate::layout::MAX_PEERS,
+            self.trainers <= crate::base::layout::MAX_PEERS,
             "--trainers is {}, more than {}",
             self.trainers,
-            crate::layout::MAX_PEERS
+            crate::base::layout::MAX_PEERS
         );
         anyhow::ensure!(
-            self.num_servers <= crate::layout::MAX_PEERS,
+            self.num_servers <= crate::base::layout::MAX_PEERS,
             "--num-servers is {}, more than {}",
             self.num_servers,
-            crate::layout::MAX_PEERS
+            crate::base::layout::MAX_PEERS
         );
         anyhow::ensure!(self.mode != Mode::Local, "a server runs in sync or async mode, not local");
         anyhow::ensure!(self.lag_ratio > 0.0, "--lag-ratio must be positive");
@@ -219,7 +219,7 @@ pub struct ServerStats {
     pub port_requests: Vec<u64>,
     /// Async: how many updates behind each push arrived.
     #[serde(default)]
-    pub staleness: crate::metrics::Staleness,
+    pub staleness: crate::observe::metrics::Staleness,
     /// Samples applied per trainer, counted where they were applied: each push once, however
     /// often it was sent (a restarted trainer's resend), none for a discarded or refused push.
     #[serde(default)]

@@ -11,12 +11,12 @@ use tokio::net::TcpStream;
 
 use super::waiting::Ticket;
 use super::{members, push, requests, Answer, Reply, State};
-use crate::auth::Identity;
-use crate::per_address::Held;
+use crate::base::per_address::Held;
 use crate::protocol::{
     auth, encode_values, read_frame, write_frame, Apply, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Request,
     Response, RowCreation, NOT_A_TRAINER, PROTOCOL_VERSION,
 };
+use crate::security::auth::Identity;
 
 /// Why a request may not use a sparse-only port, if it may not.
 fn dense_on_sparse_port(request: &Request) -> Option<&'static str> {
@@ -379,8 +379,8 @@ fn handle_hello(state: &State, request: &Request, proven: Option<Identity>) -> R
 /// (`fence.json`, written by every restart before it serves): 0 without checkpoints or a claim.
 fn recorded_epoch(state: &State) -> u64 {
     let Some(policy) = &state.config.checkpoints else { return 0 };
-    let folder = crate::shard_checkpoints::server_dir(&policy.dir, state.config.index);
-    match crate::shard_checkpoints::Fence::read(&folder) {
+    let folder = crate::server::shard_checkpoints::server_dir(&policy.dir, state.config.index);
+    match crate::server::shard_checkpoints::Fence::read(&folder) {
         Ok(Some(fence)) if fence.job == state.config.job => fence.epoch,
         Ok(_) => 0,
         Err(e) => {
@@ -458,13 +458,13 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
 }
 
 /// The challenge and response that must open a connection to a server with a secret (see
-/// [`crate::auth`]): `Ok(Some(identity))` once the client proved that identity of this job
+/// [`crate::security::auth`]): `Ok(Some(identity))` once the client proved that identity of this job
 /// (and was answered `Done`), `Ok(None)` once it was refused. A refusal says only that
 /// authentication failed. The proofs name this server's index (so a proof relayed from another
 /// server of the job fails) and its epoch.
 async fn authenticate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     state: &State,
-    secret: &crate::auth::Secret,
+    secret: &crate::security::auth::Secret,
     rd: &mut R,
     wr: &mut W,
     buf: &mut FrameBuf,
@@ -488,8 +488,8 @@ async fn authenticate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     // client dialed, which its Hello must then confirm.
     let server = state.place.lock().map_or(dialed, |(index, _)| index as u64);
     let c = &state.config;
-    let claim = crate::auth::Claim { job: &c.job, identity, server, epoch: c.epoch };
-    let ours = crate::auth::nonce();
+    let claim = crate::security::auth::Claim { job: &c.job, identity, server, epoch: c.epoch };
+    let ours = crate::security::auth::nonce();
     let proof = secret.server_proof(&claim, &client, &ours).expect("a server holds the master secret");
     wr.write_all(&auth::challenge(&ours, c.epoch, &proof)).await?;
     wr.flush().await?;

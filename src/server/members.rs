@@ -49,7 +49,7 @@ fn record_trainers(state: &State) {
     let _order = state.recording.lock();
     let record = {
         let pending = state.sync.lock();
-        crate::shard_checkpoints::Trainers {
+        crate::server::shard_checkpoints::Trainers {
             job: state.config.job.clone(),
             closed: state.closed.lock().iter().copied().collect(),
             pass: pending.pass,
@@ -97,7 +97,7 @@ pub(super) fn close(state: &Arc<State>, trainer: u64) -> Reply {
             save_final(state, dir)?;
         }
         if let Some(policy) = &state.config.checkpoints {
-            crate::shard_checkpoints::mark_finished(&policy.dir, state.config.index, &state.config.job)
+            crate::server::shard_checkpoints::mark_finished(&policy.dir, state.config.index, &state.config.job)
                 .map_err(|e| (ErrorCode::Io, format!("marking the run finished: {e}")))?;
         }
         // Stop only after this reply is on the wire (see `serve_connection`), or the last
@@ -109,12 +109,12 @@ pub(super) fn close(state: &Arc<State>, trainer: u64) -> Reply {
 }
 
 /// Saves this server's shard into `dir` once every trainer has closed (see
-/// [`crate::checkpoint::save_server_final`]).
+/// [`crate::persist::checkpoint::save_server_final`]).
 pub(super) fn save_final(state: &State, dir: &std::path::Path) -> Result<(), (ErrorCode, String)> {
     let shard = state.shard()?;
     let pass = state.sync.lock().pass as u32;
     let model = state.model.lock().clone();
-    let complete = crate::checkpoint::save_server_final(&shard, dir, &state.config.job, pass, &model)
+    let complete = crate::persist::checkpoint::save_server_final(&shard, dir, &state.config.job, pass, &model)
         .map_err(|e| (ErrorCode::Io, format!("saving the final model: {e}")))?;
     tracing::info!(dir = %dir.display(), pass, manifest_written = complete, "every trainer has closed: model saved");
     Ok(())
@@ -125,18 +125,18 @@ const AUC_PASSES: usize = 3;
 
 /// Keeps trainer `trainer`'s histogram of pass `pass` (a resend replaces it: counted once).
 pub(super) fn pass_auc(state: &State, trainer: u64, pass: u64, pos: &[u64], neg: &[u64], sums: [f64; 3]) -> Reply {
-    let want = crate::metrics::AUC_BUCKETS;
+    let want = crate::observe::metrics::AUC_BUCKETS;
     if pos.len() != want || neg.len() != want {
         // Checked before copying: a frame's arrays may be as long as its bound.
         let message = format!("an AUC histogram has {} and {} buckets, not {want}", pos.len(), neg.len());
         return Err((ErrorCode::Malformed, message));
     }
-    let buckets = crate::metrics::AucBuckets { pos: pos.to_vec(), neg: neg.to_vec(), sums };
+    let buckets = crate::observe::metrics::AucBuckets { pos: pos.to_vec(), neg: neg.to_vec(), sums };
     if !buckets.is_valid() {
         let message = format!(
             "an AUC histogram of {} samples (at most {}) with error sums {:?} its buckets do not allow",
             buckets.samples(),
-            crate::metrics::MAX_PASS_SAMPLES,
+            crate::observe::metrics::MAX_PASS_SAMPLES,
             buckets.sums
         );
         return Err((ErrorCode::Malformed, message));

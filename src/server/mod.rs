@@ -23,8 +23,8 @@ use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::ledger::TrainerLedger;
 use crate::protocol::{ErrorCode, Response};
+use crate::server::ledger::TrainerLedger;
 use crate::table::Shard;
 
 mod accept;
@@ -56,7 +56,7 @@ struct Counters {
     keys_pushed: AtomicU64,
     push_bytes: AtomicU64,
     port_requests: Vec<AtomicU64>,
-    staleness: [AtomicU64; crate::metrics::Staleness::BUCKETS],
+    staleness: [AtomicU64; crate::observe::metrics::Staleness::BUCKETS],
 }
 
 struct State {
@@ -66,7 +66,7 @@ struct State {
     broken: Mutex<conn::Quiet>,
     /// Per pass (the last few), each trainer's histogram of its training predictions, for the
     /// pass's AUC over all trainers (`Request::PassAuc`, on server 0).
-    pass_auc: Mutex<BTreeMap<u64, BTreeMap<u64, crate::metrics::AucBuckets>>>,
+    pass_auc: Mutex<BTreeMap<u64, BTreeMap<u64, crate::observe::metrics::AucBuckets>>>,
     /// (index, number of servers), once known.
     place: Mutex<Option<(usize, usize)>>,
     /// The model description of the first declaration, for the final manifest.
@@ -97,7 +97,7 @@ struct State {
     lost: watch::Sender<BTreeMap<u64, std::time::Instant>>,
     /// The newer epoch of this server a client has met: this process has been replaced.
     fenced: watch::Sender<Option<u64>>,
-    /// What this server has done with each trainer's pushes (see [`crate::ledger`]).
+    /// What this server has done with each trainer's pushes (see [`crate::server::ledger`]).
     ledgers: Vec<Mutex<TrainerLedger>>,
     /// The last online day end (its pass) whose shrink the shard holds: each day end's shrink
     /// is applied once (taken after `gate`, kept in the checkpoints' cut).
@@ -113,7 +113,7 @@ struct State {
     open: AtomicUsize,
     /// Connections per address whose handshake has not completed (bounded by
     /// `--max-pending-per-address`).
-    pending: Arc<crate::per_address::PerAddress>,
+    pending: Arc<crate::base::per_address::PerAddress>,
     /// Connections that have not sent their first frame, oldest first: the oldest is closed to
     /// take a new connection when every place is taken.
     waiting: waiting::Waiting,
@@ -149,28 +149,28 @@ impl State {
         self.shard.lock().clone().ok_or((ErrorCode::State, "no tables declared yet".to_string()))
     }
 
-    /// A fault the tests planned for this server at this version (see [`crate::fault`]).
+    /// A fault the tests planned for this server at this version (see [`crate::base::fault`]).
     fn injected_fault(&self, version: u64) {
-        let me = crate::fault::Target::Server(self.config.index);
-        crate::fault::at(me, self.config.epoch, crate::fault::Moment::Version(version));
+        let me = crate::base::fault::Target::Server(self.config.index);
+        crate::base::fault::at(me, self.config.epoch, crate::base::fault::Moment::Version(version));
     }
 
-    /// The `unanswered` fault the tests planned (see [`crate::fault`]), as a sync push of
+    /// The `unanswered` fault the tests planned (see [`crate::base::fault`]), as a sync push of
     /// `trainer` arrives: trainer 0's push at that version fires it.
     fn unanswered_fault_on_arrival(&self, trainer: u64) {
         if cfg!(feature = "faults") && trainer == 0 {
             let version = self.counters.version.load(std::sync::atomic::Ordering::Relaxed);
-            let me = crate::fault::Target::Server(self.config.index);
-            crate::fault::at(me, self.config.epoch, crate::fault::Moment::Unanswered(version));
+            let me = crate::base::fault::Target::Server(self.config.index);
+            crate::base::fault::at(me, self.config.epoch, crate::base::fault::Moment::Unanswered(version));
         }
     }
 
     /// The `unanswered` fault, as `trainer`'s push in the step that made `version` is about to
     /// be answered: the reply is held back forever unless `trainer` is 0.
     async fn unanswered_fault_on_reply(&self, trainer: u64, version: u64) {
-        let me = crate::fault::Target::Server(self.config.index);
-        let moment = crate::fault::Moment::Unanswered(version);
-        if trainer != 0 && crate::fault::is_planned(me, self.config.epoch, moment) {
+        let me = crate::base::fault::Target::Server(self.config.index);
+        let moment = crate::base::fault::Moment::Unanswered(version);
+        if trainer != 0 && crate::base::fault::is_planned(me, self.config.epoch, moment) {
             std::future::pending::<()>().await;
         }
     }
@@ -205,7 +205,7 @@ impl State {
 
     fn stats(&self) -> ServerStats {
         let c = &self.counters;
-        let (rss_bytes, peak_rss_bytes) = crate::metrics::process_memory();
+        let (rss_bytes, peak_rss_bytes) = crate::observe::metrics::process_memory();
         ServerStats {
             rss_bytes,
             peak_rss_bytes,
@@ -223,7 +223,7 @@ impl State {
             staleness: {
                 let counts: Vec<u64> = c.staleness.iter().map(|n| n.load(Relaxed)).collect();
                 let used = counts.iter().rposition(|n| *n > 0).map_or(0, |b| b + 1);
-                crate::metrics::Staleness(counts[..used].to_vec())
+                crate::observe::metrics::Staleness(counts[..used].to_vec())
             },
             applied_samples: self.ledgers.iter().map(|l| l.lock().samples).collect(),
             discarded_samples: self.ledgers.iter().map(|l| l.lock().discarded_samples).collect(),
@@ -235,11 +235,11 @@ impl State {
 
     /// A consistent cut for a checkpoint: the shard copied while no update is half applied,
     /// with the version and the ledgers that match it (`None` before tables are declared).
-    fn cut(&self) -> Option<crate::shard_checkpoints::Cut> {
+    fn cut(&self) -> Option<crate::server::shard_checkpoints::Cut> {
         let shard = self.shard.lock().clone()?;
         let _gate = self.gate.write();
-        Some(crate::shard_checkpoints::Cut {
-            snapshot: crate::checkpoint::ShardSnapshot::take(&shard),
+        Some(crate::server::shard_checkpoints::Cut {
+            snapshot: crate::persist::checkpoint::ShardSnapshot::take(&shard),
             version: self.counters.version.load(Relaxed),
             ledgers: self.ledgers.iter().map(|l| l.lock().clone()).collect(),
             day_end: *self.day_end.lock(),
@@ -263,7 +263,7 @@ pub async fn run(
     let _metrics = match &state.config.metrics_addr {
         Some(addr) => {
             let watched = state.clone();
-            Some(crate::telemetry::Exporter::start(addr, Arc::new(move || telemetry::render(&watched)))?)
+            Some(crate::observe::telemetry::Exporter::start(addr, Arc::new(move || telemetry::render(&watched)))?)
         }
         None => None,
     };
@@ -306,7 +306,7 @@ pub async fn run(
                      (--trainer-rejoin): the job cannot finish"
                 ),
             };
-            return Err(crate::exit::PeerLost(lost).into());
+            return Err(crate::base::exit::PeerLost(lost).into());
         }
         missing = ends::never_arrived(state.clone()) => {
             acceptors.abort_all();
@@ -365,7 +365,9 @@ fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
     let mut sync = SyncStep::new(version);
     let recorded = config.checkpoints.as_ref().filter(|_| config.epoch > 0);
     let record = match recorded {
-        Some(p) => crate::shard_checkpoints::Trainers::read(&p.dir, config.index, &config.job, config.trainers)?,
+        Some(p) => {
+            crate::server::shard_checkpoints::Trainers::read(&p.dir, config.index, &config.job, config.trainers)?
+        }
         None => None,
     };
     if let Some(t) = record {
@@ -406,7 +408,7 @@ fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
         step_errors: Mutex::new(BTreeMap::new()),
         recording: Mutex::new(()),
         open: AtomicUsize::new(0),
-        pending: crate::per_address::PerAddress::new(config.limits.max_pending_per_address),
+        pending: crate::base::per_address::PerAddress::new(config.limits.max_pending_per_address),
         waiting: waiting::Waiting::default(),
         telemetry: telemetry::Telemetry::default(),
         buffers: crate::protocol::BufferBudget::new(config.limits.max_receive_bytes),
@@ -427,17 +429,18 @@ fn start_checkpoints(
 ) -> anyhow::Result<Option<std::thread::JoinHandle<()>>> {
     if let Some(policy) = state.config.checkpoints.clone() {
         let (watched, index) = (state.clone(), state.config.index);
-        let fence = crate::shard_checkpoints::Fence { job: state.config.job.clone(), epoch: state.config.epoch };
+        let fence =
+            crate::server::shard_checkpoints::Fence { job: state.config.job.clone(), epoch: state.config.epoch };
         // Claimed before serving: a server that cannot own its checkpoint folder must not run
         // as though a restart could go on from it.
-        let checkpointer = crate::shard_checkpoints::Checkpointer::new(policy, index, fence)
+        let checkpointer = crate::server::shard_checkpoints::Checkpointer::new(policy, index, fence)
             .context("cannot claim the checkpoint folder (--checkpoint-dir)")?;
         let written = watched.clone();
         let cut = move || watched.cut();
         let on_written = move || *written.telemetry.last_checkpoint.lock() = Some(std::time::Instant::now());
         let thread = std::thread::Builder::new()
             .name("oar-checkpoint".into())
-            .spawn(move || crate::shard_checkpoints::run(checkpointer, cut, on_written, stopped))
+            .spawn(move || crate::server::shard_checkpoints::run(checkpointer, cut, on_written, stopped))
             .context("starting the checkpoint thread")?;
         return Ok(Some(thread));
     }

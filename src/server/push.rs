@@ -83,7 +83,7 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
 }
 
 /// Why a push's own numbers are refused before they touch any state, if they are: its step
-/// within its trainer's window ([`crate::ledger::WINDOW`]), its pass at most one past the pass
+/// within its trainer's window ([`crate::server::ledger::WINDOW`]), its pass at most one past the pass
 /// the trainers are in, its samples those of one batch.
 fn bounded(state: &State, push: &Push<'_>) -> Result<(), String> {
     if let Some(why) = state.ledgers[push.trainer as usize].lock().refuses(push.step) {
@@ -93,8 +93,8 @@ fn bounded(state: &State, push: &Push<'_>) -> Result<(), String> {
     if push.pass > bound {
         return Err(format!("it is of pass {}, the trainers are in pass {} at most", push.pass, bound - 1));
     }
-    if push.samples == 0 || push.samples > crate::ledger::MAX_SAMPLES {
-        return Err(format!("{} samples: a batch holds 1 to {}", push.samples, crate::ledger::MAX_SAMPLES));
+    if push.samples == 0 || push.samples > crate::server::ledger::MAX_SAMPLES {
+        return Err(format!("{} samples: a batch holds 1 to {}", push.samples, crate::server::ledger::MAX_SAMPLES));
     }
     Ok(())
 }
@@ -139,7 +139,7 @@ pub(super) fn push_async(state: &State, push: Push<'_>) -> Reply {
     let max_lag = (state.config.lag_ratio * state.config.trainers as f64).ceil() as u64;
     let behind = version.saturating_sub(push.base_version);
     if push.part != PushPart::Sparse {
-        c.staleness[(behind as usize).min(crate::metrics::Staleness::BUCKETS - 1)].fetch_add(1, Relaxed);
+        c.staleness[(behind as usize).min(crate::observe::metrics::Staleness::BUCKETS - 1)].fetch_add(1, Relaxed);
     }
     // The halves of a split push share one verdict, the first's: the second, arriving after
     // the first moved the version, would otherwise be judged staler than the push is.

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::{table_err, Answer, Reply, State};
-use crate::checkpoint::write_shard;
+use crate::persist::checkpoint::write_shard;
 use crate::protocol::{Declaration, DenseSelection, ErrorCode, Pull, Response, RowCreation};
 use crate::table::{Shard, MAX_DIM, MAX_TABLES};
 
@@ -224,11 +224,11 @@ pub(super) async fn export(state: &Arc<State>, dir: &str, kind: crate::protocol:
     let written = tokio::task::spawn_blocking(move || {
         let tables = {
             let _gate = gate.gate.write();
-            crate::export::collect(&shard, kind)
+            crate::persist::export::collect(&shard, kind)
         };
         match tables {
-            Some(tables) => crate::export::write(&shard, kind, &tables, &target),
-            None => Ok(crate::export::base_needed(&shard)),
+            Some(tables) => crate::persist::export::write(&shard, kind, &tables, &target),
+            None => Ok(crate::persist::export::base_needed(&shard)),
         }
     })
     .await
@@ -283,8 +283,8 @@ pub(super) async fn shrink(state: &Arc<State>, days: u64, day_end: u64) -> Reply
         if day_end > 0 {
             *last = day_end;
             // Killed here, the server's checkpoints cannot hold the shrink (the gate is held).
-            let me = crate::fault::Target::Server(gate.config.index);
-            crate::fault::at(me, gate.config.epoch, crate::fault::Moment::Shrunk(day_end));
+            let me = crate::base::fault::Target::Server(gate.config.index);
+            crate::base::fault::at(me, gate.config.epoch, crate::base::fault::Moment::Shrunk(day_end));
         }
         crate::protocol::Shrunk { deleted, rows: rows(&shard), repeat: false }
     })

@@ -2,8 +2,8 @@
 //! readable checkpoint with the ledgers and day end in its cut, or a saved pass.
 
 use super::{requests, ServerConfig};
-use crate::checkpoint::Manifest;
-use crate::ledger::TrainerLedger;
+use crate::persist::checkpoint::Manifest;
+use crate::server::ledger::TrainerLedger;
 use crate::table::Shard;
 
 /// What a resumed shard comes with.
@@ -25,8 +25,8 @@ pub(super) struct Resumed {
 /// The shard to resume from, and what it comes with.
 pub(super) fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) -> anyhow::Result<(Shard, Resumed)> {
     // A checkpoint folder (background checkpoints): this server's newest readable one.
-    if crate::shard_checkpoints::has_checkpoints(dir, config.index) {
-        let (entry, shard) = crate::shard_checkpoints::load_latest(dir, config.index, &config.job)?;
+    if crate::server::shard_checkpoints::has_checkpoints(dir, config.index) {
+        let (entry, shard) = crate::server::shard_checkpoints::load_latest(dir, config.index, &config.job)?;
         anyhow::ensure!(
             shard.num_servers == config.num_servers,
             "{}: checkpointed with {} servers, this job has {}",
@@ -52,6 +52,7 @@ pub(super) fn load_resume_shard(dir: &std::path::Path, config: &ServerConfig) ->
     let shard = manifest.load_to_continue(&pass_dir, config.index, config.num_servers)?;
     let rows: usize = shard.sparse.iter().map(|t| t.len()).sum();
     tracing::info!(dir = %pass_dir.display(), pass = manifest.pass, rows, "resumed shard");
-    let start = requests::Start::Saved { path: pass_dir.clone(), digest: crate::checkpoint::digest(&pass_dir)? };
+    let start =
+        requests::Start::Saved { path: pass_dir.clone(), digest: crate::persist::checkpoint::digest(&pass_dir)? };
     Ok((shard, Resumed { version: 0, ledgers: Vec::new(), day_end: 0, start, saved_pass: u64::from(manifest.pass) }))
 }

@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{read_recorded_shard, shard_file_name, write_snapshot, CheckpointError, ShardSnapshot};
-use crate::ledger::TrainerLedger;
-use crate::state_file::{self, StateFileError, COUNTER_MAX};
+use crate::base::state_file::{self, StateFileError, COUNTER_MAX};
+use crate::persist::checkpoint::{
+    read_recorded_shard, shard_file_name, write_snapshot, CheckpointError, ShardSnapshot,
+};
+use crate::server::ledger::TrainerLedger;
 use crate::table::Shard;
 
 /// Where and how often a server checkpoints its shard.
@@ -196,8 +198,8 @@ impl Checkpointer {
         };
         let publish = || -> Result<Entry, CheckpointError> {
             let (_, bytes, crc32) = write_snapshot(&snapshot, &tmp)?;
-            let moment = crate::fault::Moment::Checkpoint(self.attempts);
-            crate::fault::at(crate::fault::Target::Server(self.index), self.fence.epoch, moment);
+            let moment = crate::base::fault::Moment::Checkpoint(self.attempts);
+            crate::base::fault::at(crate::base::fault::Target::Server(self.index), self.fence.epoch, moment);
             let unix_ms =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
             let (epoch, job) = (self.fence.epoch, self.fence.job.clone());
@@ -357,7 +359,7 @@ fn read_entry(checkpoint: &Path) -> Result<Entry, StateFileError> {
     state_file::bounded(&path, "epoch", entry.epoch, COUNTER_MAX)?;
     for l in &entry.ledgers {
         state_file::bounded(&path, "a ledger's step", l.below, COUNTER_MAX)?;
-        if l.recent.len() > crate::ledger::WINDOW || l.recent.keys().any(|&s| s > COUNTER_MAX) {
+        if l.recent.len() > crate::server::ledger::WINDOW || l.recent.keys().any(|&s| s > COUNTER_MAX) {
             return Err(StateFileError::invalid(&path, "a ledger holds more steps than any server keeps"));
         }
     }

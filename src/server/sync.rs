@@ -19,8 +19,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::ledger::TrainerLedger;
 use crate::protocol::{Push, PushPart};
+use crate::server::ledger::TrainerLedger;
 
 /// What became of a push offered to the sync step, or of a commit.
 #[derive(Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! A server's Prometheus metrics (`--metrics-addr`): its counters as `ServerStats` has them,
 //! rows, row lifecycle events and memory, push staleness, pull and push latency, the age of its
-//! last background checkpoint and its restarts, rendered on each scrape ([`crate::telemetry`]).
+//! last background checkpoint and its restarts, rendered on each scrape ([`crate::observe::telemetry`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -8,7 +8,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::State;
-use crate::telemetry::{Latency, Sheet};
+use crate::observe::telemetry::{Latency, Sheet};
 
 /// What only the metrics need: request latencies and when the last checkpoint was written.
 #[derive(Default)]

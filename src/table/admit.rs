@@ -25,7 +25,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// Cells per bucket: one cache line of 16-bit cells is 32, 8 keeps a probe short.
 const BUCKET: usize = 8;
@@ -364,7 +364,7 @@ mod tests {
         let mut wrongly = Vec::new();
         for servers in [1usize, 8, 64, 256] {
             let mut filter = CountFilter::new(20_000);
-            let ids = (0u64..).filter(|&id| crate::layout::server_of_id(id, servers) == 0).take(20_000);
+            let ids = (0u64..).filter(|&id| crate::base::layout::server_of_id(id, servers) == 0).take(20_000);
             wrongly.push(ids.filter(|&id| filter.sight(mix64(id), 1, 2)).count());
         }
         // Cells hold a few ids a bucket on average: about 20 expected at any server count.

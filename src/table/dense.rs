@@ -1,7 +1,7 @@
 //! The dense blocks one server owns, with their optimizer state.
 //!
 //! The flat dense vector is cut into fixed-size blocks dealt round-robin to servers (see
-//! [`crate::layout::DenseLayout`]); on the wire a server's blocks travel concatenated in block
+//! [`crate::base::layout::DenseLayout`]); on the wire a server's blocks travel concatenated in block
 //! order, so a pull or push is one contiguous array per server.
 //!
 //! Weights sit behind an `Arc` so a pull can take a snapshot of every block by reference and
@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use super::{DenseSpec, Optimizer, TableError};
-use crate::layout::DenseLayout;
+use crate::base::layout::DenseLayout;
 
 /// One block: its place in the flat vector, its weights and its optimizer state.
 pub struct Block {

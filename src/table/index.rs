@@ -278,7 +278,7 @@ impl Index {
     /// Rebuilds the index for `rows` rows numbered 0.. whose hashes `hashes` yields in row
     /// order, sized so the rows fill 4/5 of the slots.
     ///
-    /// The rows are grouped by home bucket first ([`crate::layout::group_positions`], a counting
+    /// The rows are grouped by home bucket first ([`crate::base::layout::group_positions`], a counting
     /// sort) and the buckets then
     /// written in order, each whole: placing the rows one by one wrote the new buckets at
     /// random and zeroed them first, and rebuilds were most of an insert's time (measured:
@@ -293,7 +293,13 @@ impl Index {
         let mut fresh = Index { live, ..Index::with_buckets_zeroed(buckets, false) };
         let hashes: Vec<u64> = hashes.collect();
         let (mut order, mut start) = (Vec::new(), Vec::new());
-        crate::layout::group_positions(hashes.len(), buckets, |row| fresh.home(hashes[row]), &mut order, &mut start);
+        crate::base::layout::group_positions(
+            hashes.len(),
+            buckets,
+            |row| fresh.home(hashes[row]),
+            &mut order,
+            &mut start,
+        );
         let slot = |row: u32| (row + 1) << 8 | tag(hashes[row as usize]);
         // Rows passed on from earlier buckets: `order[from..]` up to this bucket's end not yet placed.
         let mut from = 0;
@@ -337,7 +343,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::mix64;
+    use crate::base::layout::mix64;
 
     /// An index over a row -> id vector, as a stripe keeps it.
     struct Table {

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// How initial values are drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

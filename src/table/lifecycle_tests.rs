@@ -126,9 +126,15 @@ fn a_full_table_evicts_the_lowest_score_row_and_never_outgrows_its_capacity() {
         assert!(t.len() <= 128, "{} rows over a capacity of 128", t.len());
         let after = rows(&t);
         for gone in before.keys().filter(|k| !after.contains_key(k)) {
-            assert_eq!(crate::layout::stripe_of(*gone), crate::layout::stripe_of(id), "evicted from its own stripe");
+            assert_eq!(
+                crate::base::layout::stripe_of(*gone),
+                crate::base::layout::stripe_of(id),
+                "evicted from its own stripe"
+            );
             let colder = before.iter().any(|(k, r)| {
-                k != gone && crate::layout::stripe_of(*k) == crate::layout::stripe_of(id) && r[3] < before[gone][3]
+                k != gone
+                    && crate::base::layout::stripe_of(*k) == crate::base::layout::stripe_of(id)
+                    && r[3] < before[gone][3]
             });
             assert!(!colder, "row {gone} (show {}) evicted while a colder row stayed", before[gone][3]);
         }
@@ -150,7 +156,7 @@ fn a_full_table_evicts_the_lowest_score_row_and_never_outgrows_its_capacity() {
 fn a_batch_never_evicts_its_own_rows() {
     // One row per stripe: a batch of two new ids in one stripe keeps one and leaves the other.
     let t = SparseTable::new(SparseSpec { capacity: Some(64), ..spec() });
-    let same: Vec<u64> = (0..10_000u64).filter(|&i| crate::layout::stripe_of(i) == 0).take(2).collect();
+    let same: Vec<u64> = (0..10_000u64).filter(|&i| crate::base::layout::stripe_of(i) == 0).take(2).collect();
     push(&t, &same, 1.0, 0.0);
     assert_eq!(t.len(), 1);
     assert_eq!(t.lifecycle().no_room, 1);

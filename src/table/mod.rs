@@ -34,7 +34,7 @@ pub use init::Init;
 pub use optim::{Optimizer, OptimizerKind};
 pub use sparse::SparseTable;
 
-use crate::layout::{mix64, DenseLayout};
+use crate::base::layout::{mix64, DenseLayout};
 
 /// One named dense parameter (a weight matrix or bias), a slice of the flat dense vector.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -211,7 +211,7 @@ impl SparseSpec {
     /// `filter_capacity` dealt over the stripes, in whole buckets.
     pub fn filter_cells_per_stripe(&self) -> usize {
         match self.entry {
-            Entry::Count(_) => admit::cells_for(self.filter_capacity.div_ceil(crate::layout::STRIPES)),
+            Entry::Count(_) => admit::cells_for(self.filter_capacity.div_ceil(crate::base::layout::STRIPES)),
             _ => 0,
         }
     }

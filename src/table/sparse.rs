@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use super::admit::AdmissionState;
 use super::stripe::{Lifecycle, Stripe};
 use super::{SparseSpec, TableError};
-use crate::layout::{group_positions, mix64, stripe_of, STRIPES};
+use crate::base::layout::{group_positions, mix64, stripe_of, STRIPES};
 
 /// Row number standing for "no such id".
 const ABSENT: u32 = u32::MAX;

@@ -8,7 +8,7 @@ use super::admit::{self, AdmissionState, CountFilter, Entry};
 use super::index::{Index, MAX_ROWS};
 use super::rows::Rows;
 use super::SparseSpec;
-use crate::layout::mix64;
+use crate::base::layout::mix64;
 
 /// Most ids a stripe's removal log holds (512 KiB): past it the log is dropped and the next
 /// save for serving is a base, so heavy churn between saves cannot grow a server without bound.

@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use super::position::PositionLog;
 use super::store::StepHeader;
 use crate::client::{Client, TableGrads, TableIds};
-use crate::metrics::Staleness;
+use crate::observe::metrics::Staleness;
 use crate::protocol::RowCreation;
 
 /// Parameters pulled for one batch.

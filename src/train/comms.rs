@@ -13,11 +13,11 @@ use super::position::PositionLog;
 use super::step::Replica;
 use super::warmup::Warmup;
 use super::{Lookups, StepHeader, StepTimes, Store};
-use crate::batch::Batch;
+use crate::base::batch::Batch;
 use crate::client::PushReport;
 use crate::data::Reader;
-use crate::metrics::Staleness;
 use crate::model::Model;
+use crate::observe::metrics::Staleness;
 use crate::protocol::{Apply, RowCreation};
 
 /// A batch with its ids deduplicated per table.

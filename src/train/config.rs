@@ -55,7 +55,7 @@ pub struct TrainConfig {
     pub log_every: u64,
     /// Serve this trainer's Prometheus metrics here (port 0: any free port).
     pub metrics_addr: Option<String>,
-    /// Append training curves here ([`crate::curves`]): a point every `metrics_every` steps
+    /// Append training curves here ([`crate::observe::curves`]): a point every `metrics_every` steps
     /// and at the end of each pass.
     pub metrics_csv: Option<PathBuf>,
     /// Steps between two curve points (0: only pass points).
@@ -79,7 +79,7 @@ pub struct TrainConfig {
     #[serde(default)]
     pub delay: usize,
     /// Async mode with one thread: pull the next batch's parameters while this one computes
-    /// (off by default: see [`crate::config::TrainSettings::pull_ahead`]).
+    /// (off by default: see [`crate::train::job_config::TrainSettings::pull_ahead`]).
     #[serde(default)]
     pub pull_ahead: bool,
     /// Async mode: the first this many updates of a run are synchronous steps, each trainer's
@@ -93,16 +93,16 @@ pub struct TrainConfig {
     /// not the server's update count). In local mode with `delay`, the same on delayed updates.
     #[serde(default = "default_scale_stale_steps")]
     pub scale_stale_steps: bool,
-    /// Clip each step's mean gradient to this L2 norm (see [`crate::config::TrainSettings`]).
+    /// Clip each step's mean gradient to this L2 norm (see [`crate::train::job_config::TrainSettings`]).
     #[serde(default)]
     pub clip_grad_norm: Option<f32>,
     /// Save the tables for serving every this many passes (see
-    /// [`crate::config::TrainSettings::delta_every`]).
+    /// [`crate::train::job_config::TrainSettings::delta_every`]).
     #[serde(default)]
     pub delta_every: Option<u32>,
     /// Online training's calendar; `passes` is then its passes in all.
     #[serde(default)]
-    pub online: Option<crate::config::Online>,
+    pub online: Option<crate::train::job_config::Online>,
     /// Under a supervisor that restarts failed servers: how long to wait for a lost server to
     /// come back before failing (`None`: fail at once).
     #[serde(default)]
@@ -118,20 +118,20 @@ pub struct TrainConfig {
     /// A restart of a trainer that failed: go on from the position recorded in `positions`.
     #[serde(default)]
     pub rejoin: bool,
-    /// The job's secret, proved to every server before anything else (see [`crate::auth`]).
+    /// The job's secret, proved to every server before anything else (see [`crate::security::auth`]).
     #[serde(skip)]
-    pub secret: Option<crate::auth::Secret>,
+    pub secret: Option<crate::security::auth::Secret>,
     /// TLS to the servers (`--tls-ca`); `None`: plain TCP.
     #[serde(skip)]
-    pub tls: Option<crate::tls::ClientTls>,
+    pub tls: Option<crate::security::tls::ClientTls>,
 }
 
 fn default_sync_warmup() -> u64 {
-    crate::config::DEFAULT_SYNC_WARMUP
+    crate::train::job_config::DEFAULT_SYNC_WARMUP
 }
 
 fn default_scale_stale_steps() -> bool {
-    crate::config::DEFAULT_SCALE_STALE_STEPS
+    crate::train::job_config::DEFAULT_SCALE_STALE_STEPS
 }
 
 /// Most ports one server listens on (`--ports_num` + `--ports_num_for_sparse`).
@@ -177,10 +177,10 @@ impl TrainConfig {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         // Servers refuse a push claiming more samples than this.
         anyhow::ensure!(
-            self.batch_size as u64 <= crate::ledger::MAX_SAMPLES,
+            self.batch_size as u64 <= crate::server::ledger::MAX_SAMPLES,
             "--batch-size {} is over the most a push may hold, {}",
             self.batch_size,
-            crate::ledger::MAX_SAMPLES
+            crate::server::ledger::MAX_SAMPLES
         );
         anyhow::ensure!(self.passes > 0, "--passes must be at least 1");
         anyhow::ensure!(self.delta_every != Some(0), "--delta-every must be at least 1");
@@ -200,7 +200,7 @@ impl TrainConfig {
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         anyhow::ensure!(self.trainers > 0, "--trainers must be at least 1");
         ports_per_server(self.ports_num, self.ports_num_for_sparse)?;
-        let max = crate::layout::MAX_PEERS;
+        let max = crate::base::layout::MAX_PEERS;
         anyhow::ensure!(self.trainers <= max, "--trainers is {}, more than {max}", self.trainers);
         anyhow::ensure!(self.servers.len() <= max, "{} servers, more than {max}", self.servers.len());
         anyhow::ensure!(

@@ -5,7 +5,7 @@ use anyhow::Context;
 
 use super::{Position, Store, TrainConfig};
 
-/// The points of trainer 0's day end where the fault tests kill it (see [`crate::fault`]).
+/// The points of trainer 0's day end where the fault tests kill it (see [`crate::base::fault`]).
 #[derive(Clone, Copy)]
 pub(super) enum DayEndPoint {
     BeforeShrink = 1,
@@ -16,7 +16,7 @@ pub(super) enum DayEndPoint {
 
 /// Fires a fault planned for trainer 0 at `point` of a day's end.
 pub(super) fn day_end_fault(point: DayEndPoint) {
-    crate::fault::at_trainer(0, crate::fault::Moment::DayEnd(point as u64));
+    crate::base::fault::at_trainer(0, crate::base::fault::Moment::DayEnd(point as u64));
 }
 
 /// Sends again the shrinks of the day ends this run passed before `start` (a rejoining

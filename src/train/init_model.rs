@@ -3,15 +3,15 @@
 //! trained offline on the history does. Unlike `--resume` it is a job of its own: its passes
 //! are numbered from 1, an online calendar starts at its own first day, and it saves into its
 //! own output. The servers load the model as for a resume (any number of servers: see
-//! [`crate::checkpoint::Manifest::load_resharded`]); this module checks that the job means by
+//! [`crate::persist::checkpoint::Manifest::load_resharded`]); this module checks that the job means by
 //! the saved numbers what the job that saved them meant: the same tables and optimizers, and
 //! dense inputs scaled the same way. A resumed job is held to the same scaling.
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::Manifest;
 use crate::data::transform::{DenseStats, DenseTransform, StatsSource};
 use crate::data::DataConfig;
+use crate::persist::checkpoint::Manifest;
 use crate::table::TableSpec;
 
 /// The saved model a job starts from: a warm start's (`--init-model`) or a resume's.
@@ -41,7 +41,7 @@ impl StartModel {
         };
         anyhow::ensure!(!dir.is_file(), "{flag} {}: a file, not a saved model's folder", dir.display());
         let (manifest, pass_dir) = Manifest::find(dir).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
-        let digest = crate::checkpoint::digest(&pass_dir).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+        let digest = crate::persist::checkpoint::digest(&pass_dir).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
         Ok(Some(StartModel { manifest, pass_dir, flag, digest }))
     }
 

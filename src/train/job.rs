@@ -37,14 +37,14 @@ fn checked(
     from: Option<&StartModel>,
 ) -> anyhow::Result<(Model, Schema, TableSpec)> {
     config.validate()?;
-    let (model, schema) = crate::config::build_model(&config.model, &config.data, registry)?;
+    let (model, schema) = crate::train::job_config::build_model(&config.model, &config.data, registry)?;
     model.check_memory(config.batch_size, config.threads).map_err(anyhow::Error::msg)?;
     model.check_delay(config.delay).map_err(anyhow::Error::msg)?;
     let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
     spec.validate().map_err(anyhow::Error::msg)?;
     let serving = config.delta_every.is_some() || config.online.is_some();
     if let (0, Some(out), true) = (config.trainer_id, &config.output, serving) {
-        crate::export::done_lines(&out.join("donefile.txt"))?;
+        crate::persist::export::done_lines(&out.join("donefile.txt"))?;
     }
     if let Some(o) = &config.online {
         o.check_shares(config.trainers, config.trainer_id)?;
@@ -70,9 +70,9 @@ pub(super) struct Job<'a> {
     positions: Option<Mutex<PositionLog>>,
     telemetry: Option<Arc<telemetry::TrainerTelemetry>>,
     /// Serves `telemetry` while the job runs.
-    _exporter: Option<crate::telemetry::Exporter>,
-    curves: Option<crate::curves::CurveLog>,
-    exports: crate::export::ExportPlan,
+    _exporter: Option<crate::observe::telemetry::Exporter>,
+    curves: Option<crate::observe::curves::CurveLog>,
+    exports: crate::persist::export::ExportPlan,
     /// The warm start's lineage, for the manifests.
     warm: Option<String>,
     started: Instant,
@@ -104,7 +104,7 @@ impl<'a> Job<'a> {
         let started = Instant::now();
         let (model, schema, spec) = checked(config, registry, from.as_ref())?;
         let me = config.trainer_id;
-        crate::fault::set_trainer_life(u64::from(config.rejoin));
+        crate::base::fault::set_trainer_life(u64::from(config.rejoin));
         let warm = init_model::lineage(config.init_model.as_deref(), from.as_ref());
         let (mut store, first_pass) = open_store(config, &spec, from.as_ref(), warm.as_deref())?;
         let files = shard_files(&config.train_files, config.trainers, me);
@@ -123,14 +123,17 @@ impl<'a> Job<'a> {
             Some(addr) => {
                 let t = Arc::new(telemetry::TrainerTelemetry::new(me));
                 let shown = t.clone();
-                (Some(t), Some(crate::telemetry::Exporter::start(addr, Arc::new(move || shown.render()))?))
+                (Some(t), Some(crate::observe::telemetry::Exporter::start(addr, Arc::new(move || shown.render()))?))
             }
             None => (None, None),
         };
         let shuffle = config.order().unwrap_or_else(|| "off".into());
         tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, %shuffle, first_pass = start.pass, model = %model.summary(), "training");
-        let curves =
-            crate::curves::CurveLog::open_all(config.metrics_csv.as_deref(), config.tensorboard.as_deref(), me as u32)?;
+        let curves = crate::observe::curves::CurveLog::open_all(
+            config.metrics_csv.as_deref(),
+            config.tensorboard.as_deref(),
+            me as u32,
+        )?;
         let report = TrainReport {
             trainer: me,
             samples: start.trained,
@@ -158,7 +161,7 @@ impl<'a> Job<'a> {
             telemetry,
             _exporter: exporter,
             curves,
-            exports: crate::export::ExportPlan { delta_every: config.delta_every, based: false },
+            exports: crate::persist::export::ExportPlan { delta_every: config.delta_every, based: false },
             warm,
             started,
             report,
@@ -395,7 +398,12 @@ impl<'a> Job<'a> {
 
     /// At a day's end: the day's model on the next day's first split (before any training on
     /// it), and every server's rows and memory.
-    fn day_figures(&mut self, online: &crate::config::Online, day: usize, d: &mut DayReport) -> anyhow::Result<()> {
+    fn day_figures(
+        &mut self,
+        online: &crate::train::job_config::Online,
+        day: usize,
+        d: &mut DayReport,
+    ) -> anyhow::Result<()> {
         let config = self.config;
         if let Some(next) = online.next_first_split(day) {
             let batch = config.batch_size.max(1024);

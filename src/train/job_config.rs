@@ -188,7 +188,7 @@ fn toml_error(path: &Path, text: &str, e: &toml::de::Error) -> String {
 impl JobConfig {
     /// Reads a TOML job file; unknown keys are errors that name the file.
     pub fn from_file(path: &Path) -> anyhow::Result<JobConfig> {
-        let bytes = crate::state_file::read_named(path, MAX_JOB_FILE_BYTES)?;
+        let bytes = crate::base::state_file::read_named(path, MAX_JOB_FILE_BYTES)?;
         let text = String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{}: not UTF-8 text: {e}", path.display()))?;
         let mut job: JobConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!(toml_error(path, &text, &e)))?;
         // A statistics file is read now, so the job (and the model it saves) carries the numbers.
@@ -203,7 +203,7 @@ impl JobConfig {
     /// Writes the job as TOML (the launcher hands its resolved job to children this way).
     pub fn to_file(&self, path: &Path) -> anyhow::Result<()> {
         let text = toml::to_string_pretty(self)?;
-        Ok(crate::state_file::write_atomic(path, text.as_bytes())?)
+        Ok(crate::base::state_file::write_atomic(path, text.as_bytes())?)
     }
 
     /// Checks everything with the built-in layer types; messages name the setting.

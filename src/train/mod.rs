@@ -41,13 +41,13 @@ use saves::save_for_serving;
 pub use store::{pull_rows, Lookups, StepHeader, Store, TableLookup};
 use warmup::WarmupPlan;
 
-use crate::batch::Batch;
-use crate::checkpoint::{pass_dir_name, Manifest, FORMAT_VERSION};
+use crate::base::batch::Batch;
 use crate::client::{Client, ClientConfig};
 use crate::data::{shard_files, Reader, ReaderConfig, Schema};
-use crate::metrics::EvalReport;
-use crate::metrics::{AucBuckets, PassMetrics, Staleness};
 use crate::model::{Model, Registry, Work};
+use crate::observe::metrics::EvalReport;
+use crate::observe::metrics::{AucBuckets, PassMetrics, Staleness};
+use crate::persist::checkpoint::{pass_dir_name, Manifest, FORMAT_VERSION};
 use crate::protocol::RowCreation;
 use crate::server::Mode;
 use crate::table::{Shard, TableSpec};
@@ -132,7 +132,7 @@ impl HeadMetrics {
     fn recent_auc(&self, n: usize) -> Option<f64> {
         let m = &self.0[0];
         let tail = m.probs.len().saturating_sub(n);
-        crate::metrics::auc(&m.probs[tail..], &m.labels[tail..])
+        crate::observe::metrics::auc(&m.probs[tail..], &m.labels[tail..])
     }
 
     fn observe(&mut self, model: &Model, batch: &Batch, heads: &[(f64, Vec<f32>)]) {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::config::Online;
+pub use crate::train::job_config::Online;
 
 /// Where a saved pass stands in its calendar, as the pass's manifest records it (`online`):
 /// passes are numbered from the job's first day, so a resume must count from the same one.
@@ -62,7 +62,7 @@ impl Online {
                 hash.update(format!("{name}\0{size}\n").as_bytes());
                 bytes += size;
             }
-            let digest = crate::auth::to_hex(&hash.finalize());
+            let digest = crate::security::auth::to_hex(&hash.finalize());
             days.push(crate::protocol::ListedDay { day: day.clone(), files: files.len() as u64, bytes, digest });
         }
         Ok(days)

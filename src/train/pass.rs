@@ -14,10 +14,10 @@ use super::position::PositionLog;
 use super::step::{clip, compute, Replica};
 use super::warmup::{Warmup, WarmupPlan};
 use super::{dims, HeadMetrics, StepHeader, StepTimes, Store, TrainConfig, TrainReport};
-use crate::curves::{CurveLog, Kind, Point};
 use crate::data::Reader;
-use crate::metrics::Staleness;
 use crate::model::Model;
+use crate::observe::curves::{CurveLog, Kind, Point};
+use crate::observe::metrics::Staleness;
 use crate::protocol::Apply;
 use crate::server::Mode;
 
@@ -239,7 +239,7 @@ impl PassLoop<'_> {
                     log.lock().done(n)?;
                 }
                 // A restarted trainer runs clean: the planned fault was its first life's.
-                crate::fault::at_trainer(me, crate::fault::Moment::Step(step + 1));
+                crate::base::fault::at_trainer(me, crate::base::fault::Moment::Step(step + 1));
                 let t3 = Instant::now();
                 report.times.compute += (t2 - t1).as_secs_f64();
                 report.times.push += (t3 - t2).as_secs_f64();

@@ -68,7 +68,7 @@ impl Position {
     pub fn read(dir: &Path, trainer: usize) -> anyhow::Result<Option<Position>> {
         let path = Position::path(dir, trainer);
         // Not followed if a link, not waited on if a pipe, not read past one record's size.
-        let Some(bytes) = crate::state_file::read(&path, RECORD as u64)? else { return Ok(None) };
+        let Some(bytes) = crate::base::state_file::read(&path, RECORD as u64)? else { return Ok(None) };
         let bad = |why: &str| anyhow::anyhow!("{}: {why}: the trainer cannot tell where it was", path.display());
         let text = std::str::from_utf8(&bytes).map_err(|_| bad("not a position record"))?;
         let mut lines = text.lines();
@@ -77,7 +77,7 @@ impl Position {
             return Err(bad("checksum mismatch (a torn record)"));
         }
         let pos: Position = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))?;
-        let max = crate::state_file::COUNTER_MAX;
+        let max = crate::base::state_file::COUNTER_MAX;
         if pos.step > max || pos.samples > max || pos.trained > max || pos.first_pass > pos.pass {
             return Err(bad("its counts are beyond any run's"));
         }
@@ -135,7 +135,7 @@ impl PositionLog {
         let path = Position::path(dir, pos.trainer);
         // Refused if a link, a pipe or a folder: the record is written in place, so a link
         // would have the file it points to overwritten.
-        drop(crate::state_file::open(&path, false)?);
+        drop(crate::base::state_file::open(&path, false)?);
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)

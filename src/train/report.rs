@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{EvalReport, Staleness};
+use crate::observe::metrics::{EvalReport, Staleness};
 
 /// What one pass did.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -35,12 +35,12 @@ pub struct AllTrainersAuc {
     pub trainers: Vec<u64>,
     /// MAE, RMSE, predicted and actual CTR and COPC over the same samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub errors: Option<crate::metrics::CtrBundle>,
+    pub errors: Option<crate::observe::metrics::CtrBundle>,
 }
 
 impl AllTrainersAuc {
     /// The figures of `buckets`, the histograms of `trainers` merged.
-    pub fn of(buckets: &crate::metrics::AucBuckets, trainers: Vec<u64>) -> AllTrainersAuc {
+    pub fn of(buckets: &crate::observe::metrics::AucBuckets, trainers: Vec<u64>) -> AllTrainersAuc {
         AllTrainersAuc { auc: buckets.auc(), samples: buckets.samples(), trainers, errors: buckets.bundle() }
     }
 }
@@ -158,8 +158,8 @@ impl PassReport {
         samples: u64,
         seconds: f64,
         next_day: Option<&EvalReport>,
-    ) -> Vec<crate::curves::Point> {
-        use crate::curves::{Kind, Point};
+    ) -> Vec<crate::observe::curves::Point> {
+        use crate::observe::curves::{Kind, Point};
         let at = |kind, loss: Option<f64>, auc| Point {
             trainer,
             pass: self.pass,

@@ -21,7 +21,7 @@ pub(super) fn save_for_serving(
     day: u32,
     pass: u32,
 ) -> anyhow::Result<()> {
-    use crate::export::{append_done, DoneLine, ExportManifest};
+    use crate::persist::export::{append_done, DoneLine, ExportManifest};
     use crate::protocol::ExportKind;
     let folder = |kind: ExportKind| out.join("serving").join(format!("{}-{day:03}-{pass:05}", kind.name()));
     let (mut kind, mut dir) = (kind, folder(kind));
@@ -54,7 +54,7 @@ pub(super) fn save_for_serving(
     }
     let tables = spec.sparse.iter().map(|t| (t.name.clone(), t.dim)).collect();
     let manifest = ExportManifest { kind, day, pass, tables, files };
-    crate::state_file::write_atomic(&dir.join("export.json"), &serde_json::to_vec_pretty(&manifest)?)?;
+    crate::base::state_file::write_atomic(&dir.join("export.json"), &serde_json::to_vec_pretty(&manifest)?)?;
     append_done(&done, &DoneLine { day, pass, kind, path: dir.clone(), unix_ms })?;
     let rows: u64 = manifest.files.iter().flat_map(|f| &f.rows).sum();
     tracing::info!(day, pass, kind = kind.name(), rows, dir = %dir.display(), "saved for serving");
@@ -63,9 +63,9 @@ pub(super) fn save_for_serving(
 
 /// The manifest of a complete save for serving in `dir` (its `export.json`, written last), if
 /// there is one.
-fn completed_serving(dir: &Path) -> anyhow::Result<Option<crate::export::ExportManifest>> {
+fn completed_serving(dir: &Path) -> anyhow::Result<Option<crate::persist::export::ExportManifest>> {
     let path = dir.join("export.json");
-    Ok(crate::state_file::read_json(&path, crate::checkpoint::MAX_MANIFEST_BYTES)?)
+    Ok(crate::base::state_file::read_json(&path, crate::persist::checkpoint::MAX_MANIFEST_BYTES)?)
 }
 
 /// Whether pass `pass` of job `job` is saved in `dir` already (its manifest, written last, is
@@ -76,7 +76,7 @@ pub(super) fn saved_before(dir: &Path, job: &str, pass: u32, rejoin: bool) -> an
     if std::fs::symlink_metadata(dir.join("manifest.json")).is_err() {
         return Ok(false);
     }
-    let (saved, _) = crate::checkpoint::Manifest::find(dir)?;
+    let (saved, _) = crate::persist::checkpoint::Manifest::find(dir)?;
     if rejoin && saved.job == job && saved.pass == pass {
         return Ok(true);
     }

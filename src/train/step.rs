@@ -1,7 +1,7 @@
 //! One step's forward/backward, split over data-parallel replicas (`--threads`).
 
 use super::store::Lookups;
-use crate::batch::Batch;
+use crate::base::batch::Batch;
 use crate::model::{Grads, Model, Work};
 
 /// One data-parallel replica's buffers.

@@ -5,11 +5,11 @@ use std::path::Path;
 
 use hashbrown::HashMap;
 
-use crate::batch::Batch;
-use crate::checkpoint::{write_shard, ShardEntry};
+use crate::base::batch::Batch;
 pub use crate::client::StepHeader;
 use crate::client::{Client, PushReport, TableGrads, TableIds};
 use crate::model::TableRows;
+use crate::persist::checkpoint::{write_shard, ShardEntry};
 use crate::protocol::RowCreation;
 use crate::server::NonFinite;
 use crate::table::Shard;
@@ -91,16 +91,16 @@ impl Store {
         Ok(PushReport { discarded: 0, staleness })
     }
 
-    /// Every shard's base or delta save for serving into `dir` (see [`crate::export`]).
+    /// Every shard's base or delta save for serving into `dir` (see [`crate::persist::export`]).
     pub fn export(
         &mut self,
         kind: crate::protocol::ExportKind,
         dir: &Path,
     ) -> anyhow::Result<Vec<crate::protocol::Exported>> {
         match self {
-            Store::Local(shard, _) => match crate::export::collect(shard, kind) {
-                Some(tables) => Ok(vec![crate::export::write(shard, kind, &tables, dir)?]),
-                None => Ok(vec![crate::export::base_needed(shard)]),
+            Store::Local(shard, _) => match crate::persist::export::collect(shard, kind) {
+                Some(tables) => Ok(vec![crate::persist::export::write(shard, kind, &tables, dir)?]),
+                None => Ok(vec![crate::persist::export::base_needed(shard)]),
             },
             Store::Remote(client) => Ok(client.export(&std::path::absolute(dir)?.to_string_lossy(), kind)?),
         }
@@ -126,7 +126,7 @@ impl Store {
     pub fn footprint(&mut self) -> anyhow::Result<Vec<(u64, u64, u64)>> {
         match self {
             Store::Local(shard, _) => {
-                let (rss, peak) = crate::metrics::process_memory();
+                let (rss, peak) = crate::observe::metrics::process_memory();
                 Ok(vec![(shard.sparse.iter().map(|t| t.len() as u64).sum(), rss, peak)])
             }
             Store::Remote(client) => Ok(client

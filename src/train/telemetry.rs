@@ -1,13 +1,13 @@
 //! A trainer's Prometheus metrics (`--metrics-addr`): samples and steps, the loss and AUC of its
 //! latest curve window and pass, pull and push latency, push staleness and memory, updated by
-//! the training loop and rendered on each scrape ([`crate::telemetry`]).
+//! the training loop and rendered on each scrape ([`crate::observe::telemetry`]).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
-use crate::metrics::Staleness;
-use crate::telemetry::{Latency, Sheet};
+use crate::observe::metrics::Staleness;
+use crate::observe::telemetry::{Latency, Sheet};
 
 /// What the training loop reports to the metrics endpoint.
 #[derive(Default)]
@@ -59,7 +59,7 @@ impl TrainerTelemetry {
         m.gauge("auc", "AUC of the latest curve window (log-loss models).", f(&self.auc));
         m.gauge("pass_loss", "Mean training loss of the last finished pass.", f(&self.pass_loss));
         m.gauge("pass_auc", "Training AUC of the last finished pass.", f(&self.pass_auc));
-        let (rss, peak) = crate::metrics::process_memory();
+        let (rss, peak) = crate::observe::metrics::process_memory();
         m.gauge("resident_memory_bytes", "The process's resident memory.", rss as f64);
         m.gauge("peak_resident_memory_bytes", "The process's peak resident memory.", peak as f64);
         m.staleness("Pushes by how many updates behind they arrived.", &self.staleness.lock());

@@ -2,7 +2,7 @@
 //! ([`WarmupPlan`]), and the splitting of reader batches into one synchronous step per trainer
 //! ([`Warmup`]).
 
-use crate::batch::Batch;
+use crate::base::batch::Batch;
 use crate::data::Reader;
 use crate::server::Mode;
 

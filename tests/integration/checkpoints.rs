@@ -7,10 +7,10 @@ use std::time::Duration;
 use crate::util::*;
 use oar::client::{Client, ClientConfig};
 use oar::protocol::RowCreation;
-use oar::server::{Mode, ServerConfig};
-use oar::shard_checkpoints::{
+use oar::server::shard_checkpoints::{
     earlier_life, load_latest, server_dir, Checkpointer, Cut, EarlierLife, Entry, Fence, Policy, Trainers,
 };
+use oar::server::{Mode, ServerConfig};
 
 /// A server on loopback until the returned sender is dropped.
 fn serve(config: ServerConfig) -> (String, std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {

@@ -77,11 +77,12 @@ fn launch_trains_criteo_on_two_servers_and_two_workers_and_eval_reads_the_model(
     assert!(model.join("pass-0001/manifest.json").exists());
     for server in 0..2 {
         let dir = model.join("checkpoints");
-        let job = oar::shard_checkpoints::Fence::read(&oar::shard_checkpoints::server_dir(&dir, server))
-            .unwrap()
-            .unwrap()
-            .job;
-        let (entry, _) = oar::shard_checkpoints::load_latest(&dir, server, &job).unwrap();
+        let job =
+            oar::server::shard_checkpoints::Fence::read(&oar::server::shard_checkpoints::server_dir(&dir, server))
+                .unwrap()
+                .unwrap()
+                .job;
+        let (entry, _) = oar::server::shard_checkpoints::load_latest(&dir, server, &job).unwrap();
         assert!(entry.seq >= 1 && entry.bytes > 0, "server {server}: {entry:?}");
     }
 

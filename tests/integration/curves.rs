@@ -3,7 +3,7 @@
 //! damaged file or a named pipe in its place is refused with one line naming it.
 
 use crate::util::*;
-use oar::curves::Kind;
+use oar::observe::curves::Kind;
 
 fn png_size(path: &std::path::Path) -> (u32, u32) {
     let reader = png::Decoder::new(std::fs::File::open(path).unwrap()).read_info().unwrap();
@@ -31,7 +31,7 @@ fn a_launched_job_writes_every_trainers_curves_and_draws_them() {
         assert!(out.contains(&format!("{p}: metrics at {url}")), "{out}");
     }
 
-    let points = oar::curves::read(&csv).unwrap();
+    let points = oar::observe::curves::read(&csv).unwrap();
     for (t, report) in summary.reports.iter().enumerate() {
         let mine: Vec<_> = points.iter().filter(|p| p.trainer == t as u32).collect();
         // 3000 samples a pass in steps of 100: a point every 10 steps, 3 a pass.
@@ -84,7 +84,10 @@ fn a_launched_job_writes_every_trainers_curves_and_draws_them() {
     let huge = dir.path().join("huge.csv");
     std::fs::write(
         &huge,
-        format!("{}\n0,1,50,100,1.0,steps,1.7e308,0.5\n0,1,60,200,1.0,steps,-1.7e308,0.6\n", oar::curves::HEADER),
+        format!(
+            "{}\n0,1,50,100,1.0,steps,1.7e308,0.5\n0,1,60,200,1.0,steps,-1.7e308,0.6\n",
+            oar::observe::curves::HEADER
+        ),
     )
     .unwrap();
     let o = std::process::Command::new("timeout")
@@ -118,7 +121,7 @@ fn tensorboard_reads_the_same_curves_from_the_event_files() {
     let (train, test, b) = (train.display().to_string(), test.display().to_string(), board.display().to_string());
     let args = ["--mode", "sync", "--train", &train, "--test", &test, "--hidden", "8", "--passes", "2"];
     launch(&logs, &[&args[..], &["--batch-size", "100", "--metrics-every", "5", "--tensorboard", &b]].concat());
-    let points = oar::curves::read(&logs.join("metrics.csv")).unwrap();
+    let points = oar::observe::curves::read(&logs.join("metrics.csv")).unwrap();
     let reader = r#"
 import json, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -137,7 +140,7 @@ print(json.dumps(out))
         let scalars = &read[run.to_str().unwrap()];
         let mut want: std::collections::BTreeMap<String, Vec<(u64, f32)>> = Default::default();
         for p in points.iter().filter(|p| p.trainer == t) {
-            for (tag, v) in oar::curves::tfevents::tags(p) {
+            for (tag, v) in oar::observe::curves::tfevents::tags(p) {
                 want.entry(tag).or_default().push((p.step, v));
             }
         }

@@ -49,7 +49,7 @@ impl Online {
 
     /// Runs the job as `name` with `fault` planted (none if empty) and `extra` flags: its output
     /// folder and summary.
-    fn launch(&self, name: &str, fault: &str, extra: &[&str]) -> (PathBuf, oar::launch::LaunchSummary) {
+    fn launch(&self, name: &str, fault: &str, extra: &[&str]) -> (PathBuf, oar::run::launch::LaunchSummary) {
         let (out, logs) = (self.dir.path().join(name), self.dir.path().join(format!("{name}-logs")));
         let s = |p: &Path| p.display().to_string();
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
@@ -71,7 +71,7 @@ impl Online {
 fn saved_rows(dir: &Path, servers: usize) -> BTreeMap<u64, Vec<f32>> {
     let mut rows = BTreeMap::new();
     for s in 0..servers {
-        let (_, tables) = oar::export::read(&dir.join(oar::export::file_name(s))).unwrap();
+        let (_, tables) = oar::persist::export::read(&dir.join(oar::persist::export::file_name(s))).unwrap();
         let (dim, t) = &tables["w"];
         rows.extend(t.ids.iter().zip(t.weights.chunks_exact(*dim)).map(|(&id, w)| (id, w.to_vec())));
     }
@@ -82,7 +82,8 @@ fn saved_rows(dir: &Path, servers: usize) -> BTreeMap<u64, Vec<f32>> {
 fn base_of_pass(dir: &Path, servers: usize) -> BTreeMap<u64, Vec<f32>> {
     let mut rows = BTreeMap::new();
     for s in 0..servers {
-        let shard = oar::checkpoint::read_shard(&dir.join(oar::checkpoint::shard_file_name(s))).unwrap();
+        let shard =
+            oar::persist::checkpoint::read_shard(&dir.join(oar::persist::checkpoint::shard_file_name(s))).unwrap();
         let t = &shard.sparse[0];
         let (dim, accessor) = (t.spec().dim, &t.spec().accessor);
         t.for_each_row(|id, row| {
@@ -96,7 +97,7 @@ fn base_of_pass(dir: &Path, servers: usize) -> BTreeMap<u64, Vec<f32>> {
 
 /// The saves announced, as (day, pass in the day, kind).
 fn announced(out: &Path) -> Vec<(u32, u32, &'static str)> {
-    let lines = oar::export::done_lines(&out.join("donefile.txt")).unwrap();
+    let lines = oar::persist::export::done_lines(&out.join("donefile.txt")).unwrap();
     lines.iter().map(|l| (l.day, l.pass, l.kind.name())).collect()
 }
 
@@ -104,11 +105,12 @@ fn announced(out: &Path) -> Vec<(u32, u32, &'static str)> {
 /// deletes its removed ids then writes its rows), and checks after each that it holds the
 /// rows the pass saved at the same moment keeps in its base.
 fn check_serving(out: &Path) {
-    let lines = oar::export::done_lines(&out.join("donefile.txt")).unwrap();
+    let lines = oar::persist::export::done_lines(&out.join("donefile.txt")).unwrap();
     let mut served = BTreeMap::new();
     for (k, line) in lines.iter().enumerate() {
         for s in 0..2 {
-            let (kind, tables) = oar::export::read(&line.path.join(oar::export::file_name(s))).unwrap();
+            let (kind, tables) =
+                oar::persist::export::read(&line.path.join(oar::persist::export::file_name(s))).unwrap();
             let (dim, t) = &tables["w"];
             if kind == oar::protocol::ExportKind::Base && s == 0 {
                 served.clear();
@@ -119,7 +121,7 @@ fn check_serving(out: &Path) {
             served.extend(t.ids.iter().zip(t.weights.chunks_exact(*dim)).map(|(&id, w)| (id, w.to_vec())));
         }
         // One save for serving a pass: the k-th line is pass k + 1.
-        let pass = out.join(oar::checkpoint::pass_dir_name(k as u32 + 1));
+        let pass = out.join(oar::persist::checkpoint::pass_dir_name(k as u32 + 1));
         assert_eq!(served, base_of_pass(&pass, 2), "{}: the saves applied through {line:?}", out.display());
     }
 }
@@ -131,10 +133,11 @@ fn trainer_0_killed_at_each_point_of_a_day_end_ends_with_the_undisturbed_tables(
     let (whole, undisturbed) = job.launch("whole", "", &[]);
     assert!(undisturbed.restarts.is_empty());
     check_serving(&whole);
-    let last = |out: &Path| oar::export::done_lines(&out.join("donefile.txt")).unwrap().last().unwrap().path.clone();
+    let last =
+        |out: &Path| oar::persist::export::done_lines(&out.join("donefile.txt")).unwrap().last().unwrap().path.clone();
     let tables = saved_rows(&last(&whole), 2);
     let lifecycle =
-        |s: &oar::launch::LaunchSummary| -> Vec<_> { s.server_stats.iter().map(|s| s.lifecycle[0]).collect() };
+        |s: &oar::run::launch::LaunchSummary| -> Vec<_> { s.server_stats.iter().map(|s| s.lifecycle[0]).collect() };
     assert!(lifecycle(&undisturbed).iter().all(|l| l.shrunk_score > 0), "{:?}", lifecycle(&undisturbed));
     // 1: before the shrink; 2: after it; 3: after the save for serving; 4: after the pass's.
     for point in 1..=4 {

@@ -35,7 +35,7 @@ fn check_model(model: &Path) {
 fn ranks_with_only_mpi_variables_meet_and_train_two_by_two() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
-    oar::auth::Secret::generate().write_new(&secret).unwrap();
+    oar::security::auth::Secret::generate().write_new(&secret).unwrap();
     let (train, _) = gen_data(dir.path(), 2, 1500, 0);
     let model = dir.path().join("model");
     let rendezvous = format!("127.0.0.1:{}", free_ports(1));
@@ -110,11 +110,11 @@ fn run_mpi(launcher: &[&str], train: &str, model: &str, explicit: bool) -> (std:
     let _ = std::fs::remove_dir_all(&secrets);
     std::fs::create_dir_all(&secrets).unwrap();
     let master = secrets.join("master");
-    oar::auth::Secret::generate().write_new(&master).unwrap();
+    oar::security::auth::Secret::generate().write_new(&master).unwrap();
     for rank in 0..4 {
         let out = secrets.join(format!("rank-{rank}"));
         let made = if rank < 2 {
-            oar::auth::Secret::read(&master).unwrap().write_new(&out).map(|()| String::new()).unwrap()
+            oar::security::auth::Secret::read(&master).unwrap().write_new(&out).map(|()| String::new()).unwrap()
         } else {
             let (m, t, o) = (master.display().to_string(), (rank - 2).to_string(), out.display().to_string());
             let made = oar(&["secret", "--master", &m, "--job", "oar", "--trainer", &t, "--out", &o]);

@@ -106,7 +106,7 @@ fn sync_equals_local_on(
 /// positive initial accumulator of `train_config`, see there).
 fn zoo_model(name: &'static str) -> impl Fn(&mut oar::train::TrainConfig) {
     move |c| {
-        let job = oar::config::JobConfig::from_file(&zoo_job(name)).unwrap();
+        let job = oar::train::job_config::JobConfig::from_file(&zoo_job(name)).unwrap();
         c.model = job.model;
         c.data = job.data;
         c.dense_optimizer = job.dense_optimizer;
@@ -211,7 +211,7 @@ fn save_stop_and_resume_on_any_number_of_servers_gives_the_model_of_an_uninterru
     for servers in [2, 3, 1] {
         let out = dir.path().join(format!("on-{servers}"));
         sync_run(servers, &train, &out, 2, Some(&stopped.join("pass-0001")));
-        let m = oar::checkpoint::Manifest::find(&out).unwrap().0;
+        let m = oar::persist::checkpoint::Manifest::find(&out).unwrap().0;
         assert_eq!((m.pass, m.num_servers), (2, servers));
         let after = load_params(&out.join("pass-0002"));
         assert_same_params(&expected, &after, 0.0);
@@ -259,7 +259,7 @@ fn a_mismatched_or_corrupt_checkpoint_is_a_clear_error() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 1;
     std::fs::write(&shard, bytes).unwrap();
-    let err = oar::checkpoint::load_merged(&saved).err().unwrap().to_string();
+    let err = oar::persist::checkpoint::load_merged(&saved).err().unwrap().to_string();
     assert!(err.contains("server-1.shard") && err.contains("CRC-32 mismatch"), "{err}");
 }
 
@@ -338,7 +338,7 @@ fn delayed_local_updates_are_deterministic_and_only_local() {
 fn model_from(dir: &std::path::Path, text: &str) -> oar::model::ModelConfig {
     let job = dir.join("job.toml");
     std::fs::write(&job, text).unwrap();
-    oar::config::JobConfig::from_file(&job).unwrap().model
+    oar::train::job_config::JobConfig::from_file(&job).unwrap().model
 }
 
 /// Paddle's data_norm normalizes with the servers' statistics, not the batch's, so sync

@@ -107,7 +107,7 @@ fn every_example_job_file_reads_and_validates() {
     jobs.retain(|p| !p.ends_with("custom_layer.toml"));
     assert!(jobs.len() > 40, "{} job files", jobs.len());
     for job in jobs {
-        let config = oar::config::JobConfig::from_file(&job).unwrap_or_else(|e| panic!("{e:#}"));
+        let config = oar::train::job_config::JobConfig::from_file(&job).unwrap_or_else(|e| panic!("{e:#}"));
         config.validate().unwrap_or_else(|e| panic!("{}: {e:#}", job.display()));
     }
 }

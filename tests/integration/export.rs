@@ -61,7 +61,7 @@ fn check(py: &str, dir: &Path, job: &Path, train: &Path, test: &Path) -> f32 {
         .unwrap();
     assert!(o.status.success(), "{name}: onnx.checker: {}", text(&o));
 
-    let saved = oar::predict::load(&model, &Default::default()).unwrap();
+    let saved = oar::serve::predict::load(&model, &Default::default()).unwrap();
     let files = vec![test.to_path_buf()];
     let mut store = oar::train::Store::local(saved.shard);
     let evals = oar::train::evaluate_heads(&mut store, &saved.model, &saved.schema, &files, 4096, false).unwrap();
@@ -94,7 +94,7 @@ fn check(py: &str, dir: &Path, job: &Path, train: &Path, test: &Path) -> f32 {
         for (h, eval) in evals.iter().enumerate() {
             if saved.model.losses()[h] == oar::model::Loss::LogLoss {
                 let column: Vec<f32> = got.iter().map(|l| l[h]).collect();
-                let (auc, want) = (oar::metrics::auc(&column, &labels[h]).unwrap(), eval.auc.unwrap());
+                let (auc, want) = (oar::observe::metrics::auc(&column, &labels[h]).unwrap(), eval.auc.unwrap());
                 assert!((auc - want).abs() < 1e-4, "{name} {graph} head {h}: AUC {auc}, oar eval {want}");
                 auc_gap = auc_gap.max((auc - want).abs());
             }
@@ -249,7 +249,8 @@ fn a_layer_without_an_onnx_form_is_refused_by_name() {
     let e = b.embedding("e", "t", &["C1"], oar::model::Pooling::Sum);
     let r = b.layer("mystery", "opaque", &[&e], serde_json::json!({}));
     b.output(&r, oar::model::Loss::LogLoss);
-    let (model, _) = oar::config::build_model(&b.build(), &oar::data::DataConfig::default(), &registry).unwrap();
+    let (model, _) =
+        oar::train::job_config::build_model(&b.build(), &oar::data::DataConfig::default(), &registry).unwrap();
     let params = vec![0.0; model.dense_len()];
     let err = model.to_onnx(&params, None, None).err().expect("refused");
     assert!(err.contains("layer \"mystery\" (opaque) cannot be exported"), "{err}");

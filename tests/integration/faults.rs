@@ -1,5 +1,5 @@
 //! The fault suite: real `oar launch` jobs (servers and trainers as processes on loopback) with a
-//! fault injected at a chosen moment (`OAR_FAULT`, see `oar::fault`): a server killed (SIGKILL)
+//! fault injected at a chosen moment (`OAR_FAULT`, see `oar::base::fault`): a server killed (SIGKILL)
 //! mid-pass or mid-checkpoint, a server stopped (SIGSTOP), a trainer killed. Each job must end
 //! finished with its model saved, or fail with one clear line naming the process and the cause;
 //! either way no process of it may remain.
@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use crate::util::*;
 use oar::client::ClientConfig;
-use oar::launch::LaunchSummary;
 use oar::protocol::ErrorCode;
+use oar::run::launch::LaunchSummary;
+use oar::server::shard_checkpoints::{Checkpointer, Fence, Policy};
 use oar::server::{Mode, ServerConfig};
-use oar::shard_checkpoints::{Checkpointer, Fence, Policy};
 
 /// A job folder with generated data: 2 parts of 25,000 lines (49 batches of 512 per trainer).
 struct Job {
@@ -274,7 +274,8 @@ fn a_sync_trainer_killed_mid_pass_rejoins_at_the_barrier_and_the_model_is_unchan
 fn a_replaced_server_is_fenced_by_a_client_that_met_its_successor() {
     let (tx, rx) = std::sync::mpsc::channel();
     let dir = tempfile::tempdir().unwrap();
-    let policy = oar::shard_checkpoints::Policy { dir: dir.path().into(), every: Duration::from_secs(60), keep: 2 };
+    let policy =
+        oar::server::shard_checkpoints::Policy { dir: dir.path().into(), every: Duration::from_secs(60), keep: 2 };
     let checkpoints = Some(policy.clone());
     let old = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -297,8 +298,8 @@ fn a_replaced_server_is_fenced_by_a_client_that_met_its_successor() {
     probe(&addr, 0).unwrap();
     // Its successor claims the checkpoint folder before it serves; a client that met it then
     // reaches the old process.
-    let fence = oar::shard_checkpoints::Fence { job: "test".into(), epoch: 1 };
-    oar::shard_checkpoints::Checkpointer::new(policy, 0, fence).unwrap();
+    let fence = oar::server::shard_checkpoints::Fence { job: "test".into(), epoch: 1 };
+    oar::server::shard_checkpoints::Checkpointer::new(policy, 0, fence).unwrap();
     let err = probe(&addr, 1).unwrap_err();
     assert!(matches!(err, oar::client::ClientError::Refused { code: ErrorCode::Fenced, .. }), "{err}");
     // The fenced server stops by itself, saying why.
@@ -318,11 +319,11 @@ fn a_replaced_server_cannot_publish_a_checkpoint() {
     let shard = crate::checkpoints::small_shard();
     let fence = |epoch| Fence { job: "job".into(), epoch };
     let mut old = Checkpointer::new(policy.clone(), 0, fence(0)).unwrap();
-    old.write(oar::shard_checkpoints::Cut::of(&shard, 1)).unwrap();
+    old.write(oar::server::shard_checkpoints::Cut::of(&shard, 1)).unwrap();
     let mut new = Checkpointer::new(policy.clone(), 0, fence(1)).unwrap();
-    let err = old.write(oar::shard_checkpoints::Cut::of(&shard, 2)).unwrap_err().to_string();
+    let err = old.write(oar::server::shard_checkpoints::Cut::of(&shard, 2)).unwrap_err().to_string();
     assert!(err.contains("replaced by epoch 1"), "{err}");
-    assert_eq!(new.write(oar::shard_checkpoints::Cut::of(&shard, 2)).unwrap().epoch, 1);
+    assert_eq!(new.write(oar::server::shard_checkpoints::Cut::of(&shard, 2)).unwrap().epoch, 1);
     // Another job's fence is not this job's: a fresh job may reuse the folder.
     let other = Fence { job: "another".into(), epoch: 0 };
     Checkpointer::new(policy, 0, other).unwrap();
@@ -371,10 +372,10 @@ pub(crate) fn recoverable_job(
         // The trainer is dead and the server idle, waiting for it: once a checkpoint holds that
         // state, the server is killed too.
         let newest = || {
-            let dir = oar::shard_checkpoints::server_dir(&ckpt, 0);
+            let dir = oar::server::shard_checkpoints::server_dir(&ckpt, 0);
             let versions = std::fs::read_dir(dir).unwrap().flatten().filter_map(|e| {
                 let entry = std::fs::read(e.path().join("entry.json")).ok()?;
-                Some(serde_json::from_slice::<oar::shard_checkpoints::Entry>(&entry).ok()?.version)
+                Some(serde_json::from_slice::<oar::server::shard_checkpoints::Entry>(&entry).ok()?.version)
             });
             versions.max()
         };
@@ -459,6 +460,6 @@ fn a_trainer_that_fails_on_its_own_error_is_not_restarted_into_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(!err.contains("restarting it"), "a restart:\n{err}");
-    assert!(err.contains(oar::exit::NOT_RESTARTED), "{err}");
+    assert!(err.contains(oar::base::exit::NOT_RESTARTED), "{err}");
     assert!(err.contains("part-00001:101"), "the torn line is named:\n{err}");
 }

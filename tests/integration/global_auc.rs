@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::util::*;
 use oar::client::{Client, ClientConfig, ClientError};
-use oar::metrics::AucBuckets;
+use oar::observe::metrics::AucBuckets;
 use oar::protocol::ErrorCode;
 use oar::server::{Mode, ServerConfig};
 

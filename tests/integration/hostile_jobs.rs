@@ -152,7 +152,7 @@ fn flags_over_a_job_file_change_a_rule_with_its_settings_and_turn_shuffling_off_
         &out.display().to_string(),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let (manifest, _) = oar::checkpoint::Manifest::find(&out).unwrap();
+    let (manifest, _) = oar::persist::checkpoint::Manifest::find(&out).unwrap();
     assert_eq!(manifest.spec.dense.optimizer, oar::table::Optimizer::adam_d2sum(0.002), "the file's rate kept");
 
     let job = write(dir.path(), "shuffled.toml", "[train]\nshuffle = true\nshuffle_window = 1000\n");

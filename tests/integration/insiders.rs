@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::security::{GuardedJob, JOB};
 use crate::util::*;
-use oar::auth::Secret;
 use oar::client::{Client, ClientConfig, ClientError, StepHeader};
+use oar::security::auth::Secret;
 use oar::server::ServerStats;
 
 /// Connects to `addrs` with the job's secret as trainer 0 (the real one is stopped, its
@@ -197,7 +197,7 @@ fn a_complete_save_is_never_written_over() {
     let after: Vec<Vec<u8>> =
         ["manifest.json", "server-0.shard"].iter().map(|f| std::fs::read(pass.join(f)).unwrap()).collect();
     assert!(before == after, "the complete pass is as it was");
-    assert!(!serving.join(oar::export::file_name(0)).exists());
+    assert!(!serving.join(oar::persist::export::file_name(0)).exists());
 }
 
 /// Starts `oar pserver` for job [`JOB`] as server `index` of `of`, 2 trainers, with the master
@@ -247,7 +247,7 @@ fn a_credential_acts_for_its_own_identity_only() {
     // server (a Hello naming trainer 0 after proving trainer 1) is refused there.
     let e = connect(t1.clone(), Some(0)).map(drop).unwrap_err().to_string();
     assert!(e.contains("the credential (--secret-file) is trainer 1's, this process is trainer 0"), "{e}");
-    let e = hello_as(&addr, &t1, oar::auth::Identity::Trainer(1), 0);
+    let e = hello_as(&addr, &t1, oar::security::auth::Identity::Trainer(1), 0);
     assert!(e.contains("this connection proved it is trainer 1 and names trainer 0: refused"), "{e}");
     // Trainer 1 declares and pushes for itself.
     let mut trainer1 = connect(t1, Some(1)).unwrap();
@@ -264,7 +264,7 @@ fn a_credential_acts_for_its_own_identity_only() {
     c.attach(&crate::robustness::spec());
     let m = refusal(c.save(&dir.path().join("x").display().to_string()).unwrap_err());
     assert!(m.contains("a save refused: only trainer 0 or an operator may send it"), "{m}");
-    let e = hello_as(&addr, &tool, oar::auth::Identity::Tool, u64::MAX);
+    let e = hello_as(&addr, &tool, oar::security::auth::Identity::Tool, u64::MAX);
     assert!(e.is_empty(), "a tool greets as no trainer: {e}");
     // An operator shrinks (nothing to delete here); so does the master's holder.
     connect(operator, None).unwrap().shrink(0).unwrap();
@@ -275,16 +275,16 @@ fn a_credential_acts_for_its_own_identity_only() {
 
 /// A Hello for `trainer` (`u64::MAX`: none) after proving `identity` with `secret`: the
 /// server's refusal, or "" if it was welcomed.
-fn hello_as(addr: &str, secret: &Secret, identity: oar::auth::Identity, trainer: u64) -> String {
+fn hello_as(addr: &str, secret: &Secret, identity: oar::security::auth::Identity, trainer: u64) -> String {
     use oar::protocol::{auth, read_frame_blocking, FrameBuf, Hello, Request, Response, PROTOCOL_VERSION};
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let ours = oar::auth::nonce();
+    let ours = oar::security::auth::nonce();
     s.write_all(&auth::hello(&ours, identity, 0)).unwrap();
     let mut buf = FrameBuf::default();
     assert_eq!(read_frame_blocking(&mut s, &mut buf, 1 << 10).unwrap(), auth::AUTH_CHALLENGE);
     let (theirs, epoch, _) = auth::parse_challenge(buf.payload()).unwrap();
-    let claim = oar::auth::Claim { job: JOB, identity, server: 0, epoch };
+    let claim = oar::security::auth::Claim { job: JOB, identity, server: 0, epoch };
     s.write_all(&auth::proof(&secret.client_proof(&claim, &theirs, &ours).unwrap())).unwrap();
     let kind = read_frame_blocking(&mut s, &mut buf, 1 << 10).unwrap();
     assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Done), "authenticated");

@@ -16,7 +16,7 @@ use crate::util::*;
 fn counts_in(train: &Path) -> HashMap<u64, (f32, f32)> {
     let schema = oar::data::schema::Schema::criteo();
     let mut parser = oar::data::parser(&schema);
-    let mut batch = oar::batch::Batch::new(1, 13, 26);
+    let mut batch = oar::base::batch::Batch::new(1, 13, 26);
     for file in oar::data::resolve_files(train).unwrap() {
         for line in std::fs::read_to_string(file).unwrap().lines() {
             parser.parse(line.as_bytes(), &mut batch).unwrap();
@@ -107,7 +107,7 @@ fn servers_count_every_rows_shows_and_clicks_and_oar_shrink_deletes_exactly_the_
     // Every id got a row, with the data's own show and click counts (saved by the servers).
     let held = stats(&servers);
     assert_eq!(rows(&held), data.len());
-    let (_, shard) = oar::checkpoint::load_merged(&out).unwrap();
+    let (_, shard) = oar::persist::checkpoint::load_merged(&out).unwrap();
     let mut seen = 0;
     shard.sparse[0].for_each_row(|id, row| {
         let stats = oar::table::RowStats::of(&row[4..]);
@@ -187,7 +187,7 @@ fn apply_save(
 ) -> oar::protocol::ExportKind {
     let mut kind = None;
     for i in 0..servers {
-        let (k, tables) = oar::export::read(&dir.join(oar::export::file_name(i))).unwrap();
+        let (k, tables) = oar::persist::export::read(&dir.join(oar::persist::export::file_name(i))).unwrap();
         let (dim, t) = &tables["w"];
         for id in &t.deleted {
             served.remove(id);
@@ -219,7 +219,7 @@ fn a_base_and_its_deltas_rebuild_the_table_the_servers_saved_and_the_done_file_n
     let stats: Vec<ServerStats> = servers.into_iter().map(|s| s.handle.join().unwrap()).collect();
     assert!(stats.iter().all(|s| s.lifecycle[0].evicted > 0));
 
-    let done = oar::export::done_lines(&out.join("donefile.txt")).unwrap();
+    let done = oar::persist::export::done_lines(&out.join("donefile.txt")).unwrap();
     let announced: Vec<(u32, &str)> = done.iter().map(|l| (l.pass, l.kind.name())).collect();
     assert_eq!(announced, [(1, "base"), (2, "delta"), (3, "delta"), (4, "delta")]);
     let mut served = std::collections::BTreeMap::new();
@@ -227,7 +227,7 @@ fn a_base_and_its_deltas_rebuild_the_table_the_servers_saved_and_the_done_file_n
     for line in &done {
         let before = served.len();
         assert_eq!(apply_save(&mut served, &line.path, 2), line.kind);
-        let manifest: oar::export::ExportManifest =
+        let manifest: oar::persist::export::ExportManifest =
             serde_json::from_slice(&std::fs::read(line.path.join("export.json")).unwrap()).unwrap();
         assert_eq!((manifest.pass, manifest.kind, manifest.files.len()), (line.pass, line.kind, 2));
         deleted += manifest.files.iter().map(|f| f.deleted[0]).sum::<u64>();
@@ -236,7 +236,7 @@ fn a_base_and_its_deltas_rebuild_the_table_the_servers_saved_and_the_done_file_n
     assert!(deleted > 0, "the deltas named evicted rows");
     // The servers' own last checkpoint, saved right after the last delta: the same rows, bit
     // for bit.
-    let (_, shard) = oar::checkpoint::load_merged(&out).unwrap();
+    let (_, shard) = oar::persist::checkpoint::load_merged(&out).unwrap();
     let mut saved = std::collections::BTreeMap::new();
     shard.sparse[0].for_each_row(|id, row| {
         saved.insert(id, row[..4].to_vec());

@@ -192,7 +192,8 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
     let (printed, summary) = launch_zoo(tasks.dir.path(), "mmoe_tasks", &["--mode", "async", "--batch-size", "256"]);
     let heads: Vec<&str> = summary.heads.iter().map(|h| h.output.as_str()).collect();
     assert_eq!(heads, ["task1", "task2"], "{printed}");
-    let tests: Vec<&oar::metrics::EvalReport> = summary.heads.iter().map(|h| h.test.as_ref().unwrap()).collect();
+    let tests: Vec<&oar::observe::metrics::EvalReport> =
+        summary.heads.iter().map(|h| h.test.as_ref().unwrap()).collect();
     assert_eq!(summary.test.as_ref().unwrap().auc, tests[0].auc, "the first head is `test`");
     for (head, t) in heads.iter().zip(&tests) {
         let line = format!("  head {head}: test {t}");

@@ -30,8 +30,8 @@ format = "criteo"
 
 /// The dense parameter named `name` in the model of `job`, from the flat vector `dense`.
 fn param<'a>(job: &Path, dense: &'a [f32], name: &str) -> &'a [f32] {
-    let job = oar::config::JobConfig::from_file(job).unwrap();
-    let (model, _) = oar::config::build_model(&job.model, &job.data, &Default::default()).unwrap();
+    let job = oar::train::job_config::JobConfig::from_file(job).unwrap();
+    let (model, _) = oar::train::job_config::build_model(&job.model, &job.data, &Default::default()).unwrap();
     let mut at = 0;
     for p in model.params() {
         if p.name == name {

@@ -85,13 +85,13 @@ fn launch_trains_day_after_day_evaluating_each_day_on_the_next_and_shrinking_at_
     // Each trainer was given its own credential, never the job's master secret.
     for w in 0..2u64 {
         let file = logs.join(format!("credentials/trainer-{w}"));
-        let credential = oar::auth::Secret::read(&file).unwrap();
-        assert_eq!((credential.is_master(), credential.identity()), (false, oar::auth::Identity::Trainer(w)));
+        let credential = oar::security::auth::Secret::read(&file).unwrap();
+        assert_eq!((credential.is_master(), credential.identity()), (false, oar::security::auth::Identity::Trainer(w)));
         let log = std::fs::read_to_string(logs.join(format!("worker.{w}.log"))).unwrap();
         assert!(!log.contains("holds the job's master secret"), "{log}");
     }
     // Every pass saved for serving once, a base at each day's end.
-    let done = oar::export::done_lines(&Path::new(&out).join("donefile.txt")).unwrap();
+    let done = oar::persist::export::done_lines(&Path::new(&out).join("donefile.txt")).unwrap();
     let saves: Vec<(u32, u32, &str)> = done.iter().map(|l| (l.day, l.pass, l.kind.name())).collect();
     assert_eq!(
         saves,
@@ -108,7 +108,7 @@ fn launch_trains_day_after_day_evaluating_each_day_on_the_next_and_shrinking_at_
 
 /// Rows of a save's files (both kinds), by id.
 fn save_rows(dir: &Path) -> std::collections::BTreeMap<u64, Vec<f32>> {
-    let (_, tables) = oar::export::read(&dir.join(oar::export::file_name(0))).unwrap();
+    let (_, tables) = oar::persist::export::read(&dir.join(oar::persist::export::file_name(0))).unwrap();
     let (dim, t) = &tables["w"];
     t.ids.iter().zip(t.weights.chunks_exact(*dim)).map(|(&id, w)| (id, w.to_vec())).collect()
 }
@@ -134,7 +134,7 @@ fn a_job_killed_mid_day_resumes_at_its_last_pass_and_announces_every_save_once()
     let mut child = spawn_oar(dir.path(), &args(&out), "trainer0:kill@step=50", "killed.log");
     let status = child.wait().unwrap();
     assert!(!status.success(), "the fault killed it");
-    let before = oar::export::done_lines(&out.join("donefile.txt")).unwrap();
+    let before = oar::persist::export::done_lines(&out.join("donefile.txt")).unwrap();
     assert_eq!(before.len(), 3, "saves through day 2's first pass");
     let mut again = args(&out);
     again.extend(["--resume".into(), out.display().to_string()]);
@@ -142,13 +142,14 @@ fn a_job_killed_mid_day_resumes_at_its_last_pass_and_announces_every_save_once()
     assert!(o.status.success(), "{}", text(&o));
 
     let announced = |dir: &Path| -> Vec<(u32, u32, String)> {
-        let lines = oar::export::done_lines(&dir.join("donefile.txt")).unwrap();
+        let lines = oar::persist::export::done_lines(&dir.join("donefile.txt")).unwrap();
         lines.iter().map(|l| (l.day, l.pass, l.kind.name().to_string())).collect()
     };
     assert_eq!(announced(&out), announced(&whole), "no gap, no duplicate");
     // The last base of the resumed job holds the undisturbed job's rows, bit for bit.
-    let last =
-        |dir: &Path| save_rows(&oar::export::done_lines(&dir.join("donefile.txt")).unwrap().last().unwrap().path);
+    let last = |dir: &Path| {
+        save_rows(&oar::persist::export::done_lines(&dir.join("donefile.txt")).unwrap().last().unwrap().path)
+    };
     assert_eq!(last(&out), last(&whole));
 }
 
@@ -170,7 +171,7 @@ fn a_trainer_killed_mid_day_is_restarted_by_launch_and_every_sample_is_applied_o
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let summary: oar::launch::LaunchSummary =
+    let summary: oar::run::launch::LaunchSummary =
         serde_json::from_slice(&std::fs::read(logs.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary.restarts.len(), 1, "{}", text(&o));
     assert_eq!(summary.days.len(), 3);
@@ -180,7 +181,7 @@ fn a_trainer_killed_mid_day_is_restarted_by_launch_and_every_sample_is_applied_o
             assert_eq!(s.applied_samples[t] + s.discarded_samples[t], 12_000, "trainer {t}: {s:?}");
         }
     }
-    let done = oar::export::done_lines(&out.join("donefile.txt")).unwrap();
+    let done = oar::persist::export::done_lines(&out.join("donefile.txt")).unwrap();
     let saves: Vec<(u32, u32)> = done.iter().map(|l| (l.day, l.pass)).collect();
     assert_eq!(saves, [(20260101, 1), (20260101, 2), (20260102, 1), (20260102, 2), (20260103, 1), (20260103, 2)]);
 }
@@ -371,7 +372,7 @@ fn online_training_starts_from_an_offline_model_with_init_model() {
     .concat();
     launch(&dir.path().join("logs"), &args);
 
-    let manifest = |dir: &str| oar::checkpoint::Manifest::find(Path::new(dir)).unwrap().0;
+    let manifest = |dir: &str| oar::persist::checkpoint::Manifest::find(Path::new(dir)).unwrap().0;
     let m = manifest(&warm);
     assert_eq!((m.pass, m.num_servers), (2, 2));
     assert_eq!(m.model["online"]["first_day"], "20260102", "{}", m.model);

@@ -54,7 +54,7 @@ fn predict_matches_eval(dir: &Path, data: &Path, job: Option<&Path>, heads: usiz
     assert!(o.status.success(), "{}", text(&o));
     let cols = columns(&scores, heads);
 
-    let saved = oar::predict::load(&out, &Default::default()).unwrap();
+    let saved = oar::serve::predict::load(&out, &Default::default()).unwrap();
     let files = oar::data::resolve_files(&test).unwrap();
     assert!(text(&o).contains(&format!("{} lines of scores", cols[0].len())), "{}", text(&o));
     let mut store = oar::train::Store::local(saved.shard);
@@ -70,7 +70,11 @@ fn predict_matches_eval(dir: &Path, data: &Path, job: Option<&Path>, heads: usiz
     }
     for h in 0..heads {
         assert_eq!(cols[h].len(), evals[h].samples, "one line per test line");
-        assert_eq!(oar::metrics::auc(&cols[h], &labels[h]), evals[h].auc, "head {h}: the scores oar eval uses");
+        assert_eq!(
+            oar::observe::metrics::auc(&cols[h], &labels[h]),
+            evals[h].auc,
+            "head {h}: the scores oar eval uses"
+        );
     }
 }
 

@@ -37,7 +37,7 @@ fn a_restart_that_can_read_none_of_its_checkpoints_refuses_to_start_empty() {
     let [server, trainer] = recoverable_job(dir.path(), port, "trainer0:kill@step=20", Some(20));
     assert_eq!((server.status.code(), trainer.status.code()), (None, None), "both killed");
     let out = dir.path().join("out");
-    let folder = oar::shard_checkpoints::server_dir(&out.join("checkpoints"), 0);
+    let folder = oar::server::shard_checkpoints::server_dir(&out.join("checkpoints"), 0);
     let mut damaged = 0;
     for e in
         std::fs::read_dir(&folder).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("ckpt-"))

@@ -223,7 +223,7 @@ fn a_trainer_lost_without_closing_fails_the_server() {
     drop(t1);
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    // Stopped by a lost peer, not failed on its own: status 3 (`oar::exit::PEER_LOST`).
+    // Stopped by a lost peer, not failed on its own: status 3 (`oar::base::exit::PEER_LOST`).
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("trainer 1 disconnected without closing"), "{err}");
 }

@@ -10,9 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::util::*;
-use oar::auth::{Identity, Secret};
 use oar::client::{Client, ClientConfig, StepHeader};
 use oar::protocol::{auth, read_frame_blocking, FrameBuf, Hello, Request, Response, PROTOCOL_VERSION};
+use oar::security::auth::{Identity, Secret};
 use oar::server::ServerStats;
 
 pub(crate) const JOB: &str = "guarded-job-7f3a";
@@ -56,12 +56,12 @@ fn attack(addr: &str) {
     }
     // The challenge answered with another secret's proof.
     let mut s = TcpStream::connect(addr).unwrap();
-    let ours = oar::auth::nonce();
+    let ours = oar::security::auth::nonce();
     s.write_all(&auth::hello(&ours, Identity::Master, 0)).unwrap();
     let mut buf = FrameBuf::default();
     assert_eq!(read_frame_blocking(&mut s, &mut buf, 1 << 10).unwrap(), auth::AUTH_CHALLENGE);
     let (server, epoch, _) = auth::parse_challenge(buf.payload()).unwrap();
-    let claim = oar::auth::Claim { job: JOB, identity: Identity::Master, server: 0, epoch };
+    let claim = oar::security::auth::Claim { job: JOB, identity: Identity::Master, server: 0, epoch };
     s.write_all(&auth::proof(&Secret::generate().client_proof(&claim, &server, &ours).unwrap())).unwrap();
     let m = refusal(s);
     assert_eq!(m, "authentication failed");

@@ -58,7 +58,7 @@ fn din_dien_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_server
         }
 
         // The saved model evaluates offline to the figure the trainer printed.
-        let saved = oar::predict::load(local.output.as_ref().unwrap(), &Default::default()).unwrap();
+        let saved = oar::serve::predict::load(local.output.as_ref().unwrap(), &Default::default()).unwrap();
         let mut store = oar::train::Store::local(saved.shard);
         let offline = oar::train::evaluate(&mut store, &saved.model, &saved.schema, &[file], 64, false).unwrap();
         assert!((offline.auc.unwrap() - local_auc).abs() < 1e-6, "{job}: offline {offline} vs {local_auc}");

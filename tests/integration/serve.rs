@@ -156,7 +156,7 @@ fn serve_answers_kserve_v2_with_the_scores_of_oar_predict() {
     // Typed tensors (the export's inputs), built from the same lines by the job's parser.
     let schema = oar::data::Schema::criteo();
     let mut parser = oar::data::parser(&schema);
-    let mut batch = oar::batch::Batch::new(1, 13, 26);
+    let mut batch = oar::base::batch::Batch::new(1, 13, 26);
     for l in &lines[..100] {
         parser.parse(l.as_bytes(), &mut batch).unwrap();
     }
@@ -292,7 +292,7 @@ fn a_newer_save_is_swapped_in_under_load_without_losing_a_request() {
     assert!(pass(1).join("manifest.json").is_file() && pass(2).join("manifest.json").is_file());
     let second = predicted(&pass(2), &test, dir.path());
     // Serve pass 1 first, as if the job had saved only that far.
-    oar::state_file::write_atomic(&model.join("latest"), b"pass-0001").unwrap();
+    oar::base::state_file::write_atomic(&model.join("latest"), b"pass-0001").unwrap();
     let s = serve(&model, &["--poll-ms", "20"]);
     let infer = format!("{}/v2/models/oar/infer", s.url);
     let body = Arc::new(lines_request(&lines[..32]));
@@ -336,7 +336,7 @@ fn a_newer_save_is_swapped_in_under_load_without_losing_a_request() {
         .collect();
     // Under load, the job "saves" pass 2.
     warm_rx.recv_timeout(Duration::from_secs(60)).expect("the clients were answered by pass 1");
-    oar::state_file::write_atomic(&model.join("latest"), b"pass-0002").unwrap();
+    oar::base::state_file::write_atomic(&model.join("latest"), b"pass-0002").unwrap();
     for _ in 0..30 {
         seen_rx.recv_timeout(Duration::from_secs(60)).expect("pass 2 was served within 60 s of its save");
     }

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use crate::checkpoints::small_shard;
 use crate::util::*;
-use oar::shard_checkpoints::{earlier_life, load_latest, server_dir, Checkpointer, Cut, Fence, Policy, Trainers};
+use oar::server::shard_checkpoints::{
+    earlier_life, load_latest, server_dir, Checkpointer, Cut, Fence, Policy, Trainers,
+};
 use oar::train::position::{Position, PositionLog};
 
 /// Runs `f` on another thread; fails if it takes longer than 20 s (a read waiting on a pipe).
@@ -176,7 +178,7 @@ fn a_damaged_newest_checkpoint_falls_back_and_another_jobs_is_never_loaded() {
 #[test]
 fn a_shard_header_that_lies_is_refused_before_allocating() {
     let dir = tempfile::tempdir().unwrap();
-    let (file, _, _) = oar::checkpoint::write_shard(&small_shard(), dir.path()).unwrap();
+    let (file, _, _) = oar::persist::checkpoint::write_shard(&small_shard(), dir.path()).unwrap();
     let path = dir.path().join(file);
     let good = std::fs::read(&path).unwrap();
     let hlen = u64::from_le_bytes(good[8..16].try_into().unwrap()) as usize;
@@ -192,7 +194,7 @@ fn a_shard_header_that_lies_is_refused_before_allocating() {
         let crc = crc32fast::hash(&bytes);
         bytes.extend(crc.to_le_bytes());
         std::fs::write(&path, bytes).unwrap();
-        oar::checkpoint::read_shard(&path).map(|_| ()).unwrap_err().to_string()
+        oar::persist::checkpoint::read_shard(&path).map(|_| ()).unwrap_err().to_string()
     };
     let err = rewrite(&|h| h["spec"]["dense"]["block_size"] = 0.into());
     assert!(err.contains("block_size must be positive"), "{err}");

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::util::*;
-use oar::auth::Secret;
 use oar::client::{Client, ClientConfig};
+use oar::security::auth::Secret;
 use oar::server::ServerStats;
 
 const JOB: &str = "tls-job-0xC0FFEE";
@@ -93,8 +93,8 @@ fn train_through_a_relay(dir: &Path, train: &Path, secret: &Path, tls: Option<&P
         let err = Client::connect(&config).map(drop).unwrap_err().to_string();
         assert!(err.contains("speaks TLS"), "{err}");
         // One trusting another authority refuses the server's certificate.
-        let other = oar::tls::generate(&dir.join("other"), "oar").unwrap();
-        let config = ClientConfig { tls: Some(oar::tls::client_config(&other.ca, "oar").unwrap()), ..config };
+        let other = oar::security::tls::generate(&dir.join("other"), "oar").unwrap();
+        let config = ClientConfig { tls: Some(oar::security::tls::client_config(&other.ca, "oar").unwrap()), ..config };
         let err = Client::connect(&config).map(drop).unwrap_err().to_string();
         assert!(err.contains("TLS handshake") && err.contains("certificate"), "{err}");
     }

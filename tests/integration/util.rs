@@ -135,8 +135,8 @@ pub fn train_config(
         // The default: tests that want the pipeline that pulls ahead set it.
         pull_ahead: false,
         shuffle: None,
-        sync_warmup: oar::config::DEFAULT_SYNC_WARMUP,
-        scale_stale_steps: oar::config::DEFAULT_SCALE_STALE_STEPS,
+        sync_warmup: oar::train::job_config::DEFAULT_SYNC_WARMUP,
+        scale_stale_steps: oar::train::job_config::DEFAULT_SCALE_STALE_STEPS,
         clip_grad_norm: None,
         delta_every: None,
         online: None,
@@ -173,7 +173,7 @@ pub struct Params {
 }
 
 pub fn load_params(dir: &Path) -> Params {
-    let (_, shard) = oar::checkpoint::load_merged(dir).unwrap();
+    let (_, shard) = oar::persist::checkpoint::load_merged(dir).unwrap();
     let mut dense = Vec::new();
     shard.dense.lock().read(&mut dense);
     let mut rows = Vec::new();
@@ -310,7 +310,9 @@ pub fn installed(program: &str) -> bool {
 
 /// A model built for Criteo-format data with the built-in layer types.
 pub fn criteo_model(config: &oar::model::ModelConfig) -> oar::model::Model {
-    oar::config::build_model(config, &oar::data::DataConfig::default(), &oar::model::Registry::default()).unwrap().0
+    oar::train::job_config::build_model(config, &oar::data::DataConfig::default(), &oar::model::Registry::default())
+        .unwrap()
+        .0
 }
 
 /// The zoo's Criteo models (`examples/zoo/NAME.toml`).
@@ -393,7 +395,7 @@ pub fn job_config(
     trainers: usize,
     train: &Path,
 ) -> TrainConfig {
-    let job = oar::config::JobConfig::from_file(job).unwrap();
+    let job = oar::train::job_config::JobConfig::from_file(job).unwrap();
     let mut c = train_config(mode, servers, id, trainers, train);
     c.model = job.model;
     c.data = job.data;
@@ -407,7 +409,7 @@ pub fn job_config(
 
 /// Runs `oar launch` with `args` (2 x 2 unless they say otherwise), its logs in `logs`,
 /// asserting it succeeded; returns its output text and `summary.json`.
-pub fn launch(logs: &Path, args: &[&str]) -> (String, oar::launch::LaunchSummary) {
+pub fn launch(logs: &Path, args: &[&str]) -> (String, oar::run::launch::LaunchSummary) {
     let logs_arg = logs.display().to_string();
     let all: Vec<&str> = ["launch", "--logs", &logs_arg, "--no-progress"].iter().chain(args).copied().collect();
     let out = oar(&all);
@@ -418,7 +420,7 @@ pub fn launch(logs: &Path, args: &[&str]) -> (String, oar::launch::LaunchSummary
 
 /// Runs `oar launch` (2 x 2) of the zoo's job file `job` on `data/train`, tested on
 /// `data/test`, with `extra` flags, its logs in `data/logs-JOB`; as [`launch`].
-pub fn launch_zoo(data: &Path, job: &str, extra: &[&str]) -> (String, oar::launch::LaunchSummary) {
+pub fn launch_zoo(data: &Path, job: &str, extra: &[&str]) -> (String, oar::run::launch::LaunchSummary) {
     let (job_file, train, test) = (zoo_job(job), data.join("train"), data.join("test"));
     let mut args = vec![
         "--config",

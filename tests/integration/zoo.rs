@@ -77,10 +77,10 @@ fn every_zoo_model_trains_locally_and_on_two_servers_above_chance() {
 
         // The saved model evaluates offline to the figure the trainer printed.
         let saved = local.output.as_ref().unwrap();
-        let (manifest, shard) = oar::checkpoint::load_merged(saved).unwrap();
+        let (manifest, shard) = oar::persist::checkpoint::load_merged(saved).unwrap();
         let model_config: oar::model::ModelConfig = serde_json::from_value(manifest.model["model"].clone()).unwrap();
         let data: oar::data::DataConfig = serde_json::from_value(manifest.model["data"].clone()).unwrap();
-        let (model, schema) = oar::config::build_model(&model_config, &data, &Default::default()).unwrap();
+        let (model, schema) = oar::train::job_config::build_model(&model_config, &data, &Default::default()).unwrap();
         let mut store = oar::train::Store::local(shard);
         let files = oar::data::resolve_files(&test).unwrap();
         let offline = oar::train::evaluate(&mut store, &model, &schema, &files, 1024, false).unwrap();

@@ -105,7 +105,7 @@ pub fn builtin() -> Vec<(&'static str, Factory)> {
 /// `salt`: a pure function, so backward recomputes the forward mask instead of storing it.
 #[inline]
 fn keeps(seed: u64, salt: u64, j: usize, rate: f32) -> bool {
-    let h = crate::layout::mix64(seed ^ crate::layout::mix64(salt.wrapping_add(j as u64)));
+    let h = crate::base::layout::mix64(seed ^ crate::base::layout::mix64(salt.wrapping_add(j as u64)));
     ((h >> 40) as f32 / (1u64 << 24) as f32) >= rate
 }
 

@@ -248,7 +248,7 @@ mod tests {
         let layer = next_item_loss(&mut args(r#"{"hidden": [6], "activation": "tanh"}"#), &inputs).unwrap();
         let draw = |k: u64, n: usize| -> Vec<f32> {
             (0..n)
-                .map(|i| ((crate::layout::mix64(k << 32 | i as u64) >> 40) as f32 / (1u64 << 24) as f32) - 0.5)
+                .map(|i| ((crate::base::layout::mix64(k << 32 | i as u64) >> 40) as f32 / (1u64 << 24) as f32) - 0.5)
                 .collect()
         };
         let total: usize = layer.params().iter().map(|p| p.len).sum();

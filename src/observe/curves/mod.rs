@@ -95,7 +95,7 @@ impl CurveLog {
             std::fs::create_dir_all(dir)?;
         }
         // Never a named pipe (whose opening would wait for its other end), nor through a link.
-        let mut file = crate::state_file::append_plain(path).map_err(std::io::Error::other)?;
+        let mut file = crate::base::state_file::append_plain(path).map_err(std::io::Error::other)?;
         if file.metadata()?.len() == 0 {
             file.write_all(format!("{HEADER}\n").as_bytes())?;
         }
@@ -157,7 +157,7 @@ pub const MAX_POINTS: usize = 4 << 20;
 /// out.
 pub fn read(path: &Path) -> Result<Vec<Point>, CurvesError> {
     let io = |source| CurvesError::Io { path: path.to_path_buf(), source };
-    let (file, size) = crate::state_file::open_sized(path, false)
+    let (file, size) = crate::base::state_file::open_sized(path, false)
         .map_err(|e| io(std::io::Error::other(e.reason())))?
         .ok_or_else(|| io(std::io::ErrorKind::NotFound.into()))?;
     if size > MAX_BYTES {

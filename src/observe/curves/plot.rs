@@ -1,4 +1,4 @@
-//! `oar plot`: a job's curves ([`crate::curves`]) drawn to a PNG with plotters, the loss above
+//! `oar plot`: a job's curves ([`crate::observe::curves`]) drawn to a PNG with plotters, the loss above
 //! and the AUC below, against each trainer's samples: a line per trainer through its step points,
 //! its pass figures as dots, the AUC over all trainers, the test set's and the next day's as
 //! marks of their own. The text uses DejaVu Sans, built in (the `dejavu` crate), so drawing needs
@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::Context;
 use plotters::prelude::*;
 
-use crate::curves::{Kind, Point};
+use crate::observe::curves::{Kind, Point};
 
 /// Pixels of the picture.
 const SIZE: (u32, u32) = (1100, 800);
@@ -28,8 +28,8 @@ type Value = fn(&Point) -> Option<f64>;
 
 /// Reads the curves file `csv` and draws it to the PNG `out`; returns the points drawn.
 pub fn draw_file(csv: &Path, out: &Path) -> anyhow::Result<usize> {
-    crate::state_file::check_output(out, &[csv])?;
-    let points = crate::curves::read(csv)?;
+    crate::base::state_file::check_output(out, &[csv])?;
+    let points = crate::observe::curves::read(csv)?;
     draw(&points, &format!("training curves: {}", csv.display()), out)?;
     Ok(points.len())
 }
@@ -43,7 +43,7 @@ pub fn draw(points: &[Point], title: &str, out: &Path) -> anyhow::Result<()> {
     let name = out.file_name().with_context(|| format!("{}: no file name", out.display()))?;
     let tmp = dir.join(format!(".{}.{}.tmp.png", name.to_string_lossy(), std::process::id()));
     // Made here first, so nothing already at that name (a link) is drawn through.
-    drop(crate::state_file::create_new(&tmp, 0o644)?);
+    drop(crate::base::state_file::create_new(&tmp, 0o644)?);
     let drawn = draw_to(points, title, &tmp)
         .and_then(|()| std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display())));
     if drawn.is_err() {
@@ -105,10 +105,10 @@ fn panel(
         by_trainer.entry(p.trainer).or_default().push(p);
     }
     anyhow::ensure!(
-        by_trainer.len() <= crate::layout::MAX_PEERS,
+        by_trainer.len() <= crate::base::layout::MAX_PEERS,
         "{} trainers' curves: a job has at most {}",
         by_trainer.len(),
-        crate::layout::MAX_PEERS
+        crate::base::layout::MAX_PEERS
     );
     for (&t, mine) in &by_trainer {
         let color = Palette99::pick(t as usize).to_rgba();
@@ -243,7 +243,7 @@ mod tests {
         assert!(draw(&[], "empty", &out).is_err());
         // More trainers than a job has is refused, not drawn a legend entry each.
         let many: Vec<Point> =
-            (0..=crate::layout::MAX_PEERS as u32).map(|t| Point { trainer: t, ..points[0] }).collect();
+            (0..=crate::base::layout::MAX_PEERS as u32).map(|t| Point { trainer: t, ..points[0] }).collect();
         let err = format!("{:#}", draw(&many, "many", &out).unwrap_err());
         assert!(err.contains("65537 trainers' curves: a job has at most 65536"), "{err}");
     }

@@ -1,4 +1,4 @@
-//! TensorBoard event files: the training curves ([`crate::curves::Point`]) as scalars that
+//! TensorBoard event files: the training curves ([`crate::observe::curves::Point`]) as scalars that
 //! TensorBoard (and any reader of its format) shows, one file per trainer under
 //! `DIR/trainer-K/`.
 //!
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 
-use crate::curves::{Kind, Point};
+use crate::observe::curves::{Kind, Point};
 
 /// `tensorflow.Event`, the fields written.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -45,9 +45,9 @@ impl Manifest {
     /// Writes the manifest into `dir` atomically, then points `dir/../latest` at `dir`.
     pub fn write(&self, dir: &Path) -> Result<(), CheckpointError> {
         let json = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
-        crate::state_file::write_atomic(&dir.join("manifest.json"), &json)?;
+        crate::base::state_file::write_atomic(&dir.join("manifest.json"), &json)?;
         if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) {
-            crate::state_file::write_atomic(&parent.join("latest"), name.to_string_lossy().as_bytes())?;
+            crate::base::state_file::write_atomic(&parent.join("latest"), name.to_string_lossy().as_bytes())?;
         }
         Ok(())
     }
@@ -60,7 +60,7 @@ impl Manifest {
         } else {
             let latest = dir.join("latest");
             // A state file: no link followed, no wait on a named pipe, a few bytes at most.
-            let name = crate::state_file::read(&latest, 4096)?.ok_or_else(|| CheckpointError::Io {
+            let name = crate::base::state_file::read(&latest, 4096)?.ok_or_else(|| CheckpointError::Io {
                 path: dir.to_path_buf(),
                 cause: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
@@ -78,7 +78,7 @@ impl Manifest {
             dir.join(name)
         };
         let path = pass_dir.join("manifest.json");
-        let bytes = crate::state_file::read(&path, MAX_MANIFEST_BYTES)?
+        let bytes = crate::base::state_file::read(&path, MAX_MANIFEST_BYTES)?
             .ok_or_else(|| io_err(&path)(std::io::ErrorKind::NotFound.into()))?;
         let m: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| CheckpointError::Corrupt { path: path.clone(), reason: e.to_string() })?;
@@ -116,7 +116,7 @@ impl Manifest {
         let mut on_disk = 0u64;
         for e in &self.shards {
             let file = pass_dir.join(&e.file);
-            let (_, size) = crate::state_file::open_sized(&file, false)?
+            let (_, size) = crate::base::state_file::open_sized(&file, false)?
                 .ok_or_else(|| io_err(&file)(std::io::ErrorKind::NotFound.into()))?;
             if size != e.bytes {
                 return Err(CheckpointError::Mismatch {
@@ -160,9 +160,9 @@ impl Manifest {
 pub fn digest(pass_dir: &Path) -> Result<String, CheckpointError> {
     use sha2::Digest;
     let path = pass_dir.join("manifest.json");
-    let bytes = crate::state_file::read(&path, MAX_MANIFEST_BYTES)?
+    let bytes = crate::base::state_file::read(&path, MAX_MANIFEST_BYTES)?
         .ok_or_else(|| io_err(&path)(std::io::ErrorKind::NotFound.into()))?;
-    Ok(crate::auth::to_hex(&sha2::Sha256::digest(&bytes)))
+    Ok(crate::security::auth::to_hex(&sha2::Sha256::digest(&bytes)))
 }
 
 /// Passes already in the saved model a job resumes from (0 when it starts afresh).
@@ -185,7 +185,7 @@ pub fn load_merged(dir: &Path) -> Result<(Manifest, Shard), CheckpointError> {
 impl Manifest {
     /// Server `index` of `num_servers`'s share of this saved model, whatever number of servers
     /// saved it: its own shard file when the numbers agree, else the rows and dense blocks that
-    /// [`crate::layout`] places on it, taken from every shard file in turn (so a job may go on
+    /// [`crate::base::layout`] places on it, taken from every shard file in turn (so a job may go on
     /// with more or fewer servers than the one that saved). Call [`Manifest::check_size`] first.
     pub fn load_resharded(&self, pass_dir: &Path, index: usize, num_servers: usize) -> Result<Shard, CheckpointError> {
         if num_servers == self.num_servers {
@@ -210,7 +210,7 @@ impl Manifest {
             for (table, (t, saved)) in target.sparse.iter().zip(&shard.sparse).enumerate() {
                 let mut result = Ok(());
                 saved.for_each_row(|id, row| {
-                    if result.is_ok() && crate::layout::server_of_row(table as u32, id, num_servers) == index {
+                    if result.is_ok() && crate::base::layout::server_of_row(table as u32, id, num_servers) == index {
                         result = t.insert_row(id, row);
                     }
                 });
@@ -304,7 +304,7 @@ pub fn save_server_final(
     let (file, bytes, crc32) = write_shard(shard, dir)?;
     let entry = FinalEntry { job: job.to_string(), pass, entry: ShardEntry { file, bytes, crc32 } };
     let entry_path = |i: usize| dir.join(format!("server-{i}.entry.json"));
-    crate::state_file::write_atomic(
+    crate::base::state_file::write_atomic(
         &entry_path(shard.index),
         &serde_json::to_vec(&entry).expect("an entry always serializes"),
     )?;
@@ -312,7 +312,7 @@ pub fn save_server_final(
     for i in 0..shard.num_servers {
         let path = entry_path(i);
         // Another server's entry not written yet: that server completes the manifest.
-        let Some(bytes) = crate::state_file::read(&path, 1 << 16)? else { return Ok(false) };
+        let Some(bytes) = crate::base::state_file::read(&path, 1 << 16)? else { return Ok(false) };
         let other: FinalEntry =
             serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt { path, reason: e.to_string() })?;
         // An entry an earlier run left here (another job's, another pass's, or one whose shard

@@ -79,7 +79,7 @@ pub enum CheckpointError {
     },
     /// A small state file beside the checkpoints could not be read or written.
     #[error(transparent)]
-    State(#[from] crate::state_file::StateFileError),
+    State(#[from] crate::base::state_file::StateFileError),
     /// A newer epoch of this server has claimed its checkpoint folder: this process was replaced.
     #[error("this server (epoch {epoch}) has been replaced by epoch {newer}, which now owns its checkpoints")]
     Superseded {
@@ -170,7 +170,7 @@ impl ShardHeader {
 /// and the filter's cells (2 each, and from format 4 a byte of days each).
 fn admission_bytes(t: &crate::table::SparseSpec, format: u32) -> u64 {
     let per_cell = if format >= 4 { 3 } else { 2 };
-    crate::layout::STRIPES as u64 * (8 + per_cell * t.filter_cells_per_stripe() as u64)
+    crate::base::layout::STRIPES as u64 * (8 + per_cell * t.filter_cells_per_stripe() as u64)
 }
 
 /// A writer that keeps the CRC-32 of everything written.
@@ -253,7 +253,7 @@ pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&tmp)(e)),
         _ => {}
     }
-    let file = crate::state_file::create_new(&tmp, 0o644)?;
+    let file = crate::base::state_file::create_new(&tmp, 0o644)?;
     let mut w = CrcWriter { inner: BufWriter::with_capacity(1 << 20, file), crc: crc32fast::Hasher::new(), bytes: 0 };
     let write = |w: &mut CrcWriter<BufWriter<File>>| -> std::io::Result<()> {
         let json = serde_json::to_vec(&snapshot.header).expect("a shard header always serializes");
@@ -285,7 +285,7 @@ pub fn write_snapshot(snapshot: &ShardSnapshot, dir: &Path) -> Result<(String, u
     let bytes = w.bytes + 4;
     drop(w);
     std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
-    crate::state_file::sync_dir(dir)?;
+    crate::base::state_file::sync_dir(dir)?;
     Ok((name, bytes, crc))
 }
 
@@ -304,7 +304,7 @@ pub fn read_recorded_shard(path: &Path, bytes: u64, crc32: u32) -> Result<Shard,
 fn read_shard_checked(path: &Path, record: Option<(u64, u32)>) -> Result<Shard, CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
     let mismatch = |reason: String| CheckpointError::Mismatch { path: path.to_path_buf(), reason };
-    let (file, size) = crate::state_file::open_sized(path, false)?.ok_or_else(|| corrupt("missing".into()))?;
+    let (file, size) = crate::base::state_file::open_sized(path, false)?.ok_or_else(|| corrupt("missing".into()))?;
     if let Some((recorded, _)) = record.filter(|&(recorded, _)| recorded != size) {
         return Err(mismatch(format!(
             "the file is {size} bytes, its record {recorded}: not the shard that was saved here"
@@ -386,8 +386,8 @@ fn read_shard_checked(path: &Path, record: Option<(u64, u32)>) -> Result<Shard, 
     if header.format >= 3 {
         for t in &shard.sparse {
             let cells = t.spec().filter_cells_per_stripe();
-            let mut state = Vec::with_capacity(crate::layout::STRIPES);
-            for _ in 0..crate::layout::STRIPES {
+            let mut state = Vec::with_capacity(crate::base::layout::STRIPES);
+            for _ in 0..crate::base::layout::STRIPES {
                 let draws = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"));
                 let cells_read = bytemuck::pod_collect_to_vec::<u8, u16>(take(2 * cells)?);
                 // Format 3 kept no days: every pending id counts as seen on the day of the restart.

@@ -109,7 +109,7 @@ fn pending_sightings_keep_their_days_and_a_format_3_shard_reads_them_as_seen_tod
     let mut header: serde_json::Value = serde_json::from_slice(&bytes[16..16 + json_len]).unwrap();
     header["format"] = 3.into();
     let cells = shard.sparse[0].spec().filter_cells_per_stripe();
-    let admission_at = bytes.len() - 4 - crate::layout::STRIPES * (8 + 3 * cells);
+    let admission_at = bytes.len() - 4 - crate::base::layout::STRIPES * (8 + 3 * cells);
     let mut old = bytes[..8].to_vec();
     let json = serde_json::to_vec(&header).unwrap();
     old.extend_from_slice(&(json.len() as u64).to_le_bytes());
@@ -162,7 +162,7 @@ fn a_save_goes_on_resharded_unless_a_capacity_or_a_count_filter_forbids_it() {
         let mut shards = Vec::new();
         for index in 0..2 {
             let shard = Shard::new(spec.clone(), index, 2);
-            let ids: Vec<u64> = (1..=400).filter(|&id| crate::layout::server_of_row(0, id, 2) == index).collect();
+            let ids: Vec<u64> = (1..=400).filter(|&id| crate::base::layout::server_of_row(0, id, 2) == index).collect();
             // Pushed, twice: a capped or filtered table creates rows only from pushes.
             for _ in 0..2 {
                 shard.sparse[0].push(&ids, &vec![1.0; 2 * ids.len()], &vec![0.1; 4 * ids.len()], 1.0).unwrap();

@@ -47,7 +47,7 @@ pub struct K8sConfig {
     /// beside each trainer's credential derived from it (`trainer-<i>`). Server pods mount the
     /// master alone; a trainer pod's init container copies the pod's own credential into a
     /// memory volume, the only secret its `oar train` sees (`OAR_SECRET_FILE`).
-    pub secret: Option<crate::auth::Secret>,
+    pub secret: Option<crate::security::auth::Secret>,
 }
 
 /// Where a process's own secret file (`secret`) is mounted: the master for a server, its own
@@ -191,7 +191,7 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
     check_name(&c.name)?;
     check_fields(c)?;
     anyhow::ensure!(c.servers >= 1 && c.workers >= 1, "--servers and --workers must be at least 1");
-    let max = crate::layout::MAX_PEERS;
+    let max = crate::base::layout::MAX_PEERS;
     anyhow::ensure!(c.servers <= max && c.workers <= max, "--servers and --workers must be at most {max}");
     anyhow::ensure!(
         c.max_restarts == 0 || c.volume_claim.is_some(),
@@ -228,7 +228,7 @@ pub fn manifests(c: &K8sConfig) -> anyhow::Result<Vec<Value>> {
             let mut data = serde_json::Map::new();
             data.insert("secret".into(), json!(String::from_utf8_lossy(&master.bytes())));
             for i in 0..c.workers {
-                let own = master.derive(name, crate::auth::Identity::Trainer(i as u64))?;
+                let own = master.derive(name, crate::security::auth::Identity::Trainer(i as u64))?;
                 data.insert(format!("trainer-{i}"), json!(String::from_utf8_lossy(&own.bytes())));
             }
             Some(json!({
@@ -392,7 +392,7 @@ mod tests {
     #[test]
     fn the_secret_is_a_kubernetes_secret_applied_first_and_mounted_into_every_pod() {
         for paddlejob in [false, true] {
-            let secret = crate::auth::Secret::generate();
+            let secret = crate::security::auth::Secret::generate();
             let m = manifests(&K8sConfig { paddlejob, secret: Some(secret.clone()), ..config() }).unwrap();
             assert_eq!(
                 (m[0]["kind"].as_str(), m[0]["metadata"]["name"].as_str()),
@@ -408,15 +408,18 @@ mod tests {
                 vec![&m[2]["spec"]["template"]["spec"], &m[3]["spec"]["template"]["spec"]]
             };
             // Servers read the master; trainers their own credential, derived for this job.
-            let trainer_1: crate::auth::Secret = {
+            let trainer_1: crate::security::auth::Secret = {
                 let dir = tempfile::tempdir().unwrap();
                 let file = dir.path().join("trainer-1");
                 std::fs::write(&file, m[0]["stringData"]["trainer-1"].as_str().unwrap()).unwrap();
                 use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).unwrap();
-                crate::auth::Secret::read(&file).unwrap()
+                crate::security::auth::Secret::read(&file).unwrap()
             };
-            assert_eq!((trainer_1.identity(), trainer_1.job()), (crate::auth::Identity::Trainer(1), Some("ctr")));
+            assert_eq!(
+                (trainer_1.identity(), trainer_1.job()),
+                (crate::security::auth::Identity::Trainer(1), Some("ctr"))
+            );
             let keys = |volume: &Value| -> Vec<String> {
                 assert_eq!(volume["secret"]["secretName"], "ctr-secret");
                 volume["secret"]["items"]

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::supervise::{
+use crate::run::supervise::{
     check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, Keeper,
     LaunchSummary, Proc, Restart,
 };
@@ -156,7 +156,7 @@ pub fn placements(config: &SshConfig, job: &str) -> Vec<Placement> {
 /// returns, per host, the files written there.
 fn secret_files(
     config: &SshConfig,
-    master: &crate::auth::Secret,
+    master: &crate::security::auth::Secret,
     remote: &str,
     job: &str,
     placements: &mut [Placement],
@@ -166,7 +166,7 @@ fn secret_files(
         let trainer = p.env.iter().find(|(k, _)| k == "PADDLE_TRAINER_ID").map(|(_, v)| v.clone());
         let (file, secret) = match trainer {
             Some(t) => {
-                let id = crate::auth::Identity::Trainer(t.parse().context("a trainer id")?);
+                let id = crate::security::auth::Identity::Trainer(t.parse().context("a trainer id")?);
                 (format!("{remote}/.oar/credential.{job}.trainer-{t}"), master.derive(job, id)?)
             }
             None => (format!("{remote}/.oar/secret.{job}"), master.clone()),
@@ -396,7 +396,7 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
     anyhow::ensure!(!config.hosts.is_empty(), "no hosts");
     anyhow::ensure!(config.servers_per_host >= 1, "--servers-per-host must be at least 1");
     anyhow::ensure!(config.trainers_per_host >= 1, "--trainers-per-host must be at least 1");
-    let max = crate::layout::MAX_PEERS;
+    let max = crate::base::layout::MAX_PEERS;
     let (servers, trainers) = (
         config.hosts.len().checked_mul(config.servers_per_host),
         config.hosts.len().checked_mul(config.trainers_per_host),
@@ -437,7 +437,7 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
     // A new secret for the job, sent over ssh's standard input into files only their owner
     // reads (never on a command line, where `ps` would show it): the master to the hosts of
     // servers, and to each trainer only its own credential (see `auth`).
-    let secret = crate::auth::Secret::generate();
+    let secret = crate::security::auth::Secret::generate();
     let mut placements = placements(config, &job);
     let files = secret_files(config, &secret, &remote, &job, &mut placements)?;
     let servers = config.hosts.len() * config.servers_per_host;

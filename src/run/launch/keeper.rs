@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::{child, LaunchConfig};
-use crate::supervise::{spawn, Keeper, Proc, Ready};
+use crate::run::supervise::{spawn, Keeper, Proc, Ready};
 
 /// A server that answers no heartbeat for this many probes in a row is taken for hung.
 const HEARTBEAT_MISSES: u32 = 3;
@@ -38,9 +38,9 @@ pub(super) struct JobKeeper {
     exe: PathBuf,
     pub(super) env: Vec<(String, String)>,
     /// The job's secret, for the heartbeat's probes.
-    pub(super) secret: Option<crate::auth::Secret>,
+    pub(super) secret: Option<crate::security::auth::Secret>,
     /// TLS to the servers (`oar launch --tls`), for the heartbeat's probes.
-    pub(super) tls: Option<crate::tls::ClientTls>,
+    pub(super) tls: Option<crate::security::tls::ClientTls>,
     logs: PathBuf,
     checkpoints: Option<PathBuf>,
     /// Each server's command line as first started.
@@ -53,7 +53,7 @@ pub(super) struct JobKeeper {
     ready: Option<(mpsc::Sender<Ready>, mpsc::Receiver<Ready>)>,
     /// Why the keeper killed a server, by index.
     killed: Vec<Option<String>>,
-    pub(super) restarts: Vec<crate::supervise::Restart>,
+    pub(super) restarts: Vec<crate::run::supervise::Restart>,
     started: Instant,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     heartbeat: Option<std::thread::JoinHandle<()>>,
@@ -149,7 +149,7 @@ impl JobKeeper {
     /// (for the summary: the server itself finds it).
     fn resumed_from(&self, i: usize) -> Option<String> {
         let dir = self.checkpoints.as_ref()?;
-        let life = crate::shard_checkpoints::earlier_life(dir, i, &self.job);
+        let life = crate::server::shard_checkpoints::earlier_life(dir, i, &self.job);
         let life = life.inspect_err(|e| tracing::error!("{e}")).ok().flatten()?;
         life.checkpoint.then(|| dir.display().to_string())
     }
@@ -174,7 +174,7 @@ impl JobKeeper {
         let log = self.logs.join(format!("worker.{w}.restart-{life}.log"));
         procs[i] = spawn(self.command(&args), &format!("worker {w} (restart {life})"), log, None)?;
         let from = args.iter().position(|a| a == "--position-dir").map(|at| args[at + 1].clone());
-        self.restarts.push(crate::supervise::Restart {
+        self.restarts.push(crate::run::supervise::Restart {
             process: format!("worker {w}"),
             epoch: life,
             at_seconds: self.started.elapsed().as_secs_f64(),
@@ -243,7 +243,7 @@ impl Keeper for JobKeeper {
             watched[i].ready = false;
             watched[i].misses = 0;
         }
-        self.restarts.push(crate::supervise::Restart {
+        self.restarts.push(crate::run::supervise::Restart {
             process: format!("server {i}"),
             epoch,
             at_seconds: at,

@@ -2,7 +2,7 @@
 //! processes of this same binary (configured by flags and a job file, exactly as a person would
 //! start them), one log file each, a progress bar, and stops every child on Ctrl-C or as soon as
 //! any child fails, naming it and quoting its last log line.
-//! Servers bind port 0 and report their address (`OAR_READY`, see [`crate::supervise`]), so
+//! Servers bind port 0 and report their address (`OAR_READY`, see [`crate::run::supervise`]), so
 //! ports are never guessed.
 
 use std::path::{Path, PathBuf};
@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::config::JobConfig;
-use crate::server::Mode;
-use crate::supervise::{
+use crate::run::supervise::{
     check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, Proc, Ready,
 };
+use crate::server::Mode;
+use crate::train::job_config::JobConfig;
 
 /// What to launch.
 #[derive(Clone, Debug)]
@@ -68,7 +68,7 @@ pub struct LaunchConfig {
     pub shared_secret: bool,
 }
 
-pub use crate::supervise::LaunchSummary;
+pub use crate::run::supervise::LaunchSummary;
 
 /// Most processes (servers and workers) one `oar launch` starts.
 pub const MAX_PROCESSES: usize = 1024;
@@ -103,7 +103,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         Some(_) => None,
     };
     let job = match filled {
-        Some(data) => crate::config::JobConfig { data, ..config.job.clone() },
+        Some(data) => crate::train::job_config::JobConfig { data, ..config.job.clone() },
         None => config.job.clone(),
     };
     job.validate_with(&config.registry)?;
@@ -141,11 +141,11 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     // reach their ports but has not the secret is served nothing.
     let (secret, file) = match &config.secret_file {
         _ if config.open => (None, None),
-        Some(file) => (Some(crate::auth::Secret::read(file)?), Some(std::path::absolute(file)?)),
+        Some(file) => (Some(crate::security::auth::Secret::read(file)?), Some(std::path::absolute(file)?)),
         None => {
             let file = std::path::absolute(config.logs.join("secret"))?;
             let _ = std::fs::remove_file(&file); // an earlier run's, in a reused logs folder
-            let secret = crate::auth::Secret::generate();
+            let secret = crate::security::auth::Secret::generate();
             secret.write_new(&file)?;
             (Some(secret), Some(file))
         }
@@ -157,11 +157,11 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     if config.tls {
         let dir = std::path::absolute(config.logs.join("tls"))?;
         let _ = std::fs::remove_dir_all(&dir); // an earlier run's, in a reused logs folder
-        let files = crate::tls::generate(&dir, crate::tls::DEFAULT_NAME)?;
+        let files = crate::security::tls::generate(&dir, crate::security::tls::DEFAULT_NAME)?;
         for (var, path) in [("OAR_TLS_CERT", &files.cert), ("OAR_TLS_KEY", &files.key), ("OAR_TLS_CA", &files.ca)] {
             keeper.env.push((var.into(), path.display().to_string()));
         }
-        keeper.tls = Some(crate::tls::client_config(&files.ca, crate::tls::DEFAULT_NAME)?);
+        keeper.tls = Some(crate::security::tls::client_config(&files.ca, crate::security::tls::DEFAULT_NAME)?);
     }
     let result = (|| -> anyhow::Result<LaunchSummary> {
         let (tx, rx) = mpsc::channel();
@@ -215,7 +215,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         let mut addrs = vec![String::new(); config.servers];
         let deadline = Instant::now() + Duration::from_secs(60);
         while addrs.iter().any(|a| a.is_empty()) {
-            check_children(&mut procs, &interrupted, &mut crate::supervise::FailFast)?;
+            check_children(&mut procs, &interrupted, &mut crate::run::supervise::FailFast)?;
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(Ready(i, addr)) => addrs[i] = addr,
                 Err(_) if Instant::now() > deadline => {
@@ -280,7 +280,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         }
 
         // A resumed job trains only the passes after the saved one.
-        let done = crate::checkpoint::passes_done(config.resume.as_deref())?;
+        let done = crate::persist::checkpoint::passes_done(config.resume.as_deref())?;
         // Online, every file is read once; else every pass reads them all.
         let total = match &online {
             Some(o) => {
@@ -331,7 +331,7 @@ fn child(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
 /// fatal: the job itself went well.
 fn draw_curves(csv: &Path) -> Option<PathBuf> {
     let png = csv.with_file_name("curves.png");
-    match crate::curves::plot::draw_file(csv, &png) {
+    match crate::observe::curves::plot::draw_file(csv, &png) {
         Ok(_) => Some(png),
         Err(e) => {
             tracing::warn!("no curves drawn: {e:#}");
@@ -359,7 +359,7 @@ use keeper::JobKeeper;
 /// `LOGS/credentials/trainer-W` (mode 0600; an earlier run's in a reused logs folder replaced).
 fn credential_file(
     config: &LaunchConfig,
-    master: &crate::auth::Secret,
+    master: &crate::security::auth::Secret,
     job: &str,
     w: usize,
 ) -> anyhow::Result<PathBuf> {
@@ -367,6 +367,6 @@ fn credential_file(
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let file = dir.join(format!("trainer-{w}"));
     let _ = std::fs::remove_file(&file);
-    master.derive(job, crate::auth::Identity::Trainer(w as u64))?.write_new(&file)?;
+    master.derive(job, crate::security::auth::Identity::Trainer(w as u64))?.write_new(&file)?;
     Ok(file)
 }
