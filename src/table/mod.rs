@@ -10,15 +10,11 @@
 
 pub mod accessor;
 pub mod admit;
-pub mod chunked;
 pub mod dense;
-pub mod index;
 pub mod init;
+pub mod mem;
 pub mod optim;
 pub mod paddle_rules;
-pub mod pages;
-pub mod pool;
-pub mod rows;
 pub mod sparse;
 pub mod stripe;
 
@@ -27,6 +23,8 @@ mod lifecycle_tests;
 
 use serde::{Deserialize, Serialize};
 
+// The old paths of the memory modules, until their users move.
+pub use mem::{chunked, index, pages, pool, rows};
 pub use accessor::{Accessor, RowStats};
 pub use admit::Entry;
 pub use dense::DenseShard;
