@@ -23,8 +23,6 @@ mod lifecycle_tests;
 
 use serde::{Deserialize, Serialize};
 
-// The old paths of the memory modules, until their users move.
-pub use mem::{chunked, index, pages, pool, rows};
 pub use accessor::{Accessor, RowStats};
 pub use admit::Entry;
 pub use dense::DenseShard;

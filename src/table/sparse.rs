@@ -459,7 +459,7 @@ mod tests {
     fn many_rows_span_chunks_and_survive_a_round_trip() {
         // Enough rows for several state chunks per stripe.
         let t = table();
-        let per_chunk = crate::table::rows::Rows::new(3, 0).chunk_rows();
+        let per_chunk = crate::table::mem::rows::Rows::new(3, 0).chunk_rows();
         let ids: Vec<u64> = (0..(3 * per_chunk * STRIPES / 2) as u64).collect();
         let mut out = vec![0.0; ids.len() * 3];
         t.pull(&ids, &mut out, true).unwrap();

@@ -5,8 +5,8 @@
 
 use super::accessor::{Accessor, Verdict};
 use super::admit::{self, AdmissionState, CountFilter, Entry};
-use super::index::{Index, MAX_ROWS};
-use super::rows::Rows;
+use super::mem::index::{Index, MAX_ROWS};
+use super::mem::rows::Rows;
 use super::SparseSpec;
 use crate::base::layout::mix64;
 

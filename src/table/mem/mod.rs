@@ -1,7 +1,8 @@
 //! The memory machinery of the tables, and every `unsafe` block they have, each with its
 //! safety note: pages from the kernel (huge pages where it has them), a pool of blocks cut from
 //! them, rows stored in chunked slabs, and the open-addressing index from a sparse id to its row.
-//! Nothing here knows Paddle's rules: the layer above (accessor, admission, optimizers) decides
+//! Of Paddle's rules these modules know only how many statistics a row carries
+//! ([`STATS`](super::accessor::STATS)); the accessor, admission and the optimizers above decide
 //! what a row holds and when it lives.
 
 pub mod chunked;
@@ -10,5 +11,3 @@ pub mod pages;
 pub mod pool;
 pub mod rows;
 
-// The old parent of these files, until their paths move (rows reads the accessor's layout).
-use super::accessor;

@@ -13,7 +13,7 @@
 //! huge pages; the unseen days are a `u16` per row beside each hot chunk. Unseen days are whole
 //! days; they saturate at 65,535.
 
-use super::accessor::STATS;
+use crate::table::accessor::STATS;
 use super::chunked::Chunked;
 
 /// Words before the weights: the id's two halves.
