@@ -9,25 +9,42 @@
 //! Parsing runs on a reader thread that prefetches batches into a bounded channel, so the
 //! training thread only ever waits on a ready batch. Errors name the file and line.
 
+#[path = "format/criteo.rs"]
 pub mod criteo;
 pub mod fetch;
+#[path = "read/files.rs"]
 pub mod files;
+#[path = "gen/mod.rs"]
 pub mod gen;
+#[path = "gen/conversions.rs"]
 pub mod gen_conversions;
+#[path = "gen/interactions.rs"]
 pub mod gen_interactions;
+#[path = "gen/sequences.rs"]
 pub mod gen_sequences;
+#[path = "gen/slots.rs"]
 pub mod gen_slots;
+#[path = "gen/stream.rs"]
 pub mod gen_stream;
+#[path = "gen/tasks.rs"]
 pub mod gen_tasks;
+#[path = "format/multislot.rs"]
 pub mod multislot;
+#[path = "read/pipe.rs"]
 pub mod pipe;
+#[path = "format/plain.rs"]
 pub mod plain;
 pub mod prepare;
+#[path = "read/reader.rs"]
 pub mod reader;
 pub mod schema;
+#[path = "read/shuffle.rs"]
 pub mod shuffle;
+#[path = "read/sink.rs"]
 mod sink;
+#[path = "format/slots.rs"]
 pub mod slots;
+#[path = "read/transform.rs"]
 pub mod transform;
 
 pub use crate::base::batch::Batch;
