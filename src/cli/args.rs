@@ -269,7 +269,7 @@ pub(super) struct SequencesArgs {
     pub(super) gen: GenArgs,
     /// The planted effect.
     #[arg(long, value_enum, default_value_t)]
-    pub(super) effect: crate::data::gen_sequences::Effect,
+    pub(super) effect: crate::data::gen::sequences::Effect,
 }
 
 #[derive(Args)]
@@ -278,7 +278,7 @@ pub(super) struct InteractionsArgs {
     pub(super) gen: GenArgs,
     /// The planted interaction.
     #[arg(long, value_enum, default_value_t)]
-    pub(super) effect: crate::data::gen_interactions::Effect,
+    pub(super) effect: crate::data::gen::interactions::Effect,
 }
 
 #[derive(Args)]
@@ -287,17 +287,17 @@ pub(super) struct TasksArgs {
     pub(super) gen: GenArgs,
     /// The planted task relation.
     #[arg(long, value_enum, default_value_t)]
-    pub(super) effect: crate::data::gen_tasks::Effect,
+    pub(super) effect: crate::data::gen::tasks::Effect,
     /// Correlation of the two tasks' linear parts (`sines`, `wiggle`), or about that of their gates'
     /// rows (`experts`), in [-1, 1].
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(super) correlation: f64,
     /// Sine terms per task's score (`sines`; the paper's 10 unless asked), 1 to 100.
-    #[arg(long, default_value_t = crate::data::gen_tasks::SINES)]
+    #[arg(long, default_value_t = crate::data::gen::tasks::SINES)]
     pub(super) sines: usize,
     /// Slope of each click probability in the standardized score: the higher, the less noise
     /// in the labels.
-    #[arg(long, default_value_t = crate::data::gen_tasks::SHARPNESS)]
+    #[arg(long, default_value_t = crate::data::gen::tasks::SHARPNESS)]
     pub(super) sharpness: f64,
     /// Multiplies each sine's frequency (`sines`: 1 is the paper's; `wiggle`: 1 is 6), in (0, 10].
     #[arg(long, default_value_t = 1.0)]
@@ -306,8 +306,8 @@ pub(super) struct TasksArgs {
 
 impl TasksArgs {
     /// The relation asked for.
-    pub(super) fn relation(&self) -> crate::data::gen_tasks::Relation {
-        crate::data::gen_tasks::Relation {
+    pub(super) fn relation(&self) -> crate::data::gen::tasks::Relation {
+        crate::data::gen::tasks::Relation {
             effect: self.effect,
             correlation: self.correlation,
             sines: self.sines,

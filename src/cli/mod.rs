@@ -344,7 +344,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             rounds: a.rounds,
         }),
         Command::Split(a) => {
-            let (files, lines) = crate::data::files::split_file(&a.file, a.parts)?;
+            let (files, lines) = crate::data::read::files::split_file(&a.file, a.parts)?;
             println!(
                 "split {} lines of {} into {} parts: {} .. {}",
                 lines,
@@ -388,7 +388,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             let inputs: Vec<&std::path::Path> = files.iter().map(|f| f.as_path()).chain(a.config.as_deref()).collect();
             crate::base::state_file::check_output(&a.out, &inputs)?;
             let bar = files_bar(&files);
-            let stats = crate::data::transform::compute(files, &job.data, job.model.shorthand_shape(), &|b| {
+            let stats = crate::data::read::transform::compute(files, &job.data, job.model.shorthand_shape(), &|b| {
                 bar.set_position(b)
             })?;
             bar.finish_and_clear();
@@ -431,7 +431,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }
         Command::Gen { what: GenCommand::Sequences(a) } => {
             let started = Instant::now();
-            let r = crate::data::gen_sequences::generate(&gen_config(&a.gen), a.effect)?;
+            let r = crate::data::gen::sequences::generate(&gen_config(&a.gen), a.effect)?;
             print_generated(&a.gen, &r.report, started);
             println!(
                 "read it with examples/zoo/din.toml (DIN), dien.toml, bst_din_format.toml or din_base.toml (the pooled history)"
@@ -440,21 +440,21 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }
         Command::Gen { what: GenCommand::Conversions(a) } => {
             let started = Instant::now();
-            let r = crate::data::gen_conversions::generate(&gen_config(&a))?;
+            let r = crate::data::gen::conversions::generate(&gen_config(&a))?;
             print_generated(&a, &r.report, started);
             println!("labels: click and ctcvr; read it with examples/zoo/esmm.toml (or esmm_base.toml: CTCVR alone)");
             Ok(())
         }
         Command::Gen { what: GenCommand::Interactions(a) } => {
             let started = Instant::now();
-            let r = crate::data::gen_interactions::generate(&gen_config(&a.gen), a.effect)?;
+            let r = crate::data::gen::interactions::generate(&gen_config(&a.gen), a.effect)?;
             print_generated(&a.gen, &r.report, started);
             println!("read it with examples/zoo/fm.toml, ffm.toml, xdeepfm.toml, autoint.toml or examples/ctr_dnn.toml (no pairs)");
             Ok(())
         }
         Command::Gen { what: GenCommand::Tasks(a) } => {
             let started = Instant::now();
-            let r = crate::data::gen_tasks::generate(&gen_config(&a.gen), &a.relation())?;
+            let r = crate::data::gen::tasks::generate(&gen_config(&a.gen), &a.relation())?;
             print_generated(&a.gen, &r.report, started);
             println!(
                 "labels: task1 and task2 (planted AUCs {}); read it with examples/zoo/mmoe_tasks.toml, ple_tasks.toml or shared_bottom_tasks.toml",
@@ -463,16 +463,16 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
             Ok(())
         }
         Command::Gen { what: GenCommand::Stream(a) } => {
-            use crate::data::gen_stream;
-            let config = gen_stream::StreamConfig {
+            use crate::data::gen::stream;
+            let config = stream::StreamConfig {
                 days: a.days,
                 lines_per_day: a.lines_per_day,
                 parts: a.parts,
                 seed: a.seed,
-                start: gen_stream::parse_date(&a.start)?,
+                start: stream::parse_date(&a.start)?,
                 out: a.out.clone(),
             };
-            let meta = gen_stream::generate(&config, &|d| {
+            let meta = stream::generate(&config, &|d| {
                 let oracle = d.oracle_auc.map_or("n/a".into(), |a| format!("{a:.4}"));
                 println!("{}: {} lines, CTR {:.4}, planted model's AUC {oracle}", d.date, d.lines, d.ctr);
             })?;
@@ -482,7 +482,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         }
         Command::Gen { what: GenCommand::Slots(a) } => {
             let started = Instant::now();
-            let r = crate::data::gen_slots::generate(&gen_config(&a))?;
+            let r = crate::data::gen::slots::generate(&gen_config(&a))?;
             print_generated(&a, &r.report, started);
             #[derive(serde::Serialize)]
             struct Job<'a> {
@@ -522,7 +522,7 @@ fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()
     // A resumed job trains only the passes after the saved one.
     let passes =
         config.passes.saturating_sub(crate::persist::checkpoint::passes_done(config.resume.as_deref())?) as u64;
-    let total = crate::data::files::total_bytes(&mine) * passes;
+    let total = crate::data::read::files::total_bytes(&mine) * passes;
     let bar = if launched { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total) };
     bar.set_style(
         indicatif::ProgressStyle::with_template("[{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta})")
@@ -575,7 +575,7 @@ fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow::Result<()
 
 /// A progress bar over the bytes of `files`.
 fn files_bar(files: &[std::path::PathBuf]) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(crate::data::files::total_bytes(files));
+    let bar = indicatif::ProgressBar::new(crate::data::read::files::total_bytes(files));
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
             .expect("valid template"),

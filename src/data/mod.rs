@@ -3,55 +3,24 @@
 //!
 //! A job's `[data]` section ([`DataConfig`]) is resolved once into a validated [`Schema`]: the
 //! line format, the label names, the dense columns and the sparse slots. [`parser`] picks the
-//! [`LineParser`] of the format: [`criteo`] (one-hot), [`plain`] and [`slots`] (multi-hot,
+//! [`LineParser`] of the format: [`criteo`](format::criteo) (one-hot), [`plain`](format::plain) and [`slots`](format::slots) (multi-hot,
 //! optionally weighted). Every parser is atomic: a bad line appends nothing to the batch.
 //!
 //! Parsing runs on a reader thread that prefetches batches into a bounded channel, so the
 //! training thread only ever waits on a ready batch. Errors name the file and line.
 
-#[path = "format/criteo.rs"]
-pub mod criteo;
 pub mod fetch;
-#[path = "read/files.rs"]
-pub mod files;
-#[path = "gen/mod.rs"]
+pub mod format;
 pub mod gen;
-#[path = "gen/conversions.rs"]
-pub mod gen_conversions;
-#[path = "gen/interactions.rs"]
-pub mod gen_interactions;
-#[path = "gen/sequences.rs"]
-pub mod gen_sequences;
-#[path = "gen/slots.rs"]
-pub mod gen_slots;
-#[path = "gen/stream.rs"]
-pub mod gen_stream;
-#[path = "gen/tasks.rs"]
-pub mod gen_tasks;
-#[path = "format/multislot.rs"]
-pub mod multislot;
-#[path = "read/pipe.rs"]
-pub mod pipe;
-#[path = "format/plain.rs"]
-pub mod plain;
 pub mod prepare;
-#[path = "read/reader.rs"]
-pub mod reader;
+pub mod read;
 pub mod schema;
-#[path = "read/shuffle.rs"]
-pub mod shuffle;
-#[path = "read/sink.rs"]
-mod sink;
-#[path = "format/slots.rs"]
-pub mod slots;
-#[path = "read/transform.rs"]
-pub mod transform;
 
 pub use crate::base::batch::Batch;
-pub use files::{list_files, resolve_files, shard_files};
-pub use reader::{DataError, Reader, ReaderConfig};
+pub use read::files::{list_files, resolve_files, shard_files};
+pub use read::reader::{DataError, Reader, ReaderConfig};
+pub use read::transform::{DenseStats, DenseTransform, StatsSource};
 pub use schema::{expand_names, DenseColumn, LabelBound, Schema};
-pub use transform::{DenseStats, DenseTransform, StatsSource};
 
 use serde::{Deserialize, Serialize};
 
@@ -59,16 +28,16 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Format {
-    /// Criteo TSV: label, 13 integers, 26 hex categorical values ([`criteo`]); the default.
+    /// Criteo TSV: label, 13 integers, 26 hex categorical values ([`criteo`](format::criteo)); the default.
     #[default]
     Criteo,
-    /// Whitespace-separated label columns, dense columns and bag columns ([`plain`]).
+    /// Whitespace-separated label columns, dense columns and bag columns ([`plain`](format::plain)).
     Plain,
     /// PaddleRec's slot format: `name:value` tokens, a repeated slot name being a multi-valued
-    /// slot ([`slots`]).
+    /// slot ([`slots`](format::slots)).
     Slots,
     /// Paddle's MultiSlot text, what `pipe_command` generators (`MultiSlotDataGenerator`)
-    /// print: per field in order, a count then that many values ([`multislot`]).
+    /// print: per field in order, a count then that many values ([`multislot`](format::multislot)).
     Multislot,
 }
 
@@ -120,7 +89,7 @@ pub struct DataConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fields: Option<Vec<String>>,
     /// Scaling of the dense values after the format's own transform: `standardize` or `minmax`
-    /// with `dense_stats` (default none; see [`transform`]).
+    /// with `dense_stats` (default none; see [`transform`](read::transform)).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dense_transform: Option<DenseTransform>,
     /// The training files' dense statistics (`oar data stats`' file, relative to the job file;
@@ -139,14 +108,14 @@ pub trait LineParser: Send {
 /// The parser of `schema`'s format (each reader thread makes its own).
 pub fn parser(schema: &Schema) -> Box<dyn LineParser> {
     let inner: Box<dyn LineParser> = match schema.format {
-        Format::Criteo => Box::new(criteo::CriteoParser),
-        Format::Plain => Box::new(plain::PlainParser::new(schema)),
-        Format::Slots => Box::new(slots::SlotsParser::new(schema)),
-        Format::Multislot => Box::new(multislot::MultiSlotParser::new(schema)),
+        Format::Criteo => Box::new(format::criteo::CriteoParser),
+        Format::Plain => Box::new(format::plain::PlainParser::new(schema)),
+        Format::Slots => Box::new(format::slots::SlotsParser::new(schema)),
+        Format::Multislot => Box::new(format::multislot::MultiSlotParser::new(schema)),
     };
     match &schema.dense_affine {
         None => inner,
-        Some(affine) => Box::new(transform::Scaled { inner, affine: affine.clone() }),
+        Some(affine) => Box::new(read::transform::Scaled { inner, affine: affine.clone() }),
     }
 }
 

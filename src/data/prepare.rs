@@ -1,4 +1,4 @@
-//! Turns the seed examples' raw data sets into [`super::plain`] train/test files, the way
+//! Turns the seed examples' raw data sets into [`super::format::plain`] train/test files, the way
 //! PaddlePaddle's `paddle.dataset` modules prepare them, and computes the simple baselines the
 //! trained models are judged against.
 
@@ -31,7 +31,7 @@ pub struct Prepared {
 fn open_text(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
     let gz = path.with_file_name(format!("{}.gz", path.file_name().unwrap_or_default().to_string_lossy()));
     let (path, zipped) = if !path.exists() && gz.exists() { (gz.as_path(), true) } else { (path, false) };
-    let file = super::files::open_regular(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let file = super::read::files::open_regular(path).with_context(|| format!("cannot open {}", path.display()))?;
     let zipped = zipped || path.extension().is_some_and(|e| e == "gz");
     let read: Box<dyn Read> = if zipped { Box::new(flate2::read::MultiGzDecoder::new(file)) } else { Box::new(file) };
     Ok(Box::new(std::io::BufReader::new(Bounded { read, left: MAX_FILE_BYTES, path: path.to_path_buf() })))

@@ -82,7 +82,7 @@ pub struct Schema {
     /// `multislot`: what each field of a line fills, in line order (empty for other formats).
     pub fields: Vec<Field>,
     /// The scaling of the dense values after the format's own transform, if any.
-    pub dense_affine: Option<super::transform::Affine>,
+    pub dense_affine: Option<super::read::transform::Affine>,
     /// What each label may hold (empty: any finite number), set from the model's heads.
     pub label_bounds: Vec<LabelBound>,
 }
@@ -202,12 +202,12 @@ impl Schema {
         Schema {
             format: Format::Criteo,
             labels: vec!["label".into()],
-            dense: vec![DenseColumn { name: "I".into(), width: super::criteo::DENSE }],
-            dense_width: super::criteo::DENSE,
-            slots: numbered("C", super::criteo::SLOTS),
+            dense: vec![DenseColumn { name: "I".into(), width: super::format::criteo::DENSE }],
+            dense_width: super::format::criteo::DENSE,
+            slots: numbered("C", super::format::criteo::SLOTS),
             hash_slots: true,
             pipe_command: None,
-            pipe_timeout: super::pipe::DEFAULT_SILENCE_SECS,
+            pipe_timeout: super::read::pipe::DEFAULT_SILENCE_SECS,
             fields: Vec::new(),
             dense_affine: None,
             label_bounds: Vec::new(),
@@ -330,8 +330,8 @@ impl Schema {
         if dense_width > MAX_DENSE {
             return Err(format!("[data] dense: {dense_width} dense values per sample, at most {MAX_DENSE}"));
         }
-        let pipe_timeout = data.pipe_timeout.unwrap_or(super::pipe::DEFAULT_SILENCE_SECS);
-        super::pipe::check_silence(pipe_timeout)?;
+        let pipe_timeout = data.pipe_timeout.unwrap_or(super::read::pipe::DEFAULT_SILENCE_SECS);
+        super::read::pipe::check_silence(pipe_timeout)?;
         let transform = data.dense_transform.unwrap_or_default();
         let dense_affine = match (&data.dense_stats, transform) {
             (_, super::DenseTransform::None) => None,
@@ -343,7 +343,7 @@ impl Schema {
             (Some(super::StatsSource::File(f)), _) => {
                 return Err(format!("[data] dense_stats: {f:?} was not read (job files read it when they are read)"))
             }
-            (Some(super::StatsSource::Inline(stats)), t) => super::transform::Affine::new(t, stats, dense_width)?,
+            (Some(super::StatsSource::Inline(stats)), t) => super::read::transform::Affine::new(t, stats, dense_width)?,
         };
         Ok(Schema {
             format: data.format,

@@ -177,8 +177,8 @@ impl ModelConfig {
     pub fn shorthand_shape(&self) -> Option<(usize, usize)> {
         self.is_shorthand().then(|| {
             (
-                self.slots.unwrap_or(crate::data::criteo::SLOTS),
-                self.dense_features.unwrap_or(crate::data::criteo::DENSE),
+                self.slots.unwrap_or(crate::data::format::criteo::SLOTS),
+                self.dense_features.unwrap_or(crate::data::format::criteo::DENSE),
             )
         })
     }

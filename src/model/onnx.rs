@@ -96,7 +96,7 @@ impl Model {
         &self,
         params: &[f32],
         tables: Option<&[OnnxTable]>,
-        dense_affine: Option<&crate::data::transform::Affine>,
+        dense_affine: Option<&crate::data::read::transform::Affine>,
     ) -> Result<OnnxModel, String> {
         if let Some(h) = self.heads.iter().position(|h| h.loss == Loss::Value) {
             return Err(format!(

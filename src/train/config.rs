@@ -108,7 +108,7 @@ pub struct TrainConfig {
     #[serde(default)]
     pub recover: Option<Duration>,
     /// Shuffle each pass's lines: `Some(window)` lines held at once (`u64::MAX`: the whole
-    /// share), `None`: read in order ([`crate::data::shuffle`]).
+    /// share), `None`: read in order ([`crate::data::read::shuffle`]).
     #[serde(default)]
     pub shuffle: Option<u64>,
     /// Record this trainer's position in its data in this folder after every step (see
@@ -155,12 +155,12 @@ impl TrainConfig {
     /// within a third of the memory the process may still take when the pass starts (the rest
     /// is for the batches, the model's rows as the pass adds them, and other trainers on the
     /// machine).
-    pub fn shuffle_for(&self, pass: u32) -> Option<crate::data::shuffle::ShuffleConfig> {
+    pub fn shuffle_for(&self, pass: u32) -> Option<crate::data::read::shuffle::ShuffleConfig> {
         let window = self.shuffle?;
         let available = crate::model::available_memory().unwrap_or(u64::MAX);
-        Some(crate::data::shuffle::ShuffleConfig {
+        Some(crate::data::read::shuffle::ShuffleConfig {
             window,
-            seed: crate::data::shuffle::pass_seed(self.model.seed, pass, self.trainer_id),
+            seed: crate::data::read::shuffle::pass_seed(self.model.seed, pass, self.trainer_id),
             max_bytes: available / 3,
         })
     }
@@ -168,7 +168,7 @@ impl TrainConfig {
     /// The order this trainer reads its lines in, as its position record states it: `None` for
     /// the files' order, else the shuffle's seed and window.
     pub fn order(&self) -> Option<String> {
-        let window = crate::data::shuffle::window_text(self.shuffle?);
+        let window = crate::data::read::shuffle::window_text(self.shuffle?);
         Some(format!("shuffled by seed {} within {window}", self.model.seed))
     }
 

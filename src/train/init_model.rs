@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::data::transform::{DenseStats, DenseTransform, StatsSource};
+use crate::data::read::transform::{DenseStats, DenseTransform, StatsSource};
 use crate::data::DataConfig;
 use crate::persist::checkpoint::Manifest;
 use crate::table::TableSpec;

@@ -16,7 +16,7 @@ pub(super) fn with_stats(config: &TrainConfig) -> anyhow::Result<(Cow<'_, TrainC
     let stats = match (&from, &config.online) {
         (Some(from), _) => Some(from.data(&config.data)?),
         (None, None) => {
-            crate::data::transform::fill_stats(&config.data, &config.train_files, config.model.shorthand_shape())?
+            crate::data::read::transform::fill_stats(&config.data, &config.train_files, config.model.shorthand_shape())?
         }
         (None, Some(_)) => None,
     };

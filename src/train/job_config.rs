@@ -78,7 +78,7 @@ pub struct TrainSettings {
     /// Online training: passes per day, each over one split of the day's files.
     pub passes_per_day: u32,
     /// Give each trainer's lines of a pass in a random order, a new one every pass (PaddlePaddle's
-    /// `local_shuffle`; see [`crate::data::shuffle`]). Test files are read in order.
+    /// `local_shuffle`; see [`crate::data::read::shuffle`]). Test files are read in order.
     pub shuffle: bool,
     /// Lines a trainer holds to shuffle (`None`: all of its share of the pass, within the memory
     /// it may take).
@@ -217,7 +217,7 @@ impl JobConfig {
         match (&t.online, &t.days) {
             (None, None) => Ok(None),
             (Some(dir), Some(days)) => Ok(Some(Online {
-                days: crate::data::gen_stream::days_in(dir, days)?,
+                days: crate::data::gen::stream::days_in(dir, days)?,
                 passes_per_day: t.passes_per_day,
             })),
             (Some(_), None) => anyhow::bail!("online training needs its days: --days FROM..TO (YYYYMMDD)"),

@@ -179,7 +179,7 @@ fn a_line_too_long_to_keep_is_named_or_skipped_and_split_moves_it_whole() {
     let (first, rest) = content.split_once('\n').unwrap();
     let mut f = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
     writeln!(f, "{first}").unwrap();
-    f.write_all(&vec![b'9'; (oar::data::reader::MAX_LINE_BYTES + 1) as usize]).unwrap();
+    f.write_all(&vec![b'9'; (oar::data::read::reader::MAX_LINE_BYTES + 1) as usize]).unwrap();
     write!(f, "\n{rest}").unwrap();
     drop(f);
 
@@ -196,7 +196,7 @@ fn a_line_too_long_to_keep_is_named_or_skipped_and_split_moves_it_whole() {
     let sizes: Vec<u64> =
         (0..2).map(|k| std::fs::metadata(format!("{}-{k:05}", file.display())).unwrap().len()).collect();
     assert_eq!(sizes.iter().sum::<u64>(), std::fs::metadata(&file).unwrap().len());
-    assert!(sizes[0] > oar::data::reader::MAX_LINE_BYTES, "the long line is in the first part: {sizes:?}");
+    assert!(sizes[0] > oar::data::read::reader::MAX_LINE_BYTES, "the long line is in the first part: {sizes:?}");
 }
 
 /// Local training refuses a step whose gradients hold an infinity (a head weighted 1e38
@@ -207,9 +207,9 @@ fn local_training_stops_at_a_non_finite_step_naming_it_or_skips_it() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let cfg = oar::data::gen::GenConfig { lines: 600, test_lines: 100, seed: 1, parts: 1, out: data.clone() };
-    oar::data::gen_tasks::generate(
+    oar::data::gen::tasks::generate(
         &cfg,
-        &oar::data::gen_tasks::Relation::new(oar::data::gen_tasks::Effect::Experts, 0.0),
+        &oar::data::gen::tasks::Relation::new(oar::data::gen::tasks::Effect::Experts, 0.0),
     )
     .unwrap();
     let job = std::fs::read_to_string(zoo_job("mmoe_tasks")).unwrap();

@@ -129,7 +129,7 @@ fn deepfm_and_dcn_train_the_same_in_sync_2x2_as_locally_at_the_doubled_batch() {
 /// whose Adam steps magnify the order of summation of near-zero gradients); 1e-4 holds them.
 #[test]
 fn sequence_multitask_and_gate_models_train_the_same_in_sync_2x2_as_locally_at_the_doubled_batch() {
-    use oar::data::{gen::GenConfig, gen_conversions, gen_sequences, gen_tasks};
+    use oar::data::gen::{conversions, sequences, tasks, GenConfig};
     let dir = tempfile::tempdir().unwrap();
     let config = |name: &str| GenConfig {
         lines: 2 * STEPS * B as u64,
@@ -138,9 +138,9 @@ fn sequence_multitask_and_gate_models_train_the_same_in_sync_2x2_as_locally_at_t
         parts: 2,
         out: dir.path().join(name),
     };
-    gen_sequences::generate(&config("sequences"), gen_sequences::Effect::Order).unwrap();
-    gen_tasks::generate(&config("tasks"), &gen_tasks::Relation::new(gen_tasks::Effect::Experts, 0.0)).unwrap();
-    gen_conversions::generate(&config("conversions")).unwrap();
+    sequences::generate(&config("sequences"), sequences::Effect::Order).unwrap();
+    tasks::generate(&config("tasks"), &tasks::Relation::new(tasks::Effect::Experts, 0.0)).unwrap();
+    conversions::generate(&config("conversions")).unwrap();
     let (criteo, _) = gen_data(&dir.path().join("criteo"), 2, STEPS * B as u64, 10);
     let train = |family: &str| dir.path().join(family).join("train");
     let cases = [

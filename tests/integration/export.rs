@@ -136,7 +136,7 @@ fn multi_hot_multi_task_normalizing_and_softmax_models_export_too() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     // Multi-hot bags with sum, mean and weighted pooling; a two-head model behind a pipe_command.
     let data = dir.path().join("slots");
-    oar::data::gen_slots::generate(&oar::data::gen::GenConfig {
+    oar::data::gen::slots::generate(&oar::data::gen::GenConfig {
         lines: 4000,
         test_lines: 1000,
         seed: 3,

@@ -5,14 +5,14 @@
 //! "More models" has 5 seeds and the reference library's figures.
 
 use crate::util::*;
-use oar::data::gen_interactions::Effect;
+use oar::data::gen::interactions::Effect;
 use oar::server::Mode;
 
 /// Generates 100,000 training and 20,000 test lines of `effect` (seed 1) into `dir`; returns
 /// the planted model's test AUC.
 fn generate(dir: &std::path::Path, effect: Effect) -> f64 {
     let config = oar::data::gen::GenConfig { lines: 100_000, test_lines: 20_000, seed: 1, parts: 2, out: dir.into() };
-    oar::data::gen_interactions::generate(&config, effect).unwrap().report.oracle_test_auc.unwrap()
+    oar::data::gen::interactions::generate(&config, effect).unwrap().report.oracle_test_auc.unwrap()
 }
 
 /// Test AUC of `job` trained on `dir` in `mode` on `trainers` trainers (and as many servers),
@@ -69,7 +69,7 @@ fn paired_script_states_a_model_against_its_baseline_seed_by_seed() {
     let dir = tempfile::tempdir().unwrap();
     let config =
         oar::data::gen::GenConfig { lines: 4_000, test_lines: 2_000, seed: 1, parts: 1, out: dir.path().into() };
-    oar::data::gen_interactions::generate(&config, Effect::Pairs).unwrap();
+    oar::data::gen::interactions::generate(&config, Effect::Pairs).unwrap();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     // Run from the data's folder, as `paired.sh JOB BASE .`: paths are the caller's.
     let run = |job: &str, seeds: &[&str]| {

@@ -53,7 +53,7 @@ fn the_paddlerec_slot_sample_file_trains_as_it_is() {
 #[test]
 fn multi_hot_data_with_a_planted_model_trains_to_within_0_02_auc_of_its_oracle() {
     let dir = tempfile::tempdir().unwrap();
-    let gen = oar::data::gen_slots::generate(&oar::data::gen::GenConfig {
+    let gen = oar::data::gen::slots::generate(&oar::data::gen::GenConfig {
         lines: 1_000_000,
         test_lines: 50_000,
         seed: 1,
@@ -225,7 +225,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn a_two_headed_model_trains_both_heads_and_reports_each() {
     let dir = tempfile::tempdir().unwrap();
-    oar::data::gen_slots::generate(&oar::data::gen::GenConfig {
+    oar::data::gen::slots::generate(&oar::data::gen::GenConfig {
         lines: 100_000,
         test_lines: 20_000,
         seed: 2,

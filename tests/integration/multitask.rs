@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::util::*;
-use oar::data::gen_tasks::{Effect, Relation};
+use oar::data::gen::tasks::{Effect, Relation};
 use oar::server::Mode;
 
 /// Each head's test AUC after the last pass, from trainer 0's report.
@@ -106,7 +106,7 @@ fn esmm_beats_a_dnn_on_the_ctcvr_label_alone_on_generated_conversions() {
         parts: 2,
         out: dir.path().to_path_buf(),
     };
-    let generated = oar::data::gen_conversions::generate(&config).unwrap();
+    let generated = oar::data::gen::conversions::generate(&config).unwrap();
     let test = oar::data::resolve_files(&dir.path().join("test")).unwrap();
     // ESMM's second head; the DNN's only one (a one-head report lists no heads).
     let ctcvr = |r: &oar::train::TrainReport| {
@@ -142,11 +142,11 @@ struct GeneratedTasks {
 }
 
 impl GeneratedTasks {
-    fn new(relation: oar::data::gen_tasks::Relation) -> GeneratedTasks {
+    fn new(relation: oar::data::gen::tasks::Relation) -> GeneratedTasks {
         let dir = tempfile::tempdir().unwrap();
         let config =
             oar::data::gen::GenConfig { lines: 100_000, test_lines: 20_000, seed: 1, parts: 2, out: dir.path().into() };
-        let generated = oar::data::gen_tasks::generate(&config, &relation).unwrap();
+        let generated = oar::data::gen::tasks::generate(&config, &relation).unwrap();
         let oracle = serde_json::from_value(generated.planted["oracle_test_auc"].clone()).unwrap();
         let test = oar::data::resolve_files(&dir.path().join("test")).unwrap();
         GeneratedTasks { dir, oracle, test }

@@ -51,7 +51,7 @@ fn column_sums(files: &[std::path::PathBuf]) -> (u64, Vec<f64>) {
             let cols: Vec<&str> = line.split('\t').collect();
             for (k, v) in cols[1..14].iter().enumerate() {
                 let x: i64 = if v.is_empty() { 0 } else { v.parse().unwrap() };
-                sums[k] += oar::data::criteo::dense_value(x) as f64;
+                sums[k] += oar::data::format::criteo::dense_value(x) as f64;
             }
             lines += 1;
         }

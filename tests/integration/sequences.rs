@@ -67,10 +67,10 @@ fn din_dien_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_server
 
 /// Generates 100,000 lines (seed 1) with `effect` into `dir` and trains each of `jobs` on them
 /// locally (1 pass, batch 256): their test AUCs and the planted model's.
-fn generated_aucs(dir: &std::path::Path, effect: oar::data::gen_sequences::Effect, jobs: &[&str]) -> (Vec<f64>, f64) {
+fn generated_aucs(dir: &std::path::Path, effect: oar::data::gen::sequences::Effect, jobs: &[&str]) -> (Vec<f64>, f64) {
     let config =
         oar::data::gen::GenConfig { lines: 100_000, test_lines: 10_000, seed: 1, parts: 2, out: dir.to_path_buf() };
-    let generated = oar::data::gen_sequences::generate(&config, effect).unwrap();
+    let generated = oar::data::gen::sequences::generate(&config, effect).unwrap();
     let aucs = jobs
         .iter()
         .map(|job| {
@@ -92,7 +92,7 @@ fn generated_aucs(dir: &std::path::Path, effect: oar::data::gen_sequences::Effec
 #[test]
 fn din_beats_the_pooled_history_on_generated_sequences() {
     let dir = tempfile::tempdir().unwrap();
-    let (aucs, oracle) = generated_aucs(dir.path(), oar::data::gen_sequences::Effect::Share, &["din", "din_base"]);
+    let (aucs, oracle) = generated_aucs(dir.path(), oar::data::gen::sequences::Effect::Share, &["din", "din_base"]);
     let (din, pooled) = (aucs[0], aucs[1]);
     eprintln!("generated sequences: DIN AUC {din:.4}, pooled history {pooled:.4}, planted model {oracle:.4}");
     assert!(din > pooled + 0.01, "DIN {din} vs pooled {pooled}");
@@ -110,7 +110,7 @@ fn din_beats_the_pooled_history_on_generated_sequences() {
 fn bst_and_dien_see_the_order_that_pooling_and_din_cannot() {
     let jobs = ["din_base", "din", "bst_din_format", "dien", "dien_aux"];
     let dir = tempfile::tempdir().unwrap();
-    let (aucs, oracle) = generated_aucs(dir.path(), oar::data::gen_sequences::Effect::Order, &jobs);
+    let (aucs, oracle) = generated_aucs(dir.path(), oar::data::gen::sequences::Effect::Order, &jobs);
     let (pooled, din, bst, dien, aux) = (aucs[0], aucs[1], aucs[2], aucs[3], aucs[4]);
     eprintln!(
         "order effect: pooled {pooled:.4}, DIN {din:.4}, BST {bst:.4}, DIEN {dien:.4}, with its auxiliary loss \
@@ -146,7 +146,7 @@ fn a_job_file_too_big_for_memory_is_refused_naming_the_layer() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let cfg = oar::data::gen::GenConfig { lines: 200, test_lines: 50, seed: 1, parts: 1, out: data.clone() };
-    oar::data::gen_sequences::generate(&cfg, oar::data::gen_sequences::Effect::Order).unwrap();
+    oar::data::gen::sequences::generate(&cfg, oar::data::gen::sequences::Effect::Order).unwrap();
     let job = std::fs::read_to_string(zoo_job("bst_din_format")).unwrap();
     let (train, test) = (data.join("train"), data.join("test"));
     let run = |name: &str, from: &str, to: &str, extra: &[&str]| {

@@ -5,11 +5,11 @@
 //! few negatives are -1/-2 sentinels). Each categorical value is hashed together with its slot
 //! into a u64 id; a missing value gets its own id per slot, so "missing" is learned too.
 //!
-//! Its [`Schema`](super::Schema) is [`Schema::criteo`](super::Schema::criteo): label `label`,
+//! Its [`Schema`](crate::data::Schema) is [`Schema::criteo`](crate::data::Schema::criteo): label `label`,
 //! dense column `I` of width 13, slots `C1`..`C26`; every bag holds one id (one-hot).
 
-use super::{Batch, LineParser};
 use crate::base::layout::mix64;
+use crate::data::{Batch, LineParser};
 
 /// Integer features per line.
 pub const DENSE: usize = 13;

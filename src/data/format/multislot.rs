@@ -16,8 +16,8 @@
 //!
 //! A line with fewer or more values than its fields declare is an error naming the field.
 
-use super::schema::{slot_id, Field};
-use super::{parse_f32, parse_u64, quote, Batch, LineParser, Schema};
+use crate::data::schema::{slot_id, Field};
+use crate::data::{parse_f32, parse_u64, quote, Batch, LineParser, Schema};
 
 /// The most values one field may announce: a count beyond it is taken for a damaged line, not
 /// an allocation.

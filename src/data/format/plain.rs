@@ -6,7 +6,7 @@
 //! dictionary index, an already hashed feature) unless `hash_slots` mixes them with their slot.
 //! The UCI housing and PTB N-gram examples are prepared into it by `oar data prepare`.
 
-use super::{parse_f32, parse_u64, quote, schema::slot_id, Batch, LineParser, Schema};
+use crate::data::{parse_f32, parse_u64, quote, schema::slot_id, Batch, LineParser, Schema};
 
 /// The plain-format [`LineParser`] of a schema.
 #[derive(Clone, Debug)]

@@ -19,7 +19,7 @@
 
 use hashbrown::HashMap;
 
-use super::{parse_f32, parse_u64, quote, schema::slot_id, Batch, LineParser, Schema};
+use crate::data::{parse_f32, parse_u64, quote, schema::slot_id, Batch, LineParser, Schema};
 
 /// What a token name stands for.
 #[derive(Clone, Copy, Debug)]

@@ -2,7 +2,7 @@
 //! PaddleRec's Ali-CCP format (`id,click,ctcvr,field:id,...`, what `examples/zoo/esmm.toml`
 //! reads), from a planted model with a task relation: the same ids drive both the click and the
 //! conversion, and a conversion is only ever seen after a click (ESMM's setting: CTCVR =
-//! CTR x CVR over every impression). Built like [`super::gen`]: every draw a pure function of
+//! CTR x CVR over every impression). Built like [`crate::data::gen`]: every draw a pure function of
 //! (seed, stream, line); `meta.json` has the planted model's CTCVR test AUC (and its CTR AUC
 //! in `planted`).
 //!
@@ -18,8 +18,8 @@
 
 use std::io::Write;
 
-use super::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
 use crate::base::layout::mix64;
+use crate::data::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
 
 /// Users.
 pub const USERS: u32 = 50_000;

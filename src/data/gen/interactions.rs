@@ -1,7 +1,7 @@
 //! `oar gen interactions`: Criteo-format lines from a planted model whose click depends on
 //! pairs of fields, the effect that factorization machines, field-aware FMs and xDeepFM's
 //! compressed interaction network are built to learn and a DNN over concatenated embeddings
-//! learns slowly. Built like [`super::gen`]: every draw a pure function of (seed, stream, line),
+//! learns slowly. Built like [`crate::data::gen`]: every draw a pure function of (seed, stream, line),
 //! parts in parallel, the planted model's test AUC in `meta.json`.
 //!
 //! A line has 13 empty integer fields and 26 categorical ones:
@@ -21,9 +21,9 @@
 
 use std::io::Write;
 
-use super::criteo::{DENSE, SLOTS};
-use super::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
 use crate::base::layout::mix64;
+use crate::data::format::criteo::{DENSE, SLOTS};
+use crate::data::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
 
 /// Values per field.
 pub const VOCAB: u32 = 300;
@@ -138,7 +138,7 @@ mod tests {
         assert_eq!(a, b);
         let mut batch = crate::data::Batch::new(1, DENSE, SLOTS);
         for line in a.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
-            crate::data::criteo::parse_line(line, &mut batch).unwrap();
+            crate::data::format::criteo::parse_line(line, &mut batch).unwrap();
         }
         assert_eq!(batch.len(), 300);
         let (labels, probs): (Vec<f32>, Vec<f32>) =

@@ -7,11 +7,18 @@
 //! line, field), so parts are generated in parallel and any line can be regenerated alone.
 //! The planted model's own AUC on the test split (the oracle) is written to `meta.json`.
 
+pub mod conversions;
+pub mod interactions;
+pub mod sequences;
+pub mod slots;
+pub mod stream;
+pub mod tasks;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::criteo::{DENSE, SLOTS};
 use crate::base::layout::mix64;
+use crate::data::format::criteo::{DENSE, SLOTS};
 use crate::observe::metrics;
 
 const CAT_VOCAB: [u32; SLOTS] = [
@@ -145,7 +152,7 @@ fn write_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64
     planted_line(seed, stream, line, None, out)
 }
 
-/// How a day of a drifting stream differs from day 0 (see [`super::gen_stream`]).
+/// How a day of a drifting stream differs from day 0 (see [`crate::data::gen::stream`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Drift {
     /// Days since the stream began.
@@ -285,17 +292,17 @@ pub(crate) fn write_meta(config: &GenConfig, meta: &impl serde::Serialize) -> an
 /// `write_line`, parts in parallel, and measures the planted model on the test part.
 pub(crate) fn write_parts(config: &GenConfig, write_line: WriteLine) -> anyhow::Result<GenReport> {
     use anyhow::Context;
-    super::files::check_parts(config.parts).map_err(anyhow::Error::msg)?;
-    super::files::check_fill(config.parts, config.lines, "train line(s)").map_err(anyhow::Error::msg)?;
+    crate::data::read::files::check_parts(config.parts).map_err(anyhow::Error::msg)?;
+    crate::data::read::files::check_fill(config.parts, config.lines, "train line(s)").map_err(anyhow::Error::msg)?;
     let train_dir = config.out.join("train");
     let test_dir = config.out.join("test");
     for (d, parts) in [(&train_dir, config.parts), (&test_dir, 1)] {
         std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-        super::files::check_no_stale_parts(d, "part-", parts).map_err(anyhow::Error::msg)?;
+        crate::data::read::files::check_no_stale_parts(d, "part-", parts).map_err(anyhow::Error::msg)?;
     }
     let mut jobs = Vec::new();
     let mut start = 0;
-    for (i, n) in super::files::part_sizes(config.lines, config.parts).enumerate() {
+    for (i, n) in crate::data::read::files::part_sizes(config.lines, config.parts).enumerate() {
         jobs.push((1u64, start..start + n, train_dir.join(format!("part-{i:05}"))));
         start += n;
     }
@@ -351,7 +358,7 @@ mod tests {
         assert_eq!(a, b);
         let mut batch = crate::data::Batch::new(1, DENSE, SLOTS);
         for line in a.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
-            crate::data::criteo::parse_line(line, &mut batch).unwrap();
+            crate::data::format::criteo::parse_line(line, &mut batch).unwrap();
         }
         assert_eq!(batch.len(), 200);
         let ctr = batch.labels.iter().sum::<f32>() / 200.0;

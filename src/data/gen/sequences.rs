@@ -3,7 +3,7 @@
 //! planted model whose effect a pooled history cannot show directly: the click depends on how
 //! much of the user's history shares the candidate's category, an interaction between each
 //! behaviour and the candidate (what DIN's target attention computes), not on the history's
-//! average. Built like [`super::gen`]: every draw a pure function of (seed, stream, line), the
+//! average. Built like [`crate::data::gen`]: every draw a pure function of (seed, stream, line), the
 //! planted model's test AUC in `meta.json`.
 //!
 //! Two planted effects (`--effect`):
@@ -30,8 +30,8 @@
 
 use std::io::Write;
 
-use super::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
 use crate::base::layout::mix64;
+use crate::data::gen::{sigmoid, write_parts, zipf, Draws, GenConfig, PlantedReport};
 
 /// Categories.
 pub const CATEGORIES: u32 = 200;

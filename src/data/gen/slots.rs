@@ -1,5 +1,5 @@
-//! `oar gen slots`: multi-hot data in the [`slots`](super::slots) format from a planted model,
-//! for demos and tests of pooled embeddings (the multi-hot counterpart of [`super::gen`], and
+//! `oar gen slots`: multi-hot data in the [`slots`](crate::data::format::slots) format from a planted model,
+//! for demos and tests of pooled embeddings (the multi-hot counterpart of [`crate::data::gen`], and
 //! built the same way: every draw is a pure function of (seed, stream, line), parts are written
 //! in parallel, the planted model's test AUC and log-loss go to `meta.json`).
 //!
@@ -24,9 +24,9 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
-use super::{DataConfig, DenseColumn, Format};
 use crate::base::layout::mix64;
+use crate::data::gen::{sigmoid, write_meta, write_parts, zipf, Draws, GenConfig, GenReport};
+use crate::data::{DataConfig, DenseColumn, Format};
 
 /// How the planted model pools the per-id weights of a bag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use chrono::{Datelike, NaiveDate};
 
-use super::gen::{planted_line, write_part, Drift};
+use crate::data::gen::{planted_line, write_part, Drift};
 use crate::observe::metrics;
 
 /// Streams of a day's lines: far from the fixed data set's (1 and 2).
@@ -74,10 +74,11 @@ pub const MAX_DAYS: u32 = 36_525;
 
 /// Writes the stream described by `config`, a day at a time (each day's parts in parallel).
 pub fn generate(config: &StreamConfig, on_day: &dyn Fn(&DayMeta)) -> anyhow::Result<StreamMeta> {
-    super::files::check_parts(config.parts).map_err(anyhow::Error::msg)?;
+    crate::data::read::files::check_parts(config.parts).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(config.days > 0, "--days must be at least 1");
     anyhow::ensure!(config.days <= MAX_DAYS, "--days is {}, more than {MAX_DAYS} (100 years)", config.days);
-    super::files::check_fill(config.parts, config.lines_per_day, "line(s) a day").map_err(anyhow::Error::msg)?;
+    crate::data::read::files::check_fill(config.parts, config.lines_per_day, "line(s) a day")
+        .map_err(anyhow::Error::msg)?;
     // Folder names are YYYYMMDD: past 9999 they take more digits, which `--days` cannot name.
     let last = config.start + chrono::Days::new(config.days as u64 - 1);
     anyhow::ensure!(
@@ -91,18 +92,19 @@ pub fn generate(config: &StreamConfig, on_day: &dyn Fn(&DayMeta)) -> anyhow::Res
         let date = config.start + chrono::Days::new(day as u64);
         let dir = config.out.join(folder_name(date));
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        super::files::check_no_stale_parts(&dir, "part-", config.parts).map_err(anyhow::Error::msg)?;
+        crate::data::read::files::check_no_stale_parts(&dir, "part-", config.parts).map_err(anyhow::Error::msg)?;
         let stream = DAY_STREAM + day as u64;
         // Balanced: ceil-divided ranges left the last parts short or empty (5 lines in 4 parts:
         // 2, 2, 1, 0), and an online trainer with an empty part read no sample.
         let mut start = 0;
-        let parts: Vec<(std::ops::Range<u64>, PathBuf)> = super::files::part_sizes(config.lines_per_day, config.parts)
-            .enumerate()
-            .map(|(i, n)| {
-                start += n;
-                (start - n..start, dir.join(format!("part-{i:05}")))
-            })
-            .collect();
+        let parts: Vec<(std::ops::Range<u64>, PathBuf)> =
+            crate::data::read::files::part_sizes(config.lines_per_day, config.parts)
+                .enumerate()
+                .map(|(i, n)| {
+                    start += n;
+                    (start - n..start, dir.join(format!("part-{i:05}")))
+                })
+                .collect();
         let written: Vec<_> = std::thread::scope(|scope| {
             let handles: Vec<_> = parts
                 .iter()
@@ -221,7 +223,7 @@ mod tests {
             }
             let mut batch = crate::base::batch::Batch::new(1, 13, 26);
             for l in out.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
-                crate::data::criteo::parse_line(l, &mut batch).unwrap();
+                crate::data::format::criteo::parse_line(l, &mut batch).unwrap();
             }
             batch.ids.iter().copied().collect::<std::collections::HashSet<u64>>()
         };

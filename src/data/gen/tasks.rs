@@ -1,5 +1,5 @@
 //! `oar gen tasks`: two binary tasks over the same 100 dense inputs whose relation is set by
-//! `--correlation`, in one of two planted forms ([`Effect`]). Built like [`super::gen`]: every
+//! `--correlation`, in one of two planted forms ([`Effect`]). Built like [`crate::data::gen`]: every
 //! draw a pure function of (seed, stream, line); `meta.json` has the planted model's test AUC of
 //! each task.
 //!
@@ -36,8 +36,8 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::gen::{sigmoid, write_meta, write_parts, Draws, GenConfig, GenReport};
 use crate::base::layout::mix64;
+use crate::data::gen::{sigmoid, write_meta, write_parts, Draws, GenConfig, GenReport};
 
 /// Dense inputs per line.
 pub const INPUTS: usize = 100;

@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
-use super::shuffle::{ShuffleConfig, ShuffleError, Shuffler};
-use super::sink::{Out, Sink};
-pub use super::sink::{MAX_BATCH_IDS, MAX_LINE_IDS};
-use super::{Batch, Schema};
+use crate::data::read::shuffle::{ShuffleConfig, ShuffleError, Shuffler};
+use crate::data::read::sink::{Out, Sink};
+pub use crate::data::read::sink::{MAX_BATCH_IDS, MAX_LINE_IDS};
+use crate::data::{Batch, Schema};
 
 /// A bad input: the file, the 1-based line, and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +89,7 @@ pub struct ReaderConfig {
     /// Samples to leave out at the start (a restarted trainer's already trained ones): the
     /// batch they end in is cut, the batches after it keep their places.
     pub skip: u64,
-    /// Give the lines in a seeded random order ([`super::shuffle`]) instead of the files'.
+    /// Give the lines in a seeded random order ([`crate::data::read::shuffle`]) instead of the files'.
     pub shuffle: Option<ShuffleConfig>,
 }
 
@@ -141,7 +141,7 @@ impl Reader {
             .name("oar-reader".into())
             .spawn(move || {
                 if let Some(s) = &config.shuffle {
-                    let window = super::shuffle::window_text(s.window);
+                    let window = crate::data::read::shuffle::window_text(s.window);
                     tracing::info!(
                         files = files.len(),
                         "shuffling: holding {window} of this pass in memory before training on them"
@@ -155,7 +155,7 @@ impl Reader {
                     let mut sink = Sink {
                         config: &config,
                         files: &files,
-                        parser: super::parser(&config.schema),
+                        parser: crate::data::parser(&config.schema),
                         progress: &p,
                         batch: config.schema.new_batch(),
                         out: Out { tx, skip: config.skip, gone: false },
@@ -207,14 +207,15 @@ fn read_file(i: usize, sink: &mut Sink) -> Result<(), DataError> {
     let io = |cause| DataError::Io { path: path.to_path_buf(), cause };
     // Checked again as it is opened: files are listed long before they are read (an online
     // day hours before), and a named pipe put in a file's place was waited on for good.
-    let file = super::files::open_regular(path).map_err(|e| match e.kind() {
+    let file = crate::data::read::files::open_regular(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidInput => DataError::NotAFile(e.to_string()),
         _ => io(e),
     })?;
     let Some(command) = &config.pipe_command else {
         return read_lines(i, std::io::BufReader::with_capacity(1 << 20, file), sink);
     };
-    let (mut pipe, mut output) = super::pipe::Pipe::spawn(command, file, config.pipe_timeout).map_err(io)?;
+    let (mut pipe, mut output) =
+        crate::data::read::pipe::Pipe::spawn(command, file, config.pipe_timeout).map_err(io)?;
     let mut lines = std::io::BufReader::with_capacity(1 << 20, &mut output);
     let read = read_lines(i, &mut lines, sink);
     drop(lines);
@@ -224,7 +225,7 @@ fn read_file(i: usize, sink: &mut Sink) -> Result<(), DataError> {
     let status = pipe.finish(config.pipe_timeout).map_err(io)?;
     let pipe_error = |status| DataError::Pipe { path: path.to_path_buf(), command: command.clone(), status };
     if output.timed_out {
-        return Err(pipe_error(super::pipe::silence_message(config.pipe_timeout)));
+        return Err(pipe_error(crate::data::read::pipe::silence_message(config.pipe_timeout)));
     }
     read?;
     if sink.out.gone {
@@ -327,7 +328,7 @@ mod tests {
         std::fs::write(&a, "1\t1\n0\t2\n").unwrap();
         let mut schema = Schema::criteo();
         // Scaling of no values over 13: the parser's scaling panics (dividing rows by 0).
-        schema.dense_affine = Some(super::super::transform::Affine { shift: vec![], scale: vec![] });
+        schema.dense_affine = Some(crate::data::read::transform::Affine { shift: vec![], scale: vec![] });
         let got: Vec<_> = Reader::spawn(vec![a.clone()], ReaderConfig::new(&schema, 1)).collect();
         let err = got.last().expect("an error, not silence").as_ref().unwrap_err().to_string();
         assert!(err.starts_with(&format!("{}: reading stopped on an internal error", a.display())), "{err}");
@@ -346,13 +347,13 @@ mod tests {
             format!("click:1 s:1\nclick:2 s:2\n{}\nclick:0 {many}\nclick:-1 s:4\nclick:0 s:5\n", "click:1 s:3"),
         )
         .unwrap();
-        let data = super::super::DataConfig {
-            format: super::super::Format::Slots,
+        let data = crate::data::DataConfig {
+            format: crate::data::Format::Slots,
             slots: Some(vec!["s".into()]),
             ..Default::default()
         };
         let mut schema = Schema::resolve(&data, None).unwrap();
-        schema.label_bounds = vec![super::super::LabelBound::Probability];
+        schema.label_bounds = vec![crate::data::LabelBound::Probability];
         let config = ReaderConfig::new(&schema, 8);
         let got: Vec<_> = Reader::spawn(vec![a.clone()], config.clone()).collect();
         let err = got.last().unwrap().as_ref().unwrap_err().to_string();

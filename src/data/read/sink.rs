@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::reader::{DataError, ReadProgress, ReaderConfig};
-use super::shuffle::Shuffler;
-use super::{Batch, LineParser, Schema};
+use crate::data::read::reader::{DataError, ReadProgress, ReaderConfig};
+use crate::data::read::shuffle::Shuffler;
+use crate::data::{Batch, LineParser, Schema};
 
 /// The reader thread's end of the channel, leaving out the samples to skip.
 pub(super) struct Out {

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Batch, LineParser};
+use crate::data::{Batch, LineParser};
 
 /// How dense values are scaled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,7 +69,7 @@ impl StatsSource {
     }
 }
 
-impl super::DataConfig {
+impl crate::data::DataConfig {
     /// Whether the dense values are scaled but the statistics are not given yet (they are
     /// computed over the training files when the job starts).
     pub fn needs_stats(&self) -> bool {
@@ -77,8 +77,8 @@ impl super::DataConfig {
     }
 
     /// The same data read without any scaling.
-    pub fn unscaled(&self) -> super::DataConfig {
-        super::DataConfig { dense_transform: None, dense_stats: None, ..self.clone() }
+    pub fn unscaled(&self) -> crate::data::DataConfig {
+        crate::data::DataConfig { dense_transform: None, dense_stats: None, ..self.clone() }
     }
 }
 
@@ -214,13 +214,13 @@ impl StatsAccumulator {
 /// `on_progress(bytes read)` is called as batches arrive.
 pub fn compute(
     files: Vec<std::path::PathBuf>,
-    data: &super::DataConfig,
+    data: &crate::data::DataConfig,
     shorthand: Option<(usize, usize)>,
     on_progress: &dyn Fn(u64),
 ) -> anyhow::Result<DenseStats> {
-    let schema = super::Schema::resolve(&data.unscaled(), shorthand).map_err(anyhow::Error::msg)?;
+    let schema = crate::data::Schema::resolve(&data.unscaled(), shorthand).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(schema.dense_width > 0, "the data has no dense values");
-    let reader = super::Reader::spawn(files, super::ReaderConfig::new(&schema, 4096));
+    let reader = crate::data::Reader::spawn(files, crate::data::ReaderConfig::new(&schema, 4096));
     let progress = reader.progress();
     let mut acc = StatsAccumulator::default();
     for batch in reader {
@@ -235,10 +235,10 @@ pub fn compute(
 /// none yet (None: nothing to fill). Every trainer computing them over the same files gets the
 /// same numbers.
 pub fn fill_stats(
-    data: &super::DataConfig,
+    data: &crate::data::DataConfig,
     files: &[std::path::PathBuf],
     shorthand: Option<(usize, usize)>,
-) -> anyhow::Result<Option<super::DataConfig>> {
+) -> anyhow::Result<Option<crate::data::DataConfig>> {
     if !data.needs_stats() || files.is_empty() {
         return Ok(None);
     }
@@ -248,7 +248,7 @@ pub fn fill_stats(
     );
     let stats = compute(files.to_vec(), data, shorthand, &|_| {})
         .map_err(|e| anyhow::anyhow!("[data] dense_transform: the training files' statistics: {e:#}"))?;
-    Ok(Some(super::DataConfig { dense_stats: Some(StatsSource::Inline(stats)), ..data.clone() }))
+    Ok(Some(crate::data::DataConfig { dense_stats: Some(StatsSource::Inline(stats)), ..data.clone() }))
 }
 
 #[cfg(test)]

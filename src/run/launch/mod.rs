@@ -99,7 +99,7 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
     // Dense statistics a scaling job does not give: computed once here, and handed to every
     // child in the job file.
     let filled = match &online {
-        None => crate::data::transform::fill_stats(&config.job.data, &files, config.job.model.shorthand_shape())?,
+        None => crate::data::read::transform::fill_stats(&config.job.data, &files, config.job.model.shorthand_shape())?,
         Some(_) => None,
     };
     let job = match filled {
@@ -284,10 +284,10 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         // Online, every file is read once; else every pass reads them all.
         let total = match &online {
             Some(o) => {
-                let per_pass = crate::data::files::total_bytes(&files) / o.passes().max(1) as u64;
+                let per_pass = crate::data::read::files::total_bytes(&files) / o.passes().max(1) as u64;
                 per_pass * o.passes().saturating_sub(done) as u64
             }
-            None => crate::data::files::total_bytes(&files) * config.job.train.passes.saturating_sub(done) as u64,
+            None => crate::data::read::files::total_bytes(&files) * config.job.train.passes.saturating_sub(done) as u64,
         };
         let bar =
             if config.progress_bar { indicatif::ProgressBar::new(total) } else { indicatif::ProgressBar::hidden() };

@@ -10,4 +10,3 @@ pub mod index;
 pub mod pages;
 pub mod pool;
 pub mod rows;
-

@@ -13,8 +13,8 @@
 //! huge pages; the unseen days are a `u16` per row beside each hot chunk. Unseen days are whole
 //! days; they saturate at 65,535.
 
-use crate::table::accessor::STATS;
 use super::chunked::Chunked;
+use crate::table::accessor::STATS;
 
 /// Words before the weights: the id's two halves.
 const ID_WORDS: usize = 2;
