@@ -469,7 +469,7 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
                 lines_per_day: a.lines_per_day,
                 parts: a.parts,
                 seed: a.seed,
-                start: stream::parse_date(&a.start)?,
+                start: crate::data::read::calendar::parse_date(&a.start)?,
                 out: a.out.clone(),
             };
             let meta = stream::generate(&config, &|d| {

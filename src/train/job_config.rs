@@ -217,7 +217,7 @@ impl JobConfig {
         match (&t.online, &t.days) {
             (None, None) => Ok(None),
             (Some(dir), Some(days)) => Ok(Some(Online {
-                days: crate::data::gen::stream::days_in(dir, days)?,
+                days: crate::data::read::calendar::days_in(dir, days)?,
                 passes_per_day: t.passes_per_day,
             })),
             (Some(_), None) => anyhow::bail!("online training needs its days: --days FROM..TO (YYYYMMDD)"),

@@ -93,7 +93,7 @@ impl Online {
     /// The files of pass `pass` (every trainer's; each reads its share).
     pub fn files(&self, pass: u32) -> &[PathBuf] {
         let slot = self.slot(pass);
-        crate::data::gen::stream::split(&self.days[slot.day].1, slot.pass as usize - 1, self.passes_per_day as usize)
+        crate::data::read::calendar::split(&self.days[slot.day].1, slot.pass as usize - 1, self.passes_per_day as usize)
     }
 
     /// What a manifest records of pass `pass` (1-based, within the calendar).
@@ -164,7 +164,7 @@ impl Online {
     /// training goes on; `None` after the last day.
     pub fn next_first_split(&self, day: usize) -> Option<&[PathBuf]> {
         let (_, files) = self.days.get(day + 1)?;
-        Some(crate::data::gen::stream::split(files, 0, self.passes_per_day as usize))
+        Some(crate::data::read::calendar::split(files, 0, self.passes_per_day as usize))
     }
 }
 

@@ -3,15 +3,15 @@
 //! values keep their ids, the rest sink a little each day so new ids keep arriving and old ones
 //! go quiet, and every value's weight turns slowly. `meta.json` has each day's lines, click rate
 //! and the planted model's own AUC on that day (the oracle).
-//!
-//! Also the day ranges (`--days FROM..TO`) and day folders online training reads.
+//! The day folders' names and the ranges online training reads are [`calendar`](crate::data::read::calendar)'s.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use chrono::{Datelike, NaiveDate};
 
 use crate::data::gen::{planted_line, write_part, Drift};
+use crate::data::read::calendar::folder_name;
 use crate::observe::metrics;
 
 /// Streams of a day's lines: far from the fixed data set's (1 and 2).
@@ -56,16 +56,6 @@ pub struct StreamMeta {
     pub parts: usize,
     /// The days, in order.
     pub days: Vec<DayMeta>,
-}
-
-/// A date as its folder name.
-pub fn folder_name(date: NaiveDate) -> String {
-    date.format("%Y%m%d").to_string()
-}
-
-/// Parses a `YYYYMMDD` folder name.
-pub fn parse_date(s: &str) -> anyhow::Result<NaiveDate> {
-    NaiveDate::parse_from_str(s, "%Y%m%d").with_context(|| format!("{s:?} is not a date as YYYYMMDD"))
 }
 
 /// Most days one stream holds (100 years): dates past the calendar type's range (the year
@@ -142,51 +132,10 @@ fn day_line(seed: u64, stream: u64, line: u64, out: &mut Vec<u8>) -> (f32, f64) 
     planted_line(seed, stream, line, Some(Drift { day: (stream - DAY_STREAM) as u32 }), out)
 }
 
-/// The days `FROM..TO` (both included, `YYYYMMDD`) of the stream in `dir`, each with its part
-/// files in name order; every day's folder must exist and hold files.
-pub fn days_in(dir: &Path, range: &str) -> anyhow::Result<Vec<(String, Vec<PathBuf>)>> {
-    let (from, to) = range.split_once("..").with_context(|| format!("--days {range:?} is not FROM..TO"))?;
-    let (from, to) = (parse_date(from.trim())?, parse_date(to.trim())?);
-    anyhow::ensure!(from <= to, "--days {range}: {from} is after {to}");
-    let mut days = Vec::new();
-    let mut date = from;
-    while date <= to {
-        let name = folder_name(date);
-        let folder = dir.join(&name);
-        let files = crate::data::resolve_files(&folder)
-            .with_context(|| format!("day {name} of the online stream {}", dir.display()))?;
-        anyhow::ensure!(!files.is_empty(), "day folder {} holds no files", folder.display());
-        days.push((name, files));
-        date = date + chrono::Days::new(1);
-    }
-    Ok(days)
-}
-
-/// The files of pass `k` (0-based) of `passes` of a day: the day's files dealt in order into
-/// `passes` consecutive splits (as many files as passes at least).
-pub fn split(files: &[PathBuf], k: usize, passes: usize) -> &[PathBuf] {
-    let n = files.len();
-    &files[k * n / passes..(k + 1) * n / passes]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn day_ranges_name_existing_folders_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        for d in ["20261230", "20261231", "20270101"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-            std::fs::write(dir.path().join(d).join("part-00000"), "x\n").unwrap();
-        }
-        let days = days_in(dir.path(), "20261230..20270101").unwrap();
-        let names: Vec<&str> = days.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["20261230", "20261231", "20270101"]);
-        assert!(days_in(dir.path(), "20270101..20261230").unwrap_err().to_string().contains("after"));
-        assert!(format!("{:#}", days_in(dir.path(), "20261229..20261230").unwrap_err()).contains("20261229"));
-        assert!(days_in(dir.path(), "2026-12-30").is_err());
-    }
+    use crate::data::read::calendar::parse_date;
 
     /// A stream running past 9999-12-31 is refused before anything is written: its folders
     /// took more digits than `--days` names.
@@ -204,14 +153,6 @@ mod tests {
         let err = generate(&config, &|_| {}).unwrap_err().to_string();
         assert!(err.contains("--start 99991231 with 2 days runs past the year 9999"), "{err}");
         assert!(!config.out.exists());
-    }
-
-    #[test]
-    fn a_days_files_are_split_into_consecutive_passes() {
-        let files: Vec<PathBuf> = (0..4).map(|i| PathBuf::from(format!("p{i}"))).collect();
-        assert_eq!(split(&files, 0, 2), &files[0..2]);
-        assert_eq!(split(&files, 1, 2), &files[2..4]);
-        assert_eq!(split(&files, 2, 4), &files[2..3]);
     }
 
     #[test]
