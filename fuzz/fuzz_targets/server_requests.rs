@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use oar::protocol::{Hello, Request, PROTOCOL_VERSION};
-use oar::server::{Mode, ServerConfig};
+use oar::server::ServerConfig;
+use oar::protocol::Mode;
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();

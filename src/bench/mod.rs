@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::client::{Client, ClientConfig, StepHeader};
+use crate::protocol::Mode;
 use crate::protocol::RowCreation;
-use crate::server::Mode;
 use crate::table::{DenseParam, DenseSpec, Init, Optimizer, TableSpec};
 
 /// What to measure.

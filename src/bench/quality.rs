@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::{train_cluster, train_local, TrainRun};
-use crate::server::Mode;
+use crate::protocol::Mode;
 use crate::train::job_config::JobConfig;
 
 /// What `oar bench --quality` runs.

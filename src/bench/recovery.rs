@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use crate::protocol::Mode;
 use crate::run::launch::{LaunchConfig, LaunchSummary};
-use crate::server::Mode;
 
 /// What to run.
 pub struct RecoveryConfig {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::{connect_with, dense_round, median, rate, ServerProc};
 use crate::client::{Client, ClientConfig};
-use crate::server::Mode;
+use crate::protocol::Mode;
 use crate::table::{DenseParam, DenseSpec, Init, Optimizer, TableSpec};
 
 /// What to run.

@@ -10,7 +10,7 @@ use clap::Args;
 use super::limits::LimitArgs;
 use super::tls_args::TlsArgs;
 use crate::model::Registry;
-use crate::server::Mode;
+use crate::protocol::Mode;
 use crate::table::OptimizerKind;
 use crate::train::job_config::JobConfig;
 

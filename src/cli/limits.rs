@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::server::{Limits, NonFinite};
+use crate::protocol::NonFinite;
+use crate::server::Limits;
 
 /// Bounds on what peers can make a server hold, and what it does with bad numbers.
 #[derive(Args, Clone, Debug)]

@@ -14,7 +14,8 @@ use clap::Parser;
 use crate::base::env::{ClusterEnv, Role};
 use crate::data::resolve_files;
 use crate::model::Registry;
-use crate::server::{Mode, ServerConfig};
+use crate::protocol::Mode;
+use crate::server::ServerConfig;
 use crate::train::job_config::JobConfig;
 use crate::train::TrainConfig;
 

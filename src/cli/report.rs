@@ -77,7 +77,7 @@ pub(super) fn print_days(days: &[crate::train::DayReport]) {
 }
 
 /// The server's counters on stdout (`OAR_RESULT <json>`), for launchers' summaries.
-pub(super) fn report_stopped(stats: &crate::server::ServerStats) -> anyhow::Result<()> {
+pub(super) fn report_stopped(stats: &crate::protocol::ServerStats) -> anyhow::Result<()> {
     use std::io::Write;
     println!("OAR_RESULT {}", serde_json::to_string(stats)?);
     std::io::stdout().flush()?;
@@ -85,7 +85,7 @@ pub(super) fn report_stopped(stats: &crate::server::ServerStats) -> anyhow::Resu
 }
 
 /// The server's last log lines: its counters, and how stale async pushes arrived.
-pub(super) fn log_stopped(stats: &crate::server::ServerStats) {
+pub(super) fn log_stopped(stats: &crate::protocol::ServerStats) {
     if stats.staleness.count() > 0 {
         tracing::info!("push staleness: {}", stats.staleness);
     }

@@ -2,8 +2,8 @@
 //! a base or delta save.
 
 use super::{Client, ClientError};
+use crate::protocol::ServerStats;
 use crate::protocol::{Request, Response, Shrunk};
-use crate::server::ServerStats;
 
 impl Client {
     /// Every server's counters.

@@ -16,6 +16,7 @@ mod codec;
 mod fields;
 mod io;
 mod saves;
+pub mod terms;
 
 use std::borrow::Cow;
 
@@ -26,6 +27,7 @@ pub use io::{
     FrameBuf,
 };
 pub use saves::{ExportKind, Exported};
+pub use terms::{Mode, NonFinite, ServerStats, MAX_SAMPLES};
 
 #[cfg(target_endian = "big")]
 compile_error!("oar's wire format maps little-endian arrays directly onto memory");

@@ -57,7 +57,7 @@ pub struct LaunchSummary {
     /// Every server's counters when it stopped (its last process's), in server order: what
     /// the servers applied, counted where it was applied (`applied_samples` per trainer).
     #[serde(default)]
-    pub server_stats: Vec<crate::server::ServerStats>,
+    pub server_stats: Vec<crate::protocol::ServerStats>,
     /// Online training: every day's figures (trainer 0's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub days: Vec<crate::train::DayReport>,
@@ -347,7 +347,7 @@ pub(crate) fn summarize(
     let mut server_stats = Vec::new();
     for p in servers {
         server_stats.push(
-            serde_json::from_str::<crate::server::ServerStats>(&result(p)?)
+            serde_json::from_str::<crate::protocol::ServerStats>(&result(p)?)
                 .with_context(|| format!("{} reported malformed counters", p.name))?,
         );
     }

@@ -438,7 +438,7 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         Request::Pull(pull) => requests::pull(state, pull, std::mem::take(&mut scratch.sparse)),
         // An async server merges the steps trainers mark synchronous: the warm-up, which every
         // trainer ends at the same step (see `TrainConfig::sync_warmup`), before any async push.
-        Request::Push(p) if state.config.mode == super::Mode::Sync || p.apply == Apply::Merged => {
+        Request::Push(p) if state.config.mode == crate::protocol::Mode::Sync || p.apply == Apply::Merged => {
             push::push_sync(state, p).await
         }
         Request::Push(p) => push::push_async(state, p),

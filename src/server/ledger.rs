@@ -23,10 +23,6 @@ const DISCARDED: u8 = 4;
 /// the far future cannot make the real ones count as repeats.
 pub const WINDOW: usize = 4096;
 
-/// Most samples one push may say it holds (a batch of 16 Mi samples): a claim beyond any batch
-/// would make the samples counted wrap.
-pub const MAX_SAMPLES: u64 = 1 << 24;
-
 fn bits(part: PushPart) -> u8 {
     match part {
         PushPart::Whole => DENSE | SPARSE,

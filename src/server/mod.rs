@@ -23,7 +23,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::protocol::{ErrorCode, Response};
+use crate::protocol::{ErrorCode, Response, ServerStats};
 use crate::server::ledger::TrainerLedger;
 use crate::table::Shard;
 
@@ -41,7 +41,7 @@ pub mod sync;
 mod telemetry;
 mod waiting;
 
-pub use config::{Limits, Mode, NonFinite, ServerConfig, ServerStats};
+pub use config::{Limits, ServerConfig};
 pub use requests::inside;
 use resume::{load_resume_shard, Resumed};
 use sync::SyncStep;

@@ -93,8 +93,8 @@ fn bounded(state: &State, push: &Push<'_>) -> Result<(), String> {
     if push.pass > bound {
         return Err(format!("it is of pass {}, the trainers are in pass {} at most", push.pass, bound - 1));
     }
-    if push.samples == 0 || push.samples > crate::server::ledger::MAX_SAMPLES {
-        return Err(format!("{} samples: a batch holds 1 to {}", push.samples, crate::server::ledger::MAX_SAMPLES));
+    if push.samples == 0 || push.samples > crate::protocol::MAX_SAMPLES {
+        return Err(format!("{} samples: a batch holds 1 to {}", push.samples, crate::protocol::MAX_SAMPLES));
     }
     Ok(())
 }

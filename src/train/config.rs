@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::DataConfig;
 use crate::model::ModelConfig;
-use crate::server::Mode;
+use crate::protocol::Mode;
 use crate::table::Optimizer;
 
 /// Everything one trainer needs, built and validated before it starts.
@@ -69,7 +69,7 @@ pub struct TrainConfig {
     /// Local mode: what a step whose gradients hold a NaN, an infinity or a value beyond ±1e18 does, as the servers'
     /// `--nonfinite` (never applied: `fail` stops training naming it, `skip` leaves it out).
     #[serde(default)]
-    pub nonfinite: crate::server::NonFinite,
+    pub nonfinite: crate::protocol::NonFinite,
     /// How long to keep trying to reach the servers.
     pub connect_timeout: Duration,
     /// Longest wait for any reply (covers sync steps and barriers).
@@ -177,10 +177,10 @@ impl TrainConfig {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         // Servers refuse a push claiming more samples than this.
         anyhow::ensure!(
-            self.batch_size as u64 <= crate::server::ledger::MAX_SAMPLES,
+            self.batch_size as u64 <= crate::protocol::MAX_SAMPLES,
             "--batch-size {} is over the most a push may hold, {}",
             self.batch_size,
-            crate::server::ledger::MAX_SAMPLES
+            crate::protocol::MAX_SAMPLES
         );
         anyhow::ensure!(self.passes > 0, "--passes must be at least 1");
         anyhow::ensure!(self.delta_every != Some(0), "--delta-every must be at least 1");

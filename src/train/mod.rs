@@ -48,8 +48,8 @@ use crate::model::{Model, Registry, Work};
 use crate::observe::metrics::EvalReport;
 use crate::observe::metrics::{AucBuckets, PassMetrics, Staleness};
 use crate::persist::checkpoint::{pass_dir_name, Manifest, FORMAT_VERSION};
+use crate::protocol::Mode;
 use crate::protocol::RowCreation;
-use crate::server::Mode;
 use crate::table::{Shard, TableSpec};
 
 /// Evaluates the model held by `store` on `files` (rows of unseen ids are not created): the

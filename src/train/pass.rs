@@ -19,7 +19,7 @@ use crate::model::Model;
 use crate::observe::curves::{CurveLog, Kind, Point};
 use crate::observe::metrics::Staleness;
 use crate::protocol::Apply;
-use crate::server::Mode;
+use crate::protocol::Mode;
 
 /// What one worker did in a pass.
 struct WorkerReport {

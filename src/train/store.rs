@@ -10,8 +10,8 @@ pub use crate::client::StepHeader;
 use crate::client::{Client, PushReport, TableGrads, TableIds};
 use crate::model::TableRows;
 use crate::persist::checkpoint::{write_shard, ShardEntry};
+use crate::protocol::NonFinite;
 use crate::protocol::RowCreation;
-use crate::server::NonFinite;
 use crate::table::Shard;
 
 /// Where parameters live: in this process, or on servers.

@@ -4,7 +4,7 @@
 
 use crate::base::batch::Batch;
 use crate::data::Reader;
-use crate::server::Mode;
+use crate::protocol::Mode;
 
 use super::TrainConfig;
 

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use crate::util::*;
 use oar::client::{Client, ClientConfig};
+use oar::protocol::Mode;
 use oar::protocol::RowCreation;
 use oar::server::shard_checkpoints::{
     earlier_life, load_latest, server_dir, Checkpointer, Cut, EarlierLife, Entry, Fence, Policy, Trainers,
 };
-use oar::server::{Mode, ServerConfig};
+use oar::server::ServerConfig;
 
 /// A server on loopback until the returned sender is dropped.
 fn serve(config: ServerConfig) -> (String, std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {

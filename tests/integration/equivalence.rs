@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use crate::util::*;
-use oar::server::Mode;
+use oar::protocol::Mode;
 
 const B: usize = 32;
 const STEPS: u64 = 6;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::util::*;
 use oar::client::{Client, ClientConfig};
-use oar::server::ServerStats;
+use oar::protocol::ServerStats;
 
 const LINES_PER_TRAINER: u64 = 8_000;
 const BATCH: u64 = 200;

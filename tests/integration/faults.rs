@@ -10,9 +10,10 @@ use std::time::Duration;
 use crate::util::*;
 use oar::client::ClientConfig;
 use oar::protocol::ErrorCode;
+use oar::protocol::Mode;
 use oar::run::launch::LaunchSummary;
 use oar::server::shard_checkpoints::{Checkpointer, Fence, Policy};
-use oar::server::{Mode, ServerConfig};
+use oar::server::ServerConfig;
 
 /// A job folder with generated data: 2 parts of 25,000 lines (49 batches of 512 per trainer).
 struct Job {

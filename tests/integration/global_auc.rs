@@ -7,7 +7,8 @@ use crate::util::*;
 use oar::client::{Client, ClientConfig, ClientError};
 use oar::observe::metrics::AucBuckets;
 use oar::protocol::ErrorCode;
-use oar::server::{Mode, ServerConfig};
+use oar::protocol::Mode;
+use oar::server::ServerConfig;
 
 /// Server 0 adds the trainers' histograms of a pass exactly, a trainer sending again replaces
 /// its own (counted once), a tool may read the figure but not send one, and a histogram of

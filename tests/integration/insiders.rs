@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::security::{GuardedJob, JOB};
 use crate::util::*;
 use oar::client::{Client, ClientConfig, ClientError, StepHeader};
+use oar::protocol::ServerStats;
 use oar::security::auth::Secret;
-use oar::server::ServerStats;
 
 /// Connects to `addrs` with the job's secret as trainer 0 (the real one is stopped, its
 /// connections open).

@@ -6,7 +6,7 @@
 
 use crate::util::*;
 use oar::data::gen::interactions::Effect;
-use oar::server::Mode;
+use oar::protocol::Mode;
 
 /// Generates 100,000 training and 20,000 test lines of `effect` (seed 1) into `dir`; returns
 /// the planted model's test AUC.

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use oar::client::{Client, ClientConfig};
-use oar::server::{Mode, ServerConfig, ServerStats};
+use oar::protocol::{Mode, ServerStats};
+use oar::server::ServerConfig;
 
 use crate::util::*;
 

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::util::*;
-use oar::server::Mode;
+use oar::protocol::Mode;
 
 /// The example program's own layer, compiled here too so its backward pass can be checked.
 #[path = "../../examples/custom_layer/gate.rs"]

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::util::*;
 use oar::data::gen::tasks::{Effect, Relation};
-use oar::server::Mode;
+use oar::protocol::Mode;
 
 /// Each head's test AUC after the last pass, from trainer 0's report.
 fn head_aucs(report: &oar::train::TrainReport) -> Vec<f64> {

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::util::*;
-use oar::server::Mode;
+use oar::protocol::Mode;
 
 /// Embeddings and Paddle's data_norm on the 13 dense values, a hidden layer with batch norm;
 /// both keep their statistics undecayed (`decay = 1`), so they are plain sums.

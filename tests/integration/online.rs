@@ -195,7 +195,7 @@ fn a_trainer_listing_another_calendar_is_refused_naming_the_day() {
     let dir = tempfile::tempdir().unwrap();
     let stream = stream(dir.path(), 1, 1_000);
     let job = job(dir.path());
-    let server = start_server(server_config(0, 1, 2, oar::server::Mode::Async));
+    let server = start_server(server_config(0, 1, 2, oar::protocol::Mode::Async));
     let train = |id: &str| {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_oar"));
         c.args(["train", "--config", &job, "--online", &stream, "--days", "20260101..20260101"])

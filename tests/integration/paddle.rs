@@ -8,8 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use oar::client::{Client, ClientConfig, StepHeader, TableGrads, TableIds};
+use oar::protocol::Mode;
 use oar::protocol::{Apply, RowCreation};
-use oar::server::Mode;
 
 use crate::util::*;
 

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use crate::util::*;
 use oar::client::{Client, ClientConfig, ClientError, StepHeader, TableIds};
+use oar::protocol::Mode;
 use oar::protocol::{
     read_frame_blocking, ErrorCode, FrameBuf, Hello, Push, Request, Response, RowCreation, PROTOCOL_VERSION,
 };
-use oar::server::{Mode, ServerConfig};
+use oar::server::ServerConfig;
 
 /// Trainer `trainer`'s first push of one sample.
 fn header(trainer: usize) -> StepHeader {

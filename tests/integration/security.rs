@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use crate::util::*;
 use oar::client::{Client, ClientConfig, StepHeader};
+use oar::protocol::ServerStats;
 use oar::protocol::{auth, read_frame_blocking, FrameBuf, Hello, Request, Response, PROTOCOL_VERSION};
 use oar::security::auth::{Identity, Secret};
-use oar::server::ServerStats;
 
 pub(crate) const JOB: &str = "guarded-job-7f3a";
 

@@ -7,7 +7,7 @@
 //! Skipped, with a message, when `../shared/data` is absent.
 
 use crate::util::*;
-use oar::server::Mode;
+use oar::protocol::Mode;
 
 #[test]
 fn din_dien_and_bst_train_on_paddlerecs_amazon_samples_locally_and_on_two_servers() {

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use crate::util::*;
 use oar::client::{Client, ClientConfig, StepHeader};
+use oar::protocol::Mode;
 use oar::protocol::{Apply, RowCreation};
-use oar::server::{Mode, ServerConfig};
+use oar::server::ServerConfig;
 
 const B: usize = 32;
 const STEPS: u64 = 6;

@@ -108,7 +108,7 @@ fn servers_and_trainers_serve_metrics_that_a_prometheus_parser_reads_and_that_ma
     assert!(pulls >= 20.0);
     assert_eq!(histogram_count(&s, "oar_pull_seconds"), pulls, "every pull timed once");
     assert_eq!(histogram_count(&s, "oar_push_seconds"), 20.0);
-    let stats: oar::server::ServerStats = {
+    let stats: oar::protocol::ServerStats = {
         let config = oar::client::ClientConfig::new(
             vec![addr.clone()],
             "m",

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use crate::util::*;
 use oar::client::{Client, ClientConfig};
+use oar::protocol::ServerStats;
 use oar::security::auth::Secret;
-use oar::server::ServerStats;
 
 const JOB: &str = "tls-job-0xC0FFEE";
 

@@ -5,7 +5,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use oar::server::{Mode, ServerConfig, ServerStats};
+use oar::protocol::{Mode, ServerStats};
+use oar::server::ServerConfig;
 use oar::table::Optimizer;
 use oar::train::TrainConfig;
 

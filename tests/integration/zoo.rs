@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::util::*;
-use oar::server::Mode;
+use oar::protocol::Mode;
 
 /// The first 9,000 lines of the real Criteo sample as two training parts, the last 1,000 as the
 /// test set.

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::protocol::Mode;
 use crate::run::supervise::{
     check_children, interrupt_flag, kill_all, spawn, summarize, wait_for_servers, wait_for_trainers, Proc, Ready,
 };
-use crate::server::Mode;
 use crate::train::job_config::JobConfig;
 
 /// What to launch.
