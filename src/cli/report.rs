@@ -1,7 +1,9 @@
 //! What the command line prints: a generated data set, a launch's summary, and a server's
 //! counters when it stops (its log lines, and `OAR_RESULT` for launchers).
 
-use super::*;
+use std::time::Instant;
+
+use super::args::GenArgs;
 
 pub(super) fn print_generated(a: &GenArgs, r: &crate::data::gen::GenReport, started: Instant) {
     println!(
@@ -90,4 +92,14 @@ pub(super) fn log_stopped(stats: &crate::protocol::ServerStats) {
         tracing::info!("push staleness: {}", stats.staleness);
     }
     tracing::info!(?stats, "server stopped");
+}
+
+/// A progress bar over the bytes of `files`.
+pub(super) fn files_bar(files: &[std::path::PathBuf]) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(crate::data::read::files::total_bytes(files));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
+            .expect("valid template"),
+    );
+    bar
 }

@@ -5,7 +5,18 @@
 //! and an engine rank's place through the rendezvous (`engine_rank`, with Slurm's and one
 //! host's default rendezvous addresses).
 
-use super::*;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::args_job::*;
+use crate::base::env::{ClusterEnv, Role};
+use crate::data::resolve_files;
+use crate::model::Registry;
+use crate::protocol::Mode;
+use crate::server::ServerConfig;
+use crate::train::job_config::JobConfig;
+use crate::train::TrainConfig;
 
 /// The IPv4 address of network interface `name`.
 pub(super) fn nic_address(name: &str) -> anyhow::Result<String> {
@@ -354,8 +365,8 @@ pub(super) fn engine_rank(
     };
     let (config, _) = server_config(args, &ClusterEnv::default())?;
     let stats = crate::server::serve_bound(vec![listener], config)?;
-    log_stopped(&stats);
-    report_stopped(&stats)?;
+    super::report::log_stopped(&stats);
+    super::report::report_stopped(&stats)?;
     Ok(None)
 }
 
@@ -374,7 +385,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
     let job = a.job.resolve(registry)?;
     if env.role == Some(Role::Pserver) {
         // One command line for both roles, as with PaddlePaddle's Fluid and Fleet launchers.
-        return pserver(server_role_args(&a, &job), &env).map(|_| None);
+        return super::jobs::pserver(server_role_args(&a, &job), &env).map(|_| None);
     }
     if a.use_gpu.or(env.use_gpu) == Some(true) {
         anyhow::bail!(

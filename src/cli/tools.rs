@@ -1,0 +1,79 @@
+//! The measuring and tool commands: `bench`, `plot` and `tls`.
+
+use anyhow::Context;
+
+use super::args::*;
+use crate::train::job_config::JobConfig;
+
+/// `oar bench`: throughput beside its baselines, or (`--quality`, `--recovery`, `--security`)
+/// one of the other measurements.
+pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    super::limits::seconds("seconds", a.seconds)?;
+    super::limits::seconds("checkpoint-every", a.checkpoint_every)?;
+    if a.quality {
+        return crate::bench::quality::run(&crate::bench::quality::QualityConfig {
+            real: a.real,
+            folds: a.folds,
+            sizes: a.sizes,
+            seeds: a.seeds,
+            batch: a.batch,
+            train: match &a.config {
+                Some(path) => JobConfig::from_file(path)?.train,
+                None => Default::default(),
+            },
+            exe: std::env::current_exe().context("cannot find the oar binary")?,
+        });
+    }
+    if a.recovery {
+        return crate::bench::recovery::run(&crate::bench::recovery::RecoveryConfig {
+            data: a.data.context("--recovery needs --data DIR (train/ and test/)")?,
+            runs: a.runs,
+            every: a.checkpoint_every,
+            exe: std::env::current_exe().context("cannot find the oar binary")?,
+        });
+    }
+    if a.security {
+        return crate::bench::security::run(&crate::bench::security::SecurityConfig {
+            data: a.data,
+            rounds: a.runs,
+            seconds: a.seconds / 4.0,
+            dense_floats: a.dense_floats,
+            exe: std::env::current_exe().context("cannot find the oar binary")?,
+        });
+    }
+    crate::bench::run(&crate::bench::BenchConfig {
+        dense_floats: a.dense_floats,
+        sparse_keys: a.sparse_keys,
+        sparse_rows: a.sparse_rows,
+        baselines: a.baseline_exe,
+        data: a.data,
+        lines: a.lines,
+        seconds: a.seconds,
+        exe: std::env::current_exe().context("cannot find the oar binary")?,
+        skip_training: a.skip_training,
+        models: a.models,
+        only: a.model,
+        rounds: a.rounds,
+    })
+}
+
+/// `oar plot`: training curves drawn to a PNG.
+pub(super) fn plot(a: PlotArgs) -> anyhow::Result<()> {
+    let out = a.out.unwrap_or_else(|| a.metrics.with_file_name("curves.png"));
+    let points = crate::observe::curves::plot::draw_file(&a.metrics, &out)?;
+    println!("{points} points drawn to {}", out.display());
+    Ok(())
+}
+
+/// `oar tls`: a job's certificate authority and server certificate.
+pub(super) fn tls(a: TlsGenArgs) -> anyhow::Result<()> {
+    let files = crate::security::tls::generate(&a.out, &a.name)?;
+    println!(
+        "servers: --tls-cert {} --tls-key {}\ntrainers: --tls-ca {} (certificate name {})",
+        files.cert.display(),
+        files.key.display(),
+        files.ca.display(),
+        a.name
+    );
+    Ok(())
+}
