@@ -6,7 +6,8 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::{child, LaunchConfig};
+use super::children::child;
+use super::LaunchConfig;
 use crate::run::supervise::{spawn, Keeper, Proc, Ready};
 
 /// A server that answers no heartbeat for this many probes in a row is taken for hung.

@@ -6,7 +6,7 @@
 //! ports are never guessed.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -75,6 +75,21 @@ pub const MAX_PROCESSES: usize = 1024;
 
 /// Runs the job and returns its summary; on any failure every child is stopped first.
 pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
+    check(config)?;
+    let plan = Plan::make(config)?;
+    let mut launch = Launch::prepare(config, plan)?;
+    let result = launch.supervise();
+    launch.keeper.stop();
+    if result.is_err() {
+        kill_all(&mut launch.procs);
+    } else {
+        kill_all(&mut launch.procs[..config.servers]);
+    }
+    result
+}
+
+/// The counts and settings checked before anything is read or started.
+fn check(config: &LaunchConfig) -> anyhow::Result<()> {
     anyhow::ensure!(config.servers > 0 || config.mode == Mode::Local, "--servers must be at least 1");
     anyhow::ensure!(config.workers > 0, "--workers must be at least 1");
     // Every process runs on this machine (or one per host): a typo must not fork thousands.
@@ -90,55 +105,164 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         "--max-restarts needs --output and --checkpoint-every: a restarted server resumes from its newest \
          checkpoint in OUTPUT/checkpoints, and without one would start from an empty shard"
     );
-    // Checked before any process starts: a worker without data would fail only after start-up.
-    let online = config.job.online()?;
-    let files = match &online {
-        Some(o) => o.all_files(),
-        None => crate::data::resolve_files(&config.train)?,
-    };
-    // Dense statistics a scaling job does not give: computed once here, and handed to every
-    // child in the job file.
-    let filled = match &online {
-        None => crate::data::read::transform::fill_stats(&config.job.data, &files, config.job.model.shorthand_shape())?,
-        Some(_) => None,
-    };
-    let job = match filled {
-        Some(data) => crate::train::job_config::JobConfig { data, ..config.job.clone() },
-        None => config.job.clone(),
-    };
-    job.validate_with(&config.registry)?;
-    for w in 0..config.workers {
-        anyhow::ensure!(
-            !crate::data::shard_files(&files, config.workers, w).is_empty(),
-            "worker {w} would get no training file: {} holds {} file(s) for {} workers (trainer k reads \
-             the files whose numeric suffix % workers == k); split the data into more parts",
-            config.train.display(),
-            files.len(),
-            config.workers
-        );
-    }
-    let started = Instant::now();
-    std::fs::create_dir_all(&config.logs).with_context(|| format!("cannot create {}", config.logs.display()))?;
-    let job_file = std::path::absolute(config.logs.join("job.toml"))?;
-    job.to_file(&job_file)?;
-    // The trainers' curves: beside the saved model (a resumed job goes on with them), else with
-    // the logs, where an earlier run's are removed first.
-    let metrics_csv = match &config.output {
-        Some(o) => std::path::absolute(o.join("metrics.csv"))?,
-        None => {
-            let file = std::path::absolute(config.logs.join("metrics.csv"))?;
-            let _ = std::fs::remove_file(&file);
-            file
-        }
-    };
-    let job_id = format!("oar-{}-{}", std::process::id(), started.elapsed().as_nanos());
-    let timeout = config.job.train.timeout_secs.to_string();
-    let interrupted = interrupt_flag();
+    Ok(())
+}
 
-    let mut procs: Vec<Proc> = Vec::new();
-    let mut keeper = JobKeeper::new(config, &job_id);
-    // Every child proves the job's secret to the servers (and they to it): a peer that can
-    // reach their ports but has not the secret is served nothing.
+/// What the job reads and the job file every child is given, settled before any child starts.
+struct Plan {
+    /// The online calendar, when the job trains day by day.
+    online: Option<crate::train::online::Online>,
+    /// Every training file.
+    files: Vec<PathBuf>,
+    /// The job, with the dense statistics a scaling job did not give filled in.
+    job: JobConfig,
+}
+
+impl Plan {
+    fn make(config: &LaunchConfig) -> anyhow::Result<Plan> {
+        // Checked before any process starts: a worker without data would fail only after start-up.
+        let online = config.job.online()?;
+        let files = match &online {
+            Some(o) => o.all_files(),
+            None => crate::data::resolve_files(&config.train)?,
+        };
+        // Dense statistics a scaling job does not give: computed once here, and handed to every
+        // child in the job file.
+        let filled = match &online {
+            None => {
+                crate::data::read::transform::fill_stats(&config.job.data, &files, config.job.model.shorthand_shape())?
+            }
+            Some(_) => None,
+        };
+        let job = match filled {
+            Some(data) => JobConfig { data, ..config.job.clone() },
+            None => config.job.clone(),
+        };
+        job.validate_with(&config.registry)?;
+        for w in 0..config.workers {
+            anyhow::ensure!(
+                !crate::data::shard_files(&files, config.workers, w).is_empty(),
+                "worker {w} would get no training file: {} holds {} file(s) for {} workers (trainer k reads \
+                 the files whose numeric suffix % workers == k); split the data into more parts",
+                config.train.display(),
+                files.len(),
+                config.workers
+            );
+        }
+        Ok(Plan { online, files, job })
+    }
+
+    /// The bytes the trainers will read: online, every file once; else every pass reads them
+    /// all. A resumed job trains only the passes after the saved one.
+    fn total_bytes(&self, config: &LaunchConfig) -> anyhow::Result<u64> {
+        let done = crate::persist::checkpoint::passes_done(config.resume.as_deref())?;
+        let bytes = crate::data::read::files::total_bytes(&self.files);
+        Ok(match &self.online {
+            Some(o) => bytes / o.passes().max(1) as u64 * o.passes().saturating_sub(done) as u64,
+            None => bytes * config.job.train.passes.saturating_sub(done) as u64,
+        })
+    }
+}
+
+/// A launch under way: what every child is told, the children, and their keeper.
+struct Launch<'a> {
+    config: &'a LaunchConfig,
+    plan: Plan,
+    started: Instant,
+    job_id: String,
+    /// The job file every trainer reads, in the logs folder.
+    job_file: PathBuf,
+    /// The trainers' curves.
+    metrics_csv: PathBuf,
+    interrupted: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    procs: Vec<Proc>,
+    keeper: JobKeeper,
+}
+
+impl<'a> Launch<'a> {
+    /// The logs folder, the job file, the curves' file, the job's secret and TLS files.
+    fn prepare(config: &'a LaunchConfig, plan: Plan) -> anyhow::Result<Launch<'a>> {
+        let started = Instant::now();
+        std::fs::create_dir_all(&config.logs).with_context(|| format!("cannot create {}", config.logs.display()))?;
+        let job_file = std::path::absolute(config.logs.join("job.toml"))?;
+        plan.job.to_file(&job_file)?;
+        // The trainers' curves: beside the saved model (a resumed job goes on with them), else
+        // with the logs, where an earlier run's are removed first.
+        let metrics_csv = match &config.output {
+            Some(o) => std::path::absolute(o.join("metrics.csv"))?,
+            None => {
+                let file = std::path::absolute(config.logs.join("metrics.csv"))?;
+                let _ = std::fs::remove_file(&file);
+                file
+            }
+        };
+        let job_id = format!("oar-{}-{}", std::process::id(), started.elapsed().as_nanos());
+        let mut keeper = JobKeeper::new(config, &job_id);
+        guard(config, &mut keeper)?;
+        let interrupted = interrupt_flag();
+        Ok(Launch { config, plan, started, job_id, job_file, metrics_csv, interrupted, procs: Vec::new(), keeper })
+    }
+
+    /// Starts the servers, then the trainers, waits for them all and sums up.
+    fn supervise(&mut self) -> anyhow::Result<LaunchSummary> {
+        let (tx, rx) = mpsc::channel();
+        for i in 0..self.config.servers {
+            let args = children::server_args(self.config, i, &self.job_id)?;
+            let log = self.config.logs.join(format!("server.{i}.log"));
+            self.procs.push(spawn(self.keeper.command(&args), &format!("server {i}"), log, Some((i, tx.clone())))?);
+            self.keeper.args.push(args);
+        }
+        let addrs = self.listening(&rx)?;
+        let servers = addrs.join(",");
+        let first_worker = self.procs.len();
+        self.keeper.watch(addrs, tx, rx);
+        for w in 0..self.config.workers {
+            let to = children::Trainer { servers: &servers, job_file: &self.job_file, metrics_csv: &self.metrics_csv };
+            let args = children::trainer_args(self.config, w, &self.job_id, &to, self.keeper.secret.as_ref())?;
+            let log = self.config.logs.join(format!("worker.{w}.log"));
+            self.procs.push(spawn(self.keeper.command(&args), &format!("worker {w}"), log, None)?);
+            self.keeper.worker_args.push(args);
+        }
+        let total = self.plan.total_bytes(self.config)?;
+        let bar = progress_bar(self.config.progress_bar, total);
+        wait_for_trainers(&mut self.procs, first_worker, &self.interrupted, &mut self.keeper, &bar, |bytes, _| {
+            bytes.min(total)
+        })?;
+        bar.finish_and_clear();
+        wait_for_servers(&mut self.procs, first_worker, &self.interrupted, &mut self.keeper)?;
+        let restarts = std::mem::take(&mut self.keeper.restarts);
+        let curves = draw_curves(&self.metrics_csv);
+        let (servers, workers) = self.procs.split_at(first_worker);
+        summarize(servers, workers, self.started.elapsed().as_secs_f64(), &self.config.logs, restarts, curves)
+    }
+
+    /// Every server's address, as each reports it, within a minute (a child that fails first
+    /// fails the launch).
+    fn listening(&mut self, rx: &mpsc::Receiver<Ready>) -> anyhow::Result<Vec<String>> {
+        let mut addrs = vec![String::new(); self.config.servers];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while addrs.iter().any(|a| a.is_empty()) {
+            check_children(&mut self.procs, &self.interrupted, &mut crate::run::supervise::FailFast)?;
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ready(i, addr)) => addrs[i] = addr,
+                Err(_) if Instant::now() > deadline => {
+                    let missing: Vec<usize> = (0..self.config.servers).filter(|&i| addrs[i].is_empty()).collect();
+                    anyhow::bail!(
+                        "server(s) {missing:?} did not start listening within 60 s (see {})",
+                        self.config.logs.display()
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        Ok(addrs)
+    }
+}
+
+/// The job's guards: every child proves the job's secret to the servers (and they to it), so a
+/// peer that can reach their ports but has not the secret is served nothing; with `tls`, a
+/// certificate authority and a server certificate made for this run.
+fn guard(config: &LaunchConfig, keeper: &mut JobKeeper) -> anyhow::Result<()> {
     let (secret, file) = match &config.secret_file {
         _ if config.open => (None, None),
         Some(file) => (Some(crate::security::auth::Secret::read(file)?), Some(std::path::absolute(file)?)),
@@ -163,168 +287,19 @@ pub fn run(config: &LaunchConfig) -> anyhow::Result<LaunchSummary> {
         }
         keeper.tls = Some(crate::security::tls::client_config(&files.ca, crate::security::tls::DEFAULT_NAME)?);
     }
-    let result = (|| -> anyhow::Result<LaunchSummary> {
-        let (tx, rx) = mpsc::channel();
-        for i in 0..config.servers {
-            let mut args: Vec<String> = vec![
-                "pserver".into(),
-                "--host".into(),
-                "127.0.0.1".into(),
-                "--port".into(),
-                "0".into(),
-                "--index".into(),
-                i.to_string(),
-                "--num-servers".into(),
-                config.servers.to_string(),
-                "--trainers".into(),
-                config.workers.to_string(),
-                "--mode".into(),
-                config.mode.to_string(),
-                "--job".into(),
-                job_id.clone(),
-                "--timeout".into(),
-                timeout.clone(),
-                "--lag-ratio".into(),
-                config.job.train.lag_ratio.to_string(),
-                "--metrics-addr".into(),
-                "127.0.0.1:0".into(),
-            ];
-            if let Some(r) = &config.resume {
-                args.extend(["--resume".into(), r.display().to_string()]);
-            }
-            if let Some(m) = &config.init_model {
-                args.extend(["--init-model".into(), m.display().to_string()]);
-            }
-            // Trainer 0 saves each pass there: the one folder saves from the network may use.
-            if let Some(o) = &config.output {
-                args.extend(["--save-root".into(), o.display().to_string()]);
-            }
-            if let Some(every) = config.checkpoint_every {
-                let o = config.output.as_ref().context("--checkpoint-every needs --output")?;
-                let dir = o.join("checkpoints").display().to_string();
-                args.extend(["--checkpoint-dir".into(), dir, "--checkpoint-every".into(), every.to_string()]);
-            }
-            if config.max_restarts > 0 {
-                // Restarted with the same command line, it works out from disk what it is.
-                args.extend(["--trainer-rejoin".into(), RECOVER_SECONDS.to_string(), "--recoverable".into()]);
-            }
-            let log = config.logs.join(format!("server.{i}.log"));
-            procs.push(spawn(keeper.command(&args), &format!("server {i}"), log, Some((i, tx.clone())))?);
-            keeper.args.push(args);
-        }
-        let mut addrs = vec![String::new(); config.servers];
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while addrs.iter().any(|a| a.is_empty()) {
-            check_children(&mut procs, &interrupted, &mut crate::run::supervise::FailFast)?;
-            match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(Ready(i, addr)) => addrs[i] = addr,
-                Err(_) if Instant::now() > deadline => {
-                    let missing: Vec<usize> = (0..config.servers).filter(|&i| addrs[i].is_empty()).collect();
-                    anyhow::bail!(
-                        "server(s) {missing:?} did not start listening within 60 s (see {})",
-                        config.logs.display()
-                    );
-                }
-                Err(_) => {}
-            }
-        }
-        let servers = addrs.join(",");
-        let first_worker = procs.len();
-        keeper.watch(addrs, tx, rx);
-        for w in 0..config.workers {
-            let mut args: Vec<String> = vec![
-                "train".into(),
-                "--config".into(),
-                job_file.display().to_string(),
-                "--mode".into(),
-                config.mode.to_string(),
-                "--servers".into(),
-                servers.clone(),
-                "--trainer-id".into(),
-                w.to_string(),
-                "--trainers".into(),
-                config.workers.to_string(),
-                "--job".into(),
-                job_id.clone(),
-                "--train".into(),
-                config.train.display().to_string(),
-            ];
-            if let Some(t) = &config.test {
-                args.extend(["--test".into(), t.display().to_string()]);
-            }
-            // Each trainer holds its own credential, not the job's master secret: it can act
-            // for itself only (see `auth`). Its restarts take the same file. (With
-            // `shared_secret`, it reads the master from `OAR_SECRET_FILE`, as every child does.)
-            if let Some(secret) = keeper.secret.as_ref().filter(|_| !config.shared_secret) {
-                let file = credential_file(config, secret, &job_id, w)?;
-                args.extend(["--secret-file".into(), file.display().to_string()]);
-            }
-            if let Some(o) = &config.output {
-                args.extend(["--output".into(), o.display().to_string()]);
-            }
-            args.extend(["--metrics-csv".into(), metrics_csv.display().to_string()]);
-            args.extend(["--metrics-addr".into(), "127.0.0.1:0".into()]);
-            if let Some(r) = &config.resume {
-                args.extend(["--resume".into(), r.display().to_string()]);
-            }
-            if let Some(m) = &config.init_model {
-                args.extend(["--init-model".into(), m.display().to_string()]);
-            }
-            if config.max_restarts > 0 {
-                args.extend(["--recover-timeout".into(), RECOVER_SECONDS.to_string(), "--recoverable".into()]);
-                args.extend(["--position-dir".into(), positions_dir(config).display().to_string()]);
-            }
-            let log = config.logs.join(format!("worker.{w}.log"));
-            procs.push(spawn(keeper.command(&args), &format!("worker {w}"), log, None)?);
-            keeper.worker_args.push(args);
-        }
-
-        // A resumed job trains only the passes after the saved one.
-        let done = crate::persist::checkpoint::passes_done(config.resume.as_deref())?;
-        // Online, every file is read once; else every pass reads them all.
-        let total = match &online {
-            Some(o) => {
-                let per_pass = crate::data::read::files::total_bytes(&files) / o.passes().max(1) as u64;
-                per_pass * o.passes().saturating_sub(done) as u64
-            }
-            None => crate::data::read::files::total_bytes(&files) * config.job.train.passes.saturating_sub(done) as u64,
-        };
-        let bar =
-            if config.progress_bar { indicatif::ProgressBar::new(total) } else { indicatif::ProgressBar::hidden() };
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta}) {msg}",
-            )
-            .expect("the template is valid"),
-        );
-        wait_for_trainers(&mut procs, first_worker, &interrupted, &mut keeper, &bar, |bytes, _| bytes.min(total))?;
-        bar.finish_and_clear();
-        wait_for_servers(&mut procs, first_worker, &interrupted, &mut keeper)?;
-        let restarts = std::mem::take(&mut keeper.restarts);
-        let curves = draw_curves(&metrics_csv);
-        summarize(
-            &procs[..first_worker],
-            &procs[first_worker..],
-            started.elapsed().as_secs_f64(),
-            &config.logs,
-            restarts,
-            curves,
-        )
-    })();
-    keeper.stop();
-    if result.is_err() {
-        kill_all(&mut procs);
-    } else {
-        kill_all(&mut procs[..config.servers]);
-    }
-    result
+    Ok(())
 }
 
-/// A child running this same binary.
-fn child(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
-    let mut cmd = Command::new(exe);
-    cmd.args(args).envs(env.iter().cloned()).env("OAR_LAUNCHED", "1").stdin(std::process::Stdio::null());
-    cmd
+/// The launch's progress bar over `total` bytes of training data (hidden when not wanted).
+fn progress_bar(shown: bool, total: u64) -> indicatif::ProgressBar {
+    let bar = if shown { indicatif::ProgressBar::new(total) } else { indicatif::ProgressBar::hidden() };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({eta}) {msg}",
+        )
+        .expect("the template is valid"),
+    );
+    bar
 }
 
 /// Draws the trainers' curves beside their CSV file (`curves.png`); a failure is logged, not
@@ -340,33 +315,6 @@ fn draw_curves(csv: &Path) -> Option<PathBuf> {
     }
 }
 
-/// Where trainers record their positions: beside the servers' checkpoints, else with the logs.
-fn positions_dir(config: &LaunchConfig) -> PathBuf {
-    match &config.output {
-        Some(o) => o.join("checkpoints"),
-        None => config.logs.join("positions"),
-    }
-}
-
-/// Seconds trainers wait for a restarted server, and servers for a restarted trainer, before
-/// failing.
-const RECOVER_SECONDS: u64 = 60;
-
+mod children;
 mod keeper;
 use keeper::JobKeeper;
-
-/// Trainer `w`'s credential for job `job`, derived from the job's master secret into
-/// `LOGS/credentials/trainer-W` (mode 0600; an earlier run's in a reused logs folder replaced).
-fn credential_file(
-    config: &LaunchConfig,
-    master: &crate::security::auth::Secret,
-    job: &str,
-    w: usize,
-) -> anyhow::Result<PathBuf> {
-    let dir = std::path::absolute(config.logs.join("credentials"))?;
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let file = dir.join(format!("trainer-{w}"));
-    let _ = std::fs::remove_file(&file);
-    master.derive(job, crate::security::auth::Identity::Trainer(w as u64))?.write_new(&file)?;
-    Ok(file)
-}
