@@ -39,9 +39,12 @@ fn a_restart_that_can_read_none_of_its_checkpoints_refuses_to_start_empty() {
     let out = dir.path().join("out");
     let folder = oar::server::shard_checkpoints::server_dir(&out.join("checkpoints"), 0);
     let mut damaged = 0;
-    for e in
-        std::fs::read_dir(&folder).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("ckpt-"))
-    {
+    // A `.tmp` folder is a checkpoint the kill cut short: the restart clears it, as it should.
+    let complete = |e: &std::fs::DirEntry| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.starts_with("ckpt-") && !name.ends_with(".tmp")
+    };
+    for e in std::fs::read_dir(&folder).unwrap().flatten().filter(complete) {
         std::fs::write(e.path().join("entry.json"), b"{\"seq\": tor").unwrap();
         damaged += 1;
     }
