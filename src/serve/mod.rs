@@ -18,6 +18,7 @@
 
 pub mod model_export;
 pub mod predict;
+mod routes;
 pub mod v2;
 
 use std::path::{Path, PathBuf};
@@ -26,11 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use axum::body::Body;
-use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use parking_lot::{Mutex, RwLock};
 use serde_json::json;
 
@@ -262,6 +260,29 @@ impl Server {
     }
 }
 
+impl Server {
+    /// A server of `loaded`, scoring as many requests at once as there are cores.
+    fn new(config: &ServeConfig, loaded: Loaded) -> Server {
+        let turns = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+        Server {
+            name: config.name.clone(),
+            limits: config.limits,
+            current: RwLock::new(Arc::new(loaded)),
+            bodies: crate::base::http::Bodies::new(&config.limits),
+            scoring: Arc::new(tokio::sync::Semaphore::new(turns)),
+            turns,
+            in_scoring: AtomicU64::new(0),
+            scorers: Mutex::new(Vec::new()),
+            answered: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            reloads: AtomicU64::new(0),
+            failed_reloads: AtomicU64::new(0),
+            latency: crate::observe::telemetry::Latency::default(),
+        }
+    }
+}
+
 /// Serves `config.model` until the process is stopped.
 pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
     v2::check_model_name(&config.name).map_err(anyhow::Error::msg)?;
@@ -271,108 +292,27 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
         std::net::TcpListener::bind(&config.addr).with_context(|| format!("cannot listen on {}", config.addr))?;
     listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
-    let turns = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
-    let server = Arc::new(Server {
-        name: config.name.clone(),
-        limits: config.limits,
-        current: RwLock::new(Arc::new(loaded)),
-        bodies: crate::base::http::Bodies::new(&config.limits),
-        scoring: Arc::new(tokio::sync::Semaphore::new(turns)),
-        turns,
-        in_scoring: AtomicU64::new(0),
-        scorers: Mutex::new(Vec::new()),
-        answered: AtomicU64::new(0),
-        samples: AtomicU64::new(0),
-        refused: AtomicU64::new(0),
-        reloads: AtomicU64::new(0),
-        failed_reloads: AtomicU64::new(0),
-        latency: crate::observe::telemetry::Latency::default(),
-    });
+    let server = Arc::new(Server::new(config, loaded));
     let (_stop, stopped) = std::sync::mpsc::channel();
     let watcher = {
         let (server, dir, registry, poll) = (server.clone(), config.model.clone(), registry.clone(), config.poll);
         std::thread::Builder::new().name("reload".into()).spawn(move || server.watch(dir, registry, poll, stopped))?
     };
-    let app = axum::Router::new()
-        .route(
-            "/v2",
-            get(|| async {
-                json_body(&json!({ "name": "oar", "version": env!("CARGO_PKG_VERSION"), "extensions": [] }))
-            }),
-        )
-        .route("/v2/health/live", get(|| async { json_body(&json!({ "live": true })) }))
-        .route(
-            "/metrics",
-            get(|State(s): State<Arc<Server>>| async move {
-                let body = tokio::task::spawn_blocking(move || s.metrics()).await.unwrap_or_default();
-                (
-                    [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-                    body,
-                )
-            }),
-        )
-        .route("/v2/health/ready", get(|| async { json_body(&json!({ "ready": true })) }))
-        .route(
-            "/v2/models/{name}",
-            get(|State(s): State<Arc<Server>>, UrlPath(name): UrlPath<String>| async move {
-                match s.model(&name) {
-                    Ok(m) => json_body(&s.metadata(&m)).into_response(),
-                    Err(e) => error(StatusCode::NOT_FOUND, e),
-                }
-            }),
-        )
-        .route(
-            "/v2/models/{name}/ready",
-            get(|State(s): State<Arc<Server>>, UrlPath(name): UrlPath<String>| async move {
-                match s.model(&name) {
-                    Ok(_) => json_body(&json!({ "name": name, "ready": true })).into_response(),
-                    Err(e) => error(StatusCode::NOT_FOUND, e),
-                }
-            }),
-        )
-        .route(
-            "/v2/models/{name}/infer",
-            post(|State(s): State<Arc<Server>>, UrlPath(name): UrlPath<String>, headers: HeaderMap, body: Body| async move {
-                let m = match s.model(&name) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        s.refused.fetch_add(1, Ordering::Relaxed);
-                        return error(StatusCode::NOT_FOUND, e);
-                    }
-                };
-                let body = match crate::base::http::read_body(&headers, body, &s.limits, &s.bodies).await {
-                    Ok(body) => body,
-                    Err((status, message)) => {
-                        s.refused.fetch_add(1, Ordering::Relaxed);
-                        let mut answer = error(status, message);
-                        if status == StatusCode::SERVICE_UNAVAILABLE {
-                            // Busy for now, not broken: a client may come back shortly.
-                            answer.headers_mut().insert(axum::http::header::RETRY_AFTER, 1.into());
-                        }
-                        return answer;
-                    }
-                };
-                let Ok(turn) = s.scoring.clone().acquire_owned().await else {
-                    return error(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping");
-                };
-                let s2 = s.clone();
-                // The turn (and the body's room) go with the scoring: a client that hangs up
-                // drops this handler, not the work, which would otherwise run beyond the bound.
-                let scored = tokio::task::spawn_blocking(move || {
-                    let _turn = turn;
-                    s2.in_scoring.fetch_add(1, Ordering::Relaxed);
-                    let answer = s2.infer(&m, &body);
-                    s2.in_scoring.fetch_sub(1, Ordering::Relaxed);
-                    answer
-                });
-                match scored.await {
-                    Ok(r) => r,
-                    Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("scoring failed: {e}")),
-                }
-            }),
-        )
-        .with_state(server.clone());
+    let app = routes::router(server);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    announce(config, bound, pass);
+    let served = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        crate::base::http::serve(listener, app, config.limits, std::future::pending()).await;
+        anyhow::Ok(())
+    });
+    drop(_stop);
+    let _ = watcher.join();
+    served.context("the HTTP server stopped")
+}
+
+/// The address line launchers and tests read (`OAR_SERVE`), then one for a person.
+fn announce(config: &ServeConfig, bound: std::net::SocketAddr, pass: u32) {
     println!("OAR_SERVE {bound}");
     println!(
         "serving model {:?} pass {pass} of {} at http://{bound}/v2/models/{}",
@@ -382,12 +322,4 @@ pub fn run(config: &ServeConfig, registry: &Registry) -> anyhow::Result<()> {
     );
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let served = rt.block_on(async move {
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        crate::base::http::serve(listener, app, config.limits, std::future::pending()).await;
-        anyhow::Ok(())
-    });
-    drop(_stop);
-    let _ = watcher.join();
-    served.context("the HTTP server stopped")
 }

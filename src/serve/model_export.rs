@@ -7,9 +7,11 @@
 //! | `tables.safetensors` | per table `T.ids` (u64 `[n]`, ascending) and `T.weights` (f32 `[n, dim]`), the rows of a base save |
 //! | `manifest.json` | inputs, outputs, tables, embeddings (layer, table, slots, pooling), the data schema, each file's sha256 |
 //!
-//! The graphs' inputs and outputs are described in [`crate::model::Model::to_onnx`]. Every
-//! file is written atomically and the manifest last, so a reader that finds the manifest finds
-//! the files it names; a server watching the folder reloads when the manifest changes.
+//! The graphs' inputs and outputs are described in [`crate::model::Model::to_onnx`]. The tables'
+//! rows are every row in id order, their weights as an evaluation pull reads them, written in the
+//! base save's format (`persist::export::encode_tables`). Every file is written atomically and
+//! the manifest last, so a reader that finds the manifest finds the files it names; a server
+//! watching the folder reloads when the manifest changes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

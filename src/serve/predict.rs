@@ -1,6 +1,13 @@
 //! `oar predict` and `oar eval`'s shared start: a saved model loaded with the model and data
-//! description its manifest carries, and its scores for data files written one line per
-//! sample, in input order, computed on several threads.
+//! description its manifest carries ([`load`]; a manifest's `pipe_command` runs only with
+//! `--trust-pipe-command`, [`check_pipe_command`]), and its scores for data files written one
+//! line per sample, in input order, computed on several threads ([`predict`]). A [`Scorer`] holds
+//! one thread's buffers and scores a batch per head; `oar serve` scores with it too.
+//!
+//! One rule for ids without a row: evaluation, `oar predict`, the export's lookups and `oar serve`
+//! read such an id as zeros (a serving key-value store's default), so every path that scores a
+//! saved model gives the same number; only training pulls create rows or return their seeded
+//! initial values.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
