@@ -441,12 +441,33 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
             config.data.as_deref().ok_or_else(|| anyhow::anyhow!("--models needs --data DIR (train/ and test/)"))?;
         return models(data, config);
     }
+    dense(config)?;
+    sparse(config)?;
+    if config.skip_training {
+        return Ok(());
+    }
+    let tmp = std::env::temp_dir().join(format!("oar-bench-{}", std::process::id()));
+    let data = bench_data(config, &tmp)?;
+    let logs = tmp.join("logs");
+    let shorthand = ctr_dnn_forms(config, &data, &logs)?;
+    async_controls(config, &data, &logs, &shorthand)?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+/// (a) Dense push and pull through a server against raw TCP.
+fn dense(config: &BenchConfig) -> anyhow::Result<()> {
     let bytes = config.dense_floats * 4;
     println!("(a) dense push+pull of {:.1} MiB each way, loopback TCP", bytes as f64 / (1 << 20) as f64);
     let (raw, oar) = dense_gbps(&config.exe, config.dense_floats, config.seconds)?;
     println!("    raw TCP copy (send N, echo N)     {raw:7.2} GB/s   (median of 5 alternating runs)");
     println!("    oar push + pull through a server  {oar:7.2} GB/s   = {:.0}% of raw TCP", 100.0 * oar / raw);
 
+    Ok(())
+}
+
+/// (b) The sparse table through one server of this build and of each baseline, and in memory.
+fn sparse(config: &BenchConfig) -> anyhow::Result<()> {
     let rounds = config.rounds.max(1);
     println!(
         "(b) sparse rows of dim 10, {} rows inserted per table, then batches of {} Zipf-like keys, one server (medians of {rounds} alternating rounds)",
@@ -496,11 +517,12 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         r.mem[2] / 1e6,
         r.mem[3] / 1e6
     );
-    if config.skip_training {
-        return Ok(());
-    }
-    let tmp = std::env::temp_dir().join(format!("oar-bench-{}", std::process::id()));
-    let data = match &config.data {
+    Ok(())
+}
+
+/// The training data: `--data`, or a generated Criteo-like set under `tmp`.
+fn bench_data(config: &BenchConfig, tmp: &Path) -> anyhow::Result<PathBuf> {
+    Ok(match &config.data {
         Some(d) => d.clone(),
         None => {
             let out = tmp.join("data");
@@ -518,7 +540,16 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
             );
             out
         }
-    };
+    })
+}
+
+/// (c) The CTR-DNN trained locally and on a 2x2 cluster, as shorthand and as layer graph;
+/// returns the shorthand job.
+fn ctr_dnn_forms(
+    config: &BenchConfig,
+    data: &Path,
+    logs: &Path,
+) -> anyhow::Result<crate::train::job_config::JobConfig> {
     println!(
         "(c) CTR-DNN training, 1 pass over {}, batch 512, end to end (start-up and test included)",
         data.display()
@@ -531,13 +562,12 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         sparse_optimizer: shorthand.sparse_optimizer,
         ..ctr_dnn_graph()
     };
-    let logs = tmp.join("logs");
     let runs = [
-        train_local(&data, 1, shorthand.clone(), "shorthand")?,
-        train_local(&data, 1, graph.clone(), "layer graph")?,
-        train_local(&data, 2, shorthand.clone(), "shorthand")?,
-        train_cluster(Mode::Async, &data, &config.exe, &logs, shorthand.clone(), "shorthand")?,
-        train_cluster(Mode::Async, &data, &config.exe, &logs, graph, "layer graph")?,
+        train_local(data, 1, shorthand.clone(), "shorthand")?,
+        train_local(data, 1, graph.clone(), "layer graph")?,
+        train_local(data, 2, shorthand.clone(), "shorthand")?,
+        train_cluster(Mode::Async, data, &config.exe, logs, shorthand.clone(), "shorthand")?,
+        train_cluster(Mode::Async, data, &config.exe, logs, graph, "layer graph")?,
     ];
     let base = runs[0].samples_per_sec;
     for r in &runs {
@@ -555,8 +585,17 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         100.0 * runs[1].samples_per_sec / runs[0].samples_per_sec,
         100.0 * runs[4].samples_per_sec / runs[3].samples_per_sec
     );
-    // The async staleness controls cost only the warm-up's synchronous steps; alternating runs
-    // so that the machine's drift hits both alike.
+    Ok(shorthand)
+}
+
+/// What async mode's staleness controls cost: the default job against plain async, in
+/// alternating runs so that the machine's drift hits both alike.
+fn async_controls(
+    config: &BenchConfig,
+    data: &Path,
+    logs: &Path,
+    shorthand: &crate::train::job_config::JobConfig,
+) -> anyhow::Result<()> {
     let t = &shorthand.train;
     let plain = crate::train::job_config::JobConfig {
         train: crate::train::job_config::TrainSettings { sync_warmup: 0, scale_stale_steps: false, ..t.clone() },
@@ -564,8 +603,8 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
     };
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for _ in 0..3 {
-        without.push(train_cluster(Mode::Async, &data, &config.exe, &logs, plain.clone(), "plain")?.samples_per_sec);
-        with.push(train_cluster(Mode::Async, &data, &config.exe, &logs, shorthand.clone(), "default")?.samples_per_sec);
+        without.push(train_cluster(Mode::Async, data, &config.exe, logs, plain.clone(), "plain")?.samples_per_sec);
+        with.push(train_cluster(Mode::Async, data, &config.exe, logs, shorthand.clone(), "default")?.samples_per_sec);
     }
     let (with, without) = (median(with), median(without));
     println!(
@@ -574,6 +613,5 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         t.scale_stale_steps,
         100.0 * with / without
     );
-    let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
 }

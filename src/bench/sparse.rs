@@ -1,5 +1,7 @@
 //! `oar bench` (b): the sparse table through one server (of this build, and of baseline builds
-//! given by path) beside the same table in memory, and the memory a row takes.
+//! given by path, `--baseline-exe`) beside the same table in memory, and the memory a row takes.
+//! The servers are measured in alternating rounds (`--rounds`), so a drift of the machine
+//! between rounds cancels, and ratios are paired by round.
 
 use std::path::Path;
 use std::time::Instant;
