@@ -4,9 +4,11 @@
 //! operator and Paddle's launchers set), plus Open MPI's rank as the node id. Sources are listed
 //! in `../shared/research/cluster.md` section 1.
 //!
-//! [`ClusterEnv::read`] looks at one environment (a lookup function, so tests need not touch the
-//! process's) and returns what it says; the CLI lets flags override every value. A malformed or
-//! missing variable is an error naming it.
+//! [`ClusterEnv::read`] looks at one environment and returns what it says as one `ClusterEnv`. It
+//! reads a lookup function, not the process's environment, so every contract is unit-tested
+//! without touching global state. The command line (`cli/roles.rs`) then applies flag > `OAR_*` >
+//! Paddle variable > default, in one place per value. A malformed or missing variable is an error
+//! naming it.
 
 /// Which process a command line runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

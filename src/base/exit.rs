@@ -1,12 +1,21 @@
 //! Exit statuses of an oar process, chosen from its error, so a launcher (oar's own, or a
 //! cluster engine's logs) can tell a member that failed from one that stopped because another
-//! was lost.
+//! was lost: [`PEER_LOST`] (3) when a peer was lost ([`PeerLost`] anywhere in the error's chain,
+//! or a client error whose server was lost), else [`FAILED`] (1); clap exits with [`USAGE`] (2) on
+//! a bad command line. [`fails_again`] says which of them a restart would meet again, so a
+//! launcher restarts only what a restart can help. Pure: the status of an error is read in
+//! `cli/status.rs`, above every layer whose errors it names, and the command line prints the
+//! error as one line, `oar: error: ...`.
 //!
 //! Why a status and not the message: when a trainer fails, every server reports losing it and
 //! exits too, within milliseconds; a launcher that reads their last lines in the order the
 //! processes end (or its pipe readers get to run) names the servers' reports first about as
 //! often as the trainer's own error. The status is set by the failing process itself, from the
 //! error's type, so the order it gives does not depend on timing.
+//!
+//! Errors are `thiserror` enums where callers branch on them (`ProtocolError`, `ClientError`,
+//! `TableError`, `CheckpointError`, `DataError`), and `anyhow` with context above them, so the one
+//! line printed says where as well as what.
 
 /// The process failed on its own (bad input, a refused request, a bug).
 pub const FAILED: i32 = 1;

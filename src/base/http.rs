@@ -8,6 +8,14 @@
 //! ([`read_body`]). The process counts the connections closed idle and those turned away
 //! ([`counts`], in every metrics sheet).
 //!
+//! An answer that cannot be written within `read_timeout` ends its connection too
+//! (`tokio-io-timeout`'s stream): a client that sent requests and never read the answers held
+//! its place for good. A connection turned away gets its 503 in one write, is shut for writing
+//! and drained for at most a second (closed with its request unread, it would be reset and the
+//! answer could be lost), at most 64 at once. A request body takes room in [`Bodies`], the bytes
+//! all connections' bodies may hold at once, as its bytes arrive, never for the length it
+//! declares, so a promise cannot shut others out; with no room left it is answered 503 at once.
+//!
 //! Why not `axum::serve`: it sets no timer, so hyper's header timeout never runs, and it takes
 //! every connection offered. A client that opened connections and sent nothing held each one
 //! for good (measured: an idle connection still open after 70 s), and enough of them would use

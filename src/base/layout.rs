@@ -2,8 +2,19 @@
 //! which in-server stripe holds an id. Pure functions shared by the client (to route requests)
 //! and the server (to know what it owns), so both sides can never disagree.
 //!
-//! The server of an id uses the high bits of a mixed id and the stripe uses the low bits, so the
-//! two choices are independent: every server spreads its ids evenly over all its stripes.
+//! - [`server_of_row`]: the server of an id of a table, from the high bits of the id mixed with
+//!   its table's salt. Each table has its own salt, so the same id in two tables is two rows that
+//!   may live on different servers, and a small id that every table has does not load one server
+//!   with all of them; table 0 is unsalted, so models saved before there were several tables keep
+//!   their layout.
+//! - [`stripe_of`]: the stripe ([`STRIPES`] of them) of a server's table that holds an id, from
+//!   the low bits of the mixed id. The server uses the high bits and the stripe the low bits, so
+//!   the two choices are independent: every server spreads its ids evenly over all its stripes.
+//! - [`DenseLayout`]: the flat dense vector cut into fixed-size blocks dealt round-robin to the
+//!   servers, so even one large weight matrix is spread over every server.
+//! - [`group_positions`] (and [`group_by_server`], its use for ids): a counting sort of a batch's
+//!   positions by owner into reused buffers, so routing a batch costs two linear passes.
+//! - [`MAX_PEERS`]: the most trainers, and the most servers, one job may have.
 
 use std::ops::Range;
 

@@ -1,6 +1,6 @@
 //! The base layer: plain types and pure functions every other layer shares (a batch, where
 //! a parameter lives, exit statuses, the cluster environment, injected faults, the small files a
-//! restart trusts, the bounded HTTP listener).
+//! restart trusts, connections counted per address, the bounded HTTP listener).
 
 pub mod batch;
 pub mod env;

@@ -1,6 +1,8 @@
 //! Connections counted per peer address, so that one address cannot take every place a
 //! listener has: `oar serve`'s and the metrics ports' connections, and a parameter server's
-//! connections that have not yet completed their handshake.
+//! connections that have not yet completed their handshake. Each connection holds a [`Held`]
+//! place, given back when dropped; an address without connections keeps no entry, so the table
+//! is as large as the connections open, not as the addresses ever seen.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -5,7 +5,15 @@
 //! refuse one larger than any file oar writes there before reading it. Writes go to a fresh
 //! temporary file in the same folder, are synced, renamed over the old one and the folder is
 //! synced, so a crash leaves the old file or the new one, never a torn one, and a symbolic
-//! link planted at the path is replaced, never followed.
+//! link planted at the path is replaced, never followed. Counters read back are range-checked
+//! ([`bounded`]): one near `u64::MAX` would wrap.
+//!
+//! Also here, the other files oar opens by name. Outputs written as they go (logs, generated
+//! parts, curves) are opened by [`create_plain`] and [`append_plain`]: never through a link,
+//! never a named pipe or a device. Files a user names (a job file, a hosts file, statistics, a
+//! PEM file) are read by [`read_named`], the one reader of them: a link is followed, as the user
+//! chose the path, but only a regular file within a size is read, never a pipe or a device;
+//! [`read_private`], for a secret or a private key, also refuses a file others may read.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};

@@ -3,9 +3,16 @@
 //! (a) dense push+pull through a real server over loopback TCP, against a raw TCP copy of the
 //!     same bytes (client sends N bytes, server echoes N bytes) in the same process;
 //! (b) sparse pull and push keys/s through one server, against the same table driven
-//!     in-memory without the network;
+//!     in-memory without the network, and beside the servers of other builds
+//!     (`--baseline-exe`, in alternating `--rounds`: `sparse.rs`);
 //! (c) CTR-DNN training samples/s locally (1 and 2 threads) and with 2 servers x 2 workers
-//!     launched as processes, with the test AUC reached.
+//!     launched as processes, with the test AUC reached, the model written as shorthand and as a
+//!     layer graph side by side.
+//!
+//! With `--models`, instead: the model zoo's table, every zoo model locally and on 2 servers x
+//! 2 workers. The other measurements are `quality.rs` (`--quality`: local against sync and async),
+//! `recovery.rs` (`--recovery`: what surviving a killed server or trainer costs) and `security.rs`
+//! (`--security`: what the secret and TLS cost).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

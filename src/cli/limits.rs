@@ -1,6 +1,6 @@
 //! Bounds on peers as flags, each checked: a server's (`oar pserver`, and `oar train` in the
 //! server role), resolved into [`Limits`]; `oar serve`'s ([`serve_limits`]); and the one parser
-//! of seconds flags.
+//! of seconds flags, at most 30 days.
 
 use std::time::Duration;
 

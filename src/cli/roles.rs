@@ -3,7 +3,26 @@
 //! `--recoverable` server or trainer is a restart and of what (`recover_server`,
 //! `recoverable_trainer`), the server settings of an `oar train` that turns out to be a server,
 //! and an engine rank's place through the rendezvous (`engine_rank`, with Slurm's and one
-//! host's default rendezvous addresses).
+//! host's default rendezvous addresses). Unit-tested.
+//!
+//! `--recoverable`: an engine that restarts a process (Kubernetes' restart policies, `oar cluster
+//! ssh --max-restarts`) can only run the same command line again, so each process works out what
+//! it is from the job's checkpoint folder (`OUTPUT/checkpoints`), keyed by `--job`. `oar launch
+//! --max-restarts` starts its children the same way, adding only a server's port and epoch, so
+//! there is one restart path.
+//!
+//! - A server that finds its folder claimed by this job (`server-K/fence.json`) is a restart: it
+//!   takes the next epoch and resumes from its newest checkpoint if that one is this job's
+//!   (`entry.json` names the job; checkpoints of the job that cannot be read are refused unless
+//!   `--start-empty`); as every restarted server, it reads `trainers.json` for the trainers that
+//!   had closed or ended the pass, and it waits `--trainer-rejoin` (60 s) for a lost trainer. No
+//!   claim of this job: a fresh start.
+//! - A trainer that finds `trainer-K.position` of this job rejoins from it (as `--rejoin`), and
+//!   waits `--recover-timeout` (60 s) for a lost server.
+//! - Once a run has finished (every trainer closed), its servers mark it (`finished.json`) and its
+//!   trainers their records, so the same command lines run again are a new run: the finished
+//!   run's server folder is moved aside, never resumed. Another `--job` starts afresh in the same
+//!   folder.
 
 use std::time::Duration;
 

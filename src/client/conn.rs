@@ -1,6 +1,9 @@
-//! One connection to one port of one server: sending a frame, reading a reply (a server's
-//! error becomes [`ClientError::Refused`]), the secret's challenge and response, and connecting
-//! with backoff while a server starts.
+//! One connection to one port of one server ([`Wire`]: plain TCP, or TLS over it, its TLS
+//! handshake done at connect and a close_notify sent on drop): sending a frame, reading a reply
+//! within its deadline ([`Deadline`]: a whole reply within the reply timeout, the socket's timeout
+//! set to the time left before each read), a server's error kept with its code
+//! ([`ClientError::Refused`]), the secret's challenge and response, and connecting with backoff
+//! while a server starts.
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! What can go wrong talking to servers ([`ClientError`], each naming the server), and which
-//! of it a restarted server could cure.
+//! of it a restarted server could cure (unit-tested).
 
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
 //! A step's push: the gradients split by owner (dense blocks where they lie, sparse rows by
-//! id), sent to every server at once.
+//! id), sent to every server at once. Where servers hold a push until it is committed (a sync
+//! step over several servers), the commit goes to each once all of them hold it, and a server
+//! restarted meanwhile is sent the push again first.
 
 use std::borrow::Cow;
 

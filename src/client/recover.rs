@@ -1,8 +1,10 @@
 //! A call that survives a lost server: every frame is written to every server before any reply
-//! is read; a server lost on the way (broken connection, nobody listening, a replaced epoch) is,
-//! with recovery on (`--recover-timeout`), reconnected until the window ends, told again what it
-//! must know of this trainer (its declaration, its ended pass), and sent only its own part of
-//! the call again. A push sent again this way is counted once by the server (its ledger).
+//! is read, and the replies are read as they come (`ready.rs`); a server lost on the way (broken
+//! connection, nobody listening, a replaced epoch) is, with recovery on (`--recover-timeout`),
+//! reconnected until the window ends as soon as it is found lost, told again what it must know
+//! of this trainer (its declaration, its ended pass), and sent only its own part of the call
+//! again. A push sent again this way is counted once by the server (its ledger). `on_first` is
+//! the same for a request to server 0 alone.
 
 use std::time::{Duration, Instant};
 

@@ -5,6 +5,9 @@
 //! hold a file gzipped (`<file>.gz`), which is unpacked and checked by its content. Downloads go
 //! to a `.part` file that is renamed only once the checksum matches, so a failed or tampered
 //! download never leaves a file that looks complete.
+//!
+//! Downloads use `ureq`, blocking, small, with rustls for the https hosts: a download is one
+//! request per file at start-up, so an async client would buy nothing; `sha2` checks the content.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -1,6 +1,7 @@
 //! Turns the seed examples' raw data sets into [`super::format::plain`] train/test files, the way
-//! PaddlePaddle's `paddle.dataset` modules prepare them, and computes the simple baselines the
-//! trained models are judged against.
+//! PaddlePaddle's `paddle.dataset` modules prepare them (UCI housing, [`uci_housing`], and the
+//! PTB N-grams of `imikolov`, [`imikolov`]), and computes the simple baselines the trained models
+//! are judged against.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};

@@ -2,6 +2,10 @@
 //! 10^8 ids, a table of dim 10^8, a batch that needs terabytes) into an error naming the layer
 //! or setting, before memory runs out. Without them such a job file made the trainer allocate
 //! until the kernel killed it (measured: 24 GiB, then SIGKILL) or wrapped a size.
+//!
+//! Bounded: a layer's settings, tensors, floats per sample, dense parameters, and a batch (with
+//! its threads' replicas) against the memory the process may take: the least of the system's
+//! `MemAvailable`, its cgroup's room and what `RLIMIT_AS` leaves ([`available_memory`]).
 
 use crate::nn::layer::Shape;
 use crate::nn::{MAX_FIELDS, MAX_TENSOR_FLOATS};

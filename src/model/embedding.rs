@@ -5,6 +5,14 @@
 //!
 //! It is not a [`crate::nn::layer::Layer`]: its rows come from the parameter servers (pulled for
 //! the batch's unique ids of its table) and its gradients go back to them as per-row sums.
+//!
+//! Pooling is sum, mean or sqrt-n, with per-id weights; backward adds each position's output
+//! gradient onto its row's gradient sum. One-hot data is the case of bags of one id (no offsets
+//! stored) on the same code path, with a copy instead of a loop. A sequence embedding (`sequence
+//! = L`) keeps each bag's last `L` ids in order and writes a second tensor, `NAME.mask`, which
+//! the graph places after the layers' tensors and orders with its embedding: masks are data, not
+//! layers, so attention layers take them as an ordinary (gradient-free) input and the export
+//! computes them from the bags' lengths.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,8 @@
-//! Running a [`Model`] on a batch: forward through the nodes in order, the heads' losses, and
-//! backward in reverse order, with every tensor's values and gradients in reusable buffers.
+//! Running a [`Model`] on a batch: forward through the nodes in order, the heads' weighted losses
+//! (a `value` head's loss is the value of its tensor, with gradient 1), and backward in reverse
+//! order, each tensor's gradient accumulated from every layer it feeds, with every tensor's values
+//! and gradients in reusable buffers. Each sample's dropout seed is made here, from its content and
+//! the step.
 
 use super::graph::{Model, Op, DENSE};
 use crate::base::batch::Batch;

@@ -6,12 +6,24 @@
 //! whose built-ins are [`crate::nn::layers`]) and loss heads ([`HeadConfig`]). The tensor
 //! `dense` holds the batch's dense features. [`Model::build`] checks the whole graph (unknown
 //! tensors and types, cycles, width mismatches, dangling layers) before anything runs; a
-//! [`Model`] then runs forward/backward on a batch ([`Model::train_step`]).
+//! [`Model`] then runs forward/backward on a batch ([`Model::train_step`]). Here too: what the
+//! model reads from the data ([`Input`]) and the [`TableSpec`] its
+//! servers hold ([`Model::table_spec`]).
+//!
+//! Why graphs of named layers in the job file, as HugeCTR has them
+//! (`../shared/research/models.md` compares HugeCTR, PaddleRec, TorchRec, FuxiCTR and DeepCTR): a
+//! layer's output tensor carries its name, a tensor may feed several layers (backward adds, so
+//! no copies), and the graph is checked as a whole before any process starts, each error naming
+//! the layer. A program adds layer types through its [`Registry`] and still runs all of `oar`
+//! (`cli::main_with`); a job file naming a type the binary lacks is refused before anything
+//! starts.
 //!
 //! The shorthand of earlier job files (`slots`, `embedding_dim`, `hidden`, `outputs`, `loss`)
-//! expands into `embedding -> concat(dense) -> mlp -> loss` ([`ModelConfig::graph`]): the
-//! three seed examples (CTR-DNN, UCI housing, PTB N-gram) and models saved before layer graphs
-//! run on the same code path as any graph.
+//! expands into `embedding -> concat(dense) -> mlp -> loss` ([`ModelConfig::graph`]) with the
+//! table and parameter names models were saved under before (`embedding`, `fc.0.w`, ...): the
+//! three seed examples (CTR-DNN, UCI housing, PTB N-gram), old job files and models saved before
+//! layer graphs run on the same code path as any graph, and the CTR-DNN written as a graph
+//! (`examples/ctr_dnn_graph.toml`) is the very same model.
 
 mod budget;
 mod builder;

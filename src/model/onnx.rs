@@ -11,6 +11,11 @@
 //! without a row reads as zeros, as in `oar predict`. Outputs: per head `H.score` (`H` its
 //! tensor): the click probability `[N, 1]` (log-loss), the value `[N, 1]` (square) or the
 //! class probabilities `[N, C]` (softmax).
+//!
+//! The complete model holds each table's rows: one `LabelEncoder` per table maps ids to row
+//! numbers (an id without a row to a row of zeros), a `Gather` reads the rows, and the embedding
+//! layer's pooling follows. Every other layer writes itself through `Layer::export_onnx`; a
+//! layer without an ONNX form is refused, by name.
 
 use std::collections::HashMap;
 

@@ -1,5 +1,12 @@
 //! Quality metrics over a pass: the mean loss, and per loss kind exact AUC (ties get their
 //! average rank), mean squared error or perplexity.
+//!
+//! Also the figures that add up across processes: [`AucBuckets`], Paddle's AUC histogram of 4,096
+//! buckets, which trainers' histograms add up exactly (the AUC over all trainers), with the sums
+//! of absolute error, squared error and predictions that Paddle's `ctr_metric_bundle` adds for MAE,
+//! RMSE, predicted CTR and COPC ([`CtrBundle`]); [`EvalReport`], an evaluation's figures by loss
+//! (AUC and log-loss with the mean predicted and actual CTR, MSE, perplexity, or a value head's
+//! mean loss); and [`Staleness`], a histogram of how many updates behind pushes arrived.
 
 use serde::{Deserialize, Serialize};
 

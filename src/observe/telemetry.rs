@@ -1,11 +1,18 @@
 //! Prometheus metrics over HTTP (`--metrics-addr HOST:PORT` on servers and trainers): `GET
 //! /metrics` answers the process's figures in the OpenMetrics text format, encoded by the
-//! `prometheus-client` crate and served by axum on a thread of its own, so a scrape never waits
-//! on training and a busy trainer never delays a scrape. A process that listens prints
-//! `OAR_METRICS <addr>` on stdout, which launchers collect.
+//! `prometheus-client` crate (the Prometheus project's Rust client) and served by axum through
+//! the bounded listener of `base/http.rs` ([`Exporter`]). A process that listens prints
+//! `OAR_METRICS <addr>` on stdout, which launchers collect. What a server and a trainer expose
+//! is in `server/telemetry.rs` and `train/telemetry.rs`.
 //!
-//! A [`Sheet`] is filled on each scrape from the process's own counters (servers: their
-//! `ServerStats`), plus [`Latency`] histograms observed where requests are timed.
+//! Pulled by Prometheus, not pushed: the endpoint runs on a thread with a small tokio runtime of
+//! its own, so a scrape never waits on a training step or a table lock longer than reading the
+//! counters takes, and a stalled scraper costs training nothing. A [`Sheet`] (counters, gauges,
+//! labelled gauges and [`Latency`] histograms) is built afresh on each scrape from the counters
+//! the process keeps anyway (a server's `ServerStats`), so the summary, the `Stats` request and
+//! the metrics have one source of truth; only the latency histograms, observed where requests are
+//! timed, are kept for the metrics alone. The tests read the text with a separate parser
+//! (`prometheus-parse`) over a real HTTP client (ureq).
 
 use std::net::SocketAddr;
 use std::sync::Arc;

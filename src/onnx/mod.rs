@@ -1,9 +1,14 @@
 //! Writing ONNX graphs: a [`Graph`] builder that names values, holds weights as initializers and
 //! encodes a model file (opset 17, `ai.onnx.ml` 3), and the [`proto`] messages it encodes.
 //!
-//! Every tensor of an oar model is written as a 2-D `[N, size]` f32 value (the batch first), the
-//! same sample-major bytes the trainer's buffers hold; a layer that needs its fields reshapes
-//! to `[N, F, D]` inside its own nodes.
+//! Values are named under the scope of the layer being written, so two layers' nodes never clash;
+//! weights are initializers with their raw little-endian bytes; `op`, `reshape`, `reduce_sum` and
+//! their kin add the nodes a layer's form needs. Every tensor of an oar model is written as a 2-D
+//! `[N, size]` f32 value (the batch first), the same sample-major bytes the trainer's buffers
+//! hold; a layer that needs its fields reshapes to `[N, F, D]` inside its own nodes.
+//!
+//! oar writes ONNX for other tools and never runs it: prediction and `oar serve` score with
+//! oar's own forward pass, whose numbers `oar predict` writes.
 
 pub mod proto;
 

@@ -3,9 +3,10 @@
 //!
 //! Why by hand: the generated alternatives bring either a protobuf compiler at build time
 //! (`prost-build`) or a second protobuf runtime and a 10 000-line generated file
-//! (`onnx-protobuf`, `tract-onnx`) for the nine messages oar writes. Fields oar never sets are
-//! left out; protobuf readers skip what a message does not carry, and onnx.checker plus
-//! onnxruntime read these files in CI.
+//! (`onnx-protobuf`, `tract-onnx`) or a whole inference engine, for the nine messages oar writes;
+//! declared here they take about 200 lines. Fields oar never sets are left out; protobuf readers
+//! skip what a message does not carry, and CI checks every written file with `onnx.checker` and
+//! runs it in onnxruntime.
 
 /// A whole model file.
 #[derive(Clone, PartialEq, prost::Message)]

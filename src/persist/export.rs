@@ -8,6 +8,17 @@
 //! (`base` or `delta`), `server` and `num_servers`. A delta applied on its base (deletions
 //! first, then the rows) gives the base saved at the same moment. The done-file has one line
 //! per save: `day pass kind path unix_ms`, tab-separated.
+//!
+//! [`collect`] gathers the rows a save keeps (the caller holds updates off meanwhile) and
+//! [`write()`] writes them without holding anything; [`read`] checks every length; [`ExportPlan`]
+//! says which save is due (a base first, a delta every N passes, a base at a day's end); the
+//! done-file is read and appended to as [`DoneLine`]s, each save announced once and durably.
+//!
+//! Why safetensors beside the checkpoints, not instead of them: a checkpoint keeps the optimizer
+//! state and statistics so training can go on; a save for serving keeps only the weights a pull
+//! reads, in a format other tools read (the `safetensors` crate), and a delta names the rows
+//! removed since the last save, so applying the deltas on a base in order gives exactly the base
+//! of that moment (tested with evictions and shrinks in between).
 
 use std::collections::HashMap;
 use std::io::Write;

@@ -1,4 +1,7 @@
-//! Reading and writing frames, async (server) and blocking (trainer).
+//! Reading and writing frames, async (server) and blocking (trainer). A receive buffer
+//! ([`FrameBuf`]) grows with the bytes that arrive, never with what a frame's header claims, and
+//! shrinks back once large frames stop coming; a server's connections' buffers together hold at
+//! most their [`BufferBudget`].
 
 use std::io::IoSlice;
 

@@ -8,8 +8,16 @@
 //! into messages that borrow their arrays from that buffer (`Cow::Borrowed`). Frames above the
 //! receiver's maximum size are refused before their payload is read.
 //!
-//! A connection opens with [`Request::Hello`] (protocol version, job id, the client's view of the
-//! cluster); the server answers [`Response::Welcome`] or an error and closes.
+//! A connection opens with [`Request::Hello`] (magic, protocol version, job id, the client's view
+//! of the cluster, the trainer it belongs to, the newest epoch of the server it has met); the
+//! server answers [`Response::Welcome`] or an error and closes. Errors carry a typed code
+//! ([`ErrorCode`]).
+//!
+//! Why our own framing: `../shared/research/deps.md` measured raw tokio framing at loopback line
+//! rate where tonic and tarpc reached 20-50% of it, and zero copies need control of the layout:
+//! arrays 8-byte aligned in the payload so the receiver decodes them in place (`bytemuck`),
+//! frames written with vectored writes straight from the caller's slices. The server reads
+//! frames with tokio, the trainer with blocking `std::net` sockets (`io.rs`'s two halves).
 
 pub mod auth;
 mod codec;

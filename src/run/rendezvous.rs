@@ -1,8 +1,9 @@
 //! One rendezvous for every cluster engine. An engine (mpirun, srun, ...) tells a process only
-//! its rank and the world size; ranks `0..S-1` become servers and the rest trainers. Rank 0
-//! listens on the rendezvous address; every process (rank 0 included) registers its own
-//! server address there, and once all `size` ranks are present each receives the full layout.
-//! A wait that times out names the ranks that never registered.
+//! its rank and the world size (`OMPI_COMM_WORLD_*`, `PMI_*`, `SLURM_*`); ranks `0..S-1` become
+//! servers and the rest trainers. Rank 0 listens on the rendezvous address; every process (rank 0
+//! included) registers its own server address there (the local address of its connection to rank
+//! 0, so the interface that routes there), and once all `size` ranks are present each receives
+//! the full layout. A wait that times out names the ranks that never registered.
 //!
 //! The protocol is one JSON line each way over TCP: `{"rank":r,"size":n,"addr":"host:port"}`
 //! in, `{"servers":["host:port",...]}` (by server index) or `{"error":"..."}` out. With the

@@ -6,6 +6,17 @@
 //! `OAR_PROGRESS <bytes> <samples>` from trainers, `OAR_RESULT <json>` when a trainer ends, and
 //! `OAR_PID <pid>` from the wrapper that starts a process on a remote host. Everything else goes
 //! to the log.
+//!
+//! Why stdout: servers bind port 0 and say where they listen, so no port is ever guessed, and no
+//! sleep decides readiness. `oar launch` and `oar cluster ssh` share this supervision: for ssh
+//! the child is the local ssh client, whose output is the remote log streamed back, so the same
+//! lines arrive from another host.
+//!
+//! What happens when a child fails is its launcher's `Keeper`'s call (`FailFast` by default:
+//! the job ends naming every failed child, those that stopped because a peer was lost last). A
+//! child that stopped on its own error (exit status 1 or 2: `base::exit::fails_again`) is never
+//! restarted, whichever keeper. The summary counts the restarts made and carries every server's
+//! counters (`server_stats`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

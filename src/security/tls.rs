@@ -7,6 +7,15 @@
 //! issued for a name (`oar` unless told otherwise), not for its address, so one certificate
 //! serves a job whose servers move between hosts; clients check it against the job's
 //! certificate authority and that name.
+//! The secret's handshake still runs inside TLS: TLS says the server is the job's, the secret
+//! says the client is.
+//!
+//! PEM files are read as regular files of at most 1 MiB, links followed (Kubernetes mounts its
+//! Secrets through them), a private key only if no one but its owner may read it; rustls parses
+//! them (`pki-types`). rustls runs with the `ring` provider, which `ureq` already brings, so no C
+//! toolchain is needed for aws-lc: `tokio-rustls` on the server, rustls's blocking `StreamOwned`
+//! in the trainer. [`generate`] makes a job's certificate authority and one server certificate
+//! with `rcgen`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -10,11 +10,19 @@
 //! | `GET /metrics` | Prometheus: requests, samples, refusals, reloads, the served pass, latency |
 //!
 //! Scores come from oar's own forward pass ([`crate::serve::predict::Scorer`], the numbers of `oar
-//! predict`), on tokio's blocking pool so a long batch never stalls the connections. A watcher
-//! polls the model folder (`latest` and the pass's `manifest.json`, which a save writes last);
-//! when they change it loads the new pass beside the old one and swaps it in: a request holds
-//! the model it started with to its end, so none is dropped or mixed. A pass that fails to load
-//! (torn, another job's) is reported and the old one kept.
+//! predict`), on tokio's blocking pool so a long batch never stalls the connections. Only the
+//! heads that score are answered, and only the slots they read are needed (`Model::scored_heads`,
+//! `Model::scored_slots`): a `value` head is a training loss. A request is scored 4,096 samples at
+//! a time, so its activations take what that many do however many samples it holds, and as many
+//! requests are parsed and scored at once as there are cores (at least 2). A turn is held by the
+//! scoring itself, not by the request's handler, which goes when its client hangs up. Request
+//! bodies take room in one budget of bytes (`base::http::Bodies`), waiting or being scored.
+//!
+//! A watcher polls the model folder (`latest` and the pass's `manifest.json`, which a save writes
+//! last); when they change it loads the new pass beside the old one and swaps it in behind an
+//! `Arc`: a request holds the model it started with to its end, so none is dropped or mixed. A
+//! pass that fails to load (torn, another job's) is reported and the old one kept. Connections
+//! are served by the bounded listener of `base/http.rs`.
 
 pub mod model_export;
 pub mod predict;

@@ -1,7 +1,16 @@
-//! One connection: the handshake, who the connection may act for, and dispatch of its
-//! requests to the handlers. Before its `Hello` is accepted a connection may send one small
-//! frame within `--handshake-timeout`; after it, frames up to `--max-frame-mb`. TCP keepalive
-//! notices a peer whose host vanished.
+//! One connection: TCP keepalive (it notices a peer whose host vanished), TLS accepted within
+//! `--handshake-timeout` when configured, then one frame loop over the TCP or TLS halves alike.
+//! With a secret, the challenge and response come before any other frame; then the handshake,
+//! who the connection may act for, and dispatch of its requests to the handlers. Before its
+//! `Hello` is accepted a connection may send one small frame within `--handshake-timeout`; after
+//! it, frames up to `--max-frame-mb`.
+//!
+//! Who may send what (`Sender`): anyone reads (a pull that creates no row, the counters, the AUC
+//! over all trainers); only a trainer of the job declares tables or pulls with row creation; only
+//! trainer t pushes, commits, ends a pass, waits at a barrier or closes for t; only trainer 0 or
+//! an operator saves, saves for serving or runs a day end's shrink; only an operator shrinks at
+//! any other time (on a server without a secret, anyone). With a secret, the trainer a
+//! connection acts for is the one its proof names, and a `Hello` naming another is refused.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;

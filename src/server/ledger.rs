@@ -1,8 +1,18 @@
 //! Which pushes of a trainer a server has handled: a push is known by (trainer, step), and a
 //! push sent again (by a restarted trainer, which numbers its batches the same way from its
 //! recorded position, or by a client whose connection broke before the reply) is answered with
-//! the first one's outcome instead of being applied twice. Pure state: the server keeps one per
-//! trainer and writes them into its checkpoints in the same cut as the shard.
+//! the first one's outcome instead of being applied twice. A [`TrainerLedger`] is a watermark plus
+//! a window of the steps handled out of order (at most [`WINDOW`] past it), each with the parts
+//! handled and whether it was discarded, and the samples applied or discarded. Pure state: the
+//! server keeps one per trainer and writes them into its checkpoints in the same cut as the shard.
+//!
+//! Exactly once, counted where it is applied: the step is numbered from the trainer's position, so
+//! a restart numbers the same batch the same way, and the cut is taken under the update gate, so a
+//! restarted server knows exactly which pushes its state holds. `ServerStats` counts per trainer
+//! the samples the server applied and discarded; `oar launch` writes every server's counters into
+//! `summary.json` (`server_stats`), and the tests check those, not what the trainers say they sent.
+//! A server's own restart still loses the updates since its checkpoint: trainers resend only their
+//! unanswered push.
 
 use std::collections::BTreeMap;
 

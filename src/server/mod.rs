@@ -1,6 +1,12 @@
 //! The parameter server: accepts trainer connections and serves pulls, pushes, barriers and
 //! saves on its [`Shard`].
 //!
+//! [`run`] is a driver: `restore` (the state the server starts with, from its configuration, its
+//! resume and its predecessor's record), the metrics endpoint, `start_checkpoints` (the checkpoint
+//! thread, fed by `State::cut`), an accept loop per port (`accept.rs`), then whichever of
+//! `ends.rs`'s futures comes first. A connection's frames go through `conn.rs` to the handlers of
+//! `requests.rs`, `push.rs` and `members.rs`.
+//!
 //! Concurrency: one tokio task per connection; all state lives in one `State` shared by `Arc`
 //! (no globals). Locks are parking_lot/std mutexes held only for in-memory work and never across
 //! an `.await`; waiting (sync steps, barriers) goes through `watch` channels with a timeout whose

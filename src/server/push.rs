@@ -1,7 +1,12 @@
-//! Pushes: checked (tables, lengths, finite numbers), then applied at once (async) or gathered
-//! into the sync step (sync mode, and async mode's warm-up) and applied once committed, each
-//! (trainer, step) once: a push sent again is answered from its trainer's ledger (see
-//! [`super::sync`]).
+//! Pushes: every one checked first (its tables, its lengths, finite numbers within ±1e18), then
+//! applied at once (async) or gathered into the sync step (sync mode, and async mode's warm-up)
+//! and applied once committed, each (trainer, step) once: a push sent again is answered from
+//! its trainer's ledger (see [`super::sync`]).
+//!
+//! Async: a push is applied at once, or discarded when too stale, and the two halves of a split
+//! push (dense and sparse ports) share one verdict, the first's. Sync and merged: a push is held
+//! in the step and applied once every active trainer has committed its own (a lone server
+//! commits on arrival), so a step is applied on every server or on none.
 //!
 //! Locks, always in this order: `sync` (the pending step), `gate` (shared by every update,
 //! exclusive for a checkpoint's snapshot, so a checkpoint holds whole steps and the ledgers that

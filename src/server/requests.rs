@@ -1,5 +1,10 @@
-//! The requests that are not pushes or membership: declaring the tables (within a memory
-//! budget), pulls, and saves (only inside the save root, off the async workers).
+//! The requests that are not pushes or membership: declaring the tables (costed against
+//! `--max-declare-mb` before anything is allocated), pulls, saves, and the day end's shrink.
+//! Saves (a pass's shard files, and base or delta saves for serving) are written only inside the
+//! save root (a relative folder taken inside it, `..` refused, links resolved) and on a blocking
+//! thread, off the async workers. A base or delta save is gathered under the update gate taken
+//! exclusively, so it holds whole updates, and written after the gate is released. A shrink sweeps
+//! the tables under the gate taken shared, beside pushes.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;

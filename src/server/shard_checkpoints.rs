@@ -1,10 +1,20 @@
 //! Background checkpoints of one server's shard. Every period a [`ShardSnapshot`] is taken
-//! under short locks and written on the checkpoint thread into
-//! `DIR/server-K/ckpt-NNNNNN/` (the shard file with its CRC-32, and `entry.json`), first under
-//! a `.tmp` name that is renamed once complete, so a crash mid-write leaves only a temporary
-//! folder. The last `keep` checkpoints are kept. A failed write (a full disk) is logged and the
-//! next period tries again: training never waits for a checkpoint. Loading takes the newest
-//! checkpoint whose CRC checks, and falls back to older ones.
+//! under short locks and written on the checkpoint thread ([`run`], through a [`Checkpointer`])
+//! into `DIR/server-K/ckpt-NNNNNN/` (the shard file with its CRC-32, and `entry.json`), first
+//! under a `.tmp` name that is renamed once complete, so a crash mid-write leaves only a temporary
+//! folder, cleared at the next start. The last `keep` checkpoints are kept. A failed write (a full
+//! disk) is logged and the next period tries again: training never waits for a checkpoint.
+//! Loading ([`load_latest`]) takes the newest checkpoint whose CRC checks, and falls back to
+//! older ones.
+//!
+//! Also the rest of what a restarted server reads from its folder. [`Fence`]: each server claims
+//! its folder for (job, epoch) at start and publishes a checkpoint only while no newer epoch has
+//! claimed it. [`Trainers`] (`trainers.json`): which trainers have closed and which have ended the
+//! current pass, rewritten whenever that changes and read back by any restarted server (a trainer
+//! that ended its pass waits at server 0's barrier and would never tell a restarted server 1
+//! again). [`earlier_life`]: what an earlier process of the same job left (its last epoch, whether
+//! the newest checkpoint is this job's, whether the run finished), which with [`Trainers`] is all
+//! `--recoverable` needs.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,12 +1,20 @@
 //! Row statistics and the rules on them, as PaddlePaddle's `CtrCommonAccessor` defines them:
 //! every row counts the shows and clicks pushed for it, the days since it was last pushed and a
 //! delta score since the last delta save; `shrink` decays the counts and says which rows to
-//! delete; an optional threshold holds back a row's `embedx` part (every weight after the first)
-//! until the row has been seen enough. Pure functions on a row's four statistics floats.
+//! delete; the score ranks rows for eviction and the save rules say which rows a base or a delta
+//! save for serving keeps; an optional threshold holds back a row's `embedx` part (every weight
+//! after the first) until the row has been seen enough. Pure functions on a row's four statistics
+//! floats.
 //!
 //! A show is one occurrence of the id in a sample; a click is that sample's label of the model's
 //! first log-loss head (0 or 1, or a soft label). A model with no log-loss head (regression,
 //! softmax) pushes no clicks, so a row's score is `nonclk_coeff * show`: how often it was seen.
+//!
+//! The statistics live inside the row, after its weights, in the cache line a pull reads
+//! (`mem/rows.rs`), so an `embedx_threshold` costs pulls nothing more; the unseen days too where
+//! the line has room. Pushes carry each id's shows and clicks beside its gradient sum, counted by
+//! the trainer from the batch and summed in trainer order by a sync step like the gradients:
+//! Paddle carries them the same way, as the first floats of its push value.
 
 use serde::{Deserialize, Serialize};
 

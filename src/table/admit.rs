@@ -16,9 +16,13 @@
 //! unseen for more than the table's `delete_after_unseen_days` (Paddle's legacy table kept an
 //! id's count in a row that its shrink deleted by the same rule). So `count_filter_entry:2`
 //! admits an id seen twice within that many days, not an id seen once a month; the
-//! sliding filters of the KDD'13 paper and Monolith forget old sightings too. A table's
-//! `filter_forget_after_days` sets a window of the pending ids' own (0: a day's shrink forgets
-//! them all, so only ids seen twice within a day are admitted).
+//! sliding filters of the KDD'13 paper and Monolith forget old sightings too, Monolith by
+//! rotating filter splits as they fill, where here the window is one a user already set for rows.
+//! A table's `filter_forget_after_days` sets a window of the pending ids' own (0: a day's shrink
+//! forgets them all, so only ids seen twice within a day are admitted).
+//!
+//! Written here: a counting Bloom filter crate counts without a bound on memory per id and evicts
+//! nothing, and Monolith's design is about 20 lines.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,5 +1,7 @@
-//! How a parameter's initial values are drawn: a pure function of a counter (the seed and
-//! the value's position or row id), so every server count draws the same model.
+//! How a parameter's initial values are drawn ([`Init`]: zeros, uniform, normal or a constant):
+//! a pure function of a counter (the seed and the value's position or row id), so every server
+//! count draws the same model and a row starts the same on any server. A normal draw is a
+//! Box-Muller transform of the counter's hash's two halves.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,12 +1,20 @@
 //! Server-side model state: the part of every table that one server owns (a [`Shard`]).
 //!
-//! A [`TableSpec`] describes the whole model's parameters (dense params cut into blocks, sparse
-//! embedding tables), with their initializers and optimizers. Initial values depend only on
-//! (seed, global position) for dense floats and (table seed, id) for sparse rows, never on how
-//! many servers there are, so 1 server and 3 servers train the very same model.
+//! A [`TableSpec`] describes the whole model's parameters. The dense parameters (`DenseParam`s,
+//! cut into blocks) each have an initializer and an `Update`: the dense optimizer, or Paddle's
+//! summary rule for the statistics a layer keeps (`data_norm`'s counts and sums). Each sparse
+//! embedding table has a `SparseSpec` of its own: its dim, initializer, optimizer and learning
+//! rate, its accessor (the row statistics and their rules), its admission entry and its capacity.
+//! Trainers deduplicate ids per table, and the same id in two tables is two rows.
+//!
+//! Initial values depend only on a counter, (seed, global position) for dense floats and (table
+//! seed, id) for sparse rows, never on how many servers there are or on the order pushes arrive
+//! in; with sync steps summed in trainer order, 1 server and 3 servers train the very same model,
+//! which the integration tests check bit for bit.
 //!
 //! This module does no I/O and knows nothing of the network: the server, the local trainer and
-//! the offline evaluator all use it directly.
+//! the offline evaluator all use it directly. The memory under the sparse rows, and every
+//! `unsafe` block of the tables, is [`mem`]'s.
 
 pub mod accessor;
 pub mod admit;

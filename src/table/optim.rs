@@ -5,7 +5,9 @@
 //! with L2 regularization added to the gradient (`weight_decay`), so results can be checked
 //! against PyTorch. Gradients arrive as sums over a batch; `scale` (1 / samples) turns them into
 //! the batch mean before the update. Sparse tables may instead run PaddlePaddle's own rules
-//! ([`super::paddle_rules`]), with Paddle's defaults.
+//! ([`super::paddle_rules`]), with Paddle's defaults, and the dense parameters Paddle's
+//! `DAdamD2Sum` (`adam_d2sum`), the dense Adam of its parameter-server mode. Settings a job file
+//! leaves out take the rule's own defaults.
 
 use serde::{Deserialize, Serialize};
 

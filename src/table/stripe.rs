@@ -1,7 +1,16 @@
 //! One stripe of a sparse table: its packed rows ([`Rows`]: id, weights, statistics, optimizer
 //! state), the index from ids to rows ([`Index`]), and the lifecycle of rows: creation,
-//! admission counts, eviction of the lowest-score row near a newcomer when the stripe is full,
-//! and removal by a shrink. A removed row's place in the slab takes the slab's last row.
+//! admission counts (the table's count filter, per stripe), eviction of the lowest-score row near
+//! a newcomer when the stripe is full, removal by a shrink's sweep, and the counts of all of it
+//! ([`Lifecycle`]). A removed row's place in the slab takes the slab's last row, and its id goes
+//! into a log of removed ids that the next delta save names (at most [`MAX_REMOVED`]: past it the
+//! log is dropped and the next save is a base).
+//!
+//! Capacity eviction is near the newcomer, not a global LRU: a new row evicts the row with the
+//! lowest score (the accessor's) among the 32 index slots of its home bucket and the next, never a
+//! row of the batch being applied, as HierarchicalKV evicts the lowest score of the new key's
+//! 128-slot bucket. No global list to keep in order, O(32) per eviction, and the victim is a row
+//! the accessor's score ranks low.
 
 use super::accessor::{Accessor, Verdict};
 use super::admit::{self, AdmissionState, CountFilter, Entry};

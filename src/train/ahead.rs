@@ -4,10 +4,15 @@
 //! Jobs run in the order they are sent over the trainer's one connection per server, so a pull
 //! sent before a push never sees that push: a trainer computes from parameters that lack its
 //! own latest update (one step of extra staleness, as PaddlePaddle's async communicator), and in
-//! exchange its core never idles while servers work. Off by default (`pull_ahead`): the extra
-//! step costs sequence and multi-task models 0.01-0.07 AUC for about 12% more samples/s on the
-//! CTR-DNN (README, Modes). Sync mode must not use this: there, the pull of step t+1 has to
-//! follow the barrier of step t.
+//! exchange its core never idles while servers work. Sync mode must not use this: there, the
+//! pull of step t+1 has to follow the barrier of step t.
+//!
+//! Off by default (`pull_ahead`): it buys the CTR-DNN about 12% more samples/s at the same AUC,
+//! but the extra step cost every sequence and multi-task model of the zoo 0.01-0.07 AUC against
+//! local training, where pulling after each push keeps them within 0.007 (README, Modes): a
+//! default must not depend on the model being easy. The default `lag_ratio` of 2.5
+//! (PaddlePaddle's 1.5) leaves room for this pipeline, where a push is normally about
+//! `trainers + 1` updates behind.
 
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 use std::thread::{Scope, ScopedJoinHandle};

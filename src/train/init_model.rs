@@ -3,9 +3,10 @@
 //! trained offline on the history does. Unlike `--resume` it is a job of its own: its passes
 //! are numbered from 1, an online calendar starts at its own first day, and it saves into its
 //! own output. The servers load the model as for a resume (any number of servers: see
-//! [`crate::persist::checkpoint::Manifest::load_resharded`]); this module checks that the job means by
-//! the saved numbers what the job that saved them meant: the same tables and optimizers, and
-//! dense inputs scaled the same way. A resumed job is held to the same scaling.
+//! [`crate::persist::checkpoint::Manifest::load_resharded`]); this module checks that the job
+//! means by the saved numbers what the job that saved them meant ([`StartModel`]: the same tables
+//! and optimizers), and that it scales its dense inputs as that model did, taking its statistics
+//! ([`scaling`], pure and unit-tested). A resumed job is held to the same scaling.
 
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,14 @@
 //! A trainer's job as phases, each with the state it needs in [`Job`]: what the job starts from
-//! ([`with_stats`], [`Job::start`]), each pass ([`Job::train_pass`]), a pass's end (metrics over
-//! all trainers, saves, the day's end: [`Job::end_of_pass`]), and the finish ([`Job::finish`]).
+//! ([`with_stats`], [`Job::start`]: its checks, the store, its position, the metrics endpoint and
+//! the curves), each pass ([`Job::train_pass`]), a pass's end ([`Job::end_of_pass`]: its figures,
+//! the AUC over all trainers, then `meet_and_save`), and the finish ([`Job::finish`]).
 //! [`super::run_with`] drives them.
+//!
+//! `meet_and_save` is the pass's end all trainers share: a barrier; trainer 0's part (at a day's
+//! end the shrink, then the save for serving that is due, the pass's save, the test set's and the
+//! next day's figures); a barrier. The save for serving comes before the pass's save: a crash
+//! between them redoes the pass, saves again and announces the save once, where the other order
+//! could leave a pass without its line in the done-file.
 
 use std::borrow::Cow;
 

@@ -2,6 +2,10 @@
 //! training settings, read from a TOML file and overridden by flags or `OAR_*` environment
 //! variables (precedence: flag > env > file > default). Resolved once, validated, then passed
 //! down by value; nothing re-reads the environment later.
+//!
+//! [`JobConfig`] is the whole file: the model, the optimizers, the training settings and the
+//! data. Its validation builds the model graph ([`build_model`], which also tells the data's
+//! schema what labels the model's heads take), so a bad graph fails before any process starts.
 
 use std::path::{Path, PathBuf};
 

@@ -1,11 +1,16 @@
 //! The trainer: reads its share of the data, and per batch deduplicates ids per table, pulls
 //! parameters, runs forward/backward (split over `threads` data-parallel replicas; in async mode
 //! against servers the threads are Hogwild workers instead, each on its own batches), pushes
-//! gradient sums, and records every head's metrics. After each pass it meets the other trainers at a barrier, trainer 0
-//! saves the model and evaluates it on the test files, and everyone meets again.
+//! gradient sums, and records every head's metrics. After each pass it meets the other trainers
+//! at a barrier, trainer 0 saves the model and evaluates it on the test files, and everyone meets
+//! again.
 //!
 //! The same loop runs locally (parameters in an in-process [`Shard`], no sockets) or against
 //! servers (through a [`Client`]); only [`Store`] differs.
+//!
+//! [`run_with`] is a short driver over `job.rs`'s phases, pass after pass: where a run starts (a
+//! resume, a rejoin's recorded position, a warm start), opening the store, then each pass and its
+//! end. [`evaluate`] scores the model a store holds on files, creating no rows.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -1,7 +1,13 @@
 //! Online training's calendar: the same processes train day after day, each day's files split
 //! into passes (PaddleRec's online trainer: a pass per split of the day's logs). Passes are
 //! numbered across days (day 2's first pass follows day 1's last), so saves per pass, resume and
-//! restarts work as for any job; this module says which day and split a pass is.
+//! restarts work as for any job; this module says which day and split a pass is, and which files
+//! the next day's first split holds (the day's model is judged on them).
+//!
+//! Every trainer declares the calendar it read (`listing`, as `protocol::ListedDay`s), and the
+//! servers compare it with the first trainer's. A pass's manifest records its day
+//! (`SavedDay`), and `check_resume` refuses a resume whose calendar would put the saved passes on
+//! other days; `check_shares` refuses a split that leaves a trainer without a file.
 
 use std::path::PathBuf;
 

@@ -2,6 +2,11 @@
 //! (one, or several Hogwild workers in async mode against servers) pulling, computing and
 //! pushing batch after batch through its [`Comms`], with progress reported from the calling
 //! thread.
+//!
+//! One training loop: local, sync, async with the next pull overlapped, and Hogwild threads
+//! differ only in how a worker gets a batch with its parameters and sends its gradients
+//! ([`Comms`]: `Direct` or `Ahead`); the loop body (compute, push, metrics, timing) is written
+//! once.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};

@@ -6,6 +6,12 @@
 //! one small write to the page cache, a process killed at any instant leaves either the old or
 //! the new record (a single write to a regular file is not interrupted by a signal), and a
 //! record torn by a machine crash is caught by its checksum rather than misread.
+//!
+//! Batches count once every earlier one is pushed ([`PositionLog`]), as Hogwild threads finish
+//! them out of order, so a restart skips only a prefix of its share: the reader leaves out the
+//! samples already pushed, and a warm-up goes on at its next batch part. The record names the
+//! order the lines were read in (the files' order, or a shuffle's seed and window), and a rejoin
+//! that would read another order is refused.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

@@ -1,5 +1,6 @@
 //! Trainer 0's saves at the end of a pass: for serving (a base or a delta of every server's
-//! rows, announced in the done-file once complete), and the rule that a complete save is never
+//! rows, announced in the done-file once complete; a base instead of a delta when a server cannot
+//! name every row it removed since its last save), and the rule that a complete save is never
 //! written over: a rejoining trainer 0 redoing its pass's end keeps the save it made before it
 //! died, and an earlier run's save in the pass's folder is moved aside (servers refuse a save
 //! into a complete one).

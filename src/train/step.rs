@@ -1,4 +1,5 @@
-//! One step's forward/backward, split over data-parallel replicas (`--threads`).
+//! One step's forward/backward, split over data-parallel replicas (`--threads`), and `clip`, the
+//! optional clip of a step's mean gradient to `clip_grad_norm`.
 
 use super::store::Lookups;
 use crate::base::batch::Batch;

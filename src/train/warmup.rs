@@ -1,6 +1,17 @@
 //! Async mode's synchronous warm-up: what is left of it in a pass and where the reader starts
 //! ([`WarmupPlan`]), and the splitting of reader batches into one synchronous step per trainer
 //! ([`Warmup`]).
+//!
+//! Async quality comes from two controls, each measured by `oar bench --quality` (the README has
+//! the table). The first `sync_warmup` updates of a run (100 by default) are synchronous: every
+//! trainer splits its batch into one part per trainer and pushes each part marked `Merged`,
+//! which an async server handles as a sync step, since staleness hurts most while Adam's first
+//! steps are large. After them, a push k > 1 updates stale takes a dense step of lr / k
+//! (`scale_stale_steps`; the server knows k, and Adam would cancel a scaled gradient, so the step
+//! is scaled). Which push gets which treatment is said by the push itself (`protocol::Apply`), so
+//! servers need no setting and cannot disagree with trainers. The warm-up's end needs no message:
+//! every trainer pushes the same number of merged steps (one whose data ends early sends
+//! `EndPass`, as in sync mode), so all leave it at the same update.
 
 use crate::base::batch::Batch;
 use crate::data::Reader;

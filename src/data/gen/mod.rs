@@ -6,6 +6,13 @@
 //! additive model), but self-contained: every random draw is a pure function of (seed, stream,
 //! line, field), so parts are generated in parallel and any line can be regenerated alone.
 //! The planted model's own AUC on the test split (the oracle) is written to `meta.json`.
+//!
+//! The same planted model, turned a little each day (`Drift`: new ids arrive, old ones go quiet,
+//! weights turn), makes the day folders of `oar gen stream` ([`stream`]). The other generators
+//! plant what the model zoo's layers are built to learn, in the formats those models read:
+//! multi-hot slots ([`slots`]), behaviour sequences ([`sequences`]), clicks and conversions
+//! ([`conversions`]), interactions of field pairs ([`interactions`]) and related tasks
+//! ([`tasks`]).
 
 pub mod conversions;
 pub mod interactions;

@@ -1,4 +1,8 @@
-//! Which files a path names and which of them a trainer reads.
+//! Which files a path names and which of them a trainer reads: listing a file, a folder or a `*`
+//! pattern ([`list_files`]; links inside a folder are not followed), each trainer's share by the
+//! files' numeric suffix (`suffix % trainers`, [`shard_files`]), files opened only if regular
+//! ([`open_regular`]), and `oar split`'s parts ([`split_file`], streaming a buffer at a time, so a
+//! line of any length costs no memory; [`check_parts`]).
 
 use std::path::{Path, PathBuf};
 

@@ -1,4 +1,8 @@
-//! A reader thread that turns a list of files into batches, ahead of the trainer.
+//! A reader thread that turns a list of files into batches, ahead of the trainer, through a
+//! bounded channel. Errors name the file and the line ([`DataError`]); at most
+//! [`MAX_LINE_BYTES`] (64 MiB) of a line is kept. Each file is checked again as regular when it is
+//! opened, and a panic on the thread is an error naming the file, never the end of the data.
+//! What becomes of the lines is `sink.rs`'s.
 
 use std::io::{BufRead, Read};
 use std::path::PathBuf;

@@ -1,6 +1,7 @@
-//! Shuffling a trainer's lines within a pass (PaddlePaddle's `InMemoryDataset.local_shuffle`,
-//! or a bounded window of it): click logs are written in time order, and an unshuffled pass
-//! feeds batches of correlated samples, one hour's traffic after another.
+//! Shuffling a trainer's lines within a pass (`[train] shuffle`, PaddlePaddle's
+//! `InMemoryDataset.local_shuffle`, or a bounded window of it): click logs are written in time
+//! order, and an unshuffled pass feeds batches of correlated samples, one hour's traffic after
+//! another.
 //!
 //! A [`Shuffler`] holds raw lines, not parsed samples (a Criteo line is about 200 bytes, its
 //! parsed sample several times that), and gives them back in an order that depends only on its
@@ -8,6 +9,9 @@
 //! same ones again. With a window at least the share's line count it is a uniform permutation
 //! of the whole share; with a smaller one, each line leaves at a uniformly drawn place of the
 //! window once the window is full (what `tf.data`'s `shuffle(buffer_size)` does).
+//! The lines held are bounded (`ShuffleConfig::max_bytes`: the trainer gives a third of the
+//! memory the process may still take when the pass starts), and a share that does not fit is a
+//! [`ShuffleError`], not an abort.
 
 use crate::base::layout::mix64;
 

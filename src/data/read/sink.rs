@@ -1,6 +1,8 @@
 //! Where a reader's lines go ([`Sink`]): parsed and checked into batches, held by the
 //! [`Shuffler`] first when the pass is shuffled, and sent to the trainer less the samples a
-//! rejoining trainer already pushed.
+//! rejoining trainer already pushed. Each sample is checked as it is parsed: its labels within
+//! what the model's heads take (`Schema::label_bounds`, set when the job file's model is built),
+//! at most [`MAX_LINE_IDS`] ids a line and [`MAX_BATCH_IDS`] a batch.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;

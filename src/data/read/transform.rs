@@ -6,6 +6,9 @@
 //! The statistics travel with the model: a job file may name the statistics file
 //! (`dense_stats = "stats.json"`, relative to the job file), which is read once when the job file
 //! is, and the saved model's manifest holds the numbers themselves.
+//!
+//! [`DenseStats`] are the statistics (`oar data stats` computes them), [`Affine`] the scaling they
+//! give, and [`Scaled`] the parser wrapper that `data::parser` returns when the job scales.
 
 use std::path::Path;
 

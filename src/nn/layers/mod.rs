@@ -1,5 +1,5 @@
-//! The layer catalogue: every `type` a job file's `[model] layers` may name (besides the
-//! built-in `embedding`), each a [`Factory`] building a [`Layer`](super::layer::Layer) for its input shapes.
+//! The layer catalogue: every `type` a job file's `[model] layers` may name (besides the built-in
+//! `embedding`), each a [`Factory`] building a [`Layer`](super::layer::Layer) for its input shapes.
 //!
 //! | type | inputs -> output | settings |
 //! |---|---|---|
@@ -27,6 +27,38 @@
 //! | `augru` | (L, E) + scores L [+ mask L] -> H: DIEN's attention-update GRU | `hidden` |
 //! | `next_item_loss` | (L, H) + (L, E) + negatives (L, E) [+ mask L] -> 1: DIEN's auxiliary loss, for a `value` head | `hidden = [100, 50]`, `activation = "relu"`, `init` |
 //! | `target_attention` | E + (L, E) [+ mask L] -> E: DIN's activation unit | `hidden = [80, 40]`, `activation = "prelu"` (or `"dice"`), `softmax = false` |
+//!
+//! Initial values, per layer (each factory's doc has the settings):
+//! - `linear`: PyTorch's default (uniform +-1/sqrt(inputs), weights and bias) for a hidden layer,
+//!   or `init = "zeros"` for a linear term on raw features: a random start on unscaled inputs is
+//!   a random logit the first steps must undo (README, "Sound starts").
+//! - `mlp`: PyTorch's default for every layer, or `init = "xavier"` (Glorot-uniform weights, zero
+//!   biases: Keras's start, which DeepFM, DLRM, xDeepFM and AutoInt+ need to reach FuxiCTR's AUC,
+//!   measured against `examples/zoo/reference/`) or `"xavier_normal"` (FuxiCTR's own).
+//! - `cross`: weights uniform +-1/sqrt(fan-in), biases zero (DCN's reference); `cin`: PyTorch's
+//!   Conv1d default (uniform +-1/sqrt(fan-in)).
+//! - `self_attention` and `gate`: uniform +-1/sqrt(D), no biases (AutoInt's and GateNet's
+//!   projections; a gate starts near 1/2); `self_attention` also takes `"xavier"` or
+//!   `"xavier_normal"` for its projections (`autoint.toml` takes the latter, FuxiCTR's AutoInt
+//!   start); its position vectors stay +-1/sqrt(D).
+//! - `target_attention`: as `mlp`, with PReLU slopes starting at 0.1 (FuxiCTR's DIN; PyTorch's
+//!   0.25 measured 0.007 lower on `oar gen sequences`); `next_item_loss`: its MLP as `mlp`
+//!   (`dien_aux.toml`: xavier, as FuxiCTR's).
+//! - `layer_norm`: gain 1, bias 0; `batch_norm`: gain 1, bias 0, statistics of `prior = 1` sample
+//!   of mean 0 and variance 1; `data_norm`: Paddle's 1e4 such samples (so on a small data set it
+//!   barely normalizes at first, as in Paddle).
+//! - `weight_multiply`: uniform +-0.05, like the embeddings beside which its output sits, or
+//!   Glorot (`"xavier_normal"`: FuxiCTR's numeric fields, each an `nn.Linear(1, dim)`).
+//! - `ffm`, `mixture`, `prob_product`: no parameters.
+//!
+//! Embedding rows are not a layer's: they take their table's `init`, by default uniform
+//! +-`embedding_init` (0.05), or normal (FuxiCTR's N(0, 1e-4)), seeded by the id. Dense scaling
+//! (`[data] dense_transform`) is the data's, not a layer's.
+//!
+//! Dropout (`dropout`, and `mlp`'s) draws its mask from each sample's seed, a hash of the sample's
+//! content and the step (`model/exec.rs`), not from its place in a batch: a sample draws the same
+//! mask whichever trainer or thread computes it, so sync training stays equal to local training
+//! with dropout too, and backward recomputes the mask instead of storing it.
 
 mod attention;
 mod batch_norm;

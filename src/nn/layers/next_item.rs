@@ -1,5 +1,7 @@
 //! `next_item_loss`: DIEN's auxiliary loss (Zhou et al. 2019, section 4.2), which makes each
-//! interest state of the extraction GRU predict the behaviour that follows it.
+//! interest state of the extraction GRU predict the behaviour that follows it: an MLP scores
+//! each state against the next behaviour and against a negative, and the layer's output is the
+//! sample's loss, for a `value` head.
 
 use super::dense::{LinearInit, MlpLayer};
 use crate::nn::layer::{Ctx, Layer, LayerArgs, Shape};

@@ -1,12 +1,18 @@
-//! Training curves as a CSV file (`metrics.csv`): each trainer appends a point every N steps
-//! (the loss and AUC of its batches since the last point) and at the end of each pass (the
-//! pass's training figures, the AUC over all trainers, the test set's, the next day's), so a
-//! long job can be watched and plotted ([`plot`]) instead of read from logs.
+//! Training curves as a CSV file (`metrics.csv`, in the job's output folder, else the launcher's
+//! logs folder): each trainer appends a [`Point`] every `metrics_every` steps (the loss and AUC of
+//! its batches since the last point) and at the end of each pass (the pass's training figures,
+//! the AUC over all trainers, the test set's, the next day's), so a long job can be watched and
+//! plotted ([`plot`]) instead of read from logs. Hogwild workers (`threads` > 1 in async mode)
+//! write only the pass points: each sees a share of the batches. `oar launch` draws `curves.png`
+//! beside the file when the job ends and names it in its summary; `oar plot` draws any such file.
+//! The same points can go to TensorBoard event files ([`tfevents`]).
 //!
-//! Several trainers append to one file: each point is one `write` of one line to a file opened
-//! with `O_APPEND`, which Linux keeps whole on a local file system. Reading checks every field
-//! and names the line of a malformed one; a header line may repeat (two trainers that found the
-//! file empty at once both wrote it).
+//! Several trainers append to one file ([`CurveLog`]): each point is one `write` of one line to
+//! a file opened with `O_APPEND`, which Linux keeps whole on a local file system, so trainers need
+//! no coordination; and a CSV opens anywhere (the `csv` crate writes and reads it). Reading
+//! ([`read`], [`parse`]) checks every field and names the line of a malformed one, refuses a named
+//! pipe before opening it, and lets a header line repeat (two trainers that found the file empty
+//! at once both wrote it).
 
 pub mod plot;
 pub mod tfevents;

@@ -1,8 +1,9 @@
-//! `oar plot`: a job's curves ([`crate::observe::curves`]) drawn to a PNG with plotters, the loss above
-//! and the AUC below, against each trainer's samples: a line per trainer through its step points,
-//! its pass figures as dots, the AUC over all trainers, the test set's and the next day's as
-//! marks of their own. The text uses DejaVu Sans, built in (the `dejavu` crate), so drawing needs
-//! no font installed on the machine.
+//! `oar plot`: a job's curves ([`crate::observe::curves`]) drawn to a PNG with plotters, the loss
+//! above and the AUC below, against each trainer's samples: a line per trainer through its step
+//! points, its pass figures as dots, the AUC over all trainers, the test set's and the next day's
+//! as marks of their own. The text uses DejaVu Sans, built in (the `dejavu` crate), drawn with
+//! plotters' `ab_glyph` backend, so drawing needs no font installed on the machine: plotters'
+//! default `ttf` backend looks fonts up through fontconfig.
 
 use std::path::Path;
 

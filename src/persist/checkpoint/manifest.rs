@@ -1,6 +1,21 @@
-//! Saved models: the manifest that names a pass's shard files (each checked against it before
-//! use), loading a saved model whole, and the servers' final save that writes the manifest
-//! without a trainer. The shard files themselves are [`super`]'s.
+//! Saved models: the manifest that names a pass's shard files, loading a saved model, and the
+//! servers' final save that writes the manifest without a trainer. The shard files themselves are
+//! [`super`]'s.
+//!
+//! Each shard file is checked against the size and CRC-32 its manifest records, and the model's
+//! spec against the files before anything is allocated. A server loads its share of a model saved
+//! by any number of servers ([`Manifest::load_resharded`]: its own file, or its rows and blocks
+//! from every file, each file checked against the memory available); a job that trains on loads
+//! it the same way, but on another number of servers refuses a table with a count filter (its
+//! pending ids cannot move) or one whose rows would pass its capacity on a server
+//! ([`Manifest::load_to_continue`]); evaluation loads a model whole ([`load_merged`]). A
+//! manifest's SHA-256 ([`digest`]) says which saved model a process loaded, for servers and
+//! trainers to compare.
+//!
+//! Servers save at the end without a coordinator ([`save_server_final`]): each writes its shard
+//! and an entry file, and whichever finds every entry present writes the manifest (atomically; a
+//! duplicate write is identical). This needs a folder shared by the servers, which one machine or
+//! a cluster file system gives; servers never talk to each other.
 
 use std::path::{Path, PathBuf};
 

@@ -15,6 +15,11 @@
 //! all preceding bytes. Every file is written to `NAME.tmp`, synced, then renamed, and the
 //! manifest is written last: a directory with a manifest is complete, and a crash never leaves
 //! a half-written file under a real name.
+//!
+//! A shard file is written from a [`ShardSnapshot`], a copy taken under short locks, so no I/O
+//! happens under a table lock and training goes on while it is written. The manifest, loading and
+//! the servers' final save are `manifest.rs`'s; a server's background checkpoints use the same
+//! shard files (`server/shard_checkpoints.rs`).
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};

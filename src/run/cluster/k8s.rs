@@ -14,6 +14,12 @@
 //! mode); the operator gives every replica a Service named `<job>-master-<i>` /
 //! `<job>-worker-<i>` and labels it with its index, which the env turns into Fleet variables.
 //! Servers exit once the trainers are done, which completes the PaddleJob.
+//!
+//! The manifests are built as JSON values and rendered to YAML by `serde_yaml_ng`, the
+//! maintained fork of serde_yaml. With `--max-restarts N` Kubernetes restarts failed containers
+//! (server containers always, trainer containers up to N times), and every process is
+//! `--recoverable`: it works out from the shared volume what it is. A job's secret goes into a
+//! Kubernetes Secret: server pods mount the master, each trainer pod only its own credential.
 
 use serde_json::{json, Value};
 

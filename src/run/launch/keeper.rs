@@ -1,5 +1,16 @@
-//! The launcher's `Keeper`: a heartbeat on every server, and the restarts of failed servers and
-//! trainers (`oar launch --max-restarts`).
+//! The launcher's `Keeper` (`JobKeeper`): a heartbeat on every server, and the restarts of failed
+//! servers and trainers (`oar launch --max-restarts N`, N restarts in all).
+//!
+//! The heartbeat thread probes every server each second (a handshake and a `Stats` request, 2 s
+//! to answer); a server that misses three in a row is taken for stopped or hung and killed
+//! (SIGKILL ends a stopped process too, so it can never come back), and then fails like any
+//! other child. A failed server is started again with its first command line, which says
+//! `--recoverable` as under the engines: the launcher adds only the port it had (the first one
+//! asked for any free port) and the next epoch it counted, and the server goes on from its
+//! newest checkpoint while the trainers wait. A failed trainer is started again with its first
+//! command line too (log `worker.W.restart-N.log`) and goes on from its recorded position while
+//! the servers wait. One that stopped on its own error is not restarted (see
+//! `run/supervise.rs`).
 
 use std::path::PathBuf;
 use std::process::Command;

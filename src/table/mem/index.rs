@@ -6,14 +6,22 @@
 //! and 8 bits of the id's hash, so a probe reads a row (to compare its id) only when the tag
 //! matches; 0 is an empty slot and 1 a tombstone. A probe scans its home bucket, one cache line,
 //! and moves to the next bucket only when that one has no empty slot, so at the load kept here
-//! (at most 9/10 of the slots used, 4/5 after a rebuild) nearly every probe reads one line. Buckets
-//! are chosen by multiplying 32 bits of the hash (`fastrange`), so their number need not be a power of two
-//! and the index grows by an eighth at a time: 4.4 to 5 bytes per row, where hashbrown (a
-//! control byte and a 4-byte entry per slot, sizes in powers of two) pays 5.7 to 11.4.
+//! (at most 9/10 of the slots used, 4/5 after a rebuild) nearly every probe reads one line.
+//! Buckets are chosen by multiplying 32 bits of the hash (`fastrange`), so their number need not
+//! be a power of two and the index grows by an eighth at a time: 4.4 to 5 bytes per row, where
+//! hashbrown (a control byte and a 4-byte entry per slot, sizes in powers of two) pays 5.7 to
+//! 11.4.
 //!
 //! An index of a block (64 KiB) or more lives in blocks of the pool of huge pages
 //! ([`super::pool`]): at 10M rows a stripe's index is 780 KiB, and in small pages nearly every
 //! probe also missed the TLB (about an eighth of a pull's time, measured).
+//!
+//! A removal empties its slot, or leaves a tombstone where its bucket has no empty slot (a probe
+//! must go on past it). The index is rebuilt from the slab alone: the rows grouped by home bucket
+//! by a counting sort, then the buckets written in order. A bucket is chosen from bits 16..48 of
+//! the hash, because the top bits pick the server and the low 6 the stripe: a first version chose
+//! buckets from the top bits, so on each server only half of the buckets were anyone's home (a unit
+//! test now checks the spread of one server's and one stripe's ids).
 //!
 //! The index never reads ids itself: callers pass the function from a row to its id.
 

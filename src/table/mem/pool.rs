@@ -6,15 +6,22 @@
 //! and under a virtual machine's nested paging that walk costs more than the miss (measured:
 //! 34 ns a random line in 4 KiB pages, 20 ns in huge pages). A stripe's own arrays cannot be
 //! huge pages: at 10M rows a stripe's index is 780 KiB and its last row chunk partly filled, and
-//! rounding each of 64 stripes up to 2 MiB would cost more memory than the rows' targets allow.
-//! So the stripes take their arrays in blocks from one pool whose pages are huge: a stripe's
-//! index wastes at most the rest of its last block, its rows that and what a block's size is
-//! not a multiple of (rows pool only where they fill 7/8 of a block), plus one spare chunk kept
-//! after a shrink; and every block shares its page's translation.
+//! rounding each of 64 stripes up to 2 MiB would cost more memory than the rows' targets allow
+//! (about 13 bytes a row). So the stripes take their arrays in blocks from one pool whose pages
+//! are huge: a stripe's index wastes at most the rest of its last block, its rows that and what a
+//! block's size is not a multiple of (rows pool only where they fill 7/8 of a block), plus one
+//! spare chunk kept after a shrink; and every block shares its page's translation. A stripe's
+//! first row chunk and an index smaller than a block stay small mappings of their own ([`Span`]),
+//! so a small table costs only what it touches.
 //!
-//! A page goes back to the system as soon as none of its blocks is taken. Index blocks and row
-//! blocks come from separate pools ([`INDEX`], [`ROWS`]): an index is replaced whole at each
-//! rebuild, so its pages empty and go back, where rows would keep them half full.
+//! A block is taken from the fullest page with room, so blocks freed by a shrink are taken again
+//! by later growth and pages empty out; a page goes back to the system as soon as none of its
+//! blocks is taken. Index blocks and row blocks come from separate pools ([`INDEX`], [`ROWS`]):
+//! an index is replaced whole at each rebuild, so its pages empty and go back, where rows would
+//! keep them half full.
+//!
+//! Written by hand (over [`super::pages`]): allocators that use huge pages (jemalloc, mimalloc) do
+//! so process-wide, not for chosen arrays, and give no fixed-size blocks.
 
 use std::ptr::NonNull;
 
