@@ -15,6 +15,11 @@
 //! local ssh client alone would leave the remote process running. Should the launcher itself be
 //! killed, a watchdog in the wrapper sees the ssh session's stdin (held open by the launcher)
 //! end, and stops the process group.
+//!
+//! Why by PID, never by dropping the ssh client: without a tty a remote process outlives its ssh
+//! client (verified in `../shared/research/cluster.md` 4d). With `--max-restarts` a process that
+//! failed is started again on its host (`Restarts`, a `supervise::Keeper`); every process is then
+//! `--recoverable` and works out from disk what it is.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -393,27 +398,7 @@ impl Keeper for Restarts<'_> {
 /// Runs the job over ssh and returns its summary; on any failure or Ctrl-C every remote
 /// process is stopped first.
 pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
-    anyhow::ensure!(!config.hosts.is_empty(), "no hosts");
-    anyhow::ensure!(config.servers_per_host >= 1, "--servers-per-host must be at least 1");
-    anyhow::ensure!(config.trainers_per_host >= 1, "--trainers-per-host must be at least 1");
-    let max = crate::base::layout::MAX_PEERS;
-    let (servers, trainers) = (
-        config.hosts.len().checked_mul(config.servers_per_host),
-        config.hosts.len().checked_mul(config.trainers_per_host),
-    );
-    anyhow::ensure!(
-        servers.is_some_and(|n| n <= max) && trainers.is_some_and(|n| n <= max),
-        "{} hosts x --servers-per-host {} / --trainers-per-host {}: at most {max} servers and {max} trainers",
-        config.hosts.len(),
-        config.servers_per_host,
-        config.trainers_per_host
-    );
-    anyhow::ensure!(
-        config.port as usize + config.servers_per_host - 1 <= u16::MAX as usize,
-        "--port {} + {} servers per host goes past 65535",
-        config.port,
-        config.servers_per_host
-    );
+    check(config)?;
     let started = Instant::now();
     let remote = match &config.remote_workspace {
         Some(r) => r.clone(),
@@ -440,7 +425,6 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
     let secret = crate::security::auth::Secret::generate();
     let mut placements = placements(config, &job);
     let files = secret_files(config, &secret, &remote, &job, &mut placements)?;
-    let servers = config.hosts.len() * config.servers_per_host;
     let hosts: Vec<usize> = placements.iter().map(|p| p.host).collect();
     let mut procs: Vec<Proc> = Vec::new();
     let mut keeper = Restarts {
@@ -450,39 +434,80 @@ pub fn run(config: &SshConfig) -> anyhow::Result<LaunchSummary> {
         restarts: Vec::new(),
         started,
     };
-    let result = (|| -> anyhow::Result<LaunchSummary> {
-        for p in &placements {
-            procs.push(keeper.starter.start(p, 0)?);
-        }
-        let bar =
-            if config.progress_bar { indicatif::ProgressBar::new_spinner() } else { indicatif::ProgressBar::hidden() };
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} samples ({per_sec}) {msg}")
-                .expect("the template is valid"),
-        );
-        bar.set_message(format!(
-            "{servers} servers, {} trainers on {} hosts; logs in {}/log on each host",
-            placements.len() - servers,
-            config.hosts.len(),
-            remote
-        ));
-        wait_for_trainers(&mut procs, servers, &interrupted, &mut keeper, &bar, |_, samples| samples)?;
-        bar.finish_and_clear();
-        wait_for_servers(&mut procs, servers, &interrupted, &mut keeper)?;
-        check_children(&mut procs, &interrupted, &mut keeper)?;
-        let restarts = std::mem::take(&mut keeper.restarts);
-        summarize(&procs[..servers], &procs[servers..], started.elapsed().as_secs_f64(), &config.logs, restarts, None)
-    })();
+    let result = supervise(config, &mut keeper, &mut procs, &interrupted);
     // Servers still up after their trainers finished (--keep-serving) are stopped as well.
     stop_remote(config, &mut procs, &hosts);
-    // The secret guards only this job: every run left some on every host.
-    for (host, files) in config.hosts.iter().zip(&files) {
+    remove_secrets(config, &files);
+    result
+}
+
+/// The hosts and counts checked before anything is started.
+fn check(config: &SshConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(!config.hosts.is_empty(), "no hosts");
+    anyhow::ensure!(config.servers_per_host >= 1, "--servers-per-host must be at least 1");
+    anyhow::ensure!(config.trainers_per_host >= 1, "--trainers-per-host must be at least 1");
+    let max = crate::base::layout::MAX_PEERS;
+    let (servers, trainers) = (
+        config.hosts.len().checked_mul(config.servers_per_host),
+        config.hosts.len().checked_mul(config.trainers_per_host),
+    );
+    anyhow::ensure!(
+        servers.is_some_and(|n| n <= max) && trainers.is_some_and(|n| n <= max),
+        "{} hosts x --servers-per-host {} / --trainers-per-host {}: at most {max} servers and {max} trainers",
+        config.hosts.len(),
+        config.servers_per_host,
+        config.trainers_per_host
+    );
+    anyhow::ensure!(
+        config.port as usize + config.servers_per_host - 1 <= u16::MAX as usize,
+        "--port {} + {} servers per host goes past 65535",
+        config.port,
+        config.servers_per_host
+    );
+    Ok(())
+}
+
+/// Starts every process, waits for the trainers, then the servers, and sums up.
+fn supervise(
+    config: &SshConfig,
+    keeper: &mut Restarts,
+    procs: &mut Vec<Proc>,
+    interrupted: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<LaunchSummary> {
+    let servers = config.hosts.len() * config.servers_per_host;
+    for p in keeper.placements {
+        procs.push(keeper.starter.start(p, 0)?);
+    }
+    let remote = keeper.starter.remote;
+    let bar =
+        if config.progress_bar { indicatif::ProgressBar::new_spinner() } else { indicatif::ProgressBar::hidden() };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} samples ({per_sec}) {msg}")
+            .expect("the template is valid"),
+    );
+    bar.set_message(format!(
+        "{servers} servers, {} trainers on {} hosts; logs in {}/log on each host",
+        keeper.placements.len() - servers,
+        config.hosts.len(),
+        remote
+    ));
+    wait_for_trainers(procs, servers, interrupted, keeper, &bar, |_, samples| samples)?;
+    bar.finish_and_clear();
+    wait_for_servers(procs, servers, interrupted, keeper)?;
+    check_children(procs, interrupted, keeper)?;
+    let restarts = std::mem::take(&mut keeper.restarts);
+    let took = keeper.started.elapsed().as_secs_f64();
+    summarize(&procs[..servers], &procs[servers..], took, &config.logs, restarts, None)
+}
+
+/// The secret guards only this job: every run leaves some on every host, removed here.
+fn remove_secrets(config: &SshConfig, files: &[Vec<String>]) {
+    for (host, files) in config.hosts.iter().zip(files) {
         let quoted: Vec<String> = files.iter().map(|f| sh_quote(f)).collect();
         if let Err(e) = run_remote_with_input(config, host, &format!("rm -f {}", quoted.join(" ")), &[]) {
             tracing::warn!(%host, "the job's secret files {files:?} stay there: {e:#}");
         }
     }
-    result
 }
 
 #[cfg(test)]
