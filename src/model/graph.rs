@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
 use super::budget::Budget;
-use super::config::{LayerConfig, ModelConfig, TableConfig};
+use super::config::{HeadConfig, LayerConfig, ModelConfig, TableConfig};
 use super::embedding::{Embedding, Pooling};
 use super::{Input, Registry};
 use crate::nn::layer::{Layer, LayerArgs, Shape};
@@ -78,215 +78,277 @@ impl Model {
         }
         let g = config.graph()?;
         let heads = g.head_list()?;
-        let mut table_index = HashMap::new();
-        for (i, t) in g.tables.iter().enumerate() {
-            if t.dim == 0 {
-                return Err(format!("model: table {:?} has dim 0", t.name));
-            }
-            if t.dim > crate::table::MAX_DIM {
-                return Err(format!(
-                    "model: table {:?} has dim {}, more than {}",
-                    t.name,
-                    t.dim,
-                    crate::table::MAX_DIM
-                ));
-            }
-            if table_index.insert(t.name.clone(), i).is_some() {
-                return Err(format!("model: two tables are named {:?}", t.name));
-            }
-        }
-        // Tensor 0 is the dense features; then one per layer, in file order.
-        let mut tensor_of: HashMap<String, usize> = HashMap::from([("dense".to_string(), DENSE)]);
-        for (i, l) in g.layers.iter().enumerate() {
-            if l.name.is_empty() || l.name.chars().any(char::is_control) {
-                return Err(format!(
-                    "model: layer {} has no name, or one with a control character: {:?}",
-                    i + 1,
-                    l.name
-                ));
-            }
-            if l.name == "dense" || tensor_of.insert(l.name.clone(), i + 1).is_some() {
-                return Err(format!("model: the layer name {:?} is taken (by `dense` or another layer)", l.name));
-            }
-            if l.kind != "embedding" && !registry.contains(&l.kind) {
-                return Err(format!(
-                    "model: layer {:?} has unknown type {:?} (known: embedding, {})",
-                    l.name,
-                    l.kind,
-                    registry.names().join(", ")
-                ));
-            }
-        }
-        // A sequence embedding's mask is one more tensor, `NAME.mask`, after the layers'.
-        let mut mask_of = HashMap::new();
-        for (i, l) in g.layers.iter().enumerate() {
-            if l.kind == "embedding" && l.settings.contains_key("sequence") {
-                let t = g.layers.len() + 1 + mask_of.len();
-                mask_of.insert(i, t);
-                if tensor_of.insert(format!("{}.mask", l.name), t).is_some() {
-                    return Err(format!("model: the layer name \"{}.mask\" is taken by a sequence's mask", l.name));
-                }
-            }
-        }
-        let mut inputs_of = Vec::new();
-        for l in &g.layers {
-            let mut ids = Vec::new();
-            for name in l.all_inputs() {
-                let t = *tensor_of.get(name.as_str()).ok_or_else(|| {
-                    let mut known: Vec<&str> = tensor_of.keys().map(String::as_str).collect();
-                    known.sort_unstable();
-                    // The first ones: a graph of 200,000 layers made a message of 1.7 MB.
-                    let more = known.len().saturating_sub(20);
-                    known.truncate(20);
-                    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
-                    format!("model: layer {:?}: unknown input {name:?} (tensors: {}{more})", l.name, known.join(", "))
-                })?;
-                if t == DENSE && input.dense_width == 0 {
-                    return Err(format!("model: layer {:?} reads `dense` but the data has no dense features", l.name));
-                }
-                if ids.contains(&t) {
-                    return Err(format!("model: layer {:?} takes {name:?} twice", l.name));
-                }
-                ids.push(t);
-            }
-            if l.kind == "embedding" && !ids.is_empty() {
-                return Err(format!("model: layer {:?}: an embedding reads slots, not tensors (no input)", l.name));
-            }
-            if l.kind != "embedding" && ids.is_empty() {
-                return Err(format!("model: layer {:?} has no input (`input` or `inputs`)", l.name));
-            }
-            inputs_of.push(ids);
-        }
+        let table_index = index_tables(&g.tables)?;
+        let mut tensor_of = name_tensors(&g.layers, registry)?;
+        let mask_of = name_masks(&g.layers, &mut tensor_of)?;
+        let inputs_of = wire_inputs(&g.layers, &tensor_of, input)?;
         // A mask is ready when its embedding is.
         let owner: HashMap<usize, usize> = mask_of.iter().map(|(&i, &t)| (t, i + 1)).collect();
         let ordering: Vec<Vec<usize>> =
             inputs_of.iter().map(|ins| ins.iter().map(|t| *owner.get(t).unwrap_or(t)).collect()).collect();
         let order = running_order(&g.layers, &ordering)?;
-
-        let n_tensors = g.layers.len() + 1 + mask_of.len();
-        let mut shapes = vec![Shape::flat(0); n_tensors];
-        shapes[DENSE] = Shape::flat(input.dense_width);
-        let mut needs_grad = vec![false; n_tensors];
-        let (mut nodes, mut params) = (Vec::new(), Vec::new());
-        let mut table_slots = vec![vec![false; input.slots.len()]; g.tables.len()];
-        let mut budget = Budget::default();
-        budget.add(shapes[DENSE], 0, 0).map_err(|e| format!("model: the dense features: {e}"))?;
-        for &i in &order {
-            let l = &g.layers[i];
-            let at = |e: String| format!("model: layer {:?} ({}): {e}", l.name, l.kind);
-            let ins = &inputs_of[i];
-            let op = if l.kind == "embedding" {
-                let e = embedding(l, &g.tables, &table_index, input).map_err(at)?;
-                for &s in &e.slots {
-                    table_slots[e.table][s] = true;
-                }
-                Op::Embedding(e)
-            } else {
-                let shapes_in: Vec<Shape> = ins.iter().map(|&t| shapes[t]).collect();
-                let mut args = LayerArgs::new(&l.name, l.settings.clone());
-                Op::Layer(registry.build(&l.kind, &mut args, &shapes_in).map_err(at)?)
-            };
-            let mask = mask_of.get(&i).copied();
-            let (shape, own) = match &op {
-                Op::Embedding(e) => match e.sequence {
-                    Some(len) => {
-                        shapes[mask.expect("a sequence has a mask")] = Shape::flat(len);
-                        (Shape { fields: len, dim: e.slots.len() * e.dim }, Vec::new())
-                    }
-                    None => (Shape { fields: e.slots.len(), dim: e.dim }, Vec::new()),
-                },
-                Op::Layer(layer) => (layer.output(), layer.params()),
-            };
-            let scratch = match &op {
-                Op::Embedding(_) => 0,
-                Op::Layer(layer) => layer.scratch(),
-            };
-            let len = own.iter().try_fold(0usize, |n, p| n.checked_add(p.len)).unwrap_or(usize::MAX);
-            budget.add(shape, scratch, len).map_err(at)?;
-            if shape.size() == 0 {
-                return Err(at("its output is empty".into()));
-            }
-            let start: usize = params.iter().map(|p: &DenseParam| p.len).sum();
-            params.extend(own.into_iter().map(|p| DenseParam { name: format!("{}.{}", l.name, p.name), ..p }));
-            shapes[i + 1] = shape;
-            needs_grad[i + 1] = matches!(op, Op::Embedding(_)) || len > 0 || ins.iter().any(|&t| needs_grad[t]);
-            nodes.push(Node {
-                name: l.name.clone(),
-                op,
-                inputs: ins.clone(),
-                output: i + 1,
-                mask,
-                params: start..start + len,
-            });
-        }
-
-        let mut resolved = Vec::new();
-        for (h, head) in heads.iter().enumerate() {
-            let what = format!("model: head {:?}", head.output);
-            let &tensor = tensor_of.get(head.output.as_str()).ok_or_else(|| format!("{what}: no such tensor"))?;
-            let width = shapes[tensor].size();
-            match head.loss {
-                Loss::LogLoss | Loss::Square | Loss::Value if width != 1 => {
-                    return Err(format!("{what}: {:?} needs an output of width 1, it has {width}", head.loss))
-                }
-                Loss::Softmax if width < 2 => {
-                    return Err(format!("{what}: softmax needs 2 or more classes, it has {width}"))
-                }
-                _ => {}
-            }
-            if !head.weight.is_finite() || head.weight <= 0.0 {
-                return Err(format!("{what}: weight must be positive"));
-            }
-            if head.loss == Loss::Value {
-                if head.label.is_some() {
-                    return Err(format!("{what}: a value head is its own loss and takes no label"));
-                }
-                let is_loss = nodes.iter().any(|n| n.output == tensor && matches!(&n.op, Op::Layer(l) if l.is_loss()));
-                if !is_loss {
-                    return Err(format!(
-                        "{what}: a value head minimizes a loss a layer computes (next_item_loss), and {:?} is not one",
-                        head.output
-                    ));
-                }
-                // Never read by a value head's loss. Column 0 exists in every batch: a batch's
-                // length is its label rows'.
-                resolved.push(Head { tensor, loss: head.loss, label: 0, weight: head.weight, width });
-                continue;
-            }
-            let label = match &head.label {
-                Some(name) => input.labels.iter().position(|l| l == name).ok_or_else(|| {
-                    format!("{what}: no label {name:?} in the data (labels: {})", input.labels.join(", "))
-                })?,
-                None => h,
-            };
-            if label >= input.labels.len() {
-                return Err(format!(
-                    "{what}: the data has {} label column(s); name the head's `label`",
-                    input.labels.len()
-                ));
-            }
-            resolved.push(Head { tensor, loss: head.loss, label, weight: head.weight, width });
-        }
+        let graph = Wiring {
+            layers: &g.layers,
+            tables: &g.tables,
+            table_index: &table_index,
+            inputs_of: &inputs_of,
+            mask_of: &mask_of,
+        };
+        let placed = place(&graph, &order, input, registry)?;
+        let resolved = resolve_heads(&heads, &tensor_of, &placed, input)?;
         // Every layer must lead to a head: a dangling one is almost always a typo.
-        let used = reached(&nodes, n_tensors, resolved.iter().map(|h| h.tensor));
-        if let Some(node) = nodes.iter().find(|n| !used[n.output]) {
+        let used = reached(&placed.nodes, placed.shapes.len(), resolved.iter().map(|h| h.tensor));
+        if let Some(node) = placed.nodes.iter().find(|n| !used[n.output]) {
             return Err(format!("model: layer {:?} feeds no head", node.name));
         }
-        let random = nodes.iter().any(|n| matches!(&n.op, Op::Layer(l) if l.uses_seeds()));
+        let random = placed.nodes.iter().any(|n| matches!(&n.op, Op::Layer(l) if l.uses_seeds()));
         Ok(Model {
             random,
-            floats_per_sample: budget.floats_per_sample(),
+            floats_per_sample: placed.budget.floats_per_sample(),
             config: config.clone(),
             input: input.clone(),
             tables: g.tables.clone(),
-            shapes,
-            nodes,
+            shapes: placed.shapes,
+            nodes: placed.nodes,
             heads: resolved,
-            params,
-            needs_grad,
-            table_slots,
+            params: placed.params,
+            needs_grad: placed.needs_grad,
+            table_slots: placed.table_slots,
         })
     }
+}
+
+/// Each table's index by name; every table's dim checked and its name unique.
+fn index_tables(tables: &[TableConfig]) -> Result<HashMap<String, usize>, String> {
+    let mut table_index = HashMap::new();
+    for (i, t) in tables.iter().enumerate() {
+        if t.dim == 0 {
+            return Err(format!("model: table {:?} has dim 0", t.name));
+        }
+        if t.dim > crate::table::MAX_DIM {
+            return Err(format!("model: table {:?} has dim {}, more than {}", t.name, t.dim, crate::table::MAX_DIM));
+        }
+        if table_index.insert(t.name.clone(), i).is_some() {
+            return Err(format!("model: two tables are named {:?}", t.name));
+        }
+    }
+    Ok(table_index)
+}
+
+/// Each layer's output tensor by name: tensor 0 is the dense features, then one per layer, in
+/// file order; every name unique and every type known.
+fn name_tensors(layers: &[LayerConfig], registry: &Registry) -> Result<HashMap<String, usize>, String> {
+    let mut tensor_of: HashMap<String, usize> = HashMap::from([("dense".to_string(), DENSE)]);
+    for (i, l) in layers.iter().enumerate() {
+        if l.name.is_empty() || l.name.chars().any(char::is_control) {
+            return Err(format!("model: layer {} has no name, or one with a control character: {:?}", i + 1, l.name));
+        }
+        if l.name == "dense" || tensor_of.insert(l.name.clone(), i + 1).is_some() {
+            return Err(format!("model: the layer name {:?} is taken (by `dense` or another layer)", l.name));
+        }
+        if l.kind != "embedding" && !registry.contains(&l.kind) {
+            return Err(format!(
+                "model: layer {:?} has unknown type {:?} (known: embedding, {})",
+                l.name,
+                l.kind,
+                registry.names().join(", ")
+            ));
+        }
+    }
+    Ok(tensor_of)
+}
+
+/// A sequence embedding's mask is one more tensor, `NAME.mask`, after the layers': each
+/// sequence layer's mask tensor, named in `tensor_of` too.
+fn name_masks(layers: &[LayerConfig], tensor_of: &mut HashMap<String, usize>) -> Result<HashMap<usize, usize>, String> {
+    let mut mask_of = HashMap::new();
+    for (i, l) in layers.iter().enumerate() {
+        if l.kind == "embedding" && l.settings.contains_key("sequence") {
+            let t = layers.len() + 1 + mask_of.len();
+            mask_of.insert(i, t);
+            if tensor_of.insert(format!("{}.mask", l.name), t).is_some() {
+                return Err(format!("model: the layer name \"{}.mask\" is taken by a sequence's mask", l.name));
+            }
+        }
+    }
+    Ok(mask_of)
+}
+
+/// Each layer's input tensors, every name resolved and each read once.
+fn wire_inputs(
+    layers: &[LayerConfig],
+    tensor_of: &HashMap<String, usize>,
+    input: &Input,
+) -> Result<Vec<Vec<usize>>, String> {
+    let mut inputs_of = Vec::new();
+    for l in layers {
+        let mut ids = Vec::new();
+        for name in l.all_inputs() {
+            let t = *tensor_of.get(name.as_str()).ok_or_else(|| {
+                let mut known: Vec<&str> = tensor_of.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                // The first ones: a graph of 200,000 layers made a message of 1.7 MB.
+                let more = known.len().saturating_sub(20);
+                known.truncate(20);
+                let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+                format!("model: layer {:?}: unknown input {name:?} (tensors: {}{more})", l.name, known.join(", "))
+            })?;
+            if t == DENSE && input.dense_width == 0 {
+                return Err(format!("model: layer {:?} reads `dense` but the data has no dense features", l.name));
+            }
+            if ids.contains(&t) {
+                return Err(format!("model: layer {:?} takes {name:?} twice", l.name));
+            }
+            ids.push(t);
+        }
+        if l.kind == "embedding" && !ids.is_empty() {
+            return Err(format!("model: layer {:?}: an embedding reads slots, not tensors (no input)", l.name));
+        }
+        if l.kind != "embedding" && ids.is_empty() {
+            return Err(format!("model: layer {:?} has no input (`input` or `inputs`)", l.name));
+        }
+        inputs_of.push(ids);
+    }
+    Ok(inputs_of)
+}
+
+/// The named graph a model is placed from.
+struct Wiring<'a> {
+    layers: &'a [LayerConfig],
+    tables: &'a [TableConfig],
+    table_index: &'a HashMap<String, usize>,
+    inputs_of: &'a [Vec<usize>],
+    mask_of: &'a HashMap<usize, usize>,
+}
+
+/// The layers built and placed, in running order.
+struct Placed {
+    shapes: Vec<Shape>,
+    needs_grad: Vec<bool>,
+    nodes: Vec<Node>,
+    params: Vec<DenseParam>,
+    table_slots: Vec<Vec<bool>>,
+    budget: Budget,
+}
+
+/// Builds every layer in running order: its output shape, its parameters' place in the flat
+/// dense vector, whether its output needs a gradient, within the model's budget.
+fn place(g: &Wiring, order: &[usize], input: &Input, registry: &Registry) -> Result<Placed, String> {
+    let n_tensors = g.layers.len() + 1 + g.mask_of.len();
+    let mut shapes = vec![Shape::flat(0); n_tensors];
+    shapes[DENSE] = Shape::flat(input.dense_width);
+    let mut needs_grad = vec![false; n_tensors];
+    let (mut nodes, mut params) = (Vec::new(), Vec::new());
+    let mut table_slots = vec![vec![false; input.slots.len()]; g.tables.len()];
+    let mut budget = Budget::default();
+    budget.add(shapes[DENSE], 0, 0).map_err(|e| format!("model: the dense features: {e}"))?;
+    for &i in order {
+        let l = &g.layers[i];
+        let at = |e: String| format!("model: layer {:?} ({}): {e}", l.name, l.kind);
+        let ins = &g.inputs_of[i];
+        let op = if l.kind == "embedding" {
+            let e = embedding(l, g.tables, g.table_index, input).map_err(at)?;
+            for &s in &e.slots {
+                table_slots[e.table][s] = true;
+            }
+            Op::Embedding(e)
+        } else {
+            let shapes_in: Vec<Shape> = ins.iter().map(|&t| shapes[t]).collect();
+            let mut args = LayerArgs::new(&l.name, l.settings.clone());
+            Op::Layer(registry.build(&l.kind, &mut args, &shapes_in).map_err(at)?)
+        };
+        let mask = g.mask_of.get(&i).copied();
+        let (shape, own) = match &op {
+            Op::Embedding(e) => match e.sequence {
+                Some(len) => {
+                    shapes[mask.expect("a sequence has a mask")] = Shape::flat(len);
+                    (Shape { fields: len, dim: e.slots.len() * e.dim }, Vec::new())
+                }
+                None => (Shape { fields: e.slots.len(), dim: e.dim }, Vec::new()),
+            },
+            Op::Layer(layer) => (layer.output(), layer.params()),
+        };
+        let scratch = match &op {
+            Op::Embedding(_) => 0,
+            Op::Layer(layer) => layer.scratch(),
+        };
+        let len = own.iter().try_fold(0usize, |n, p| n.checked_add(p.len)).unwrap_or(usize::MAX);
+        budget.add(shape, scratch, len).map_err(at)?;
+        if shape.size() == 0 {
+            return Err(at("its output is empty".into()));
+        }
+        let start: usize = params.iter().map(|p: &DenseParam| p.len).sum();
+        params.extend(own.into_iter().map(|p| DenseParam { name: format!("{}.{}", l.name, p.name), ..p }));
+        shapes[i + 1] = shape;
+        needs_grad[i + 1] = matches!(op, Op::Embedding(_)) || len > 0 || ins.iter().any(|&t| needs_grad[t]);
+        nodes.push(Node {
+            name: l.name.clone(),
+            op,
+            inputs: ins.clone(),
+            output: i + 1,
+            mask,
+            params: start..start + len,
+        });
+    }
+    Ok(Placed { shapes, needs_grad, nodes, params, table_slots, budget })
+}
+
+/// Each head's tensor, loss, label column and weight, checked against the graph and the data.
+fn resolve_heads(
+    heads: &[HeadConfig],
+    tensor_of: &HashMap<String, usize>,
+    placed: &Placed,
+    input: &Input,
+) -> Result<Vec<Head>, String> {
+    let mut resolved = Vec::new();
+    for (h, head) in heads.iter().enumerate() {
+        let what = format!("model: head {:?}", head.output);
+        let &tensor = tensor_of.get(head.output.as_str()).ok_or_else(|| format!("{what}: no such tensor"))?;
+        let width = placed.shapes[tensor].size();
+        match head.loss {
+            Loss::LogLoss | Loss::Square | Loss::Value if width != 1 => {
+                return Err(format!("{what}: {:?} needs an output of width 1, it has {width}", head.loss))
+            }
+            Loss::Softmax if width < 2 => {
+                return Err(format!("{what}: softmax needs 2 or more classes, it has {width}"))
+            }
+            _ => {}
+        }
+        if !head.weight.is_finite() || head.weight <= 0.0 {
+            return Err(format!("{what}: weight must be positive"));
+        }
+        if head.loss == Loss::Value {
+            if head.label.is_some() {
+                return Err(format!("{what}: a value head is its own loss and takes no label"));
+            }
+            let is_loss =
+                placed.nodes.iter().any(|n| n.output == tensor && matches!(&n.op, Op::Layer(l) if l.is_loss()));
+            if !is_loss {
+                return Err(format!(
+                    "{what}: a value head minimizes a loss a layer computes (next_item_loss), and {:?} is not one",
+                    head.output
+                ));
+            }
+            // Never read by a value head's loss. Column 0 exists in every batch: a batch's
+            // length is its label rows'.
+            resolved.push(Head { tensor, loss: head.loss, label: 0, weight: head.weight, width });
+            continue;
+        }
+        let label = match &head.label {
+            Some(name) => input.labels.iter().position(|l| l == name).ok_or_else(|| {
+                format!("{what}: no label {name:?} in the data (labels: {})", input.labels.join(", "))
+            })?,
+            None => h,
+        };
+        if label >= input.labels.len() {
+            return Err(format!(
+                "{what}: the data has {} label column(s); name the head's `label`",
+                input.labels.len()
+            ));
+        }
+        resolved.push(Head { tensor, loss: head.loss, label, weight: head.weight, width });
+    }
+    Ok(resolved)
 }
 
 /// Which of `n_tensors` tensors the tensors `ends` are computed from (themselves included),
