@@ -18,23 +18,15 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::senders::{dense_on_sparse_port, may_send, refusal};
 use super::waiting::Ticket;
 use super::{members, push, requests, Answer, Reply, State};
 use crate::base::per_address::Held;
 use crate::protocol::{
-    auth, encode_values, read_frame, write_frame, Apply, DenseSelection, ErrorCode, FrameBuf, ProtocolError, Request,
-    Response, RowCreation, NOT_A_TRAINER, PROTOCOL_VERSION,
+    auth, encode_values, read_frame, write_frame, Apply, ErrorCode, FrameBuf, ProtocolError, Request, Response,
+    NOT_A_TRAINER, PROTOCOL_VERSION,
 };
 use crate::security::auth::Identity;
-
-/// Why a request may not use a sparse-only port, if it may not.
-fn dense_on_sparse_port(request: &Request) -> Option<&'static str> {
-    match request {
-        Request::Pull(p) if p.dense == DenseSelection::All => Some("a dense pull"),
-        Request::Push(p) if !p.dense.is_empty() => Some("a dense push"),
-        _ => None,
-    }
-}
 
 /// Serves one accepted connection until it closes.
 pub(super) async fn serve_connection(
@@ -112,102 +104,19 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     trainer: &mut Option<u64>,
     (pending, ticket): (&mut Option<Held>, &Ticket),
 ) -> Result<(), ProtocolError> {
-    let limits = &state.config.limits;
     let mut buf = FrameBuf::budgeted(state.buffers.clone());
-    // Who this connection proved it is: `None` on a server without a secret (anyone).
-    let mut proven = None;
-    if let Some(secret) = &state.config.secret {
-        let proved =
-            tokio::time::timeout(limits.handshake_timeout, authenticate(state, secret, &mut rd, &mut wr, &mut buf));
-        let Some(proved) = ticket.unless_closed(proved).await else {
-            return closed_for_another(&mut wr).await;
-        };
-        match proved {
-            Ok(Ok(Some(identity))) => proven = Some(identity),
-            // Refused (and told so, with nothing about the job) or too slow: closed.
-            Ok(Ok(None)) | Err(_) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
-        }
-    }
+    let Step::Go(proven) = prove(state, &mut rd, &mut wr, &mut buf, ticket).await? else { return Ok(()) };
     // Pull replies are built in these buffers, reused so big replies never fault in fresh pages.
     let mut scratch = Scratch::default();
     let mut greeted = false;
     loop {
-        let read = if greeted {
-            read_frame(&mut rd, &mut buf, state.config.max_frame).await
-        } else {
-            let first = read_frame(&mut rd, &mut buf, limits.handshake_frame);
-            match ticket.unless_closed(tokio::time::timeout(limits.handshake_timeout, first)).await {
-                None => return closed_for_another(&mut wr).await,
-                // Spoken: never closed for another from now on (unless it was just now).
-                Some(Ok(read)) if ticket.spoke() => read,
-                Some(Ok(_)) => return closed_for_another(&mut wr).await,
-                Some(Err(_)) => {
-                    return Err(ProtocolError::Malformed(format!(
-                        "no handshake within {:?} (--handshake-timeout)",
-                        limits.handshake_timeout
-                    )))
-                }
-            }
-        };
-        let kind = match read {
-            Ok(auth::AUTH_HELLO) if !greeted => {
-                let message = "this server has no secret (started without --secret-file): a client with one \
-                               cannot check it is the job's server"
-                    .to_string();
-                let _ = write_frame(&mut wr, &Response::Error { code: ErrorCode::Handshake, message }.encode()).await;
-                return Ok(());
-            }
-            Ok(kind) => kind,
-            Err(ProtocolError::Closed) => return Ok(()),
-            Err(e @ (ProtocolError::TooLarge { .. } | ProtocolError::OverBudget { .. })) => {
-                let reply = Response::Error { code: ErrorCode::TooLarge, message: e.to_string() };
-                let _ = write_frame(&mut wr, &reply.encode()).await;
-                return Err(e);
-            }
-            Err(e) => {
-                let reply = Response::Error { code: ErrorCode::Malformed, message: e.to_string() };
-                let _ = write_frame(&mut wr, &reply.encode()).await;
-                return Err(e);
-            }
-        };
-        let request = match Request::decode(kind, buf.payload()) {
-            Ok(r) => r,
-            Err(e) => {
-                let reply = Response::Error { code: ErrorCode::Malformed, message: e.to_string() };
-                let _ = write_frame(&mut wr, &reply.encode()).await;
-                return Err(e);
-            }
+        let Step::Go(request) = read_request(state, &mut rd, &mut wr, &mut buf, greeted, ticket).await? else {
+            return Ok(());
         };
         state.counters.port_requests[port].fetch_add(1, Relaxed);
         let hello_from = if let Request::Hello(h) = &request { Some(h.trainer) } else { None };
-        let reply = match (&request, greeted) {
-            (Request::Hello(_), _) => handle_hello(state, &request, proven),
-            (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
-            (r, true) if !may_send(state, *trainer, proven, r) => {
-                Err((ErrorCode::State, refusal(state, *trainer, proven, r)))
-            }
-            (r, true) if sparse_only && dense_on_sparse_port(r).is_some() => Err((
-                ErrorCode::State,
-                format!(
-                    "{} on port #{port}, which carries only sparse traffic (--ports_num_for_sparse)",
-                    dense_on_sparse_port(r).unwrap_or("dense traffic")
-                ),
-            )),
-            _ => {
-                let timed = match &request {
-                    Request::Pull(_) => Some(&state.telemetry.pull),
-                    Request::Push(_) => Some(&state.telemetry.push),
-                    _ => None,
-                };
-                let started = std::time::Instant::now();
-                let reply = handle(state, request, &mut scratch).await;
-                if let Some(latency) = timed {
-                    latency.observe(started.elapsed());
-                }
-                reply
-            }
-        };
+        let peer = Peer { port, sparse_only, proven, trainer: *trainer, greeted };
+        let reply = answer(state, request, &peer, &mut scratch).await;
         // A refused request's frame is not kept; a large one is let go once the last frames no
         // longer need it.
         buf.shrink(reply.is_err());
@@ -223,105 +132,172 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 connected(state, t);
             }
         }
-        match reply.unwrap_or_else(|(code, message)| Answer::Response(Response::Error { code, message })) {
-            Answer::Response(response) => write_frame(&mut wr, &response.encode()).await?,
-            Answer::Values { version, dense, sparse } => {
-                write_frame(&mut wr, &encode_values(version, &dense, &sparse)).await?;
-                scratch.sparse = sparse;
-            }
-            Answer::LastClose => {
-                write_frame(&mut wr, &Response::Done.encode()).await?;
-                state.all_closed.send_replace(true);
-            }
-        }
+        send(state, &mut wr, reply, &mut scratch).await?;
         if fatal {
             return Ok(());
         }
     }
 }
 
-/// Who may send a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Sender {
-    /// Any greeted connection, a tool's too: reads that change nothing.
-    Anyone,
-    /// A connection of one of this job's trainers: a declaration, a pull that creates rows.
-    AnyTrainer,
-    /// A connection of this trainer only: its push, pass end, barrier or close.
-    Trainer(u64),
-    /// Trainer 0 (which saves and ends the days of a job) or an operator: a save, a save for
-    /// serving, a day end's shrink.
-    FirstTrainerOrOperator,
-    /// An operator: a shrink of the whole table at any time, which `oar shrink` runs against
-    /// live servers (on a server without a secret, anyone).
-    Operator,
+/// Whether a connection goes on, with what a step found, or has ended (answered as it should be).
+enum Step<T> {
+    Go(T),
+    End,
 }
 
-/// Who may send `request`.
-fn sender(request: &Request) -> Sender {
-    match request {
-        Request::Close { trainer } | Request::EndPass { trainer, .. } | Request::Barrier { trainer, .. } => {
-            Sender::Trainer(*trainer)
+/// The secret's challenge and response within `--handshake-timeout`: who the connection proved
+/// it is (`None` on a server without a secret: anyone), or its end when refused, too slow, or
+/// closed for a newcomer.
+async fn prove<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    state: &State,
+    rd: &mut R,
+    wr: &mut W,
+    buf: &mut FrameBuf,
+    ticket: &Ticket,
+) -> Result<Step<Option<Identity>>, ProtocolError> {
+    let Some(secret) = &state.config.secret else { return Ok(Step::Go(None)) };
+    let proved = tokio::time::timeout(state.config.limits.handshake_timeout, authenticate(state, secret, rd, wr, buf));
+    let Some(proved) = ticket.unless_closed(proved).await else {
+        closed_for_another(wr).await?;
+        return Ok(Step::End);
+    };
+    match proved {
+        Ok(Ok(Some(identity))) => Ok(Step::Go(Some(identity))),
+        // Refused (and told so, with nothing about the job) or too slow: closed.
+        Ok(Ok(None)) | Err(_) => Ok(Step::End),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+/// The next request: before the `Hello`, one small frame within `--handshake-timeout`; after
+/// it, frames up to `--max-frame-mb`. A frame that cannot be read or decoded is answered with
+/// its error and ends the connection.
+async fn read_request<'b, R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    state: &State,
+    rd: &mut R,
+    wr: &mut W,
+    buf: &'b mut FrameBuf,
+    greeted: bool,
+    ticket: &Ticket,
+) -> Result<Step<Request<'b>>, ProtocolError> {
+    let limits = &state.config.limits;
+    let read = if greeted {
+        read_frame(rd, buf, state.config.max_frame).await
+    } else {
+        let first = read_frame(rd, buf, limits.handshake_frame);
+        match ticket.unless_closed(tokio::time::timeout(limits.handshake_timeout, first)).await {
+            None => {
+                closed_for_another(wr).await?;
+                return Ok(Step::End);
+            }
+            // Spoken: never closed for another from now on (unless it was just now).
+            Some(Ok(read)) if ticket.spoke() => read,
+            Some(Ok(_)) => {
+                closed_for_another(wr).await?;
+                return Ok(Step::End);
+            }
+            Some(Err(_)) => {
+                return Err(ProtocolError::Malformed(format!(
+                    "no handshake within {:?} (--handshake-timeout)",
+                    limits.handshake_timeout
+                )))
+            }
         }
-        Request::Push(p) => Sender::Trainer(p.trainer),
-        Request::Commit { trainer, .. } => Sender::Trainer(*trainer),
-        Request::PassAuc { trainer, .. } => Sender::Trainer(*trainer),
-        Request::Declare(_) => Sender::AnyTrainer,
-        Request::Save { .. } | Request::Export { .. } => Sender::FirstTrainerOrOperator,
-        Request::Shrink { day_end, .. } if *day_end > 0 => Sender::FirstTrainerOrOperator,
-        Request::Pull(p) if p.create == RowCreation::Create => Sender::AnyTrainer,
-        Request::Hello(_) | Request::Pull(_) | Request::Stats | Request::GlobalAuc { .. } => Sender::Anyone,
-        Request::Shrink { .. } => Sender::Operator,
+    };
+    let kind = match read {
+        Ok(auth::AUTH_HELLO) if !greeted => {
+            let message = "this server has no secret (started without --secret-file): a client with one \
+                           cannot check it is the job's server"
+                .to_string();
+            let _ = write_frame(wr, &Response::Error { code: ErrorCode::Handshake, message }.encode()).await;
+            return Ok(Step::End);
+        }
+        Ok(kind) => kind,
+        Err(ProtocolError::Closed) => return Ok(Step::End),
+        Err(e @ (ProtocolError::TooLarge { .. } | ProtocolError::OverBudget { .. })) => {
+            let reply = Response::Error { code: ErrorCode::TooLarge, message: e.to_string() };
+            let _ = write_frame(wr, &reply.encode()).await;
+            return Err(e);
+        }
+        Err(e) => {
+            let reply = Response::Error { code: ErrorCode::Malformed, message: e.to_string() };
+            let _ = write_frame(wr, &reply.encode()).await;
+            return Err(e);
+        }
+    };
+    match Request::decode(kind, buf.payload()) {
+        Ok(r) => Ok(Step::Go(r)),
+        Err(e) => {
+            let reply = Response::Error { code: ErrorCode::Malformed, message: e.to_string() };
+            let _ = write_frame(wr, &reply.encode()).await;
+            Err(e)
+        }
     }
 }
 
-/// Whether a connection whose handshake named `connection` and that proved `proven` may send
-/// `request`: only a trainer of this job changes the model, and only for itself, so that a
-/// tool, a stray or a buggy client cannot push, declare, close, end or hold back a trainer, or
-/// end the job early with an id beyond the job's trainers; and with a secret, only an operator
-/// (or the master's holder) runs an operator's command.
-fn may_send(state: &State, connection: Option<u64>, proven: Option<Identity>, request: &Request) -> bool {
-    let trainers = state.config.trainers as u64;
-    let own = connection.filter(|c| *c != NOT_A_TRAINER && *c < trainers);
-    let operator = match proven {
-        None => state.config.secret.is_none(),
-        Some(identity) => matches!(identity, Identity::Master | Identity::Operator),
-    };
-    match sender(request) {
-        Sender::Anyone => true,
-        Sender::AnyTrainer => own.is_some(),
-        Sender::Trainer(t) => own == Some(t),
-        Sender::FirstTrainerOrOperator => own == Some(0) || (operator && proven.is_some()),
-        Sender::Operator => operator,
-    }
+/// What a connection is, as far as a request's answer depends on it.
+struct Peer {
+    port: usize,
+    sparse_only: bool,
+    /// Who it proved it is (`None`: a server without a secret).
+    proven: Option<Identity>,
+    /// The trainer its `Hello` named, once accepted.
+    trainer: Option<u64>,
+    greeted: bool,
 }
 
-/// The refusal of a request this connection may not send.
-fn refusal(state: &State, connection: Option<u64>, proven: Option<Identity>, request: &Request) -> String {
-    let this = match (connection, proven) {
-        (Some(t), _) if t != NOT_A_TRAINER => format!("trainer {t}'s"),
-        (_, Some(Identity::Operator)) => "an operator's".to_string(),
-        _ => "not a trainer's (a tool's)".to_string(),
-    };
-    let trainers = state.config.trainers;
-    match sender(request) {
-        Sender::Trainer(t) => {
+/// `request`'s answer: the handshake, a refusal for who sent it or on which port, or the
+/// handler's (timed for pulls and pushes).
+async fn answer(state: &Arc<State>, request: Request<'_>, peer: &Peer, scratch: &mut Scratch) -> Reply {
+    let (port, proven, trainer) = (peer.port, peer.proven, peer.trainer);
+    match (&request, peer.greeted) {
+        (Request::Hello(_), _) => handle_hello(state, &request, proven),
+        (_, false) => Err((ErrorCode::State, "the first request must be Hello".to_string())),
+        (r, true) if !may_send(state, trainer, proven, r) => {
+            Err((ErrorCode::State, refusal(state, trainer, proven, r)))
+        }
+        (r, true) if peer.sparse_only && dense_on_sparse_port(r).is_some() => Err((
+            ErrorCode::State,
             format!(
-                "request for trainer {t} refused: this job has trainers 0..{trainers} and this connection is {this}"
-            )
+                "{} on port #{port}, which carries only sparse traffic (--ports_num_for_sparse)",
+                dense_on_sparse_port(r).unwrap_or("dense traffic")
+            ),
+        )),
+        _ => {
+            let timed = match &request {
+                Request::Pull(_) => Some(&state.telemetry.pull),
+                Request::Push(_) => Some(&state.telemetry.push),
+                _ => None,
+            };
+            let started = std::time::Instant::now();
+            let reply = handle(state, request, scratch).await;
+            if let Some(latency) = timed {
+                latency.observe(started.elapsed());
+            }
+            reply
         }
-        Sender::FirstTrainerOrOperator => format!(
-            "{} refused: only trainer 0 or an operator may send it and this connection is {this}",
-            request.name()
-        ),
-        Sender::Operator => {
-            format!("{} refused: only an operator may send it and this connection is {this}", request.name())
-        }
-        _ => format!(
-            "{} refused: only this job's trainers (0..{trainers}) may send it and this connection is {this}",
-            request.name()
-        ),
     }
+}
+
+/// Writes `reply`; a pull's row buffers go back to `scratch` for the next.
+async fn send<W: AsyncWrite + Unpin>(
+    state: &State,
+    wr: &mut W,
+    reply: Reply,
+    scratch: &mut Scratch,
+) -> Result<(), ProtocolError> {
+    match reply.unwrap_or_else(|(code, message)| Answer::Response(Response::Error { code, message })) {
+        Answer::Response(response) => write_frame(wr, &response.encode()).await?,
+        Answer::Values { version, dense, sparse } => {
+            write_frame(wr, &encode_values(version, &dense, &sparse)).await?;
+            scratch.sparse = sparse;
+        }
+        Answer::LastClose => {
+            write_frame(wr, &Response::Done.encode()).await?;
+            state.all_closed.send_replace(true);
+        }
+    }
+    Ok(())
 }
 
 fn handle_hello(state: &State, request: &Request, proven: Option<Identity>) -> Reply {

@@ -42,6 +42,7 @@ mod members;
 mod push;
 mod requests;
 mod resume;
+mod senders;
 pub mod shard_checkpoints;
 pub mod sync;
 mod telemetry;
