@@ -199,3 +199,161 @@ fn a_pass_or_an_evaluation_over_no_sample_is_an_error_naming_the_files() {
     let o = oar(&["eval", "--model", &s(&model), "--data", &s(&test)]);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+#[test]
+fn a_malformed_line_is_named_by_file_and_line_or_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 50, 10);
+    let file = train.join("part-00000");
+    let mut text_lines: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(String::from).collect();
+    text_lines[2] = "1\tnot-a-number".into();
+    std::fs::write(&file, text_lines.join("\n") + "\n").unwrap();
+
+    let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "8"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:3: I1 is not an integer", file.display())), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "one clear line:\n{err}");
+
+    let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "8", "--skip-bad-lines"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("trained 49 samples"), "{}", text(&out));
+}
+
+/// A named pipe or a device given as data is named at once: opening a pipe without a writer
+/// blocks, and /dev/zero has no end (`oar train` said "Not a directory"; `oar split` waited, or
+/// counted zeros, forever).
+#[test]
+fn a_named_pipe_or_a_device_as_data_is_named_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("stream");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string naming a new path in a fresh folder.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo = fifo.to_str().unwrap();
+    // The same for a job file (it was read whole: /dev/zero until memory ran out), a hosts
+    // file, and a saved model's `latest` planted as a pipe or its manifest as a link.
+    let (train, _) = gen_data(dir.path(), 1, 20, 0);
+    let train = train.to_str().unwrap();
+    let saved = dir.path().join("saved");
+    std::fs::create_dir(&saved).unwrap();
+    let latest = std::ffi::CString::new(saved.join("latest").to_str().unwrap()).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::mkfifo(latest.as_ptr(), 0o600) }, 0);
+    let pass = dir.path().join("pass");
+    std::fs::create_dir(&pass).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", pass.join("manifest.json")).unwrap();
+    let ws = dir.path().join("ws");
+    let ws = ws.to_str().unwrap();
+    let cases: [(&[&str], &str); 9] = [
+        (&["train", "--train", fifo, "--threads", "1"], "stream: a named pipe, not a regular file or a folder"),
+        (&["train", "--train", "/dev/zero", "--threads", "1"], "/dev/zero: a character device, not a regular file"),
+        (&["split", fifo, "--parts", "2"], "stream: a named pipe, not a regular file: data is read from files"),
+        (&["split", "/dev/zero", "--parts", "2"], "/dev/zero: a character device, not a regular file"),
+        (&["train", "--config", fifo, "--train", train], "stream: not a regular file (a named pipe)"),
+        (&["train", "--config", "/dev/zero", "--train", train], "/dev/zero: not a regular file (a device)"),
+        (
+            &["cluster", "ssh", "--hosts", fifo, "--workspace", ws, "--", "--train", train],
+            "stream: not a regular file (a named pipe)",
+        ),
+        (&["eval", "--model", saved.to_str().unwrap(), "--data", train], "latest: not a regular file (a named pipe)"),
+        (
+            &["eval", "--model", pass.to_str().unwrap(), "--data", train],
+            "manifest.json: not a regular file (a symbolic link)",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = oar(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.lines().last().is_some_and(|l| l.starts_with("oar: error: ") && l.contains(want)),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A line longer than the readers keep (64 MiB: a file without line breaks) is named by file
+/// and line without being held, or skipped and counted; `oar split` moves it whole.
+#[test]
+fn a_line_too_long_to_keep_is_named_or_skipped_and_split_moves_it_whole() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 50, 10);
+    let file = train.join("part-00000");
+    let content = std::fs::read_to_string(&file).unwrap();
+    let (first, rest) = content.split_once('\n').unwrap();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+    writeln!(f, "{first}").unwrap();
+    f.write_all(&vec![b'9'; (oar::data::read::reader::MAX_LINE_BYTES + 1) as usize]).unwrap();
+    write!(f, "\n{rest}").unwrap();
+    drop(f);
+
+    let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "8"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:2: the line is longer than 64 MiB", file.display())), "{err}");
+    let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "8", "--skip-bad-lines"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("trained 50 samples"), "{}", text(&out));
+
+    let out = oar(&["split", "--parts", "2", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let sizes: Vec<u64> =
+        (0..2).map(|k| std::fs::metadata(format!("{}-{k:05}", file.display())).unwrap().len()).collect();
+    assert_eq!(sizes.iter().sum::<u64>(), std::fs::metadata(&file).unwrap().len());
+    assert!(sizes[0] > oar::data::read::reader::MAX_LINE_BYTES, "the long line is in the first part: {sizes:?}");
+}
+
+/// A `pipe_command` that goes silent is killed, with everything it started, and named after
+/// `--pipe-timeout` seconds, by `oar train` and by an async `oar launch` (whose other trainer
+/// would otherwise wait on nobody); a command that is slow but keeps printing is not.
+#[test]
+fn a_silent_pipe_command_is_killed_and_named_after_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 20, 0);
+    let train = train.display().to_string();
+    // Prints its first line, then nothing: the pipeline's `sleep` must die too.
+    let silent = "head -n 1; sleep 6017 | cat";
+    let out = oar(&["train", "--train", &train, "--threads", "1", "--pipe-command", silent, "--pipe-timeout", "1"]);
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("part-00000: pipe_command `head -n 1; sleep 6017 | cat` printed nothing for 1 s and was killed"),
+        "{all}"
+    );
+    wait_until(10, "the silent command's processes to end", || processes_mentioning("sleep 6017").is_empty());
+
+    let logs = dir.path().join("logs");
+    let out = oar(&[
+        "launch",
+        "--mode",
+        "async",
+        "--train",
+        &train,
+        "--pipe-command",
+        "head -n 1; sleep 6018 | cat",
+        "--pipe-timeout",
+        "1",
+        "--no-progress",
+        "--logs",
+        &logs.display().to_string(),
+    ]);
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("printed nothing for 1 s"), "{all}");
+    // The cause first: the trainer's own error (status 1), then the servers' reports of losing
+    // it (status 3), whatever order the processes ended in.
+    assert!(all.contains("oar: error: worker "), "{all}");
+    assert!(all.contains("(exit status: 3); last log line: oar: error: trainer "), "{all}");
+    wait_until(10, "the silent commands' processes to end", || processes_mentioning("sleep 6018").is_empty());
+
+    // Slow but never silent for a second: a line each 0.2 s, read to the end.
+    let slow = "while read -r l; do printf '%s\\n' \"$l\"; sleep 0.2; done";
+    let out = oar(&["train", "--train", &train, "--threads", "1", "--pipe-command", slow, "--pipe-timeout", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("40 samples") || text(&out).contains("samples 40"), "{}", text(&out));
+
+    let out = oar(&["train", "--train", &train, "--pipe-command", "cat", "--pipe-timeout", "0"]);
+    assert!(text(&out).contains("pipe_timeout is 0 s: it must be in 1..=86400"), "{}", text(&out));
+}
