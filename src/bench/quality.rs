@@ -11,7 +11,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{train_cluster, train_local, TrainRun};
+use super::training::{train_cluster, train_local, TrainRun};
 use crate::protocol::Mode;
 use crate::train::job_config::JobConfig;
 
