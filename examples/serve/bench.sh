@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Load-test `oar serve` with wrk (KServe v2 infer requests of 1 and 256 raw Criteo lines), then
 # time onnxruntime scoring the same batches in process (the export's model.onnx), on one
-# machine. Prints one line per run; the README's serving table comes from it.
+# machine. Prints one line per run; the serving table of docs/src/serving.md comes from it.
 #
 #   examples/serve/bench.sh WORKDIR [SECONDS]
 #

@@ -4,7 +4,7 @@
 # at every seed; prints each seed's two test AUCs, each job's mean and standard deviation, and
 # the paired difference JOB - BASE with its standard error (sd / sqrt(n)) and the seeds JOB
 # wins. Each seed is one comparison on the same lines in the same order, so the standard
-# error is that of the seeds' differences. The README states AutoInt+'s margin over its DNN
+# error is that of the seeds' differences. docs/src/measurements/2026-11-models.md states AutoInt+'s margin over its DNN
 # (autoint_base.toml) this way. Single-head jobs: the last test AUC printed is the one read.
 #
 #   examples/zoo/paired.sh JOB BASE DIR [SEED...]   (DIR: train/ and test/; seeds 1..5)

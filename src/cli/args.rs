@@ -32,7 +32,7 @@ pub(super) enum Command {
     Export(ExportArgs),
     /// Serve a saved model over HTTP with KServe's v2 inference protocol, reloading newer saves.
     Serve(ServeArgs),
-    /// Measure throughput against baselines, side by side (see README for recorded figures).
+    /// Measure throughput against baselines, side by side (recorded figures: docs/src/measurements/).
     Bench(BenchArgs),
     /// Generate data sets.
     Gen {

@@ -341,7 +341,7 @@ fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
     if config.secret.is_none() {
         tracing::warn!(
             "this server has no secret (--secret-file): anyone who can reach its port can read and change the \
-             model or stop the job; launchers give their servers one (README: Security)"
+             model or stop the job; launchers give their servers one (docs/src/security.md)"
         );
     }
     anyhow::ensure!(

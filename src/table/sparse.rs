@@ -27,7 +27,7 @@
 //! misses of a batch overlap. A profile showed the prefetches themselves waiting for free
 //! line-fill buffers, i.e. bound by misses in flight. `oar bench` measures the old layout's server
 //! beside this one (`--baseline-exe`, in alternating `--rounds`, ratios paired by round): pulls
-//! as drawn at 1.09x its keys/s, unique pulls 1.00x, pushes 1.30x (README, Performance); end to
+//! as drawn at 1.09x its keys/s, unique pulls 1.00x, pushes 1.30x (docs/src/measurements/2026-11-27-performance.md); end to
 //! end, 2x2 CTR-DNN training on the reference set runs at 0.97x with 43% less server memory.
 
 use parking_lot::Mutex;

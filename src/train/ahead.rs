@@ -9,7 +9,7 @@
 //!
 //! Off by default (`pull_ahead`): it buys the CTR-DNN about 12% more samples/s at the same AUC,
 //! but the extra step cost every sequence and multi-task model of the zoo 0.01-0.07 AUC against
-//! local training, where pulling after each push keeps them within 0.007 (README, Modes): a
+//! local training, where pulling after each push keeps them within 0.007 (docs/src/modes.md): a
 //! default must not depend on the model being easy. The default `lag_ratio` of 2.5
 //! (PaddlePaddle's 1.5) leaves room for this pipeline, where a push is normally about
 //! `trainers + 1` updates behind.

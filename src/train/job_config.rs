@@ -60,7 +60,7 @@ pub struct TrainSettings {
     /// Async mode with one thread: pull the next batch's parameters while this one computes.
     /// It hides the network (about 12% more samples/s on the CTR-DNN) but adds about one step
     /// of staleness per trainer, which costs sequence and multi-task models 0.01-0.07 AUC
-    /// (README, Modes): off by default.
+    /// (docs/src/modes.md): off by default.
     pub pull_ahead: bool,
     /// Async mode: the first this many updates are synchronous steps at the per-trainer batch
     /// / trainers, i.e. local training's updates, before the pushes go async.

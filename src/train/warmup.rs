@@ -2,7 +2,7 @@
 //! ([`WarmupPlan`]), and the splitting of reader batches into one synchronous step per trainer
 //! ([`Warmup`]).
 //!
-//! Async quality comes from two controls, each measured by `oar bench --quality` (the README has
+//! Async quality comes from two controls, each measured by `oar bench --quality` (docs/src/modes.md has
 //! the table). The first `sync_warmup` updates of a run (100 by default) are synchronous: every
 //! trainer splits its batch into one part per trainer and pushes each part marked `Merged`,
 //! which an async server handles as a sync step, since staleness hurts most while Adam's first

@@ -29,7 +29,7 @@ fn launch_trains_criteo_on_two_servers_and_two_workers_and_eval_reads_the_model(
     let dir = tempfile::tempdir().unwrap();
     let (train, test) = criteo_or_generated(&dir.path().join("data"));
     let (logs, model) = (dir.path().join("logs"), dir.path().join("model"));
-    // The CTR-DNN seed example's job file, as the README runs it.
+    // The CTR-DNN seed example's job file, as Getting started (docs/src/getting-started.md) runs it.
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ctr_dnn.toml");
     let out = oar(&[
         "launch",

@@ -83,7 +83,7 @@ fn ptb_ngram_word_model_learns_locally_and_on_two_servers() {
     let async_run = launch(&config, "async", &parts, &test, &dir.path().join("logs"), &[]);
     let distributed = number_after(&async_run, "test perplexity ");
     // A uniform guess over the dictionary scores 2073; the full example beats the add-one
-    // bigram (133) in one pass (see README).
+    // bigram (133) in one pass (see docs/src/getting-started.md).
     assert!(local < 300.0 && distributed < 300.0, "local {local}, 2x2 async {distributed}");
 }
 

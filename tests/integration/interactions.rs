@@ -1,7 +1,7 @@
 //! The interaction family (`oar gen interactions`): models built on dot products of embeddings
 //! learn a planted pairwise model that a DNN over the concatenated embeddings learns slowly.
 //! FM and xDeepFM on one vector per value (`pairs`), the field-aware FM on one per value and
-//! partner field (`field-pairs`), which an FM of dimension 10 cannot hold. Seed 1 here; README
+//! partner field (`field-pairs`), which an FM of dimension 10 cannot hold. Seed 1 here; docs/src/measurements/2026-11-models.md
 //! "More models" has 5 seeds and the reference library's figures.
 
 use crate::util::*;
@@ -62,7 +62,7 @@ fn fm_and_xdeepfm_learn_planted_pairs_and_ffm_field_aware_ones_that_a_dnn_misses
 }
 
 /// `examples/zoo/paired.sh`, which states AutoInt+'s margin over its DNN (`autoint_base.toml`)
-/// in the README, run as a user runs it: each seed's two AUCs, then means and the paired
+/// in docs/src/measurements/2026-11-models.md, run as a user runs it: each seed's two AUCs, then means and the paired
 /// difference computed from them; a job that fails stops it with that job and seed named.
 #[test]
 fn paired_script_states_a_model_against_its_baseline_seed_by_seed() {

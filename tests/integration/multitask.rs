@@ -94,7 +94,7 @@ fn esmm_trains_on_paddlerecs_ali_ccp_sample_as_stored() {
 /// On generated impressions whose conversions follow clicks (`oar gen conversions`: the same ids
 /// drive both, about 4% convert), ESMM (CTR and CVR towers, CTCVR = CTR x CVR, trained on
 /// clicks and CTCVR) ranks CTCVR better than one DNN trained on the CTCVR label alone (seed 1:
-/// 0.810 against 0.794; 5 seeds and the reference library's figures in the README), on 2
+/// 0.810 against 0.794; 5 seeds and the reference library's figures in docs/src/measurements/2026-11-models.md), on 2
 /// servers x 2 trainers too.
 #[test]
 fn esmm_beats_a_dnn_on_the_ctcvr_label_alone_on_generated_conversions() {
@@ -173,7 +173,7 @@ impl GeneratedTasks {
 /// `oar gen tasks` (the MMoE paper's synthetic setting, correlation 0): the shared bottom, MMoE
 /// and PLE learn both tasks close to the planted model, locally and MMoE on 2 servers x 2
 /// trainers (`oar launch`, whose summary has every head's test figures). Which of them wins is
-/// measured in the README (5 seeds, against FuxiCTR), not here.
+/// measured in docs/src/measurements/2026-11-models.md (5 seeds, against FuxiCTR), not here.
 #[test]
 fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_servers() {
     let tasks = GeneratedTasks::new(Relation::new(Effect::Sines, 0.0));
@@ -204,7 +204,7 @@ fn gen_tasks_trains_the_shared_bottom_mmoe_and_ple_locally_and_mmoe_on_two_serve
 
 /// `oar gen tasks --effect experts` (a planted mixture of 4 linear experts, one softmax gate per
 /// task): MMoE, built the same way, beats the shared bottom on both tasks by more than 0.005 after
-/// 5 passes (seed 1; 5 seeds and FuxiCTR's figures in the README); on 2 servers x 2 trainers,
+/// 5 passes (seed 1; 5 seeds and FuxiCTR's figures in docs/src/measurements/2026-11-models.md); on 2 servers x 2 trainers,
 /// async, MMoE learns both tasks as it does locally (seed 1: 0.9022 / 0.9022 against 0.9020 /
 /// 0.9024; pulling ahead, before it was off by default, gave 0.8875 / 0.8924).
 #[test]
@@ -235,7 +235,7 @@ fn mmoe_beats_the_shared_bottom_on_a_planted_mixture_of_experts() {
 /// `oar gen tasks --effect wiggle` (each task's projection plus one sine of it, of frequency 6,
 /// sharpness 10, correlation 0.5): after 5 passes PLE's two levels of experts have learned the
 /// wiggle and the shared bottom has not, on both tasks (seed 1; by 0.08-0.10 on every planted
-/// draw 1..5 over 5 seeds, and in FuxiCTR, in the README).
+/// draw 1..5 over 5 seeds, and in FuxiCTR, in docs/src/measurements/2026-11-models.md).
 #[test]
 fn ple_beats_the_shared_bottom_on_a_function_that_wiggles() {
     let tasks = GeneratedTasks::new(Relation { sharpness: 10.0, ..Relation::new(Effect::Wiggle, 0.5) });

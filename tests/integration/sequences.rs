@@ -103,7 +103,7 @@ fn din_beats_the_pooled_history_on_generated_sequences() {
 /// (`oar gen sequences --effect order`: the old and the current interest hold equal shares of
 /// the whole history), the order-aware models, BST (learned positions) and DIEN (GRUs), beat
 /// the mean-pooled history by far, and DIN, whose attention sums over the positions, stays
-/// below them (seed 1: README "More models" has 5 seeds and the reference library's figures).
+/// below them (seed 1: docs/src/measurements/2026-11-models.md, "More models", has 5 seeds and the reference library's figures).
 /// On 2 servers x 2 trainers, async with the default settings, BST and DIEN learn as they do
 /// locally.
 #[test]
@@ -121,7 +121,7 @@ fn bst_and_dien_see_the_order_that_pooling_and_din_cannot() {
         assert!(a < oracle, "no model beats the planted one: {name} {a} vs {oracle}");
     }
     // The auxiliary loss teaches the GRU's states the next behaviour: +0.0115 at this seed,
-    // +0.020 over 5 seeds (README).
+    // +0.020 over 5 seeds (docs/src/measurements/2026-11-models.md).
     assert!(aux > dien + 0.005, "DIEN {dien} and with its auxiliary loss {aux}");
 
     // Measured at seed 1: BST 0.8668 against 0.8699 locally, DIEN with its auxiliary loss

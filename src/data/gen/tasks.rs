@@ -14,7 +14,7 @@
 //!   `s_t = w_t . x + sum over m terms of sin(a_i w_t . x + b_i)` (`a_i`, `b_i` standard
 //!   normals shared by the tasks, as in the paper; `m = --sines`, 10 as in the paper unless
 //!   asked). The paper found a shared bottom losing to
-//!   MMoE's gates as the correlation falls; not reproduced here (README "A task relation").
+//!   MMoE's gates as the correlation falls; not reproduced here (docs/src/measurements/2026-11-models.md, "A task relation").
 //! - `--effect experts`, a planted mixture of experts: 4 shared experts, each a linear function
 //!   `v_k . x` (unit `v_k`), mixed per task by a softmax gate over `2 G_t x` (`G_t`: 4 unit rows;
 //!   task 2's rows are `r` times task 1's plus `sqrt(1 - r^2)` times fresh unit draws,
@@ -26,7 +26,7 @@
 //!   projection, `s_t = w_t . x + sin(6 w_t . x + b_t)` (the frequency times `--frequency`;
 //!   `b_t` uniform in [0, 2 pi), drawn per task). A function that wiggles that fast where the
 //!   data is dense is learned in a few passes by PLE's two levels of experts but not by a
-//!   shared bottom's one layer or MMoE's (README, "A function that wiggles"): on every planted
+//!   shared bottom's one layer or MMoE's (docs/src/measurements/2026-11-models.md, "A function that wiggles"): on every planted
 //!   draw, where the paper's sines part the models on some draws only.
 //!
 //! A line is plain text: `label1 label2 x1 .. x100` (the `plain` format; `meta.json` has the

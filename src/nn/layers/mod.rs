@@ -31,7 +31,7 @@
 //! Initial values, per layer (each factory's doc has the settings):
 //! - `linear`: PyTorch's default (uniform +-1/sqrt(inputs), weights and bias) for a hidden layer,
 //!   or `init = "zeros"` for a linear term on raw features: a random start on unscaled inputs is
-//!   a random logit the first steps must undo (README, "Sound starts").
+//!   a random logit the first steps must undo (docs/src/measurements/2026-11-models.md, "Sound starts").
 //! - `mlp`: PyTorch's default for every layer, or `init = "xavier"` (Glorot-uniform weights, zero
 //!   biases: Keras's start, which DeepFM, DLRM, xDeepFM and AutoInt+ need to reach FuxiCTR's AUC,
 //!   measured against `examples/zoo/reference/`) or `"xavier_normal"` (FuxiCTR's own).
