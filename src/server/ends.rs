@@ -1,4 +1,4 @@
-//! What ends a server, each a future `run` selects over besides its shutdown signal: every
+//! What ends a server, each a future [`first`] selects over besides its shutdown signal: every
 //! trainer closed, a trainer lost for good, trainers that never came, a newer epoch in its place.
 //!
 //! A job that cannot finish fails instead of hanging. A server that exits when its trainers are
@@ -77,4 +77,41 @@ pub(super) async fn replaced(state: Arc<State>) -> u64 {
         Ok(epoch) => epoch,
         Err(_) => std::future::pending().await,
     }
+}
+
+/// Waits for whichever end comes first: the shutdown signal or every trainer closed (`Ok`), or
+/// a failure naming its cause: a newer epoch in this server's place, a trainer lost for good,
+/// trainers that never came.
+pub(super) async fn first(state: &Arc<State>, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    tokio::select! {
+        _ = shutdown => {}
+        _ = all_closed(state.clone()) => tracing::info!("every trainer has closed; stopping"),
+        newer = replaced(state.clone()) => {
+            return Err(anyhow::anyhow!(
+                "server {} epoch {} has been replaced by epoch {newer} (it was stopped or unreachable and restarted): \
+                 this process stops without touching the job's state",
+                state.config.index,
+                state.config.epoch
+            ));
+        }
+        (trainer, window) = lost_trainer(state.clone()) => {
+            let lost = match window {
+                None => format!("trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"),
+                Some(w) => format!(
+                    "trainer {trainer} disconnected without closing and did not come back within {w:?} \
+                     (--trainer-rejoin): the job cannot finish"
+                ),
+            };
+            return Err(crate::base::exit::PeerLost(lost).into());
+        }
+        missing = never_arrived(state.clone()) => {
+            return Err(anyhow::anyhow!(
+                "trainer(s) {missing:?} of {} never connected within {:?} of this server starting (--timeout): \
+                 check that they were started and can reach this server",
+                state.config.trainers,
+                state.config.timeout
+            ));
+        }
+    }
+    Ok(())
 }

@@ -292,40 +292,9 @@ pub async fn run(
         let sparse_only = port >= ports - state.config.sparse_ports;
         acceptors.spawn(accept::accept(state.clone(), port, listener, sparse_only));
     }
-    tokio::select! {
-        _ = shutdown => {}
-        _ = ends::all_closed(state.clone()) => tracing::info!("every trainer has closed; stopping"),
-        newer = ends::replaced(state.clone()) => {
-            acceptors.abort_all();
-            anyhow::bail!(
-                "server {} epoch {} has been replaced by epoch {newer} (it was stopped or unreachable and restarted): \
-                 this process stops without touching the job's state",
-                state.config.index,
-                state.config.epoch
-            );
-        }
-        (trainer, window) = ends::lost_trainer(state.clone()) => {
-            acceptors.abort_all();
-            let lost = match window {
-                None => format!("trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"),
-                Some(w) => format!(
-                    "trainer {trainer} disconnected without closing and did not come back within {w:?} \
-                     (--trainer-rejoin): the job cannot finish"
-                ),
-            };
-            return Err(crate::base::exit::PeerLost(lost).into());
-        }
-        missing = ends::never_arrived(state.clone()) => {
-            acceptors.abort_all();
-            anyhow::bail!(
-                "trainer(s) {missing:?} of {} never connected within {:?} of this server starting (--timeout): \
-                 check that they were started and can reach this server",
-                state.config.trainers,
-                state.config.timeout
-            );
-        }
-    }
+    let ended = ends::first(&state, shutdown).await;
     acceptors.abort_all();
+    ended?;
     drop(stop_checkpoints);
     if let Some(thread) = checkpoint_thread {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
