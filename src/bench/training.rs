@@ -111,6 +111,7 @@ pub(crate) fn two_by_two(mode: Mode, data: &Path, exe: &Path, logs: &Path) -> cr
         tls: false,
         open: false,
         shared_secret: false,
+        metrics_port_base: None,
     }
 }
 

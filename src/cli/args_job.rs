@@ -460,8 +460,13 @@ pub(super) struct LaunchArgs {
     #[arg(long)]
     pub(super) tls: bool,
     /// Number of parameter servers (fleetrun's --server_num).
-    #[arg(long, alias = "server_num", default_value_t = 2)]
+    #[arg(long, alias = "server_num", default_value_t = 2, value_parser = server_count)]
     pub(super) servers: usize,
+    /// Metrics ports for Prometheus to scrape at known places: server i's at this port + i,
+    /// trainer w's at this port + servers + w [default: any free port each, listed in the
+    /// summary and summary.json].
+    #[arg(long)]
+    pub(super) metrics_port_base: Option<u16>,
     /// Number of trainers (fleetrun's --worker_num).
     #[arg(long, alias = "worker_num", default_value_t = 2)]
     pub(super) workers: usize,
@@ -500,4 +505,20 @@ pub(super) struct LaunchArgs {
     /// No progress bar.
     #[arg(long)]
     pub(super) no_progress: bool,
+}
+
+/// `oar launch --servers N`: a count. fleetrun's `--servers` is a list of endpoints instead,
+/// which `oar launch` has no use for (it starts its servers itself): say where such a list goes.
+fn server_count(s: &str) -> Result<usize, String> {
+    s.trim().parse().map_err(|_| {
+        if s.contains(':') || s.contains(',') {
+            format!(
+                "{s:?} is a list of server endpoints (fleetrun's --servers); oar launch starts its servers on this \
+                 machine and takes how many: --servers N (or --server_num N). To train against servers already \
+                 running there, start each trainer with `oar train --servers {s}`"
+            )
+        } else {
+            format!("{s:?} is not a number of servers")
+        }
+    })
 }

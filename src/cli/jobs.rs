@@ -170,6 +170,7 @@ pub(super) fn launch(a: LaunchArgs, registry: &Registry) -> anyhow::Result<()> {
         tls: a.tls,
         open: false,
         shared_secret: false,
+        metrics_port_base: a.metrics_port_base,
     };
     let s = crate::run::launch::run(&config)?;
     print_summary(&format!("oar launch ({})", config.mode), &s);

@@ -2,5 +2,6 @@
 //! curves (CSV, TensorBoard event files, plots).
 
 pub mod curves;
+pub mod exposition;
 pub mod metrics;
 pub mod telemetry;

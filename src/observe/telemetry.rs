@@ -26,6 +26,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use super::exposition;
+
 /// What a scrape answers: the text of the process's metrics.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
@@ -60,14 +62,14 @@ impl Sheet {
     pub fn counter(&mut self, name: &str, help: &str, value: u64) {
         let c: Counter = Counter::default();
         c.inc_by(value);
-        self.0.register(name, help, c);
+        self.0.register(name, clean(help), c);
     }
 
     /// A gauge.
     pub fn gauge(&mut self, name: &str, help: &str, value: f64) {
         let g: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
         g.set(value);
-        self.0.register(name, help, g);
+        self.0.register(name, clean(help), g);
     }
 
     /// The process's HTTP listeners' connection counts ([`crate::base::http::counts`]).
@@ -91,7 +93,7 @@ impl Sheet {
         for (v, x) in values {
             family.get_or_create(&vec![(label.to_string(), v.clone())]).set(*x);
         }
-        self.0.register(name, help, family);
+        self.0.register(name, clean(help), family);
     }
 
     /// A counter per set of labels (exposed as `oar_<name>_total{...}`).
@@ -100,7 +102,7 @@ impl Sheet {
         for (labels, x) in values {
             family.get_or_create(labels).inc_by(*x);
         }
-        self.0.register(name, help, family);
+        self.0.register(name, clean(help), family);
     }
 
     /// Pushes by how many updates behind they arrived, a gauge per count (`behind="k"`).
@@ -111,7 +113,7 @@ impl Sheet {
 
     /// A latency histogram, in seconds.
     pub fn latency(&mut self, name: &str, help: &str, h: &Latency) {
-        self.0.register_with_unit(name, help, prometheus_client::registry::Unit::Seconds, h.0.clone());
+        self.0.register_with_unit(name, clean(help), prometheus_client::registry::Unit::Seconds, h.0.clone());
     }
 
     /// The OpenMetrics text.
@@ -120,6 +122,12 @@ impl Sheet {
         encode(&mut out, &self.0).expect("writing to a String cannot fail");
         out
     }
+}
+
+/// Help text as the encoder wants it: without its closing period, which the encoder adds (a
+/// period of our own made every help line end in "..").
+fn clean(help: &str) -> &str {
+    help.trim_end().trim_end_matches('.')
 }
 
 /// What scrapers may hold of a metrics endpoint: a few connections (16 from one address), each
@@ -132,6 +140,18 @@ const SCRAPER_LIMITS: crate::base::http::Limits = crate::base::http::Limits {
     max_body: 0,
     buffered: 0,
 };
+
+/// One scrape's answer: the metrics `render` writes (OpenMetrics), in the format the request's
+/// `Accept` header asks for ([`exposition::negotiate`]), rendered on the blocking pool.
+pub async fn scrape(
+    headers: &axum::http::HeaderMap,
+    render: impl FnOnce() -> String + Send + 'static,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = exposition::negotiate(accept);
+    let body = tokio::task::spawn_blocking(move || exposition::render(render(), format)).await.unwrap_or_default();
+    ([(axum::http::header::CONTENT_TYPE, format.content_type())], body)
+}
 
 /// A metrics endpoint serving until dropped.
 pub struct Exporter {
@@ -156,18 +176,9 @@ impl Exporter {
                 let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
                 let app = axum::Router::new().route(
                     "/metrics",
-                    axum::routing::get(move || {
+                    axum::routing::get(move |headers: axum::http::HeaderMap| {
                         let render = render.clone();
-                        async move {
-                            let body = tokio::task::spawn_blocking(move || render()).await.unwrap_or_default();
-                            (
-                                [(
-                                    axum::http::header::CONTENT_TYPE,
-                                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                                )],
-                                body,
-                            )
-                        }
+                        async move { scrape(&headers, move || render()).await }
                     }),
                 );
                 crate::base::http::serve(listener, app, SCRAPER_LIMITS, async {

@@ -30,10 +30,10 @@ pub(super) fn router(server: Arc<Server>) -> axum::Router {
         .with_state(server)
 }
 
-/// `GET /metrics`: the server's counters in the OpenMetrics text format.
-async fn metrics(State(s): State<Arc<Server>>) -> impl IntoResponse {
-    let body = tokio::task::spawn_blocking(move || s.metrics()).await.unwrap_or_default();
-    ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+/// `GET /metrics`: the server's counters, as OpenMetrics or Prometheus's classic text as the
+/// scraper asks.
+async fn metrics(State(s): State<Arc<Server>>, headers: HeaderMap) -> impl IntoResponse {
+    crate::observe::telemetry::scrape(&headers, move || s.metrics()).await
 }
 
 /// `GET /v2/models/{name}`: the model's inputs and outputs.

@@ -201,6 +201,7 @@ fn serve_answers_kserve_v2_with_the_scores_of_oar_predict() {
     // requests scored (3 batches of the 600 lines, 1 line, 100 typed, 1 line), 702 samples, the
     // 4 bad bodies and the oversized one refused (by its declared length, unread), pass 1 served.
     let m = crate::telemetry::scrape(s.url.trim_start_matches("http://"));
+    crate::telemetry::check_classic(s.url.trim_start_matches("http://"));
     let v = |name| crate::telemetry::value(&m, name, None);
     assert_eq!(v("oar_serve_requests_total"), 6.0);
     assert_eq!(v("oar_serve_samples_total"), 702.0);

@@ -33,11 +33,61 @@ fn start(args: &[&str], want: &[&str]) -> (Child, Vec<String>) {
     (child, got)
 }
 
+/// A scrape as a classic client makes it (no `Accept` for OpenMetrics): the text format 0.0.4,
+/// read by a classic parser.
 pub fn scrape(addr: &str) -> Scrape {
     let resp = ureq::get(&format!("http://{addr}/metrics")).call().unwrap();
-    assert!(resp.content_type().contains("openmetrics-text"), "{}", resp.content_type());
+    assert_eq!(resp.content_type(), "text/plain", "{:?}", resp.header("content-type"));
+    assert!(resp.header("content-type").unwrap().contains("version=0.0.4"));
     let body = resp.into_string().unwrap();
+    assert!(!body.contains("# EOF") && !body.contains("# UNIT"), "{body}");
     Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap()
+}
+
+/// A scrape as Prometheus makes it, asking for OpenMetrics first: the body as text.
+pub fn scrape_openmetrics(addr: &str) -> String {
+    let accept = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
+                  text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let resp = ureq::get(&format!("http://{addr}/metrics")).set("Accept", accept).call().unwrap();
+    assert_eq!(resp.content_type(), "application/openmetrics-text");
+    let body = resp.into_string().unwrap();
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    body
+}
+
+/// Every help line ends in one period, and every counter is typed one in the classic text (a
+/// `HELP`/`TYPE` naming `foo` over a sample `foo_total` read as an untyped sample without help).
+pub fn check_classic(addr: &str) {
+    let body = ureq::get(&format!("http://{addr}/metrics")).call().unwrap().into_string().unwrap();
+    for line in body.lines().filter(|l| l.starts_with("# HELP ")) {
+        assert!(line.ends_with('.') && !line.ends_with(".."), "{line}");
+    }
+    let s = Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap();
+    for x in s.samples.iter().filter(|x| x.metric.ends_with("_total")) {
+        assert!(matches!(x.value, Value::Counter(_)), "{} is {:?}", x.metric, x.value);
+        assert!(s.docs.contains_key(&x.metric), "{} has no help", x.metric);
+    }
+    promtool_check(&body);
+}
+
+/// `promtool check metrics` on `body`, when promtool is installed (Debian's `prometheus`
+/// package; `.ci/run` installs it): no finding at all.
+fn promtool_check(body: &str) {
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("promtool not found: the metrics are not checked by it (install Debian's prometheus package)");
+        return;
+    };
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\n{body}");
 }
 
 /// The value of the sample `name` (with label `label` if given).
@@ -96,6 +146,7 @@ fn servers_and_trainers_serve_metrics_that_a_prometheus_parser_reads_and_that_ma
         assert!(value(&s, name, None) >= 0.0, "{name}");
     }
     histogram_count(&s, "oar_push_seconds");
+    check_classic(&t0_metrics[0]);
     let (mut t1, _) = trainer("1");
     assert!(t0.wait().unwrap().success() && t1.wait().unwrap().success());
 
@@ -126,6 +177,10 @@ fn servers_and_trainers_serve_metrics_that_a_prometheus_parser_reads_and_that_ma
     }
     assert!(value(&s, "oar_resident_memory_bytes", None) > 1e6);
     assert!(value(&s, "oar_checkpoint_age_seconds", None).is_nan(), "no background checkpoints");
+    // The same figures as OpenMetrics for a scraper that asks, and as clean classic text.
+    let om = scrape_openmetrics(&server_metrics);
+    assert!(om.contains("# TYPE oar_applied_samples counter\noar_applied_samples_total 2000"), "{om}");
+    check_classic(&server_metrics);
     server.kill().unwrap();
     server.wait().unwrap();
 }
@@ -169,4 +224,32 @@ fn idle_connections_to_a_metrics_port_are_closed_and_scrapes_still_answered() {
     assert_eq!(value(&scrape(&metrics), "oar_applied_samples_total", None), 0.0, "the scrape behind them was answered");
     server.kill().unwrap();
     server.wait().unwrap();
+}
+
+/// `oar launch --metrics-port-base P` puts every process's metrics where Prometheus is told to
+/// look: server i at P + i, trainer w at P + servers + w, as the summary lists them. A base that
+/// runs past port 65535 is one clear error before anything starts.
+#[test]
+fn launch_puts_every_metrics_endpoint_at_its_given_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 2, 500, 0);
+    let base = free_ports(4);
+    let logs = dir.path().join("logs");
+    let (train, logs_arg, base_arg) = (train.display().to_string(), logs.display().to_string(), base.to_string());
+    let args = ["launch", "--servers", "2", "--workers", "2", "--train", &train, "--hidden", "8", "--logs", &logs_arg];
+    let out = oar(&[&args[..], &["--no-progress", "--metrics-port-base", &base_arg]].concat());
+    assert!(out.status.success(), "{}", text(&out));
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(logs.join("summary.json")).unwrap()).unwrap();
+    let got: Vec<(String, String)> = serde_json::from_value(summary["metrics"].clone()).unwrap();
+    let want: Vec<(String, String)> = ["server 0", "server 1", "worker 0", "worker 1"]
+        .iter()
+        .enumerate()
+        .map(|(k, name)| (name.to_string(), format!("http://127.0.0.1:{}/metrics", base as usize + k)))
+        .collect();
+    assert_eq!(got, want);
+
+    let out = oar(&[&args[..], &["--no-progress", "--metrics-port-base", "65534"]].concat());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("--metrics-port-base 65534: 2 servers and 2 workers need ports 65534..=65537"));
 }

@@ -31,7 +31,7 @@ pub(super) fn server_args(config: &LaunchConfig, i: usize, job_id: &str) -> anyh
         "--lag-ratio".into(),
         config.job.train.lag_ratio.to_string(),
         "--metrics-addr".into(),
-        "127.0.0.1:0".into(),
+        metrics_addr(config, i),
     ];
     if let Some(r) = &config.resume {
         args.extend(["--resume".into(), r.display().to_string()]);
@@ -53,6 +53,14 @@ pub(super) fn server_args(config: &LaunchConfig, i: usize, job_id: &str) -> anyh
         args.extend(["--trainer-rejoin".into(), RECOVER_SECONDS.to_string(), "--recoverable".into()]);
     }
     Ok(args)
+}
+
+/// The metrics address of the launch's process `k` (servers first, then trainers).
+fn metrics_addr(config: &LaunchConfig, k: usize) -> String {
+    match config.metrics_port_base {
+        Some(base) => format!("127.0.0.1:{}", base as usize + k),
+        None => "127.0.0.1:0".into(),
+    }
 }
 
 /// What a trainer is told besides the launch's settings.
@@ -104,7 +112,7 @@ pub(super) fn trainer_args(
         args.extend(["--output".into(), o.display().to_string()]);
     }
     args.extend(["--metrics-csv".into(), to.metrics_csv.display().to_string()]);
-    args.extend(["--metrics-addr".into(), "127.0.0.1:0".into()]);
+    args.extend(["--metrics-addr".into(), metrics_addr(config, config.servers + w)]);
     if let Some(r) = &config.resume {
         args.extend(["--resume".into(), r.display().to_string()]);
     }

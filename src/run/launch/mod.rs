@@ -66,6 +66,9 @@ pub struct LaunchConfig {
     /// Every trainer given the job's master secret rather than its own credential (as before
     /// credentials existed). Only for the baseline of `oar bench --security`.
     pub shared_secret: bool,
+    /// The metrics ports: server i's at this port + i, trainer w's at this port + servers + w
+    /// (`None`: any free port each, as printed in the summary).
+    pub metrics_port_base: Option<u16>,
 }
 
 pub use crate::run::supervise::LaunchSummary;
@@ -99,6 +102,15 @@ fn check(config: &LaunchConfig) -> anyhow::Result<()> {
         config.servers,
         config.workers
     );
+    if let Some(base) = config.metrics_port_base {
+        let last = base as usize + config.servers + config.workers - 1;
+        anyhow::ensure!(
+            base > 0 && last <= u16::MAX as usize,
+            "--metrics-port-base {base}: {} servers and {} workers need ports {base}..={last}, past 65535",
+            config.servers,
+            config.workers
+        );
+    }
     // Never a silent fresh shard: a restarted server needs a checkpoint to go on from.
     anyhow::ensure!(
         config.max_restarts == 0 || (config.checkpoint_every.is_some() && config.output.is_some()),
