@@ -47,6 +47,11 @@ pub(super) fn print_summary(label: &str, s: &crate::run::launch::LaunchSummary) 
     if s.discarded_pushes > 0 {
         println!("{} stale pushes discarded", s.discarded_pushes);
     }
+    let bad: u64 = s.reports.iter().map(|r| r.bad_lines).sum();
+    if bad > 0 {
+        let per: Vec<String> = s.reports.iter().map(|r| r.bad_lines.to_string()).collect();
+        println!("{bad} bad line(s) skipped (--skip-bad-lines), per trainer: {}", per.join(", "));
+    }
     if let Some(png) = &s.curves {
         println!("training curves: {} (from the trainers' metrics.csv beside it)", png.display());
     }

@@ -222,7 +222,7 @@ impl Conn {
                 "the server did not prove it is server {server} of job '{job}' (another job's or another server's, \
                  a relay, or a wrong --secret-file)"
             );
-            return Err(self.mismatch("the authentication", why));
+            return Err(ClientError::Unproven { index: self.index, addr: self.addr.clone(), why });
         }
         let mine = secret.client_proof(&claim, &theirs, &ours).expect("checked: this secret proves the claim");
         self.stream

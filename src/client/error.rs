@@ -69,6 +69,17 @@ pub enum ClientError {
         /// The newest epoch met.
         met: u64,
     },
+    /// The process at a server's address did not prove it holds the job's secret for that
+    /// server: another job's or another server's, a relay, or a wrong `--secret-file`.
+    #[error("server {index} at {addr}: {why}")]
+    Unproven {
+        /// Server index.
+        index: usize,
+        /// Its address.
+        addr: String,
+        /// What it failed to prove, and the likely causes.
+        why: String,
+    },
     /// A server was lost and did not come back within the recovery window.
     #[error("server {index} at {addr} was lost and did not come back within {waited:?} (--recover-timeout): {cause}")]
     Lost {

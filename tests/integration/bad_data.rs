@@ -218,6 +218,13 @@ fn a_malformed_line_is_named_by_file_and_line_or_skipped_and_counted() {
     let out = oar(&["train", "--train", train.to_str().unwrap(), "--hidden", "8", "--skip-bad-lines"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("trained 49 samples"), "{}", text(&out));
+    // A launch says so too, on the console and not only in summary.json.
+    let logs = dir.path().join("logs").display().to_string();
+    let launch = ["launch", "--servers", "1", "--workers", "1", "--hidden", "8", "--no-progress", "--logs", &logs];
+    let out = oar(&[&launch[..], &["--train", train.to_str().unwrap(), "--skip-bad-lines"]].concat());
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("1 bad line(s) skipped (--skip-bad-lines), per trainer: 1"), "{said}");
 }
 
 /// A named pipe or a device given as data is named at once: opening a pipe without a writer

@@ -275,6 +275,28 @@ fn usage_errors_exit_with_code_2() {
     let out = oar(&["train"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("give --train"), "{}", text(&out));
+    // fleetrun's --servers is a list of endpoints: said so, with where such a list goes.
+    let out = oar(&["launch", "--servers", "127.0.0.1:6170,127.0.0.1:6171", "--train", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("is a list of server endpoints (fleetrun's --servers)"), "{}", text(&out));
+    assert!(text(&out).contains("oar train --servers 127.0.0.1:6170,127.0.0.1:6171"), "{}", text(&out));
+}
+
+/// `oar --version` names the release and the commit the binary was built from.
+#[test]
+fn the_version_names_the_commit() {
+    let out = oar(&["--version"]);
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let want = format!("oar {} (commit {})", env!("CARGO_PKG_VERSION"), commit.as_deref().unwrap_or("unknown"));
+    assert_eq!(said, want);
 }
 
 #[test]
