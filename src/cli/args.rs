@@ -55,6 +55,21 @@ pub(super) enum Command {
     Split(SplitArgs),
     /// Draw a job's training curves (a trainer's --metrics-csv file) to a PNG.
     Plot(PlotArgs),
+    /// Print a completion script for a shell (bash, zsh, fish, elvish, powershell), e.g.
+    /// `oar completions bash > ~/.local/share/bash-completion/completions/oar`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages for oar and each of its commands into a folder (oar.1, oar-launch.1, ...).
+    Man {
+        /// The folder (created if missing).
+        #[arg(long, default_value = "man")]
+        out: PathBuf,
+    },
+    /// Print the reference of every command and flag, as Markdown (the book's reference chapter
+    /// is this output).
+    Reference,
     /// Prepare public data sets for the examples.
     Data {
         #[command(subcommand)]

@@ -16,6 +16,7 @@ mod args_job;
 mod data_tools;
 mod jobs;
 mod limits;
+mod reference;
 mod report;
 mod roles;
 mod saved;
@@ -92,5 +93,18 @@ fn run(command: Command, launched: bool, registry: &Registry) -> anyhow::Result<
         Command::Plot(a) => tools::plot(a),
         Command::Tls(a) => tools::tls(a),
         Command::Secret(a) => secret::run(a),
+        Command::Completions { shell } => {
+            reference::completions(shell);
+            Ok(())
+        }
+        Command::Man { out } => {
+            let n = reference::man_pages(&out)?;
+            println!("{n} man pages written to {}", out.display());
+            Ok(())
+        }
+        Command::Reference => {
+            print!("{}", reference::markdown());
+            Ok(())
+        }
     }
 }

@@ -482,3 +482,33 @@ fn absurd_counts_and_periods_are_one_error_line_not_a_panic() {
         assert!(String::from_utf8_lossy(&o.stderr).contains(want), "{to}: {}", text(&o));
     }
 }
+
+/// The book's reference of every command and flag is what `oar reference` generates from the
+/// command line's definitions, so a renamed or new flag fails here until the page follows
+/// (`oar reference > docs/src/reference/cli.md`); man pages and completion scripts come from
+/// the same definitions.
+#[test]
+fn the_reference_man_pages_and_completions_come_from_the_command_line_itself() {
+    let out = oar(&["reference"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/reference/cli.md");
+    let committed = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        committed == String::from_utf8_lossy(&out.stdout),
+        "{} is not what `oar reference` prints: regenerate it with `oar reference > docs/src/reference/cli.md`",
+        page.display()
+    );
+    assert!(committed.contains("## `oar launch`") && committed.contains("`--metrics-port-base <METRICS_PORT_BASE>`"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = oar(&["man", "--out", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    for name in ["oar.1", "oar-launch.1", "oar-cluster-ssh.1", "oar-gen-criteo.1"] {
+        let man = std::fs::read_to_string(dir.path().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(man.contains(".TH"), "{name}");
+    }
+    for (shell, mark) in [("bash", "_oar()"), ("zsh", "#compdef oar"), ("fish", "complete -c oar")] {
+        let out = oar(&["completions", shell]);
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(mark), "{shell}");
+    }
+}
