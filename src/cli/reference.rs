@@ -121,3 +121,137 @@ pub(super) fn completions(shell: clap_complete::Shell) {
     clap_complete::generate(shell, &mut Cli::command(), "oar", &mut script);
     print!("{}", String::from_utf8_lossy(&script));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    /// The Markdown files users read: the README and the book.
+    fn docs() -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "md") {
+                    out.push(p);
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = vec![root.join("README.md")];
+        walk(&root.join("docs/src"), &mut files);
+        files
+    }
+
+    /// The shell lines of a Markdown text's `sh` blocks, continuation lines joined.
+    fn shell_lines(text: &str) -> Vec<String> {
+        let (mut out, mut inside, mut held) = (Vec::new(), false, String::new());
+        for line in text.lines() {
+            let fence = line.trim_start();
+            if fence.starts_with("```") {
+                inside = !inside && matches!(fence.trim_start_matches('`'), "sh" | "bash" | "shell");
+                continue;
+            }
+            if !inside {
+                continue;
+            }
+            let code = line.split(" #").next().unwrap_or("");
+            if code.trim_start().starts_with('#') {
+                continue;
+            }
+            match code.trim_end().strip_suffix('\\') {
+                Some(part) => held.push_str(part),
+                None => out.push(std::mem::take(&mut held) + code),
+            }
+        }
+        out
+    }
+
+    /// Every `--flag` a command of `cli` takes, aliases included.
+    fn flags(c: &clap::Command) -> Vec<String> {
+        let mut names: Vec<String> = vec!["help".into()];
+        for a in c.get_arguments() {
+            names.extend(a.get_long().map(String::from));
+            names.extend(a.get_all_aliases().unwrap_or_default().into_iter().map(String::from));
+        }
+        names
+    }
+
+    /// What is wrong with the `oar` invocations of one shell line: each names a command that
+    /// exists and only flags it takes (after `--`, `oar cluster`'s trainer flags are `train`'s).
+    fn check(line: &str, cli: &clap::Command) -> Vec<String> {
+        let tokens: Vec<&str> = line.split_whitespace().collect();
+        let mut problems = Vec::new();
+        let mut k = 0;
+        while k < tokens.len() {
+            let t = tokens[k];
+            let start = if t == "oar" || t.ends_with("/oar") {
+                k + 1
+            } else if t == "cargo" && tokens.get(k + 1) == Some(&"run") {
+                match tokens[k..].iter().position(|&x| x == "--") {
+                    Some(p) => k + p + 1,
+                    None => break,
+                }
+            } else {
+                k += 1;
+                continue;
+            };
+            let mut c = cli;
+            let mut at = start;
+            while let Some(sub) = tokens.get(at).and_then(|w| c.find_subcommand(w)) {
+                c = sub;
+                at += 1;
+            }
+            if at == start && tokens.get(at).is_some_and(|w| !w.starts_with('-')) {
+                problems.push(format!("`oar {}` is no command", tokens[at]));
+            }
+            let mut known = flags(c);
+            while at < tokens.len() && !matches!(tokens[at], "|" | "&&" | ";" | ">" | "||") {
+                let w = tokens[at].trim_start_matches('[').trim_end_matches(']');
+                if w == "--" {
+                    known = flags(cli.find_subcommand("train").unwrap());
+                } else if let Some(name) = w.strip_prefix("--") {
+                    let name = name.split('=').next().unwrap();
+                    if !known.iter().any(|f| f == name) {
+                        problems.push(format!("`--{name}` is no flag of `oar {}`", c.get_name()));
+                    }
+                }
+                at += 1;
+            }
+            k = at;
+        }
+        problems
+    }
+
+    /// A renamed or removed command or flag fails here until the README and the book follow.
+    #[test]
+    fn every_oar_command_in_the_readme_and_the_book_names_real_commands_and_flags() {
+        let mut cli = Cli::command();
+        cli.build();
+        let mut problems = Vec::new();
+        let mut checked = 0;
+        for file in docs() {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for line in shell_lines(&text) {
+                checked += line.split_whitespace().filter(|t| *t == "oar" || t.ends_with("/oar")).count();
+                problems.extend(check(&line, &cli).into_iter().map(|p| format!("{}: {p}: {line}", file.display())));
+            }
+        }
+        assert!(checked > 30, "only {checked} invocations found");
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    #[test]
+    fn the_check_names_a_flag_no_command_takes() {
+        let mut cli = Cli::command();
+        cli.build();
+        assert!(check("oar launch --servers 2 --train x", &cli).is_empty());
+        assert!(check("cargo run --release -- gen criteo --lines 5 --out d && oar launch --output o", &cli).is_empty());
+        assert!(check("oar cluster ssh --hosts h --workspace w -- --mode async --train t", &cli).is_empty());
+        let p = check("oar launch --severs 2", &cli);
+        assert_eq!(p, ["`--severs` is no flag of `oar launch`"]);
+        assert_eq!(check("oar lanch", &cli), ["`oar lanch` is no command"]);
+    }
+}

@@ -7,6 +7,7 @@ mod cli;
 mod cluster;
 mod curves;
 mod day_ends;
+mod docs;
 mod engines;
 mod equivalence;
 mod exactly_once;
