@@ -8,11 +8,8 @@ use clap::{Args, Parser, Subcommand};
 
 use super::args_job::{LaunchArgs, PserverArgs, TrainArgs};
 
-/// `oar --version`: the release and the commit it was built from.
-const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("OAR_COMMIT"), ")");
-
 #[derive(Parser)]
-#[command(name = "oar", version = VERSION, about = "A parameter-server system for distributed training")]
+#[command(name = "oar", version = super::VERSION, about = "A parameter-server system for distributed training")]
 pub(super) struct Cli {
     #[command(subcommand)]
     pub(super) command: Command,

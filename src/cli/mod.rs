@@ -27,6 +27,9 @@ mod tools;
 
 use args::*;
 
+/// `oar --version`: the release and the commit it was built from (see `build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("OAR_COMMIT"), ")");
+
 /// Runs the `oar` command line with the layer types of `registry`, then exits the process.
 pub fn main_with(registry: Registry) {
     quiet_on_closed_stdout();
