@@ -3,11 +3,15 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /v2/health/live`, `GET /v2/health/ready` | `{"live": true}`, `{"ready": true}` |
-//! | `GET /v2/models/NAME` | name, version (the saved pass), platform, inputs, outputs |
-//! | `GET /v2/models/NAME/ready` | `{"name": .., "ready": true}` |
-//! | `POST /v2/models/NAME/infer` | one FP32 `[N, 1]` output per head ([`v2`]) |
+//! | `GET /v2`, `GET /v2/health/live`, `GET /v2/health/ready` | the server, `{"live": true}`, `{"ready": true}` |
+//! | `GET /v2/models/NAME` | name, versions (the saved pass), platform, inputs, outputs |
+//! | `GET /v2/models/NAME/ready`, `.../config`, `.../stats` | readiness, Triton's model configuration and statistics ([`describe`]) |
+//! | `POST /v2/models/NAME/infer` | one FP32 `[N, 1]` output per head ([`v2`]), JSON or binary ([`binary`]) |
+//! | `POST /v2/repository/index`, `GET /v2/models/stats` | the one model served, its statistics |
 //! | `GET /metrics` | Prometheus: requests, samples, refusals, reloads, the served pass, latency |
+//!
+//! Every model route answers with `/versions/V` too, where V is the pass served (another
+//! version is a 404 that names the one served).
 //!
 //! Scores come from oar's own forward pass ([`crate::serve::predict::Scorer`], the numbers of `oar
 //! predict`), on tokio's blocking pool so a long batch never stalls the connections. Only the
@@ -24,6 +28,8 @@
 //! pass that fails to load (torn, another job's) is reported and the old one kept. Connections
 //! are served by the bounded listener of `base/http.rs`.
 
+mod binary;
+mod describe;
 pub mod model_export;
 pub mod predict;
 mod routes;
@@ -96,11 +102,14 @@ fn load(stamp: Stamp, registry: &Registry) -> anyhow::Result<Loaded> {
     Ok(Loaded { saved, names, heads, reads, stamp })
 }
 
-/// The server's shared state.
 /// Samples scored at a time: a request's activations take what this many do, however many
 /// samples it holds (one of 1,000,000 took 10 GB scored whole).
 const SCORE_ROWS: usize = 4096;
 
+/// The header that says where an `infer` body's JSON ends when binary tensors follow it.
+const INFERENCE_HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
+
+/// The server's shared state.
 struct Server {
     name: String,
     limits: crate::base::http::Limits,
@@ -117,6 +126,10 @@ struct Server {
     current: RwLock<Arc<Loaded>>,
     scorers: Mutex<Vec<Scorer>>,
     answered: AtomicU64,
+    /// The time spent answering the requests of `answered`, in nanoseconds.
+    answered_ns: AtomicU64,
+    /// When the last request was answered, in milliseconds since the Unix epoch (0: none yet).
+    last_answer_ms: AtomicU64,
     samples: AtomicU64,
     refused: AtomicU64,
     reloads: AtomicU64,
@@ -133,34 +146,20 @@ fn json_body(v: &impl serde::Serialize) -> ([(axum::http::HeaderName, &'static s
 }
 
 impl Server {
-    /// The model named `name`, or why not (answered 404).
-    fn model(&self, name: &str) -> Result<Arc<Loaded>, String> {
+    /// The model named `name`, at `version` if one is named, or why not (answered 404). Its
+    /// one version is the pass it serves, which moves on as the job saves newer ones.
+    fn model(&self, name: &str, version: Option<&str>) -> Result<Arc<Loaded>, String> {
         if name != self.name {
             return Err(format!("no model {name:?} (this server serves {:?})", self.name));
         }
-        Ok(self.current.read().clone())
-    }
-
-    fn metadata(&self, m: &Loaded) -> serde_json::Value {
-        let schema = &m.saved.schema;
-        let mut inputs = vec![json!({ "name": "lines", "datatype": "BYTES", "shape": [-1] })];
-        if schema.dense_width > 0 {
-            inputs.push(json!({ "name": "dense", "datatype": "FP32", "shape": [-1, schema.dense_width] }));
+        let m = self.current.read().clone();
+        let pass = m.saved.manifest.pass;
+        match version {
+            Some(v) if v != pass.to_string() => Err(format!(
+                "model {name:?} has no version {v:?}: this server serves its pass {pass}, the newest its job saved"
+            )),
+            _ => Ok(m),
         }
-        for (name, _) in schema.slots.iter().zip(&m.reads).filter(|(_, reads)| **reads) {
-            inputs.push(json!({ "name": format!("{name}.ids"), "datatype": "INT64", "shape": [-1, -1] }));
-            inputs.push(json!({ "name": format!("{name}.lengths"), "datatype": "INT64", "shape": [-1] }));
-            inputs.push(json!({ "name": format!("{name}.weights"), "datatype": "FP32", "shape": [-1, -1] }));
-        }
-        let outputs: Vec<_> =
-            m.names.iter().map(|n| json!({ "name": n, "datatype": "FP32", "shape": [-1, 1] })).collect();
-        json!({
-            "name": self.name,
-            "versions": [m.saved.manifest.pass.to_string()],
-            "platform": "oar",
-            "inputs": inputs,
-            "outputs": outputs,
-        })
     }
 
     /// The Prometheus text of `GET /metrics`.
@@ -197,27 +196,33 @@ impl Server {
         sheet.render()
     }
 
-    /// Answers one `infer` body (on a blocking thread), counting it.
-    fn infer(&self, m: &Loaded, body: &[u8]) -> Response {
+    /// Answers one `infer` body (on a blocking thread), counting it; `header_len` is its
+    /// `Inference-Header-Content-Length`, if it has binary tensors.
+    fn infer(&self, m: &Loaded, body: &[u8], header_len: Option<&str>) -> Response {
         let started = std::time::Instant::now();
-        let r = self.score(m, body);
+        let r = self.score(m, body, header_len);
+        let took = started.elapsed();
         if r.status() == StatusCode::OK {
             self.answered.fetch_add(1, Ordering::Relaxed);
-            self.latency.observe(started.elapsed());
+            self.latency.observe(took);
+            self.answered_ns.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+            let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+            self.last_answer_ms.store(now.as_millis() as u64, Ordering::Relaxed);
         } else {
             self.refused.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
 
-    fn score(&self, m: &Loaded, body: &[u8]) -> Response {
-        let req: v2::InferRequest = match serde_json::from_slice(body) {
+    fn score(&self, m: &Loaded, body: &[u8], header_len: Option<&str>) -> Response {
+        let bad = |e| error(StatusCode::BAD_REQUEST, e);
+        let req = match v2::parse(body, header_len) {
             Ok(r) => r,
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("not an infer request: {e}")),
+            Err(e) => return bad(e),
         };
-        let batch = match v2::batch(&req, &m.saved.schema, &m.reads) {
-            Ok(b) => b,
-            Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        let (wanted, batch) = match (v2::wanted(&req.head, &m.names), v2::batch(&req, &m.saved.schema, &m.reads)) {
+            (Ok(w), Ok(b)) => (w, b),
+            (Err(e), _) | (_, Err(e)) => return bad(e),
         };
         let mut scorer = self.scorers.lock().pop().unwrap_or_default();
         let mut score_all = || -> anyhow::Result<Vec<Vec<f32>>> {
@@ -231,13 +236,20 @@ impl Server {
         };
         let scored = score_all();
         self.scorers.lock().push(scorer);
-        match scored {
-            Ok(scores) => {
-                let r = v2::response(&self.name, m.saved.manifest.pass, req.id, &m.names, &scores);
-                self.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                json_body(&r).into_response()
+        let scores = match scored {
+            Ok(scores) => scores,
+            Err(e) => return bad(format!("{e:#}")),
+        };
+        let id = req.head.id.clone();
+        let answer = v2::response(&self.name, m.saved.manifest.pass, id, &m.names, &scores, &wanted);
+        self.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let json = (axum::http::header::CONTENT_TYPE, "application/json");
+        match answer.header_len {
+            None => ([json], answer.body).into_response(),
+            Some(n) => {
+                let binary = (axum::http::header::CONTENT_TYPE, "application/octet-stream");
+                ([binary], [(INFERENCE_HEADER_CONTENT_LENGTH, n.to_string())], answer.body).into_response()
             }
-            Err(e) => error(StatusCode::BAD_REQUEST, format!("{e:#}")),
         }
     }
 
@@ -282,6 +294,8 @@ impl Server {
             in_scoring: AtomicU64::new(0),
             scorers: Mutex::new(Vec::new()),
             answered: AtomicU64::new(0),
+            answered_ns: AtomicU64::new(0),
+            last_answer_ms: AtomicU64::new(0),
             samples: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             reloads: AtomicU64::new(0),

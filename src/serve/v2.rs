@@ -10,17 +10,20 @@
 //! named there; default 0).
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::base::batch::Batch;
 use crate::data::Schema;
+
+pub use super::binary::{parse, Request};
 
 /// The most samples one request may carry.
 pub const MAX_ROWS: usize = 1 << 20;
 /// Samples a typed request may ask for without a value among them.
 pub const MOST_EMPTY_ROWS: usize = 1024;
 
-/// One tensor of a request or response.
+/// One tensor of a request or response: its elements are `data` (JSON) or, with the binary
+/// tensor extension, `parameters.binary_data_size` bytes after the JSON ([`super::binary`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Tensor {
     /// Its name.
@@ -29,11 +32,25 @@ pub struct Tensor {
     pub shape: Vec<u64>,
     /// `BYTES`, `FP32`, `INT64`, `UINT64`, ...
     pub datatype: String,
-    /// The elements, row-major (nested arrays are flattened).
-    pub data: Value,
+    /// The elements, row-major (nested arrays are flattened); absent when they are binary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+    /// Its parameters: `binary_data_size` among them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Map<String, Value>>,
 }
 
-/// An `infer` request.
+/// An output a request asks for, and how (`parameters.binary_data`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct RequestedOutput {
+    /// The output's name.
+    pub name: String,
+    /// Its parameters.
+    #[serde(default)]
+    pub parameters: Option<Map<String, Value>>,
+}
+
+/// An `infer` request's JSON.
 #[derive(Clone, Debug, Deserialize)]
 pub struct InferRequest {
     /// Echoed in the response.
@@ -41,9 +58,15 @@ pub struct InferRequest {
     pub id: Option<String>,
     /// The inputs.
     pub inputs: Vec<Tensor>,
+    /// The outputs asked for (all of them when absent).
+    #[serde(default)]
+    pub outputs: Option<Vec<RequestedOutput>>,
+    /// The request's parameters: `binary_data_output` among them.
+    #[serde(default)]
+    pub parameters: Option<Map<String, Value>>,
 }
 
-/// An `infer` response.
+/// An `infer` response's JSON.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct InferResponse {
     /// The model's name.
@@ -53,7 +76,7 @@ pub struct InferResponse {
     /// The request's id, if it had one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// One output per head.
+    /// One output per head asked for.
     pub outputs: Vec<Tensor>,
 }
 
@@ -71,6 +94,20 @@ pub fn check_model_name(name: &str) -> Result<(), BadRequest> {
 /// A request's error, answered with status 400 and `{"error": ...}`.
 pub type BadRequest = String;
 
+/// One input of a request: its JSON, and its bytes when they came binary.
+#[derive(Clone, Copy)]
+pub(super) struct Input<'a> {
+    pub(super) t: &'a Tensor,
+    pub(super) raw: Option<&'a [u8]>,
+}
+
+impl std::ops::Deref for Input<'_> {
+    type Target = Tensor;
+    fn deref(&self) -> &Tensor {
+        self.t
+    }
+}
+
 fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
     match v {
         Value::Array(items) => items.iter().for_each(|i| flatten(i, out)),
@@ -78,65 +115,93 @@ fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
     }
 }
 
-/// A tensor's elements, checked against its shape.
+/// The number of elements `shape` holds, if it fits in a `u64`.
+fn count(shape: &[u64]) -> Option<u64> {
+    shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))
+}
+
+/// A JSON tensor's elements, checked against its shape.
 fn elements(t: &Tensor) -> Result<Vec<&Value>, BadRequest> {
     let mut out = Vec::new();
-    flatten(&t.data, &mut out);
-    let want = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-    if want != Some(out.len() as u64) {
+    if let Some(data) = &t.data {
+        flatten(data, &mut out);
+    }
+    if count(&t.shape) != Some(out.len() as u64) {
         return Err(format!("input {:?}: shape {:?} does not match its {} elements", t.name, t.shape, out.len()));
     }
     Ok(out)
 }
 
-fn floats(t: &Tensor) -> Result<Vec<f32>, BadRequest> {
-    if t.datatype != "FP32" && t.datatype != "FP64" {
-        return Err(format!("input {:?}: datatype {} (FP32 expected)", t.name, t.datatype));
+fn floats(input: Input) -> Result<Vec<f32>, BadRequest> {
+    let t = input.t;
+    let finite = |x: f64| {
+        Some(x as f32)
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| format!("input {:?}: {x} is not a finite number", t.name))
+    };
+    match (t.datatype.as_str(), input.raw) {
+        ("FP32", Some(raw)) => {
+            super::binary::fixed::<4>(t, raw)?.map(|b| finite(f32::from_le_bytes(b) as f64)).collect()
+        }
+        ("FP64", Some(raw)) => super::binary::fixed::<8>(t, raw)?.map(|b| finite(f64::from_le_bytes(b))).collect(),
+        ("FP32" | "FP64", None) => elements(t)?
+            .iter()
+            .map(|v| {
+                v.as_f64().ok_or_else(|| format!("input {:?}: {v} is not a finite number", t.name)).and_then(finite)
+            })
+            .collect(),
+        (other, _) => Err(format!("input {:?}: datatype {other} (FP32 expected)", t.name)),
     }
-    elements(t)?
-        .iter()
-        .map(|v| {
-            v.as_f64()
-                .map(|x| x as f32)
-                .filter(|x| x.is_finite())
-                .ok_or_else(|| format!("input {:?}: {v} is not a finite number", t.name))
-        })
-        .collect()
 }
 
-fn ints(t: &Tensor) -> Result<Vec<u64>, BadRequest> {
-    let signed = match t.datatype.as_str() {
-        "INT64" | "INT32" => true,
-        "UINT64" | "UINT32" => false,
-        other => return Err(format!("input {:?}: datatype {other} (INT64 or UINT64 expected)", t.name)),
-    };
-    elements(t)?
-        .iter()
-        .map(|v| {
-            // INT64 ids are the u64 ids bit-cast, as the export's graphs take them.
-            let x = if signed { v.as_i64().map(|i| i as u64) } else { v.as_u64() };
-            x.ok_or_else(|| format!("input {:?}: {v} is not a {}", t.name, t.datatype))
-        })
-        .collect()
+fn ints(input: Input) -> Result<Vec<u64>, BadRequest> {
+    use super::binary::fixed;
+    let t = input.t;
+    // INT64 ids are the u64 ids bit-cast, as the export's graphs take them.
+    match (t.datatype.as_str(), input.raw) {
+        ("INT64" | "UINT64", Some(raw)) => Ok(fixed::<8>(t, raw)?.map(u64::from_le_bytes).collect()),
+        ("INT32", Some(raw)) => Ok(fixed::<4>(t, raw)?.map(|b| i32::from_le_bytes(b) as i64 as u64).collect()),
+        ("UINT32", Some(raw)) => Ok(fixed::<4>(t, raw)?.map(|b| u32::from_le_bytes(b) as u64).collect()),
+        (kind @ ("INT64" | "INT32" | "UINT64" | "UINT32"), None) => {
+            let signed = kind.starts_with('I');
+            elements(t)?
+                .iter()
+                .map(|v| {
+                    let x = if signed { v.as_i64().map(|i| i as u64) } else { v.as_u64() };
+                    x.ok_or_else(|| format!("input {:?}: {v} is not a {kind}", t.name))
+                })
+                .collect()
+        }
+        (other, _) => Err(format!("input {:?}: datatype {other} (INT64 or UINT64 expected)", t.name)),
+    }
 }
 
 /// The request's samples as a batch of `schema`'s data; `reads` are the slots the model looks
 /// up (their ids are required in a typed request).
-pub fn batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Batch, BadRequest> {
-    match req.inputs.as_slice() {
-        [t] if t.name == "lines" => lines_batch(t, schema),
-        inputs if inputs.iter().any(|t| t.name == "lines") => {
+pub fn batch(req: &Request, schema: &Schema, reads: &[bool]) -> Result<Batch, BadRequest> {
+    let inputs = &req.head.inputs;
+    match inputs.as_slice() {
+        [t] if t.name == "lines" => lines_batch(req.input(0), schema),
+        _ if inputs.iter().any(|t| t.name == "lines") => {
             Err("input \"lines\" comes alone (raw lines, or typed tensors, not both)".into())
         }
         _ => typed_batch(req, schema, reads),
     }
 }
 
-fn lines_batch(t: &Tensor, schema: &Schema) -> Result<Batch, BadRequest> {
+fn lines_batch(input: Input, schema: &Schema) -> Result<Batch, BadRequest> {
+    let t = input.t;
     if t.datatype != "BYTES" {
         return Err(format!("input \"lines\": datatype {} (BYTES expected)", t.datatype));
     }
-    let lines = elements(t)?;
+    let lines: Vec<&[u8]> = match input.raw {
+        Some(raw) => super::binary::strings(t, raw)?,
+        None => elements(t)?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v.as_str().map(str::as_bytes).ok_or_else(|| format!("lines[{i}] is not a string")))
+            .collect::<Result<_, _>>()?,
+    };
     if lines.len() > MAX_ROWS {
         return Err(format!("{} lines, more than {MAX_ROWS} in one request", lines.len()));
     }
@@ -146,28 +211,27 @@ fn lines_batch(t: &Tensor, schema: &Schema) -> Result<Batch, BadRequest> {
     let mut parser = crate::data::parser(schema);
     let mut batch = Batch::new(schema.labels.len(), schema.dense_width, schema.slots.len());
     for (i, line) in lines.iter().enumerate() {
-        let text = line.as_str().ok_or_else(|| format!("lines[{i}] is not a string"))?;
-        let text = text.strip_suffix('\n').unwrap_or(text);
-        parser.parse(text.as_bytes(), &mut batch).map_err(|e| format!("lines[{i}]: {e}"))?;
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        parser.parse(line, &mut batch).map_err(|e| format!("lines[{i}]: {e}"))?;
     }
     Ok(batch)
 }
 
-fn typed_batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Batch, BadRequest> {
-    let find = |name: &str| req.inputs.iter().find(|t| t.name == name);
+fn typed_batch(req: &Request, schema: &Schema, reads: &[bool]) -> Result<Batch, BadRequest> {
+    let find = |name: &str| req.head.inputs.iter().position(|t| t.name == name).map(|i| req.input(i));
     let known = |name: &str| {
         name == "dense"
             || schema.labels.iter().any(|l| l == name)
             || schema.slots.iter().any(|s| [".ids", ".lengths", ".weights"].iter().any(|x| format!("{s}{x}") == name))
     };
-    if let Some(t) = req.inputs.iter().find(|t| !known(&t.name)) {
+    let inputs = &req.head.inputs;
+    if let Some(t) = inputs.iter().find(|t| !known(&t.name)) {
         return Err(format!(
             "unknown input {:?} (lines, dense, SLOT.ids, SLOT.lengths, SLOT.weights, a label)",
             t.name
         ));
     }
-    let rows =
-        req.inputs.first().and_then(|t| t.shape.first()).copied().ok_or("no inputs, or an input without a shape")?;
+    let rows = inputs.first().and_then(|t| t.shape.first()).copied().ok_or("no inputs, or an input without a shape")?;
     let rows = usize::try_from(rows).unwrap_or(usize::MAX);
     if rows == 0 {
         return Err("no samples".into());
@@ -175,18 +239,14 @@ fn typed_batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Ba
     if rows > MAX_ROWS {
         return Err(format!("{rows} samples, more than {MAX_ROWS} in one request"));
     }
-    if let Some(t) = req.inputs.iter().find(|t| t.shape.first() != Some(&(rows as u64))) {
+    if let Some(t) = inputs.iter().find(|t| t.shape.first() != Some(&(rows as u64))) {
         return Err(format!("input {:?}: {:?} samples, the first input has {rows}", t.name, t.shape.first()));
     }
     // Work follows the samples, so past a few they must come with the bytes: a few hundred
     // bytes of `[1048576, 0]` shapes otherwise asked for a million empty samples (30 s of
     // scoring). A sample of empty bags alone is still a sample (a user with no history).
     // From the shapes, which each input's elements are checked against when read below.
-    let values = req
-        .inputs
-        .iter()
-        .map(|t| t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).unwrap_or(u64::MAX))
-        .fold(0u64, u64::saturating_add);
+    let values = inputs.iter().map(|t| count(&t.shape).unwrap_or(u64::MAX)).fold(0u64, u64::saturating_add);
     if rows as u64 > values.max(MOST_EMPTY_ROWS as u64) {
         return Err(format!(
             "{rows} samples but {values} values in all the inputs: past {MOST_EMPTY_ROWS}, each sample needs at least one"
@@ -261,33 +321,72 @@ fn typed_batch(req: &InferRequest, schema: &Schema, reads: &[bool]) -> Result<Ba
     Ok(batch)
 }
 
-/// The response: one FP32 `[N, 1]` output per head, named as the export names them.
+/// The outputs a request asks for, as indices into the served `names`, each with whether its
+/// elements go binary: every output when the request names none, binary when the request's
+/// `binary_data_output` or the output's `binary_data` parameter says so (as `tritonclient` asks
+/// by default).
+pub fn wanted(req: &InferRequest, names: &[String]) -> Result<Vec<(usize, bool)>, BadRequest> {
+    let flag = |params: &Option<Map<String, Value>>, key: &str| match params.as_ref().and_then(|p| p.get(key)) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(format!("parameter {key:?}: {other} is not true or false")),
+    };
+    let all_binary = flag(&req.parameters, "binary_data_output")?.unwrap_or(false);
+    let asked = match &req.outputs {
+        Some(list) if !list.is_empty() => list,
+        _ => return Ok((0..names.len()).map(|i| (i, all_binary)).collect()),
+    };
+    let mut out: Vec<(usize, bool)> = Vec::with_capacity(asked.len());
+    for o in asked {
+        let Some(i) = names.iter().position(|n| *n == o.name) else {
+            return Err(format!("unknown output {:?} (this model answers {})", o.name, names.join(", ")));
+        };
+        if out.iter().any(|&(j, _)| j == i) {
+            return Err(format!("output {:?} asked for twice", o.name));
+        }
+        if o.parameters.as_ref().is_some_and(|p| p.contains_key("classification")) {
+            return Err(format!("output {:?}: the classification extension is not supported", o.name));
+        }
+        out.push((i, flag(&o.parameters, "binary_data")?.unwrap_or(all_binary)));
+    }
+    Ok(out)
+}
+
+/// The response to a request that asked for `wanted` ([`wanted`]): one FP32 `[N, 1]` output per
+/// head asked for, named as the export names them, its elements in the JSON or after it.
 pub fn response(
     model_name: &str,
     version: u32,
     id: Option<String>,
     names: &[String],
     scores: &[Vec<f32>],
-) -> InferResponse {
-    let outputs = names
+    wanted: &[(usize, bool)],
+) -> super::binary::Answer {
+    let mut tail = Vec::new();
+    let outputs = wanted
         .iter()
-        .zip(scores)
-        .map(|(name, s)| Tensor {
-            name: name.clone(),
-            shape: vec![s.len() as u64, 1],
-            datatype: "FP32".into(),
-            data: Value::Array(s.iter().map(|&v| Value::from(v as f64)).collect()),
+        .map(|&(i, binary)| {
+            let s = &scores[i];
+            let (data, parameters) = if binary {
+                tail.extend(s.iter().flat_map(|v| v.to_le_bytes()));
+                let size = Map::from_iter([("binary_data_size".to_string(), Value::from(s.len() * 4))]);
+                (None, Some(size))
+            } else {
+                (Some(Value::Array(s.iter().map(|&v| Value::from(v as f64)).collect())), None)
+            };
+            Tensor { name: names[i].clone(), shape: vec![s.len() as u64, 1], datatype: "FP32".into(), data, parameters }
         })
         .collect();
-    InferResponse { model_name: model_name.into(), model_version: version.to_string(), id, outputs }
+    let head = InferResponse { model_name: model_name.into(), model_version: version.to_string(), id, outputs };
+    super::binary::Answer::new(&head, tail)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn req(json: &str) -> InferRequest {
-        serde_json::from_str(json).unwrap()
+    fn req(json: &str) -> Request<'static> {
+        parse(json.to_string().leak().as_bytes(), None).unwrap()
     }
 
     #[test]
@@ -352,5 +451,34 @@ mod tests {
         assert!(flood.contains("1048576 samples but 0 values"), "{flood}");
         let unknown = req(r#"{"inputs":[{"name":"c.ids","shape":[1,1],"datatype":"INT64","data":[1]}]}"#);
         assert!(batch(&unknown, &schema, &[true, false]).unwrap_err().starts_with("unknown input \"c.ids\""));
+    }
+
+    #[test]
+    fn outputs_go_binary_when_asked_and_only_those_named() {
+        let names = ["click".to_string(), "ctr".to_string()];
+        let head = |json: &str| req(json).head;
+        let none = r#""inputs":[{"name":"x","shape":[0],"datatype":"FP32","data":[]}]"#;
+        assert_eq!(wanted(&head(&format!("{{{none}}}")), &names).unwrap(), [(0, false), (1, false)]);
+        let all = head(&format!(r#"{{{none},"parameters":{{"binary_data_output":true}}}}"#));
+        assert_eq!(wanted(&all, &names).unwrap(), [(0, true), (1, true)]);
+        let one = head(&format!(r#"{{{none},"outputs":[{{"name":"ctr","parameters":{{"binary_data":true}}}}]}}"#));
+        assert_eq!(wanted(&one, &names).unwrap(), [(1, true)]);
+        for (outputs, says) in [
+            (r#"[{"name":"cvr"}]"#, "unknown output \"cvr\" (this model answers click, ctr)"),
+            (r#"[{"name":"ctr"},{"name":"ctr"}]"#, "asked for twice"),
+            (r#"[{"name":"ctr","parameters":{"classification":2}}]"#, "classification"),
+            (r#"[{"name":"ctr","parameters":{"binary_data":"yes"}}]"#, "is not true or false"),
+        ] {
+            let e = wanted(&head(&format!(r#"{{{none},"outputs":{outputs}}}"#)), &names).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
+        let answer = response("m", 3, None, &names, &[vec![0.25], vec![0.5]], &[(1, true), (0, false)]);
+        let n = answer.header_len.unwrap();
+        let head: InferResponse = serde_json::from_slice(&answer.body[..n]).unwrap();
+        assert_eq!(
+            (head.outputs[0].name.as_str(), head.outputs[1].data.clone()),
+            ("ctr", Some(serde_json::json!([0.25])))
+        );
+        assert_eq!(answer.body[n..], 0.5f32.to_le_bytes());
     }
 }
