@@ -20,6 +20,7 @@ mod hostile_jobs;
 mod insiders;
 mod interactions;
 mod k8s;
+mod kserve_clients;
 mod layers;
 mod lifecycle;
 mod models;

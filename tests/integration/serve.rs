@@ -15,9 +15,9 @@ use serde_json::{json, Value};
 use crate::util::*;
 
 /// A running `oar serve`, killed when dropped.
-struct Serving {
+pub(crate) struct Serving {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Drop for Serving {
@@ -27,7 +27,7 @@ impl Drop for Serving {
     }
 }
 
-fn serve(model: &Path, extra: &[&str]) -> Serving {
+pub(crate) fn serve(model: &Path, extra: &[&str]) -> Serving {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
         .args(["serve", "--model", model.to_str().unwrap(), "--addr", "127.0.0.1:0"])
         .args(extra)
@@ -52,7 +52,7 @@ fn get(url: &str) -> (u16, Value) {
     answer(url, ureq::get(url).timeout(Duration::from_secs(30)).call())
 }
 
-fn post(url: &str, body: &str) -> (u16, Value) {
+pub(crate) fn post(url: &str, body: &str) -> (u16, Value) {
     let r = ureq::post(url).timeout(Duration::from_secs(60)).set("Content-Type", "application/json").send_string(body);
     answer(url, r)
 }
@@ -80,7 +80,7 @@ fn scores(v: &Value) -> Vec<f32> {
 
 /// Trains the default CTR-DNN (small) on generated data for `passes`; returns the output
 /// folder and the test lines.
-fn trained(dir: &Path, passes: &str) -> (PathBuf, Vec<String>, PathBuf) {
+pub(crate) fn trained(dir: &Path, passes: &str) -> (PathBuf, Vec<String>, PathBuf) {
     let (train, test) = gen_data(&dir.join("data"), 1, 4000, 600);
     let out = dir.join("model");
     let o = oar(&[
@@ -100,7 +100,7 @@ fn trained(dir: &Path, passes: &str) -> (PathBuf, Vec<String>, PathBuf) {
     (out, lines, test)
 }
 
-fn predicted(model: &Path, test: &Path, dir: &Path) -> Vec<f32> {
+pub(crate) fn predicted(model: &Path, test: &Path, dir: &Path) -> Vec<f32> {
     let out = dir.join("predicted.tsv");
     let o = oar(&[
         "predict",
@@ -114,6 +114,24 @@ fn predicted(model: &Path, test: &Path, dir: &Path) -> Vec<f32> {
     ]);
     assert!(o.status.success(), "{}", text(&o));
     std::fs::read_to_string(out).unwrap().lines().map(|l| l.parse().unwrap()).collect()
+}
+
+/// A typed-tensor request (the export's inputs: `dense`, one id per slot) of Criteo `lines`,
+/// built by the job's parser.
+pub(crate) fn typed_request(lines: &[String]) -> Value {
+    let schema = oar::data::Schema::criteo();
+    let mut parser = oar::data::parser(&schema);
+    let mut batch = oar::base::batch::Batch::new(1, 13, 26);
+    for l in lines {
+        parser.parse(l.as_bytes(), &mut batch).unwrap();
+    }
+    let n = lines.len();
+    let mut inputs = vec![json!({ "name": "dense", "shape": [n, 13], "datatype": "FP32", "data": batch.dense })];
+    for (s, name) in schema.slots.iter().enumerate() {
+        let ids: Vec<u64> = (0..n).map(|r| batch.ids[batch.bag(r * 26 + s).start]).collect();
+        inputs.push(json!({ "name": format!("{name}.ids"), "shape": [n, 1], "datatype": "UINT64", "data": ids }));
+    }
+    json!({ "inputs": inputs })
 }
 
 #[test]
@@ -154,18 +172,7 @@ fn serve_answers_kserve_v2_with_the_scores_of_oar_predict() {
     assert!(worst <= 1e-6, "served scores differ from oar predict's by {worst}");
 
     // Typed tensors (the export's inputs), built from the same lines by the job's parser.
-    let schema = oar::data::Schema::criteo();
-    let mut parser = oar::data::parser(&schema);
-    let mut batch = oar::base::batch::Batch::new(1, 13, 26);
-    for l in &lines[..100] {
-        parser.parse(l.as_bytes(), &mut batch).unwrap();
-    }
-    let mut inputs = vec![json!({ "name": "dense", "shape": [100, 13], "datatype": "FP32", "data": batch.dense })];
-    for (s, name) in schema.slots.iter().enumerate() {
-        let ids: Vec<u64> = (0..100).map(|r| batch.ids[batch.bag(r * 26 + s).start]).collect();
-        inputs.push(json!({ "name": format!("{name}.ids"), "shape": [100, 1], "datatype": "UINT64", "data": ids }));
-    }
-    let (code, r) = post(&infer, &json!({ "inputs": inputs }).to_string());
+    let (code, r) = post(&infer, &typed_request(&lines[..100]).to_string());
     assert_eq!(code, 200, "{r}");
     let typed = scores(&r);
     let worst = typed.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
