@@ -214,7 +214,7 @@ pub(super) struct GetArgs {
     /// Cache folder [default: $OAR_DATA_HOME, else ~/.cache/oar/data].
     #[arg(long)]
     pub(super) cache: Option<PathBuf>,
-    /// Fetch from this mirror (URL/<set>/<file>) instead of the canonical hosts.
+    /// Fetch from this mirror (URL/SET/FILE) instead of the canonical hosts.
     #[arg(long, env = "OAR_DATA_MIRROR")]
     pub(super) mirror: Option<String>,
     /// Seconds a host may send nothing (connecting, or mid-download) before the download

@@ -1,7 +1,7 @@
 //! `oar data get NAME`: downloads a public data set from its canonical URL into a cache, each
 //! file checked against the SHA-256 of its content (the sums in `../shared/data/PROVENANCE.md`).
 //!
-//! A mirror (`--mirror URL`) replaces the canonical hosts with `URL/<set>/<file>`; a mirror may
+//! A mirror (`--mirror URL`) replaces the canonical hosts with `URL/SET/FILE`; a mirror may
 //! hold a file gzipped (`<file>.gz`), which is unpacked and checked by its content. Downloads go
 //! to a `.part` file that is renamed only once the checksum matches, so a failed or tampered
 //! download never leaves a file that looks complete.
