@@ -2,7 +2,7 @@
 """Score a data file against `oar serve` with NVIDIA's tritonclient, writing what `oar predict` writes.
 
     triton_client.py --url HOST:PORT --data FILE --out FILE [--model NAME] [--version V]
-                     [--json] [--batch-size N]
+                     [--json] [--batch-size N] [--wait SECONDS]
     triton_client.py --url HOST:PORT --request FILE.json --out FILE [--model NAME] [--version V] [--json]
     triton_client.py --url HOST:PORT --describe [--model NAME] [--version V]
 
@@ -11,7 +11,8 @@ them with the job's own parser, so no client-side id hashing is needed. One outp
 input line: every head's score, tab-separated, in the heads' order.
 
 By default tritonclient sends tensors and asks for outputs in KServe's binary tensor format;
-`--json` sends and asks for JSON instead. `--version` names the model version (the pass served,
+`--json` sends and asks for JSON instead. The server may still be starting: the client waits
+up to `--wait` seconds (30) for it to answer ready. `--version` names the model version (the pass served,
 as the model's metadata lists it) in every URL. `--request` sends the tensors of a saved v2 JSON
 request (typed tensors: `dense`, `SLOT.ids`, ...) as numpy arrays. `--describe` prints, as JSON,
 what the server says of itself and of the model: metadata, readiness, configuration, statistics
@@ -23,12 +24,28 @@ Needs tritonclient (pip install "tritonclient[http]").
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 import tritonclient.http as httpclient
 
 DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "UINT64": np.uint64,
           "INT32": np.int32, "UINT32": np.uint32, "BYTES": np.object_}
+
+
+def wait_until_ready(client, args):
+    """Waits up to --wait seconds for the server to answer ready (it may still be starting)."""
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            if client.is_server_ready():
+                return
+            why = "it answered not ready"
+        except Exception as e:  # refused while the server starts, among others
+            why = str(e) or type(e).__name__
+        if time.monotonic() > deadline:
+            sys.exit(f"triton_client.py: no server ready at {args.url} within {args.wait} s ({why})")
+        time.sleep(0.2)
 
 
 def outputs_of(client, args):
@@ -76,9 +93,11 @@ def main():
     p.add_argument("--json", action="store_true", help="send and receive JSON, not binary tensors")
     p.add_argument("--batch-size", type=int, default=256, help="lines per request")
     p.add_argument("--describe", action="store_true", help="print what the server says of the model")
+    p.add_argument("--wait", type=float, default=30, help="seconds to wait for the server to be ready")
     args = p.parse_args()
 
     client = httpclient.InferenceServerClient(url=args.url)
+    wait_until_ready(client, args)
     if args.describe:
         said = {
             "live": client.is_server_live(),
