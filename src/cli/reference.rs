@@ -151,7 +151,8 @@ mod tests {
         for line in text.lines() {
             let fence = line.trim_start();
             if fence.starts_with("```") {
-                inside = !inside && matches!(fence.trim_start_matches('`'), "sh" | "bash" | "shell");
+                let language = fence.trim_start_matches('`').split_whitespace().next();
+                inside = !inside && matches!(language, Some("sh" | "bash" | "shell"));
                 continue;
             }
             if !inside {

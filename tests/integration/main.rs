@@ -8,6 +8,7 @@ mod cluster;
 mod curves;
 mod day_ends;
 mod docs;
+mod docs_run;
 mod engines;
 mod equivalence;
 mod exactly_once;
