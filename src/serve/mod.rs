@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `GET /v2`, `GET /v2/health/live`, `GET /v2/health/ready` | the server, `{"live": true}`, `{"ready": true}` |
 //! | `GET /v2/models/NAME` | name, versions (the saved pass), platform, inputs, outputs |
-//! | `GET /v2/models/NAME/ready`, `.../config`, `.../stats` | readiness, Triton's model configuration and statistics ([`describe`]) |
+//! | `GET /v2/models/NAME/ready`, `.../config`, `.../stats` | readiness, Triton's model configuration and statistics (`describe.rs`) |
 //! | `POST /v2/models/NAME/infer` | one FP32 `[N, 1]` output per head ([`v2`]), JSON or binary ([`binary`]) |
 //! | `POST /v2/repository/index`, `GET /v2/models/stats` | the one model served, its statistics |
 //! | `GET /metrics` | Prometheus: requests, samples, refusals, reloads, the served pass, latency |
@@ -28,7 +28,7 @@
 //! pass that fails to load (torn, another job's) is reported and the old one kept. Connections
 //! are served by the bounded listener of `base/http.rs`.
 
-mod binary;
+pub mod binary;
 mod describe;
 pub mod model_export;
 pub mod predict;

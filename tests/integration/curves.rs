@@ -108,13 +108,7 @@ fn a_launched_job_writes_every_trainers_curves_and_draws_them() {
 fn tensorboard_reads_the_same_curves_from_the_event_files() {
     // TensorBoard's own reader (its EventAccumulator) on the event files a launched 2x2 job wrote
     // gives, per trainer, the points of metrics.csv: same tags, steps and values (as f32).
-    let py = std::env::var("OAR_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has =
-        std::process::Command::new(&py).args(["-c", "import tensorboard"]).output().is_ok_and(|o| o.status.success());
-    if !has {
-        eprintln!("skipped: no Python with tensorboard ({py}; .ci/run installs it)");
-        return;
-    }
+    let Some(py) = python_with("tensorboard") else { return };
     let dir = tempfile::tempdir().unwrap();
     let (train, test) = gen_data(dir.path(), 2, 2000, 500);
     let (logs, board) = (dir.path().join("logs"), dir.path().join("board"));

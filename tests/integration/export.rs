@@ -10,17 +10,9 @@ use std::path::{Path, PathBuf};
 
 use crate::util::*;
 
-/// A Python that can run the script (`OAR_PYTHON`, else `python3`), if there is one.
+/// A Python that can run the script, if there is one.
 fn python() -> Option<String> {
-    let py = std::env::var("OAR_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = std::process::Command::new(&py)
-        .args(["-c", "import onnx, onnxruntime, numpy, safetensors"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipped: no Python with onnx, onnxruntime, numpy and safetensors ({py}; .ci/run installs them)");
-    }
-    ok.then_some(py)
+    python_with("onnx, onnxruntime, numpy, safetensors")
 }
 
 fn script() -> PathBuf {

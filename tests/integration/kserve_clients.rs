@@ -11,18 +11,11 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::serve::{post, predicted, serve, trained, typed_request};
+use crate::util::python_with;
 
-/// A Python with tritonclient (`OAR_PYTHON`, else `python3`), if there is one.
+/// A Python with tritonclient, if there is one.
 fn python() -> Option<String> {
-    let py = std::env::var("OAR_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = std::process::Command::new(&py)
-        .args(["-c", "import tritonclient.http, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipped: no Python with tritonclient[http] ({py}; .ci/run installs it)");
-    }
-    ok.then_some(py)
+    python_with("tritonclient.http, numpy")
 }
 
 fn script() -> PathBuf {

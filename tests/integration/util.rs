@@ -301,6 +301,20 @@ pub fn wait_until(secs: u64, what: &str, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// A Python that imports `modules` (`OAR_PYTHON`, else `python3`), if there is one; says it
+/// skips, naming them, when there is none.
+pub fn python_with(modules: &str) -> Option<String> {
+    let py = std::env::var("OAR_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&py)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: no Python with {modules} ({py}; .ci/run installs them)");
+    }
+    ok.then_some(py)
+}
+
 /// Whether `program` can be run (found on PATH or at that path).
 pub fn installed(program: &str) -> bool {
     std::process::Command::new("sh")
