@@ -103,7 +103,7 @@ pub(crate) fn two_by_two(mode: Mode, data: &Path, exe: &Path, logs: &Path) -> cr
         checkpoint_every: None,
         max_restarts: 0,
         logs: logs.to_path_buf(),
-        exe: exe.to_path_buf(),
+        program: crate::base::program::Program::binary(exe),
         progress_bar: false,
         registry: Default::default(),
         child_env: Vec::new(),

@@ -83,6 +83,9 @@ pub(super) fn train(a: TrainArgs, launched: bool, registry: &Registry) -> anyhow
 
 /// `oar cluster ssh`: the job on the hosts of a hosts file, over ssh.
 pub(super) fn cluster_ssh(a: SshArgs) -> anyhow::Result<()> {
+    if a.dispatch {
+        super::this_binary("oar cluster ssh --dispatch")?;
+    }
     let bytes = crate::base::state_file::read_named(&a.hosts, crate::train::job_config::MAX_JOB_FILE_BYTES)
         .map_err(|e| anyhow::anyhow!("hosts file {}: {}", a.hosts.display(), e.reason()))?;
     let text = String::from_utf8(bytes).with_context(|| format!("hosts file {}: not UTF-8 text", a.hosts.display()))?;
@@ -162,7 +165,7 @@ pub(super) fn launch(a: LaunchArgs, registry: &Registry) -> anyhow::Result<()> {
         checkpoint_every: a.checkpoint_every.or((a.max_restarts > 0).then_some(RESTART_CHECKPOINT_SECONDS)),
         max_restarts: a.max_restarts,
         logs: a.logs,
-        exe: std::env::current_exe().context("cannot find the oar binary")?,
+        program: super::this_program()?,
         progress_bar: !a.no_progress,
         registry: registry.clone(),
         child_env: Vec::new(),

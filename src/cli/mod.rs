@@ -6,9 +6,11 @@
 //! `oar launch` starts its servers and trainers from the running binary, so they know those
 //! types too (`examples/custom_layer/`). `src/main.rs` is `main_with` with the built-ins.
 
+use anyhow::Context;
 use clap::Parser;
 
 use crate::base::env::ClusterEnv;
+use crate::base::program::Program;
 use crate::model::Registry;
 
 mod args;
@@ -30,10 +32,41 @@ use args::*;
 /// `oar --version`: the release and the commit it was built from (see `build.rs`).
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("OAR_COMMIT"), ")");
 
+/// What this process's children run: set once by [`main_from`].
+static PROGRAM: std::sync::OnceLock<Program> = std::sync::OnceLock::new();
+
+/// What `oar launch` starts its servers and trainers with.
+fn this_program() -> anyhow::Result<Program> {
+    match PROGRAM.get() {
+        Some(p) => Ok(p.clone()),
+        None => Program::this_binary().context("cannot find the oar binary"),
+    }
+}
+
+/// The `oar` binary itself, for `what` (which copies it or runs it beside other builds): an
+/// error under the Python package, whose process is Python's.
+fn this_binary(what: &str) -> anyhow::Result<std::path::PathBuf> {
+    let program = this_program()?;
+    anyhow::ensure!(
+        program.is_binary(),
+        "{what} needs the oar binary (cargo install --path . in the repository), not the Python package's `oar`"
+    );
+    Ok(program.path)
+}
+
 /// Runs the `oar` command line with the layer types of `registry`, then exits the process.
 pub fn main_with(registry: Registry) {
+    let program = Program::this_binary().unwrap_or_else(|_| Program::binary("oar"));
+    main_from(registry, std::env::args_os().collect(), program)
+}
+
+/// Runs the command line `argv` (its first element the program's name) with the layer types of
+/// `registry`, its children running `program`; then exits the process. The Python package's
+/// `oar` is this with Python's arguments and `python -m oar`.
+pub fn main_from(registry: Registry, argv: Vec<std::ffi::OsString>, program: Program) {
+    let _ = PROGRAM.set(program);
     quiet_on_closed_stdout();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(argv);
     let launched = std::env::var_os("OAR_LAUNCHED").is_some();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))

@@ -21,7 +21,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 Some(path) => JobConfig::from_file(path)?.train,
                 None => Default::default(),
             },
-            exe: std::env::current_exe().context("cannot find the oar binary")?,
+            exe: super::this_binary("oar bench")?,
         });
     }
     if a.recovery {
@@ -29,7 +29,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
             data: a.data.context("--recovery needs --data DIR (train/ and test/)")?,
             runs: a.runs,
             every: a.checkpoint_every,
-            exe: std::env::current_exe().context("cannot find the oar binary")?,
+            exe: super::this_binary("oar bench")?,
         });
     }
     if a.security {
@@ -38,7 +38,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
             rounds: a.runs,
             seconds: a.seconds / 4.0,
             dense_floats: a.dense_floats,
-            exe: std::env::current_exe().context("cannot find the oar binary")?,
+            exe: super::this_binary("oar bench")?,
         });
     }
     crate::bench::run(&crate::bench::BenchConfig {
@@ -49,7 +49,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
         data: a.data,
         lines: a.lines,
         seconds: a.seconds,
-        exe: std::env::current_exe().context("cannot find the oar binary")?,
+        exe: super::this_binary("oar bench")?,
         skip_training: a.skip_training,
         models: a.models,
         only: a.model,

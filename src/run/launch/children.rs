@@ -154,9 +154,9 @@ fn credential_file(
     Ok(file)
 }
 
-/// A child running this same binary.
-pub(super) fn child(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
-    let mut cmd = Command::new(exe);
+/// A child running `program` (this same binary, or `python -m oar`).
+pub(super) fn child(program: &crate::base::program::Program, args: &[String], env: &[(String, String)]) -> Command {
+    let mut cmd = program.command();
     cmd.args(args).envs(env.iter().cloned()).env("OAR_LAUNCHED", "1").stdin(std::process::Stdio::null());
     cmd
 }

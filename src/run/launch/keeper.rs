@@ -47,7 +47,7 @@ pub(super) struct JobKeeper {
     servers: usize,
     max_restarts: usize,
     job: String,
-    exe: PathBuf,
+    program: crate::base::program::Program,
     pub(super) env: Vec<(String, String)>,
     /// The job's secret, for the heartbeat's probes.
     pub(super) secret: Option<crate::security::auth::Secret>,
@@ -77,7 +77,7 @@ impl JobKeeper {
             servers: config.servers,
             max_restarts: config.max_restarts,
             job: job.to_string(),
-            exe: config.exe.clone(),
+            program: config.program.clone(),
             env: config.child_env.clone(),
             secret: None,
             tls: None,
@@ -98,7 +98,7 @@ impl JobKeeper {
 
     /// A child of this launch running `args`.
     pub(super) fn command(&self, args: &[String]) -> Command {
-        child(&self.exe, args, &self.env)
+        child(&self.program, args, &self.env)
     }
 
     /// Starts the heartbeat on the listening servers.

@@ -46,8 +46,8 @@ pub struct LaunchConfig {
     pub max_restarts: usize,
     /// Folder of the log files.
     pub logs: PathBuf,
-    /// The `oar` binary to start.
-    pub exe: PathBuf,
+    /// What the servers and trainers run: the `oar` binary, or `python -m oar`.
+    pub program: crate::base::program::Program,
     /// Show a progress bar.
     pub progress_bar: bool,
     /// Layer types the job may name (children are this same binary, so they have them too).
