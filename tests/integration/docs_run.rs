@@ -7,8 +7,9 @@
 //! info-string words say how it runs:
 //! - `sh no-run`: shown, not run (it installs, or needs hosts or a cluster this machine is not);
 //! - `sh needs=NAME`: run when NAME is here, else skipped with a message: `tritonclient` and
-//!   `onnxruntime` (importable by `python3`), `shared` (the data sets of `../shared`), or any
-//!   program on the PATH (`mpirun`, ...).
+//!   `onnxruntime` (importable by `python3`), `oar-ps` (the Python package, in the Python
+//!   `OAR_PACKAGE_PYTHON` names, which runs those blocks), `shared` (the data sets of
+//!   `../shared`), or any program on the PATH (`mpirun`, ...).
 //!
 //! Two substitutions make a reader's commands this run's: `cargo run --release --` is `oar`
 //! (the binary already built), and `cargo test` lines are left out (this is that run).
@@ -85,6 +86,9 @@ fn present(need: &str, env_path: &str) -> bool {
     match need {
         "tritonclient" => python("tritonclient.http, numpy"),
         "onnxruntime" => python("onnx, onnxruntime, numpy, safetensors"),
+        // The Python package, installed by .ci/run into an environment of its own.
+        "oar-ps" => std::env::var("OAR_PACKAGE_PYTHON")
+            .is_ok_and(|py| Command::new(py).args(["-c", "import oar"]).output().is_ok_and(|o| o.status.success())),
         "shared" => root().join("../shared/data").is_dir(),
         program => Command::new("sh")
             .env("PATH", env_path)
@@ -112,7 +116,10 @@ fn script(page: &str, text: &str, env_path: &str) -> (String, Vec<String>) {
         }
         script.push_str(&format!("echo '== {page}:{}' >&2\n", b.line));
         if b.python {
-            script.push_str(&format!("python3 - <<'OAR_PYTHON_BLOCK'\n{}OAR_PYTHON_BLOCK\n", b.text));
+            // The package's blocks run with the Python that has it.
+            let python =
+                if b.words.iter().any(|w| w == "needs=oar-ps") { "\"$OAR_PACKAGE_PYTHON\"" } else { "python3" };
+            script.push_str(&format!("{python} - <<'OAR_PYTHON_BLOCK'\n{}OAR_PYTHON_BLOCK\n", b.text));
             continue;
         }
         for line in b.text.lines() {

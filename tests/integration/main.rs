@@ -30,6 +30,7 @@ mod norm_stats;
 mod online;
 mod paddle;
 mod predict;
+mod python_package;
 mod restarts;
 mod robustness;
 mod security;
