@@ -7,7 +7,7 @@ checked by oar itself. Errors are :class:`OarError` and its
 kinds, carrying oar's messages. The command line is here too: ``oar`` or ``python -m oar``.
 """
 
-from . import data, errors
+from . import data, errors, paddlerec
 from ._oar import version as _version
 from .curves import curves
 from .errors import ConfigError, JobFailed, OarError
@@ -33,6 +33,7 @@ __all__ = [
     "evaluate",
     "export",
     "launch",
+    "paddlerec",
     "predict",
     "serve",
     "train",

@@ -217,3 +217,61 @@ def test_a_paddlerec_reader_as_pipe_command_trains_as_the_slot_file_itself(tmp_p
     got = oar.predict(tmp_path / "piped", lines=list(SlotReader().lines(sample)))
     assert want.shape == (len(sample.read_text().splitlines()), 1)
     assert np.array_equal(got, want), "the piped job's model scores its reader's lines as the direct one the file's"
+
+
+DNN_CONFIG = """
+# PaddleRec's models/rank/dnn/config.yaml, as PaddleRec writes it
+runner:
+  train_data_dir: "data/train"
+  train_reader_path: "criteo_reader"
+  use_gpu: False
+  use_auc: True
+  train_batch_size: 16
+  epochs: 3
+  print_interval: 2
+  model_save_path: "output_model_dnn"
+  test_data_dir: "data/train"
+  infer_reader_path: "criteo_reader"
+  sync_mode: "async"
+  thread_num: 1
+hyper_parameters:
+  optimizer:
+    class: Adam
+    learning_rate: 0.001
+    strategy: async
+  sparse_inputs_slots: 27
+  sparse_feature_number: 1000001
+  sparse_feature_dim: 9
+  dense_input_dim: 13
+  fc_sizes: [512, 256, 128, 32]
+  distributed_embedding: 0
+"""
+
+
+def test_a_paddlerec_config_is_read_as_the_zoo_job_and_runs(tmp_path):
+    """PaddleRec's rank/dnn config.yaml gives examples/paddlerec_slots.toml's model and data
+    (as oar reads both), its runner settings as flags, the keys left out with a reason, and runs
+    on PaddleRec's slot sample file; deepfm and wide_deep build; what oar cannot run is refused."""
+    pytest.importorskip("yaml")
+    sample = ROOT.parent / "shared/data/criteo/paddlerec_slot_sample_train.txt"
+    if not sample.exists():
+        pytest.skip("../shared/data is absent (PaddleRec's slot sample file)")
+    folder = tmp_path / "models/rank/dnn"
+    (folder / "data/train").mkdir(parents=True)
+    (folder / "data/train/part-0").write_text(sample.read_text())
+    (folder / "config.yaml").write_text(DNN_CONFIG)
+    rec = oar.paddlerec.load(folder / "config.yaml")
+    job, zoo = rec.job.normalized(), oar.Job.load(ROOT / "examples/paddlerec_slots.toml")
+    assert (job["model"], job["data"]) == (zoo["model"], zoo["data"])
+    assert (job["dense_optimizer"]["kind"], job["train"]["batch_size"], job["train"]["log_every"]) == ("adam", 16, 2)
+    assert rec.flags == {"train": str(folder / "data/train"), "test": str(folder / "data/train"),
+                         "output": str(folder / "output_model_dnn"), "passes": 3, "mode": "async"}
+    assert rec.unused["runner.use_gpu"] == "oar trains on CPUs"
+    summary = rec.launch(servers=1, workers=1, passes=1, quiet=True)
+    lines = len(sample.read_text().splitlines())
+    assert summary.samples == lines and [sum(s["applied_samples"]) for s in summary.server_stats] == [lines]
+    for name in ("deepfm", "wide_deep"):
+        oar.paddlerec.load(folder / "config.yaml", model=name).job.check()
+    (folder / "config.yaml").write_text(DNN_CONFIG.replace('sync_mode: "async"', 'sync_mode: "heter"'))
+    with pytest.raises(oar.ConfigError, match="runner.sync_mode 'heter'"):
+        oar.paddlerec.load(folder / "config.yaml")
