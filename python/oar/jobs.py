@@ -7,10 +7,13 @@ stops the job's processes before it is raised again.
 """
 
 import json
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from .errors import JobFailed
@@ -55,7 +58,6 @@ def run(args, quiet=False):
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     lines, errors = [], []
     try:
-        import threading
 
         def pump_stdout():
             for line in proc.stdout:
@@ -75,10 +77,15 @@ def run(args, quiet=False):
         _stop(proc)
         raise
     if code != 0:
-        said = [l[len("oar: error: "):].strip() for l in errors if l.startswith("oar: error: ")]
-        message = said[-1] if said else (errors[-1].strip() if errors else f"exit status {code}")
-        raise JobFailed(message, exit_code=code, command=command)
+        raise JobFailed(_said(errors, f"exit status {code}"), exit_code=code, command=command)
     return "".join(lines)
+
+
+def _said(errors, otherwise):
+    """oar's message among a process's error lines (its last ``oar: error:`` line), else the
+    last line, else ``otherwise``."""
+    said = [line[len("oar: error: "):].strip() for line in errors if line.startswith("oar: error: ")]
+    return said[-1] if said else (errors[-1].strip() if errors else otherwise)
 
 
 def _stop(proc):
@@ -133,19 +140,44 @@ def export(model, out, *, quiet=False, **flags):
 
 class Serving:
     """A running ``oar serve`` (KServe v2 over HTTP): ``url`` is its address; ``stop()`` (or the
-    end of a ``with`` block) stops it."""
+    end of a ``with`` block) stops it. Waits up to ``wait`` seconds for it to listen."""
 
     def __init__(self, model, addr="127.0.0.1:0", wait=60, **flags):
         command = [sys.executable, "-m", "oar", "serve", "--model", str(model), "--addr", addr, *_flags(**flags)]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         self.url = None
-        for line in self.process.stdout:
-            if line.startswith("OAR_SERVE "):
-                self.url = "http://" + line.split()[1]
-                break
-        if self.url is None:
-            code = self.process.wait()
-            raise JobFailed(f"oar serve ended (exit status {code}) before it listened", exit_code=code, command=command)
+        lines, errors = queue.Queue(), []
+
+        def read():
+            # Read to the end, so a server that prints more never blocks on a full pipe.
+            for line in self.process.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        def read_errors():
+            for line in self.process.stderr:
+                errors.append(line)
+                sys.stderr.write(line)
+
+        threading.Thread(target=read, daemon=True).start()
+        reading_errors = threading.Thread(target=read_errors, daemon=True)
+        reading_errors.start()
+        deadline = time.monotonic() + wait
+        try:
+            while self.url is None:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                if line is None:
+                    code = self.process.wait()
+                    reading_errors.join()
+                    raise JobFailed(_said(errors, f"oar serve ended (exit status {code}) before it listened"), code, command)
+                if line.startswith("OAR_SERVE "):
+                    self.url = "http://" + line.split()[1]
+        except queue.Empty:
+            self.stop()
+            raise JobFailed(f"oar serve did not listen within {wait} s", None, command) from None
+        except KeyboardInterrupt:
+            self.stop()
+            raise
 
     def stop(self):
         """Stops the server."""
@@ -156,8 +188,6 @@ class Serving:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self.process.stdout:
-            self.process.stdout.close()
 
     def __enter__(self):
         return self

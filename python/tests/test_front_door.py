@@ -116,6 +116,8 @@ def test_a_failed_job_raises_with_oars_message(tmp_path):
     assert failed.value.exit_code == 1
     with pytest.raises(oar.OarError, match="no-such-model"):
         oar.predict(tmp_path / "no-such-model", tmp_path)
+    with pytest.raises(oar.JobFailed, match="not a saved model"):
+        oar.serve(tmp_path)
 
 
 def test_ctrl_c_stops_a_launched_job_and_its_processes(tmp_path):
