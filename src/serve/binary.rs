@@ -133,7 +133,8 @@ impl Answer {
     /// `head`'s JSON followed by `tail`, the binary outputs' bytes in their order.
     pub fn new(head: &InferResponse, tail: Vec<u8>) -> Answer {
         let mut body = serde_json::to_vec(head).expect("JSON values serialize");
-        if tail.is_empty() && head.outputs.iter().all(|o| o.data.is_some()) {
+        // Every output in the JSON: nothing follows it.
+        if head.outputs.iter().all(|o| o.data.is_some()) {
             return Answer { body, header_len: None };
         }
         let header_len = Some(body.len());

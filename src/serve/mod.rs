@@ -102,10 +102,6 @@ fn load(stamp: Stamp, registry: &Registry) -> anyhow::Result<Loaded> {
     Ok(Loaded { saved, names, heads, reads, stamp })
 }
 
-/// Samples scored at a time: a request's activations take what this many do, however many
-/// samples it holds (one of 1,000,000 took 10 GB scored whole).
-const SCORE_ROWS: usize = 4096;
-
 /// The header that says where an `infer` body's JSON ends when binary tensors follow it.
 const INFERENCE_HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 
@@ -220,26 +216,23 @@ impl Server {
             Ok(r) => r,
             Err(e) => return bad(e),
         };
-        let (wanted, batch) = match (v2::wanted(&req.head, &m.names), v2::batch(&req, &m.saved.schema, &m.reads)) {
-            (Ok(w), Ok(b)) => (w, b),
-            (Err(e), _) | (_, Err(e)) => return bad(e),
+        // The outputs asked for are checked before the samples are read.
+        let wanted = match v2::wanted(&req.head, &m.names) {
+            Ok(w) => w,
+            Err(e) => return bad(e),
+        };
+        let batch = match v2::batch(&req, &m.saved.schema, &m.reads) {
+            Ok(b) => b,
+            Err(e) => return bad(e),
         };
         let mut scorer = self.scorers.lock().pop().unwrap_or_default();
-        let mut score_all = || -> anyhow::Result<Vec<Vec<f32>>> {
-            let mut scores = vec![Vec::new(); m.heads.len()];
-            for start in (0..batch.len()).step_by(SCORE_ROWS) {
-                let part = batch.slice(start..(start + SCORE_ROWS).min(batch.len()));
-                let all = scorer.scores(&m.saved.model, &m.saved.shard, &m.saved.params, &part)?;
-                scores.iter_mut().zip(&m.heads).for_each(|(s, &h)| s.extend_from_slice(&all[h]));
-            }
-            Ok(scores)
-        };
-        let scored = score_all();
+        let scored = scorer.scores_in_parts(&m.saved, &batch);
         self.scorers.lock().push(scorer);
-        let scores = match scored {
-            Ok(scores) => scores,
+        let mut all = match scored {
+            Ok(all) => all,
             Err(e) => return bad(format!("{e:#}")),
         };
+        let scores: Vec<Vec<f32>> = m.heads.iter().map(|&h| std::mem::take(&mut all[h])).collect();
         let id = req.head.id.clone();
         let answer = v2::response(&self.name, m.saved.manifest.pass, id, &m.names, &scores, &wanted);
         self.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);

@@ -180,6 +180,22 @@ pub fn predict(
     Ok(report)
 }
 
+/// Samples scored at a time by [`Scorer::scores_in_parts`]: a request's activations take what
+/// this many do, however many samples it holds (one of 1,000,000 took 10 GB scored whole).
+pub const SCORE_ROWS: usize = 4096;
+
+/// Data `lines` in `schema`'s format (a line end at the end of one is dropped) as one batch; an
+/// error names the line by its index (`lines[i]: ...`).
+pub fn lines_batch<'a>(schema: &Schema, lines: impl IntoIterator<Item = &'a [u8]>) -> Result<Batch, String> {
+    let mut parser = crate::data::parser(schema);
+    let mut batch = Batch::new(schema.labels.len(), schema.dense_width, schema.slots.len());
+    for (i, line) in lines.into_iter().enumerate() {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        parser.parse(line, &mut batch).map_err(|e| format!("lines[{i}]: {e}"))?;
+    }
+    Ok(batch)
+}
+
 /// One thread's buffers for scoring batches of a saved model (`oar predict`, `oar serve`).
 #[derive(Default)]
 pub struct Scorer {
@@ -206,6 +222,18 @@ impl Scorer {
         pull_rows(shard, &self.lookups.ids(&dims), &mut self.rows, RowCreation::Peek)?;
         model.evaluate(params, batch, &self.lookups.rows(&self.rows), &mut self.work);
         Ok(&self.work.head_probs)
+    }
+
+    /// Every head's scores of `batch` (per head, one per sample), [`SCORE_ROWS`] samples at a
+    /// time, so its activations take what that many do however many samples it holds.
+    pub fn scores_in_parts(&mut self, saved: &Saved, batch: &Batch) -> anyhow::Result<Vec<Vec<f32>>> {
+        let mut scores = vec![Vec::with_capacity(batch.len()); saved.model.head_names().len()];
+        for start in (0..batch.len()).step_by(SCORE_ROWS) {
+            let part = batch.slice(start..(start + SCORE_ROWS).min(batch.len()));
+            let heads = self.scores(&saved.model, &saved.shard, &saved.params, &part)?;
+            scores.iter_mut().zip(heads).for_each(|(s, h)| s.extend_from_slice(h));
+        }
+        Ok(scores)
     }
 
     /// The output lines of `batch`, with their number.

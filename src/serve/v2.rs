@@ -208,13 +208,7 @@ fn lines_batch(input: Input, schema: &Schema) -> Result<Batch, BadRequest> {
     if lines.is_empty() {
         return Err("no lines".into());
     }
-    let mut parser = crate::data::parser(schema);
-    let mut batch = Batch::new(schema.labels.len(), schema.dense_width, schema.slots.len());
-    for (i, line) in lines.iter().enumerate() {
-        let line = line.strip_suffix(b"\n").unwrap_or(line);
-        parser.parse(line, &mut batch).map_err(|e| format!("lines[{i}]: {e}"))?;
-    }
-    Ok(batch)
+    super::predict::lines_batch(schema, lines)
 }
 
 fn typed_batch(req: &Request, schema: &Schema, reads: &[bool]) -> Result<Batch, BadRequest> {

@@ -136,23 +136,12 @@ fn predict_lines<'py>(py: Python<'py>, model: PathBuf, lines: Vec<String>) -> Py
 
 fn score_lines(model: &Path, lines: &[String]) -> anyhow::Result<(usize, Vec<f32>)> {
     let saved = oar::serve::predict::load(model, &Registry::with_builtin())?;
-    let schema = &saved.schema;
-    let heads = saved.model.head_names().len();
-    let mut scorer = oar::serve::predict::Scorer::default();
-    let mut parser = oar::data::parser(schema);
-    let mut flat = Vec::with_capacity(lines.len() * heads);
-    for (at, chunk) in lines.chunks(4096).enumerate() {
-        let mut batch = oar::base::batch::Batch::new(schema.labels.len(), schema.dense_width, schema.slots.len());
-        for (i, line) in chunk.iter().enumerate() {
-            let line = line.strip_suffix('\n').unwrap_or(line);
-            parser.parse(line.as_bytes(), &mut batch).map_err(|e| anyhow::anyhow!("lines[{}]: {e}", at * 4096 + i))?;
-        }
-        let scores = scorer.scores(&saved.model, &saved.shard, &saved.params, &batch)?;
-        for r in 0..batch.len() {
-            flat.extend(scores.iter().map(|head| head[r]));
-        }
-    }
-    Ok((heads, flat))
+    let batch = oar::serve::predict::lines_batch(&saved.schema, lines.iter().map(|l| l.as_bytes()))
+        .map_err(anyhow::Error::msg)?;
+    let heads = oar::serve::predict::Scorer::default().scores_in_parts(&saved, &batch)?;
+    // Samples in rows: every head's score of a sample side by side.
+    let flat = (0..batch.len()).flat_map(|r| heads.iter().map(move |h| h[r])).collect();
+    Ok((heads.len(), flat))
 }
 
 /// `oar eval`'s figures for data `files`: per head, a dict (samples, loss, AUC, ...).
