@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::observe::metrics::Loss;
 
 use crate::nn::Activation;
-use crate::table::{Accessor, Entry, Init, Optimizer};
+use crate::table::{Accessor, Entry, Init, Optimizer, SparseSpec};
 
 /// One sparse embedding table of the model.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -43,6 +43,26 @@ pub struct TableConfig {
     /// [default: the accessor's `delete_after_unseen_days`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter_forget_after_days: Option<f32>,
+}
+
+impl TableConfig {
+    /// The table as servers hold it: its rows seeded from `seed`, its settings or the job's
+    /// defaults (`embedding_init`, the `sparse` optimizer) where it names none.
+    pub fn spec(&self, seed: u64, embedding_init: f32, sparse: Optimizer) -> SparseSpec {
+        let mut optimizer = self.optimizer.unwrap_or(sparse);
+        if let Some(lr) = self.lr {
+            optimizer.lr = lr;
+        }
+        let init = self.init.unwrap_or(Init::Uniform { scale: embedding_init });
+        SparseSpec {
+            accessor: self.accessor.unwrap_or_default(),
+            entry: self.entry.unwrap_or_default(),
+            capacity: self.capacity,
+            filter_capacity: self.filter_capacity.unwrap_or(crate::table::DEFAULT_FILTER_CAPACITY),
+            filter_forget_after_days: self.filter_forget_after_days,
+            ..SparseSpec::new(&self.name, self.dim, seed, init, optimizer)
+        }
+    }
 }
 
 /// One layer of the graph: its name (also the name of its output tensor), its type, its input

@@ -49,7 +49,7 @@ pub use onnx::{OnnxModel, OnnxTable, Port};
 
 use crate::base::batch::Batch;
 use crate::nn::layer::{Factory, Layer, LayerArgs, Shape};
-use crate::table::{DenseParam, DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
+use crate::table::{DenseParam, DenseSpec, Optimizer, TableSpec};
 
 /// What a model reads from the data: label columns, dense width, slot names (in batch order).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,21 +248,7 @@ impl Model {
                 .tables
                 .iter()
                 .enumerate()
-                .map(|(i, t)| {
-                    let mut optimizer = t.optimizer.unwrap_or(sparse);
-                    if let Some(lr) = t.lr {
-                        optimizer.lr = lr;
-                    }
-                    let init = t.init.unwrap_or(Init::Uniform { scale: c.embedding_init });
-                    SparseSpec {
-                        accessor: t.accessor.unwrap_or_default(),
-                        entry: t.entry.unwrap_or_default(),
-                        capacity: t.capacity,
-                        filter_capacity: t.filter_capacity.unwrap_or(crate::table::DEFAULT_FILTER_CAPACITY),
-                        filter_forget_after_days: t.filter_forget_after_days,
-                        ..SparseSpec::new(&t.name, t.dim, c.seed.wrapping_add(i as u64), init, optimizer)
-                    }
-                })
+                .map(|(i, t)| t.spec(c.seed.wrapping_add(i as u64), c.embedding_init, sparse))
                 .collect(),
         }
     }
