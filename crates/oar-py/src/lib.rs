@@ -14,6 +14,8 @@ use pyo3::prelude::*;
 use oar::model::Registry;
 use oar::train::job_config::JobConfig;
 
+mod tables;
+
 pyo3::import_exception!(oar.errors, OarError);
 pyo3::import_exception!(oar.errors, ConfigError);
 
@@ -193,5 +195,6 @@ fn _oar(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(predict_lines, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_class::<tables::Tables>()?;
     Ok(())
 }
