@@ -7,15 +7,14 @@ stops the job's processes before it is raised again.
 """
 
 import json
-import queue
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
+from .children import Listening, said_in
 from .errors import JobFailed
 from .job import Job
 
@@ -77,15 +76,8 @@ def run(args, quiet=False):
         _stop(proc)
         raise
     if code != 0:
-        raise JobFailed(_said(errors, f"exit status {code}"), exit_code=code, command=command)
+        raise JobFailed(said_in(errors, f"exit status {code}"), exit_code=code, command=command)
     return "".join(lines)
-
-
-def _said(errors, otherwise):
-    """oar's message among a process's error lines (its last ``oar: error:`` line), else the
-    last line, else ``otherwise``."""
-    said = [line[len("oar: error: "):].strip() for line in errors if line.startswith("oar: error: ")]
-    return said[-1] if said else (errors[-1].strip() if errors else otherwise)
 
 
 def _stop(proc):
@@ -143,51 +135,14 @@ class Serving:
     end of a ``with`` block) stops it. Waits up to ``wait`` seconds for it to listen."""
 
     def __init__(self, model, addr="127.0.0.1:0", wait=60, **flags):
-        command = [sys.executable, "-m", "oar", "serve", "--model", str(model), "--addr", addr, *_flags(**flags)]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
-        self.url = None
-        lines, errors = queue.Queue(), []
-
-        def read():
-            # Read to the end, so a server that prints more never blocks on a full pipe.
-            for line in self.process.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        def read_errors():
-            for line in self.process.stderr:
-                errors.append(line)
-                sys.stderr.write(line)
-
-        threading.Thread(target=read, daemon=True).start()
-        reading_errors = threading.Thread(target=read_errors, daemon=True)
-        reading_errors.start()
-        deadline = time.monotonic() + wait
-        try:
-            while self.url is None:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-                if line is None:
-                    code = self.process.wait()
-                    reading_errors.join()
-                    raise JobFailed(_said(errors, f"oar serve ended (exit status {code}) before it listened"), code, command)
-                if line.startswith("OAR_SERVE "):
-                    self.url = "http://" + line.split()[1]
-        except queue.Empty:
-            self.stop()
-            raise JobFailed(f"oar serve did not listen within {wait} s", None, command) from None
-        except KeyboardInterrupt:
-            self.stop()
-            raise
+        args = ["serve", "--model", model, "--addr", addr, *_flags(**flags)]
+        self.child = Listening(args, "OAR_SERVE", wait, "oar serve")
+        self.process = self.child.process
+        self.url = "http://" + self.child.address
 
     def stop(self):
         """Stops the server."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.child.stop()
 
     def __enter__(self):
         return self
