@@ -4,7 +4,8 @@ Jobs (``launch``, ``train``, ``export``, ``serve``) run as child processes of ``
 saved models are scored in this process into numpy arrays (``predict``, ``evaluate``); a job's
 settings are a :class:`Job` (its graph built with :class:`Model`, or read from a job file),
 checked by oar itself. Errors are :class:`OarError` and its
-kinds, carrying oar's messages. The command line is here too: ``oar`` or ``python -m oar``.
+kinds, carrying oar's messages. A network of your own (PyTorch, Paddle) trains on oar's
+tables through :class:`Tables` (``oar.torch``, ``oar.paddle``). The command line is here too: ``oar`` or ``python -m oar``.
 """
 
 from . import data, errors, paddlerec
@@ -15,6 +16,7 @@ from .job import Job
 from .jobs import Serving, Summary, export, launch, serve, train
 from .model import Model, Tensor
 from .saved import evaluate, predict
+from .tables import Servers, Step, Tables
 
 __version__ = _version()
 
@@ -24,8 +26,11 @@ __all__ = [
     "JobFailed",
     "Model",
     "OarError",
+    "Servers",
     "Serving",
+    "Step",
     "Summary",
+    "Tables",
     "Tensor",
     "curves",
     "data",
