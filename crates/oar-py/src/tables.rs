@@ -105,6 +105,8 @@ struct Inner {
     /// The last step pushed (steps count from 1) and the pass under way (from 1).
     step: u64,
     pass: u32,
+    /// Barriers met so far.
+    barriers: u64,
 }
 
 /// A trainer's connection to a job's servers, for a network that runs in Python.
@@ -124,7 +126,7 @@ impl Tables {
         let found = self.spec.sparse.iter().position(|t| t.name == name);
         let Some(i) = found else {
             let names: Vec<&str> = self.spec.sparse.iter().map(|t| t.name.as_str()).collect();
-            return Err(PyValueError::new_err(format!("no table {name:?}: the tables are {names:?}")));
+            return Err(PyValueError::new_err(format!("no table '{name}': the tables are {}", names.join(", "))));
         };
         Ok((i as u32, self.spec.sparse[i].dim))
     }
@@ -211,7 +213,7 @@ impl Tables {
             })
             .map_err(|e| OarError::new_err(format!("{e:#}")))?;
         let apply = if scale_stale { Apply::StalenessScaled } else { Apply::Now };
-        let inner = Inner { client: Some(client), trainer, step: 0, pass: 1 };
+        let inner = Inner { client: Some(client), trainer, step: 0, pass: 1, barriers: 0 };
         Ok(Tables { inner: Mutex::new(inner), spec, apply })
     }
 
@@ -291,7 +293,7 @@ impl Tables {
             let n = ids.len();
             if g.shape() != [n, dim] || counts.shape() != [n, 2] {
                 return Err(PyValueError::new_err(format!(
-                    "table {name:?}: {n} ids take gradients [{n}, {dim}] and counts [{n}, 2], not {:?} and {:?}",
+                    "table '{name}': {n} ids take gradients [{n}, {dim}] and counts [{n}, 2], not {:?} and {:?}",
                     g.shape(),
                     counts.shape()
                 )));
@@ -335,6 +337,17 @@ impl Tables {
             inner.client.as_mut().expect("checked open").end_pass(trainer, pass).map_err(|e| e.to_string())?;
             inner.pass += 1;
             Ok(pass)
+        })
+    }
+
+    /// Waits until every trainer of the job has called `barrier` as often (at server 0, within
+    /// the servers' `--timeout`, whose error names who is missing).
+    fn barrier(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with_client(py, |inner| {
+            inner.barriers += 1;
+            let (trainer, epoch) = (inner.trainer as usize, inner.barriers);
+            inner.client.as_mut().expect("checked open").barrier(trainer, epoch).map_err(|e| e.to_string())?;
+            Ok(epoch)
         })
     }
 
