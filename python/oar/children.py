@@ -75,7 +75,11 @@ class Listening:
 
 
 def said_in(errors, otherwise):
-    """oar's message among a process's error lines (its last ``oar: error:`` line), else the
-    last line, else ``otherwise``."""
-    said = [line[len("oar: error: "):].strip() for line in errors if line.startswith("oar: error: ")]
-    return said[-1] if said else (errors[-1].strip() if errors else otherwise)
+    """oar's message among a process's error lines: its last ``oar: error:`` line (or, for a
+    flag it did not take, the command line's ``error:`` line), else the last line, else
+    ``otherwise``."""
+    for prefix in ("oar: error: ", "error: "):
+        said = [line[len(prefix):].strip() for line in errors if line.startswith(prefix)]
+        if said:
+            return said[-1]
+    return errors[-1].strip() if errors else otherwise

@@ -17,69 +17,85 @@ keeps a layer's own parameters on the servers too (the servers run the dense opt
 import numpy as np
 import paddle
 
-from .tables import dense_spec_of
+from .tables import Lookup, dense_spec_of
 
 
 class _Rows(paddle.autograd.PyLayer):
-    """The pulled rows of a lookup as a tensor whose gradient goes to the step. The anchor, a
-    parameter that needs a gradient, is what makes Paddle call ``backward`` at all; Paddle wants
-    a tensor back for it."""
+    """A lookup's rows as a tensor whose gradient goes to the step. The anchor, a parameter
+    that needs a gradient, is what makes Paddle call ``backward`` at all; Paddle wants a tensor
+    back for it."""
 
     @staticmethod
-    def forward(ctx, anchor, rows, step, table, uniq, counts):
-        ctx.oar = (step, table, uniq, counts)
-        return paddle.to_tensor(rows)
+    def forward(ctx, anchor, lookup):
+        ctx.lookup = lookup
+        return paddle.to_tensor(lookup.rows)
 
     @staticmethod
     def backward(ctx, grad):
-        step, table, uniq, counts = ctx.oar
-        step.add(table, uniq, grad.numpy(), counts)
+        ctx.lookup.grad(grad.numpy())
         return paddle.zeros([1], dtype="float32")
 
 
 class Embedding(paddle.nn.Layer):
     """``paddle.nn.Embedding`` on oar's table ``table``: ids ``[batch, ...]`` (int64; the first
-    axis is the sample) give rows ``[batch, ..., dim]``."""
+    axis is the sample) give rows ``[batch, ..., dim]``; ``padding_idx`` as Paddle's."""
 
-    def __init__(self, tables, table):
+    def __init__(self, tables, table, padding_idx=None):
         super().__init__()
         if table not in tables.dims:
             raise ValueError(f"no table {table!r}: the tables are {sorted(tables.dims)}")
-        self.tables, self.table, self.dim = tables, table, tables.dims[table]
-        self.anchor = self.create_parameter([1], default_initializer=paddle.nn.initializer.Constant(0.0))
+        self.tables, self.table, self.dim, self.padding_idx = tables, table, tables.dims[table], padding_idx
+        # Not a parameter: no optimizer and no ServerDense should see it.
+        self.anchor = paddle.zeros([1], dtype="float32")
+        self.anchor.stop_gradient = False
 
     def forward(self, ids):
-        flat = ids.numpy().reshape(-1)
-        if flat.dtype == np.int64:
-            flat = flat.view(np.uint64)
-        uniq, inverse = np.unique(flat.astype(np.uint64, copy=False), return_inverse=True)
-        inverse = inverse.reshape(-1)
-        step = self.tables.current_step
-        if step is None or not paddle.is_grad_enabled():
-            rows = paddle.to_tensor(self.tables.pull(self.table, uniq, create=False)[0])
-        else:
-            per_sample = flat.size // ids.shape[0] if ids.shape[0] else 0
-            samples = np.repeat(np.arange(ids.shape[0]), per_sample)
-            counts = step.counts(inverse, samples)
-            rows = _Rows.apply(self.anchor, step.pull(self.table, uniq), step, self.table, uniq, counts)
-        out = paddle.nn.functional.embedding(paddle.to_tensor(inverse.astype(np.int64)), rows)
+        training = self.tables.current_step is not None and paddle.is_grad_enabled()
+        lookup = Lookup(self.tables, self.table, ids.numpy(), self.padding_idx, training)
+        rows = _Rows.apply(self.anchor, lookup) if training else paddle.to_tensor(lookup.rows)
+        out = paddle.nn.functional.embedding(paddle.to_tensor(lookup.inverse.astype(np.int64)), rows)
         return out.reshape([*ids.shape, self.dim])
 
 
+def swap_embeddings(layer, tables, names):
+    """Replaces ``layer``'s ``paddle.nn.Embedding`` sublayers named in ``names`` (attribute
+    name, or dotted path, to oar table) by oar's :class:`Embedding` of that table, keeping each
+    one's ``padding_idx``: a model such as PaddleRec's runs on oar's tables with no other
+    change. Returns the layer."""
+    for path, table in names.items():
+        owner, _, attr = path.rpartition(".")
+        parent = layer
+        for part in filter(None, owner.split(".")):
+            parent = getattr(parent, part)
+        old = getattr(parent, attr, None)
+        if not isinstance(old, paddle.nn.Embedding):
+            raise ValueError(f"{path}: not a paddle.nn.Embedding of the layer ({type(old).__name__})")
+        padding = getattr(old, "_padding_idx", None)
+        setattr(parent, attr, Embedding(tables, table, padding_idx=None if padding is None or padding < 0 else padding))
+    return layer
+
+
+def dense_parameters(layer):
+    """``layer``'s parameters but its ``paddle.nn.Embedding`` layers' (the tables that oar's
+    layers take the place of), as ``(name, parameter)``."""
+    skip = {id(p) for m in layer.sublayers(include_self=True) if isinstance(m, paddle.nn.Embedding) for p in m.parameters()}
+    return [(n, p) for n, p in layer.named_parameters() if id(p) not in skip]
+
+
 def dense_spec(layer, prefix=""):
-    """The ``dense`` entries of a :class:`oar.Tables` spec for ``layer``'s parameters (in
-    ``named_parameters`` order; see :func:`oar.tables.dense_spec_of`)."""
-    return dense_spec_of((prefix + n, p.numpy()) for n, p in layer.named_parameters())
+    """The ``dense`` entries of a :class:`oar.Tables` spec for :func:`dense_parameters` of
+    ``layer`` (see :func:`oar.tables.dense_spec_of`)."""
+    return dense_spec_of((prefix + n, p.numpy()) for n, p in dense_parameters(layer))
 
 
 class ServerDense:
-    """``layer``'s parameters kept on oar's servers: :meth:`pull` copies the servers' values
+    """``layer``'s :func:`dense_parameters` kept on oar's servers: :meth:`pull` copies the servers' values
     into them, :meth:`push` hands their gradients to the step (the servers' dense optimizer
     applies them); the tables' spec must hold :func:`dense_spec` of the layer."""
 
     def __init__(self, layer, tables):
         self.tables = tables
-        self.params = [p for _, p in layer.named_parameters()]
+        self.params = [p for _, p in dense_parameters(layer)]
         total = sum(int(np.prod(p.shape)) for p in self.params)
         if total != tables.dense_len:
             raise ValueError(f"the layer has {total} parameters, the servers keep {tables.dense_len} dense floats")

@@ -152,6 +152,11 @@ class Tables:
         """Ends the pass under way (in sync mode the servers wait for every trainer's)."""
         return self._tables.end_pass()
 
+    def barrier(self):
+        """Waits until every trainer has called ``barrier`` as often (within the servers'
+        ``--timeout``, whose error names the trainers missing)."""
+        return self._tables.barrier()
+
     def stats(self):
         """Every server's counters: a list of dicts (``version``, ``applied_samples``, ...)."""
         return self._tables.stats()
@@ -275,3 +280,35 @@ def dense_spec_of(named_arrays):
             init = {"kind": "uniform", "scale": float(np.sqrt(3.0) * a.std()) if a.size else 0.0}
         out.append({"name": name, "len": int(a.size), "init": init})
     return out
+
+
+class Lookup:
+    """A batch's lookup in one table, as the framework layers make it: ``ids`` (a numpy array,
+    the first axis the sample; int64 read as their u64 bits) pulled as unique ids (``rows``,
+    ``[n_unique, dim]``, and ``inverse``, each id's row). With ``padding``, that id's row is
+    zeros and is neither pulled nor pushed (``paddle.nn.Embedding``'s ``padding_idx``). Within
+    a step, rows are created and :meth:`grad` hands the rows' gradient to the step; outside,
+    absent rows read as zeros."""
+
+    def __init__(self, tables, table, ids, padding=None, training=True):
+        ids = np.asarray(ids)
+        flat = ids.reshape(-1)
+        if flat.dtype == np.int64:
+            flat = flat.view(np.uint64)
+        uniq, inverse = np.unique(flat.astype(np.uint64, copy=False), return_inverse=True)
+        self.inverse = inverse.reshape(-1)
+        self.keep = np.ones(len(uniq), dtype=bool) if padding is None else uniq != np.uint64(padding)
+        self.uniq, self.table = uniq[self.keep], table
+        self.step = tables.current_step if training else None
+        self.rows = np.zeros((len(uniq), tables.dims[table]), dtype=np.float32)
+        if self.step is not None:
+            self.rows[self.keep] = self.step.pull(table, self.uniq)
+            per_sample = flat.size // ids.shape[0] if ids.ndim and ids.shape[0] else 1
+            samples = np.repeat(np.arange(ids.shape[0] if ids.ndim else 1), per_sample)
+            self.counts = self.step.counts(self.inverse, samples)[self.keep]
+        elif len(self.uniq):
+            self.rows[self.keep] = tables.pull(table, self.uniq, create=False)[0]
+
+    def grad(self, grad):
+        """Hands the gradient of ``rows`` (``[n_unique, dim]``) to the step."""
+        self.step.add(self.table, self.uniq, np.asarray(grad)[self.keep], self.counts)

@@ -19,110 +19,93 @@ Outside a step (``torch.no_grad()`` evaluation) the layers read rows without cre
 push nothing.
 """
 
-import numpy as np
 import torch
 
-from .tables import dense_spec_of
+from .tables import Lookup, dense_spec_of
 
 
 class _Rows(torch.autograd.Function):
-    """The pulled rows of a lookup as a tensor whose gradient goes to the step. The anchor, a
-    parameter that requires grad, is what makes autograd call ``backward`` at all: the rows
-    come from numpy, not from a tensor that requires grad."""
+    """A lookup's rows as a tensor whose gradient goes to the step. The anchor, a parameter
+    that requires grad, is what makes autograd call ``backward`` at all: the rows come from
+    numpy, not from a tensor that requires grad."""
 
     @staticmethod
-    def forward(ctx, anchor, rows, step, table, uniq, counts):
-        ctx.oar = (step, table, uniq, counts)
-        return torch.from_numpy(rows)
+    def forward(ctx, anchor, lookup):
+        ctx.lookup = lookup
+        return torch.from_numpy(lookup.rows)
 
     @staticmethod
     def backward(ctx, grad):
-        step, table, uniq, counts = ctx.oar
-        step.add(table, uniq, grad.detach().contiguous().numpy(), counts)
-        return None, None, None, None, None, None
+        ctx.lookup.grad(grad.detach().contiguous().numpy())
+        return None, None
 
 
-def _unique(ids):
-    """Unique u64 ids of a tensor of ids (int64 keys are read as their u64 bits) and the index
-    of each one's unique id."""
-    flat = ids.detach().reshape(-1).cpu().numpy()
-    if flat.dtype == np.int64:
-        flat = flat.view(np.uint64)
-    uniq, inverse = np.unique(flat.astype(np.uint64, copy=False), return_inverse=True)
-    return uniq, inverse.reshape(-1)
+class _Table(torch.nn.Module):
+    """What both layers share: the table, the anchor, a batch's rows."""
 
-
-class _Lookup(torch.nn.Module):
-    """What both layers share: the table, the anchor, the pull of a batch's unique ids."""
-
-    def __init__(self, tables, table):
+    def __init__(self, tables, table, padding_idx=None):
         super().__init__()
         if table not in tables.dims:
             raise ValueError(f"no table {table!r}: the tables are {sorted(tables.dims)}")
-        self.tables, self.table, self.dim = tables, table, tables.dims[table]
-        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.tables, self.table, self.dim, self.padding_idx = tables, table, tables.dims[table], padding_idx
+        # Not a parameter: no optimizer and no ServerDense should see it.
+        self.anchor = torch.zeros(1, requires_grad=True)
 
-    def rows(self, ids, samples):
-        """The rows of the unique ids in ``ids`` (a tensor, ``[n_unique, dim]``) and the index
-        of each occurrence's row; ``samples`` gives each occurrence's sample (for clicks)."""
-        uniq, inverse = _unique(ids)
-        step = self.tables.current_step
-        if step is None or not torch.is_grad_enabled():
-            rows, _ = self.tables.pull(self.table, uniq, create=False)
-            return torch.from_numpy(rows), torch.from_numpy(inverse)
-        rows = step.pull(self.table, uniq)
-        counts = step.counts(inverse, samples)
-        return _Rows.apply(self.anchor, rows, step, self.table, uniq, counts), torch.from_numpy(inverse)
+    def rows(self, ids):
+        """The rows of the unique ids of ``ids`` (first axis: the sample) and each id's row."""
+        training = self.tables.current_step is not None and torch.is_grad_enabled()
+        lookup = Lookup(self.tables, self.table, ids.detach().cpu().numpy(), self.padding_idx, training)
+        rows = _Rows.apply(self.anchor, lookup) if training else torch.from_numpy(lookup.rows)
+        return rows, torch.from_numpy(lookup.inverse)
 
 
-class Embedding(_Lookup):
+class Embedding(_Table):
     """``torch.nn.Embedding`` on oar's table ``table``: ids ``[batch, ...]`` (the first axis is
-    the sample) give rows ``[batch, ..., dim]``."""
+    the sample) give rows ``[batch, ..., dim]``; ``padding_idx`` as torch's."""
 
     def forward(self, ids):
-        samples = np.repeat(np.arange(ids.shape[0]), ids[0].numel() if ids.dim() > 1 else 1)
-        rows, inverse = self.rows(ids, samples)
+        rows, inverse = self.rows(ids)
         return torch.nn.functional.embedding(inverse, rows).reshape(*ids.shape, self.dim)
 
 
-class EmbeddingBag(_Lookup):
+class EmbeddingBag(_Table):
     """``torch.nn.EmbeddingBag`` on oar's table ``table``: ``mode`` ``"sum"``, ``"mean"`` or
-    ``"max"``; ids ``[batch, bag]`` (bags of one length) or flat ids with ``offsets``."""
+    ``"max"``; ids ``[batch, bag]`` (bags of one length)."""
 
-    def __init__(self, tables, table, mode="sum"):
-        super().__init__(tables, table)
+    def __init__(self, tables, table, mode="sum", padding_idx=None):
+        super().__init__(tables, table, padding_idx)
         self.mode = mode
 
-    def forward(self, ids, offsets=None):
-        if offsets is None:
-            if ids.dim() != 2:
-                raise ValueError("EmbeddingBag: ids [batch, bag], or flat ids with offsets")
-            batch, bag = ids.shape
-            samples = np.repeat(np.arange(batch), bag)
-            offsets = torch.arange(0, batch * bag, bag, dtype=torch.long) if bag else torch.zeros(batch, dtype=torch.long)
-        else:
-            starts = offsets.cpu().numpy()
-            lengths = np.diff(np.append(starts, ids.numel()))
-            samples = np.repeat(np.arange(len(starts)), lengths)
-        rows, inverse = self.rows(ids, samples)
-        return torch.nn.functional.embedding_bag(inverse, rows, offsets.to(torch.long), mode=self.mode)
+    def forward(self, ids):
+        if ids.dim() != 2:
+            raise ValueError(f"EmbeddingBag: ids [batch, bag], not {list(ids.shape)}")
+        rows, inverse = self.rows(ids)
+        return torch.nn.functional.embedding_bag(inverse.reshape(ids.shape), rows, mode=self.mode)
+
+
+def dense_parameters(module):
+    """``module``'s parameters but its ``torch.nn.Embedding`` and ``EmbeddingBag`` layers' (the
+    tables that oar's layers take the place of), as ``(name, parameter)``."""
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    skip = {id(p) for m in module.modules() if isinstance(m, kinds) for p in m.parameters()}
+    return [(n, p) for n, p in module.named_parameters() if id(p) not in skip]
 
 
 def dense_spec(module, prefix=""):
-    """The ``dense`` entries of a :class:`oar.Tables` spec for ``module``'s parameters (in
-    ``named_parameters`` order), each drawn by the servers from an initializer of its kind and
-    scale (see :func:`oar.tables.dense_spec_of`)."""
-    return dense_spec_of((prefix + n, p.detach().cpu().numpy()) for n, p in module.named_parameters())
+    """The ``dense`` entries of a :class:`oar.Tables` spec for :func:`dense_parameters` of
+    ``module``, each drawn by the servers from an initializer of its kind and scale (see
+    :func:`oar.tables.dense_spec_of`)."""
+    return dense_spec_of((prefix + n, p.detach().cpu().numpy()) for n, p in dense_parameters(module))
 
 
 class ServerDense:
-    """``module``'s parameters kept on oar's servers: :meth:`pull` copies the servers' values
+    """``module``'s :func:`dense_parameters` kept on oar's servers: :meth:`pull` copies the servers' values
     into them, :meth:`push` hands their gradients to the step (the servers' dense optimizer
     applies them); the tables' spec must hold :func:`dense_spec` of the module."""
 
     def __init__(self, module, tables):
         self.tables = tables
-        self.params = [p for _, p in module.named_parameters()]
+        self.params = [p for _, p in dense_parameters(module)]
         total = sum(p.numel() for p in self.params)
         if total != tables.dense_len:
             raise ValueError(f"the module has {total} parameters, the servers keep {tables.dense_len} dense floats")
