@@ -136,6 +136,16 @@ pub(super) struct JobArgs {
     /// TOML job file ([model], [dense_optimizer], [sparse_optimizer], [train]).
     #[arg(long, env = "OAR_CONFIG")]
     pub(super) config: Option<PathBuf>,
+    /// PaddleRec's config.yaml as the job, for its rank models dnn, wide_deep and deepfm: the
+    /// model hyper_parameters describe, its optimizer, PaddleRec's slot lines as the data; its
+    /// runner's data folders, model_save_path, epochs, batch size, print_interval, thread_num
+    /// and (oar launch) sync_mode where no flag gives them. Keys oar does not use are logged.
+    #[arg(long, env = "OAR_PADDLEREC_CONFIG", conflicts_with = "config")]
+    pub(super) paddlerec_config: Option<PathBuf>,
+    /// The PaddleRec model of --paddlerec-config: dnn, wide_deep or deepfm [default: the
+    /// config's folder name, as in PaddleRec's models/rank/NAME/config.yaml].
+    #[arg(long, env = "OAR_PADDLEREC_MODEL", requires = "paddlerec_config")]
+    pub(super) paddlerec_model: Option<String>,
     /// Samples per step per trainer.
     #[arg(long, env = "OAR_BATCH_SIZE")]
     pub(super) batch_size: Option<usize>,
@@ -248,11 +258,26 @@ pub(super) struct JobArgs {
 }
 
 impl JobArgs {
+    /// `--paddlerec-config` read, if given.
+    pub(super) fn paddlerec(&self) -> anyhow::Result<Option<crate::train::paddlerec::PaddleRecJob>> {
+        let Some(path) = &self.paddlerec_config else { return Ok(None) };
+        Ok(Some(crate::train::paddlerec::from_file(path, self.paddlerec_model.as_deref())?))
+    }
+
     /// The job: its file (or the defaults) with the flags applied, checked.
     pub(super) fn resolve(&self, registry: &Registry) -> anyhow::Result<JobConfig> {
-        let mut job = match &self.config {
-            Some(path) => JobConfig::from_file(path)?,
-            None => JobConfig::default(),
+        let mut job = match (&self.config, self.paddlerec()?) {
+            (Some(path), _) => JobConfig::from_file(path)?,
+            (None, Some(rec)) => {
+                for (key, why) in &rec.unused {
+                    tracing::info!(
+                        "{}: {key} not used: {why}",
+                        self.paddlerec_config.as_deref().unwrap_or(std::path::Path::new("")).display()
+                    );
+                }
+                rec.job
+            }
+            (None, None) => JobConfig::default(),
         };
         let m = &mut job.model;
         if (self.embedding_dim.is_some() || self.hidden.is_some()) && !m.is_shorthand() {
@@ -470,9 +495,9 @@ pub(super) struct LaunchArgs {
     /// Number of trainers (fleetrun's --worker_num).
     #[arg(long, alias = "worker_num", default_value_t = 2)]
     pub(super) workers: usize,
-    /// sync or async.
-    #[arg(long, env = "OAR_MODE", value_enum, default_value = "async")]
-    pub(super) mode: Mode,
+    /// sync or async [default: --paddlerec-config's sync_mode, else async].
+    #[arg(long, env = "OAR_MODE", value_enum)]
+    pub(super) mode: Option<Mode>,
     /// Training data: a file or a folder of part files (not with --online).
     #[arg(long)]
     pub(super) train: Option<PathBuf>,

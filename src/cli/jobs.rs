@@ -136,8 +136,14 @@ pub(super) fn cluster_k8s(a: K8sArgs) -> anyhow::Result<()> {
 }
 
 /// `oar launch`: servers and trainers as children on this machine.
-pub(super) fn launch(a: LaunchArgs, registry: &Registry) -> anyhow::Result<()> {
+pub(super) fn launch(mut a: LaunchArgs, registry: &Registry) -> anyhow::Result<()> {
     let job = a.job.resolve(registry)?;
+    let mut mode = a.mode;
+    if let Some(rec) = a.job.paddlerec()? {
+        // PaddleRec's runner settings, where no flag gave them.
+        (a.train, a.test, a.output) = (a.train.or(rec.train), a.test.or(rec.test), a.output.or(rec.output));
+        mode = mode.or(rec.mode);
+    }
     let train = match (a.train, &job.train.online) {
         (Some(t), None) => t,
         (None, Some(online)) => online.clone(),
@@ -154,7 +160,7 @@ pub(super) fn launch(a: LaunchArgs, registry: &Registry) -> anyhow::Result<()> {
     let config = crate::run::launch::LaunchConfig {
         servers: a.servers,
         workers: a.workers,
-        mode: a.mode,
+        mode: mode.unwrap_or(crate::protocol::Mode::Async),
         job,
         train,
         test: a.test,

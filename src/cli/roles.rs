@@ -402,6 +402,11 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         }
     }
     let job = a.job.resolve(registry)?;
+    if let Some(rec) = a.job.paddlerec()? {
+        // PaddleRec's runner settings, where no flag gave them.
+        (a.train, a.test, a.output) =
+            (a.train.take().or(rec.train), a.test.take().or(rec.test), a.output.take().or(rec.output));
+    }
     if env.role == Some(Role::Pserver) {
         // One command line for both roles, as with PaddlePaddle's Fluid and Fleet launchers.
         return super::jobs::pserver(server_role_args(&a, &job), &env).map(|_| None);

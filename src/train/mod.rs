@@ -28,6 +28,7 @@ pub mod init_model;
 mod job;
 pub mod job_config;
 pub mod online;
+pub mod paddlerec;
 mod pass;
 pub mod position;
 mod report;

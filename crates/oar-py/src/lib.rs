@@ -76,6 +76,28 @@ fn job_normalized(py: Python<'_>, job: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>>
     Ok(pythonize::pythonize(py, &job)?.unbind())
 }
 
+/// PaddleRec's `config.yaml` at `path` read as oar reads it (`oar train --paddlerec-config`):
+/// the job (a dict, checked), the run's settings (train, test, output, mode: None where the
+/// config has none) and the keys not used with why, as `(job, flags, unused)`.
+#[pyfunction]
+#[pyo3(signature = (path, model = None))]
+fn paddlerec<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    model: Option<String>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Vec<(String, String)>)> {
+    let rec = py.detach(|| oar::train::paddlerec::from_file(&path, model.as_deref())).map_err(config_error)?;
+    let job = checked(rec.job)?;
+    let text = |p: Option<PathBuf>| p.map(|p| p.display().to_string());
+    let flags = serde_json::json!({
+        "train": text(rec.train),
+        "test": text(rec.test),
+        "output": text(rec.output),
+        "mode": rec.mode.map(|m| m.to_string()),
+    });
+    Ok((pythonize::pythonize(py, &job)?, pythonize::pythonize(py, &flags)?, rec.unused))
+}
+
 /// The layer types a graph may name besides `embedding`: the registry's.
 #[pyfunction]
 fn layer_types() -> Vec<String> {
@@ -191,6 +213,7 @@ fn _oar(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(job_to_toml, m)?)?;
     m.add_function(wrap_pyfunction!(job_normalized, m)?)?;
     m.add_function(wrap_pyfunction!(layer_types, m)?)?;
+    m.add_function(wrap_pyfunction!(paddlerec, m)?)?;
     m.add_function(wrap_pyfunction!(predict_files, m)?)?;
     m.add_function(wrap_pyfunction!(predict_lines, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
