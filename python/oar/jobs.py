@@ -17,6 +17,7 @@ from pathlib import Path
 from .children import Listening, said_in
 from .errors import JobFailed
 from .job import Job
+from .progress import Progress
 
 #: Seconds a job is given to stop after Ctrl-C before it is killed.
 STOP_SECONDS = 30
@@ -49,10 +50,11 @@ def _flags(**flags):
     return out
 
 
-def run(args, quiet=False):
+def run(args, quiet=False, progress=None):
     """Runs ``oar ARGS`` as a child process; returns its standard output. Its error output is
-    passed to ``sys.stderr`` as it comes (unless ``quiet``); a failure raises
-    :class:`oar.JobFailed` carrying oar's message."""
+    passed to ``sys.stderr`` as it comes (unless ``quiet``); its progress lines go to
+    ``progress`` (a :class:`oar.progress.Progress`); a failure raises :class:`oar.JobFailed`
+    carrying oar's message."""
     command = [sys.executable, "-m", "oar", *[str(a) for a in args]]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     lines, errors = [], []
@@ -60,6 +62,8 @@ def run(args, quiet=False):
 
         def pump_stdout():
             for line in proc.stdout:
+                if progress is not None and progress.line(line):
+                    continue
                 lines.append(line)
                 if not quiet:
                     sys.stdout.write(line)
@@ -75,6 +79,9 @@ def run(args, quiet=False):
     except KeyboardInterrupt:
         _stop(proc)
         raise
+    finally:
+        if progress is not None:
+            progress.close()
     if code != 0:
         raise JobFailed(said_in(errors, f"exit status {code}"), exit_code=code, command=command)
     return "".join(lines)
@@ -101,17 +108,18 @@ def _job_flag(job, folder):
     return ["--config", str(path)]
 
 
-def launch(job=None, *, train=None, test=None, servers=2, workers=2, logs=None, quiet=False, **flags):
+def launch(job=None, *, train=None, test=None, servers=2, workers=2, logs=None, quiet=False, progress=None, **flags):
     """Runs a whole job on this machine, as ``oar launch``: ``servers`` servers and ``workers``
     trainers as processes. ``job`` is a :class:`Job`, a dict or a job file's path; every other
     keyword is a flag of ``oar launch`` (``mode="sync"``, ``output="out"``, ``passes=2``,
-    ``hidden=[64, 32]``, ...). Returns the job's :class:`Summary` (samples/s, AUC, each
-    process's figures)."""
+    ``hidden=[64, 32]``, ...). A progress bar is drawn (a tqdm bar if tqdm is installed, in a
+    notebook too) unless ``progress=False`` (default: not when ``quiet``). Returns the job's
+    :class:`Summary` (samples/s, AUC, each process's figures)."""
     with tempfile.TemporaryDirectory(prefix="oar-launch-") as tmp:
         logs = Path(logs) if logs is not None else Path(tmp) / "logs"
         args = ["launch", *_job_flag(job, tmp), "--servers", servers, "--workers", workers, "--logs", logs]
-        args += _flags(train=train, test=test, **flags)
-        run(args, quiet=quiet)
+        args += _flags(train=train, test=test, **flags) + ["--no-progress", "--progress-lines"]
+        run(args, quiet=quiet, progress=Progress(not quiet if progress is None else progress))
         return Summary(json.loads((logs / "summary.json").read_text()))
 
 

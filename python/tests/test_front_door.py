@@ -278,3 +278,10 @@ def test_a_paddlerec_config_is_read_as_the_zoo_job_and_runs(tmp_path):
     with pytest.raises(oar.ConfigError, match='runner.sync_mode "heter"'):
         oar.paddlerec.load(folder / "config.yaml")
 
+
+def test_a_launch_draws_its_progress_and_keeps_the_lines_out_of_its_output(tmp_path, capsys):
+    cli("gen", "criteo", "--lines", 2000, "--test-lines", 200, "--parts", 1, "--out", tmp_path / "data")
+    oar.launch(train=tmp_path / "data/train", servers=1, workers=1, hidden=[4], logs=tmp_path / "logs")
+    out, err = capsys.readouterr()
+    assert "OAR_LAUNCH_PROGRESS" not in out + err
+    assert "100%" in err, err[-2000:]

@@ -21,3 +21,4 @@ def test_the_example_notebook_runs(tmp_path):
     client.execute()
     printed = json.dumps([c.get("outputs", []) for c in notebook.cells])
     assert "test AUC" in printed and "model.onnx" in printed, printed[:2000]
+    assert "100%" in printed, "the launch drew its progress in the notebook"

@@ -105,6 +105,7 @@ pub(crate) fn two_by_two(mode: Mode, data: &Path, exe: &Path, logs: &Path) -> cr
         logs: logs.to_path_buf(),
         program: crate::base::program::Program::binary(exe),
         progress_bar: false,
+        progress_lines: false,
         registry: Default::default(),
         child_env: Vec::new(),
         secret_file: None,

@@ -530,6 +530,10 @@ pub(super) struct LaunchArgs {
     /// No progress bar.
     #[arg(long)]
     pub(super) no_progress: bool,
+    /// Print the progress on stdout as `OAR_LAUNCH_PROGRESS <bytes read> <bytes in all>` lines,
+    /// one per whole percent, for a program that shows it (oar's Python package draws a bar).
+    #[arg(long)]
+    pub(super) progress_lines: bool,
 }
 
 /// `oar launch --servers N`: a count. fleetrun's `--servers` is a list of endpoints instead,

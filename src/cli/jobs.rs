@@ -173,6 +173,7 @@ pub(super) fn launch(mut a: LaunchArgs, registry: &Registry) -> anyhow::Result<(
         logs: a.logs,
         program: super::this_program()?,
         progress_bar: !a.no_progress,
+        progress_lines: a.progress_lines,
         registry: registry.clone(),
         child_env: Vec::new(),
         secret_file: a.secret_file,

@@ -50,6 +50,9 @@ pub struct LaunchConfig {
     pub program: crate::base::program::Program,
     /// Show a progress bar.
     pub progress_bar: bool,
+    /// Print the progress on stdout as `OAR_LAUNCH_PROGRESS <bytes read> <bytes in all>` lines
+    /// (at each whole percent), for a program that shows it itself (oar's Python package).
+    pub progress_lines: bool,
     /// Layer types the job may name (children are this same binary, so they have them too).
     pub registry: crate::model::Registry,
     /// Environment given to every child besides this process's own (e.g. `OAR_FAULT` for the
@@ -237,9 +240,19 @@ impl<'a> Launch<'a> {
         }
         let total = self.plan.total_bytes(self.config)?;
         let bar = progress_bar(self.config.progress_bar, total);
+        let shown = std::cell::Cell::new(None);
+        let lines = self.config.progress_lines;
         wait_for_trainers(&mut self.procs, first_worker, &self.interrupted, &mut self.keeper, &bar, |bytes, _| {
-            bytes.min(total)
+            let done = bytes.min(total);
+            let percent = (done as u128 * 100 / total.max(1) as u128) as u64;
+            if lines && shown.replace(Some(percent)) != Some(percent) {
+                println!("OAR_LAUNCH_PROGRESS {done} {total}");
+            }
+            done
         })?;
+        if lines && shown.get() != Some(100) {
+            println!("OAR_LAUNCH_PROGRESS {total} {total}"); // every trainer has finished its data
+        }
         bar.finish_and_clear();
         wait_for_servers(&mut self.procs, first_worker, &self.interrupted, &mut self.keeper)?;
         let restarts = std::mem::take(&mut self.keeper.restarts);
