@@ -8,7 +8,9 @@
 //! - `sh no-run`: shown, not run (it installs, or needs hosts or a cluster this machine is not);
 //! - `sh needs=NAME`: run when NAME is here, else skipped with a message: `tritonclient` and
 //!   `onnxruntime` (importable by `python3`), `oar-ps` (the Python package, in the Python
-//!   `OAR_PACKAGE_PYTHON` names, which runs those blocks), `shared` (the data sets of
+//!   `OAR_PACKAGE_PYTHON` names, which runs those blocks), `oar-paddle` (that Python, with
+//!   Paddle), `oar-torch` (the package with PyTorch, in the Python `OAR_TORCH_PYTHON` names,
+//!   which runs those blocks), `shared` (the data sets of
 //!   `../shared`), or any program on the PATH (`mpirun`, ...).
 //!
 //! Two substitutions make a reader's commands this run's: `cargo run --release --` is `oar`
@@ -74,6 +76,18 @@ fn blocks(text: &str) -> Vec<Block> {
     out
 }
 
+/// For a `needs=` word naming the Python package: the variable naming the Python that has it
+/// and the module that Python must import (`oar-ps`: the package; `oar-paddle`: with Paddle;
+/// `oar-torch`: with PyTorch, in an environment of its own).
+fn package_python(need: &str) -> Option<(&'static str, &'static str)> {
+    match need {
+        "oar-ps" => Some(("OAR_PACKAGE_PYTHON", "oar")),
+        "oar-paddle" => Some(("OAR_PACKAGE_PYTHON", "oar.paddle")),
+        "oar-torch" => Some(("OAR_TORCH_PYTHON", "oar.torch")),
+        _ => None,
+    }
+}
+
 /// Whether `need` (a `needs=` word's value) is here.
 fn present(need: &str, env_path: &str) -> bool {
     let python = |imports: &str| {
@@ -83,12 +97,15 @@ fn present(need: &str, env_path: &str) -> bool {
             .output()
             .is_ok_and(|o| o.status.success())
     };
+    // The Python package, installed by .ci/run into environments of its own.
+    if let Some((var, module)) = package_python(need) {
+        return std::env::var(var).is_ok_and(|py| {
+            Command::new(py).args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success())
+        });
+    }
     match need {
         "tritonclient" => python("tritonclient.http, numpy"),
         "onnxruntime" => python("onnx, onnxruntime, numpy, safetensors"),
-        // The Python package, installed by .ci/run into an environment of its own.
-        "oar-ps" => std::env::var("OAR_PACKAGE_PYTHON")
-            .is_ok_and(|py| Command::new(py).args(["-c", "import oar"]).output().is_ok_and(|o| o.status.success())),
         "shared" => root().join("../shared/data").is_dir(),
         program => Command::new("sh")
             .env("PATH", env_path)
@@ -117,8 +134,8 @@ fn script(page: &str, text: &str, env_path: &str) -> (String, Vec<String>) {
         script.push_str(&format!("echo '== {page}:{}' >&2\n", b.line));
         if b.python {
             // The package's blocks run with the Python that has it.
-            let python =
-                if b.words.iter().any(|w| w == "needs=oar-ps") { "\"$OAR_PACKAGE_PYTHON\"" } else { "python3" };
+            let package = b.words.iter().filter_map(|w| w.strip_prefix("needs=")).find_map(package_python);
+            let python = package.map_or("python3".to_string(), |(var, _)| format!("\"${var}\""));
             script.push_str(&format!("{python} - <<'OAR_PYTHON_BLOCK'\n{}OAR_PYTHON_BLOCK\n", b.text));
             continue;
         }
