@@ -16,9 +16,17 @@ from .job import Job
 from .jobs import Serving, Summary, export, launch, serve, train
 from .model import Model, Tensor
 from .saved import evaluate, predict
-from .tables import Servers, Step, Tables
 
 __version__ = _version()
+
+
+def __getattr__(name):
+    # The tables' classes come with numpy, which `import oar` itself does not need.
+    if name in ("Servers", "Step", "Tables"):
+        from . import tables
+
+        return getattr(tables, name)
+    raise AttributeError(f"module 'oar' has no attribute {name!r}")
 
 __all__ = [
     "ConfigError",
