@@ -15,7 +15,6 @@ mapping is oar's own (``oar train --paddlerec-config`` reads configs the same wa
 from pathlib import Path
 
 from . import _oar
-from .errors import ConfigError
 from .job import Job
 
 #: The models read, by PaddleRec's folder name.
@@ -47,7 +46,6 @@ def load(path, model=None):
     """Reads PaddleRec's ``config.yaml`` at ``path`` as a :class:`PaddleRecJob` (as ``oar train
     --paddlerec-config`` reads it); raises :class:`oar.ConfigError` naming a key oar cannot
     honour."""
-    job, flags, unused = _oar.paddlerec(Path(path), model)
-    if not isinstance(job, dict):
-        raise ConfigError(f"{path}: not read")
-    return PaddleRecJob(Job(job), {k: v for k, v in flags.items() if v is not None}, dict(unused))
+    read = _oar.paddlerec(Path(path), model)
+    flags = {k: v for k, v in read["flags"].items() if v is not None}
+    return PaddleRecJob(Job(read["job"]), flags, dict(read["unused"]))

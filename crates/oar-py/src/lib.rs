@@ -77,25 +77,25 @@ fn job_normalized(py: Python<'_>, job: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>>
 }
 
 /// PaddleRec's `config.yaml` at `path` read as oar reads it (`oar train --paddlerec-config`):
-/// the job (a dict, checked), the run's settings (train, test, output, mode: None where the
-/// config has none) and the keys not used with why, as `(job, flags, unused)`.
+/// a dict of the job (checked), the run's settings (`train`, `test`, `output`, `mode`: None
+/// where the config has none) and the keys not used with why (`unused`, pairs).
 #[pyfunction]
 #[pyo3(signature = (path, model = None))]
-fn paddlerec<'py>(
-    py: Python<'py>,
-    path: PathBuf,
-    model: Option<String>,
-) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Vec<(String, String)>)> {
+fn paddlerec(py: Python<'_>, path: PathBuf, model: Option<String>) -> PyResult<Py<PyAny>> {
     let rec = py.detach(|| oar::train::paddlerec::from_file(&path, model.as_deref())).map_err(config_error)?;
     let job = checked(rec.job)?;
     let text = |p: Option<PathBuf>| p.map(|p| p.display().to_string());
-    let flags = serde_json::json!({
-        "train": text(rec.train),
-        "test": text(rec.test),
-        "output": text(rec.output),
-        "mode": rec.mode.map(|m| m.to_string()),
+    let read = serde_json::json!({
+        "job": serde_json::to_value(&job).map_err(|e| OarError::new_err(e.to_string()))?,
+        "flags": {
+            "train": text(rec.train),
+            "test": text(rec.test),
+            "output": text(rec.output),
+            "mode": rec.mode.map(|m| m.to_string()),
+        },
+        "unused": rec.unused,
     });
-    Ok((pythonize::pythonize(py, &job)?, pythonize::pythonize(py, &flags)?, rec.unused))
+    Ok(pythonize::pythonize(py, &read)?.unbind())
 }
 
 /// The layer types a graph may name besides `embedding`: the registry's.
