@@ -18,6 +18,7 @@ import numpy as np
 import paddle
 
 from .tables import Lookup, dense_spec_of
+from .tables import ServerDense as _ServerDense
 
 
 class _Rows(paddle.autograd.PyLayer):
@@ -88,36 +89,19 @@ def dense_spec(layer, prefix=""):
     return dense_spec_of((prefix + n, p.numpy()) for n, p in dense_parameters(layer))
 
 
-class ServerDense:
-    """``layer``'s :func:`dense_parameters` kept on oar's servers: :meth:`pull` copies the servers' values
-    into them, :meth:`push` hands their gradients to the step (the servers' dense optimizer
-    applies them); the tables' spec must hold :func:`dense_spec` of the layer."""
+class ServerDense(_ServerDense):
+    """``layer``'s :func:`dense_parameters` kept on oar's servers (see
+    :class:`oar.tables.ServerDense`); the tables' spec must hold :func:`dense_spec` of it."""
 
     def __init__(self, layer, tables):
-        self.tables = tables
-        self.params = [p for _, p in dense_parameters(layer)]
-        total = sum(int(np.prod(p.shape)) for p in self.params)
-        if total != tables.dense_len:
-            raise ValueError(f"the layer has {total} parameters, the servers keep {tables.dense_len} dense floats")
+        super().__init__((p for _, p in dense_parameters(layer)), tables, "layer")
 
-    def pull(self):
-        """The servers' values into the layer (within a step: noting their version)."""
-        step = self.tables.current_step
-        flat = step.pull_dense() if step is not None else self.tables.pull_dense()[0]
-        at = 0
-        for p in self.params:
-            n = int(np.prod(p.shape))
-            p.set_value(flat[at:at + n].reshape(p.shape))
-            p.clear_gradient()
-            at += n
+    def size(self, p):
+        return int(np.prod(p.shape))
 
-    def push(self):
-        """The layer's gradients into the step under way (pushed when it ends)."""
-        step = self.tables.current_step
-        if step is None:
-            raise RuntimeError("ServerDense.push: within a step (with tables.step(labels): ...)")
-        grads = []
-        for p in self.params:
-            g = p.grad
-            grads.append(np.zeros(int(np.prod(p.shape)), np.float32) if g is None else g.numpy().reshape(-1))
-        step.set_dense(np.concatenate(grads))
+    def assign(self, p, values):
+        p.set_value(values.reshape(p.shape))
+        p.clear_gradient()
+
+    def gradient(self, p):
+        return np.zeros(self.size(p), np.float32) if p.grad is None else p.grad.numpy().reshape(-1)

@@ -312,3 +312,34 @@ class Lookup:
     def grad(self, grad):
         """Hands the gradient of ``rows`` (``[n_unique, dim]``) to the step."""
         self.step.add(self.table, self.uniq, np.asarray(grad)[self.keep], self.counts)
+
+
+class ServerDense:
+    """A network's dense parameters kept on oar's servers: :meth:`pull` copies the servers'
+    values into them, :meth:`push` hands their gradients to the step under way (the servers'
+    dense optimizer applies them). ``oar.torch`` and ``oar.paddle`` say how a parameter of their
+    framework is sized, written and read (``size``, ``assign``, ``gradient``)."""
+
+    def __init__(self, params, tables, what):
+        self.tables, self.params = tables, list(params)
+        total = sum(self.size(p) for p in self.params)
+        if total != tables.dense_len:
+            raise ValueError(f"the {what} has {total} parameters, the servers keep {tables.dense_len} dense floats")
+
+    def pull(self):
+        """The servers' values into the parameters (within a step: noting their version)."""
+        step = self.tables.current_step
+        flat = step.pull_dense() if step is not None else self.tables.pull_dense()[0]
+        at = 0
+        for p in self.params:
+            n = self.size(p)
+            self.assign(p, flat[at:at + n])
+            at += n
+
+    def push(self):
+        """The parameters' gradients into the step under way (pushed when it ends)."""
+        step = self.tables.current_step
+        if step is None:
+            raise RuntimeError("ServerDense.push: within a step (with tables.step(labels): ...)")
+        grads = [self.gradient(p) for p in self.params]
+        step.set_dense(np.concatenate(grads) if grads else np.zeros(0, dtype=np.float32))

@@ -19,9 +19,11 @@ Outside a step (``torch.no_grad()`` evaluation) the layers read rows without cre
 push nothing.
 """
 
+import numpy as np
 import torch
 
 from .tables import Lookup, dense_spec_of
+from .tables import ServerDense as _ServerDense
 
 
 class _Rows(torch.autograd.Function):
@@ -98,33 +100,20 @@ def dense_spec(module, prefix=""):
     return dense_spec_of((prefix + n, p.detach().cpu().numpy()) for n, p in dense_parameters(module))
 
 
-class ServerDense:
-    """``module``'s :func:`dense_parameters` kept on oar's servers: :meth:`pull` copies the servers' values
-    into them, :meth:`push` hands their gradients to the step (the servers' dense optimizer
-    applies them); the tables' spec must hold :func:`dense_spec` of the module."""
+class ServerDense(_ServerDense):
+    """``module``'s :func:`dense_parameters` kept on oar's servers (see
+    :class:`oar.tables.ServerDense`); the tables' spec must hold :func:`dense_spec` of it."""
 
     def __init__(self, module, tables):
-        self.tables = tables
-        self.params = [p for _, p in dense_parameters(module)]
-        total = sum(p.numel() for p in self.params)
-        if total != tables.dense_len:
-            raise ValueError(f"the module has {total} parameters, the servers keep {tables.dense_len} dense floats")
+        super().__init__((p for _, p in dense_parameters(module)), tables, "module")
 
-    def pull(self):
-        """The servers' values into the module (within a step: noting their version)."""
-        step = self.tables.current_step
-        flat, _ = (step.pull_dense(), None) if step is not None else self.tables.pull_dense()
-        at = 0
+    def size(self, p):
+        return p.numel()
+
+    def assign(self, p, values):
         with torch.no_grad():
-            for p in self.params:
-                p.copy_(torch.from_numpy(flat[at:at + p.numel()]).reshape(p.shape))
-                p.grad = None
-                at += p.numel()
+            p.copy_(torch.from_numpy(values).reshape(p.shape))
+        p.grad = None
 
-    def push(self):
-        """The module's gradients into the step under way (pushed when it ends)."""
-        step = self.tables.current_step
-        if step is None:
-            raise RuntimeError("ServerDense.push: within a step (with tables.step(labels): ...)")
-        grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in self.params]
-        step.set_dense(torch.cat(grads).detach().numpy())
+    def gradient(self, p):
+        return np.zeros(p.numel(), np.float32) if p.grad is None else p.grad.detach().reshape(-1).numpy()
