@@ -29,6 +29,7 @@ mod multitask;
 mod norm_stats;
 mod online;
 mod paddle;
+mod paddlerec;
 mod predict;
 mod python_package;
 mod restarts;
