@@ -102,10 +102,20 @@ class Tables:
     ``connect_timeout`` and ``reply_timeout`` (seconds), ``scale_stale``."""
 
     def __init__(self, servers, spec, *, trainer, **options):
-        self._tables = _oar.Tables(list(servers), spec, trainer=trainer, **options)
+        self._connection = _oar.Tables(list(servers), spec, trainer=trainer, **options)
+        self._pid = os.getpid()
         self.trainer = trainer
-        self.dims = dict(self._tables.tables)
+        self.dims = dict(self._connection.tables)
         self._step = None
+
+    @property
+    def _tables(self):
+        # A forked process (a DataLoader worker) shares the sockets: its frames would interleave
+        # with the parent's, so it gets an error instead.
+        if os.getpid() != self._pid:
+            raise OarError(f"this connection (trainer {self.trainer}) was made in process {self._pid}: "
+                           "connect anew in a forked process (a DataLoader worker)")
+        return self._connection
 
     @property
     def dense_len(self):

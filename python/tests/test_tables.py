@@ -3,6 +3,7 @@ does to the rows is what the optimizer says, counted where the servers applied i
 of two trainers; credentials proving one trainer and no other; hostile arrays and numbers
 refused with a message (a NaN by the servers, counted there); a missing server named within the timeout."""
 
+import os
 import socket
 import threading
 
@@ -172,3 +173,20 @@ def test_a_server_that_does_not_answer_is_named_within_the_timeout():
 def test_servers_that_cannot_start_say_why():
     with pytest.raises(oar.JobFailed, match="--lag-ratio|lag"):
         oar.Servers(1, lag_ratio="many")
+
+
+def test_a_forked_process_is_refused_the_parents_connection():
+    with oar.Servers(1, trainers=1, job="t6") as servers:
+        tables = connect(servers)
+        pid = os.fork()
+        if pid == 0:  # the child: a DataLoader worker would be one
+            try:
+                tables.pull("emb", np.array([1], dtype=np.uint64))
+                os._exit(1)
+            except OarError as e:
+                os._exit(0 if "connect anew in a forked process" in str(e) else 2)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        rows, _ = tables.pull("emb", np.array([1], dtype=np.uint64))  # the parent's still works
+        assert rows.shape == (1, 4)
+        tables.close()
