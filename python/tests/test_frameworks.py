@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import oar
 
 ROOT = Path(__file__).resolve().parents[2]
 N, DIM, STEPS, LR = 30, 4, 20, 0.1

@@ -2,7 +2,6 @@
 kernel (nbclient, ipykernel), in a scratch folder: it launches, watches, predicts and exports."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
