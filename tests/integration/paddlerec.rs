@@ -44,8 +44,15 @@ fn a_paddlerec_config_trains_as_the_zoo_job_it_maps_to() {
     let (job, out) = (tmp.path().join("zoo.toml"), tmp.path().join("zoo"));
     std::fs::write(&job, zoo).unwrap();
     let z = oar(&[
-        "train", "--config", job.to_str().unwrap(), "--train", sample.to_str().unwrap(), "--output",
-        out.to_str().unwrap(), "--threads", "1",
+        "train",
+        "--config",
+        job.to_str().unwrap(),
+        "--train",
+        sample.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--threads",
+        "1",
     ]);
     assert!(z.status.success(), "{}", text(&z));
     let scores = |model: &Path| {
