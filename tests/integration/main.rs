@@ -18,6 +18,7 @@ mod faults;
 mod fetch;
 mod global_auc;
 mod hostile_jobs;
+mod hosts;
 mod insiders;
 mod interactions;
 mod k8s;
