@@ -167,6 +167,9 @@ def test_a_server_that_does_not_answer_is_named_within_the_timeout():
     address = "127.0.0.1:%d" % quiet.getsockname()[1]  # bound, never listening: refused
     with pytest.raises(OarError, match=address):
         oar.Tables([address], spec(), trainer=0, connect_timeout=1)
+    for wait in (float("nan"), -1.0, 1e300, 1e15):  # none of them a wait, none a panic
+        with pytest.raises(ValueError, match="connect_timeout: .* seconds; a wait is 0 to"):
+            oar.Tables([address], spec(), trainer=0, connect_timeout=wait)
     quiet.close()
 
 

@@ -186,8 +186,11 @@ impl Tables {
     ) -> PyResult<Tables> {
         let args: SpecArgs = pythonize::depythonize(spec).map_err(|e| ConfigError::new_err(format!("spec: {e}")))?;
         let spec = args.spec().map_err(|e| ConfigError::new_err(format!("spec: {e}")))?;
-        let seconds = |s: f64, what: &str| {
-            Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{what}: {s} is not a duration")))
+        // Bounded as the command line's waits are: far past any job's, far from a clock's overflow.
+        let max = oar::train::job_config::MAX_SECONDS;
+        let seconds = |s: f64, what: &str| match Duration::try_from_secs_f64(s) {
+            Ok(d) if d.as_secs() <= max => Ok(d),
+            _ => Err(PyValueError::new_err(format!("{what}: {s} seconds; a wait is 0 to {max} seconds"))),
         };
         let mut config = ClientConfig::new(
             servers,
