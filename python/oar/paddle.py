@@ -22,9 +22,9 @@ from .tables import ServerDense as _ServerDense
 
 
 class _Rows(paddle.autograd.PyLayer):
-    """A lookup's rows as a tensor whose gradient goes to the step. The anchor, a parameter
-    that needs a gradient, is what makes Paddle call ``backward`` at all; Paddle wants a tensor
-    back for it."""
+    """A lookup's rows as a tensor whose gradient goes to the step. The anchor, a tensor that
+    needs a gradient, is what makes Paddle call ``backward`` at all; Paddle wants a tensor back
+    for it."""
 
     @staticmethod
     def forward(ctx, anchor, lookup):

@@ -27,9 +27,9 @@ from .tables import ServerDense as _ServerDense
 
 
 class _Rows(torch.autograd.Function):
-    """A lookup's rows as a tensor whose gradient goes to the step. The anchor, a parameter
-    that requires grad, is what makes autograd call ``backward`` at all: the rows come from
-    numpy, not from a tensor that requires grad."""
+    """A lookup's rows as a tensor whose gradient goes to the step. The anchor, a tensor that
+    requires grad, is what makes autograd call ``backward`` at all: the rows come from numpy,
+    not from a tensor that requires grad."""
 
     @staticmethod
     def forward(ctx, anchor, lookup):
