@@ -245,7 +245,9 @@ def trainer(args):
         s = np.clip(np.concatenate(scores), 1e-7, 1 - 1e-7)
         result["auc"] = auc(t_labels, s)
         result["logloss"] = float(-np.mean(t_labels * np.log(s) + (1 - t_labels) * np.log(1 - s)))
-        result["applied_samples"] = [st["applied_samples"] for st in tables.stats()]
+        stats = tables.stats()
+        result["applied_samples"] = [st["applied_samples"] for st in stats]
+        result["discarded_samples"] = [st["discarded_samples"] for st in stats]
     tables.close()
     print("OAR_RESULT " + json.dumps(result), flush=True)
 
@@ -294,6 +296,7 @@ def main():
         "samples_per_s": samples / max(r["seconds"] for r in results),
         "trained_samples": samples,
         "applied_samples": first["applied_samples"],
+        "discarded_samples": first["discarded_samples"],
     }
     print(json.dumps(summary))
     if args.out:

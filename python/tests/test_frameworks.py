@@ -1,9 +1,10 @@
 """A network of the user's own on oar's tables, in PyTorch and in Paddle, against real servers:
 the adapters train exactly as the framework's own embedding layers with its own SGD (same
 rows, same dense weights after 20 steps), in sync mode with one trainer; and a DeepFM in each
-framework, 2 servers x 2 trainer processes async on generated Criteo-format data, learns and
-every sample it trained is counted once by the servers. Each framework's tests skip without it
-(CI runs them: Paddle from PyPI, PyTorch from Debian's python3-torch)."""
+framework, 2 servers x 2 trainer processes async on generated Criteo-format data, learns, and
+the servers count every sample it trained once, applied or discarded as too stale. Each
+framework's tests skip without it (CI runs them: Paddle from PyPI, PyTorch from Debian's
+python3-torch)."""
 
 import importlib.util
 import json
@@ -175,6 +176,9 @@ def test_deepfm_2x2_async_learns_and_every_sample_is_applied_once(framework, cri
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["trained_samples"] == 24000
-    # Counted where applied: each server applied every sample of each trainer's pushes, once.
-    assert [sum(per) for per in result["applied_samples"]] == [24000, 24000]
+    # Counted where applied: each server applied every sample of each trainer's pushes once, or
+    # discarded its push as too stale (async's lag ratio; a loaded machine makes some).
+    applied, discarded = result["applied_samples"], result["discarded_samples"]
+    assert [sum(a) + sum(d) for a, d in zip(applied, discarded)] == [24000, 24000], result
+    assert min(sum(a) for a in applied) >= 24000 * 0.9, result
     assert result["auc"] > 0.65, result
