@@ -166,7 +166,7 @@ def criteo(tmp_path_factory):
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
-def test_deepfm_2x2_async_learns_and_every_sample_is_applied_once(framework, criteo, tmp_path):
+def test_deepfm_2x2_async_learns_and_the_servers_count_every_sample_once(framework, criteo, tmp_path):
     if not has(framework) or not has("pandas"):
         pytest.skip(f"{framework} or pandas is not installed")
     out = tmp_path / "result.json"
