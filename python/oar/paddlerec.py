@@ -17,10 +17,6 @@ from pathlib import Path
 from . import _oar
 from .job import Job
 
-#: The models read, by PaddleRec's folder name.
-MODELS = ("dnn", "wide_deep", "deepfm")
-
-
 class PaddleRecJob:
     """A PaddleRec config read for oar: ``job`` (a :class:`oar.Job`), ``flags`` (the run's
     flags: train, test, output, mode), ``unused`` (key -> why it was not used)."""

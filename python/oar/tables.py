@@ -117,6 +117,12 @@ class Tables:
                            "connect anew in a forked process (a DataLoader worker)")
         return self._connection
 
+    def dim(self, table):
+        """Floats per row of ``table``; a ValueError naming the tables if there is none."""
+        if table not in self.dims:
+            raise ValueError(f"no table {table!r}: the tables are {sorted(self.dims)}")
+        return self.dims[table]
+
     @property
     def dense_len(self):
         """Floats of the dense parameters the servers keep."""

@@ -47,9 +47,7 @@ class _Table(torch.nn.Module):
 
     def __init__(self, tables, table, padding_idx=None):
         super().__init__()
-        if table not in tables.dims:
-            raise ValueError(f"no table {table!r}: the tables are {sorted(tables.dims)}")
-        self.tables, self.table, self.dim, self.padding_idx = tables, table, tables.dims[table], padding_idx
+        self.tables, self.table, self.dim, self.padding_idx = tables, table, tables.dim(table), padding_idx
         # Not a parameter: no optimizer and no ServerDense should see it.
         self.anchor = torch.zeros(1, requires_grad=True)
 

@@ -258,27 +258,33 @@ pub(super) struct JobArgs {
 }
 
 impl JobArgs {
-    /// `--paddlerec-config` read, if given.
-    pub(super) fn paddlerec(&self) -> anyhow::Result<Option<crate::train::paddlerec::PaddleRecJob>> {
-        let Some(path) = &self.paddlerec_config else { return Ok(None) };
-        Ok(Some(crate::train::paddlerec::from_file(path, self.paddlerec_model.as_deref())?))
-    }
-
-    /// The job: its file (or the defaults) with the flags applied, checked.
-    pub(super) fn resolve(&self, registry: &Registry) -> anyhow::Result<JobConfig> {
-        let mut job = match (&self.config, self.paddlerec()?) {
+    /// The job: its file, `--paddlerec-config`'s or the defaults, with the flags applied,
+    /// checked; and with `--paddlerec-config` the config as read (its runner's settings, for the
+    /// command to apply where no flag gave them), the file read once.
+    pub(super) fn resolve(
+        &self,
+        registry: &Registry,
+    ) -> anyhow::Result<(JobConfig, Option<crate::train::paddlerec::PaddleRecJob>)> {
+        let rec = match &self.paddlerec_config {
+            Some(path) => Some(crate::train::paddlerec::from_file(path, self.paddlerec_model.as_deref())?),
+            None => None,
+        };
+        let job = match (&self.config, &rec) {
             (Some(path), _) => JobConfig::from_file(path)?,
             (None, Some(rec)) => {
+                let path = self.paddlerec_config.as_deref().unwrap_or(std::path::Path::new(""));
                 for (key, why) in &rec.unused {
-                    tracing::info!(
-                        "{}: {key} not used: {why}",
-                        self.paddlerec_config.as_deref().unwrap_or(std::path::Path::new("")).display()
-                    );
+                    tracing::info!("{}: {key} not used: {why}", path.display());
                 }
-                rec.job
+                rec.job.clone()
             }
             (None, None) => JobConfig::default(),
         };
+        Ok((self.with_flags(job, registry)?, rec))
+    }
+
+    /// `job` with the flags applied, checked.
+    fn with_flags(&self, mut job: JobConfig, registry: &Registry) -> anyhow::Result<JobConfig> {
         let m = &mut job.model;
         if (self.embedding_dim.is_some() || self.hidden.is_some()) && !m.is_shorthand() {
             anyhow::bail!(

@@ -137,9 +137,9 @@ pub(super) fn cluster_k8s(a: K8sArgs) -> anyhow::Result<()> {
 
 /// `oar launch`: servers and trainers as children on this machine.
 pub(super) fn launch(mut a: LaunchArgs, registry: &Registry) -> anyhow::Result<()> {
-    let job = a.job.resolve(registry)?;
+    let (job, rec) = a.job.resolve(registry)?;
     let mut mode = a.mode;
-    if let Some(rec) = a.job.paddlerec()? {
+    if let Some(rec) = rec {
         // PaddleRec's runner settings, where no flag gave them.
         (a.train, a.test, a.output) = (a.train.or(rec.train), a.test.or(rec.test), a.output.or(rec.output));
         mode = mode.or(rec.mode);

@@ -401,8 +401,8 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
             a.servers.clear();
         }
     }
-    let job = a.job.resolve(registry)?;
-    if let Some(rec) = a.job.paddlerec()? {
+    let (job, rec) = a.job.resolve(registry)?;
+    if let Some(rec) = rec {
         // PaddleRec's runner settings, where no flag gave them.
         (a.train, a.test, a.output) =
             (a.train.take().or(rec.train), a.test.take().or(rec.test), a.output.take().or(rec.output));

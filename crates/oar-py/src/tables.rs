@@ -22,29 +22,39 @@ use oar::client::{Client, ClientConfig, PushReport, StepHeader, TableGrads, Tabl
 use oar::model::TableConfig;
 use oar::protocol::{Apply, RowCreation};
 use oar::table::{DenseParam, DenseSpec, Init, Optimizer, TableSpec};
+use oar::train::job_config::JobConfig;
 
 use crate::{ConfigError, OarError};
 
 /// What a Python trainer declares: the job file's table syntax, and its own dense parameters.
+/// What it leaves out means what a job file's leaving it out means.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct SpecArgs {
     /// Sparse tables, as a job file's `[model] tables`.
-    #[serde(default)]
     tables: Vec<TableConfig>,
     /// Dense parameters kept on the servers (none: the network keeps its own).
-    #[serde(default)]
     dense: Vec<DenseArg>,
-    #[serde(default = "default_sparse")]
     sparse_optimizer: Optimizer,
-    #[serde(default = "default_dense")]
     dense_optimizer: Optimizer,
-    #[serde(default = "default_seed")]
     seed: u64,
-    #[serde(default = "default_block")]
     block_size: usize,
-    #[serde(default = "default_embedding_init")]
     embedding_init: f32,
+}
+
+impl Default for SpecArgs {
+    fn default() -> Self {
+        let job = JobConfig::default();
+        SpecArgs {
+            tables: Vec::new(),
+            dense: Vec::new(),
+            sparse_optimizer: job.sparse_optimizer,
+            dense_optimizer: job.dense_optimizer,
+            seed: job.model.seed,
+            block_size: job.model.block_size,
+            embedding_init: job.model.embedding_init,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -52,26 +62,11 @@ struct SpecArgs {
 struct DenseArg {
     name: String,
     len: usize,
-    #[serde(default = "default_init")]
+    #[serde(default = "zeros")]
     init: Init,
 }
 
-fn default_sparse() -> Optimizer {
-    Optimizer::adagrad(0.05)
-}
-fn default_dense() -> Optimizer {
-    Optimizer::adam(1e-3)
-}
-fn default_seed() -> u64 {
-    1
-}
-fn default_block() -> usize {
-    8192
-}
-fn default_embedding_init() -> f32 {
-    0.05
-}
-fn default_init() -> Init {
+fn zeros() -> Init {
     Init::Zeros
 }
 
