@@ -232,6 +232,16 @@ pub(super) struct JobArgs {
     /// with the learning rate / k.
     #[arg(long, env = "OAR_SCALE_STALE_STEPS")]
     pub(super) scale_stale_steps: Option<bool>,
+    /// GEO mode: local steps between two exchanges with the servers [default: 100].
+    #[arg(
+        long,
+        visible_alias = "k-steps",
+        alias = "k_steps",
+        alias = "geo_step",
+        alias = "geo-step",
+        env = "OAR_GEO_K_STEPS"
+    )]
+    pub(super) geo_k_steps: Option<u64>,
     /// Scale each step's gradients so the L2 norm of the batch's mean gradient is at most this
     /// [default: no clip].
     #[arg(long, env = "OAR_CLIP_GRAD_NORM")]
@@ -332,6 +342,7 @@ impl JobArgs {
             t.shuffle_window = self.shuffle_window;
         }
         set(&mut t.scale_stale_steps, self.scale_stale_steps);
+        set(&mut t.geo_k_steps, self.geo_k_steps);
         if self.clip_grad_norm.is_some() {
             t.clip_grad_norm = self.clip_grad_norm;
         }

@@ -495,6 +495,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         shuffle: job.train.shuffle()?,
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
+        geo_k_steps: job.train.geo_k_steps,
         clip_grad_norm: job.train.clip_grad_norm,
         delta_every: job.train.delta_every,
         recover: a.recover_timeout.map(|s| super::limits::seconds("recover-timeout", s)).transpose()?,

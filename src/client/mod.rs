@@ -39,6 +39,7 @@ use crate::table::TableSpec;
 
 mod conn;
 mod error;
+mod geo;
 mod open;
 mod operate;
 mod pass_auc;
@@ -48,6 +49,7 @@ mod recover;
 
 use conn::{Conn, Deadline};
 pub use error::ClientError;
+pub use geo::Changed;
 
 /// Where the servers are and how long to wait for them.
 #[derive(Clone, Debug)]

@@ -22,6 +22,7 @@ pub(super) mod kind {
     pub const SHRINK: u8 = 14;
     pub const EXPORT: u8 = 15;
     pub const COMMIT: u8 = 16;
+    pub const CHANGED: u8 = 17;
     pub const WELCOME: u8 = 101;
     pub const DONE: u8 = 102;
     pub const VALUES: u8 = 103;
@@ -29,6 +30,7 @@ pub(super) mod kind {
     pub const SAVED: u8 = 105;
     pub const STATS_REPLY: u8 = 106;
     pub const ERROR: u8 = 107;
+    pub const CHANGED_IDS: u8 = 108;
 }
 
 fn enum_field<T>(v: u64, values: &[T], what: &str) -> Result<T, ProtocolError>
@@ -116,6 +118,11 @@ impl<'a> Request<'a> {
                 e.u64(*days).u64(*day_end);
                 e.finish()
             }
+            Request::Changed { trainer } => {
+                let mut e = Encoder::new(kind::CHANGED);
+                e.u64(*trainer);
+                e.finish()
+            }
             Request::Commit { trainer, step } => {
                 let mut e = Encoder::new(kind::COMMIT);
                 e.u64(*trainer).u64(*step);
@@ -199,6 +206,7 @@ impl<'a> Request<'a> {
             kind::GLOBAL_AUC => Request::GlobalAuc { pass: d.u64()? },
             kind::SHRINK => Request::Shrink { days: d.u64()?, day_end: d.u64()? },
             kind::COMMIT => Request::Commit { trainer: d.u64()?, step: d.u64()? },
+            kind::CHANGED => Request::Changed { trainer: d.u64()? },
             kind::EXPORT => Request::Export {
                 dir: d.string()?,
                 kind: enum_field(d.u64()?, &[ExportKind::Base, ExportKind::Delta], "save kind")?,
@@ -246,6 +254,14 @@ impl<'a> Response<'a> {
                 e.bytes(file.as_bytes()).u64(*bytes).u64(*crc32 as u64);
                 e.finish()
             }
+            Response::Changed { all, ids } => {
+                let mut e = Encoder::new(kind::CHANGED_IDS);
+                e.u64(*all as u64).u64(ids.len() as u64);
+                for t in ids {
+                    e.u64s(t);
+                }
+                e.finish()
+            }
             Response::Stats(json) => {
                 let mut e = Encoder::new(kind::STATS_REPLY);
                 e.bytes(json.as_bytes());
@@ -286,6 +302,12 @@ impl<'a> Response<'a> {
                 let crc32 =
                     u32::try_from(d.u64()?).map_err(|_| ProtocolError::Malformed("crc32 out of range".into()))?;
                 Response::Saved { file, bytes, crc32 }
+            }
+            kind::CHANGED_IDS => {
+                let all = enum_field(d.u64()?, &[false, true], "changed-rows flag")?;
+                let n = d.count(8)?;
+                let ids = (0..n).map(|_| d.array()).collect::<Result<_, _>>()?;
+                Response::Changed { all, ids }
             }
             kind::STATS_REPLY => Response::Stats(d.string()?),
             kind::ERROR => Response::Error { code: ErrorCode::from_u64(d.u64()?)?, message: d.string()? },
@@ -373,6 +395,7 @@ mod tests {
             sums: [1.5, 0.25, 7.0],
         });
         round_trip_request(Request::GlobalAuc { pass: 2 });
+        round_trip_request(Request::Changed { trainer: 5 });
         round_trip_request(Request::Shrink { days: 1, day_end: 4 });
         round_trip_request(Request::Export { dir: "/tmp/d".into(), kind: ExportKind::Delta });
     }
@@ -381,6 +404,8 @@ mod tests {
     fn every_response_round_trips() {
         round_trip_response(Response::Welcome { server_index: 1, num_servers: 2, epoch: 3 });
         round_trip_response(Response::Done);
+        round_trip_response(Response::Changed { all: false, ids: vec![vec![3u64, 9].into(), vec![].into()] });
+        round_trip_response(Response::Changed { all: true, ids: vec![] });
         round_trip_response(Response::Values {
             version: 4,
             dense: vec![1.5; 3].into(),

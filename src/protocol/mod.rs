@@ -406,6 +406,12 @@ pub enum Request<'a> {
         /// Base or delta.
         kind: ExportKind,
     },
+    /// GEO mode: the ids of the rows this server's tables changed (by any trainer's push)
+    /// since `trainer` last asked, answered [`Response::Changed`]: what the trainer pulls back.
+    Changed {
+        /// Trainer id.
+        trainer: u64,
+    },
 }
 
 /// What a shrink did on one server, per sparse table.
@@ -448,6 +454,7 @@ impl Request<'_> {
             Request::GlobalAuc { .. } => "a global AUC request",
             Request::Shrink { .. } => "a shrink",
             Request::Export { .. } => "a base or delta save",
+            Request::Changed { .. } => "a request for the rows changed",
         }
     }
 }
@@ -550,6 +557,14 @@ pub enum Response<'a> {
         bytes: u64,
         /// CRC-32 of the file's content.
         crc32: u32,
+    },
+    /// GEO mode: the rows changed since the trainer last asked ([`Request::Changed`]).
+    Changed {
+        /// The server cannot say which (it restarted, or the trainer fell so far behind that
+        /// the server forgot): every row the trainer holds may have changed.
+        all: bool,
+        /// The ids changed, per sparse table (empty when `all`).
+        ids: Vec<Cow<'a, [u64]>>,
     },
     /// Counters as JSON.
     Stats(String),

@@ -13,10 +13,13 @@ pub enum Mode {
     Sync,
     /// Each push applied on arrival.
     Async,
+    /// GEO-SGD (Paddle's `k_steps` > 0): each trainer trains its own copy of the rows and dense
+    /// blocks it touches for k steps, then sends its share of the change, which servers add.
+    Geo,
 }
 
 impl std::fmt::Display for Mode {
-    /// The flag spelling (`local`, `sync`, `async`).
+    /// The flag spelling (`local`, `sync`, `async`, `geo`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let name = clap::ValueEnum::to_possible_value(self).expect("every mode is a flag value");
         f.write_str(name.get_name())

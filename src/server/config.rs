@@ -132,7 +132,7 @@ impl ServerConfig {
             self.num_servers,
             crate::base::layout::MAX_PEERS
         );
-        anyhow::ensure!(self.mode != Mode::Local, "a server runs in sync or async mode, not local");
+        anyhow::ensure!(self.mode != Mode::Local, "a server runs in sync, async or geo mode, not local");
         anyhow::ensure!(self.lag_ratio > 0.0, "--lag-ratio must be positive");
         Ok(())
     }

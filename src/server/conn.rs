@@ -423,6 +423,8 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         Request::Pull(pull) => requests::pull(state, pull, std::mem::take(&mut scratch.sparse)),
         // An async server merges the steps trainers mark synchronous: the warm-up, which every
         // trainer ends at the same step (see `TrainConfig::sync_warmup`), before any async push.
+        // GEO pushes are added as they come, each checked in `push_async`.
+        Request::Push(p) if state.config.mode == crate::protocol::Mode::Geo => push::push_async(state, p),
         Request::Push(p) if state.config.mode == crate::protocol::Mode::Sync || p.apply == Apply::Merged => {
             push::push_sync(state, p).await
         }
@@ -439,6 +441,7 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         Request::GlobalAuc { pass } => members::global_auc(state, pass),
         Request::Shrink { days, day_end } => requests::shrink(state, days, day_end).await,
         Request::Export { dir, kind } => requests::export(state, &dir, kind).await,
+        Request::Changed { trainer } => requests::changed(state, trainer),
     }
 }
 

@@ -85,8 +85,11 @@ pub(super) fn close(state: &Arc<State>, trainer: u64) -> Reply {
     tracing::info!(trainer, "trainer closed");
     record_trainers(state);
     state.lost.send_if_modified(|lost| lost.remove(&trainer).is_some());
-    // Its barrier position and any half-sent push are released with it.
+    // Its barrier position, any half-sent push and its place in GEO's log go with it.
     state.barrier.lock().remove(&trainer);
+    if let Some(log) = state.changes.lock().as_mut() {
+        log.forget(trainer as usize);
+    }
     // A closed trainer no longer holds back a sync step or a barrier.
     if let Ok(shard) = state.shard() {
         let mut pending = state.sync.lock();

@@ -37,6 +37,7 @@ mod accept;
 mod config;
 mod conn;
 mod ends;
+mod geo;
 pub mod ledger;
 mod members;
 mod push;
@@ -128,6 +129,10 @@ struct State {
     telemetry: telemetry::Telemetry,
     /// What every connection's receive buffer holds, within `--max-receive-mb`.
     buffers: std::sync::Arc<crate::protocol::BufferBudget>,
+    /// GEO mode: the rows pushes changed, for each trainer to pull back; made on first use.
+    changes: Mutex<Option<geo::ChangeLog>>,
+    /// The tables came from a checkpoint or a saved model (what changed before is not known).
+    restored: bool,
 }
 
 type Reply = Result<Answer, (ErrorCode, String)>;
@@ -186,6 +191,17 @@ impl State {
     /// (as far as this server knows: the passes ended and pushed, or the saved pass it loaded).
     fn pass_bound(&self) -> u64 {
         self.sync.lock().pass.max(self.saved_pass).saturating_add(1)
+    }
+
+    /// GEO mode's log of changed rows (made for `shard`'s tables on first use); its capacity
+    /// is what one reply can carry, so an answer always fits a frame.
+    fn changes(&self, shard: &Shard) -> parking_lot::MappedMutexGuard<'_, geo::ChangeLog> {
+        parking_lot::MutexGuard::map(self.changes.lock(), |slot| {
+            slot.get_or_insert_with(|| {
+                let capacity = (self.config.max_frame / 8).saturating_sub(1024);
+                geo::ChangeLog::new(self.config.trainers, shard.sparse.len(), capacity, self.restored)
+            })
+        })
     }
 
     fn active(&self) -> Vec<u64> {
@@ -352,6 +368,7 @@ fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
         (sync.pass, sync.ended) = (t.pass, t.ended.into_iter().collect());
     }
     let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
+    let restored = shard.is_some();
     let state = Arc::new(State {
         broken: Mutex::new(conn::Quiet::default()),
         pass_auc: Mutex::new(BTreeMap::new()),
@@ -388,6 +405,8 @@ fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
         waiting: waiting::Waiting::default(),
         telemetry: telemetry::Telemetry::default(),
         buffers: crate::protocol::BufferBudget::new(config.limits.max_receive_bytes),
+        changes: Mutex::new(None),
+        restored,
         config,
     });
     if state.config.epoch > 0 {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::sync::{Offered, SyncStep};
 use super::{table_err, Answer, Reply, State};
-use crate::protocol::{ErrorCode, Push, PushOutcome, PushPart, Response, SparseGrads};
+use crate::protocol::{Apply, ErrorCode, Mode, Push, PushOutcome, PushPart, Response, SparseGrads};
 use crate::table::Shard;
 
 /// Applies one push (or several merged) to the shard; gradients are sums over `samples`, the
@@ -141,6 +141,11 @@ pub(super) fn push_async(state: &State, push: Push<'_>) -> Reply {
         ledger.record(push.step, push.part, push.samples, true);
         return pushed(PushOutcome::Discarded, version);
     }
+    let geo = state.config.mode == Mode::Geo;
+    if geo && push.apply != Apply::Now {
+        let m = format!("trainer {}'s push refused: a GEO job's pushes are changes added as they come", push.trainer);
+        return Err((ErrorCode::State, m));
+    }
     let max_lag = (state.config.lag_ratio * state.config.trainers as f64).ceil() as u64;
     let behind = version.saturating_sub(push.base_version);
     if push.part != PushPart::Sparse {
@@ -148,7 +153,8 @@ pub(super) fn push_async(state: &State, push: Push<'_>) -> Reply {
     }
     // The halves of a split push share one verdict, the first's: the second, arriving after
     // the first moved the version, would otherwise be judged staler than the push is.
-    if ledger.other_half(push.step, push.part).unwrap_or(behind > max_lag) {
+    // A GEO push is a trainer's share of its change, already taken from its copy: never stale.
+    if ledger.other_half(push.step, push.part).unwrap_or(behind > max_lag && !geo) {
         c.discarded.fetch_add(1, Relaxed);
         ledger.record(push.step, push.part, push.samples, true);
         return pushed(PushOutcome::Discarded, version);
@@ -159,6 +165,11 @@ pub(super) fn push_async(state: &State, push: Push<'_>) -> Reply {
     apply(&shard, &push.dense_contiguous(), &push.sparse, push.samples, factor)?;
     ledger.record(push.step, push.part, push.samples, false);
     drop(ledger);
+    if geo {
+        // After the change is in the tables: a trainer told of a row reads the row with it.
+        let mut changes = state.changes(&shard);
+        push.sparse.iter().for_each(|s| changes.record(s.table, &s.ids));
+    }
     // The sparse half of a split push is part of the update its dense half counts.
     let version = if push.part == PushPart::Sparse { version } else { c.version.fetch_add(1, Relaxed) + 1 };
     state.injected_fault(version);

@@ -6,6 +6,7 @@
 //! exclusively, so it holds whole updates, and written after the gate is released. A shrink sweeps
 //! the tables under the gate taken shared, beside pushes.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -79,6 +80,7 @@ pub(super) fn declare(state: &State, declaration: Declaration) -> Reply {
         Some(_) => None,
         None => {
             spec.validate().map_err(|m| (ErrorCode::Table, m))?;
+            rules_fit_mode(&spec, state.config.mode).map_err(|m| (ErrorCode::Table, m))?;
             let place = *state.place.lock();
             let (index, servers) = place.ok_or((ErrorCode::State, "declare before the handshake".to_string()))?;
             fits_frames(&spec, servers, state.config.max_frame).map_err(|m| (ErrorCode::TooLarge, m))?;
@@ -105,6 +107,43 @@ pub(super) fn declare(state: &State, declaration: Declaration) -> Reply {
         *slot = Some(Arc::new(Shard::new(spec, index, servers)));
     }
     Ok(Answer::Response(Response::Done))
+}
+
+/// Refuses tables whose rules do not fit the job's mode: a GEO job's servers add changes
+/// (every rule `sum`, which `--mode geo` trainers declare); any other job's run an optimizer on
+/// gradients, which a `sum` rule would add as they are.
+fn rules_fit_mode(spec: &crate::table::TableSpec, mode: crate::protocol::Mode) -> Result<(), String> {
+    let (summed, rules) = spec.sum_rules();
+    match mode {
+        crate::protocol::Mode::Geo if summed != rules => Err(format!(
+            "this is a GEO job: its servers add changes, so every rule is sum; {} of the {rules} declared are not \
+             (a trainer not in --mode geo?)",
+            rules - summed
+        )),
+        crate::protocol::Mode::Geo => Ok(()),
+        mode if summed > 0 => Err(format!(
+            "{summed} of the declared rules are sum, GEO's, and this job's mode is {mode} (a trainer in --mode geo?)"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// GEO mode: the rows of this server's tables changed since `trainer` last asked.
+pub(super) fn changed(state: &State, trainer: u64) -> Reply {
+    if state.config.mode != crate::protocol::Mode::Geo {
+        let m = format!(
+            "trainer {trainer} asked which rows changed: that is GEO's, and this job's mode is {}",
+            state.config.mode
+        );
+        return Err((ErrorCode::State, m));
+    }
+    let shard = state.shard()?;
+    let changes = state.changes(&shard).take(trainer as usize);
+    let (all, ids) = match changes {
+        super::geo::Changes::All => (true, Vec::new()),
+        super::geo::Changes::Ids(ids) => (false, ids.into_iter().map(Cow::Owned).collect()),
+    };
+    Ok(Answer::Response(Response::Changed { all, ids }))
 }
 
 /// Refuses tables whose values could not travel: this server's dense share must fit one pull

@@ -40,7 +40,7 @@ fn sender(request: &Request) -> Sender {
             Sender::Trainer(*trainer)
         }
         Request::Push(p) => Sender::Trainer(p.trainer),
-        Request::Commit { trainer, .. } => Sender::Trainer(*trainer),
+        Request::Commit { trainer, .. } | Request::Changed { trainer } => Sender::Trainer(*trainer),
         Request::PassAuc { trainer, .. } => Sender::Trainer(*trainer),
         Request::Declare(_) => Sender::AnyTrainer,
         Request::Save { .. } | Request::Export { .. } => Sender::FirstTrainerOrOperator,

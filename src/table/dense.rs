@@ -87,6 +87,25 @@ impl DenseShard {
         }
     }
 
+    /// Replaces the owned weights with `values`, in the order [`read`](Self::read) gives them;
+    /// the optimizer's state stays (a GEO trainer's copy taking in the servers' values).
+    pub fn write(&mut self, values: &[f32]) -> Result<(), TableError> {
+        if values.len() != self.len {
+            return Err(TableError::LengthMismatch {
+                what: "dense values".into(),
+                expected: self.len,
+                got: values.len(),
+            });
+        }
+        let mut off = 0;
+        for b in &mut self.blocks {
+            let n = b.weights.len();
+            Arc::make_mut(&mut b.weights).copy_from_slice(&values[off..off + n]);
+            off += n;
+        }
+        Ok(())
+    }
+
     /// Applies the optimizer to every owned block; `grads` holds gradient sums for the owned
     /// floats in wire order, `scale` turns them into means. Summary statistics take their
     /// sums as they are: `p = decay * p + sum`.
@@ -104,8 +123,9 @@ impl DenseShard {
         for b in &mut self.blocks {
             let n = b.weights.len();
             let g = &grads[off..off + n];
-            let summed: Vec<f32> = b
-                .summaries
+            // GEO's sum adds a change to every float, statistics too.
+            let summaries = if optimizer.kind == super::OptimizerKind::Sum { &[][..] } else { &b.summaries[..] };
+            let summed: Vec<f32> = summaries
                 .iter()
                 .flat_map(|(r, decay)| r.clone().map(move |i| (i, *decay)))
                 .map(|(i, decay)| decay * b.weights[i] + g[i])
@@ -115,7 +135,7 @@ impl DenseShard {
             // The optimizer ran over the statistics too (one pass over the block is faster than
             // cutting it); their values are replaced by the rule's.
             let mut summed = summed.into_iter();
-            for (r, _) in &b.summaries {
+            for (r, _) in summaries {
                 for (w, v) in weights[r.clone()].iter_mut().zip(&mut summed) {
                     *w = v;
                 }

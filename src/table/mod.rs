@@ -265,6 +265,24 @@ pub struct TableSpec {
 }
 
 impl TableSpec {
+    /// The tables as GEO-SGD's servers hold them: every rule [`OptimizerKind::Sum`], so a push
+    /// (a trainer's share of its change) is added as it is. Everything else as declared.
+    pub fn summed(&self) -> TableSpec {
+        let mut spec = self.clone();
+        spec.dense.optimizer = Optimizer::sum();
+        for t in &mut spec.sparse {
+            t.optimizer = Optimizer::sum();
+        }
+        spec
+    }
+
+    /// How many of the rules (the dense one, then one per sparse table) are
+    /// [`OptimizerKind::Sum`], and of how many: a GEO job's servers need all, others none.
+    pub fn sum_rules(&self) -> (usize, usize) {
+        let rules = std::iter::once(&self.dense.optimizer).chain(self.sparse.iter().map(|t| &t.optimizer));
+        (rules.filter(|o| o.kind == OptimizerKind::Sum).count(), 1 + self.sparse.len())
+    }
+
     /// Checks sizes and optimizers.
     pub fn validate(&self) -> Result<(), String> {
         if self.dense.block_size == 0 {

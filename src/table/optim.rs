@@ -44,12 +44,24 @@ pub enum OptimizerKind {
     #[serde(rename = "adam_d2sum", alias = "DAdamD2Sum")]
     #[value(name = "adam_d2sum", alias = "adam-d2sum")]
     AdamD2Sum,
+    /// What GEO-SGD's servers run (Paddle's `sum` accessor): a push is a change to the weights,
+    /// added as it is; the trainers run the job's optimizer on their own copies. Set by
+    /// `--mode geo`, never named by a job file.
+    #[value(skip)]
+    Sum,
 }
 
 impl OptimizerKind {
     /// Whether this is one of Paddle's sparse rules.
     pub fn is_paddle(self) -> bool {
-        !matches!(self, OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam | OptimizerKind::AdamD2Sum)
+        !matches!(
+            self,
+            OptimizerKind::Sgd
+                | OptimizerKind::Adagrad
+                | OptimizerKind::Adam
+                | OptimizerKind::AdamD2Sum
+                | OptimizerKind::Sum
+        )
     }
 }
 
@@ -174,6 +186,22 @@ impl Optimizer {
         Optimizer { kind: OptimizerKind::AdamD2Sum, beta1: 0.99, beta2: 0.9999, ..Optimizer::sgd(lr) }
     }
 
+    /// GEO's server rule ([`OptimizerKind::Sum`]).
+    pub fn sum() -> Self {
+        Optimizer { kind: OptimizerKind::Sum, ..Optimizer::sgd(1.0) }
+    }
+
+    /// Checks a rule a job file names: any but [`OptimizerKind::Sum`], which `--mode geo` sets
+    /// on the servers; then [`Optimizer::validate`].
+    pub fn validate_named(&self, what: &str) -> Result<(), String> {
+        if self.kind == OptimizerKind::Sum {
+            return Err(format!(
+                "{what} optimizer: sum is the rule GEO's servers run (--mode geo sets it); name the rule the trainers run"
+            ));
+        }
+        self.validate(what)
+    }
+
     /// Checks the hyper-parameters; `what` names the table in the message.
     pub fn validate(&self, what: &str) -> Result<(), String> {
         // Every setting finite: an infinite l2 or bound passed `>= 0` and trained to NaN.
@@ -226,7 +254,7 @@ impl Optimizer {
             | OptimizerKind::StdAdagrad
             | OptimizerKind::SparseAdam
             | OptimizerKind::SparseSharedAdam => super::paddle_rules::state_len(self.kind, dim),
-            OptimizerKind::Sgd => 0,
+            OptimizerKind::Sgd | OptimizerKind::Sum => 0,
             OptimizerKind::Adagrad => dim,
             // m, v, then this row's step count t (rows are updated at different times). The
             // bias corrections 1 - beta^t are computed from t in f64: kept as running f32
@@ -243,7 +271,7 @@ impl Optimizer {
     /// not split.
     pub fn prefix_state_len(&self, k: usize) -> Option<usize> {
         match self.kind {
-            OptimizerKind::Sgd | OptimizerKind::SparseNaive => Some(0),
+            OptimizerKind::Sgd | OptimizerKind::SparseNaive | OptimizerKind::Sum => Some(0),
             OptimizerKind::Adagrad | OptimizerKind::StdAdagrad => Some(k),
             _ => None,
         }
@@ -257,7 +285,7 @@ impl Optimizer {
             | OptimizerKind::StdAdagrad
             | OptimizerKind::SparseAdam
             | OptimizerKind::SparseSharedAdam => super::paddle_rules::init_state(self, state),
-            OptimizerKind::Sgd => {}
+            OptimizerKind::Sgd | OptimizerKind::Sum => {}
             OptimizerKind::Adagrad => state.fill(self.initial_accumulator),
             OptimizerKind::Adam | OptimizerKind::AdamD2Sum => {
                 state.fill(0.0);
@@ -289,6 +317,8 @@ impl Optimizer {
                     *w -= lr * g;
                 }
             }
+            // A change, not a gradient: no step size, no mean over the batch, no L2.
+            OptimizerKind::Sum => w.iter_mut().zip(grad).for_each(|(w, &d)| *w += d),
             OptimizerKind::Adagrad => {
                 for ((w, s), &g) in w.iter_mut().zip(state.iter_mut()).zip(grad) {
                     let g = g * scale + l2 * *w;

@@ -18,7 +18,11 @@ pub fn state_len(kind: OptimizerKind, dim: usize) -> usize {
         // First and second moments per weight, then beta1^t and beta2^t.
         OptimizerKind::SparseAdam => 2 * dim + 2,
         OptimizerKind::SparseSharedAdam => 4,
-        OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam | OptimizerKind::AdamD2Sum => {
+        OptimizerKind::Sgd
+        | OptimizerKind::Adagrad
+        | OptimizerKind::Adam
+        | OptimizerKind::AdamD2Sum
+        | OptimizerKind::Sum => {
             unreachable!("not a Paddle sparse rule")
         }
     }
@@ -97,7 +101,11 @@ pub fn update(o: &Optimizer, w: &mut [f32], state: &mut [f32], grad: &[f32], sho
             state[2] *= o.beta1;
             state[3] *= o.beta2;
         }
-        OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam | OptimizerKind::AdamD2Sum => {
+        OptimizerKind::Sgd
+        | OptimizerKind::Adagrad
+        | OptimizerKind::Adam
+        | OptimizerKind::AdamD2Sum
+        | OptimizerKind::Sum => {
             unreachable!("not a Paddle sparse rule")
         }
     }

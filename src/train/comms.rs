@@ -9,6 +9,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::ahead::{Ahead, PushJob};
+use super::geo::{ExchangeHeader, GeoCopy};
 use super::position::PositionLog;
 use super::step::Replica;
 use super::warmup::Warmup;
@@ -55,6 +56,18 @@ pub(super) enum Comms<'a, 'b> {
         /// Set while async mode's synchronous warm-up lasts: its steps are pushed as sync.
         warmup: Option<Warmup>,
     },
+    /// GEO: the trainer's own copy of what it touches, trained step after step and exchanged
+    /// with the servers every `k` steps ([`GeoCopy`]).
+    Geo {
+        reader: &'a Mutex<Reader>,
+        store: &'a Mutex<&'b mut Store>,
+        copy: Box<GeoCopy>,
+        rows: Vec<Vec<f32>>,
+        /// This trainer's exchanges so far, over every pass (their numbers).
+        exchanges: &'a AtomicU64,
+        trainer: usize,
+        pass: u32,
+    },
     /// Async with one thread: the next batch's pull runs while this one computes.
     Ahead {
         reader: &'a Mutex<Reader>,
@@ -99,6 +112,27 @@ impl Comms<'_, '_> {
                 times.pull += t1.elapsed().as_secs_f64();
                 Ok(Some((p, version, step, number)))
             }
+            Comms::Geo { reader, store, copy, rows, exchanges, trainer, pass } => {
+                let mut r = reader.lock();
+                let Some(p) = next_prepared(&mut r, model)? else { return Ok(None) };
+                let number = take(&p);
+                let step = step.fetch_add(1, Relaxed);
+                drop(r);
+                let t1 = Instant::now();
+                let mut store = store.lock();
+                // Due after the last step: done once a next batch shows the pass goes on (the
+                // pass's last exchange is `finish`'s, whole).
+                if copy.due() {
+                    let header = ExchangeHeader { trainer: *trainer, number: exchanges.load(Relaxed), pass: *pass };
+                    if copy.exchange(&mut store, &header, false)? {
+                        exchanges.fetch_add(1, Relaxed);
+                    }
+                }
+                copy.fetch(&mut store, &p.lookups, rows)?;
+                times.data += (t1 - t0).as_secs_f64();
+                times.pull += t1.elapsed().as_secs_f64();
+                Ok(Some((p, 0, step, number)))
+            }
             Comms::Ahead { reader, ahead, next, params, rows } => {
                 let Some(current) = next.take() else { return Ok(None) };
                 let pulled = ahead.pulled()?;
@@ -119,6 +153,7 @@ impl Comms<'_, '_> {
     pub(super) fn params(&self) -> (&[f32], &[Vec<f32>]) {
         match self {
             Comms::Direct { params, rows, .. } | Comms::Ahead { params, rows, .. } => (params, rows),
+            Comms::Geo { copy, rows, .. } => (&copy.params, rows),
         }
     }
 
@@ -157,6 +192,10 @@ impl Comms<'_, '_> {
                 ahead.push(push_job(header, r, lookups, number))?;
                 Ok(None)
             }
+            Comms::Geo { copy, .. } => {
+                copy.step(&r.grads, &r.row_grads, lookups, header.samples)?;
+                Ok(None) // the servers hear of it at the next exchange
+            }
         }
     }
 
@@ -174,6 +213,14 @@ impl Comms<'_, '_> {
                 Ok((0, staleness))
             }
             Comms::Ahead { ahead, .. } => ahead.finish(),
+            Comms::Geo { store, mut copy, exchanges, trainer, pass, .. } => {
+                // The pass ends with this trainer's whole change on the servers.
+                let header = ExchangeHeader { trainer, number: exchanges.load(Relaxed), pass };
+                if copy.exchange(&mut store.lock(), &header, true)? {
+                    exchanges.fetch_add(1, Relaxed);
+                }
+                Ok((0, Staleness::default()))
+            }
         }
     }
 }

@@ -93,6 +93,9 @@ pub struct TrainConfig {
     /// not the server's update count). In local mode with `delay`, the same on delayed updates.
     #[serde(default = "default_scale_stale_steps")]
     pub scale_stale_steps: bool,
+    /// GEO mode: local steps between two exchanges with the servers (Paddle's `k_steps`).
+    #[serde(default = "default_geo_k_steps")]
+    pub geo_k_steps: u64,
     /// Clip each step's mean gradient to this L2 norm (see [`crate::train::job_config::TrainSettings`]).
     #[serde(default)]
     pub clip_grad_norm: Option<f32>,
@@ -128,6 +131,10 @@ pub struct TrainConfig {
 
 fn default_sync_warmup() -> u64 {
     crate::train::job_config::DEFAULT_SYNC_WARMUP
+}
+
+fn default_geo_k_steps() -> u64 {
+    crate::train::job_config::DEFAULT_GEO_K_STEPS
 }
 
 fn default_scale_stale_steps() -> bool {
@@ -246,14 +253,20 @@ impl TrainConfig {
             "--delay (delayed updates) is a local-mode measurement; {:?} mode has real staleness",
             self.mode
         );
+        anyhow::ensure!(
+            self.mode != Mode::Geo || !self.rejoin,
+            "--mode geo: a trainer's change not sent yet lives in its memory, so a restarted GEO trainer cannot take up \
+             where it was; trainer restarts (--rejoin, --max-restarts) are for sync and async jobs"
+        );
+        anyhow::ensure!(self.geo_k_steps > 0, "--geo-k-steps must be at least 1");
         match self.mode {
             Mode::Local => {
                 anyhow::ensure!(self.trainers == 1, "local mode runs one trainer; use --threads for parallelism")
             }
             _ => anyhow::ensure!(!self.servers.is_empty(), "{:?} mode needs --servers", self.mode),
         }
-        self.dense_optimizer.validate("dense").map_err(anyhow::Error::msg)?;
-        self.sparse_optimizer.validate("sparse").map_err(anyhow::Error::msg)?;
+        self.dense_optimizer.validate_named("dense").map_err(anyhow::Error::msg)?;
+        self.sparse_optimizer.validate_named("sparse").map_err(anyhow::Error::msg)?;
         Ok(())
     }
 }

@@ -49,6 +49,13 @@ fn checked(
     model.check_delay(config.delay).map_err(anyhow::Error::msg)?;
     let spec = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
     spec.validate().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        spec.sum_rules().0 == 0,
+        "a table's optimizer is sum, the rule GEO's servers run (--mode geo sets it); name the rule the trainers run"
+    );
+    // What the servers hold, and the saves record: in a GEO job the rule `sum` (the job's rules
+    // run on the trainers' copies).
+    let spec = if config.mode == Mode::Geo { spec.summed() } else { spec };
     let serving = config.delta_every.is_some() || config.online.is_some();
     if let (0, Some(out), true) = (config.trainer_id, &config.output, serving) {
         crate::persist::export::done_lines(&out.join("donefile.txt"))?;
@@ -67,7 +74,10 @@ pub(super) struct Job<'a> {
     config: &'a TrainConfig,
     model: Model,
     schema: Schema,
+    /// The tables as the servers hold them and the saves record them.
     spec: TableSpec,
+    /// The tables with the job's rules: what a GEO trainer's copy runs (`spec` but in GEO).
+    rules: TableSpec,
     me: usize,
     store: Store,
     /// This trainer's share of an offline job's files.
@@ -88,6 +98,8 @@ pub(super) struct Job<'a> {
     step: u64,
     /// Bytes of the passes read before this one, for progress.
     bytes_before: u64,
+    /// GEO mode: exchanges so far, across passes (their numbers).
+    geo_exchanges: u64,
 }
 
 /// What one pass trained, for its end.
@@ -154,11 +166,13 @@ impl<'a> Job<'a> {
             clipped_steps: 0,
             days: Vec::new(),
         };
+        let rules = model.table_spec(config.dense_optimizer, config.sparse_optimizer);
         Ok(Job {
             config,
             model,
             schema,
             spec,
+            rules,
             me,
             store,
             files,
@@ -173,6 +187,7 @@ impl<'a> Job<'a> {
             started,
             report,
             bytes_before: 0,
+            geo_exchanges: 0,
         })
     }
 
@@ -213,6 +228,8 @@ impl<'a> Job<'a> {
             model: &self.model,
             pass,
             step: AtomicU64::new(self.step),
+            geo_exchanges: AtomicU64::new(self.geo_exchanges),
+            spec: &self.rules,
             plan,
             positions: self.positions.as_ref(),
             curves: self.curves.as_ref().map(|log| (log, self.started)),
@@ -226,6 +243,7 @@ impl<'a> Job<'a> {
             on_progress(before + progress.bytes.load(Relaxed), samples)
         })?;
         self.step = pass_loop.step.load(Relaxed);
+        self.geo_exchanges = pass_loop.geo_exchanges.load(Relaxed);
         self.bytes_before += progress.bytes.load(Relaxed);
         let bad_lines = progress.bad_lines.load(Relaxed);
         self.report.bad_lines += bad_lines;

@@ -17,6 +17,8 @@ use crate::table::Optimizer;
 
 /// The default of `TrainConfig::sync_warmup`.
 pub const DEFAULT_SYNC_WARMUP: u64 = 100;
+/// The default of `TrainConfig::geo_k_steps`.
+pub const DEFAULT_GEO_K_STEPS: u64 = 100;
 /// The default of `TrainConfig::scale_stale_steps`.
 pub const DEFAULT_SCALE_STALE_STEPS: bool = true;
 
@@ -67,6 +69,9 @@ pub struct TrainSettings {
     pub sync_warmup: u64,
     /// Async mode: divide the dense learning rate of a push `k > 1` updates stale by `k`.
     pub scale_stale_steps: bool,
+    /// GEO mode: local steps between two exchanges with the servers (Paddle's `k_steps`,
+    /// PaddleRec's `geo_step`); at least 1.
+    pub geo_k_steps: u64,
     /// Scale each step's gradients so that the L2 norm of the batch's mean gradient (dense and
     /// embedding rows together) is at most this (PaddlePaddle's `ClipGradByGlobalNorm`, applied
     /// per trainer batch as in its parameter-server mode); `None`: no clip.
@@ -107,6 +112,7 @@ impl Default for TrainSettings {
             pull_ahead: false,
             sync_warmup: DEFAULT_SYNC_WARMUP,
             scale_stale_steps: DEFAULT_SCALE_STALE_STEPS,
+            geo_k_steps: DEFAULT_GEO_K_STEPS,
             clip_grad_norm: None,
             delta_every: None,
             online: None,
@@ -238,8 +244,8 @@ impl JobConfig {
         let (model, _) = build_model(&self.model, &data, registry)?;
         model.check_memory(self.train.batch_size, self.train.threads).map_err(anyhow::Error::msg)?;
         model.table_spec(self.dense_optimizer, self.sparse_optimizer).validate().map_err(anyhow::Error::msg)?;
-        self.dense_optimizer.validate("dense").map_err(anyhow::Error::msg)?;
-        self.sparse_optimizer.validate("sparse").map_err(anyhow::Error::msg)?;
+        self.dense_optimizer.validate_named("dense").map_err(anyhow::Error::msg)?;
+        self.sparse_optimizer.validate_named("sparse").map_err(anyhow::Error::msg)?;
         anyhow::ensure!(self.train.batch_size > 0, "batch_size must be at least 1");
         anyhow::ensure!(self.train.passes > 0, "passes must be at least 1");
         anyhow::ensure!(self.train.threads > 0, "threads must be at least 1");
@@ -250,6 +256,7 @@ impl JobConfig {
             self.train.timeout_secs
         );
         anyhow::ensure!(self.train.lag_ratio > 0.0, "lag_ratio must be positive");
+        anyhow::ensure!(self.train.geo_k_steps > 0, "geo_k_steps must be at least 1");
         if let Some(online) = self.online()? {
             online.validate()?;
         }

@@ -24,6 +24,7 @@ mod ahead;
 mod comms;
 mod config;
 mod day_end;
+mod geo;
 pub mod init_model;
 mod job;
 pub mod job_config;

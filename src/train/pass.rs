@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 
 use super::ahead::Ahead;
 use super::comms::{next_prepared, Comms};
+use super::geo::GeoCopy;
 use super::position::PositionLog;
 use super::step::{clip, compute, Replica};
 use super::warmup::{Warmup, WarmupPlan};
@@ -44,6 +45,10 @@ pub(super) struct PassLoop<'a> {
     pub(super) model: &'a Model,
     pub(super) pass: u32,
     pub(super) step: AtomicU64,
+    /// GEO mode: this trainer's exchanges so far, across passes.
+    pub(super) geo_exchanges: AtomicU64,
+    /// The job's tables, with the rules a GEO trainer runs on its copy.
+    pub(super) spec: &'a crate::table::TableSpec,
     /// The synchronous updates to make before going async (async mode against servers).
     pub(super) plan: WarmupPlan,
     /// Where the trainer's position is recorded after each push.
@@ -130,6 +135,15 @@ impl PassLoop<'_> {
                         })
                     }))
                 }
+                (None, Some(store)) if c.mode == Mode::Geo => all_comms.push(Ok(Comms::Geo {
+                    reader,
+                    store,
+                    copy: Box::new(GeoCopy::new(self.spec, c.trainers, c.geo_k_steps)),
+                    rows: Vec::new(),
+                    exchanges: &self.geo_exchanges,
+                    trainer: c.trainer_id,
+                    pass: self.pass,
+                })),
                 (None, Some(store)) => all_comms.extend((0..workers).map(|_| {
                     Ok(Comms::Direct {
                         reader,

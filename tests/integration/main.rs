@@ -16,6 +16,7 @@ mod examples;
 mod export;
 mod faults;
 mod fetch;
+mod geo;
 mod global_auc;
 mod hostile_jobs;
 mod hosts;
