@@ -47,6 +47,15 @@ pub(super) fn print_summary(label: &str, s: &crate::run::launch::LaunchSummary) 
     if s.discarded_pushes > 0 {
         println!("{} stale pushes discarded", s.discarded_pushes);
     }
+    let (sent, received) =
+        s.server_stats.iter().fold((0, 0), |(i, o), x| (i + x.frame_bytes_in, o + x.frame_bytes_out));
+    if s.samples > 0 && sent + received > 0 {
+        println!(
+            "network: {:.0} bytes per sample to the servers, {:.0} from them (frames, counted by the servers)",
+            sent as f64 / s.samples as f64,
+            received as f64 / s.samples as f64
+        );
+    }
     let bad: u64 = s.reports.iter().map(|r| r.bad_lines).sum();
     if bad > 0 {
         let per: Vec<String> = s.reports.iter().map(|r| r.bad_lines.to_string()).collect();

@@ -48,6 +48,8 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"oar-ps\0\0");
 pub const DEFAULT_MAX_FRAME: usize = 256 << 20;
 /// Bytes of a frame header.
 const HEADER: usize = 8;
+/// Bytes of a frame's header (its length and kind).
+pub const HEADER_BYTES: u64 = HEADER as u64;
 
 /// Errors of reading, writing and decoding frames.
 #[derive(Debug, thiserror::Error)]

@@ -75,6 +75,13 @@ pub struct ServerStats {
     /// merging: what a trainer-side log of recent pushes would have to hold.
     #[serde(default)]
     pub push_bytes: u64,
+    /// Bytes of the requests this server read (frames, headers included; after the handshake),
+    /// and of the replies it wrote: what crossed the network to and from it, but TCP's and TLS's own.
+    #[serde(default)]
+    pub frame_bytes_in: u64,
+    /// See `frame_bytes_in`.
+    #[serde(default)]
+    pub frame_bytes_out: u64,
     /// Rows held per sparse table.
     pub rows: Vec<usize>,
     /// Per sparse table, what its rows went through: admitted, filtered, evicted, shrunk.

@@ -225,6 +225,7 @@ async fn read_request<'b, R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             return Err(e);
         }
     };
+    state.counters.frame_bytes_in.fetch_add(buf.payload().len() as u64 + crate::protocol::HEADER_BYTES, Relaxed);
     match Request::decode(kind, buf.payload()) {
         Ok(r) => Ok(Step::Go(r)),
         Err(e) => {
@@ -286,10 +287,17 @@ async fn send<W: AsyncWrite + Unpin>(
     reply: Reply,
     scratch: &mut Scratch,
 ) -> Result<(), ProtocolError> {
+    let out = &state.counters.frame_bytes_out;
     match reply.unwrap_or_else(|(code, message)| Answer::Response(Response::Error { code, message })) {
-        Answer::Response(response) => write_frame(wr, &response.encode()).await?,
+        Answer::Response(response) => {
+            let frame = response.encode();
+            out.fetch_add(frame.len() as u64, Relaxed);
+            write_frame(wr, &frame).await?
+        }
         Answer::Values { version, dense, sparse } => {
-            write_frame(wr, &encode_values(version, &dense, &sparse)).await?;
+            let frame = encode_values(version, &dense, &sparse);
+            out.fetch_add(frame.len() as u64, Relaxed);
+            write_frame(wr, &frame).await?;
             scratch.sparse = sparse;
         }
         Answer::LastClose => {

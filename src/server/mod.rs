@@ -63,6 +63,9 @@ struct Counters {
     keys_pulled: AtomicU64,
     keys_pushed: AtomicU64,
     push_bytes: AtomicU64,
+    /// Bytes of the requests read and the replies written (frames, headers included).
+    frame_bytes_in: AtomicU64,
+    frame_bytes_out: AtomicU64,
     port_requests: Vec<AtomicU64>,
     staleness: [AtomicU64; crate::observe::metrics::Staleness::BUCKETS],
 }
@@ -239,6 +242,8 @@ impl State {
             keys_pulled: c.keys_pulled.load(Relaxed),
             keys_pushed: c.keys_pushed.load(Relaxed),
             push_bytes: c.push_bytes.load(Relaxed),
+            frame_bytes_in: c.frame_bytes_in.load(Relaxed),
+            frame_bytes_out: c.frame_bytes_out.load(Relaxed),
             rows: self.tables(|t| t.len()),
             lifecycle: self.tables(|t| t.lifecycle()),
             filter_bytes: self.tables(|t| t.filter_bytes()),

@@ -121,10 +121,10 @@ impl Comms<'_, '_> {
                 let t1 = Instant::now();
                 let mut store = store.lock();
                 // Due after the last step: done once a next batch shows the pass goes on (the
-                // pass's last exchange is `finish`'s, whole).
+                // pass's last exchange is `finish`'s).
                 if copy.due() {
                     let header = ExchangeHeader { trainer: *trainer, number: exchanges.load(Relaxed), pass: *pass };
-                    if copy.exchange(&mut store, &header, false)? {
+                    if copy.exchange(&mut store, &header)? {
                         exchanges.fetch_add(1, Relaxed);
                     }
                 }
@@ -214,9 +214,9 @@ impl Comms<'_, '_> {
             }
             Comms::Ahead { ahead, .. } => ahead.finish(),
             Comms::Geo { store, mut copy, exchanges, trainer, pass, .. } => {
-                // The pass ends with this trainer's whole change on the servers.
+                // The pass's last steps' share; the copy goes with the pass (see `train::geo`).
                 let header = ExchangeHeader { trainer, number: exchanges.load(Relaxed), pass };
-                if copy.exchange(&mut store.lock(), &header, true)? {
+                if copy.exchange(&mut store.lock(), &header)? {
                     exchanges.fetch_add(1, Relaxed);
                 }
                 Ok((0, Staleness::default()))

@@ -11,9 +11,12 @@
 //!   the whole table and none has to push every row at the start.
 //! - Exchanges are counted in steps (Paddle's are bounded by `k` but come sooner when batches
 //!   are slower than its thread).
-//! - At a pass's end a trainer sends its whole change (`latest - old`, not a share), so the
-//!   model the servers save and evaluate after the pass holds every trainer's progress; the
-//!   copy starts afresh in the next pass (its optimizer state too).
+//! - A pass ends with an exchange (its last steps' share sent), after which the copy is dropped
+//!   and the next pass starts afresh from the servers' model (its optimizer state too). What the
+//!   copy had not sent yet is dropped with it, as Paddle's trainers never send their last
+//!   residual: sent whole at once, every trainer's rest of a change most of them agree on
+//!   overshot it (2x2 on 200,000 generated lines, k 100: predicted CTR 0.158 for an actual
+//!   0.288, test log-loss 0.79 instead of 0.51).
 //! - The local optimizer is the job's (Paddle's GEO is SGD only); its state is the trainer's.
 
 use hashbrown::HashMap;
@@ -201,14 +204,13 @@ impl GeoCopy {
         Ok(())
     }
 
-    /// Sends the change since the last exchange (a share of it, or with `whole` all of it: a
-    /// pass's end) and pulls back what the servers changed of what this copy holds. Nothing is
-    /// sent when no step was trained since.
-    pub(super) fn exchange(&mut self, store: &mut Store, header: &ExchangeHeader, whole: bool) -> anyhow::Result<bool> {
+    /// Sends this trainer's share of the change since the last exchange and pulls back what the
+    /// servers changed of what this copy holds. Nothing is sent when no step was trained since.
+    pub(super) fn exchange(&mut self, store: &mut Store, header: &ExchangeHeader) -> anyhow::Result<bool> {
         if self.steps == 0 {
             return Ok(false);
         }
-        let share = if whole { 1.0 } else { self.share };
+        let share = self.share;
         let dense = take_share(&self.params, &mut self.dense_old, share);
         let mut changes: Vec<(Vec<u64>, Vec<f32>, Vec<f32>)> = Vec::with_capacity(self.tables.len());
         for t in &mut self.tables {
