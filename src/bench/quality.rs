@@ -1,12 +1,14 @@
 //! `oar bench --quality`: does distributed training learn as well as local training, at every
-//! data size? Local (1 thread), sync and async 2 servers x 2 workers (real processes, as
+//! data size? Local (1 thread), sync, async and GEO 2 servers x 2 workers (real processes, as
 //! `oar launch`) train the CTR-DNN on the same data: the real Criteo sample rotated through
 //! folds, and generated sets of the given sizes under several seeds. Each distributed run is
 //! paired with the local run on the same fold or seed, and the table gives the mean and the
 //! standard deviation of the paired AUC differences, so the gap is read beside its spread.
 //!
-//! Samples per update match: local and async take `batch` samples per update; sync trainers
-//! take `batch / 2` each, merged into one update of `batch`.
+//! Samples per update match: local, async and GEO take `batch` samples per step; sync trainers
+//! take `batch / 2` each, merged into one update of `batch`. GEO exchanges every
+//! `geo_k_steps` steps (the training settings'); the bytes per sample that crossed the network
+//! to and from the servers are given for async and GEO.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -34,11 +36,12 @@ pub struct QualityConfig {
     pub exe: PathBuf,
 }
 
-/// One pairing of local, sync and async runs.
+/// One pairing of local, sync, async and GEO runs.
 struct Trio {
     local: TrainRun,
     sync: TrainRun,
     async_: TrainRun,
+    geo: TrainRun,
 }
 
 /// Mean and sample standard deviation.
@@ -57,9 +60,10 @@ fn trio(config: &QualityConfig, data: &Path, logs: &Path, seed: u64) -> anyhow::
     job.train.batch_size = batch;
     let local = train_local(data, 1, job.clone(), "quality")?;
     let async_ = train_cluster(Mode::Async, data, exe, logs, job.clone(), "quality")?;
+    let geo = train_cluster(Mode::Geo, data, exe, logs, job.clone(), "quality")?;
     job.train.batch_size = batch / 2;
     let sync = train_cluster(Mode::Sync, data, exe, logs, job, "quality")?;
-    Ok(Trio { local, sync, async_ })
+    Ok(Trio { local, sync, async_, geo })
 }
 
 /// Writes fold `k` of `lines` as `dir/train/part-00000..1` (the other folds, halved) and
@@ -120,16 +124,17 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_dir_all(&tmp);
     println!(
-        "CTR-DNN, 1 pass, {} samples per update; async: pull_ahead {}, sync_warmup {}, scale_stale_steps {}; sync 2x2 and async 2x2 against local, paired by fold or seed (mean +- sd)",
+        "CTR-DNN, 1 pass, {} samples per update; async: pull_ahead {}, sync_warmup {}, scale_stale_steps {}; geo: geo_k_steps {}; sync, async and geo 2x2 against local, paired by fold or seed (mean +- sd)",
         config.batch,
         config.train.pull_ahead,
         config.train.sync_warmup,
-        config.train.scale_stale_steps
+        config.train.scale_stale_steps,
+        config.train.geo_k_steps
     );
     println!(
-        "| data | local AUC | sync - local | async - local | async predicted / actual CTR | async log-loss - local |"
+        "| data | local AUC | sync - local | async - local | async predicted / actual CTR | async log-loss - local | geo - local | geo predicted / actual CTR | geo log-loss - local | bytes per sample, async / geo |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (name, trios) in &rows {
         let auc = |r: &TrainRun| r.auc.unwrap_or(f64::NAN);
         let local: Vec<f64> = trios.iter().map(|t| auc(&t.local)).collect();
@@ -137,17 +142,26 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
         let asy: Vec<f64> = trios.iter().map(|t| auc(&t.async_) - auc(&t.local)).collect();
         let ctr: Vec<f64> = trios.iter().filter_map(|t| t.async_.ctr.map(|(p, a)| p / a)).collect();
         let ll: Vec<f64> = trios.iter().map(|t| t.async_.log_loss - t.local.log_loss).collect();
+        let geo: Vec<f64> = trios.iter().map(|t| auc(&t.geo) - auc(&t.local)).collect();
+        let geo_ctr: Vec<f64> = trios.iter().filter_map(|t| t.geo.ctr.map(|(p, a)| p / a)).collect();
+        let geo_ll: Vec<f64> = trios.iter().map(|t| t.geo.log_loss - t.local.log_loss).collect();
+        let bytes = |r: fn(&Trio) -> &TrainRun| mean_sd(&trios.iter().map(|t| r(t).bytes_per_sample).collect::<Vec<_>>()).0;
         let f = |v: &[f64], d: usize| {
             let (m, s) = mean_sd(v);
             format!("{m:+.d$} +- {s:.d$}")
         };
         let (lm, ls) = mean_sd(&local);
         println!(
-            "| {name} | {lm:.4} +- {ls:.4} | {} | {} | {} | {} |",
+            "| {name} | {lm:.4} +- {ls:.4} | {} | {} | {} | {} | {} | {} | {} | {:.0} / {:.0} |",
             f(&sync, 4),
             f(&asy, 4),
             f(&ctr, 3).trim_start_matches('+'),
-            f(&ll, 4)
+            f(&ll, 4),
+            f(&geo, 4),
+            f(&geo_ctr, 3).trim_start_matches('+'),
+            f(&geo_ll, 4),
+            bytes(|t| &t.async_),
+            bytes(|t| &t.geo)
         );
     }
     Ok(())

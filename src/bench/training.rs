@@ -16,6 +16,8 @@ pub(super) struct TrainRun {
     pub(super) log_loss: f64,
     /// Mean predicted and actual click rate on the test set.
     pub(super) ctr: Option<(f64, f64)>,
+    /// Bytes to and from the servers per sample trained (their frames, counted by them).
+    pub(super) bytes_per_sample: f64,
 }
 
 /// The CTR-DNN of `examples/ctr_dnn_graph.toml`: the default job's model written as a layer
@@ -85,6 +87,7 @@ pub(super) fn train_local(
         auc: test.and_then(|t| t.auc),
         log_loss: test.map_or(f64::NAN, |t| t.loss),
         ctr: test.and_then(|t| t.ctr),
+        bytes_per_sample: 0.0,
     })
 }
 
@@ -134,6 +137,8 @@ pub(super) fn train_cluster(
         auc: s.test.as_ref().and_then(|t| t.auc),
         log_loss: s.test.as_ref().map_or(f64::NAN, |t| t.loss),
         ctr: s.test.as_ref().and_then(|t| t.ctr),
+        bytes_per_sample: s.server_stats.iter().map(|x| (x.frame_bytes_in + x.frame_bytes_out) as f64).sum::<f64>()
+            / s.samples.max(1) as f64,
     })
 }
 

@@ -444,7 +444,7 @@ pub(super) struct BenchArgs {
     /// round, are reported); with --models and --baseline-exe, rounds per model.
     #[arg(long, default_value_t = 3)]
     pub(super) rounds: usize,
-    /// Instead: local vs sync vs async 2x2 quality of the CTR-DNN on --real (rotated through
+    /// Instead: local vs sync vs async vs geo 2x2 quality of the CTR-DNN on --real (rotated through
     /// --folds) and generated sets of --sizes lines under --seeds seeds, as paired differences.
     #[arg(long)]
     pub(super) quality: bool,

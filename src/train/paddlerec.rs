@@ -100,13 +100,17 @@ pub fn read(path: &Path, text: &str, model: Option<&str>) -> Result<PaddleRecJob
                 out.mode = Some(match value.as_str() {
                     Some("async") => Mode::Async,
                     Some("sync") => Mode::Sync,
-                    _ => return Err(format!("{}: runner.sync_mode {value}: oar runs async and sync", path.display())),
+                    Some("geo") => Mode::Geo,
+                    _ => {
+                        return Err(format!("{}: runner.sync_mode {value}: oar runs async, sync and geo", path.display()))
+                    }
                 })
             }
             "epochs" => train["passes"] = count(value).map_err(at(format!("runner.{key}")))?.into(),
             "train_batch_size" => train["batch_size"] = count(value).map_err(at(format!("runner.{key}")))?.into(),
             "print_interval" => train["log_every"] = count(value).map_err(at(format!("runner.{key}")))?.into(),
             "thread_num" => train["threads"] = count(value).map_err(at(format!("runner.{key}")))?.into(),
+            "geo_step" => train["geo_k_steps"] = count(value).map_err(at(format!("runner.{key}")))?.into(),
             _ => out.unused.push((format!("runner.{key}"), ignored(key).to_string())),
         }
     }
@@ -230,6 +234,9 @@ mod tests {
         assert_eq!((rec.job.train.batch_size, rec.job.train.passes, rec.job.train.log_every), (16, 3, 2));
         assert_eq!(rec.train, Some(PathBuf::from("m/rank/dnn/data/train")));
         assert_eq!(rec.mode, Some(Mode::Async));
+        let geo = DNN.replace("sync_mode: \"async\"", "sync_mode: \"geo\"\n  geo_step: 400");
+        let rec = read(Path::new("c.yaml"), &geo, None).unwrap();
+        assert_eq!((rec.mode, rec.job.train.geo_k_steps), (Some(Mode::Geo), 400), "Paddle's GEO, its k_steps");
         let zoo = JobConfig::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/paddlerec_slots.toml"));
         let zoo = zoo.unwrap();
         assert_eq!((&rec.job.model, &rec.job.data), (&zoo.model, &zoo.data));
@@ -248,7 +255,7 @@ mod tests {
         }
         for (text, model, says) in [
             (DNN, Some("dcn"), "model 'dcn'; oar reads PaddleRec's dnn, wide_deep, deepfm"),
-            ("runner:\n  sync_mode: geo\n", Some("dnn"), "runner.sync_mode \"geo\""),
+            ("runner:\n  sync_mode: heter\n", Some("dnn"), "runner.sync_mode \"heter\": oar runs async, sync and geo"),
             ("runner:\n  epochs: -1\n", Some("dnn"), "runner.epochs: -1 is not a count"),
             ("hyper_parameters:\n  optimizer: {class: Lamb}\n", Some("dnn"), "class \"Lamb\""),
             ("hyper_parameters:\n  fc_sizes: 3\n", Some("dnn"), "fc_sizes: not a list"),
