@@ -145,7 +145,8 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
         let geo: Vec<f64> = trios.iter().map(|t| auc(&t.geo) - auc(&t.local)).collect();
         let geo_ctr: Vec<f64> = trios.iter().filter_map(|t| t.geo.ctr.map(|(p, a)| p / a)).collect();
         let geo_ll: Vec<f64> = trios.iter().map(|t| t.geo.log_loss - t.local.log_loss).collect();
-        let bytes = |r: fn(&Trio) -> &TrainRun| mean_sd(&trios.iter().map(|t| r(t).bytes_per_sample).collect::<Vec<_>>()).0;
+        let bytes =
+            |r: fn(&Trio) -> &TrainRun| mean_sd(&trios.iter().map(|t| r(t).bytes_per_sample).collect::<Vec<_>>()).0;
         let f = |v: &[f64], d: usize| {
             let (m, s) = mean_sd(v);
             format!("{m:+.d$} +- {s:.d$}")

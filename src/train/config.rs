@@ -259,6 +259,15 @@ impl TrainConfig {
              where it was; trainer restarts (--rejoin, --max-restarts) are for sync and async jobs"
         );
         anyhow::ensure!(self.geo_k_steps > 0, "--geo-k-steps must be at least 1");
+        // An exchange says how many samples its change covers: within what a push may claim.
+        anyhow::ensure!(
+            self.mode != Mode::Geo
+                || self.geo_k_steps.saturating_mul(self.batch_size as u64) <= crate::protocol::MAX_SAMPLES,
+            "--geo-k-steps {} x --batch-size {} samples per exchange: at most {} (fewer steps between exchanges)",
+            self.geo_k_steps,
+            self.batch_size,
+            crate::protocol::MAX_SAMPLES
+        );
         match self.mode {
             Mode::Local => {
                 anyhow::ensure!(self.trainers == 1, "local mode runs one trainer; use --threads for parallelism")

@@ -10,7 +10,10 @@
 //!   pulls a row from the servers the first time it touches it, so no trainer needs memory for
 //!   the whole table and none has to push every row at the start.
 //! - Exchanges are counted in steps (Paddle's are bounded by `k` but come sooner when batches
-//!   are slower than its thread).
+//!   are slower than its thread), and a pass starts with them close together: after 1, 2, 4,
+//!   ... steps, doubling up to `k`, so the copies agree while the first steps are large. For a
+//!   few exchanges more (7 at k = 100) this took a 2x2 CTR-DNN on 200,000 generated lines from
+//!   test AUC 0.7595 (log-loss 0.559) to 0.7618 (0.508), async's being 0.7638 (0.505).
 //! - A pass ends with an exchange (its last steps' share sent), after which the copy is dropped
 //!   and the next pass starts afresh from the servers' model (its optimizer state too). What the
 //!   copy had not sent yet is dropped with it, as Paddle's trainers never send their last
@@ -79,6 +82,9 @@ pub(super) struct GeoCopy {
     /// The share of a change sent at a regular exchange: 1 / trainers.
     share: f32,
     k: u64,
+    /// Steps between this exchange and the next: 1 at a pass's start, doubled after each
+    /// exchange up to `k`.
+    interval: u64,
     /// The dense working copy, with the job's dense optimizer (a lone server's blocks).
     dense: DenseShard,
     /// The dense values, as the model reads them (`dense`'s, read after every change).
@@ -106,6 +112,7 @@ impl GeoCopy {
         GeoCopy {
             share: 1.0 / trainers.max(1) as f32,
             k: k.max(1),
+            interval: 1,
             dense: DenseShard::new(&spec.dense, 0, 1),
             params: Vec::new(),
             dense_old: Vec::new(),
@@ -116,9 +123,10 @@ impl GeoCopy {
         }
     }
 
-    /// Whether `k` steps were trained since the last exchange.
+    /// Whether the steps trained since the last exchange call for the next: after 1, 2, 4, ...
+    /// steps at a pass's start, then every `k` (see the module's doc).
     pub(super) fn due(&self) -> bool {
-        self.steps >= self.k
+        self.steps >= self.interval
     }
 
     /// Makes sure the copy holds the dense blocks and every row of `lookups` (pulling what it
@@ -249,6 +257,7 @@ impl GeoCopy {
             apply: Apply::Now,
         };
         store.push(&push, &dense, &grads)?;
+        self.interval = (2 * self.interval).min(self.k);
         self.steps = 0;
         self.samples = 0;
         self.pull_back(store, header.trainer)?;

@@ -102,7 +102,10 @@ pub fn read(path: &Path, text: &str, model: Option<&str>) -> Result<PaddleRecJob
                     Some("sync") => Mode::Sync,
                     Some("geo") => Mode::Geo,
                     _ => {
-                        return Err(format!("{}: runner.sync_mode {value}: oar runs async, sync and geo", path.display()))
+                        return Err(format!(
+                            "{}: runner.sync_mode {value}: oar runs async, sync and geo",
+                            path.display()
+                        ))
                     }
                 })
             }

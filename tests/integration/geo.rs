@@ -32,14 +32,13 @@ fn one_geo_trainer_ends_with_local_trainings_model_whatever_k() {
     }
 }
 
-/// Two servers, two trainers, an exchange every 3 steps and a pass end: every sample trained
-/// reaches both servers once (their ledgers, not the trainers, count it), each server applies
-/// exactly the exchanges the trainers made (a share every 3 steps, the whole rest at the pass's
-/// end), and the model learns.
+/// Two servers, two trainers, exchanges after 1 and 2 steps then every 3, and at the pass's
+/// end: every sample trained reaches both servers once (their ledgers, not the trainers, count
+/// it), each server applies exactly the exchanges the trainers made, and the model learns.
 #[test]
 fn geo_2x2_applies_every_exchange_once_and_learns() {
     let dir = tempfile::tempdir().unwrap();
-    let per_trainer = 20 * 64 + 10; // 21 batches of 64: exchanges after 3, 6, ..., 18, then the end's
+    let per_trainer = 20 * 64 + 10; // 21 batches of 64: exchanges after 1, 3, 6, 9, ..., 18, and 21
     let (train, test) = gen_data(&dir.path().join("data"), 2, per_trainer, 4000);
     let logs = dir.path().join("logs");
     let (out, summary) = launch(
@@ -66,7 +65,7 @@ fn geo_2x2_applies_every_exchange_once_and_learns() {
     for (k, s) in summary.server_stats.iter().enumerate() {
         assert_eq!(s.applied_samples, vec![per_trainer; 2], "server {k} took every sample once: {s:?}");
         assert_eq!(s.discarded_samples, vec![0; 2], "server {k}: a GEO change is never stale");
-        assert_eq!(s.version, 2 * 7, "server {k}: 6 exchanges and the pass end's per trainer");
+        assert_eq!(s.version, 2 * 8, "server {k}: 7 exchanges and the pass end's per trainer");
     }
     let auc = summary.test.as_ref().expect("a test report").auc.expect("an AUC");
     assert!(auc > 0.55, "test AUC {auc}: {out}");
