@@ -69,7 +69,7 @@ impl ChangeLog {
     /// it reads what comes next.
     pub(super) fn take(&mut self, trainer: usize) -> Changes {
         let Some(cursor) = self.cursors.get_mut(trainer) else { return Changes::All };
-        let from = std::mem::replace(cursor, Some(self.next));
+        let from = cursor.replace(self.next);
         let changes = match from {
             None => Changes::All,
             Some(from) => {
