@@ -238,7 +238,7 @@ mod tests {
         assert_eq!(rec.train, Some(PathBuf::from("m/rank/dnn/data/train")));
         assert_eq!(rec.mode, Some(Mode::Async));
         let geo = DNN.replace("sync_mode: \"async\"", "sync_mode: \"geo\"\n  geo_step: 400");
-        let rec = read(Path::new("c.yaml"), &geo, None).unwrap();
+        let rec = read(Path::new("m/rank/dnn/config.yaml"), &geo, None).unwrap();
         assert_eq!((rec.mode, rec.job.train.geo_k_steps), (Some(Mode::Geo), 400), "Paddle's GEO, its k_steps");
         let zoo = JobConfig::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/paddlerec_slots.toml"));
         let zoo = zoo.unwrap();
