@@ -67,11 +67,11 @@ fn a_paddlerec_config_trains_as_the_zoo_job_it_maps_to() {
 #[test]
 fn what_oar_cannot_run_is_one_line_naming_the_key() {
     let tmp = tempfile::tempdir().unwrap();
-    let config = layout(tmp.path(), "  sync_mode: \"geo\"\n", None);
+    let config = layout(tmp.path(), "  sync_mode: \"heter\"\n", None);
     let o = oar(&["launch", "--paddlerec-config", config.to_str().unwrap()]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("runner.sync_mode \"geo\": oar runs async and sync"), "{err}");
+    assert!(err.contains("runner.sync_mode \"heter\": oar runs async, sync and geo"), "{err}");
     assert_eq!(err.trim().lines().filter(|l| l.starts_with("oar: error")).count(), 1, "{err}");
     let o = oar(&["train", "--paddlerec-config", config.to_str().unwrap(), "--paddlerec-model", "dcn"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("model 'dcn'; oar reads PaddleRec's dnn, wide_deep, deepfm"));
