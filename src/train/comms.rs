@@ -63,10 +63,7 @@ pub(super) enum Comms<'a, 'b> {
         store: &'a Mutex<&'b mut Store>,
         copy: Box<GeoCopy>,
         rows: Vec<Vec<f32>>,
-        /// This trainer's exchanges so far, over every pass (their numbers).
-        exchanges: &'a AtomicU64,
-        trainer: usize,
-        pass: u32,
+        header: ExchangeHeader<'a>,
     },
     /// Async with one thread: the next batch's pull runs while this one computes.
     Ahead {
@@ -112,7 +109,7 @@ impl Comms<'_, '_> {
                 times.pull += t1.elapsed().as_secs_f64();
                 Ok(Some((p, version, step, number)))
             }
-            Comms::Geo { reader, store, copy, rows, exchanges, trainer, pass } => {
+            Comms::Geo { reader, store, copy, rows, header } => {
                 let mut r = reader.lock();
                 let Some(p) = next_prepared(&mut r, model)? else { return Ok(None) };
                 let number = take(&p);
@@ -123,10 +120,7 @@ impl Comms<'_, '_> {
                 // Due after the last step: done once a next batch shows the pass goes on (the
                 // pass's last exchange is `finish`'s).
                 if copy.due() {
-                    let header = ExchangeHeader { trainer: *trainer, number: exchanges.load(Relaxed), pass: *pass };
-                    if copy.exchange(&mut store, &header)? {
-                        exchanges.fetch_add(1, Relaxed);
-                    }
+                    copy.exchange(&mut store, header)?;
                 }
                 copy.fetch(&mut store, &p.lookups, rows)?;
                 times.data += (t1 - t0).as_secs_f64();
@@ -213,12 +207,9 @@ impl Comms<'_, '_> {
                 Ok((0, staleness))
             }
             Comms::Ahead { ahead, .. } => ahead.finish(),
-            Comms::Geo { store, mut copy, exchanges, trainer, pass, .. } => {
+            Comms::Geo { store, mut copy, header, .. } => {
                 // The pass's last steps' share; the copy goes with the pass (see `train::geo`).
-                let header = ExchangeHeader { trainer, number: exchanges.load(Relaxed), pass };
-                if copy.exchange(&mut store.lock(), &header)? {
-                    exchanges.fetch_add(1, Relaxed);
-                }
+                copy.exchange(&mut store.lock(), &header)?;
                 Ok((0, Staleness::default()))
             }
         }

@@ -22,6 +22,8 @@
 //!   0.288, test log-loss 0.79 instead of 0.51).
 //! - The local optimizer is the job's (Paddle's GEO is SGD only); its state is the trainer's.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use hashbrown::HashMap;
 
 use super::store::Lookups;
@@ -97,12 +99,14 @@ pub(super) struct GeoCopy {
     samples: u64,
 }
 
-/// The numbers an exchange's push carries besides the change.
-pub(super) struct ExchangeHeader {
+/// Who exchanges, in which pass, and how many exchanges it made before: what an exchange's
+/// push carries besides the change.
+pub(super) struct ExchangeHeader<'a> {
     pub(super) trainer: usize,
-    /// This trainer's exchange number: contiguous, so the servers' ledgers count each once.
-    pub(super) number: u64,
     pub(super) pass: u32,
+    /// This trainer's exchanges so far, over every pass: the next one's number, contiguous so
+    /// the servers' ledgers count each once.
+    pub(super) exchanges: &'a AtomicU64,
 }
 
 impl GeoCopy {
@@ -146,11 +150,7 @@ impl GeoCopy {
             .collect();
         let pull_dense = !self.dense_pulled;
         if pull_dense || missing.iter().any(|m| !m.is_empty()) {
-            let ids: Vec<TableIds> = missing
-                .iter()
-                .enumerate()
-                .map(|(t, m)| TableIds { table: t as u32, dim: self.tables[t].dim, ids: m })
-                .collect();
+            let ids = self.table_ids(&missing);
             let mut pulled = vec![Vec::new(); ids.len()];
             let mut dense = Vec::new();
             store.pull(pull_dense.then_some(&mut dense), &ids, &mut pulled, RowCreation::Create)?;
@@ -212,11 +212,12 @@ impl GeoCopy {
         Ok(())
     }
 
-    /// Sends this trainer's share of the change since the last exchange and pulls back what the
-    /// servers changed of what this copy holds. Nothing is sent when no step was trained since.
-    pub(super) fn exchange(&mut self, store: &mut Store, header: &ExchangeHeader) -> anyhow::Result<bool> {
+    /// Sends this trainer's share of the change since the last exchange (numbered from
+    /// `header.exchanges`, then counted there) and pulls back what the servers changed of what
+    /// this copy holds. Nothing is sent when no step was trained since.
+    pub(super) fn exchange(&mut self, store: &mut Store, header: &ExchangeHeader) -> anyhow::Result<()> {
         if self.steps == 0 {
-            return Ok(false);
+            return Ok(());
         }
         let share = self.share;
         let dense = take_share(&self.params, &mut self.dense_old, share);
@@ -250,18 +251,18 @@ impl GeoCopy {
             .collect();
         let push = StepHeader {
             trainer: header.trainer,
-            step: header.number,
+            step: header.exchanges.load(Relaxed),
             pass: header.pass,
             base_version: 0,
             samples: self.samples as usize,
             apply: Apply::Now,
         };
         store.push(&push, &dense, &grads)?;
+        header.exchanges.fetch_add(1, Relaxed);
         self.interval = (2 * self.interval).min(self.k);
         self.steps = 0;
         self.samples = 0;
-        self.pull_back(store, header.trainer)?;
-        Ok(true)
+        self.pull_back(store, header.trainer)
     }
 
     /// Takes in what the servers changed: the dense blocks, and the rows this copy holds that
@@ -279,11 +280,7 @@ impl GeoCopy {
                 .map(|(ids, t)| ids.iter().copied().filter(|id| t.index.contains_key(id)).collect())
                 .collect()
         };
-        let ids: Vec<TableIds> = held
-            .iter()
-            .enumerate()
-            .map(|(t, ids)| TableIds { table: t as u32, dim: self.tables[t].dim, ids })
-            .collect();
+        let ids = self.table_ids(&held);
         let mut pulled = vec![Vec::new(); ids.len()];
         let mut dense = Vec::new();
         // Peek: a row another trainer's change made is there; one deleted since stays so.
@@ -299,6 +296,15 @@ impl GeoCopy {
             }
         }
         Ok(())
+    }
+
+    /// Per table, `ids[t]` as a pull names them.
+    fn table_ids<'a>(&self, ids: &'a [Vec<u64>]) -> Vec<TableIds<'a>> {
+        ids.iter()
+            .zip(&self.tables)
+            .enumerate()
+            .map(|(t, (ids, c))| TableIds { table: t as u32, dim: c.dim, ids })
+            .collect()
     }
 
     /// Makes `values` the dense working copy.

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use super::ahead::Ahead;
 use super::comms::{next_prepared, Comms};
-use super::geo::GeoCopy;
+use super::geo::{ExchangeHeader, GeoCopy};
 use super::position::PositionLog;
 use super::step::{clip, compute, Replica};
 use super::warmup::{Warmup, WarmupPlan};
@@ -140,9 +140,7 @@ impl PassLoop<'_> {
                     store,
                     copy: Box::new(GeoCopy::new(self.spec, c.trainers, c.geo_k_steps)),
                     rows: Vec::new(),
-                    exchanges: &self.geo_exchanges,
-                    trainer: c.trainer_id,
-                    pass: self.pass,
+                    header: ExchangeHeader { trainer: c.trainer_id, pass: self.pass, exchanges: &self.geo_exchanges },
                 })),
                 (None, Some(store)) => all_comms.extend((0..workers).map(|_| {
                     Ok(Comms::Direct {
