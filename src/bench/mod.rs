@@ -241,6 +241,7 @@ fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f
     Ok((median(raws), median(oars)))
 }
 
+pub mod netns;
 pub mod quality;
 pub mod recovery;
 pub mod security;

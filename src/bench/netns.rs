@@ -1,0 +1,158 @@
+//! Hosts that are not loopback, on one machine: each host a network namespace of its own with
+//! one address on a bridge that lives in a namespace of its own too (so the machine's own
+//! namespace gets no device, address or route), every host's link shaped by `tc` tbf in both
+//! directions, and loss and cuts made by nftables in the switch
+//! (`../shared/research/scale-and-geo.md` section 1: this kernel has tbf, not netem). Used by
+//! `oar bench --hosts` and the hosts tests; it needs root, iproute2 and, for loss and cuts,
+//! nftables, and says why when it cannot make the hosts.
+
+use std::process::{Command, Output, Stdio};
+
+/// `n` hosts on one bridge, host `i` (from 1) at `10.77.K.i`, its link shaped to `rate`.
+pub struct Hosts {
+    prefix: String,
+    subnet: u32,
+    n: usize,
+}
+
+/// Runs `ip` with `args`; its output, or why it failed.
+fn ip(args: &[&str]) -> Result<Output, String> {
+    let o = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    if o.status.success() {
+        Ok(o)
+    } else {
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim()))
+    }
+}
+
+impl Hosts {
+    /// Makes the hosts, or says why it cannot (the caller skips).
+    pub fn new(n: usize, rate: &str) -> Result<Hosts, String> {
+        // Names of this test's own (the process and a count of the hosts it made), so
+        // concurrent tests do not meet; each bridge is a network of its own.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let (pid, k) = (std::process::id(), MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let hosts = Hosts { prefix: format!("oar{pid}n{k}"), subnet: 1 + (pid + k) % 250, n };
+        let sw = hosts.switch();
+        ip(&["netns", "add", &sw])?;
+        ip(&["-n", &sw, "link", "set", "lo", "up"])?;
+        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &sw, "link", "set", "br0", "up"])?;
+        for i in 1..=n {
+            let (ns, port, addr) = (hosts.ns(i), format!("port{i}"), format!("{}/24", hosts.addr(i)));
+            ip(&["netns", "add", &ns])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            ip(&["-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns", &sw])?;
+            ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
+            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+            ip(&["-n", &sw, "link", "set", &port, "master", "br0"])?;
+            ip(&["-n", &sw, "link", "set", &port, "up"])?;
+            for (space, dev) in [(&ns, "eth0"), (&sw, port.as_str())] {
+                let tbf = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb"];
+                ip(&[&["netns", "exec", space.as_str()][..], &tbf[..], &["latency", "10ms"][..]].concat())?;
+            }
+        }
+        Ok(hosts)
+    }
+
+    fn switch(&self) -> String {
+        format!("{}sw", self.prefix)
+    }
+
+    /// Host `i`'s namespace.
+    pub fn ns(&self, i: usize) -> String {
+        format!("{}h{i}", self.prefix)
+    }
+
+    /// Host `i`'s address.
+    pub fn addr(&self, i: usize) -> String {
+        format!("10.77.{}.{i}", self.subnet)
+    }
+
+    /// Bytes host `i`'s link carried into the switch and out of it to the host, as the
+    /// switch's port counts them.
+    pub fn link_bytes(&self, i: usize) -> (u64, u64) {
+        let o = ip(&["-j", "-s", "-n", &self.switch(), "link", "show", &format!("port{i}")]).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let stats = &v[0]["stats64"];
+        (stats["rx"]["bytes"].as_u64().unwrap(), stats["tx"]["bytes"].as_u64().unwrap())
+    }
+
+    /// Runs the nftables `script` in the switch's namespace; why it failed, if it did.
+    pub fn nft(&self, script: &str) -> Result<(), String> {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.switch(), "nft", "-f", "-"]);
+        let mut child = c.stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| format!("nft: {e}"))?;
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), script.as_bytes()).map_err(|e| e.to_string())?;
+        let o = child.wait_with_output().map_err(|e| e.to_string())?;
+        o.status.success().then_some(()).ok_or_else(|| format!("nft: {}", String::from_utf8_lossy(&o.stderr).trim()))
+    }
+
+    /// Drops every `n`th packet crossing host `i`'s link in the switch, each way (wire-like
+    /// loss, deterministic: `numgen inc`; a drop in the sender's own stack would be a local
+    /// error TCP requeues, not a loss). `Err`: no nftables here (the caller skips).
+    pub fn lose_every(&self, i: usize, n: u32) -> Result<(), String> {
+        let rule = |dir: &str| format!("{dir} \"port{i}\" numgen inc mod {n} == 0 counter drop");
+        let chain = format!("{}\n{}", rule("iifname"), rule("oifname"));
+        self.nft(&format!(
+            "table bridge loss{i} {{ chain fw {{ type filter hook forward priority 0; policy accept;\n{chain}\n}}\n}}"
+        ))
+    }
+
+    /// Cuts host `i`'s link: the switch drops everything it carries, each way, until [`Hosts::mend`].
+    pub fn cut(&self, i: usize) {
+        let rules = format!("iifname \"port{i}\" counter drop\noifname \"port{i}\" counter drop");
+        self.nft(&format!(
+            "table bridge cut{i} {{ chain fw {{ type filter hook forward priority -1; policy accept;\n{rules}\n}}\n}}"
+        ))
+        .expect("the cut");
+    }
+
+    /// Mends the cut of host `i`'s link.
+    pub fn mend(&self, i: usize) {
+        self.nft(&format!("delete table bridge cut{i}")).expect("the mend");
+    }
+
+    /// Packets the switch dropped on host `i`'s link, by loss or by a cut not mended yet.
+    pub fn dropped(&self, i: usize) -> u64 {
+        let mut sum = 0;
+        for table in [format!("loss{i}"), format!("cut{i}")] {
+            let args = ["netns", "exec", &self.switch(), "nft", "-j", "list", "table", "bridge", &table];
+            let Ok(o) = ip(&args) else { continue }; // no such table
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            for item in v["nftables"].as_array().unwrap() {
+                for expr in item["rule"]["expr"].as_array().into_iter().flatten() {
+                    sum += expr["counter"]["packets"].as_u64().unwrap_or(0);
+                }
+            }
+        }
+        sum
+    }
+
+    /// `exe args` on host `i`, with exactly the environment `vars` (plus PATH).
+    pub fn command(&self, i: usize, exe: &std::path::Path, args: &[&str], vars: &[(&str, String)]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(i)]).arg(exe).args(args);
+        c.env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).env("RUST_LOG", "warn");
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    }
+}
+
+impl Drop for Hosts {
+    /// Stops what still runs in the hosts, then removes them and the bridge.
+    fn drop(&mut self) {
+        for i in 1..=self.n {
+            if let Ok(o) = ip(&["netns", "pids", &self.ns(i)]) {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            }
+            let _ = ip(&["netns", "del", &self.ns(i)]);
+        }
+        let _ = ip(&["netns", "del", &self.switch()]);
+    }
+}
