@@ -12,7 +12,8 @@
 //! With `--models`, instead: the model zoo's table, every zoo model locally and on 2 servers x
 //! 2 workers. The other measurements are `quality.rs` (`--quality`: local against sync and async),
 //! `recovery.rs` (`--recovery`: what surviving a killed server or trainer costs) and `security.rs`
-//! (`--security`: what the secret and TLS cost).
+//! (`--security`: what the secret and TLS cost) and `hosts.rs` (`--hosts`: training across
+//! network namespaces on shaped, lossy links).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -241,6 +242,7 @@ fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f
     Ok((median(raws), median(oars)))
 }
 
+pub mod hosts;
 pub mod netns;
 pub mod quality;
 pub mod recovery;
@@ -267,7 +269,7 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         return Ok(());
     }
     let tmp = std::env::temp_dir().join(format!("oar-bench-{}", std::process::id()));
-    let data = bench_data(config, &tmp)?;
+    let data = bench_data(config.data.as_deref(), config.lines, &tmp)?;
     let logs = tmp.join("logs");
     let shorthand = ctr_dnn_forms(config, &data, &logs)?;
     async_controls(config, &data, &logs, &shorthand)?;
@@ -341,14 +343,14 @@ fn sparse(config: &BenchConfig) -> anyhow::Result<()> {
 }
 
 /// The training data: `--data`, or a generated Criteo-like set under `tmp`.
-fn bench_data(config: &BenchConfig, tmp: &Path) -> anyhow::Result<PathBuf> {
-    Ok(match &config.data {
-        Some(d) => d.clone(),
+pub(super) fn bench_data(data: Option<&Path>, lines: u64, tmp: &Path) -> anyhow::Result<PathBuf> {
+    Ok(match data {
+        Some(d) => d.to_path_buf(),
         None => {
             let out = tmp.join("data");
             let r = crate::data::gen::generate(&crate::data::gen::GenConfig {
-                lines: config.lines,
-                test_lines: (config.lines / 10).max(1000),
+                lines,
+                test_lines: (lines / 10).max(1000),
                 seed: 1,
                 parts: 4,
                 out: out.clone(),

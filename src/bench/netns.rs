@@ -8,7 +8,74 @@
 
 use std::process::{Command, Output, Stdio};
 
-/// `n` hosts on one bridge, host `i` (from 1) at `10.77.K.i`, its link shaped to `rate`.
+/// A host link's shape, written `RATE[+lossN]`: `RATE` is tc's (`100mbit`, `1gbit`, `10gbit`)
+/// or `unshaped` (the veth's own speed, bound by the CPU), and `+lossN` drops every Nth packet
+/// each way (`+loss1000`: 0.1%).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    /// tc's rate; `None`: unshaped.
+    pub rate: Option<String>,
+    /// Every this many packets one is lost, each way (0: none).
+    pub lose_every: u32,
+}
+
+impl Link {
+    /// A link of `rate` (tc's spelling), without loss.
+    pub fn rate(rate: &str) -> Link {
+        Link { rate: Some(rate.into()), lose_every: 0 }
+    }
+
+    /// tbf's bucket: 256 KB, 1 MB from 10 Gbit/s (a smaller one gave 9.43 Gbit/s and slower
+    /// large requests there, the brief's measurement).
+    fn burst(&self) -> &'static str {
+        let fast = self
+            .rate
+            .as_deref()
+            .is_some_and(|r| r.ends_with("gbit") && r.trim_end_matches("gbit").parse::<f64>().is_ok_and(|g| g >= 10.0));
+        if fast {
+            "1mb"
+        } else {
+            "256kb"
+        }
+    }
+}
+
+impl std::str::FromStr for Link {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Link, String> {
+        let (rate, loss) = s.split_once('+').map_or((s, None), |(r, l)| (r, Some(l)));
+        let lose_every = match loss {
+            None => 0,
+            Some(l) => match l.strip_prefix("loss").and_then(|n| n.parse::<u32>().ok()) {
+                Some(n) if n >= 2 => n,
+                _ => return Err(format!("link {s:?}: after '+' comes lossN, one packet in N lost (N at least 2)")),
+            },
+        };
+        let digits = rate.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let unit = &rate[digits.len()..];
+        let rate = match rate {
+            "unshaped" => None,
+            _ if digits.parse::<f64>().is_ok_and(|v| v > 0.0) && ["kbit", "mbit", "gbit"].contains(&unit) => {
+                Some(rate.to_string())
+            }
+            _ => return Err(format!("link {s:?}: the rate is unshaped or a number with kbit, mbit or gbit (1gbit)")),
+        };
+        Ok(Link { rate, lose_every })
+    }
+}
+
+impl std::fmt::Display for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.rate.as_deref().unwrap_or("unshaped"))?;
+        if self.lose_every > 0 {
+            write!(f, "+loss{}", self.lose_every)?;
+        }
+        Ok(())
+    }
+}
+
+/// `n` hosts on one bridge, host `i` (from 1) at `10.77.K.i`, each link shaped as a [`Link`].
 pub struct Hosts {
     prefix: String,
     subnet: u32,
@@ -26,8 +93,9 @@ fn ip(args: &[&str]) -> Result<Output, String> {
 }
 
 impl Hosts {
-    /// Makes the hosts, or says why it cannot (the caller skips).
-    pub fn new(n: usize, rate: &str) -> Result<Hosts, String> {
+    /// Makes the hosts, each link shaped as `link` says, or says why it cannot (the caller
+    /// skips).
+    pub fn new(n: usize, link: &Link) -> Result<Hosts, String> {
         // Names of this test's own (the process and a count of the hosts it made), so
         // concurrent tests do not meet; each bridge is a network of its own.
         static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -47,9 +115,15 @@ impl Hosts {
             ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
             ip(&["-n", &sw, "link", "set", &port, "master", "br0"])?;
             ip(&["-n", &sw, "link", "set", &port, "up"])?;
-            for (space, dev) in [(&ns, "eth0"), (&sw, port.as_str())] {
-                let tbf = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb"];
-                ip(&[&["netns", "exec", space.as_str()][..], &tbf[..], &["latency", "10ms"][..]].concat())?;
+            if let Some(rate) = &link.rate {
+                for (space, dev) in [(&ns, "eth0"), (&sw, port.as_str())] {
+                    let tbf =
+                        ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", link.burst()];
+                    ip(&[&["netns", "exec", space.as_str()][..], &tbf[..], &["latency", "10ms"][..]].concat())?;
+                }
+            }
+            if link.lose_every > 0 {
+                hosts.lose_every(i, link.lose_every)?;
             }
         }
         Ok(hosts)
@@ -154,5 +228,24 @@ impl Drop for Hosts {
             let _ = ip(&["netns", "del", &self.ns(i)]);
         }
         let _ = ip(&["netns", "del", &self.switch()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Link;
+
+    #[test]
+    fn links_parse_rates_and_loss_and_print_back() {
+        for s in ["unshaped", "1gbit", "10gbit+loss1000", "100mbit", "2.5gbit+loss2"] {
+            assert_eq!(s.parse::<Link>().unwrap().to_string(), s);
+        }
+        assert_eq!("1gbit+loss1000".parse::<Link>().unwrap(), Link { rate: Some("1gbit".into()), lose_every: 1000 });
+        assert_eq!("10gbit".parse::<Link>().unwrap().burst(), "1mb");
+        assert_eq!("1gbit".parse::<Link>().unwrap().burst(), "256kb");
+        for bad in ["", "fast", "1gb", "0gbit", "gbit", "1gbit+", "1gbit+loss1", "1gbit+loss", "1gbit+drop5", "-1mbit"]
+        {
+            assert!(bad.parse::<Link>().is_err(), "{bad:?} parsed");
+        }
     }
 }

@@ -473,13 +473,22 @@ pub(super) struct BenchArgs {
     /// --recovery: seconds between checkpoints.
     #[arg(long, default_value_t = 10.0)]
     pub(super) checkpoint_every: f64,
-    /// --recovery and --security: runs of each kind.
+    /// --recovery, --security and --hosts: runs of each kind.
     #[arg(long, default_value_t = 3)]
     pub(super) runs: usize,
     /// Instead: what the secret and TLS cost against an open server, --runs alternating rounds:
     /// connections/s and dense GB/s through one server, and (with --data) 2x2 async training.
     #[arg(long)]
     pub(super) security: bool,
+    /// Instead: 2 servers x 2 trainers async, each in a network namespace of its own (needs
+    /// root), on every --links shape, the CTR-DNN and a dense-heavy CTR-DNN, --runs rounds:
+    /// samples/s end to end, bytes per sample, packets lost.
+    #[arg(long)]
+    pub(super) hosts: bool,
+    /// --hosts: link shapes, RATE[+lossN] each (unshaped, 100mbit, 1gbit, 10gbit; +loss1000
+    /// drops one packet in 1,000 each way); the first is the others' baseline.
+    #[arg(long, value_delimiter = ',', default_value = "unshaped,10gbit,1gbit,1gbit+loss1000,100mbit")]
+    pub(super) links: Vec<crate::bench::netns::Link>,
 }
 
 #[derive(Args)]

@@ -32,6 +32,15 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
             exe: super::this_binary("oar bench")?,
         });
     }
+    if a.hosts {
+        return crate::bench::hosts::run(&crate::bench::hosts::HostsConfig {
+            data: a.data,
+            lines: a.lines,
+            links: a.links,
+            runs: a.runs,
+            exe: super::this_binary("oar bench")?,
+        });
+    }
     if a.security {
         return crate::bench::security::run(&crate::bench::security::SecurityConfig {
             data: a.data,

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::util::*;
-use oar::bench::netns::Hosts;
+use oar::bench::netns::{Hosts, Link};
 
 fn finish(child: Child, what: &str) -> String {
     let o = child.wait_with_output().expect("the process ends");
@@ -133,7 +133,7 @@ fn server_stats(servers: Vec<Child>) -> Vec<oar::protocol::ServerStats> {
 
 /// Four hosts on 1 Gbit/s links, or `None` (said on stderr) where namespaces cannot be made.
 fn four_hosts() -> Option<Hosts> {
-    Hosts::new(4, "1gbit").map_err(|why| eprintln!("skipped: no network namespaces here ({why})")).ok()
+    Hosts::new(4, &Link::rate("1gbit")).map_err(|why| eprintln!("skipped: no network namespaces here ({why})")).ok()
 }
 
 #[test]
@@ -327,4 +327,30 @@ fn a_cut_server_link_that_lasts_fails_the_trainers_naming_the_server_and_its_add
         assert!(last.contains(&named), "trainer {t}'s last line names {named}: {last}");
     }
     eprintln!("the trainers failed {:.1} s after the cut", started.elapsed().as_secs_f64());
+}
+
+/// `oar bench --hosts`, short: both models on an unshaped link and a lossy 1 Gbit/s one, a
+/// table each with a rate per link, the servers' bytes per sample, and the packets the switch
+/// dropped (some on the lossy link, none on the other).
+#[test]
+fn oar_bench_hosts_prints_the_shaped_link_table_of_both_models() {
+    if four_hosts_with_nft().is_none() {
+        return;
+    }
+    let o = oar(&["bench", "--hosts", "--lines", "3000", "--runs", "1", "--links", "unshaped,1gbit+loss200"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.starts_with("| unshaped") || l.starts_with("| 1gbit+loss200"))
+        .map(|l| l.split('|').map(str::trim).filter(|c| !c.is_empty()).collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "a row per link and model:\n{out}");
+    for row in &rows {
+        let rate: f64 = row[1].parse().unwrap();
+        let bytes: f64 = row[3].parse().unwrap();
+        let lost: f64 = row[4].parse().unwrap();
+        assert!(rate > 0.0 && bytes > 1000.0, "{row:?}");
+        assert_eq!(lost > 0.0, row[0] == "1gbit+loss200", "{row:?}");
+    }
 }
