@@ -354,3 +354,111 @@ fn oar_bench_hosts_prints_the_shaped_link_table_of_both_models() {
         assert_eq!(lost > 0.0, row[0] == "1gbit+loss200", "{row:?}");
     }
 }
+
+/// An sshd on each of hosts 2 and 3 (their own addresses, port 22; keys and configuration in
+/// `dir`), and the client configuration that reaches them; `None` (said on stderr) where sshd
+/// cannot run. The daemons live in the hosts' namespaces and go with them.
+fn sshd_on_hosts(hosts: &Hosts, dir: &Path) -> Option<()> {
+    let missing: Vec<_> = ["/usr/sbin/sshd", "ssh", "ssh-keygen"].into_iter().filter(|p| !installed(p)).collect();
+    if !missing.is_empty() || std::fs::create_dir_all("/run/sshd").is_err() {
+        eprintln!("skipped: no sshd here ({missing:?} missing or /run/sshd not writable)");
+        return None;
+    }
+    for key in ["hostkey", "clientkey"] {
+        let ok = Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(dir.join(key)).status();
+        assert!(ok.unwrap().success(), "ssh-keygen failed");
+    }
+    std::fs::copy(dir.join("clientkey.pub"), dir.join("authorized_keys")).unwrap();
+    let d = dir.display();
+    let user = String::from_utf8(Command::new("id").arg("-un").output().unwrap().stdout).unwrap();
+    let client = format!(
+        "Host 10.77.*\n  User {}\n  IdentityFile {d}/clientkey\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  \
+         UserKnownHostsFile {d}/known_hosts\n  BatchMode yes\n  LogLevel ERROR\n  ConnectTimeout 5\n",
+        user.trim()
+    );
+    std::fs::write(dir.join("ssh_config"), client).unwrap();
+    for i in 2..=3 {
+        let config = dir.join(format!("sshd_{i}"));
+        let server = format!(
+            "ListenAddress {}:22\nHostKey {d}/hostkey\nPidFile {d}/sshd_{i}.pid\nAuthorizedKeysFile {d}/authorized_keys\n\
+             PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+             StrictModes no\n",
+            hosts.addr(i)
+        );
+        std::fs::write(&config, server).unwrap();
+        let log = dir.join(format!("sshd_{i}.log"));
+        let mut c = Command::new("ip");
+        // A daemon of its own: sshd forks into the background of host i's namespace.
+        c.args(["netns", "exec", &hosts.ns(i), "/usr/sbin/sshd", "-f"]).arg(&config).arg("-E").arg(log);
+        assert!(c.stdin(Stdio::null()).status().unwrap().success(), "sshd on host {i} started");
+    }
+    // Ready when host 1 logs into both (each login retried until the deadline).
+    for i in 2..=3 {
+        wait_until(30, &format!("sshd on host {i}"), || {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &hosts.ns(1), "ssh", "-F"])
+                .arg(dir.join("ssh_config"))
+                .args([&hosts.addr(i), "true"]);
+            c.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+        });
+    }
+    Some(())
+}
+
+/// `oar cluster ssh` from host 1 over ssh to hosts 2 and 3, across the switch: a server and a
+/// trainer on each, listening on and reaching each other's own addresses, train to a saved
+/// model; the job's traffic crossed hosts 2's and 3's links.
+#[test]
+fn cluster_ssh_from_one_host_runs_the_job_on_two_others_across_the_switch() {
+    let Some(hosts) = four_hosts() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    if sshd_on_hosts(&hosts, dir.path()).is_none() {
+        return;
+    }
+    let ws = dir.path().join("ws");
+    gen_data(&ws.join("data"), 2, 3000, 100);
+    std::fs::write(dir.path().join("hosts"), format!("{}\n{}\n", hosts.addr(2), hosts.addr(3))).unwrap();
+    let before: Vec<(u64, u64)> = (2..=3).map(|i| hosts.link_bytes(i)).collect();
+    let (p, rws) = (|p: &Path| p.display().to_string(), dir.path().join("remote-ws"));
+    let args = [
+        "cluster",
+        "ssh",
+        "--no-progress",
+        "--dispatch",
+        "--port",
+        "7164",
+        "--hosts",
+        &p(&dir.path().join("hosts")),
+        "--ssh-config",
+        &p(&dir.path().join("ssh_config")),
+        "--workspace",
+        &p(&ws),
+        "--remote-workspace",
+        &p(&rws),
+        "--",
+        "--mode",
+        "async",
+        "--hidden",
+        "16",
+        "--batch-size",
+        "200",
+        "--train",
+        "data/train",
+        "--test",
+        "data/test",
+        "--output",
+        "model",
+    ];
+    let o = hosts.command(1, Path::new(env!("CARGO_BIN_EXE_oar")), &args, &[]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("oar cluster ssh on 2 hosts: 2 servers x 2 workers, 6000 samples"), "{stdout}");
+    for (s, i) in [(0, 2), (1, 3)] {
+        let log = std::fs::read_to_string(rws.join(format!("log/server.{s}.log"))).unwrap();
+        assert!(log.contains(&format!("OAR_READY {}:7164", hosts.addr(i))), "server {s}:\n{log}");
+        let (up, down) = hosts.link_bytes(i);
+        let carried = (up - before[s].0) + (down - before[s].1);
+        assert!(carried > 500_000, "host {i}'s link carried {carried} bytes");
+    }
+    assert!(rws.join("model/final/manifest.json").exists(), "the saved model");
+}
