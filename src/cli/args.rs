@@ -424,9 +424,10 @@ pub(super) struct BenchArgs {
     /// Data set for (c): a folder with train/ and test/ (e.g. from gen_criteo_synth.py).
     #[arg(long)]
     pub(super) data: Option<PathBuf>,
-    /// Lines to generate for (c) when --data is not given.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub(super) lines: u64,
+    /// Lines to generate for (c) when --data is not given (default 1,000,000; with --hosts
+    /// 50,000, which takes about 20 minutes over the default links there).
+    #[arg(long)]
+    pub(super) lines: Option<u64>,
     /// Seconds per measurement in (a) and (b).
     #[arg(long, default_value_t = 6.0)]
     pub(super) seconds: f64,

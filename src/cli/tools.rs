@@ -35,7 +35,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if a.hosts {
         return crate::bench::hosts::run(&crate::bench::hosts::HostsConfig {
             data: a.data,
-            lines: a.lines,
+            lines: a.lines.unwrap_or(50_000),
             links: a.links,
             runs: a.runs,
             exe: super::this_binary("oar bench")?,
@@ -56,7 +56,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
         sparse_rows: a.sparse_rows,
         baselines: a.baseline_exe,
         data: a.data,
-        lines: a.lines,
+        lines: a.lines.unwrap_or(1_000_000),
         seconds: a.seconds,
         exe: super::this_binary("oar bench")?,
         skip_training: a.skip_training,
