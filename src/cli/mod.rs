@@ -14,6 +14,7 @@ use crate::base::program::Program;
 use crate::model::Registry;
 
 mod args;
+mod args_bench;
 mod args_job;
 mod data_tools;
 mod jobs;

@@ -3,6 +3,7 @@
 use anyhow::Context;
 
 use super::args::*;
+use super::args_bench::BenchArgs;
 use crate::train::job_config::JobConfig;
 
 /// `oar bench`: throughput beside its baselines, or (`--quality`, `--recovery`, `--security`)

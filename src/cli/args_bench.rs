@@ -1,0 +1,92 @@
+//! The flags of `oar bench`: which measurement runs ((a)-(c) by default, or one of --models,
+//! --quality, --recovery, --security, --hosts) and their settings.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Args)]
+pub(super) struct BenchArgs {
+    /// Dense floats per push and pull in (a).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub(super) dense_floats: usize,
+    /// Keys per sparse request in (b).
+    #[arg(long, default_value_t = 50_000)]
+    pub(super) sparse_keys: usize,
+    /// Rows inserted into the sparse table before (b) measures.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub(super) sparse_rows: usize,
+    /// Another oar binary (e.g. an earlier build) whose server (b) measures beside this
+    /// build's in alternating rounds; repeatable.
+    #[arg(long = "baseline-exe")]
+    pub(super) baseline_exe: Vec<PathBuf>,
+    /// Data set for (c): a folder with train/ and test/ (e.g. from gen_criteo_synth.py).
+    #[arg(long)]
+    pub(super) data: Option<PathBuf>,
+    /// Lines to generate for (c) when --data is not given (default 1,000,000; with --hosts
+    /// 50,000, which takes about 20 minutes over the default links there).
+    #[arg(long)]
+    pub(super) lines: Option<u64>,
+    /// Seconds per measurement in (a) and (b).
+    #[arg(long, default_value_t = 6.0)]
+    pub(super) seconds: f64,
+    /// Skip the training runs (c).
+    #[arg(long)]
+    pub(super) skip_training: bool,
+    /// Instead: every zoo model (examples/zoo, the CTR-DNN) on --data, locally and on 2 servers
+    /// x 2 workers, as a markdown table of test AUC, log-loss and samples/s.
+    #[arg(long)]
+    pub(super) models: bool,
+    /// With --models: only this zoo model (as the table names it, e.g. DCN, CTR-DNN); repeatable.
+    #[arg(long = "model")]
+    pub(super) model: Vec<String>,
+    /// Alternating rounds of (b), each measuring every build (medians, and ratios paired by
+    /// round, are reported); with --models and --baseline-exe, rounds per model.
+    #[arg(long, default_value_t = 3)]
+    pub(super) rounds: usize,
+    /// Instead: local vs sync vs async vs geo 2x2 quality of the CTR-DNN on --real (rotated through
+    /// --folds) and generated sets of --sizes lines under --seeds seeds, as paired differences.
+    #[arg(long)]
+    pub(super) quality: bool,
+    /// --quality: the real Criteo sample (TSV) to rotate through folds.
+    #[arg(long)]
+    pub(super) real: Option<PathBuf>,
+    /// --quality: folds of the real sample.
+    #[arg(long, default_value_t = 10)]
+    pub(super) folds: usize,
+    /// --quality: generated set sizes in training lines (0: none).
+    #[arg(long, value_delimiter = ',', default_value = "200000,1000000")]
+    pub(super) sizes: Vec<u64>,
+    /// --quality: seeds per generated size.
+    #[arg(long, default_value_t = 3)]
+    pub(super) seeds: u64,
+    /// --quality: samples per update.
+    #[arg(long, default_value_t = 512)]
+    pub(super) batch: usize,
+    /// --quality: a job file whose [train] settings (e.g. pull_ahead) every run uses.
+    #[arg(long)]
+    pub(super) config: Option<PathBuf>,
+    /// Instead: the cost of surviving a server on --data, 2x2 async: no checkpoints, checkpoints
+    /// every --checkpoint-every s, and server 1 killed mid-pass and restarted, --runs each.
+    #[arg(long)]
+    pub(super) recovery: bool,
+    /// --recovery: seconds between checkpoints.
+    #[arg(long, default_value_t = 10.0)]
+    pub(super) checkpoint_every: f64,
+    /// --recovery, --security and --hosts: runs of each kind.
+    #[arg(long, default_value_t = 3)]
+    pub(super) runs: usize,
+    /// Instead: what the secret and TLS cost against an open server, --runs alternating rounds:
+    /// connections/s and dense GB/s through one server, and (with --data) 2x2 async training.
+    #[arg(long)]
+    pub(super) security: bool,
+    /// Instead: 2 servers x 2 trainers async, each in a network namespace of its own (needs
+    /// root), on every --links shape, the CTR-DNN and a dense-heavy CTR-DNN, --runs rounds:
+    /// samples/s end to end, bytes per sample, packets lost.
+    #[arg(long)]
+    pub(super) hosts: bool,
+    /// --hosts: link shapes, RATE[+lossN] each (unshaped, 100mbit, 1gbit, 10gbit; +loss1000
+    /// drops one packet in 1,000 each way); the first is the others' baseline.
+    #[arg(long, value_delimiter = ',', default_value = "unshaped,10gbit,1gbit,1gbit+loss1000,100mbit")]
+    pub(super) links: Vec<crate::bench::netns::Link>,
+}
