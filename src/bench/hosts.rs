@@ -162,7 +162,10 @@ fn run_job(hosts: &Hosts, exe: &Path, job: &Path, data: &Path, secrets: &Path) -
         let stats: crate::protocol::ServerStats = serde_json::from_str(line)?;
         frame_bytes += stats.frame_bytes_in + stats.frame_bytes_out;
     }
-    let dropped = (1..=4).map(|i| hosts.dropped(i)).sum();
+    let mut dropped = 0;
+    for i in 1..=4 {
+        dropped += hosts.dropped(i).map_err(|why| anyhow::anyhow!("counting lost packets: {why}"))?;
+    }
     Ok(HostsRun { seconds, frame_bytes, dropped })
 }
 

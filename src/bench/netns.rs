@@ -145,11 +145,13 @@ impl Hosts {
 
     /// Bytes host `i`'s link carried into the switch and out of it to the host, as the
     /// switch's port counts them.
-    pub fn link_bytes(&self, i: usize) -> (u64, u64) {
-        let o = ip(&["-j", "-s", "-n", &self.switch(), "link", "show", &format!("port{i}")]).unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    pub fn link_bytes(&self, i: usize) -> Result<(u64, u64), String> {
+        let o = ip(&["-j", "-s", "-n", &self.switch(), "link", "show", &format!("port{i}")])?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).map_err(|e| format!("ip -j link show: {e}"))?;
         let stats = &v[0]["stats64"];
-        (stats["rx"]["bytes"].as_u64().unwrap(), stats["tx"]["bytes"].as_u64().unwrap())
+        let count =
+            |dir: &str| stats[dir]["bytes"].as_u64().ok_or_else(|| format!("ip -j link show port{i}: no {dir} bytes"));
+        Ok((count("rx")?, count("tx")?))
     }
 
     /// Runs the nftables `script` in the switch's namespace; why it failed, if it did.
@@ -174,33 +176,34 @@ impl Hosts {
     }
 
     /// Cuts host `i`'s link: the switch drops everything it carries, each way, until [`Hosts::mend`].
-    pub fn cut(&self, i: usize) {
+    pub fn cut(&self, i: usize) -> Result<(), String> {
         let rules = format!("iifname \"port{i}\" counter drop\noifname \"port{i}\" counter drop");
         self.nft(&format!(
             "table bridge cut{i} {{ chain fw {{ type filter hook forward priority -1; policy accept;\n{rules}\n}}\n}}"
         ))
-        .expect("the cut");
     }
 
     /// Mends the cut of host `i`'s link.
-    pub fn mend(&self, i: usize) {
-        self.nft(&format!("delete table bridge cut{i}")).expect("the mend");
+    pub fn mend(&self, i: usize) -> Result<(), String> {
+        self.nft(&format!("delete table bridge cut{i}"))
     }
 
     /// Packets the switch dropped on host `i`'s link, by loss or by a cut not mended yet.
-    pub fn dropped(&self, i: usize) -> u64 {
+    pub fn dropped(&self, i: usize) -> Result<u64, String> {
         let mut sum = 0;
         for table in [format!("loss{i}"), format!("cut{i}")] {
             let args = ["netns", "exec", &self.switch(), "nft", "-j", "list", "table", "bridge", &table];
             let Ok(o) = ip(&args) else { continue }; // no such table
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-            for item in v["nftables"].as_array().unwrap() {
+            let v: serde_json::Value =
+                serde_json::from_slice(&o.stdout).map_err(|e| format!("nft -j list table bridge {table}: {e}"))?;
+            let items = v["nftables"].as_array().ok_or_else(|| format!("nft -j list table bridge {table}: no list"))?;
+            for item in items {
                 for expr in item["rule"]["expr"].as_array().into_iter().flatten() {
                     sum += expr["counter"]["packets"].as_u64().unwrap_or(0);
                 }
             }
         }
-        sum
+        Ok(sum)
     }
 
     /// `exe args` on host `i`, with exactly the environment `vars` (plus PATH).

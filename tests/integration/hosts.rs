@@ -131,6 +131,11 @@ fn server_stats(servers: Vec<Child>) -> Vec<oar::protocol::ServerStats> {
     stats.collect()
 }
 
+/// Samples server `st` took from each trainer: applied, or discarded as a duplicate.
+fn took(st: &oar::protocol::ServerStats) -> Vec<u64> {
+    st.applied_samples.iter().zip(&st.discarded_samples).map(|(a, d)| a + d).collect()
+}
+
 /// Four hosts on 1 Gbit/s links, or `None` (said on stderr) where namespaces cannot be made.
 fn four_hosts() -> Option<Hosts> {
     Hosts::new(4, &Link::rate("1gbit")).map_err(|why| eprintln!("skipped: no network namespaces here ({why})")).ok()
@@ -145,7 +150,7 @@ fn a_sync_job_across_hosts_on_shaped_links_trains_the_model_it_trains_on_loopbac
     // Counted at the switch: every host's link carried the job's traffic both ways (about 1 MB
     // each way here: the dense blocks and rows of every step), none of it on loopback.
     for i in 1..=4 {
-        let (up, down) = hosts.link_bytes(i);
+        let (up, down) = hosts.link_bytes(i).unwrap();
         eprintln!("host {i}: {up} bytes up, {down} down");
         assert!(up > 500_000 && down > 500_000, "host {i}'s link carried {up} bytes up and {down} down");
     }
@@ -167,12 +172,12 @@ fn a_geo_job_across_hosts_sends_fewer_bytes_than_async_counted_at_the_switch_and
     gen_data(&dir.path().join("data"), 2, 12_000, 10);
     let mut carried = Vec::new();
     for mode in ["async", "geo"] {
-        let before: Vec<(u64, u64)> = (1..=2).map(|i| hosts.link_bytes(i)).collect();
+        let before: Vec<(u64, u64)> = (1..=2).map(|i| hosts.link_bytes(i).unwrap()).collect();
         let extra = [("OAR_GEO_K_STEPS", "20".to_string()), ("OAR_SYNC_WARMUP", "0".to_string())];
         let (_, stats) = fleet_job(dir.path(), Some(&hosts), mode, mode, &extra, 12_000);
         let mut link = 0;
         for (s, st) in stats.iter().enumerate() {
-            let (up, down) = hosts.link_bytes(s + 1);
+            let (up, down) = hosts.link_bytes(s + 1).unwrap();
             let on_link = (up - before[s].0) + (down - before[s].1);
             let frames = st.frame_bytes_in + st.frame_bytes_out;
             eprintln!("{mode}: server {s}: {frames} frame bytes, {on_link} bytes on its link");
@@ -180,8 +185,7 @@ fn a_geo_job_across_hosts_sends_fewer_bytes_than_async_counted_at_the_switch_and
                 frames <= on_link && on_link < 2 * frames,
                 "{mode}: server {s} counted {frames} frame bytes, its link carried {on_link}"
             );
-            let took: Vec<u64> = st.applied_samples.iter().zip(&st.discarded_samples).map(|(a, d)| a + d).collect();
-            assert_eq!(took, vec![12_000, 12_000], "{mode}: server {s} took every sample once");
+            assert_eq!(took(st), vec![12_000, 12_000], "{mode}: server {s} took every sample once");
             link += on_link;
         }
         carried.push(link);
@@ -212,7 +216,7 @@ fn watch_stderr(children: &mut [Child]) -> (mpsc::Receiver<(usize, String)>, Vec
 fn wait_for_traffic(hosts: &Hosts, i: usize, bytes: u64) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while {
-        let (up, down) = hosts.link_bytes(i);
+        let (up, down) = hosts.link_bytes(i).unwrap();
         up + down < bytes
     } {
         assert!(Instant::now() < deadline, "host {i}'s link did not carry {bytes} bytes within 120 s");
@@ -255,7 +259,7 @@ fn a_sync_job_over_lossy_links_trains_the_loopback_model_with_every_sample_appli
     let dir = tempfile::tempdir().unwrap();
     gen_data(&dir.path().join("data"), 2, 3000, 10);
     let (across, stats) = fleet_job(dir.path(), Some(&hosts), "lossy", "sync", &[], 3000);
-    let dropped: Vec<u64> = (1..=4).map(|i| hosts.dropped(i)).collect();
+    let dropped: Vec<u64> = (1..=4).map(|i| hosts.dropped(i).unwrap()).collect();
     eprintln!("packets dropped on the hosts' links: {dropped:?}");
     assert!(dropped.iter().all(|&d| d > 0), "every link lost packets: {dropped:?}");
     for (s, st) in stats.iter().enumerate() {
@@ -285,10 +289,10 @@ fn a_cut_server_link_that_comes_back_loses_no_sample_and_applies_none_twice() {
     let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra);
     let (stderr, threads) = watch_stderr(&mut fleet.trainers);
     wait_for_traffic(&hosts, 2, 1_000_000);
-    hosts.cut(2);
+    hosts.cut(2).unwrap();
     let t = wait_for_line(&stderr, &format!("lost server 1 (server 1 at {}:7164", hosts.addr(2)));
-    eprintln!("trainer {t} lost server 1 after {} dropped packets", hosts.dropped(2));
-    hosts.mend(2);
+    eprintln!("trainer {t} lost server 1 after {} dropped packets", hosts.dropped(2).unwrap());
+    hosts.mend(2).unwrap();
     let mut back = 0;
     for (t, (child, err)) in fleet.trainers.into_iter().zip(threads).enumerate() {
         let o = child.wait_with_output().unwrap();
@@ -299,8 +303,7 @@ fn a_cut_server_link_that_comes_back_loses_no_sample_and_applies_none_twice() {
     }
     assert!(back > 0, "a trainer said server 1 was back");
     for (s, st) in server_stats(fleet.servers).iter().enumerate() {
-        let took: Vec<u64> = st.applied_samples.iter().zip(&st.discarded_samples).map(|(a, d)| a + d).collect();
-        assert_eq!(took, vec![lines, lines], "server {s} took every sample once");
+        assert_eq!(took(st), vec![lines, lines], "server {s} took every sample once");
     }
 }
 
@@ -315,7 +318,7 @@ fn a_cut_server_link_that_lasts_fails_the_trainers_naming_the_server_and_its_add
     let extra = [("OAR_TIMEOUT", "3".to_string()), ("OAR_SYNC_WARMUP", "0".to_string())];
     let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra);
     wait_for_traffic(&hosts, 2, 1_000_000);
-    hosts.cut(2);
+    hosts.cut(2).unwrap();
     let started = Instant::now();
     for (t, child) in fleet.trainers.drain(..).enumerate() {
         let o = child.wait_with_output().unwrap();
@@ -418,7 +421,7 @@ fn cluster_ssh_from_one_host_runs_the_job_on_two_others_across_the_switch() {
     let ws = dir.path().join("ws");
     gen_data(&ws.join("data"), 2, 3000, 100);
     std::fs::write(dir.path().join("hosts"), format!("{}\n{}\n", hosts.addr(2), hosts.addr(3))).unwrap();
-    let before: Vec<(u64, u64)> = (2..=3).map(|i| hosts.link_bytes(i)).collect();
+    let before: Vec<(u64, u64)> = (2..=3).map(|i| hosts.link_bytes(i).unwrap()).collect();
     let (p, rws) = (|p: &Path| p.display().to_string(), dir.path().join("remote-ws"));
     let args = [
         "cluster",
@@ -456,7 +459,7 @@ fn cluster_ssh_from_one_host_runs_the_job_on_two_others_across_the_switch() {
     for (s, i) in [(0, 2), (1, 3)] {
         let log = std::fs::read_to_string(rws.join(format!("log/server.{s}.log"))).unwrap();
         assert!(log.contains(&format!("OAR_READY {}:7164", hosts.addr(i))), "server {s}:\n{log}");
-        let (up, down) = hosts.link_bytes(i);
+        let (up, down) = hosts.link_bytes(i).unwrap();
         let carried = (up - before[s].0) + (down - before[s].1);
         assert!(carried > 500_000, "host {i}'s link carried {carried} bytes");
     }
