@@ -8,10 +8,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use super::delay::{round_trip, DelayLine};
 use super::median;
 use super::netns::{Hosts, Link};
 
@@ -37,6 +38,8 @@ struct HostsRun {
     frame_bytes: u64,
     /// Packets the switch dropped on the hosts' links.
     dropped: u64,
+    /// The median round trip from a trainer's host to a server's, before the job.
+    round_trip: Duration,
 }
 
 /// The two models: (name, job file text).
@@ -86,12 +89,13 @@ fn measure(config: &HostsConfig, tmp: &Path) -> anyhow::Result<()> {
                         "oar bench --hosts makes network namespaces (root, iproute2, nftables for loss): {why}"
                     )
                 })?;
-                let run = run_job(&hosts, &config.exe, &job, &data, tmp)?;
+                let run = run_job(&hosts, link, &config.exe, &job, &data, tmp)?;
                 println!(
-                    "    {name}, {link}, round {}: {:.0} samples/s, {} packets lost",
+                    "    {name}, {link}, round {}: {:.0} samples/s, {} packets lost, round trip {:.0} us",
                     round + 1,
                     samples as f64 / run.seconds,
-                    run.dropped
+                    run.dropped,
+                    run.round_trip.as_secs_f64() * 1e6
                 );
                 runs[l].push(run);
             }
@@ -111,14 +115,42 @@ fn count_lines(dir: &Path) -> anyhow::Result<u64> {
     Ok(n)
 }
 
-/// One async job: servers on hosts 1 and 2, trainers on 3 and 4, all through Fleet's variables.
-fn run_job(hosts: &Hosts, exe: &Path, job: &Path, data: &Path, secrets: &Path) -> anyhow::Result<HostsRun> {
-    let list = format!("{}:7164,{}:7164", hosts.addr(1), hosts.addr(2));
+/// The port servers listen on, and the one their delay lines listen on.
+const PORT: u16 = 7164;
+const LINE_PORT: u16 = 7165;
+
+/// Where host `i` listens on `port`.
+fn at(hosts: &Hosts, i: usize, port: u16) -> anyhow::Result<std::net::SocketAddr> {
+    Ok(std::net::SocketAddr::new(hosts.addr(i).parse()?, port))
+}
+
+/// One async job: servers on hosts 1 and 2, trainers on 3 and 4, all through Fleet's variables;
+/// with a delay, the trainers reach the servers through delay lines in the servers' hosts.
+fn run_job(
+    hosts: &Hosts,
+    link: &Link,
+    exe: &Path,
+    job: &Path,
+    data: &Path,
+    secrets: &Path,
+) -> anyhow::Result<HostsRun> {
+    let delay = link.delay_us.map(Duration::from_micros);
+    let probe = delay.map(|d| anyhow::Ok((at(hosts, 1, 7301)?, d))).transpose()?;
+    let round_trip = round_trip(Some(&hosts.ns(3)), Some(&hosts.ns(1)), at(hosts, 1, 7300)?, probe, 200)
+        .context("measuring the round trip between hosts")?;
+    let mut lines = Vec::new();
+    for s in 1..=2 {
+        if let Some(d) = delay {
+            let line = DelayLine::start(Some(&hosts.ns(s)), at(hosts, s, LINE_PORT)?, at(hosts, s, PORT)?, d);
+            lines.push(line.with_context(|| format!("starting a delay line in host {s}"))?);
+        }
+    }
+    let list = |port| format!("{}:{port},{}:{port}", hosts.addr(1), hosts.addr(2));
+    let trainers_list = list(if delay.is_some() { LINE_PORT } else { PORT });
     let common = [
         ("OAR_CONFIG", job.display().to_string()),
         ("OAR_TRAIN", data.join("train").display().to_string()),
         ("OAR_MODE", "async".to_string()),
-        ("PADDLE_PSERVERS_IP_PORT_LIST", list),
         ("PADDLE_TRAINERS_NUM", "2".to_string()),
     ];
     let started = Instant::now();
@@ -131,14 +163,24 @@ fn run_job(hosts: &Hosts, exe: &Path, job: &Path, data: &Path, secrets: &Path) -
     let mut servers = Vec::new();
     for s in 1..=2 {
         let key = ("OAR_SECRET_FILE", secrets.join("master.secret").display().to_string());
-        let role =
-            vec![("TRAINING_ROLE", "PSERVER".into()), ("POD_IP", hosts.addr(s)), ("PADDLE_PORT", "7164".into()), key];
+        let role = vec![
+            ("TRAINING_ROLE", "PSERVER".into()),
+            ("POD_IP", hosts.addr(s)),
+            ("PADDLE_PORT", PORT.to_string()),
+            ("PADDLE_PSERVERS_IP_PORT_LIST", list(PORT)),
+            key,
+        ];
         servers.push(spawn(s, role)?);
     }
     let mut trainers = Vec::new();
     for t in 0..2 {
         let key = ("OAR_SECRET_FILE", secrets.join(format!("trainer-{t}.secret")).display().to_string());
-        let role = vec![("TRAINING_ROLE", "TRAINER".into()), ("PADDLE_TRAINER_ID", t.to_string()), key];
+        let role = vec![
+            ("TRAINING_ROLE", "TRAINER".into()),
+            ("PADDLE_TRAINER_ID", t.to_string()),
+            ("PADDLE_PSERVERS_IP_PORT_LIST", trainers_list.clone()),
+            key,
+        ];
         trainers.push(spawn(3 + t, role)?);
     }
     for (t, child) in trainers.into_iter().enumerate() {
@@ -166,7 +208,7 @@ fn run_job(hosts: &Hosts, exe: &Path, job: &Path, data: &Path, secrets: &Path) -
     for i in 1..=4 {
         dropped += hosts.dropped(i).map_err(|why| anyhow::anyhow!("counting lost packets: {why}"))?;
     }
-    Ok(HostsRun { seconds, frame_bytes, dropped })
+    Ok(HostsRun { seconds, frame_bytes, dropped, round_trip })
 }
 
 /// Waits for `child`; its standard output, or an error with the end of what it wrote.
@@ -183,15 +225,16 @@ fn ended(child: Child, what: &str) -> anyhow::Result<String> {
 fn print_table(name: &str, links: &[Link], runs: &[Vec<HostsRun>], samples: u64) {
     println!("\n{name}\n");
     println!(
-        "| link | samples/s end to end (median) | vs {} (median of rounds) | bytes per sample | packets lost |",
+        "| link | round trip (median) | samples/s end to end (median) | vs {} (median of rounds) | bytes per sample | packets lost |",
         links[0]
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     for (link, rs) in links.iter().zip(runs) {
         let rate = median(rs.iter().map(|r| samples as f64 / r.seconds).collect());
         let ratio = median(rs.iter().zip(&runs[0]).map(|(r, base)| base.seconds / r.seconds).collect());
         let bytes = median(rs.iter().map(|r| r.frame_bytes as f64 / samples as f64).collect());
         let lost = median(rs.iter().map(|r| r.dropped as f64).collect());
-        println!("| {link} | {rate:.0} | {ratio:.2}x | {bytes:.0} | {lost:.0} |");
+        let rtt = median(rs.iter().map(|r| r.round_trip.as_secs_f64() * 1e6).collect());
+        println!("| {link} | {rtt:.0} us | {rate:.0} | {ratio:.2}x | {bytes:.0} | {lost:.0} |");
     }
 }

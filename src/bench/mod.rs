@@ -242,6 +242,7 @@ fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f
     Ok((median(raws), median(oars)))
 }
 
+pub mod delay;
 pub mod hosts;
 pub mod netns;
 pub mod quality;

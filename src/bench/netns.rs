@@ -8,21 +8,26 @@
 
 use std::process::{Command, Output, Stdio};
 
-/// A host link's shape, written `RATE[+lossN]`: `RATE` is tc's (`100mbit`, `1gbit`, `10gbit`)
-/// or `unshaped` (the veth's own speed, bound by the CPU), and `+lossN` drops every Nth packet
-/// each way (`+loss1000`: 0.1%).
+/// A host link's shape, written `RATE[+lossN][+delayD]`: `RATE` is tc's (`100mbit`, `1gbit`,
+/// `10gbit`) or `unshaped` (the veth's own speed, bound by the CPU), `+lossN` drops every Nth
+/// packet each way (`+loss1000`: 0.1%), and `+delayD` (`+delay500us`, `+delay1ms`) is a one-way
+/// delay between trainers and servers, each way, which [`super::delay::DelayLine`]s add in the
+/// servers' hosts (this kernel cannot delay packets on a link).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Link {
     /// tc's rate; `None`: unshaped.
     pub rate: Option<String>,
     /// Every this many packets one is lost, each way (0: none).
     pub lose_every: u32,
+    /// The one-way delay in microseconds; `None`: no delay line (`Some(0)`: a line that only
+    /// forwards, to measure what the line itself costs).
+    pub delay_us: Option<u64>,
 }
 
 impl Link {
-    /// A link of `rate` (tc's spelling), without loss.
+    /// A link of `rate` (tc's spelling), without loss or delay.
     pub fn rate(rate: &str) -> Link {
-        Link { rate: Some(rate.into()), lose_every: 0 }
+        Link { rate: Some(rate.into()), lose_every: 0, delay_us: None }
     }
 
     /// tbf's bucket: 256 KB, 1 MB from 10 Gbit/s (a smaller one gave 9.43 Gbit/s and slower
@@ -44,14 +49,23 @@ impl std::str::FromStr for Link {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Link, String> {
-        let (rate, loss) = s.split_once('+').map_or((s, None), |(r, l)| (r, Some(l)));
-        let lose_every = match loss {
-            None => 0,
-            Some(l) => match l.strip_prefix("loss").and_then(|n| n.parse::<u32>().ok()) {
-                Some(n) if n >= 2 => n,
-                _ => return Err(format!("link {s:?}: after '+' comes lossN, one packet in N lost (N at least 2)")),
-            },
-        };
+        let mut parts = s.split('+');
+        let rate = parts.next().unwrap_or_default();
+        let (mut lose_every, mut delay_us) = (0, None);
+        for part in parts {
+            if let Some(n) = part.strip_prefix("loss").filter(|_| lose_every == 0) {
+                lose_every = match n.parse::<u32>() {
+                    Ok(n) if n >= 2 => n,
+                    _ => return Err(format!("link {s:?}: lossN loses one packet in N (N at least 2)")),
+                };
+            } else if let Some(d) = part.strip_prefix("delay").filter(|_| delay_us.is_none()) {
+                delay_us = Some(micros(d).ok_or_else(|| {
+                    format!("link {s:?}: delayD is a one-way delay of at most 1s, in us or ms (delay500us, delay1ms)")
+                })?);
+            } else {
+                return Err(format!("link {s:?}: after '+' comes lossN or delayD, once each"));
+            }
+        }
         let digits = rate.trim_end_matches(|c: char| c.is_ascii_alphabetic());
         let unit = &rate[digits.len()..];
         let rate = match rate {
@@ -61,8 +75,18 @@ impl std::str::FromStr for Link {
             }
             _ => return Err(format!("link {s:?}: the rate is unshaped or a number with kbit, mbit or gbit (1gbit)")),
         };
-        Ok(Link { rate, lose_every })
+        Ok(Link { rate, lose_every, delay_us })
     }
+}
+
+/// Microseconds in `d`, a whole number with `us` or `ms` (`0.5ms` too), up to a second.
+fn micros(d: &str) -> Option<u64> {
+    let (number, scale) = match d.strip_suffix("us") {
+        Some(n) => (n, 1.0),
+        None => (d.strip_suffix("ms")?, 1000.0),
+    };
+    let v = number.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)? * scale;
+    (v.fract() == 0.0 && v <= 1e6).then_some(v as u64)
 }
 
 impl std::fmt::Display for Link {
@@ -71,8 +95,24 @@ impl std::fmt::Display for Link {
         if self.lose_every > 0 {
             write!(f, "+loss{}", self.lose_every)?;
         }
-        Ok(())
+        match self.delay_us {
+            Some(us) if us > 0 && us % 1000 == 0 => write!(f, "+delay{}ms", us / 1000),
+            Some(us) => write!(f, "+delay{us}us"),
+            None => Ok(()),
+        }
     }
+}
+
+/// Moves the calling thread (only it: `setns` moves the caller, and threads it starts later
+/// inherit its namespace) into the network namespace `ip netns` named `name`.
+pub fn enter_netns(name: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(format!("/run/netns/{name}"))?;
+    // SAFETY: the descriptor is open for the call; CLONE_NEWNET asks for a network namespace.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `n` hosts on one bridge, host `i` (from 1) at `10.77.K.i`, each link shaped as a [`Link`].
@@ -240,14 +280,37 @@ mod tests {
 
     #[test]
     fn links_parse_rates_and_loss_and_print_back() {
-        for s in ["unshaped", "1gbit", "10gbit+loss1000", "100mbit", "2.5gbit+loss2"] {
+        for s in
+            ["unshaped", "1gbit", "10gbit+loss1000", "100mbit", "2.5gbit+loss2", "1gbit+delay1ms", "unshaped+delay0us"]
+        {
             assert_eq!(s.parse::<Link>().unwrap().to_string(), s);
         }
-        assert_eq!("1gbit+loss1000".parse::<Link>().unwrap(), Link { rate: Some("1gbit".into()), lose_every: 1000 });
+        let lossy = Link { rate: Some("1gbit".into()), lose_every: 1000, delay_us: Some(500) };
+        for s in ["1gbit+loss1000+delay500us", "1gbit+delay0.5ms+loss1000"] {
+            assert_eq!(s.parse::<Link>().unwrap(), lossy);
+        }
         assert_eq!("10gbit".parse::<Link>().unwrap().burst(), "1mb");
         assert_eq!("1gbit".parse::<Link>().unwrap().burst(), "256kb");
-        for bad in ["", "fast", "1gb", "0gbit", "gbit", "1gbit+", "1gbit+loss1", "1gbit+loss", "1gbit+drop5", "-1mbit"]
-        {
+        for bad in [
+            "",
+            "fast",
+            "1gb",
+            "0gbit",
+            "gbit",
+            "1gbit+",
+            "1gbit+loss1",
+            "1gbit+loss",
+            "1gbit+drop5",
+            "-1mbit",
+            "1gbit+delay1",
+            "1gbit+delay-1ms",
+            "1gbit+delay2s",
+            "1gbit+delay0.5us",
+            "1gbit+delay1ms+delay1ms",
+            "1gbit+loss5+loss5",
+            "1gbit+delayNaNms",
+            "1gbit+delay2000ms",
+        ] {
             assert!(bad.parse::<Link>().is_err(), "{bad:?} parsed");
         }
     }

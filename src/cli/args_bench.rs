@@ -82,11 +82,13 @@ pub(super) struct BenchArgs {
     pub(super) security: bool,
     /// Instead: 2 servers x 2 trainers async, each in a network namespace of its own (needs
     /// root), on every --links shape, the CTR-DNN and a dense-heavy CTR-DNN, --runs rounds:
-    /// samples/s end to end, bytes per sample, packets lost.
+    /// round trips, samples/s end to end, bytes per sample, packets lost.
     #[arg(long)]
     pub(super) hosts: bool,
-    /// --hosts: link shapes, RATE[+lossN] each (unshaped, 100mbit, 1gbit, 10gbit; +loss1000
-    /// drops one packet in 1,000 each way); the first is the others' baseline.
+    /// --hosts: link shapes, RATE[+lossN][+delayD] each (unshaped, 100mbit, 1gbit, 10gbit;
+    /// +loss1000 drops one packet in 1,000 each way; +delay500us delays trainers' and servers'
+    /// bytes by 0.5 ms each way, through a delay line in each server's host, +delay0us by the
+    /// line alone); the first is the others' baseline.
     #[arg(long, value_delimiter = ',', default_value = "unshaped,10gbit,1gbit,1gbit+loss1000,100mbit")]
     pub(super) links: Vec<crate::bench::netns::Link>,
 }

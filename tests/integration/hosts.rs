@@ -332,29 +332,33 @@ fn a_cut_server_link_that_lasts_fails_the_trainers_naming_the_server_and_its_add
     eprintln!("the trainers failed {:.1} s after the cut", started.elapsed().as_secs_f64());
 }
 
-/// `oar bench --hosts`, short: both models on an unshaped link and a lossy 1 Gbit/s one, a
-/// table each with a rate per link, the servers' bytes per sample, and the packets the switch
-/// dropped (some on the lossy link, none on the other).
+/// `oar bench --hosts`, short: both models on an unshaped link and a lossy, delayed 1 Gbit/s
+/// one, a table each with a round trip, a rate per link, the servers' bytes per sample, and the
+/// packets the switch dropped (some on the lossy link, none on the other); the delayed link's
+/// round trips take at least twice its delay, through the delay lines in the servers' hosts.
 #[test]
 fn oar_bench_hosts_prints_the_shaped_link_table_of_both_models() {
     if four_hosts_with_nft().is_none() {
         return;
     }
-    let o = oar(&["bench", "--hosts", "--lines", "3000", "--runs", "1", "--links", "unshaped,1gbit+loss200"]);
+    let slow = "1gbit+loss200+delay2ms";
+    let o = oar(&["bench", "--hosts", "--lines", "3000", "--runs", "1", "--links", &format!("unshaped,{slow}")]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     let rows: Vec<Vec<&str>> = out
         .lines()
-        .filter(|l| l.starts_with("| unshaped") || l.starts_with("| 1gbit+loss200"))
+        .filter(|l| l.starts_with("| unshaped") || l.starts_with(&format!("| {slow}")))
         .map(|l| l.split('|').map(str::trim).filter(|c| !c.is_empty()).collect())
         .collect();
     assert_eq!(rows.len(), 4, "a row per link and model:\n{out}");
     for row in &rows {
-        let rate: f64 = row[1].parse().unwrap();
-        let bytes: f64 = row[3].parse().unwrap();
-        let lost: f64 = row[4].parse().unwrap();
+        let round_trip: f64 = row[1].trim_end_matches(" us").parse().unwrap();
+        let rate: f64 = row[2].parse().unwrap();
+        let bytes: f64 = row[4].parse().unwrap();
+        let lost: f64 = row[5].parse().unwrap();
         assert!(rate > 0.0 && bytes > 1000.0, "{row:?}");
-        assert_eq!(lost > 0.0, row[0] == "1gbit+loss200", "{row:?}");
+        assert_eq!(lost > 0.0, row[0] == slow, "{row:?}");
+        assert!(row[0] != slow || round_trip >= 4000.0, "{row:?}: round trips under twice the delay");
     }
 }
 
