@@ -1,10 +1,11 @@
 //! `oar bench --hosts`: training across hosts that are not loopback ([`super::netns`]): 2
 //! servers and 2 trainers, each in a namespace of its own, started through Paddle's Fleet
-//! variables, on links of each `--links` shape, for a sparse-heavy model (the CTR-DNN) and a
-//! dense-heavy one (the CTR-DNN with three hidden layers of 1,024: 2.1 M dense floats, 8.5 MB
-//! each way per step). Samples/s end to end, medians of `--runs` rounds that alternate the
-//! links, each beside the unshaped link's; bytes per sample as the servers count their frames;
-//! packets the switch dropped.
+//! variables, in each `--modes` mode on links of each `--links` shape, for a sparse-heavy
+//! model (the CTR-DNN) and a dense-heavy one (the CTR-DNN with three hidden layers of 1,024:
+//! 2.1 M dense floats, 8.5 MB each way per step). Samples/s end to end, medians of `--runs`
+//! rounds that alternate the cases, each beside the first's; bytes per sample as the servers
+//! count their frames; packets the switch dropped; the round trip between a trainer's host and
+//! a server's.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -15,6 +16,7 @@ use anyhow::Context;
 use super::delay::{round_trip, DelayLine};
 use super::median;
 use super::netns::{Hosts, Link};
+use crate::protocol::Mode;
 
 /// What `oar bench --hosts` measures.
 #[derive(Clone, Debug)]
@@ -25,6 +27,8 @@ pub struct HostsConfig {
     pub lines: u64,
     /// The link shapes, each measured beside the others in every round.
     pub links: Vec<Link>,
+    /// The modes, each run on every link in every round.
+    pub modes: Vec<Mode>,
     /// Rounds.
     pub runs: usize,
     /// The `oar` binary the hosts run.
@@ -53,6 +57,10 @@ fn models() -> [(&'static str, String); 2] {
 /// Runs the measurement and prints one markdown table per model.
 pub fn run(config: &HostsConfig) -> anyhow::Result<()> {
     anyhow::ensure!(!config.links.is_empty(), "--links names no link");
+    anyhow::ensure!(!config.modes.is_empty(), "--modes names no mode");
+    if let Some(m) = config.modes.iter().find(|m| **m == Mode::Local) {
+        anyhow::bail!("--modes: {m} has no servers to put on other hosts (async, sync or geo)");
+    }
     anyhow::ensure!(config.runs > 0, "--runs is 0");
     let tmp = std::env::temp_dir().join(format!("oar-bench-hosts-{}", std::process::id()));
     let result = measure(config, &tmp);
@@ -75,32 +83,36 @@ fn measure(config: &HostsConfig, tmp: &Path) -> anyhow::Result<()> {
         )?;
         credential.write_new(&tmp.join(format!("trainer-{t}.secret")))?;
     }
+    let modes: Vec<String> = config.modes.iter().map(Mode::to_string).collect();
     println!(
-        "oar bench --hosts: 2 servers x 2 trainers, async, each in a network namespace of its own; {samples} samples"
+        "oar bench --hosts: 2 servers x 2 trainers ({}), each in a network namespace of its own; {samples} samples",
+        modes.join(", ")
     );
+    let cases: Vec<(Mode, &Link)> =
+        config.modes.iter().flat_map(|&m| config.links.iter().map(move |l| (m, l))).collect();
     for (name, text) in models() {
         let job = tmp.join("job.toml");
         std::fs::write(&job, &text)?;
-        let mut runs: Vec<Vec<HostsRun>> = config.links.iter().map(|_| Vec::new()).collect();
+        let mut runs: Vec<Vec<HostsRun>> = cases.iter().map(|_| Vec::new()).collect();
         for round in 0..config.runs {
-            for (l, link) in config.links.iter().enumerate() {
+            for (c, &(mode, link)) in cases.iter().enumerate() {
                 let hosts = Hosts::new(4, link).map_err(|why| {
                     anyhow::anyhow!(
                         "oar bench --hosts makes network namespaces (root, iproute2, nftables for loss): {why}"
                     )
                 })?;
-                let run = run_job(&hosts, link, &config.exe, &job, &data, tmp)?;
+                let run = run_job(&hosts, link, mode, &config.exe, &job, &data, tmp)?;
                 println!(
-                    "    {name}, {link}, round {}: {:.0} samples/s, {} packets lost, round trip {:.0} us",
+                    "    {name}, {mode}, {link}, round {}: {:.0} samples/s, {} packets lost, round trip {:.0} us",
                     round + 1,
                     samples as f64 / run.seconds,
                     run.dropped,
                     run.round_trip.as_secs_f64() * 1e6
                 );
-                runs[l].push(run);
+                runs[c].push(run);
             }
         }
-        print_table(name, &config.links, &runs, samples);
+        print_table(name, &cases, &runs, samples);
     }
     Ok(())
 }
@@ -124,11 +136,12 @@ fn at(hosts: &Hosts, i: usize, port: u16) -> anyhow::Result<std::net::SocketAddr
     Ok(std::net::SocketAddr::new(hosts.addr(i).parse()?, port))
 }
 
-/// One async job: servers on hosts 1 and 2, trainers on 3 and 4, all through Fleet's variables;
+/// One job in `mode`: servers on hosts 1 and 2, trainers on 3 and 4, all through Fleet's variables;
 /// with a delay, the trainers reach the servers through delay lines in the servers' hosts.
 fn run_job(
     hosts: &Hosts,
     link: &Link,
+    mode: Mode,
     exe: &Path,
     job: &Path,
     data: &Path,
@@ -150,7 +163,7 @@ fn run_job(
     let common = [
         ("OAR_CONFIG", job.display().to_string()),
         ("OAR_TRAIN", data.join("train").display().to_string()),
-        ("OAR_MODE", "async".to_string()),
+        ("OAR_MODE", mode.to_string()),
         ("PADDLE_TRAINERS_NUM", "2".to_string()),
     ];
     let started = Instant::now();
@@ -220,21 +233,21 @@ fn ended(child: Child, what: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-/// The table of one model: per link, median samples/s, its ratio to the first link's in the
-/// same rounds, bytes per sample and packets lost.
-fn print_table(name: &str, links: &[Link], runs: &[Vec<HostsRun>], samples: u64) {
+/// The table of one model: per mode and link, the median round trip, samples/s, its ratio to
+/// the first case's in the same rounds, bytes per sample and packets lost.
+fn print_table(name: &str, cases: &[(Mode, &Link)], runs: &[Vec<HostsRun>], samples: u64) {
     println!("\n{name}\n");
+    let (mode0, link0) = cases[0];
     println!(
-        "| link | round trip (median) | samples/s end to end (median) | vs {} (median of rounds) | bytes per sample | packets lost |",
-        links[0]
+        "| mode | link | round trip (median) | samples/s end to end (median) | vs {mode0} on {link0} (median of rounds) | bytes per sample | packets lost |"
     );
-    println!("|---|---|---|---|---|---|");
-    for (link, rs) in links.iter().zip(runs) {
+    println!("|---|---|---|---|---|---|---|");
+    for ((mode, link), rs) in cases.iter().zip(runs) {
         let rate = median(rs.iter().map(|r| samples as f64 / r.seconds).collect());
         let ratio = median(rs.iter().zip(&runs[0]).map(|(r, base)| base.seconds / r.seconds).collect());
         let bytes = median(rs.iter().map(|r| r.frame_bytes as f64 / samples as f64).collect());
         let lost = median(rs.iter().map(|r| r.dropped as f64).collect());
         let rtt = median(rs.iter().map(|r| r.round_trip.as_secs_f64() * 1e6).collect());
-        println!("| {link} | {rtt:.0} us | {rate:.0} | {ratio:.2}x | {bytes:.0} | {lost:.0} |");
+        println!("| {mode} | {link} | {rtt:.0} us | {rate:.0} | {ratio:.2}x | {bytes:.0} | {lost:.0} |");
     }
 }

@@ -80,7 +80,7 @@ pub(super) struct BenchArgs {
     /// connections/s and dense GB/s through one server, and (with --data) 2x2 async training.
     #[arg(long)]
     pub(super) security: bool,
-    /// Instead: 2 servers x 2 trainers async, each in a network namespace of its own (needs
+    /// Instead: 2 servers x 2 trainers (--modes), each in a network namespace of its own (needs
     /// root), on every --links shape, the CTR-DNN and a dense-heavy CTR-DNN, --runs rounds:
     /// round trips, samples/s end to end, bytes per sample, packets lost.
     #[arg(long)]
@@ -91,4 +91,8 @@ pub(super) struct BenchArgs {
     /// line alone); the first is the others' baseline.
     #[arg(long, value_delimiter = ',', default_value = "unshaped,10gbit,1gbit,1gbit+loss1000,100mbit")]
     pub(super) links: Vec<crate::bench::netns::Link>,
+    /// --hosts: the modes to run on every link (async, sync, geo at geo_k_steps 100); the
+    /// first mode on the first link is the others' baseline.
+    #[arg(long, value_delimiter = ',', default_value = "async")]
+    pub(super) modes: Vec<crate::protocol::Mode>,
 }

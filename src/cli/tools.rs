@@ -38,6 +38,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
             data: a.data,
             lines: a.lines.unwrap_or(50_000),
             links: a.links,
+            modes: a.modes,
             runs: a.runs,
             exe: super::this_binary("oar bench")?,
         });

@@ -332,8 +332,8 @@ fn a_cut_server_link_that_lasts_fails_the_trainers_naming_the_server_and_its_add
     eprintln!("the trainers failed {:.1} s after the cut", started.elapsed().as_secs_f64());
 }
 
-/// `oar bench --hosts`, short: both models on an unshaped link and a lossy, delayed 1 Gbit/s
-/// one, a table each with a round trip, a rate per link, the servers' bytes per sample, and the
+/// `oar bench --hosts`, short: both models, async and GEO, on an unshaped link and a lossy,
+/// delayed 1 Gbit/s one, a table each with a round trip, a rate per link, the servers' bytes per sample, and the
 /// packets the switch dropped (some on the lossy link, none on the other); the delayed link's
 /// round trips take at least twice its delay, through the delay lines in the servers' hosts.
 #[test]
@@ -342,23 +342,30 @@ fn oar_bench_hosts_prints_the_shaped_link_table_of_both_models() {
         return;
     }
     let slow = "1gbit+loss200+delay2ms";
-    let o = oar(&["bench", "--hosts", "--lines", "3000", "--runs", "1", "--links", &format!("unshaped,{slow}")]);
+    let links = format!("unshaped,{slow}");
+    let o = oar(&["bench", "--hosts", "--lines", "3000", "--runs", "1", "--links", &links, "--modes", "async,geo"]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     let rows: Vec<Vec<&str>> = out
         .lines()
-        .filter(|l| l.starts_with("| unshaped") || l.starts_with(&format!("| {slow}")))
+        .filter(|l| l.starts_with("| async |") || l.starts_with("| geo |"))
         .map(|l| l.split('|').map(str::trim).filter(|c| !c.is_empty()).collect())
         .collect();
-    assert_eq!(rows.len(), 4, "a row per link and model:\n{out}");
+    assert_eq!(rows.len(), 8, "a row per mode, link and model:\n{out}");
     for row in &rows {
-        let round_trip: f64 = row[1].trim_end_matches(" us").parse().unwrap();
-        let rate: f64 = row[2].parse().unwrap();
-        let bytes: f64 = row[4].parse().unwrap();
-        let lost: f64 = row[5].parse().unwrap();
-        assert!(rate > 0.0 && bytes > 1000.0, "{row:?}");
-        assert_eq!(lost > 0.0, row[0] == slow, "{row:?}");
-        assert!(row[0] != slow || round_trip >= 4000.0, "{row:?}: round trips under twice the delay");
+        let round_trip: f64 = row[2].trim_end_matches(" us").parse().unwrap();
+        let rate: f64 = row[3].parse().unwrap();
+        let bytes: f64 = row[5].parse().unwrap();
+        let lost: f64 = row[6].parse().unwrap();
+        assert!(rate > 0.0 && bytes > 100.0, "{row:?}");
+        assert_eq!(lost > 0.0, row[1] == slow, "{row:?}");
+        assert!(row[1] != slow || round_trip >= 4000.0, "{row:?}: round trips under twice the delay");
+    }
+    // GEO's exchanges every 100 steps (after 1, 2, 4, ...) carry fewer bytes than async's every step.
+    for model in rows.chunks(4) {
+        let bytes = |mode: &str| model.iter().find(|r| r[0] == mode && r[1] == "unshaped").unwrap()[5];
+        let (geo, async_): (f64, f64) = (bytes("geo").parse().unwrap(), bytes("async").parse().unwrap());
+        assert!(geo < async_, "geo sent {geo} bytes per sample, async {async_}");
     }
 }
 
