@@ -1,5 +1,5 @@
-//! `oar bench --hosts`: training across hosts that are not loopback ([`super::netns`]): 2
-//! servers and 2 trainers, each in a namespace of its own, started through Paddle's Fleet
+//! `oar bench --hosts`: training across hosts that are not loopback ([`super::netns`]): S
+//! servers and N trainers (2 and 2 unless asked), each in a namespace of its own, started through Paddle's Fleet
 //! variables, in each `--modes` mode on links of each `--links` shape, for a sparse-heavy
 //! model (the CTR-DNN) and a dense-heavy one (the CTR-DNN with three hidden layers of 1,024:
 //! 2.1 M dense floats, 8.5 MB each way per step). Samples/s end to end, medians of `--runs`
@@ -29,6 +29,13 @@ pub struct HostsConfig {
     pub links: Vec<Link>,
     /// The modes, each run on every link in every round.
     pub modes: Vec<Mode>,
+    /// Servers, each on a host of its own.
+    pub servers: usize,
+    /// Trainers, each on a host of its own.
+    pub trainers: usize,
+    /// Only the models whose names hold one of these (`sparse-heavy`, `dense-heavy`); all when
+    /// empty.
+    pub models: Vec<String>,
     /// Rounds.
     pub runs: usize,
     /// The `oar` binary the hosts run.
@@ -38,10 +45,16 @@ pub struct HostsConfig {
 /// One job across the hosts.
 struct HostsRun {
     seconds: f64,
-    /// Frame bytes the servers read and wrote.
-    frame_bytes: u64,
-    /// Packets the switch dropped on the hosts' links.
+    /// Frame bytes the servers read (sent to them) and wrote.
+    bytes_to: u64,
+    bytes_from: u64,
+    /// CPU seconds the trainers and the servers used, all of each.
+    trainer_cpu: f64,
+    server_cpu: f64,
+    /// Packets the switch dropped on the hosts' links (`+lossN`, cuts).
     dropped: u64,
+    /// Packets the links' shapers dropped from their full queues.
+    shaper_drops: u64,
     /// The median round trip from a trainer's host to a server's, before the job.
     round_trip: Duration,
 }
@@ -62,6 +75,13 @@ pub fn run(config: &HostsConfig) -> anyhow::Result<()> {
         anyhow::bail!("--modes: {m} has no servers to put on other hosts (async, sync or geo)");
     }
     anyhow::ensure!(config.runs > 0, "--runs is 0");
+    anyhow::ensure!(config.servers > 0 && config.trainers > 0, "--servers and --trainers are at least 1");
+    // Addresses end in the host's number on a /24, and every host is a namespace.
+    anyhow::ensure!(config.servers + config.trainers <= 64, "--servers and --trainers: at most 64 hosts");
+    let known = models().map(|(name, _)| name);
+    if let Some(m) = config.models.iter().find(|m| !known.iter().any(|k| k.contains(m.as_str()))) {
+        anyhow::bail!("--model {m:?}: --hosts has {}", known.join(" and "));
+    }
     let tmp = std::env::temp_dir().join(format!("oar-bench-hosts-{}", std::process::id()));
     let result = measure(config, &tmp);
     let _ = std::fs::remove_dir_all(&tmp);
@@ -71,42 +91,48 @@ pub fn run(config: &HostsConfig) -> anyhow::Result<()> {
 /// [`run`] with its temporary folder `tmp`.
 fn measure(config: &HostsConfig, tmp: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(tmp)?;
-    let data = super::bench_data(config.data.as_deref(), config.lines, tmp)?;
+    let data = super::bench_data(config.data.as_deref(), config.lines, config.trainers.max(4), tmp)?;
     let samples = count_lines(&data.join("train"))?;
     // The servers hold the job's master secret, each trainer a credential of its own.
     let master = crate::security::auth::Secret::generate();
     master.write_new(&tmp.join("master.secret"))?;
-    for t in 0..2 {
+    for t in 0..config.trainers {
         let credential = master.derive(
             "oar", // the default --job
-            crate::security::auth::Identity::Trainer(t),
+            crate::security::auth::Identity::Trainer(t as u64),
         )?;
         credential.write_new(&tmp.join(format!("trainer-{t}.secret")))?;
     }
     let modes: Vec<String> = config.modes.iter().map(Mode::to_string).collect();
     println!(
-        "oar bench --hosts: 2 servers x 2 trainers ({}), each in a network namespace of its own; {samples} samples",
+        "oar bench --hosts: {} servers x {} trainers ({}), each in a network namespace of its own; {samples} samples",
+        config.servers,
+        config.trainers,
         modes.join(", ")
     );
     let cases: Vec<(Mode, &Link)> =
         config.modes.iter().flat_map(|&m| config.links.iter().map(move |l| (m, l))).collect();
-    for (name, text) in models() {
+    let chosen = models()
+        .into_iter()
+        .filter(|(name, _)| config.models.is_empty() || config.models.iter().any(|m| name.contains(m.as_str())));
+    for (name, text) in chosen {
         let job = tmp.join("job.toml");
         std::fs::write(&job, &text)?;
         let mut runs: Vec<Vec<HostsRun>> = cases.iter().map(|_| Vec::new()).collect();
         for round in 0..config.runs {
             for (c, &(mode, link)) in cases.iter().enumerate() {
-                let hosts = Hosts::new(4, link).map_err(|why| {
+                let hosts = Hosts::new(config.servers + config.trainers, link).map_err(|why| {
                     anyhow::anyhow!(
                         "oar bench --hosts makes network namespaces (root, iproute2, nftables for loss): {why}"
                     )
                 })?;
-                let run = run_job(&hosts, link, mode, &config.exe, &job, &data, tmp)?;
+                let run = run_job(&hosts, config, link, mode, &job, &data, tmp)?;
                 println!(
-                    "    {name}, {mode}, {link}, round {}: {:.0} samples/s, {} packets lost, round trip {:.0} us",
+                    "    {name}, {mode}, {link}, round {}: {:.0} samples/s, {} packets lost, {} dropped by full queues, round trip {:.0} us",
                     round + 1,
                     samples as f64 / run.seconds,
                     run.dropped,
+                    run.shaper_drops,
                     run.round_trip.as_secs_f64() * 1e6
                 );
                 runs[c].push(run);
@@ -136,35 +162,38 @@ fn at(hosts: &Hosts, i: usize, port: u16) -> anyhow::Result<std::net::SocketAddr
     Ok(std::net::SocketAddr::new(hosts.addr(i).parse()?, port))
 }
 
-/// One job in `mode`: servers on hosts 1 and 2, trainers on 3 and 4, all through Fleet's variables;
-/// with a delay, the trainers reach the servers through delay lines in the servers' hosts.
+/// One job in `mode`: servers on hosts 1 to S, trainers on the next N, all through Fleet's
+/// variables; with a delay, the trainers reach the servers through delay lines in the servers'
+/// hosts.
 fn run_job(
     hosts: &Hosts,
+    config: &HostsConfig,
     link: &Link,
     mode: Mode,
-    exe: &Path,
     job: &Path,
     data: &Path,
     secrets: &Path,
 ) -> anyhow::Result<HostsRun> {
     let delay = link.delay_us.map(Duration::from_micros);
     let probe = delay.map(|d| anyhow::Ok((at(hosts, 1, 7301)?, d))).transpose()?;
-    let round_trip = round_trip(Some(&hosts.ns(3)), Some(&hosts.ns(1)), at(hosts, 1, 7300)?, probe, 200)
+    let (servers_n, trainers_n, exe) = (config.servers, config.trainers, &config.exe);
+    let first_trainer = servers_n + 1;
+    let round_trip = round_trip(Some(&hosts.ns(first_trainer)), Some(&hosts.ns(1)), at(hosts, 1, 7300)?, probe, 200)
         .context("measuring the round trip between hosts")?;
     let mut lines = Vec::new();
-    for s in 1..=2 {
+    for s in 1..=servers_n {
         if let Some(d) = delay {
             let line = DelayLine::start(Some(&hosts.ns(s)), at(hosts, s, LINE_PORT)?, at(hosts, s, PORT)?, d);
             lines.push(line.with_context(|| format!("starting a delay line in host {s}"))?);
         }
     }
-    let list = |port| format!("{}:{port},{}:{port}", hosts.addr(1), hosts.addr(2));
+    let list = |port| (1..=servers_n).map(|s| format!("{}:{port}", hosts.addr(s))).collect::<Vec<_>>().join(",");
     let trainers_list = list(if delay.is_some() { LINE_PORT } else { PORT });
     let common = [
         ("OAR_CONFIG", job.display().to_string()),
         ("OAR_TRAIN", data.join("train").display().to_string()),
         ("OAR_MODE", mode.to_string()),
-        ("PADDLE_TRAINERS_NUM", "2".to_string()),
+        ("PADDLE_TRAINERS_NUM", trainers_n.to_string()),
     ];
     let started = Instant::now();
     let spawn = |host: usize, role: Vec<(&'static str, String)>| -> anyhow::Result<Child> {
@@ -174,7 +203,7 @@ fn run_job(
         c.spawn().with_context(|| format!("starting {} on host {host}", exe.display()))
     };
     let mut servers = Vec::new();
-    for s in 1..=2 {
+    for s in 1..=servers_n {
         let key = ("OAR_SECRET_FILE", secrets.join("master.secret").display().to_string());
         let role = vec![
             ("TRAINING_ROLE", "PSERVER".into()),
@@ -186,7 +215,7 @@ fn run_job(
         servers.push(spawn(s, role)?);
     }
     let mut trainers = Vec::new();
-    for t in 0..2 {
+    for t in 0..trainers_n {
         let key = ("OAR_SECRET_FILE", secrets.join(format!("trainer-{t}.secret")).display().to_string());
         let role = vec![
             ("TRAINING_ROLE", "TRAINER".into()),
@@ -194,43 +223,95 @@ fn run_job(
             ("PADDLE_PSERVERS_IP_PORT_LIST", trainers_list.clone()),
             key,
         ];
-        trainers.push(spawn(3 + t, role)?);
+        trainers.push(spawn(first_trainer + t, role)?);
     }
+    let mut trainer_cpu = 0.0;
     for (t, child) in trainers.into_iter().enumerate() {
-        if let Err(e) = ended(child, &format!("trainer {t}")) {
-            // A server that failed first is the cause: its error, not the trainer's.
-            for (s, mut server) in servers.into_iter().enumerate() {
-                if server.try_wait()?.is_some() {
-                    ended(server, &format!("server {s}"))?;
-                } else {
-                    let _ = server.kill();
+        match ended(child, &format!("trainer {t}")) {
+            Ok(done) => trainer_cpu += done.cpu,
+            Err(e) => {
+                // A server that failed first is the cause: its error, not the trainer's.
+                for (s, mut server) in servers.into_iter().enumerate() {
+                    if server.try_wait()?.is_some() {
+                        ended(server, &format!("server {s}"))?;
+                    } else {
+                        let _ = server.kill();
+                    }
                 }
+                return Err(e);
             }
-            return Err(e);
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let mut frame_bytes = 0;
+    let (mut bytes_to, mut bytes_from, mut server_cpu) = (0, 0, 0.0);
     for (s, child) in servers.into_iter().enumerate() {
-        let out = ended(child, &format!("server {s}"))?;
-        let line = out.lines().find_map(|l| l.strip_prefix("OAR_RESULT ")).context("a server printed no counters")?;
+        let done = ended(child, &format!("server {s}"))?;
+        server_cpu += done.cpu;
+        let line =
+            done.stdout.lines().find_map(|l| l.strip_prefix("OAR_RESULT ")).context("a server printed no counters")?;
         let stats: crate::protocol::ServerStats = serde_json::from_str(line)?;
-        frame_bytes += stats.frame_bytes_in + stats.frame_bytes_out;
+        bytes_to += stats.frame_bytes_in;
+        bytes_from += stats.frame_bytes_out;
     }
-    let mut dropped = 0;
-    for i in 1..=4 {
+    let (mut dropped, mut shaper_drops) = (0, 0);
+    for i in 1..=servers_n + trainers_n {
         dropped += hosts.dropped(i).map_err(|why| anyhow::anyhow!("counting lost packets: {why}"))?;
+        shaper_drops += hosts.shaper_drops(i).map_err(|why| anyhow::anyhow!("counting shaper drops: {why}"))?;
     }
-    Ok(HostsRun { seconds, frame_bytes, dropped, round_trip })
+    Ok(HostsRun { seconds, bytes_to, bytes_from, trainer_cpu, server_cpu, dropped, shaper_drops, round_trip })
 }
 
-/// Waits for `child`; its standard output, or an error with the end of what it wrote.
-fn ended(child: Child, what: &str) -> anyhow::Result<String> {
-    let o = child.wait_with_output()?;
-    let err = String::from_utf8_lossy(&o.stderr);
+/// What a process left: its standard output and the CPU seconds it used.
+struct Ended {
+    stdout: String,
+    cpu: f64,
+}
+
+/// Waits for `child`; its standard output and CPU seconds, or an error with the end of what it
+/// wrote. (`ip netns exec` runs the program in its own place, so the child is oar itself.)
+fn ended(mut child: Child, what: &str) -> anyhow::Result<Ended> {
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let (ok, cpu) = match wait_with_cpu(child.id()) {
+        Ok(done) => done,
+        // Reaped already (try_wait): its status, without its CPU time.
+        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => (child.wait()?.success(), 0.0),
+        Err(e) => return Err(e).with_context(|| format!("waiting for {what}")),
+    };
+    let (stdout, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
     let tail: Vec<&str> = err.lines().rev().take(5).collect();
-    anyhow::ensure!(o.status.success(), "{what} failed: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
-    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    anyhow::ensure!(ok, "{what} failed: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
+    Ok(Ended { stdout, cpu })
+}
+
+/// Waits for process `pid`: whether it exited with 0, and the CPU seconds (user and system,
+/// all its threads) it used, which `std::process::Child::wait` does not give.
+fn wait_with_cpu(pid: u32) -> std::io::Result<(bool, f64)> {
+    let mut status = 0;
+    // SAFETY: rusage is plain data, all zeros a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: both pointers are to live locals for the call.
+        if unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) } >= 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    Ok((ok, seconds(usage.ru_utime) + seconds(usage.ru_stime)))
 }
 
 /// The table of one model: per mode and link, the median round trip, samples/s, its ratio to
@@ -239,15 +320,19 @@ fn print_table(name: &str, cases: &[(Mode, &Link)], runs: &[Vec<HostsRun>], samp
     println!("\n{name}\n");
     let (mode0, link0) = cases[0];
     println!(
-        "| mode | link | round trip (median) | samples/s end to end (median) | vs {mode0} on {link0} (median of rounds) | bytes per sample | packets lost |"
+        "| mode | link | round trip (median) | samples/s end to end (median) | vs {mode0} on {link0} (median of rounds) | bytes per sample to / from the servers | CPU per sample, trainers / servers | packets lost | dropped by full queues |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for ((mode, link), rs) in cases.iter().zip(runs) {
         let rate = median(rs.iter().map(|r| samples as f64 / r.seconds).collect());
         let ratio = median(rs.iter().zip(&runs[0]).map(|(r, base)| base.seconds / r.seconds).collect());
-        let bytes = median(rs.iter().map(|r| r.frame_bytes as f64 / samples as f64).collect());
+        let to = median(rs.iter().map(|r| r.bytes_to as f64 / samples as f64).collect());
+        let from = median(rs.iter().map(|r| r.bytes_from as f64 / samples as f64).collect());
         let lost = median(rs.iter().map(|r| r.dropped as f64).collect());
+        let full = median(rs.iter().map(|r| r.shaper_drops as f64).collect());
+        let cpu = |f: fn(&HostsRun) -> f64| median(rs.iter().map(|r| f(r) / samples as f64 * 1e6).collect());
+        let (tcpu, scpu) = (cpu(|r| r.trainer_cpu), cpu(|r| r.server_cpu));
         let rtt = median(rs.iter().map(|r| r.round_trip.as_secs_f64() * 1e6).collect());
-        println!("| {mode} | {link} | {rtt:.0} us | {rate:.0} | {ratio:.2}x | {bytes:.0} | {lost:.0} |");
+        println!("| {mode} | {link} | {rtt:.0} us | {rate:.0} | {ratio:.2}x | {to:.0} / {from:.0} | {tcpu:.1} / {scpu:.1} us | {lost:.0} | {full:.0} |");
     }
 }

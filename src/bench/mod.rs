@@ -270,7 +270,7 @@ pub fn run(config: &BenchConfig) -> anyhow::Result<()> {
         return Ok(());
     }
     let tmp = std::env::temp_dir().join(format!("oar-bench-{}", std::process::id()));
-    let data = bench_data(config.data.as_deref(), config.lines, &tmp)?;
+    let data = bench_data(config.data.as_deref(), config.lines, 4, &tmp)?;
     let logs = tmp.join("logs");
     let shorthand = ctr_dnn_forms(config, &data, &logs)?;
     async_controls(config, &data, &logs, &shorthand)?;
@@ -344,7 +344,7 @@ fn sparse(config: &BenchConfig) -> anyhow::Result<()> {
 }
 
 /// The training data: `--data`, or a generated Criteo-like set under `tmp`.
-pub(super) fn bench_data(data: Option<&Path>, lines: u64, tmp: &Path) -> anyhow::Result<PathBuf> {
+pub(super) fn bench_data(data: Option<&Path>, lines: u64, parts: usize, tmp: &Path) -> anyhow::Result<PathBuf> {
     Ok(match data {
         Some(d) => d.to_path_buf(),
         None => {
@@ -353,7 +353,7 @@ pub(super) fn bench_data(data: Option<&Path>, lines: u64, tmp: &Path) -> anyhow:
                 lines,
                 test_lines: (lines / 10).max(1000),
                 seed: 1,
-                parts: 4,
+                parts,
                 out: out.clone(),
             })?;
             println!(

@@ -246,6 +246,21 @@ impl Hosts {
         Ok(sum)
     }
 
+    /// Packets the shapers of host `i`'s link dropped, both ways: tbf drops what overflows its
+    /// queue (10 ms of the rate beyond its bucket), as a switch drops what overflows its
+    /// buffer; TCP sends them again.
+    pub fn shaper_drops(&self, i: usize) -> Result<u64, String> {
+        let mut sum = 0;
+        for (space, dev) in [(self.ns(i), "eth0".to_string()), (self.switch(), format!("port{i}"))] {
+            let o = ip(&["netns", "exec", &space, "tc", "-j", "-s", "qdisc", "show", "dev", &dev])?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&o.stdout).map_err(|e| format!("tc -j -s qdisc show dev {dev}: {e}"))?;
+            let qdiscs = v.as_array().ok_or_else(|| format!("tc -j -s qdisc show dev {dev}: no list"))?;
+            sum += qdiscs.iter().map(|q| q["drops"].as_u64().unwrap_or(0)).sum::<u64>();
+        }
+        Ok(sum)
+    }
+
     /// `exe args` on host `i`, with exactly the environment `vars` (plus PATH).
     pub fn command(&self, i: usize, exe: &std::path::Path, args: &[&str], vars: &[(&str, String)]) -> Command {
         let mut c = Command::new("ip");

@@ -37,7 +37,8 @@ pub(super) struct BenchArgs {
     /// x 2 workers, as a markdown table of test AUC, log-loss and samples/s.
     #[arg(long)]
     pub(super) models: bool,
-    /// With --models: only this zoo model (as the table names it, e.g. DCN, CTR-DNN); repeatable.
+    /// With --models: only this zoo model (as the table names it, e.g. DCN, CTR-DNN); with
+    /// --hosts: sparse-heavy or dense-heavy; repeatable.
     #[arg(long = "model")]
     pub(super) model: Vec<String>,
     /// Alternating rounds of (b), each measuring every build (medians, and ratios paired by
@@ -80,7 +81,7 @@ pub(super) struct BenchArgs {
     /// connections/s and dense GB/s through one server, and (with --data) 2x2 async training.
     #[arg(long)]
     pub(super) security: bool,
-    /// Instead: 2 servers x 2 trainers (--modes), each in a network namespace of its own (needs
+    /// Instead: --servers x --trainers (2 x 2, --modes), each in a network namespace of its own (needs
     /// root), on every --links shape, the CTR-DNN and a dense-heavy CTR-DNN, --runs rounds:
     /// round trips, samples/s end to end, bytes per sample, packets lost.
     #[arg(long)]
@@ -95,4 +96,10 @@ pub(super) struct BenchArgs {
     /// first mode on the first link is the others' baseline.
     #[arg(long, value_delimiter = ',', default_value = "async")]
     pub(super) modes: Vec<crate::protocol::Mode>,
+    /// --hosts: servers, each on a host of its own.
+    #[arg(long, default_value_t = 2)]
+    pub(super) servers: usize,
+    /// --hosts: trainers, each on a host of its own.
+    #[arg(long, default_value_t = 2)]
+    pub(super) trainers: usize,
 }

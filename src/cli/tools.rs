@@ -39,6 +39,9 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
             lines: a.lines.unwrap_or(50_000),
             links: a.links,
             modes: a.modes,
+            servers: a.servers,
+            trainers: a.trainers,
+            models: a.model,
             runs: a.runs,
             exe: super::this_binary("oar bench")?,
         });

@@ -355,16 +355,21 @@ fn oar_bench_hosts_prints_the_shaped_link_table_of_both_models() {
     for row in &rows {
         let round_trip: f64 = row[2].trim_end_matches(" us").parse().unwrap();
         let rate: f64 = row[3].parse().unwrap();
-        let bytes: f64 = row[5].parse().unwrap();
-        let lost: f64 = row[6].parse().unwrap();
+        let bytes: f64 = row[5].split(" / ").map(|b| b.parse::<f64>().unwrap()).sum();
+        let cpu: Vec<f64> = row[6].trim_end_matches(" us").split(" / ").map(|c| c.parse().unwrap()).collect();
+        let lost: f64 = row[7].parse().unwrap();
+        assert!(cpu[0] > 0.0 && cpu[1] > 0.0, "{row:?}: trainers and servers used CPU");
         assert!(rate > 0.0 && bytes > 100.0, "{row:?}");
         assert_eq!(lost > 0.0, row[1] == slow, "{row:?}");
         assert!(row[1] != slow || round_trip >= 4000.0, "{row:?}: round trips under twice the delay");
     }
     // GEO's exchanges every 100 steps (after 1, 2, 4, ...) carry fewer bytes than async's every step.
     for model in rows.chunks(4) {
-        let bytes = |mode: &str| model.iter().find(|r| r[0] == mode && r[1] == "unshaped").unwrap()[5];
-        let (geo, async_): (f64, f64) = (bytes("geo").parse().unwrap(), bytes("async").parse().unwrap());
+        let bytes = |mode: &str| -> f64 {
+            let row = model.iter().find(|r| r[0] == mode && r[1] == "unshaped").unwrap();
+            row[5].split(" / ").map(|b| b.parse::<f64>().unwrap()).sum()
+        };
+        let (geo, async_) = (bytes("geo"), bytes("async"));
         assert!(geo < async_, "geo sent {geo} bytes per sample, async {async_}");
     }
 }
