@@ -81,7 +81,14 @@ fn accept_until(listener: &TcpListener, to: SocketAddr, delay: Duration, stop: &
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((near, _)) => {
-                if let Err(e) = forward(near, to, delay) {
+                // A thread each (in this thread's namespace): a server still starting holds
+                // up only the connection that waits for it.
+                let spawned = std::thread::Builder::new().name("delay-connect".into()).spawn(move || {
+                    if let Err(e) = forward(near, to, delay) {
+                        tracing::warn!("delay line to {to}: {e}");
+                    }
+                });
+                if let Err(e) = spawned {
                     tracing::warn!("delay line to {to}: {e}");
                 }
             }
@@ -94,16 +101,33 @@ fn accept_until(listener: &TcpListener, to: SocketAddr, delay: Duration, stop: &
     }
 }
 
+/// How long a connection waits for the server behind the line to listen: a trainer that
+/// reaches the line before its server has started would otherwise see its connection reset.
+const FAR_START: Duration = Duration::from_secs(60);
+
 /// Connects `near` to `to` through two delayed pumps, one each way.
 fn forward(near: TcpStream, to: SocketAddr, delay: Duration) -> io::Result<()> {
     near.set_nonblocking(false)?;
-    let far = TcpStream::connect(to)?;
+    let far = connect_when_listening(to)?;
     for s in [&near, &far] {
         s.set_nodelay(true)?;
     }
     let (near2, far2) = (near.try_clone()?, far.try_clone()?);
     pump(near, far, delay)?;
     pump(far2, near2, delay)
+}
+
+/// Connects to `to`, trying again while it refuses, for up to [`FAR_START`].
+fn connect_when_listening(to: SocketAddr) -> io::Result<TcpStream> {
+    let until = Instant::now() + FAR_START;
+    loop {
+        match TcpStream::connect(to) {
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// Copies `from` to `to`, each chunk `delay` after it was read: a reader thread stamps the
@@ -246,6 +270,21 @@ mod tests {
         let direct = round_trip(None, None, any, None, 20).unwrap();
         let delayed = round_trip(None, None, any, Some((any, delay)), 20).unwrap();
         assert!(delayed >= 2 * delay, "median round trip {delayed:?} through a {delay:?} line (direct: {direct:?})");
+    }
+
+    /// A client that reaches the line before the server listens is connected once it does,
+    /// not reset.
+    #[test]
+    fn a_delay_line_waits_for_a_server_that_is_still_starting() {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // free now
+        let line = DelayLine::start(None, "127.0.0.1:0".parse().unwrap(), port, Duration::ZERO).unwrap();
+        let mut c = TcpStream::connect(line.addr()).unwrap();
+        c.write_all(b"early").unwrap();
+        let server = TcpListener::bind(port).unwrap(); // the server starts after the client
+        let (mut s, _) = server.accept().unwrap();
+        let mut got = [0u8; 5];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"early");
     }
 
     #[test]
