@@ -1,11 +1,12 @@
 //! `oar bench --hosts`: training across hosts that are not loopback ([`super::netns`]): S
-//! servers and N trainers (2 and 2 unless asked), each in a namespace of its own, started through Paddle's Fleet
-//! variables, in each `--modes` mode on links of each `--links` shape, for a sparse-heavy
-//! model (the CTR-DNN) and a dense-heavy one (the CTR-DNN with three hidden layers of 1,024:
-//! 2.1 M dense floats, 8.5 MB each way per step). Samples/s end to end, medians of `--runs`
-//! rounds that alternate the cases, each beside the first's; bytes per sample as the servers
-//! count their frames; packets the switch dropped; the round trip between a trainer's host and
-//! a server's.
+//! servers and N trainers (2 and 2 unless asked), each in a namespace of its own, started
+//! through Paddle's Fleet variables, in each `--modes` mode on links of each `--links` shape,
+//! for a sparse-heavy model (the CTR-DNN) and a dense-heavy one (the CTR-DNN with three hidden
+//! layers of 1,024: 2.1 M dense floats, 8.5 MB each way per step), async without the
+//! synchronous warm-up. Samples/s end to end, medians of `--runs` rounds that alternate the
+//! cases, each beside the first's; bytes per sample as the servers count their frames; CPU
+//! seconds per sample; packets the switch and the shapers dropped; the round trip between a
+//! trainer's host and a server's; and the scale model's samples/s from those costs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -16,6 +17,7 @@ use anyhow::Context;
 use super::delay::{round_trip, DelayLine};
 use super::median;
 use super::netns::{Hosts, Link};
+use super::scale::{predict, rate_bytes, Costs, Shape};
 use crate::protocol::Mode;
 
 /// What `oar bench --hosts` measures.
@@ -138,7 +140,7 @@ fn measure(config: &HostsConfig, tmp: &Path) -> anyhow::Result<()> {
                 runs[c].push(run);
             }
         }
-        print_table(name, &cases, &runs, samples);
+        print_table(name, config, &cases, &runs, samples);
     }
     Ok(())
 }
@@ -193,6 +195,9 @@ fn run_job(
         ("OAR_CONFIG", job.display().to_string()),
         ("OAR_TRAIN", data.join("train").display().to_string()),
         ("OAR_MODE", mode.to_string()),
+        // Async steps from the first: the default synchronous warm-up (100 updates, each
+        // trainer's batch split N ways) would be the whole of a short run.
+        ("OAR_SYNC_WARMUP", "0".to_string()),
         ("PADDLE_TRAINERS_NUM", trainers_n.to_string()),
     ];
     let started = Instant::now();
@@ -315,24 +320,39 @@ fn wait_with_cpu(pid: u32) -> std::io::Result<(bool, f64)> {
 }
 
 /// The table of one model: per mode and link, the median round trip, samples/s, its ratio to
-/// the first case's in the same rounds, bytes per sample and packets lost.
-fn print_table(name: &str, cases: &[(Mode, &Link)], runs: &[Vec<HostsRun>], samples: u64) {
+/// the first case's in the same rounds, bytes per sample, CPU per sample, packets lost, and
+/// the scale model's samples/s from those costs ([`super::scale`]).
+fn print_table(name: &str, config: &HostsConfig, cases: &[(Mode, &Link)], runs: &[Vec<HostsRun>], samples: u64) {
     println!("\n{name}\n");
     let (mode0, link0) = cases[0];
     println!(
-        "| mode | link | round trip (median) | samples/s end to end (median) | vs {mode0} on {link0} (median of rounds) | bytes per sample to / from the servers | CPU per sample, trainers / servers | packets lost | dropped by full queues |"
+        "| mode | link | round trip (median) | samples/s end to end (median) | vs {mode0} on {link0} (median of rounds) | bytes per sample to / from the servers | CPU per sample, trainers / servers | packets lost | dropped by full queues | model: samples/s (bound) | measured / model |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
     for ((mode, link), rs) in cases.iter().zip(runs) {
+        let per_sample = |f: &dyn Fn(&HostsRun) -> f64| median(rs.iter().map(|r| f(r) / samples as f64).collect());
         let rate = median(rs.iter().map(|r| samples as f64 / r.seconds).collect());
         let ratio = median(rs.iter().zip(&runs[0]).map(|(r, base)| base.seconds / r.seconds).collect());
-        let to = median(rs.iter().map(|r| r.bytes_to as f64 / samples as f64).collect());
-        let from = median(rs.iter().map(|r| r.bytes_from as f64 / samples as f64).collect());
+        let (to, from) = (per_sample(&|r| r.bytes_to as f64), per_sample(&|r| r.bytes_from as f64));
+        let (tcpu, scpu) = (per_sample(&|r| r.trainer_cpu), per_sample(&|r| r.server_cpu));
         let lost = median(rs.iter().map(|r| r.dropped as f64).collect());
         let full = median(rs.iter().map(|r| r.shaper_drops as f64).collect());
-        let cpu = |f: fn(&HostsRun) -> f64| median(rs.iter().map(|r| f(r) / samples as f64 * 1e6).collect());
-        let (tcpu, scpu) = (cpu(|r| r.trainer_cpu), cpu(|r| r.server_cpu));
         let rtt = median(rs.iter().map(|r| r.round_trip.as_secs_f64() * 1e6).collect());
-        println!("| {mode} | {link} | {rtt:.0} us | {rate:.0} | {ratio:.2}x | {to:.0} / {from:.0} | {tcpu:.1} / {scpu:.1} us | {lost:.0} | {full:.0} |");
+        let costs = Costs { trainer_cpu: tcpu, server_cpu: scpu, to, from };
+        let shape = Shape {
+            servers: config.servers as f64,
+            trainers: config.trainers as f64,
+            rate: link.rate.as_deref().and_then(rate_bytes),
+            shared_cores: Some(cores),
+            server_cores: 1.0,
+        };
+        let (model, bound) = predict(&costs, &shape);
+        println!(
+            "| {mode} | {link} | {rtt:.0} us | {rate:.0} | {ratio:.2}x | {to:.0} / {from:.0} | {:.1} / {:.1} us | {lost:.0} | {full:.0} | {model:.0} ({bound}) | {:.2} |",
+            tcpu * 1e6,
+            scpu * 1e6,
+            rate / model
+        );
     }
 }

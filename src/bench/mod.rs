@@ -247,6 +247,7 @@ pub mod hosts;
 pub mod netns;
 pub mod quality;
 pub mod recovery;
+pub mod scale;
 pub mod security;
 mod sparse;
 mod training;
