@@ -26,7 +26,7 @@ const CHUNK: usize = 64 << 10;
 pub struct DelayLine {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    accept: Option<JoinHandle<()>>,
+    accept: Option<JoinHandle<Option<()>>>,
 }
 
 impl DelayLine {
@@ -34,29 +34,12 @@ impl DelayLine {
     /// forwards every connection to `to`, reached from that namespace.
     pub fn start(ns: Option<&str>, listen: SocketAddr, to: SocketAddr, delay: Duration) -> io::Result<DelayLine> {
         let stop = Arc::new(AtomicBool::new(false));
-        let (ready, bound) = sync_channel(1);
-        let ns = ns.map(str::to_string);
         let stopped = stop.clone();
-        let accept = std::thread::Builder::new().name("delay-line".into()).spawn(move || {
-            // The namespace is this thread's (and its children's): setns moves only the caller.
-            let listener = ns.as_deref().map_or(Ok(()), enter_netns).and_then(|()| {
-                let l = TcpListener::bind(listen)?;
-                l.set_nonblocking(true)?;
-                Ok(l)
-            });
-            let listener = match listener {
-                Ok(l) => {
-                    let _ = ready.send(l.local_addr());
-                    l
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e));
-                    return;
-                }
-            };
-            accept_until(&listener, to, delay, &stopped);
-        })?;
-        let addr = bound.recv().map_err(|_| io::Error::other("the delay line's thread ended"))??;
+        let (addr, accept) =
+            listen_in(ns, listen, "delay-line", move |listener| match listener.set_nonblocking(true) {
+                Ok(()) => accept_until(&listener, to, delay, &stopped),
+                Err(e) => tracing::warn!("delay line to {to}: {e}"),
+            })?;
         Ok(DelayLine { addr, stop, accept: Some(accept) })
     }
 
@@ -73,6 +56,28 @@ impl Drop for DelayLine {
             let _ = t.join();
         }
     }
+}
+
+/// Starts thread `name`, which enters network namespace `ns` (stays in this process's own when
+/// `None`), listens on `addr` and runs `serve` on the listener: where it listens and the
+/// thread, or why it could not listen. (`setns` moves only the calling thread and the threads
+/// it starts later, so the listener and everything `serve` starts live in `ns`.)
+fn listen_in<T: Send + 'static>(
+    ns: Option<&str>,
+    addr: SocketAddr,
+    name: &str,
+    serve: impl FnOnce(TcpListener) -> T + Send + 'static,
+) -> io::Result<(SocketAddr, JoinHandle<Option<T>>)> {
+    let (ready, bound) = sync_channel(1);
+    let ns = ns.map(str::to_string);
+    let thread = std::thread::Builder::new().name(name.into()).spawn(move || {
+        let listener = ns.as_deref().map_or(Ok(()), enter_netns).and_then(|()| TcpListener::bind(addr));
+        let at = listener.as_ref().map_err(|e| io::Error::new(e.kind(), e.to_string())).and_then(|l| l.local_addr());
+        let _ = ready.send(at);
+        listener.ok().map(serve)
+    })?;
+    let at = bound.recv().map_err(|_| io::Error::other(format!("the {name} thread ended")))??;
+    Ok((at, thread))
 }
 
 /// Accepts until `stop`, polling: a blocked accept could only be woken by a connection from
@@ -184,18 +189,7 @@ pub fn round_trip(
     line: Option<(SocketAddr, Duration)>,
     count: usize,
 ) -> io::Result<Duration> {
-    let (ready, bound) = sync_channel(1);
-    let in_echo_ns = echo_ns.map(str::to_string);
-    let server = std::thread::spawn(move || -> io::Result<()> {
-        let l = in_echo_ns.as_deref().map_or(Ok(()), enter_netns).and_then(|()| TcpListener::bind(echo));
-        let l = match l {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return Ok(());
-            }
-        };
-        let _ = ready.send(l.local_addr());
+    let (echo, server) = listen_in(echo_ns, echo, "echo", |l| -> io::Result<()> {
         let (mut s, _) = l.accept()?;
         s.set_nodelay(true)?;
         let mut b = [0u8; 1];
@@ -203,8 +197,7 @@ pub fn round_trip(
             s.write_all(&b)?;
         }
         Ok(())
-    });
-    let echo = bound.recv().map_err(|_| io::Error::other("the echo's thread ended"))??;
+    })?;
     let delay_line = match line {
         Some((at, delay)) => Some(DelayLine::start(echo_ns, at, echo, delay)?),
         None => None,
@@ -227,7 +220,7 @@ pub fn round_trip(
     });
     let mut times = probe.join().map_err(|_| io::Error::other("the round-trip probe panicked"))??;
     drop(delay_line);
-    server.join().map_err(|_| io::Error::other("the echo panicked"))??;
+    server.join().map_err(|_| io::Error::other("the echo panicked"))?.transpose()?;
     times.sort();
     times.get(times.len() / 2).copied().ok_or_else(|| io::Error::other("no round trip measured"))
 }

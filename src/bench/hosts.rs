@@ -17,7 +17,7 @@ use anyhow::Context;
 use super::delay::{round_trip, DelayLine};
 use super::median;
 use super::netns::{Hosts, Link};
-use super::scale::{predict, rate_bytes, Costs, Shape};
+use super::scale::{predict, Costs, Shape};
 use crate::protocol::Mode;
 
 /// What `oar bench --hosts` measures.
@@ -275,17 +275,7 @@ struct Ended {
 /// Waits for `child`; its standard output and CPU seconds, or an error with the end of what it
 /// wrote. (`ip netns exec` runs the program in its own place, so the child is oar itself.)
 fn ended(mut child: Child, what: &str) -> anyhow::Result<Ended> {
-    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut bytes);
-            }
-            String::from_utf8_lossy(&bytes).into_owned()
-        })
-    };
-    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
-    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let (ok, cpu) = match wait_with_cpu(child.id()) {
         Ok(done) => done,
         // Reaped already (try_wait): its status, without its CPU time.
@@ -296,6 +286,18 @@ fn ended(mut child: Child, what: &str) -> anyhow::Result<Ended> {
     let tail: Vec<&str> = err.lines().rev().take(5).collect();
     anyhow::ensure!(ok, "{what} failed: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
     Ok(Ended { stdout, cpu })
+}
+
+/// Reads `pipe` to its end on a thread of its own (so that neither of a child's pipes fills
+/// while the other is read); what it held.
+fn drain<R: std::io::Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut bytes);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
 }
 
 /// Waits for process `pid`: whether it exited with 0, and the CPU seconds (user and system,
@@ -343,7 +345,7 @@ fn print_table(name: &str, config: &HostsConfig, cases: &[(Mode, &Link)], runs: 
         let shape = Shape {
             servers: config.servers as f64,
             trainers: config.trainers as f64,
-            rate: link.rate.as_deref().and_then(rate_bytes),
+            rate: link.bytes_per_second(),
             shared_cores: Some(cores),
             server_cores: 1.0,
         };

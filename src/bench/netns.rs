@@ -33,16 +33,25 @@ impl Link {
     /// tbf's bucket: 256 KB, 1 MB from 10 Gbit/s (a smaller one gave 9.43 Gbit/s and slower
     /// large requests there, the brief's measurement).
     fn burst(&self) -> &'static str {
-        let fast = self
-            .rate
-            .as_deref()
-            .is_some_and(|r| r.ends_with("gbit") && r.trim_end_matches("gbit").parse::<f64>().is_ok_and(|g| g >= 10.0));
-        if fast {
+        if self.bytes_per_second().is_some_and(|b| b >= 10e9 / 8.0) {
             "1mb"
         } else {
             "256kb"
         }
     }
+
+    /// The rate in bytes/s each way; `None`: unshaped.
+    pub fn bytes_per_second(&self) -> Option<f64> {
+        self.rate.as_deref().and_then(rate_bytes)
+    }
+}
+
+/// A tc rate (`100mbit`, `1gbit`, `2.5gbit`, `500kbit`) in bytes/s.
+fn rate_bytes(rate: &str) -> Option<f64> {
+    let (number, scale) = [("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)]
+        .into_iter()
+        .find_map(|(unit, scale)| rate.strip_suffix(unit).map(|n| (n, scale)))?;
+    number.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0).map(|v| v * scale / 8.0)
 }
 
 impl std::str::FromStr for Link {
@@ -66,13 +75,9 @@ impl std::str::FromStr for Link {
                 return Err(format!("link {s:?}: after '+' comes lossN or delayD, once each"));
             }
         }
-        let digits = rate.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-        let unit = &rate[digits.len()..];
         let rate = match rate {
             "unshaped" => None,
-            _ if digits.parse::<f64>().is_ok_and(|v| v > 0.0) && ["kbit", "mbit", "gbit"].contains(&unit) => {
-                Some(rate.to_string())
-            }
+            _ if rate_bytes(rate).is_some() => Some(rate.to_string()),
             _ => return Err(format!("link {s:?}: the rate is unshaped or a number with kbit, mbit or gbit (1gbit)")),
         };
         Ok(Link { rate, lose_every, delay_us })
@@ -291,7 +296,7 @@ impl Drop for Hosts {
 
 #[cfg(test)]
 mod tests {
-    use super::Link;
+    use super::{rate_bytes, Link};
 
     #[test]
     fn links_parse_rates_and_loss_and_print_back() {
@@ -327,6 +332,15 @@ mod tests {
             "1gbit+delay2000ms",
         ] {
             assert!(bad.parse::<Link>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn rates_read_as_tc_writes_them() {
+        assert_eq!(rate_bytes("100mbit"), Some(12.5e6));
+        assert_eq!(rate_bytes("2.5gbit"), Some(312.5e6));
+        for bad in ["", "gbit", "1gb", "-1gbit", "NaNmbit", "infgbit"] {
+            assert_eq!(rate_bytes(bad), None, "{bad:?}");
         }
     }
 }

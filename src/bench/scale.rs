@@ -80,14 +80,6 @@ pub fn predict(costs: &Costs, shape: &Shape) -> (f64, Bound) {
     caps.into_iter().fold((f64::INFINITY, Bound::Trainers), |least, cap| if cap.0 < least.0 { cap } else { least })
 }
 
-/// A tc rate (`100mbit`, `1gbit`, `2.5gbit`, `500kbit`) in bytes/s.
-pub fn rate_bytes(rate: &str) -> Option<f64> {
-    let (number, scale) = [("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)]
-        .into_iter()
-        .find_map(|(unit, scale)| rate.strip_suffix(unit).map(|n| (n, scale)))?;
-    number.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0).map(|v| v * scale / 8.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,7 +99,7 @@ mod tests {
 
     #[test]
     fn a_trainer_adds_its_bytes_over_its_link_to_its_compute() {
-        let rate = rate_bytes("1gbit").unwrap();
+        let rate = 125e6;
         let (x, bound) = predict(&CTR, &shape(2.0, 2.0, Some(rate), Some(2.0)));
         assert_eq!(bound, Bound::Trainers);
         let per_sample = 60e-6 + 15_000.0 / (LINK_EFFICIENCY * 125e6);
@@ -116,7 +108,7 @@ mod tests {
 
     #[test]
     fn one_server_link_for_many_trainers_binds() {
-        let rate = rate_bytes("1gbit").unwrap();
+        let rate = 125e6;
         let (x, bound) = predict(&CTR, &shape(1.0, 16.0, Some(rate), None));
         assert_eq!(bound, Bound::ServerLinks);
         assert!((x - LINK_EFFICIENCY * 125e6 / 8_000.0).abs() < 1e-6, "{x}: the busier way binds");
@@ -127,14 +119,5 @@ mod tests {
         let (x, bound) = predict(&CTR, &shape(1.0, 1000.0, None, None));
         assert_eq!(bound, Bound::Cores);
         assert!((x - 1.0 / 30e-6).abs() < 1e-6, "{x}");
-    }
-
-    #[test]
-    fn rates_read_as_tc_writes_them() {
-        assert_eq!(rate_bytes("100mbit"), Some(12.5e6));
-        assert_eq!(rate_bytes("2.5gbit"), Some(312.5e6));
-        for bad in ["", "gbit", "1gb", "-1gbit", "NaNmbit", "infgbit"] {
-            assert_eq!(rate_bytes(bad), None, "{bad:?}");
-        }
     }
 }
