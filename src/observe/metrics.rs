@@ -287,8 +287,9 @@ impl AucBuckets {
 pub struct Staleness(pub Vec<u64>);
 
 impl Staleness {
-    /// Buckets kept.
-    pub const BUCKETS: usize = 32;
+    /// Buckets kept: one per update behind up to 255, so that a job of 64 trainers, whose
+    /// pushes are kept up to `lag_ratio` (2.5) x 64 = 160 updates behind, is counted exactly.
+    pub const BUCKETS: usize = 256;
 
     /// Counts one push `updates` behind.
     pub fn add(&mut self, updates: u64) {
@@ -312,6 +313,14 @@ impl Staleness {
         self.0.iter().sum()
     }
 
+    /// The mean staleness (0 over no pushes).
+    pub fn mean(&self) -> f64 {
+        match self.count() {
+            0 => 0.0,
+            n => self.0.iter().enumerate().map(|(b, c)| b as f64 * *c as f64).sum::<f64>() / n as f64,
+        }
+    }
+
     /// The smallest staleness at or below which a share `q` of the pushes lie.
     fn quantile(&self, q: f64) -> usize {
         let target = (q * self.count() as f64).ceil() as u64;
@@ -332,7 +341,7 @@ impl std::fmt::Display for Staleness {
         if n == 0 {
             return write!(f, "no pushes");
         }
-        let mean = self.0.iter().enumerate().map(|(b, c)| b as f64 * *c as f64).sum::<f64>() / n as f64;
+        let mean = self.mean();
         let max = self.0.iter().rposition(|c| *c > 0).unwrap_or(0);
         let plus = if max == Self::BUCKETS - 1 { "+" } else { "" };
         let counts: Vec<String> =
@@ -447,17 +456,20 @@ mod tests {
     #[test]
     fn staleness_histograms_count_merge_and_summarize() {
         let mut a = Staleness::default();
-        [0, 2, 2, 3, 40].iter().for_each(|&t| a.add(t));
+        [0, 2, 2, 3, 400].iter().for_each(|&t| a.add(t));
         let mut b = Staleness::default();
         b.add(1);
         a.merge(&b);
         assert_eq!(a.count(), 6);
-        assert_eq!(a.0[31], 1, "40 lands in the last bucket");
+        assert_eq!(a.0[255], 1, "400 lands in the last bucket");
         assert_eq!(
             a.to_string(),
-            "mean 6.50, median 2, p90 31, max 31+ updates behind over 6 pushes (0:1 1:1 2:2 3:1 31:1)"
+            "mean 43.83, median 2, p90 255, max 255+ updates behind over 6 pushes (0:1 1:1 2:2 3:1 255:1)"
         );
-        assert_eq!(Staleness::default().to_string(), "no pushes");
+        let mut sixty_four = Staleness::default();
+        sixty_four.add(63);
+        assert_eq!((sixty_four.0[63], sixty_four.mean()), (1, 63.0), "64 trainers' staleness counted exactly");
+        assert_eq!((Staleness::default().to_string(), Staleness::default().mean()), ("no pushes".into(), 0.0));
     }
 
     #[test]

@@ -67,7 +67,16 @@ struct Counters {
     frame_bytes_in: AtomicU64,
     frame_bytes_out: AtomicU64,
     port_requests: Vec<AtomicU64>,
-    staleness: [AtomicU64; crate::observe::metrics::Staleness::BUCKETS],
+    staleness: StalenessCounts,
+}
+
+/// Async pushes counted by how many updates behind they arrived (see `Staleness::BUCKETS`).
+struct StalenessCounts([AtomicU64; crate::observe::metrics::Staleness::BUCKETS]);
+
+impl Default for StalenessCounts {
+    fn default() -> Self {
+        StalenessCounts(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
 }
 
 struct State {
@@ -249,7 +258,7 @@ impl State {
             filter_bytes: self.tables(|t| t.filter_bytes()),
             port_requests: c.port_requests.iter().map(|n| n.load(Relaxed)).collect(),
             staleness: {
-                let counts: Vec<u64> = c.staleness.iter().map(|n| n.load(Relaxed)).collect();
+                let counts: Vec<u64> = c.staleness.0.iter().map(|n| n.load(Relaxed)).collect();
                 let used = counts.iter().rposition(|n| *n > 0).map_or(0, |b| b + 1);
                 crate::observe::metrics::Staleness(counts[..used].to_vec())
             },

@@ -149,7 +149,7 @@ pub(super) fn push_async(state: &State, push: Push<'_>) -> Reply {
     let max_lag = (state.config.lag_ratio * state.config.trainers as f64).ceil() as u64;
     let behind = version.saturating_sub(push.base_version);
     if push.part != PushPart::Sparse {
-        c.staleness[(behind as usize).min(crate::observe::metrics::Staleness::BUCKETS - 1)].fetch_add(1, Relaxed);
+        c.staleness.0[(behind as usize).min(crate::observe::metrics::Staleness::BUCKETS - 1)].fetch_add(1, Relaxed);
     }
     // The halves of a split push share one verdict, the first's: the second, arriving after
     // the first moved the version, would otherwise be judged staler than the push is.
