@@ -232,6 +232,10 @@ pub(super) struct JobArgs {
     /// with the learning rate / k.
     #[arg(long, env = "OAR_SCALE_STALE_STEPS")]
     pub(super) scale_stale_steps: Option<bool>,
+    /// Async mode: keep the dense parameters synchronous among trainers (one merged update
+    /// per step of all of them) while rows stay async [default: true from 8 trainers].
+    #[arg(long, env = "OAR_SYNC_DENSE")]
+    pub(super) sync_dense: Option<bool>,
     /// GEO mode: local steps between two exchanges with the servers [default: 100].
     #[arg(
         long,
@@ -342,6 +346,9 @@ impl JobArgs {
             t.shuffle_window = self.shuffle_window;
         }
         set(&mut t.scale_stale_steps, self.scale_stale_steps);
+        if self.sync_dense.is_some() {
+            t.sync_dense = self.sync_dense;
+        }
         set(&mut t.geo_k_steps, self.geo_k_steps);
         if self.clip_grad_norm.is_some() {
             t.clip_grad_norm = self.clip_grad_norm;

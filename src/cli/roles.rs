@@ -458,6 +458,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         None => Vec::new(),
     };
     let timeout = super::limits::whole_seconds("timeout", job.train.timeout_secs)?;
+    let trainers = engine_trainers.or(a.trainers).or(env.trainers).unwrap_or(1);
     let config = TrainConfig {
         secret: a.secret_file.as_deref().map(crate::security::auth::Secret::read).transpose()?,
         tls: a.tls.client()?,
@@ -466,7 +467,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         ports_num: a.ports.ports_num.or(env.ports_num).unwrap_or(1),
         ports_num_for_sparse: a.ports.ports_num_for_sparse.or(env.ports_num_for_sparse).unwrap_or(0),
         trainer_id: engine_trainer.or(a.trainer_id).or(env.trainer_id).unwrap_or(0),
-        trainers: engine_trainers.or(a.trainers).or(env.trainers).unwrap_or(1),
+        trainers,
         train_files,
         test_files,
         batch_size: job.train.batch_size,
@@ -495,6 +496,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         shuffle: job.train.shuffle()?,
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
+        sync_dense: job.train.sync_dense(mode, trainers)?,
         geo_k_steps: job.train.geo_k_steps,
         clip_grad_norm: job.train.clip_grad_norm,
         delta_every: job.train.delta_every,

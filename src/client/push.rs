@@ -32,7 +32,11 @@ impl Client {
             }
         }
         let n = self.servers();
-        let split = dense.is_some() && !tables.is_empty() && self.has_sparse_ports();
+        // A dense-merged push is whole: its dense part waits in the sync step, its rows do not.
+        let split = dense.is_some()
+            && !tables.is_empty()
+            && self.has_sparse_ports()
+            && apply != crate::protocol::Apply::DenseMerged;
         // Each server's own count at the pull behind these gradients (see `Client::ahead`).
         let bases: Vec<u64> = self.ahead.iter().map(|a| base_version + a).collect();
         let mut per_server: Vec<Push> = (0..n)

@@ -176,8 +176,11 @@ impl<'a> Request<'a> {
                 let base_version = d.u64()?;
                 let samples = d.u64()?;
                 let part = enum_field(d.u64()?, &[PushPart::Whole, PushPart::Dense, PushPart::Sparse], "push part")?;
-                let apply =
-                    enum_field(d.u64()?, &[Apply::Now, Apply::Merged, Apply::StalenessScaled], "push apply rule")?;
+                let apply = enum_field(
+                    d.u64()?,
+                    &[Apply::Now, Apply::Merged, Apply::StalenessScaled, Apply::DenseMerged],
+                    "push apply rule",
+                )?;
                 let dense: Cow<'a, [f32]> = d.array()?;
                 let dense = if dense.is_empty() { vec![] } else { vec![dense] };
                 let n = d.count(32)?;

@@ -196,6 +196,10 @@ pub enum Apply {
     /// At once, the dense step (the learning rate) divided by the push's staleness when that is
     /// above 1: a push computed from parameters `k` updates old moves the weights `1/k` as far.
     StalenessScaled,
+    /// The rows at once, the dense part merged with every active trainer's push of the same
+    /// step into one update, answered once that is applied: async mode's `sync_dense` (dense
+    /// parameters synchronous among trainers, rows asynchronous). Never split in halves.
+    DenseMerged,
 }
 
 impl Apply {

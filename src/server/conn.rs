@@ -433,6 +433,7 @@ async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch)
         // trainer ends at the same step (see `TrainConfig::sync_warmup`), before any async push.
         // GEO pushes are added as they come, each checked in `push_async`.
         Request::Push(p) if state.config.mode == crate::protocol::Mode::Geo => push::push_async(state, p),
+        Request::Push(p) if p.apply == Apply::DenseMerged => push::push_dense_merged(state, p).await,
         Request::Push(p) if state.config.mode == crate::protocol::Mode::Sync || p.apply == Apply::Merged => {
             push::push_sync(state, p).await
         }

@@ -183,7 +183,6 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     let shard = state.shard()?;
     state.counters.pushes.fetch_add(1, Relaxed);
     state.counters.push_bytes.fetch_add(push_bytes(&push), Relaxed);
-    let trainer = push.trainer;
     // A skipped non-finite push still takes its place in the step, without gradients: the
     // step must not wait for it, nor count its samples.
     let push = if check(state, &shard, &push)? {
@@ -191,6 +190,47 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     } else {
         Push { dense: Vec::new(), sparse: Vec::new(), samples: 0, ..push }.into_owned()
     };
+    hold(state, &shard, push).await
+}
+
+/// An async job's push of a trainer in `sync_dense` (`Apply::DenseMerged`): its rows are
+/// applied at once, as an async push's, and recorded as the step's sparse part; its dense part
+/// goes into the sync step, which records the whole step once applied. A push sent again finds
+/// its rows recorded and only offers its dense part again, so each part counts once.
+pub(super) async fn push_dense_merged(state: &Arc<State>, push: Push<'_>) -> Reply {
+    let shard = state.shard()?;
+    let c = &state.counters;
+    c.pushes.fetch_add(1, Relaxed);
+    c.push_bytes.fetch_add(push_bytes(&push), Relaxed);
+    if state.config.mode != Mode::Async || push.part != PushPart::Whole {
+        let m = format!(
+            "trainer {}'s push refused: dense-merged pushes are whole pushes of an async job ({} job, {:?} part)",
+            push.trainer, state.config.mode, push.part
+        );
+        return Err((ErrorCode::State, m));
+    }
+    let pushable = check(state, &shard, &push)?;
+    {
+        let _gate = state.gate.read();
+        let mut ledger = state.ledgers[push.trainer as usize].lock();
+        if ledger.repeat(push.step, PushPart::Sparse).is_none() {
+            if pushable {
+                c.keys_pushed.fetch_add(push.sparse.iter().map(|s| s.ids.len() as u64).sum(), Relaxed);
+                apply(&shard, &[], &push.sparse, push.samples, 1.0)?;
+            }
+            ledger.record(push.step, PushPart::Sparse, push.samples, !pushable);
+        }
+    }
+    // A skipped non-finite push still takes its place in the step, without gradients.
+    let dense = if pushable { push.dense } else { Vec::new() };
+    let samples = if pushable { push.samples } else { 0 };
+    let merged = Push { dense, sparse: Vec::new(), samples, ..push };
+    hold(state, &shard, merged.into_owned()).await
+}
+
+/// Holds a checked push in the sync step (see [`push_sync`]) and answers it.
+async fn hold(state: &Arc<State>, shard: &Shard, push: Push<'static>) -> Reply {
+    let trainer = push.trainer;
     state.unanswered_fault_on_arrival(trainer);
     let lone = state.place.lock().is_some_and(|(_, servers)| servers == 1);
     let mut applied = state.applied.subscribe();
@@ -208,7 +248,7 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
             Offered::Half(_) | Offered::Pending(_) if !lone => return pushed(PushOutcome::Held, pending.step),
             Offered::Half(step) => step,
             Offered::Pending(step) => {
-                complete_step(state, &shard, &mut pending)?;
+                complete_step(state, shard, &mut pending)?;
                 step
             }
             Offered::NotHeld => unreachable!("an offer is held or refused"),

@@ -93,6 +93,11 @@ pub struct TrainConfig {
     /// not the server's update count). In local mode with `delay`, the same on delayed updates.
     #[serde(default = "default_scale_stale_steps")]
     pub scale_stale_steps: bool,
+    /// Async mode: after the warm-up, each step's dense gradients are merged with every
+    /// trainer's into one update (answered once applied, so the next pull sees it), its rows
+    /// applied at once (see [`crate::train::job_config::TrainSettings::sync_dense`]).
+    #[serde(default)]
+    pub sync_dense: bool,
     /// GEO mode: local steps between two exchanges with the servers (Paddle's `k_steps`).
     #[serde(default = "default_geo_k_steps")]
     pub geo_k_steps: u64,

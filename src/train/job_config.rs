@@ -21,6 +21,9 @@ pub const DEFAULT_SYNC_WARMUP: u64 = 100;
 pub const DEFAULT_GEO_K_STEPS: u64 = 100;
 /// The default of `TrainConfig::scale_stale_steps`.
 pub const DEFAULT_SCALE_STALE_STEPS: bool = true;
+/// From this many trainers on, async mode's dense parameters are synchronous by default
+/// (`TrainSettings::sync_dense`).
+pub const SYNC_DENSE_FROM_TRAINERS: usize = 8;
 
 /// The days to train and how each is split (what `train::online` reads of a pass).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,6 +72,12 @@ pub struct TrainSettings {
     pub sync_warmup: u64,
     /// Async mode: divide the dense learning rate of a push `k > 1` updates stale by `k`.
     pub scale_stale_steps: bool,
+    /// Async mode: the dense parameters synchronous among trainers (one update per step of
+    /// all trainers, merged) while the rows stay async (PERSIA's hybrid). `None`: on from
+    /// [`SYNC_DENSE_FROM_TRAINERS`] trainers, where late rows and a late dense part together cost
+    /// AUC (docs/src/modes.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sync_dense: Option<bool>,
     /// GEO mode: local steps between two exchanges with the servers (Paddle's `k_steps`,
     /// PaddleRec's `geo_step`); at least 1.
     pub geo_k_steps: u64,
@@ -112,6 +121,7 @@ impl Default for TrainSettings {
             pull_ahead: false,
             sync_warmup: DEFAULT_SYNC_WARMUP,
             scale_stale_steps: DEFAULT_SCALE_STALE_STEPS,
+            sync_dense: None,
             geo_k_steps: DEFAULT_GEO_K_STEPS,
             clip_grad_norm: None,
             delta_every: None,
@@ -125,6 +135,22 @@ impl Default for TrainSettings {
 }
 
 impl TrainSettings {
+    /// Whether a trainer of `trainers` in `mode` keeps the dense parameters synchronous
+    /// (`sync_dense`): by default from [`SYNC_DENSE_FROM_TRAINERS`] on, unless it pulls ahead
+    /// (which a synchronous dense step excludes); an error if asked of a mode other than async
+    /// or together with `pull_ahead`.
+    pub fn sync_dense(&self, mode: crate::protocol::Mode, trainers: usize) -> anyhow::Result<bool> {
+        let asked = self.sync_dense;
+        if asked == Some(true) && mode != crate::protocol::Mode::Async {
+            anyhow::bail!("sync_dense is an async-mode setting; this job's mode is {mode}");
+        }
+        if asked == Some(true) && self.pull_ahead {
+            anyhow::bail!("sync_dense and pull_ahead exclude each other: a synchronous dense step must be pulled after it is applied");
+        }
+        let auto = trainers >= SYNC_DENSE_FROM_TRAINERS && !self.pull_ahead;
+        Ok(mode == crate::protocol::Mode::Async && asked.unwrap_or(auto))
+    }
+
     /// How trainers shuffle: `Some(window)` lines held at once (`u64::MAX`: a trainer's whole
     /// share), `None`: read in order.
     pub fn shuffle(&self) -> anyhow::Result<Option<u64>> {
@@ -324,6 +350,23 @@ mod tests {
         assert_eq!(err, "shuffle_window (--shuffle-window) must be at least 1 line");
         let job = JobConfig { train: train("shuffle_window = 5"), ..JobConfig::default() };
         assert!(job.validate().is_err(), "a job file's validation runs it");
+    }
+
+    #[test]
+    fn sync_dense_is_on_from_eight_async_trainers_unless_said_and_refused_where_it_cannot_be() {
+        use crate::protocol::Mode;
+        let train = |text: &str| toml::from_str::<JobConfig>(&format!("[train]\n{text}")).unwrap().train;
+        let auto = train("");
+        let on = |t: &TrainSettings, mode, n| t.sync_dense(mode, n).unwrap();
+        assert_eq!((on(&auto, Mode::Async, 7), on(&auto, Mode::Async, 8)), (false, true));
+        assert!(!on(&auto, Mode::Sync, 64) && !on(&auto, Mode::Geo, 64) && !on(&auto, Mode::Local, 64));
+        assert!(!on(&train("sync_dense = false"), Mode::Async, 64), "turned off");
+        assert!(on(&train("sync_dense = true"), Mode::Async, 2), "turned on below eight");
+        assert!(!on(&train("pull_ahead = true"), Mode::Async, 64), "pulling ahead keeps it off");
+        let err = train("sync_dense = true").sync_dense(Mode::Geo, 4).unwrap_err().to_string();
+        assert_eq!(err, "sync_dense is an async-mode setting; this job's mode is geo");
+        let err = train("sync_dense = true\npull_ahead = true").sync_dense(Mode::Async, 4).unwrap_err().to_string();
+        assert!(err.starts_with("sync_dense and pull_ahead exclude each other"), "{err}");
     }
 
     #[test]

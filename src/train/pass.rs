@@ -103,7 +103,10 @@ impl PassLoop<'_> {
         on_progress: &dyn Fn(u64),
     ) -> anyhow::Result<HeadMetrics> {
         let c = self.config;
-        let remote_async = c.mode == Mode::Async && matches!(store, Store::Remote(_)) && warmup.is_none();
+        // Hogwild workers and pulls ahead are async's alone: a `sync_dense` step is one per
+        // trainer, and its next pull must follow the merged update.
+        let remote_async =
+            c.mode == Mode::Async && matches!(store, Store::Remote(_)) && warmup.is_none() && !c.sync_dense;
         let workers = if remote_async { c.threads } else { 1 };
         let replicas = if remote_async { 1 } else { c.threads };
         let dims = dims(self.model);
@@ -226,7 +229,11 @@ impl PassLoop<'_> {
         let mut window = (0.0f64, 0usize, Instant::now());
         // Loss sum and samples since the last curve point.
         let mut curve = (0.0f64, 0usize);
-        let apply = if c.scale_stale_steps { Apply::StalenessScaled } else { Apply::Now };
+        let apply = match (c.sync_dense, c.scale_stale_steps) {
+            (true, _) => Apply::DenseMerged,
+            (false, true) => Apply::StalenessScaled,
+            (false, false) => Apply::Now,
+        };
         let result = (|| -> anyhow::Result<()> {
             while !failed.load(Relaxed) {
                 let t0 = Instant::now();
@@ -269,7 +276,7 @@ impl PassLoop<'_> {
                 curve.0 += loss;
                 curve.1 += n;
                 // Hogwild workers do not log: each sees only its own share of the pass.
-                let hogwild = c.mode == Mode::Async && c.threads > 1;
+                let hogwild = c.mode == Mode::Async && c.threads > 1 && !c.sync_dense;
                 if let Some(t) = self.telemetry {
                     t.samples.store(so_far, Relaxed);
                     t.steps.store(step + 1, Relaxed);

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::util::*;
-use oar::client::{Client, ClientConfig, StepHeader};
+use oar::client::{Client, ClientConfig, StepHeader, TableGrads, TableIds};
 use oar::protocol::Mode;
 use oar::protocol::{Apply, RowCreation};
 use oar::server::ServerConfig;
@@ -212,4 +212,83 @@ fn the_halves_of_a_split_async_push_are_applied_or_discarded_together() {
     assert_eq!((stats[0].discarded, stats[0].applied_samples.clone()), (0, vec![8]), "{:?}", stats[0]);
     client.close(0).unwrap();
     assert!(server.wait().unwrap().success());
+}
+
+/// `sync_dense` (`Apply::DenseMerged`), by hand with SGD at lr 1 on one server: a push's rows
+/// are applied at once, so the other trainer pulls them while the dense part still waits; once
+/// both trainers pushed, the dense part moves once by the mean over both pushes' samples; a
+/// push sent again changes nothing. Counted at the server: each trainer's sample once.
+#[test]
+fn a_dense_merged_push_applies_its_rows_at_once_and_waits_for_every_trainers_dense_part() {
+    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 2, Mode::Async) });
+    let config = ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(30));
+    let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
+        .table_spec(oar::table::Optimizer::sgd(1.0), oar::table::Optimizer::sgd(1.0));
+    let dim = spec.sparse[0].dim;
+    let mut a = Client::connect(&config.clone().as_trainer(0)).unwrap();
+    let mut b = Client::connect(&config.as_trainer(1)).unwrap();
+    a.declare(&spec).unwrap();
+    b.declare(&spec).unwrap();
+    let ids = [7u64];
+    let pull = |c: &mut Client| {
+        let (mut dense, mut rows) = (Vec::new(), vec![Vec::new()]);
+        c.pull(Some(&mut dense), &[TableIds { table: 0, dim, ids: &ids }], &mut rows, RowCreation::Create).unwrap();
+        (dense, rows.remove(0))
+    };
+    let (dense0, row0) = pull(&mut a);
+    let ones = vec![1.0f32; dense0.len()];
+    let (row_grad, counts) = (vec![1.0f32; dim], [1.0f32, 0.0]);
+    let grads = [TableGrads { table: 0, dim, ids: &ids, counts: &counts, grads: &row_grad }];
+    let header =
+        |trainer| StepHeader { trainer, step: 0, pass: 1, base_version: 0, samples: 1, apply: Apply::DenseMerged };
+    let minus = |v: &[f32], d: f32| v.iter().map(|x| x - d).collect::<Vec<f32>>();
+    std::thread::scope(|s| {
+        let first = s.spawn(|| a.push(&header(0), Some(&ones), &grads).unwrap());
+        // Trainer 0's push waits in the step; the server's counters say when its rows are in.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while b.stats().unwrap()[0].keys_pushed == 0 {
+            assert!(std::time::Instant::now() < deadline, "trainer 0's rows never applied");
+            std::thread::yield_now();
+        }
+        let (dense, row) = pull(&mut b);
+        assert_eq!(row, minus(&row0, 1.0), "trainer 0's rows are applied at once");
+        assert_eq!(dense, dense0, "the dense part waits for trainer 1's");
+        b.push(&header(1), Some(&ones), &grads).unwrap();
+        first.join().unwrap();
+    });
+    let want = (minus(&dense0, 1.0), minus(&minus(&row0, 1.0), 1.0));
+    assert_eq!(pull(&mut a), want, "dense: one step on the mean of both; rows: one step each");
+    a.push(&header(0), Some(&ones), &grads).unwrap();
+    assert_eq!(pull(&mut b), want, "a push sent again is answered, not applied");
+    let stats = b.stats().unwrap().remove(0);
+    assert_eq!((stats.version, stats.keys_pushed), (1, 2), "one dense update, each trainer's row once");
+    assert_eq!((stats.applied_samples.as_slice(), stats.repeats), (&[1, 1][..], 1), "{stats:?}");
+    a.close(0).unwrap();
+    b.close(1).unwrap();
+}
+
+/// With the rows held still (a sparse learning rate of 1e-30, whose steps round away), async
+/// trainers in `sync_dense`
+/// train the dense part as sync trainers do, bit for bit: one merged update per step of both.
+#[test]
+fn sync_dense_trains_the_dense_part_as_sync_mode_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 2, STEPS * B as u64, 10);
+    let still = |c: &mut oar::train::TrainConfig| {
+        c.batch_size = B;
+        c.sparse_optimizer = oar::table::Optimizer::sgd(1e-30);
+    };
+    two_by_two(Mode::Sync, &train, &dir.path().join("sync"), &still);
+    two_by_two(Mode::Async, &train, &dir.path().join("hybrid"), &|c| {
+        still(c);
+        c.sync_warmup = 0;
+        c.sync_dense = true;
+    });
+    two_by_two(Mode::Async, &train, &dir.path().join("async"), &|c| {
+        still(c);
+        c.sync_warmup = 0;
+    });
+    let (sync, hybrid) = (load_params(&dir.path().join("sync")), load_params(&dir.path().join("hybrid")));
+    assert_same_params(&sync, &hybrid, 0.0);
+    assert_ne!(load_params(&dir.path().join("async")).dense, sync.dense, "plain async differs");
 }
