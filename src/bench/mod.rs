@@ -250,6 +250,7 @@ pub mod recovery;
 pub mod scale;
 pub mod security;
 mod sparse;
+pub mod trainers;
 mod training;
 pub use sparse::SparseDraws;
 

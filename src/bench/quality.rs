@@ -34,6 +34,9 @@ pub struct QualityConfig {
     pub train: crate::train::job_config::TrainSettings,
     /// The `oar` binary, for the launched clusters.
     pub exe: PathBuf,
+    /// Instead of the 2x2 table: async at these trainer counts, the dense parameters async
+    /// and synchronous (`sync_dense`), against local ([`super::trainers`]).
+    pub many_trainers: Vec<usize>,
 }
 
 /// One pairing of local, sync, async and GEO runs.
@@ -45,7 +48,7 @@ struct Trio {
 }
 
 /// Mean and sample standard deviation.
-fn mean_sd(v: &[f64]) -> (f64, f64) {
+pub(super) fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
     let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
@@ -66,9 +69,9 @@ fn trio(config: &QualityConfig, data: &Path, logs: &Path, seed: u64) -> anyhow::
     Ok(Trio { local, sync, async_, geo })
 }
 
-/// Writes fold `k` of `lines` as `dir/train/part-00000..1` (the other folds, halved) and
+/// Writes fold `k` of `lines` as `dir/train/part-*` (the other folds, in `parts` files) and
 /// `dir/test/part-00000`.
-fn write_fold(lines: &[&str], folds: usize, k: usize, dir: &Path) -> anyhow::Result<()> {
+pub(super) fn write_fold(lines: &[&str], folds: usize, k: usize, parts: usize, dir: &Path) -> anyhow::Result<()> {
     let (start, end) = (k * lines.len() / folds, (k + 1) * lines.len() / folds);
     let train: Vec<&str> = lines[..start].iter().chain(&lines[end..]).copied().collect();
     for sub in ["train", "test"] {
@@ -79,9 +82,10 @@ fn write_fold(lines: &[&str], folds: usize, k: usize, dir: &Path) -> anyhow::Res
         part.iter().try_for_each(|l| writeln!(f, "{l}"))?;
         Ok(())
     };
-    let half = train.len() / 2;
-    write(dir.join("train/part-00000"), &train[..half])?;
-    write(dir.join("train/part-00001"), &train[half..])?;
+    for p in 0..parts {
+        let part = &train[p * train.len() / parts..(p + 1) * train.len() / parts];
+        write(dir.join(format!("train/part-{p:05}")), part)?;
+    }
     write(dir.join("test/part-00000"), &lines[start..end])
 }
 
@@ -91,6 +95,9 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
         config.batch >= 2 && config.folds >= 2 && config.seeds >= 1,
         "--quality needs batch >= 2, folds >= 2, seeds >= 1"
     );
+    if !config.many_trainers.is_empty() {
+        return super::trainers::run(config);
+    }
     let tmp = std::env::temp_dir().join(format!("oar-quality-{}", std::process::id()));
     let logs = tmp.join("logs");
     let mut rows: Vec<(String, Vec<Trio>)> = Vec::new();
@@ -100,7 +107,7 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
         let mut trios = Vec::new();
         for k in 0..config.folds {
             let dir = tmp.join(format!("fold-{k}"));
-            write_fold(&lines, config.folds, k, &dir)?;
+            write_fold(&lines, config.folds, k, 2, &dir)?;
             trios.push(trio(config, &dir, &logs, k as u64 + 1)?);
             let _ = std::fs::remove_dir_all(&dir);
         }

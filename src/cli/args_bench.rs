@@ -64,6 +64,10 @@ pub(super) struct BenchArgs {
     /// --quality: samples per update.
     #[arg(long, default_value_t = 512)]
     pub(super) batch: usize,
+    /// --quality: instead of the 2x2 table, async at these trainer counts (N trainers, N / 4
+    /// servers), the dense parameters async and synchronous (sync_dense), against local.
+    #[arg(long, value_delimiter = ',')]
+    pub(super) many_trainers: Vec<usize>,
     /// --quality: a job file whose [train] settings (e.g. pull_ahead) every run uses.
     #[arg(long)]
     pub(super) config: Option<PathBuf>,

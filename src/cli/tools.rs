@@ -23,6 +23,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 None => Default::default(),
             },
             exe: super::this_binary("oar bench")?,
+            many_trainers: a.many_trainers,
         });
     }
     if a.recovery {
