@@ -111,6 +111,19 @@ fn an_async_server_killed_mid_pass_is_restarted_from_its_checkpoint_and_the_job_
     assert!(restarted.contains("resumed shard from a checkpoint"), "{restarted}");
 }
 
+/// In `sync_dense` a push's rows are applied on arrival and its dense part waits for the
+/// step: a server restarted from its checkpoint has lost its pending steps, and each trainer's
+/// rows are applied once all the same (the ledger in the checkpoint says which were).
+#[test]
+fn a_sync_dense_server_killed_mid_pass_is_restarted_from_its_checkpoint_and_the_job_finishes() {
+    let job = Job::new();
+    let extra = ["--checkpoint-every", "0.2", "--max-restarts", "1", "--sync-dense", "true"];
+    // 20 warm-up updates, then one per step of both trainers: 59 in all.
+    let out = job.launch("async", "server1:kill@version=40", &extra);
+    let s = job.assert_recovered(&out, 1, &[0, 1]);
+    assert_eq!(s.staleness.mean(), 0.0, "the dense part is never stale: {}", s.staleness);
+}
+
 #[test]
 fn a_sync_server_killed_mid_pass_is_restarted_and_the_job_finishes() {
     let job = Job::new();
@@ -239,6 +252,15 @@ impl Job {
 fn an_async_trainer_killed_mid_pass_is_restarted_and_goes_on_from_its_position() {
     let job = Job::new();
     let out = job.launch("async", "trainer1:kill@step=40", &["--max-restarts", "1"]);
+    job.assert_trainer_rejoined(&out, 1);
+}
+
+/// The same in `sync_dense`: the survivor's dense steps wait for the restarted trainer, which
+/// sends its unanswered push again (its rows not applied twice) and goes on.
+#[test]
+fn a_sync_dense_trainer_killed_mid_pass_is_restarted_and_goes_on_from_its_position() {
+    let job = Job::new();
+    let out = job.launch("async", "trainer1:kill@step=40", &["--max-restarts", "1", "--sync-dense", "true"]);
     job.assert_trainer_rejoined(&out, 1);
 }
 

@@ -292,3 +292,24 @@ fn sync_dense_trains_the_dense_part_as_sync_mode_does() {
     assert_same_params(&sync, &hybrid, 0.0);
     assert_ne!(load_params(&dir.path().join("async")).dense, sync.dense, "plain async differs");
 }
+
+/// A dense-merged push is an async job's: a sync server refuses it, naming why, and its rows
+/// are not applied.
+#[test]
+fn a_sync_server_refuses_a_dense_merged_push() {
+    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 1, Mode::Sync) });
+    let config = ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(30));
+    let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
+        .table_spec(oar::table::Optimizer::sgd(1.0), oar::table::Optimizer::sgd(1.0));
+    let dim = spec.sparse[0].dim;
+    let mut c = Client::connect(&config.clone().as_trainer(0)).unwrap();
+    c.declare(&spec).unwrap();
+    let (ids, counts, grad) = ([7u64], [1.0f32, 0.0], vec![1.0f32; dim]);
+    let grads = [TableGrads { table: 0, dim, ids: &ids, counts: &counts, grads: &grad }];
+    let header = StepHeader { trainer: 0, step: 0, pass: 1, base_version: 0, samples: 1, apply: Apply::DenseMerged };
+    let e = c.push(&header, None, &grads).unwrap_err().to_string();
+    assert!(e.contains("dense-merged pushes are whole pushes of an async job (sync job"), "{e}");
+    let mut c = Client::connect(&config.as_trainer(0)).unwrap();
+    c.attach(&spec);
+    assert_eq!(c.stats().unwrap()[0].keys_pushed, 0, "its rows were not applied");
+}
