@@ -71,7 +71,7 @@ fn trio(config: &QualityConfig, data: &Path, logs: &Path, seed: u64) -> anyhow::
 
 /// Writes fold `k` of `lines` as `dir/train/part-*` (the other folds, in `parts` files) and
 /// `dir/test/part-00000`.
-pub(super) fn write_fold(lines: &[&str], folds: usize, k: usize, parts: usize, dir: &Path) -> anyhow::Result<()> {
+fn write_fold(lines: &[&str], folds: usize, k: usize, parts: usize, dir: &Path) -> anyhow::Result<()> {
     let (start, end) = (k * lines.len() / folds, (k + 1) * lines.len() / folds);
     let train: Vec<&str> = lines[..start].iter().chain(&lines[end..]).copied().collect();
     for sub in ["train", "test"] {
@@ -89,6 +89,51 @@ pub(super) fn write_fold(lines: &[&str], folds: usize, k: usize, parts: usize, d
     write(dir.join("test/part-00000"), &lines[start..end])
 }
 
+/// Runs `measure(data, logs, seed)` on every data set `config` names, each written into a
+/// temporary folder (`parts` training files) and removed after: the real sample's folds (the
+/// seed is the fold's number from 1) and each generated size under each seed. Returns the
+/// measurements by data set, each named for the table.
+pub(super) fn over_data_sets<T>(
+    config: &QualityConfig,
+    name: &str,
+    parts: usize,
+    mut measure: impl FnMut(&Path, &Path, u64) -> anyhow::Result<T>,
+) -> anyhow::Result<Vec<(String, Vec<T>)>> {
+    let tmp = std::env::temp_dir().join(format!("oar-{name}-{}", std::process::id()));
+    let logs = tmp.join("logs");
+    let mut rows = Vec::new();
+    if let Some(real) = config.real.as_deref().filter(|p| p.is_file()) {
+        let text = std::fs::read_to_string(real)?;
+        let lines: Vec<&str> = text.lines().collect();
+        let mut runs = Vec::new();
+        for k in 0..config.folds {
+            let dir = tmp.join(format!("fold-{k}"));
+            write_fold(&lines, config.folds, k, parts, &dir)?;
+            runs.push(measure(&dir, &logs, k as u64 + 1)?);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        rows.push((format!("real Criteo, {} lines, {} folds", lines.len(), config.folds), runs));
+    }
+    for &size in config.sizes.iter().filter(|&&s| s > 0) {
+        let mut runs = Vec::new();
+        for seed in 1..=config.seeds {
+            let dir = tmp.join(format!("gen-{size}-{seed}"));
+            crate::data::gen::generate(&crate::data::gen::GenConfig {
+                lines: size,
+                test_lines: (size / 10).max(1000),
+                seed,
+                parts,
+                out: dir.clone(),
+            })?;
+            runs.push(measure(&dir, &logs, seed)?);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        rows.push((format!("generated, {size} lines, {} seeds", config.seeds), runs));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(rows)
+}
+
 /// Runs the comparison and prints one row per data set.
 pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -98,38 +143,7 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
     if !config.many_trainers.is_empty() {
         return super::trainers::run(config);
     }
-    let tmp = std::env::temp_dir().join(format!("oar-quality-{}", std::process::id()));
-    let logs = tmp.join("logs");
-    let mut rows: Vec<(String, Vec<Trio>)> = Vec::new();
-    if let Some(real) = config.real.as_deref().filter(|p| p.is_file()) {
-        let text = std::fs::read_to_string(real)?;
-        let lines: Vec<&str> = text.lines().collect();
-        let mut trios = Vec::new();
-        for k in 0..config.folds {
-            let dir = tmp.join(format!("fold-{k}"));
-            write_fold(&lines, config.folds, k, 2, &dir)?;
-            trios.push(trio(config, &dir, &logs, k as u64 + 1)?);
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        rows.push((format!("real Criteo, {} lines, {} folds", lines.len(), config.folds), trios));
-    }
-    for &size in config.sizes.iter().filter(|&&s| s > 0) {
-        let mut trios = Vec::new();
-        for seed in 1..=config.seeds {
-            let dir = tmp.join(format!("gen-{size}-{seed}"));
-            crate::data::gen::generate(&crate::data::gen::GenConfig {
-                lines: size,
-                test_lines: (size / 10).max(1000),
-                seed,
-                parts: 2,
-                out: dir.clone(),
-            })?;
-            trios.push(trio(config, &dir, &logs, seed)?);
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        rows.push((format!("generated, {size} lines, {} seeds", config.seeds), trios));
-    }
-    let _ = std::fs::remove_dir_all(&tmp);
+    let rows = over_data_sets(config, "quality", 2, |dir, logs, seed| trio(config, dir, logs, seed))?;
     println!(
         "CTR-DNN, 1 pass, {} samples per update; async: pull_ahead {}, sync_warmup {}, scale_stale_steps {}; geo: geo_k_steps {}; sync, async and geo 2x2 against local, paired by fold or seed (mean +- sd)",
         config.batch,

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use super::quality::{mean_sd, write_fold, QualityConfig};
+use super::quality::{mean_sd, over_data_sets, QualityConfig};
 use super::training::train_local;
 use crate::protocol::Mode;
 use crate::train::job_config::JobConfig;
@@ -76,38 +76,7 @@ pub(super) fn run(config: &QualityConfig) -> anyhow::Result<()> {
         "--many-trainers takes 2 to {} trainers",
         crate::base::layout::MAX_PEERS
     );
-    let tmp = std::env::temp_dir().join(format!("oar-many-{}", std::process::id()));
-    let logs = tmp.join("logs");
-    let mut rows: Vec<(String, Vec<DataSet>)> = Vec::new();
-    if let Some(real) = config.real.as_deref().filter(|p| p.is_file()) {
-        let text = std::fs::read_to_string(real)?;
-        let lines: Vec<&str> = text.lines().collect();
-        let mut folds = Vec::new();
-        for k in 0..config.folds {
-            let dir = tmp.join(format!("fold-{k}"));
-            write_fold(&lines, config.folds, k, most, &dir)?;
-            folds.push(pairs(config, &dir, &logs, k as u64 + 1)?);
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        rows.push((format!("real Criteo, {} lines, {} folds", lines.len(), config.folds), folds));
-    }
-    for &size in config.sizes.iter().filter(|&&s| s > 0) {
-        let mut seeds = Vec::new();
-        for seed in 1..=config.seeds {
-            let dir = tmp.join(format!("gen-{size}-{seed}"));
-            crate::data::gen::generate(&crate::data::gen::GenConfig {
-                lines: size,
-                test_lines: (size / 10).max(1000),
-                seed,
-                parts: most,
-                out: dir.clone(),
-            })?;
-            seeds.push(pairs(config, &dir, &logs, seed)?);
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        rows.push((format!("generated, {size} lines, {} seeds", config.seeds), seeds));
-    }
-    let _ = std::fs::remove_dir_all(&tmp);
+    let rows = over_data_sets(config, "many", most, |dir, logs, seed| pairs(config, dir, logs, seed))?;
     print_table(config, &rows);
     Ok(())
 }
