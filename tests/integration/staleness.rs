@@ -80,15 +80,22 @@ fn a_short_warm_up_hands_over_to_async_pushes() {
     }
 }
 
+/// One server in `mode` for `trainers`, staying up after they leave, the client settings to
+/// reach it, and a small CTR-DNN's tables with SGD at lr 1 (steps computable by hand).
+fn sgd_server(mode: Mode, trainers: usize) -> (impl Sized, ClientConfig, oar::table::TableSpec) {
+    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, trainers, mode) });
+    let config = ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(30));
+    let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
+        .table_spec(oar::table::Optimizer::sgd(1.0), oar::table::Optimizer::sgd(1.0));
+    (server, config, spec)
+}
+
 /// A push marked `StalenessScaled` that arrives `k > 1` updates stale moves the dense weights
 /// `1/k` as far as a fresh one; `Now` pushes are never scaled.
 #[test]
 fn a_stale_push_takes_a_dense_step_divided_by_its_staleness() {
-    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 1, Mode::Async) });
-    let config = ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(30));
+    let (_server, config, spec) = sgd_server(Mode::Async, 1);
     let mut c = Client::connect(&config.as_trainer(0)).unwrap();
-    let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
-        .table_spec(oar::table::Optimizer::sgd(1.0), oar::table::Optimizer::sgd(1.0));
     c.declare(&spec).unwrap();
     let ones = vec![1.0f32; spec.dense.total()];
     let mut dense = Vec::new();
@@ -220,10 +227,7 @@ fn the_halves_of_a_split_async_push_are_applied_or_discarded_together() {
 /// push sent again changes nothing. Counted at the server: each trainer's sample once.
 #[test]
 fn a_dense_merged_push_applies_its_rows_at_once_and_waits_for_every_trainers_dense_part() {
-    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 2, Mode::Async) });
-    let config = ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(30));
-    let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
-        .table_spec(oar::table::Optimizer::sgd(1.0), oar::table::Optimizer::sgd(1.0));
+    let (_server, config, spec) = sgd_server(Mode::Async, 2);
     let dim = spec.sparse[0].dim;
     let mut a = Client::connect(&config.clone().as_trainer(0)).unwrap();
     let mut b = Client::connect(&config.as_trainer(1)).unwrap();
@@ -297,10 +301,7 @@ fn sync_dense_trains_the_dense_part_as_sync_mode_does() {
 /// are not applied.
 #[test]
 fn a_sync_server_refuses_a_dense_merged_push() {
-    let server = start_server(ServerConfig { exit_when_done: false, ..server_config(0, 1, 1, Mode::Sync) });
-    let config = ClientConfig::new(vec![server.addr.clone()], "test", Duration::from_secs(5), Duration::from_secs(30));
-    let spec = criteo_model(&oar::model::ModelConfig { hidden: Some(vec![4]), ..Default::default() })
-        .table_spec(oar::table::Optimizer::sgd(1.0), oar::table::Optimizer::sgd(1.0));
+    let (_server, config, spec) = sgd_server(Mode::Sync, 1);
     let dim = spec.sparse[0].dim;
     let mut c = Client::connect(&config.clone().as_trainer(0)).unwrap();
     c.declare(&spec).unwrap();
