@@ -114,6 +114,8 @@ fn check(config: &LaunchConfig) -> anyhow::Result<()> {
             config.workers
         );
     }
+    // Refused here, before any child starts, rather than by each trainer as it starts.
+    config.job.train.sync_dense(config.mode, config.workers)?;
     // Never a silent fresh shard: a restarted server needs a checkpoint to go on from.
     anyhow::ensure!(
         config.max_restarts == 0 || (config.checkpoint_every.is_some() && config.output.is_some()),
