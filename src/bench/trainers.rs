@@ -1,6 +1,7 @@
 //! `oar bench --quality --many-trainers 16,32,64`: async training at many trainers against local
 //! training, with the dense parameters async (every push applied on arrival) and synchronous
-//! (`sync_dense`: one merged dense update per step of all trainers, rows async), on the real
+//! (`sync_dense`: one merged dense update per step of all trainers, rows async, batches cut so
+//! that a merged step covers at most `sync_dense_batch` samples), on the real
 //! Criteo sample rotated through folds and on generated sets under several seeds. N trainers get
 //! N / 4 servers (1 to 16), as processes of one machine (`oar launch`); every run is paired with
 //! the local run of its fold or seed, and the table gives the mean and standard deviation of the
@@ -84,9 +85,12 @@ pub(super) fn run(config: &QualityConfig) -> anyhow::Result<()> {
 fn print_table(config: &QualityConfig, rows: &[(String, Vec<DataSet>)]) {
     println!(
         "CTR-DNN, 1 pass, batch {} per trainer; async (sync_warmup {}, scale_stale_steps {}) with the dense \
-         parameters async or synchronous (sync_dense), N trainers and N / 4 servers, against local, paired by fold or \
-         seed (mean +- sd)",
-        config.batch, config.train.sync_warmup, config.train.scale_stale_steps
+         parameters async or synchronous (sync_dense, each batch cut in steps of at most {} samples over all trainers), \
+         N trainers and N / 4 servers, against local, paired by fold or seed (mean +- sd)",
+        config.batch,
+        config.train.sync_warmup,
+        config.train.scale_stale_steps,
+        config.train.sync_dense_batch.unwrap_or(config.batch * crate::train::job_config::SYNC_DENSE_BATCHES),
     );
     println!("| data | local AUC | trainers x servers | async - local | sync_dense - local | mean staleness, async / sync_dense | samples/s end to end, async / sync_dense |");
     println!("|---|---|---|---|---|---|---|");

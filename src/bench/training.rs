@@ -73,6 +73,7 @@ pub(super) fn train_local(
         sync_warmup: job.train.sync_warmup,
         scale_stale_steps: job.train.scale_stale_steps,
         sync_dense: false,
+        sync_dense_parts: 1,
         geo_k_steps: job.train.geo_k_steps,
         clip_grad_norm: job.train.clip_grad_norm,
         delta_every: None,

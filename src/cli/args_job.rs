@@ -236,6 +236,10 @@ pub(super) struct JobArgs {
     /// per step of all of them) while rows stay async [default: true from 8 trainers].
     #[arg(long, env = "OAR_SYNC_DENSE")]
     pub(super) sync_dense: Option<bool>,
+    /// sync_dense: the samples one merged dense step covers at most; beyond it each trainer
+    /// cuts its batches into smaller steps [default: 8 x the batch size].
+    #[arg(long, env = "OAR_SYNC_DENSE_BATCH")]
+    pub(super) sync_dense_batch: Option<usize>,
     /// GEO mode: local steps between two exchanges with the servers [default: 100].
     #[arg(
         long,
@@ -348,6 +352,9 @@ impl JobArgs {
         set(&mut t.scale_stale_steps, self.scale_stale_steps);
         if self.sync_dense.is_some() {
             t.sync_dense = self.sync_dense;
+        }
+        if self.sync_dense_batch.is_some() {
+            t.sync_dense_batch = self.sync_dense_batch;
         }
         set(&mut t.geo_k_steps, self.geo_k_steps);
         if self.clip_grad_norm.is_some() {

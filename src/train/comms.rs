@@ -12,7 +12,7 @@ use super::ahead::{Ahead, PushJob};
 use super::geo::{ExchangeHeader, GeoCopy};
 use super::position::PositionLog;
 use super::step::Replica;
-use super::warmup::Warmup;
+use super::warmup::{Split, Warmup};
 use super::{Lookups, StepHeader, StepTimes, Store};
 use crate::base::batch::Batch;
 use crate::client::PushReport;
@@ -55,6 +55,8 @@ pub(super) enum Comms<'a, 'b> {
         delay_from: u64,
         /// Set while async mode's synchronous warm-up lasts: its steps are pushed as sync.
         warmup: Option<Warmup>,
+        /// After it, how reader batches are cut into steps (`sync_dense`'s smaller steps; else whole).
+        split: Split,
     },
     /// GEO: the trainer's own copy of what it touches, trained step after step and exchanged
     /// with the servers every `k` steps ([`GeoCopy`]).
@@ -91,13 +93,14 @@ impl Comms<'_, '_> {
         let t0 = Instant::now();
         let take = |p: &Prepared| positions.map(|log| log.lock().take(p.batch.len() as u64));
         match self {
-            Comms::Direct { reader, store, params, rows, warmup, .. } => {
+            Comms::Direct { reader, store, params, rows, warmup, split, .. } => {
                 // Numbered under the reader's lock: in the order batches leave the reader.
                 let mut r = reader.lock();
-                let p = match warmup {
-                    Some(w) => w.next(&mut r)?.map(|b| prepare(b, model)).transpose()?,
-                    None => next_prepared(&mut r, model)?,
+                let batch = match warmup {
+                    Some(w) => w.next(&mut r)?,
+                    None => split.next(&mut r)?,
                 };
+                let p = batch.map(|b| prepare(b, model)).transpose()?;
                 let Some(p) = p else { return Ok(None) };
                 let number = take(&p);
                 let step = step.fetch_add(1, Relaxed);

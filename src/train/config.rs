@@ -98,6 +98,11 @@ pub struct TrainConfig {
     /// applied at once (see [`crate::train::job_config::TrainSettings::sync_dense`]).
     #[serde(default)]
     pub sync_dense: bool,
+    /// `sync_dense`: each full batch after the warm-up is cut into this many steps, a short
+    /// last one into as few steps of that size as hold it (see
+    /// [`crate::train::job_config::TrainSettings::sync_dense_parts`]).
+    #[serde(default = "one")]
+    pub sync_dense_parts: usize,
     /// GEO mode: local steps between two exchanges with the servers (Paddle's `k_steps`).
     #[serde(default = "default_geo_k_steps")]
     pub geo_k_steps: u64,
@@ -132,6 +137,10 @@ pub struct TrainConfig {
     /// TLS to the servers (`--tls-ca`); `None`: plain TCP.
     #[serde(skip)]
     pub tls: Option<crate::security::tls::ClientTls>,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn default_sync_warmup() -> u64 {

@@ -148,6 +148,15 @@ impl<'a> Job<'a> {
         };
         let shuffle = config.order().unwrap_or_else(|| "off".into());
         tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, %shuffle, first_pass = start.pass, model = %model.summary(), "training");
+        if config.sync_dense {
+            let parts = config.sync_dense_parts;
+            tracing::info!(
+                trainer = me,
+                parts,
+                step = config.batch_size.div_ceil(parts.max(1)),
+                "sync_dense: dense steps merged over all trainers, each batch cut in {parts} step(s)"
+            );
+        }
         let curves = crate::observe::curves::CurveLog::open_all(
             config.metrics_csv.as_deref(),
             config.tensorboard.as_deref(),

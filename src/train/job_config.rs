@@ -24,6 +24,9 @@ pub const DEFAULT_SCALE_STALE_STEPS: bool = true;
 /// From this many trainers on, async mode's dense parameters are synchronous by default
 /// (`TrainSettings::sync_dense`).
 pub const SYNC_DENSE_FROM_TRAINERS: usize = 8;
+/// The default of `TrainSettings::sync_dense_batch`, in batches: a synchronous dense step
+/// merges at most this many trainers' batches.
+pub const SYNC_DENSE_BATCHES: usize = 8;
 
 /// The days to train and how each is split (what `train::online` reads of a pass).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -78,6 +81,12 @@ pub struct TrainSettings {
     /// AUC (docs/src/modes.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sync_dense: Option<bool>,
+    /// `sync_dense`: the samples one merged dense step covers at most. Where trainers x
+    /// `batch_size` is more, each trainer cuts its batches into steps of about
+    /// `sync_dense_batch / trainers` samples, so the dense part still gets enough updates
+    /// (docs/src/modes.md). `None`: [`SYNC_DENSE_BATCHES`] x `batch_size`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sync_dense_batch: Option<usize>,
     /// GEO mode: local steps between two exchanges with the servers (Paddle's `k_steps`,
     /// PaddleRec's `geo_step`); at least 1.
     pub geo_k_steps: u64,
@@ -122,6 +131,7 @@ impl Default for TrainSettings {
             sync_warmup: DEFAULT_SYNC_WARMUP,
             scale_stale_steps: DEFAULT_SCALE_STALE_STEPS,
             sync_dense: None,
+            sync_dense_batch: None,
             geo_k_steps: DEFAULT_GEO_K_STEPS,
             clip_grad_norm: None,
             delta_every: None,
@@ -149,6 +159,18 @@ impl TrainSettings {
         }
         let auto = trainers >= SYNC_DENSE_FROM_TRAINERS && !self.pull_ahead;
         Ok(mode == crate::protocol::Mode::Async && asked.unwrap_or(auto))
+    }
+
+    /// In `sync_dense`, the steps each batch of a trainer of `trainers` is cut into: as few as
+    /// keep a merged dense step within `sync_dense_batch` samples, at most one per sample.
+    pub fn sync_dense_parts(&self, trainers: usize) -> anyhow::Result<usize> {
+        let cap = match self.sync_dense_batch {
+            Some(0) => anyhow::bail!("sync_dense_batch must be at least 1 sample"),
+            Some(cap) => cap,
+            None => self.batch_size.saturating_mul(SYNC_DENSE_BATCHES),
+        };
+        let merged = self.batch_size.saturating_mul(trainers);
+        Ok(merged.div_ceil(cap).clamp(1, self.batch_size.max(1)))
     }
 
     /// How trainers shuffle: `Some(window)` lines held at once (`u64::MAX`: a trainer's whole
@@ -290,6 +312,7 @@ impl JobConfig {
             anyhow::bail!("delta_every must be at least 1 (passes between saves for serving)");
         }
         self.train.shuffle()?;
+        self.train.sync_dense_parts(1)?;
         if let Some(c) = self.train.clip_grad_norm {
             anyhow::ensure!(c.is_finite() && c > 0.0, "clip_grad_norm must be a positive number, not {c}");
         }
@@ -350,6 +373,21 @@ mod tests {
         assert_eq!(err, "shuffle_window (--shuffle-window) must be at least 1 line");
         let job = JobConfig { train: train("shuffle_window = 5"), ..JobConfig::default() };
         assert!(job.validate().is_err(), "a job file's validation runs it");
+    }
+
+    #[test]
+    fn sync_dense_cuts_batches_so_a_merged_step_stays_within_its_cap() {
+        let train = |text: &str| toml::from_str::<JobConfig>(&format!("[train]\n{text}")).unwrap().train;
+        let parts = |t: &TrainSettings, n| t.sync_dense_parts(n).unwrap();
+        let auto = train("");
+        let cap = SYNC_DENSE_BATCHES;
+        assert_eq!(parts(&auto, 2), 1);
+        assert_eq!((parts(&auto, cap), parts(&auto, cap + 1), parts(&auto, 4 * cap)), (1, 2, 4));
+        let fixed = train("batch_size = 100\nsync_dense_batch = 1000");
+        assert_eq!((parts(&fixed, 10), parts(&fixed, 11), parts(&fixed, 48)), (1, 2, 5));
+        assert_eq!(parts(&fixed, 1_000_000), 100, "never below one sample a step");
+        let err = train("sync_dense_batch = 0").sync_dense_parts(4).unwrap_err().to_string();
+        assert_eq!(err, "sync_dense_batch must be at least 1 sample");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::comms::{next_prepared, Comms};
 use super::geo::{ExchangeHeader, GeoCopy};
 use super::position::PositionLog;
 use super::step::{clip, compute, Replica};
-use super::warmup::{Warmup, WarmupPlan};
+use super::warmup::{Split, Warmup, WarmupPlan};
 use super::{dims, HeadMetrics, StepHeader, StepTimes, Store, TrainConfig, TrainReport};
 use crate::data::Reader;
 use crate::model::Model;
@@ -75,12 +75,8 @@ impl PassLoop<'_> {
         let reader = Mutex::new(reader);
         let mut metrics = HeadMetrics::new(self.model);
         if c.mode == Mode::Async && matches!(store, Store::Remote(_)) && self.plan.steps > 0 {
-            let warmup = Warmup {
-                steps: self.plan.steps,
-                parts: c.trainers,
-                parts_done: self.plan.parts_done,
-                queue: Default::default(),
-            };
+            let split = Split { parts_done: self.plan.parts_done, ..Split::parts(c.trainers) };
+            let warmup = Warmup { steps: self.plan.steps, split };
             metrics.merge(&self.segment(store, &reader, Some(warmup), report, on_progress)?);
             tracing::info!(
                 trainer = c.trainer_id,
@@ -154,6 +150,10 @@ impl PassLoop<'_> {
                         delayed: Default::default(),
                         delay: c.delay,
                         delay_from: self.plan.steps,
+                        split: match (&warmup, c.sync_dense) {
+                            (None, true) => Split::at_most(c.batch_size.div_ceil(c.sync_dense_parts.max(1))),
+                            _ => Split::parts(1),
+                        },
                         warmup: warmup.take(),
                     })
                 })),

@@ -256,11 +256,16 @@ fn an_async_trainer_killed_mid_pass_is_restarted_and_goes_on_from_its_position()
 }
 
 /// The same in `sync_dense`: the survivor's dense steps wait for the restarted trainer, which
-/// sends its unanswered push again (its rows not applied twice) and goes on.
+/// sends its unanswered push again (its rows not applied twice) and goes on. Its batches are
+/// cut in 4 steps of 128 (`--sync-dense-batch 341` < 2 x 512 / 3), and it is killed in the
+/// middle of one: after the 20 warm-up parts, 5 whole batches and 2 steps of the sixth.
 #[test]
 fn a_sync_dense_trainer_killed_mid_pass_is_restarted_and_goes_on_from_its_position() {
     let job = Job::new();
-    let out = job.launch("async", "trainer1:kill@step=40", &["--max-restarts", "1", "--sync-dense", "true"]);
+    let flags = ["--max-restarts", "1", "--sync-dense", "true", "--sync-dense-batch", "341"];
+    let out = job.launch("async", "trainer1:kill@step=42", &flags);
+    let log = job.log("worker.1.log");
+    assert!(log.contains("each batch cut in 4 step(s)"), "{log}");
     job.assert_trainer_rejoined(&out, 1);
 }
 

@@ -272,8 +272,8 @@ fn a_dense_merged_push_applies_its_rows_at_once_and_waits_for_every_trainers_den
 }
 
 /// With the rows held still (a sparse learning rate of 1e-30, whose steps round away), async
-/// trainers in `sync_dense`
-/// train the dense part as sync trainers do, bit for bit: one merged update per step of both.
+/// trainers in `sync_dense` train the dense part as sync trainers do, bit for bit: one merged
+/// update per step of both; and so do trainers whose one batch of 3B is cut in three steps.
 #[test]
 fn sync_dense_trains_the_dense_part_as_sync_mode_does() {
     let dir = tempfile::tempdir().unwrap();
@@ -292,8 +292,16 @@ fn sync_dense_trains_the_dense_part_as_sync_mode_does() {
         still(c);
         c.sync_warmup = 0;
     });
+    two_by_two(Mode::Async, &train, &dir.path().join("cut"), &|c| {
+        still(c);
+        c.batch_size = 3 * B;
+        c.sync_warmup = 0;
+        c.sync_dense = true;
+        c.sync_dense_parts = 3;
+    });
     let (sync, hybrid) = (load_params(&dir.path().join("sync")), load_params(&dir.path().join("hybrid")));
     assert_same_params(&sync, &hybrid, 0.0);
+    assert_same_params(&sync, &load_params(&dir.path().join("cut")), 0.0);
     assert_ne!(load_params(&dir.path().join("async")).dense, sync.dense, "plain async differs");
 }
 

@@ -139,6 +139,7 @@ pub fn train_config(
         sync_warmup: oar::train::job_config::DEFAULT_SYNC_WARMUP,
         scale_stale_steps: oar::train::job_config::DEFAULT_SCALE_STALE_STEPS,
         sync_dense: false,
+        sync_dense_parts: 1,
         geo_k_steps: oar::train::job_config::DEFAULT_GEO_K_STEPS,
         clip_grad_norm: None,
         delta_every: None,

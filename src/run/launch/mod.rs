@@ -116,6 +116,7 @@ fn check(config: &LaunchConfig) -> anyhow::Result<()> {
     }
     // Refused here, before any child starts, rather than by each trainer as it starts.
     config.job.train.sync_dense(config.mode, config.workers)?;
+    config.job.train.sync_dense_parts(config.workers)?;
     // Never a silent fresh shard: a restarted server needs a checkpoint to go on from.
     anyhow::ensure!(
         config.max_restarts == 0 || (config.checkpoint_every.is_some() && config.output.is_some()),
