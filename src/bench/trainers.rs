@@ -90,7 +90,7 @@ fn print_table(config: &QualityConfig, rows: &[(String, Vec<DataSet>)]) {
         config.batch,
         config.train.sync_warmup,
         config.train.scale_stale_steps,
-        config.train.sync_dense_batch.unwrap_or(config.batch * crate::train::job_config::SYNC_DENSE_BATCHES),
+        crate::train::job_config::TrainSettings { batch_size: config.batch, ..config.train.clone() }.sync_dense_cap(),
     );
     println!("| data | local AUC | trainers x servers | async - local | sync_dense - local | mean staleness, async / sync_dense | samples/s end to end, async / sync_dense |");
     println!("|---|---|---|---|---|---|---|");

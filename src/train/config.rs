@@ -172,6 +172,12 @@ pub fn ports_per_server(ports_num: usize, sparse: usize) -> anyhow::Result<usize
 }
 
 impl TrainConfig {
+    /// `sync_dense`: the most samples a step after the warm-up holds, a full batch cut in
+    /// `sync_dense_parts`.
+    pub fn sync_dense_step(&self) -> usize {
+        self.batch_size.div_ceil(self.sync_dense_parts.max(1))
+    }
+
     /// How this trainer's reader shuffles `pass` (`None`: in order): the lines it may hold
     /// within a third of the memory the process may still take when the pass starts (the rest
     /// is for the batches, the model's rows as the pass adds them, and other trainers on the

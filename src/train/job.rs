@@ -153,7 +153,7 @@ impl<'a> Job<'a> {
             tracing::info!(
                 trainer = me,
                 parts,
-                step = config.batch_size.div_ceil(parts.max(1)),
+                step = config.sync_dense_step(),
                 "sync_dense: dense steps merged over all trainers, each batch cut in {parts} step(s)"
             );
         }

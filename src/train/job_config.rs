@@ -164,13 +164,15 @@ impl TrainSettings {
     /// In `sync_dense`, the steps each batch of a trainer of `trainers` is cut into: as few as
     /// keep a merged dense step within `sync_dense_batch` samples, at most one per sample.
     pub fn sync_dense_parts(&self, trainers: usize) -> anyhow::Result<usize> {
-        let cap = match self.sync_dense_batch {
-            Some(0) => anyhow::bail!("sync_dense_batch must be at least 1 sample"),
-            Some(cap) => cap,
-            None => self.batch_size.saturating_mul(SYNC_DENSE_BATCHES),
-        };
+        anyhow::ensure!(self.sync_dense_batch != Some(0), "sync_dense_batch must be at least 1 sample");
         let merged = self.batch_size.saturating_mul(trainers);
-        Ok(merged.div_ceil(cap).clamp(1, self.batch_size.max(1)))
+        Ok(merged.div_ceil(self.sync_dense_cap().max(1)).clamp(1, self.batch_size.max(1)))
+    }
+
+    /// `sync_dense`: the samples one merged dense step covers at most, `sync_dense_batch` or
+    /// by default [`SYNC_DENSE_BATCHES`] x `batch_size`.
+    pub fn sync_dense_cap(&self) -> usize {
+        self.sync_dense_batch.unwrap_or(self.batch_size.saturating_mul(SYNC_DENSE_BATCHES))
     }
 
     /// How trainers shuffle: `Some(window)` lines held at once (`u64::MAX`: a trainer's whole

@@ -151,7 +151,7 @@ impl PassLoop<'_> {
                         delay: c.delay,
                         delay_from: self.plan.steps,
                         split: match (&warmup, c.sync_dense) {
-                            (None, true) => Split::at_most(c.batch_size.div_ceil(c.sync_dense_parts.max(1))),
+                            (None, true) => Split::at_most(c.sync_dense_step()),
                             _ => Split::parts(1),
                         },
                         warmup: warmup.take(),
