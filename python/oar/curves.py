@@ -14,7 +14,9 @@ def curves(path):
     if path.is_dir():
         path = path / "metrics.csv"
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+        # A header line may repeat: a file written by an older oar, whose trainers could both
+        # find it empty and both write the header.
+        rows = [row for row in csv.DictReader(f) if row["trainer"] != "trainer"]
     for row in rows:
         for key in ("trainer", "pass", "step", "samples"):
             row[key] = int(row[key])

@@ -97,6 +97,14 @@ def test_curves_come_as_a_table(trained):
     assert {"pass", "all_trainers", "test"} <= kinds
 
 
+def test_curves_read_past_a_repeated_header(tmp_path):
+    header = "trainer,pass,step,samples,seconds,kind,loss,auc\n"
+    (tmp_path / "metrics.csv").write_text(header + header + "1,1,50,25600,1.5,steps,0.45,0.75\n")
+    points = oar.curves(tmp_path)
+    rows = points.to_dict("records") if hasattr(points, "columns") else points
+    assert [(r["trainer"], r["step"], r["kind"]) for r in rows] == [(1, 50, "steps")]
+
+
 def test_a_job_is_a_dict_that_oar_checks(tmp_path):
     job = oar.Job.load(ROOT / "examples/ctr_dnn.toml")
     assert job["train"]["batch_size"] > 0

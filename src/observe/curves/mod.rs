@@ -11,8 +11,8 @@
 //! a file opened with `O_APPEND`, which Linux keeps whole on a local file system, so trainers need
 //! no coordination; and a CSV opens anywhere (the `csv` crate writes and reads it). Reading
 //! ([`read`], [`parse`]) checks every field and names the line of a malformed one, refuses a named
-//! pipe before opening it, and lets a header line repeat (two trainers that found the file empty
-//! at once both wrote it).
+//! pipe before opening it, and lets a header line repeat (a file written by an older oar, whose
+//! trainers could both find it empty and both write the header).
 
 pub mod plot;
 pub mod tfevents;
@@ -100,9 +100,11 @@ impl CurveLog {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
+        create_with_header(path)?;
         // Never a named pipe (whose opening would wait for its other end), nor through a link.
         let mut file = crate::base::state_file::append_plain(path).map_err(std::io::Error::other)?;
         if file.metadata()?.len() == 0 {
+            // A file someone made empty: its only writer is this one.
             file.write_all(format!("{HEADER}\n").as_bytes())?;
         }
         Ok(CurveLog { file: Some(Mutex::new(file)), events: None, path: path.to_path_buf() })
@@ -147,6 +149,28 @@ impl CurveLog {
                 tracing::warn!(file = %e.path().display(), "cannot append to the TensorBoard events: {err}");
             }
         }
+    }
+}
+
+/// Creates `path` holding only its header line, unless something is there already. The file
+/// appears whole: the header is written under a private name, then linked to `path`, which
+/// fails if another trainer got there first. (Checking for an empty file and then writing the
+/// header let two trainers starting together both write it.)
+fn create_with_header(path: &Path) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Ok(());
+    }
+    static OPENED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nth = OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map_or_else(Default::default, |n| n.to_string_lossy().into_owned());
+    let private = path.with_file_name(format!(".{name}.{}.{nth}", std::process::id()));
+    crate::base::state_file::write_new(&private, format!("{HEADER}\n").as_bytes(), 0o644)
+        .map_err(std::io::Error::other)?;
+    let linked = std::fs::hard_link(&private, path);
+    let _ = std::fs::remove_file(&private);
+    match linked {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
     }
 }
 
@@ -232,6 +256,26 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with(HEADER) && text.lines().count() == 4, "{text}");
         assert_eq!(read(&path).unwrap(), vec![point(0, 50, Kind::Steps), point(1, 50, Kind::Steps), all]);
+    }
+
+    #[test]
+    fn writers_opening_a_new_file_together_write_one_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        let barrier = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let (path, barrier) = (&path, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    CurveLog::open(path).unwrap().write(&point(t, 50, Kind::Steps));
+                });
+            }
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().filter(|l| *l == HEADER).count(), 1, "{text}");
+        assert!(text.starts_with(HEADER) && text.lines().count() == 9, "{text}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no private file is left behind");
     }
 
     #[test]
