@@ -31,7 +31,22 @@ pub const MAX_TENSOR_FLOATS: usize = 1 << 24;
 pub mod layer;
 pub mod layers;
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use crate::table::{DenseParam, Init};
+
+/// Nanoseconds spent in [`matmul`] and the floating-point operations it did, over every thread
+/// of the process: `oar bench --roofline` reads them around a training run to split its compute
+/// into matrix math and the rest, from counts rather than estimates. Two clock reads and two
+/// relaxed adds a call cost nothing beside a product of a batch's rows.
+static MATMUL_NANOS: AtomicU64 = AtomicU64::new(0);
+static MATMUL_FLOPS: AtomicU64 = AtomicU64::new(0);
+
+/// Seconds spent in [`matmul`] so far by all the process's threads, and the floating-point
+/// operations done (2 m n k a call).
+pub fn matmul_totals() -> (f64, u64) {
+    (MATMUL_NANOS.load(Relaxed) as f64 * 1e-9, MATMUL_FLOPS.load(Relaxed))
+}
 
 /// `dst (m x n) = [dst +] a (m x k) * b (k x n)`; `a` and `b` are given with (row, column)
 /// strides, so transposes cost nothing.
@@ -59,6 +74,7 @@ pub fn matmul(
         dst[..m * n].fill(0.0);
         return;
     }
+    let started = std::time::Instant::now();
     // SAFETY: the asserts above keep every index gemm computes from the given sizes and strides
     // inside the three slices; dst does not alias a or b (it is a distinct &mut).
     unsafe {
@@ -84,6 +100,8 @@ pub fn matmul(
             gemm::Parallelism::None,
         );
     }
+    MATMUL_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+    MATMUL_FLOPS.fetch_add(2 * (m * n * k) as u64, Relaxed);
 }
 
 /// `y = x W + b`, with `W` (input x output) and `b` stored in the flat parameter vector.
