@@ -242,11 +242,13 @@ fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f
     Ok((median(raws), median(oars)))
 }
 
+pub mod blas;
 pub mod delay;
 pub mod hosts;
 pub mod netns;
 pub mod quality;
 pub mod recovery;
+pub mod roofline;
 pub mod scale;
 pub mod security;
 mod sparse;

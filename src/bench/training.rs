@@ -33,7 +33,28 @@ pub(super) fn train_local(
     form: &str,
 ) -> anyhow::Result<TrainRun> {
     let started = Instant::now();
-    let config = crate::train::TrainConfig {
+    let r = crate::train::run(&local_config(data, threads, job)?, &|_, _| {})?;
+    let test = r.passes.last().and_then(|p| p.test.as_ref());
+    let wall = started.elapsed().as_secs_f64();
+    Ok(TrainRun {
+        name: format!("local, {threads} thread(s), {form}"),
+        samples_per_sec: r.samples as f64 / wall,
+        loop_samples_per_sec: r.samples as f64 / r.train_seconds,
+        auc: test.and_then(|t| t.auc),
+        log_loss: test.map_or(f64::NAN, |t| t.loss),
+        ctr: test.and_then(|t| t.ctr),
+        bytes_per_sample: 0.0,
+    })
+}
+
+/// The benchmarks' local training: `job` on `threads` threads, one pass over `data`'s `train/`,
+/// tested on its `test/`, nothing saved or logged.
+pub(super) fn local_config(
+    data: &Path,
+    threads: usize,
+    job: crate::train::job_config::JobConfig,
+) -> anyhow::Result<crate::train::TrainConfig> {
+    Ok(crate::train::TrainConfig {
         secret: None,
         tls: None,
         mode: Mode::Local,
@@ -78,18 +99,6 @@ pub(super) fn train_local(
         clip_grad_norm: job.train.clip_grad_norm,
         delta_every: None,
         online: None,
-    };
-    let r = crate::train::run(&config, &|_, _| {})?;
-    let test = r.passes.last().and_then(|p| p.test.as_ref());
-    let wall = started.elapsed().as_secs_f64();
-    Ok(TrainRun {
-        name: format!("local, {threads} thread(s), {form}"),
-        samples_per_sec: r.samples as f64 / wall,
-        loop_samples_per_sec: r.samples as f64 / r.train_seconds,
-        auc: test.and_then(|t| t.auc),
-        log_loss: test.map_or(f64::NAN, |t| t.loss),
-        ctr: test.and_then(|t| t.ctr),
-        bytes_per_sample: 0.0,
     })
 }
 

@@ -1,5 +1,5 @@
 //! The flags of `oar bench`: which measurement runs ((a)-(c) by default, or one of --models,
-//! --quality, --recovery, --security, --hosts) and their settings.
+//! --quality, --recovery, --security, --hosts, --roofline) and their settings.
 
 use std::path::PathBuf;
 
@@ -61,7 +61,7 @@ pub(super) struct BenchArgs {
     /// --quality: seeds per generated size.
     #[arg(long, default_value_t = 3)]
     pub(super) seeds: u64,
-    /// --quality: samples per update.
+    /// --quality: samples per update; --roofline: rows per step.
     #[arg(long, default_value_t = 512)]
     pub(super) batch: usize,
     /// --quality: instead of the 2x2 table, async at these trainer counts (N trainers, N / 4
@@ -100,6 +100,15 @@ pub(super) struct BenchArgs {
     /// first mode on the first link is the others' baseline.
     #[arg(long, value_delimiter = ',', default_value = "async")]
     pub(super) modes: Vec<crate::protocol::Mode>,
+    /// Instead: how close training comes to the machine's limit: the CTR-DNN step's matrix
+    /// products with oar's kernel and with --blas (GFLOP/s, one thread, --rounds alternating,
+    /// --seconds / 10 each), then local training's matrix FLOP/s as a share of them and where a
+    /// step's time went (on --data, or --lines generated, default 200,000).
+    #[arg(long)]
+    pub(super) roofline: bool,
+    /// --roofline: the reference BLAS, a library with cblas_sgemm (loaded at run time).
+    #[arg(long, default_value = crate::bench::blas::DEFAULT)]
+    pub(super) blas: String,
     /// --hosts: servers, each on a host of its own.
     #[arg(long, default_value_t = 2)]
     pub(super) servers: usize,

@@ -6,8 +6,8 @@ use super::args::*;
 use super::args_bench::BenchArgs;
 use crate::train::job_config::JobConfig;
 
-/// `oar bench`: throughput beside its baselines, or (`--quality`, `--recovery`, `--security`)
-/// one of the other measurements.
+/// `oar bench`: throughput beside its baselines, or (`--quality`, `--recovery`, `--security`,
+/// `--hosts`, `--roofline`) one of the other measurements.
 pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
     super::limits::seconds("seconds", a.seconds)?;
     super::limits::seconds("checkpoint-every", a.checkpoint_every)?;
@@ -45,6 +45,16 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
             models: a.model,
             runs: a.runs,
             exe: super::this_binary("oar bench")?,
+        });
+    }
+    if a.roofline {
+        return crate::bench::roofline::run(&crate::bench::roofline::RooflineConfig {
+            blas: a.blas,
+            batch: a.batch,
+            rounds: a.rounds,
+            seconds: a.seconds / 10.0,
+            data: a.data,
+            lines: a.lines.unwrap_or(200_000),
         });
     }
     if a.security {

@@ -36,6 +36,7 @@ mod predict;
 mod python_package;
 mod restarts;
 mod robustness;
+mod roofline;
 mod security;
 mod sequences;
 mod serve;

@@ -1,0 +1,324 @@
+//! `oar bench --roofline`: how close oar's training comes to what the machine can do.
+//!
+//! (1) The matrix products of one CTR-DNN training step (each layer's forward, weight gradient
+//!     and input gradient, at the batch's rows), timed with oar's own kernel ([`crate::nn::matmul`])
+//!     and with a reference BLAS ([`super::blas`]) on one thread, in alternating rounds: GFLOP/s
+//!     of each and their ratio; then the reference on every core, the machine's peak at these
+//!     shapes.
+//! (2) Local training of the CTR-DNN on one thread and on every core: the FLOP/s of its matrix
+//!     products over the training loop's time, as a share of (1)'s peaks, and where a step's
+//!     time went: matrix products (counted inside `matmul`), the other layers, the embedding
+//!     pull, the push with the optimizer, waiting for data (the loop's own timers).
+//!
+//! The CPU's name and whether it has bf16 products (AVX512_BF16, AMX-BF16) head the output.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::blas::Blas;
+use super::median;
+use crate::train::job_config::JobConfig;
+
+/// What `oar bench --roofline` measures.
+#[derive(Clone, Debug)]
+pub struct RooflineConfig {
+    /// The reference BLAS to load (a file name or path with `cblas_sgemm`).
+    pub blas: String,
+    /// Rows per step (the CTR-DNN's batch).
+    pub batch: usize,
+    /// Alternating rounds of (1); medians are reported.
+    pub rounds: usize,
+    /// Seconds each kernel is timed for, per product and round.
+    pub seconds: f64,
+    /// Training data for (2): a folder with `train/` and `test/`; generated if absent.
+    pub data: Option<PathBuf>,
+    /// Lines to generate for (2) when no data set is given.
+    pub lines: u64,
+}
+
+/// One matrix product of a training step: `m x k` times `k x n`, an operand transposed where a
+/// layer's backward reads it so.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Product {
+    /// The layer and the pass (`fc1 forward`, `fc1 dW`, `fc1 dx`).
+    pub name: String,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// The left operand is stored `k x m` (a weight gradient reads the layer's input so).
+    pub ta: bool,
+    /// The right operand is stored `n x k` (an input gradient reads the weights so).
+    pub tb: bool,
+}
+
+impl Product {
+    fn flops(&self) -> f64 {
+        2.0 * (self.m * self.n * self.k) as f64
+    }
+}
+
+/// The products of one training step of a stack of linear layers of `widths` (input, hidden
+/// layers, output) at `rows` rows, as `nn::Linear` computes them: `y = x W`, `dW = x^T dy`,
+/// `dx = dy W^T` (the first layer's too: it feeds the embeddings' gradients).
+pub(crate) fn products(widths: &[usize], rows: usize) -> Vec<Product> {
+    let mut out = Vec::new();
+    for (l, w) in widths.windows(2).enumerate() {
+        let (i, o) = (w[0], w[1]);
+        let name = |pass: &str| format!("fc{} {pass}", l + 1);
+        out.push(Product { name: name("forward"), m: rows, n: o, k: i, ta: false, tb: false });
+        out.push(Product { name: name("dW"), m: i, n: o, k: rows, ta: true, tb: false });
+        out.push(Product { name: name("dx"), m: rows, n: i, k: o, ta: false, tb: true });
+    }
+    out
+}
+
+/// The CPU's name and its flags that matter here, from `/proc/cpuinfo`.
+fn cpu() -> (String, Vec<String>) {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let flags = field("flags");
+    let wanted = ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"];
+    let have = wanted.iter().filter(|w| flags.split(' ').any(|f| f == **w)).map(|w| w.to_string()).collect();
+    (field("model name"), have)
+}
+
+/// Seconds per call of `f`, over as many calls as fill `seconds` (at least 3, after one to
+/// warm the caches).
+fn per_call(seconds: f64, mut f: impl FnMut()) -> f64 {
+    f();
+    let started = Instant::now();
+    let mut calls = 0u32;
+    while calls < 3 || started.elapsed().as_secs_f64() < seconds {
+        f();
+        calls += 1;
+    }
+    started.elapsed().as_secs_f64() / f64::from(calls)
+}
+
+/// Operands of a product, filled with small values (sums stay far from overflow however often
+/// the product accumulates into `dst`).
+struct Operands {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    dst: Vec<f32>,
+}
+
+impl Operands {
+    fn new(p: &Product) -> Operands {
+        let fill = |n: usize, seed: usize| (0..n).map(|i| ((i * 7919 + seed) % 1000) as f32 * 1e-6).collect();
+        Operands { a: fill(p.m * p.k, 1), b: fill(p.k * p.n, 2), dst: vec![0.0; p.m * p.n] }
+    }
+
+    fn oar(&mut self, p: &Product) {
+        let sa = if p.ta { (1, p.m) } else { (p.k, 1) };
+        let sb = if p.tb { (1, p.k) } else { (p.n, 1) };
+        crate::nn::matmul(p.m, p.n, p.k, &mut self.dst, true, &self.a, sa, &self.b, sb);
+    }
+
+    fn blas(&mut self, blas: &Blas, p: &Product) {
+        blas.sgemm(p.m, p.n, p.k, &mut self.dst, &self.a, p.ta, &self.b, p.tb);
+    }
+}
+
+/// One product's medians: seconds a call with oar's kernel and with the reference, and the
+/// median of the rounds' oar / reference speed ratios.
+struct Timed {
+    oar: f64,
+    blas: Option<f64>,
+    ratio: Option<f64>,
+}
+
+fn time_products(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product]) -> Vec<Timed> {
+    products
+        .iter()
+        .map(|p| {
+            let mut ops = Operands::new(p);
+            let (mut oar, mut reference, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..config.rounds {
+                let t = per_call(config.seconds, || ops.oar(p));
+                oar.push(t);
+                if let Some(b) = blas {
+                    let r = per_call(config.seconds, || ops.blas(b, p));
+                    reference.push(r);
+                    ratios.push(r / t);
+                }
+            }
+            let blas = (!reference.is_empty()).then(|| median(reference));
+            Timed { oar: median(oar), blas, ratio: (!ratios.is_empty()).then(|| median(ratios)) }
+        })
+        .collect()
+}
+
+/// The reference's seconds for the whole step's products on `threads` threads (median of the
+/// rounds).
+fn step_seconds(config: &RooflineConfig, blas: &Blas, products: &[Product], threads: usize) -> f64 {
+    blas.set_threads(threads);
+    let mut ops: Vec<Operands> = products.iter().map(Operands::new).collect();
+    let rounds = (0..config.rounds)
+        .map(|_| per_call(config.seconds, || products.iter().zip(&mut ops).for_each(|(p, o)| o.blas(blas, p))));
+    let t = median(rounds.collect());
+    blas.set_threads(1);
+    t
+}
+
+/// Prints (1); returns the step's peak FLOP/s: oar's kernel on one thread, the reference on
+/// one thread and on every core (`None` without a reference).
+fn kernels(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product]) -> (f64, Option<(f64, f64)>) {
+    println!(
+        "(1) fp32 matrix products of one CTR-DNN training step at {} rows, one thread (medians of {} alternating rounds)",
+        config.batch, config.rounds
+    );
+    println!("| product | m x k x n | oar GFLOP/s | reference GFLOP/s | oar / reference |");
+    println!("|---|---|---|---|---|");
+    let timed = time_products(config, blas, products);
+    let gflops = |p: &Product, t: f64| p.flops() / t / 1e9;
+    let show = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
+    for (p, t) in products.iter().zip(&timed) {
+        println!(
+            "| {} | {} x {} x {} | {:.1} | {} | {} |",
+            p.name,
+            p.m,
+            p.k,
+            p.n,
+            gflops(p, t.oar),
+            show(t.blas, &|b| format!("{:.1}", gflops(p, b))),
+            show(t.ratio, &|r| format!("{r:.2}"))
+        );
+    }
+    let flops: f64 = products.iter().map(Product::flops).sum();
+    let oar = flops / timed.iter().map(|t| t.oar).sum::<f64>();
+    let reference = blas.map(|_| flops / timed.iter().filter_map(|t| t.blas).sum::<f64>());
+    println!(
+        "| the step ({:.2} MFLOP a sample) | | {:.1} | {} | {} |",
+        flops / config.batch as f64 / 1e6,
+        oar / 1e9,
+        show(reference, &|r| format!("{:.1}", r / 1e9)),
+        show(reference, &|r| format!("{:.2}", oar / r))
+    );
+    let Some((blas, reference)) = blas.zip(reference) else { return (oar, None) };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let all = flops / step_seconds(config, blas, products, cores);
+    println!(
+        "    the reference on {cores} threads: {:.1} GFLOP/s over the step's products (the machine's peak here)",
+        all / 1e9
+    );
+    (oar, Some((reference, all)))
+}
+
+/// Prints (2): local training on `threads` threads (no test set: the counters hold the
+/// training loop's products alone), its matrix products' FLOP/s against the peaks, and (one
+/// thread) where a step's time went.
+fn training(job: &JobConfig, data: &std::path::Path, threads: usize, peaks: (f64, Option<f64>)) -> anyhow::Result<()> {
+    let config = crate::train::TrainConfig {
+        test_files: Vec::new(),
+        ..super::training::local_config(data, threads, job.clone())?
+    };
+    let (seconds0, flops0) = crate::nn::matmul_totals();
+    let r = crate::train::run(&config, &|_, _| {})?;
+    let (seconds1, flops1) = crate::nn::matmul_totals();
+    let (in_matmul, flops) = ((seconds1 - seconds0) / threads as f64, (flops1 - flops0) as f64);
+    let rate = flops / r.train_seconds;
+    let share = |peak: f64| format!("{:.0}%", 100.0 * rate / peak);
+    println!(
+        "    {threads} thread(s): {:.0} samples/s in the training loop, {:.2} MFLOP of matrix products a sample (counted); {:.1} GFLOP/s over the loop's time = {} of oar's kernel{}",
+        r.samples as f64 / r.train_seconds,
+        flops / r.samples.max(1) as f64 / 1e6,
+        rate / 1e9,
+        share(peaks.0 * threads as f64),
+        peaks.1.map_or(String::new(), |p| format!(", {} of the reference", share(p)))
+    );
+    if threads == 1 {
+        let t = &r.time;
+        let other = (t.compute - in_matmul).max(0.0);
+        let part = |s: f64| format!("{:.0}%", 100.0 * s / r.train_seconds);
+        println!(
+            "      a step's time: matrix products {} ({:.1} GFLOP/s while in them), other layers and the loss {}, embedding pull {}, push and optimizer {}, waiting for data {}",
+            part(in_matmul),
+            flops / in_matmul / 1e9,
+            part(other),
+            part(t.pull),
+            part(t.push),
+            part(t.data)
+        );
+    }
+    Ok(())
+}
+
+/// The CTR-DNN's job (`examples/ctr_dnn.toml`) at `batch` rows a step.
+fn ctr_dnn(batch: usize) -> anyhow::Result<JobConfig> {
+    let text = super::ZOO.iter().find(|(name, _)| *name == "CTR-DNN").map(|z| z.1).unwrap_or_default();
+    let mut job: JobConfig = toml::from_str(text)?;
+    job.train.batch_size = batch;
+    Ok(job)
+}
+
+/// Runs (1) and (2) and prints them.
+pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(config.batch >= 1 && config.rounds >= 1, "--roofline needs --batch >= 1 and --rounds >= 1");
+    let (name, flags) = cpu();
+    let bf16 = flags.iter().any(|f| f.contains("bf16"));
+    println!(
+        "CPU: {name} ({}); bf16 products: {}",
+        flags.join(" "),
+        if bf16 { "available" } else { "not on this CPU (no avx512_bf16 or amx_bf16), fp32 only" }
+    );
+    let blas = match Blas::load(&config.blas) {
+        Ok(b) => {
+            b.set_threads(1);
+            println!("reference BLAS: {}", b.name);
+            Some(b)
+        }
+        Err(e) => {
+            println!("reference BLAS: none ({e}); oar's kernel alone (Debian: apt install libopenblas0)");
+            None
+        }
+    };
+    let job = ctr_dnn(config.batch)?;
+    let m = &job.model;
+    let input = m.slots.unwrap_or(0) * m.embedding_dim.unwrap_or(0) + m.dense_features.unwrap_or(0);
+    let widths: Vec<usize> = std::iter::once(input)
+        .chain(m.hidden.clone().unwrap_or_default())
+        .chain(std::iter::once(m.outputs.unwrap_or(1)))
+        .collect();
+    let (oar, reference) = kernels(config, blas.as_ref(), &products(&widths, config.batch));
+    let tmp = std::env::temp_dir().join(format!("oar-roofline-{}", std::process::id()));
+    println!("(2) the CTR-DNN trained locally at batch {}, its matrix products against (1)'s step", config.batch);
+    let data = super::bench_data(config.data.as_deref(), config.lines, 2, &tmp)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    training(&job, &data, 1, (oar, reference.map(|r| r.0)))?;
+    if cores > 1 {
+        training(&job, &data, cores, (oar, reference.map(|r| r.1)))?;
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_has_three_products_a_layer_with_the_layers_shapes() {
+        let p = products(&[273, 400, 1], 512);
+        let shapes: Vec<_> = p.iter().map(|p| (p.name.as_str(), p.m, p.k, p.n, p.ta, p.tb)).collect();
+        assert_eq!(
+            shapes,
+            [
+                ("fc1 forward", 512, 273, 400, false, false),
+                ("fc1 dW", 273, 512, 400, true, false),
+                ("fc1 dx", 512, 400, 273, false, true),
+                ("fc2 forward", 512, 400, 1, false, false),
+                ("fc2 dW", 400, 512, 1, true, false),
+                ("fc2 dx", 512, 1, 400, false, true),
+            ]
+        );
+        let flops: f64 = p.iter().map(Product::flops).sum();
+        assert_eq!(flops, 6.0 * 512.0 * (273.0 * 400.0 + 400.0));
+    }
+}

@@ -1,0 +1,62 @@
+//! `oar bench --roofline` end to end, as a process: the CTR-DNN step's matrix products timed
+//! with oar's kernel beside the reference BLAS (OpenBLAS, which `.ci/run` installs; without it
+//! the table has oar's column alone and says why), then local training whose matrix FLOPs,
+//! counted inside `matmul`, must be exactly the step's products per sample.
+
+use super::util::oar;
+
+/// The number after `before` in `line`, up to the next space.
+fn number_after(line: &str, before: &str) -> f64 {
+    let rest = &line[line.find(before).unwrap_or_else(|| panic!("no {before:?} in {line}")) + before.len()..];
+    rest.split([' ', '%', ')']).next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn the_roofline_counts_the_models_flops_and_splits_a_step() {
+    let o = oar(&["bench", "--roofline", "--rounds", "1", "--seconds", "0.3", "--lines", "3000"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.starts_with("CPU: ") && out.contains("bf16 products: "), "{out}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| fc")).collect();
+    assert_eq!(rows.len(), 12, "forward, dW and dx of 4 layers: {out}");
+    let with_reference = !out.contains("reference BLAS: none");
+    if with_reference {
+        assert!(rows.iter().all(|r| !r.contains("| - |")), "every product has the reference's rate: {out}");
+    } else {
+        eprintln!("no reference BLAS here (apt install libopenblas0): oar's column alone");
+    }
+    // The step's products a sample, from the shapes, equal what the counters saw in training.
+    let step = out.lines().find(|l| l.starts_with("| the step (")).unwrap();
+    let from_shapes = number_after(step, "the step (");
+    assert!((from_shapes - 2.58).abs() < 0.01, "273-400-400-400-1 at 6 x in x out FLOPs a sample: {step}");
+    let trained: Vec<&str> =
+        out.lines().filter(|l| l.contains("MFLOP of matrix products a sample (counted)")).collect();
+    assert!(!trained.is_empty(), "{out}");
+    for line in trained {
+        assert_eq!(number_after(line, "loop, "), from_shapes, "{line}");
+    }
+    let split = out.lines().find(|l| l.contains("a step's time:")).unwrap();
+    let parts = ["matrix products ", "the loss ", "embedding pull ", "optimizer ", "waiting for data "];
+    let total: f64 = parts.iter().map(|p| number_after(split, p)).sum();
+    assert!((95.0..=105.0).contains(&total), "the parts of a step add up to its time: {split}");
+}
+
+#[test]
+fn a_missing_reference_blas_leaves_oars_column_with_the_reason() {
+    let o = oar(&[
+        "bench",
+        "--roofline",
+        "--rounds",
+        "1",
+        "--seconds",
+        "0.1",
+        "--lines",
+        "1000",
+        "--blas",
+        "/nonexistent/libblas.so",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("reference BLAS: none (cannot load /nonexistent/libblas.so"), "{out}");
+    assert!(out.lines().filter(|l| l.starts_with("| fc")).all(|l| l.ends_with("| - | - |")), "{out}");
+}
