@@ -3,8 +3,8 @@
 //! (1) The matrix products of one CTR-DNN training step (each layer's forward, weight gradient
 //!     and input gradient, at the batch's rows), timed with oar's own kernel ([`crate::nn::matmul`])
 //!     and with a reference BLAS ([`super::blas`]) on one thread, in alternating rounds: GFLOP/s
-//!     of each and their ratio; then the reference on every core, the machine's peak at these
-//!     shapes.
+//!     of each and their ratio; then both on every core at once, a whole step per thread (as a
+//!     trainer's replicas run): the machine's peak at these shapes.
 //! (2) Local training of the CTR-DNN on one thread and on every core: the FLOP/s of its matrix
 //!     products over the training loop's time, as a share of (1)'s peaks, and where a step's
 //!     time went: matrix products (counted inside `matmul`), the other layers, the embedding
@@ -155,21 +155,47 @@ fn time_products(config: &RooflineConfig, blas: Option<&Blas>, products: &[Produ
         .collect()
 }
 
-/// The reference's seconds for the whole step's products on `threads` threads (median of the
-/// rounds).
-fn step_seconds(config: &RooflineConfig, blas: &Blas, products: &[Product], threads: usize) -> f64 {
-    blas.set_threads(threads);
-    let mut ops: Vec<Operands> = products.iter().map(Operands::new).collect();
-    let rounds = (0..config.rounds)
-        .map(|_| per_call(config.seconds, || products.iter().zip(&mut ops).for_each(|(p, o)| o.blas(blas, p))));
-    let t = median(rounds.collect());
-    blas.set_threads(1);
-    t
+/// A step's matrix products in FLOP/s, with oar's kernel and with the reference (if any).
+#[derive(Clone, Copy)]
+struct Peak {
+    oar: f64,
+    reference: Option<f64>,
 }
 
-/// Prints (1); returns the step's peak FLOP/s: oar's kernel on one thread, the reference on
-/// one thread and on every core (`None` without a reference).
-fn kernels(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product]) -> (f64, Option<(f64, f64)>) {
+/// The step's products on `threads` threads at once, each thread a whole step of its own on
+/// operands of its own (as a trainer's replicas run), in FLOP/s over all threads: oar's kernel,
+/// then the reference (median of the rounds).
+fn all_cores(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product], threads: usize) -> Peak {
+    let flops: f64 = products.iter().map(Product::flops).sum();
+    let at_once = |blas: Option<&Blas>| {
+        let rounds = (0..config.rounds).map(|_| {
+            std::thread::scope(|s| {
+                let each: Vec<_> = (0..threads)
+                    .map(|_| {
+                        s.spawn(|| {
+                            let mut ops: Vec<Operands> = products.iter().map(Operands::new).collect();
+                            let step = per_call(config.seconds, || {
+                                for (p, o) in products.iter().zip(&mut ops) {
+                                    match blas {
+                                        Some(b) => o.blas(b, p),
+                                        None => o.oar(p),
+                                    }
+                                }
+                            });
+                            flops / step
+                        })
+                    })
+                    .collect();
+                each.into_iter().map(|h| h.join().unwrap_or(0.0)).sum::<f64>()
+            })
+        });
+        median(rounds.collect())
+    };
+    Peak { oar: at_once(None), reference: blas.map(|b| at_once(Some(b))) }
+}
+
+/// Prints (1); returns the step's peaks on one thread and on every core (`cores`).
+fn kernels(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product], cores: usize) -> (Peak, Peak) {
     println!(
         "(1) fp32 matrix products of one CTR-DNN training step at {} rows, one thread (medians of {} alternating rounds)",
         config.batch, config.rounds
@@ -201,20 +227,27 @@ fn kernels(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product]) -
         show(reference, &|r| format!("{:.1}", r / 1e9)),
         show(reference, &|r| format!("{:.2}", oar / r))
     );
-    let Some((blas, reference)) = blas.zip(reference) else { return (oar, None) };
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let all = flops / step_seconds(config, blas, products, cores);
+    let one = Peak { oar, reference };
+    if cores < 2 {
+        return (one, one);
+    }
+    let all = all_cores(config, blas, products, cores);
     println!(
-        "    the reference on {cores} threads: {:.1} GFLOP/s over the step's products (the machine's peak here)",
-        all / 1e9
+        "    on {cores} threads at once, a step each (the machine's peak at these shapes): oar {:.1} GFLOP/s{}",
+        all.oar / 1e9,
+        all.reference.map_or(String::new(), |r| format!(
+            ", the reference {:.1} (oar / reference {:.2})",
+            r / 1e9,
+            all.oar / r
+        ))
     );
-    (oar, Some((reference, all)))
+    (one, all)
 }
 
 /// Prints (2): local training on `threads` threads (no test set: the counters hold the
 /// training loop's products alone), its matrix products' FLOP/s against the peaks, and (one
 /// thread) where a step's time went.
-fn training(job: &JobConfig, data: &std::path::Path, threads: usize, peaks: (f64, Option<f64>)) -> anyhow::Result<()> {
+fn training(job: &JobConfig, data: &std::path::Path, threads: usize, peak: Peak) -> anyhow::Result<()> {
     let config = crate::train::TrainConfig {
         test_files: Vec::new(),
         ..super::training::local_config(data, threads, job.clone())?
@@ -230,8 +263,8 @@ fn training(job: &JobConfig, data: &std::path::Path, threads: usize, peaks: (f64
         r.samples as f64 / r.train_seconds,
         flops / r.samples.max(1) as f64 / 1e6,
         rate / 1e9,
-        share(peaks.0 * threads as f64),
-        peaks.1.map_or(String::new(), |p| format!(", {} of the reference", share(p)))
+        share(peak.oar),
+        peak.reference.map_or(String::new(), |p| format!(", {} of the reference", share(p)))
     );
     if threads == 1 {
         let t = &r.time;
@@ -286,14 +319,14 @@ pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
         .chain(m.hidden.clone().unwrap_or_default())
         .chain(std::iter::once(m.outputs.unwrap_or(1)))
         .collect();
-    let (oar, reference) = kernels(config, blas.as_ref(), &products(&widths, config.batch));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (one, all) = kernels(config, blas.as_ref(), &products(&widths, config.batch), cores);
     let tmp = std::env::temp_dir().join(format!("oar-roofline-{}", std::process::id()));
     println!("(2) the CTR-DNN trained locally at batch {}, its matrix products against (1)'s step", config.batch);
     let data = super::bench_data(config.data.as_deref(), config.lines, 2, &tmp)?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    training(&job, &data, 1, (oar, reference.map(|r| r.0)))?;
+    training(&job, &data, 1, one)?;
     if cores > 1 {
-        training(&job, &data, cores, (oar, reference.map(|r| r.1)))?;
+        training(&job, &data, cores, all)?;
     }
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
