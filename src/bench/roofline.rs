@@ -19,6 +19,9 @@ use super::blas::Blas;
 use super::median;
 use crate::train::job_config::JobConfig;
 
+/// Most rows a step `--roofline` times (its operands then take about 1 GiB).
+pub const MAX_BATCH: usize = 1 << 18;
+
 /// What `oar bench --roofline` measures.
 #[derive(Clone, Debug)]
 pub struct RooflineConfig {
@@ -163,35 +166,39 @@ struct Peak {
 }
 
 /// The step's products on `threads` threads at once, each thread a whole step of its own on
-/// operands of its own (as a trainer's replicas run), in FLOP/s over all threads: oar's kernel,
-/// then the reference (median of the rounds).
+/// operands of its own (as a trainer's replicas run), in FLOP/s over all threads: oar's kernel
+/// and the reference in alternating rounds (medians).
 fn all_cores(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product], threads: usize) -> Peak {
     let flops: f64 = products.iter().map(Product::flops).sum();
     let at_once = |blas: Option<&Blas>| {
-        let rounds = (0..config.rounds).map(|_| {
-            std::thread::scope(|s| {
-                let each: Vec<_> = (0..threads)
-                    .map(|_| {
-                        s.spawn(|| {
-                            let mut ops: Vec<Operands> = products.iter().map(Operands::new).collect();
-                            let step = per_call(config.seconds, || {
-                                for (p, o) in products.iter().zip(&mut ops) {
-                                    match blas {
-                                        Some(b) => o.blas(b, p),
-                                        None => o.oar(p),
-                                    }
+        std::thread::scope(|s| {
+            let each: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut ops: Vec<Operands> = products.iter().map(Operands::new).collect();
+                        let step = per_call(config.seconds, || {
+                            for (p, o) in products.iter().zip(&mut ops) {
+                                match blas {
+                                    Some(b) => o.blas(b, p),
+                                    None => o.oar(p),
                                 }
-                            });
-                            flops / step
-                        })
+                            }
+                        });
+                        flops / step
                     })
-                    .collect();
-                each.into_iter().map(|h| h.join().unwrap_or(0.0)).sum::<f64>()
-            })
-        });
-        median(rounds.collect())
+                })
+                .collect();
+            each.into_iter().map(|h| h.join().unwrap_or(0.0)).sum::<f64>()
+        })
     };
-    Peak { oar: at_once(None), reference: blas.map(|b| at_once(Some(b))) }
+    let (mut oar, mut reference) = (Vec::new(), Vec::new());
+    for _ in 0..config.rounds {
+        oar.push(at_once(None));
+        if let Some(b) = blas {
+            reference.push(at_once(Some(b)));
+        }
+    }
+    Peak { oar: median(oar), reference: (!reference.is_empty()).then(|| median(reference)) }
 }
 
 /// Prints (1); returns the step's peaks on one thread and on every core (`cores`).
@@ -293,7 +300,10 @@ fn ctr_dnn(batch: usize) -> anyhow::Result<JobConfig> {
 
 /// Runs (1) and (2) and prints them.
 pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
-    anyhow::ensure!(config.batch >= 1 && config.rounds >= 1, "--roofline needs --batch >= 1 and --rounds >= 1");
+    anyhow::ensure!(
+        (1..=MAX_BATCH).contains(&config.batch) && (1..=1000).contains(&config.rounds),
+        "--roofline takes --batch 1 to {MAX_BATCH} and --rounds 1 to 1000"
+    );
     let (name, flags) = cpu();
     let bf16 = flags.iter().any(|f| f.contains("bf16"));
     println!(

@@ -411,7 +411,7 @@ fn absurd_counts_and_periods_are_one_error_line_not_a_panic() {
     let (out, logs) = (out.to_str().unwrap(), dir.path().join("logs"));
     let logs = logs.to_str().unwrap();
     let max = "18446744073709551615";
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["pserver", "--trainers", max, "--port", "0"], "--trainers is 18446744073709551615, more than 65536"),
         (&["pserver", "--trainers", "1", "--port", "0", "--timeout", max], "--timeout must be a number of seconds"),
         (&["pserver", "--trainers", "1", "--port", "0", "--trainer-rejoin", "1e300"], "not 1e300"),
@@ -427,6 +427,7 @@ fn absurd_counts_and_periods_are_one_error_line_not_a_panic() {
         (&["launch", "--train", train, "--logs", logs, "--servers", "100000"], "more than the 1024 processes"),
         (&["launch", "--train", train, "--logs", logs, "--output", out, "--checkpoint-every", "1e300"], "not 1e300"),
         (&["bench", "--seconds", "1e300"], "--seconds must be a number of seconds"),
+        (&["bench", "--roofline", "--batch", max], "--roofline takes --batch 1 to 262144"),
         (
             &["launch", "--train", train, "--logs", logs, "--mode", "sync", "--sync-dense", "true"],
             "sync_dense is an async-mode setting; this job's mode is sync",
