@@ -100,11 +100,15 @@ impl CurveLog {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
-        create_with_header(path)?;
+        if let Err(e) = create_with_header(path) {
+            // A file system without hard links, say: the header is then written below, as
+            // before, by whichever trainer finds the file empty.
+            tracing::debug!(file = %path.display(), "cannot create the curves file whole: {e}");
+        }
         // Never a named pipe (whose opening would wait for its other end), nor through a link.
         let mut file = crate::base::state_file::append_plain(path).map_err(std::io::Error::other)?;
         if file.metadata()?.len() == 0 {
-            // A file someone made empty: its only writer is this one.
+            // A file someone made empty, or one not created whole above.
             file.write_all(format!("{HEADER}\n").as_bytes())?;
         }
         Ok(CurveLog { file: Some(Mutex::new(file)), events: None, path: path.to_path_buf() })
@@ -164,8 +168,10 @@ fn create_with_header(path: &Path) -> std::io::Result<()> {
     let nth = OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = path.file_name().map_or_else(Default::default, |n| n.to_string_lossy().into_owned());
     let private = path.with_file_name(format!(".{name}.{}.{nth}", std::process::id()));
-    crate::base::state_file::write_new(&private, format!("{HEADER}\n").as_bytes(), 0o644)
-        .map_err(std::io::Error::other)?;
+    if let Err(e) = crate::base::state_file::write_new(&private, format!("{HEADER}\n").as_bytes(), 0o644) {
+        let _ = std::fs::remove_file(&private); // a crashed writer's, of the same name
+        return Err(std::io::Error::other(e));
+    }
     let linked = std::fs::hard_link(&private, path);
     let _ = std::fs::remove_file(&private);
     match linked {
