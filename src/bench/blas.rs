@@ -85,12 +85,12 @@ impl Blas {
         Ok(Blas { sgemm, set_threads, name })
     }
 
-    /// Sets the library's threads, where it lets one (OpenBLAS); returns whether it could.
-    pub fn set_threads(&self, threads: usize) -> bool {
-        let Some(set) = self.set_threads else { return false };
-        // SAFETY: OpenBLAS's documented call.
-        unsafe { set(threads.min(c_int::MAX as usize) as c_int) };
-        true
+    /// Sets the library's threads, where it lets one (OpenBLAS).
+    pub fn set_threads(&self, threads: usize) {
+        if let Some(set) = self.set_threads {
+            // SAFETY: OpenBLAS's documented call.
+            unsafe { set(threads.min(c_int::MAX as usize) as c_int) };
+        }
     }
 
     /// `dst (m x n) += op(a) op(b)`, row-major, `op` a transpose where `ta` / `tb`: `a` holds

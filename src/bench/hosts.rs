@@ -63,7 +63,7 @@ struct HostsRun {
 
 /// The two models: (name, job file text).
 fn models() -> [(&'static str, String); 2] {
-    let ctr = super::ZOO.iter().find(|(name, _)| *name == "CTR-DNN").expect("the zoo has the CTR-DNN").1;
+    let ctr = super::CTR_DNN;
     let dense = ctr.replace("hidden = [400, 400, 400]", "hidden = [1024, 1024, 1024]");
     assert_ne!(dense, ctr, "the CTR-DNN's hidden layers are where the dense-heavy model widens them");
     [("CTR-DNN (sparse-heavy: 400x3)", ctr.to_string()), ("CTR-DNN 1024x3 (dense-heavy)", dense)]

@@ -69,8 +69,11 @@ pub const ZOO: [(&str, &str); 12] = [
     ("xDeepFM", include_str!("../../examples/zoo/xdeepfm.toml")),
     ("AutoInt+", include_str!("../../examples/zoo/autoint.toml")),
     ("GateNet", include_str!("../../examples/zoo/gatenet.toml")),
-    ("CTR-DNN", include_str!("../../examples/ctr_dnn.toml")),
+    ("CTR-DNN", CTR_DNN),
 ];
+
+/// The CTR-DNN's job file (`examples/ctr_dnn.toml`), which most measurements train.
+pub const CTR_DNN: &str = include_str!("../../examples/ctr_dnn.toml");
 
 /// An `oar pserver` child process, so its CPU time can be read from `/proc`.
 pub(super) struct ServerProc {

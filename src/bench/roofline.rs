@@ -42,16 +42,16 @@ pub struct RooflineConfig {
 /// One matrix product of a training step: `m x k` times `k x n`, an operand transposed where a
 /// layer's backward reads it so.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Product {
+struct Product {
     /// The layer and the pass (`fc1 forward`, `fc1 dW`, `fc1 dx`).
-    pub name: String,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
+    name: String,
+    m: usize,
+    n: usize,
+    k: usize,
     /// The left operand is stored `k x m` (a weight gradient reads the layer's input so).
-    pub ta: bool,
+    ta: bool,
     /// The right operand is stored `n x k` (an input gradient reads the weights so).
-    pub tb: bool,
+    tb: bool,
 }
 
 impl Product {
@@ -63,7 +63,7 @@ impl Product {
 /// The products of one training step of a stack of linear layers of `widths` (input, hidden
 /// layers, output) at `rows` rows, as `nn::Linear` computes them: `y = x W`, `dW = x^T dy`,
 /// `dx = dy W^T` (the first layer's too: it feeds the embeddings' gradients).
-pub(crate) fn products(widths: &[usize], rows: usize) -> Vec<Product> {
+fn products(widths: &[usize], rows: usize) -> Vec<Product> {
     let mut out = Vec::new();
     for (l, w) in widths.windows(2).enumerate() {
         let (i, o) = (w[0], w[1]);
@@ -292,8 +292,7 @@ fn training(job: &JobConfig, data: &std::path::Path, threads: usize, peak: Peak)
 
 /// The CTR-DNN's job (`examples/ctr_dnn.toml`) at `batch` rows a step.
 fn ctr_dnn(batch: usize) -> anyhow::Result<JobConfig> {
-    let text = super::ZOO.iter().find(|(name, _)| *name == "CTR-DNN").map(|z| z.1).unwrap_or_default();
-    let mut job: JobConfig = toml::from_str(text)?;
+    let mut job: JobConfig = toml::from_str(super::CTR_DNN)?;
     job.train.batch_size = batch;
     Ok(job)
 }
@@ -323,12 +322,10 @@ pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
         }
     };
     let job = ctr_dnn(config.batch)?;
-    let m = &job.model;
-    let input = m.slots.unwrap_or(0) * m.embedding_dim.unwrap_or(0) + m.dense_features.unwrap_or(0);
-    let widths: Vec<usize> = std::iter::once(input)
-        .chain(m.hidden.clone().unwrap_or_default())
-        .chain(std::iter::once(m.outputs.unwrap_or(1)))
-        .collect();
+    let m = job.model.with_shorthand_defaults();
+    let input =
+        m.slots.unwrap_or_default() * m.embedding_dim.unwrap_or_default() + m.dense_features.unwrap_or_default();
+    let widths: Vec<usize> = std::iter::once(input).chain(m.hidden.unwrap_or_default()).chain(m.outputs).collect();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (one, all) = kernels(config, blas.as_ref(), &products(&widths, config.batch), cores);
     let tmp = std::env::temp_dir().join(format!("oar-roofline-{}", std::process::id()));
