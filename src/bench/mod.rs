@@ -139,7 +139,15 @@ impl ServerProc {
         Ok(crate::observe::metrics::status_memory(&status).0)
     }
 
-    pub(super) fn stop(mut self) {
+    /// Stops the server now (as dropping it does).
+    pub(super) fn stop(self) {
+        drop(self)
+    }
+}
+
+/// A bench that fails leaves no server behind (they run with `--keep-serving`).
+impl Drop for ServerProc {
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
