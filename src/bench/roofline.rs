@@ -9,6 +9,9 @@
 //!     products over the training loop's time, as a share of (1)'s peaks, and where a step's
 //!     time went: matrix products (counted inside `matmul`), the other layers, the embedding
 //!     pull, the push with the optimizer, waiting for data (the loop's own timers).
+//! (3) The same training on one server and one trainer over loopback: a distributed step's
+//!     time, its time on the server's replies (counted by the client) split into the server's
+//!     handling of them (counted by the server) and the transport.
 //!
 //! The CPU's name and whether it has bf16 products (AVX512_BF16, AMX-BF16) head the output.
 
@@ -290,6 +293,49 @@ fn training(job: &JobConfig, data: &std::path::Path, threads: usize, peak: Peak)
     Ok(())
 }
 
+/// Prints (3): the CTR-DNN on one server (a process of this build) and one trainer (this
+/// process, one thread, async, pulls in line) over loopback: where a distributed step's time
+/// went, the time on the server's replies split into the server's own handling (its counters)
+/// and the transport (copies into and out of the sockets, the loopback, wake-ups).
+fn distributed(job: &JobConfig, data: &std::path::Path) -> anyhow::Result<()> {
+    let server = super::ServerProc::start(&std::env::current_exe()?)?;
+    let config = crate::train::TrainConfig {
+        mode: crate::protocol::Mode::Async,
+        servers: vec![server.addr.clone()],
+        test_files: Vec::new(),
+        ..super::training::local_config(data, 1, job.clone())?
+    };
+    let (matmul0, replies0) = (crate::nn::matmul_totals().0, crate::client::reply_seconds());
+    let r = crate::train::run(&config, &|_, _| {})?;
+    let in_matmul = crate::nn::matmul_totals().0 - matmul0;
+    let replies = crate::client::reply_seconds() - replies0;
+    let tool = crate::client::ClientConfig::new(
+        vec![server.addr.clone()],
+        "bench",
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_secs(60),
+    );
+    let stats = crate::client::Client::connect(&tool)?.stats()?;
+    let served: f64 = stats.iter().map(|s| s.pull_seconds + s.push_seconds).sum();
+    let t = &r.time;
+    let part = |s: f64| format!("{:.0}%", 100.0 * s / r.train_seconds);
+    println!(
+        "    {:.0} samples/s in the training loop; a step's time: matrix products {}, other layers and the loss {}, \
+         the trainer's own pull and push work (deduplicating, routing, encoding, placing rows) {}, on the server's \
+         replies {} (the server handling them, its table and optimizers: {}; the transport: {}), waiting for data {}",
+        r.samples as f64 / r.train_seconds,
+        part(in_matmul),
+        part((t.compute - in_matmul).max(0.0)),
+        part((t.pull + t.push - replies).max(0.0)),
+        part(replies),
+        part(served.min(replies)),
+        part((replies - served).max(0.0)),
+        part(t.data)
+    );
+    server.stop();
+    Ok(())
+}
+
 /// The CTR-DNN's job (`examples/ctr_dnn.toml`) at `batch` rows a step.
 fn ctr_dnn(batch: usize) -> anyhow::Result<JobConfig> {
     let mut job: JobConfig = toml::from_str(super::CTR_DNN)?;
@@ -335,6 +381,8 @@ pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
     if cores > 1 {
         training(&job, &data, cores, all)?;
     }
+    println!("(3) the same on 1 server x 1 trainer over loopback (async, 1 thread, pulls in line)");
+    distributed(&job, &data)?;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
 }

@@ -27,6 +27,7 @@
 //! count is lower). [`probe`] is a supervisor's heartbeat: a handshake and a `Stats` request.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use crate::base::layout::{group_by_server, DenseLayout};
@@ -49,6 +50,17 @@ mod recover;
 
 use conn::{Conn, Deadline};
 pub use error::ClientError;
+
+/// Nanoseconds the process's clients spent on servers' replies once their requests were
+/// written (the servers' work, the transport, reading the replies): `oar bench --roofline`
+/// splits a distributed step by it. One clock read and one relaxed add per call.
+static REPLY_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// Seconds the process's clients have spent on replies after writing their requests, all
+/// threads together.
+pub fn reply_seconds() -> f64 {
+    REPLY_NANOS.load(Relaxed) as f64 * 1e-9
+}
 pub use geo::Changed;
 
 /// Where the servers are and how long to wait for them.

@@ -127,6 +127,7 @@ impl Client {
             }
             sent(s);
         }
+        let replies = Instant::now();
         // Replies are read as they come, a lost server first: read in server order, a reply
         // could wait (a sync step) for a trainer that itself waits, at a server lost
         // meanwhile, for this trainer's part (see `ready`).
@@ -160,6 +161,8 @@ impl Client {
             };
             out[s] = Some(v);
         }
+        let waited = replies.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        super::REPLY_NANOS.fetch_add(waited, std::sync::atomic::Ordering::Relaxed);
         Ok(out.into_iter().map(|v| v.expect("every server has answered")).collect())
     }
 

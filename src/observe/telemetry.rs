@@ -15,6 +15,7 @@
 //! (`prometheus-parse`) over a real HTTP client (ureq).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,13 +32,14 @@ use super::exposition;
 /// What a scrape answers: the text of the process's metrics.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// A latency histogram in seconds, 10 us to about 10 s, kept across scrapes.
+/// A latency histogram in seconds, 10 us to about 10 s, kept across scrapes, and the total of
+/// the durations it was given (what `ServerStats` reports as time spent).
 #[derive(Clone)]
-pub struct Latency(Histogram);
+pub struct Latency(Histogram, Arc<AtomicU64>);
 
 impl Default for Latency {
     fn default() -> Self {
-        Latency(Histogram::new(exponential_buckets(1e-5, 2.0, 21)))
+        Latency(Histogram::new(exponential_buckets(1e-5, 2.0, 21)), Arc::default())
     }
 }
 
@@ -45,6 +47,12 @@ impl Latency {
     /// Records one duration.
     pub fn observe(&self, d: Duration) {
         self.0.observe(d.as_secs_f64());
+        self.1.fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    /// Seconds of every duration recorded.
+    pub fn total_seconds(&self) -> f64 {
+        self.1.load(Relaxed) as f64 / 1e9
     }
 }
 

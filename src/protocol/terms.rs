@@ -119,4 +119,11 @@ pub struct ServerStats {
     /// The last online day end (its pass) whose shrink the tables hold (0: none).
     #[serde(default)]
     pub day_end: u64,
+    /// Seconds spent serving pulls (reading rows, copying dense blocks), all requests.
+    #[serde(default)]
+    pub pull_seconds: f64,
+    /// Seconds spent handling pushes (checks and the optimizers; a sync step's until it is
+    /// applied), all requests.
+    #[serde(default)]
+    pub push_seconds: f64,
 }

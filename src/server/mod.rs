@@ -267,6 +267,8 @@ impl State {
             repeats: self.ledgers.iter().map(|l| l.lock().repeats).sum(),
             nonfinite: self.ledgers.iter().map(|l| l.lock().nonfinite).collect(),
             day_end: *self.day_end.lock(),
+            pull_seconds: self.telemetry.pull.total_seconds(),
+            push_seconds: self.telemetry.push.total_seconds(),
         }
     }
 

@@ -1,7 +1,8 @@
 //! `oar bench --roofline` end to end, as a process: the CTR-DNN step's matrix products timed
 //! with oar's kernel beside the reference BLAS (OpenBLAS, which `.ci/run` installs; without it
 //! the table has oar's column alone and says why), then local training whose matrix FLOPs,
-//! counted inside `matmul`, must be exactly the step's products per sample.
+//! counted inside `matmul`, must be exactly the step's products per sample, and the same on one
+//! server and one trainer, whose step splits into the trainer's work and the server's replies.
 
 use super::util::oar;
 
@@ -35,10 +36,19 @@ fn the_roofline_counts_the_models_flops_and_splits_a_step() {
     for line in trained {
         assert_eq!(number_after(line, "loop, "), from_shapes, "{line}");
     }
-    let split = out.lines().find(|l| l.contains("a step's time:")).unwrap();
+    let split = out.lines().find(|l| l.contains("a step's time:") && l.contains("embedding pull")).unwrap();
     let parts = ["matrix products ", "the loss ", "embedding pull ", "optimizer ", "waiting for data "];
     let total: f64 = parts.iter().map(|p| number_after(split, p)).sum();
     assert!((95.0..=105.0).contains(&total), "the parts of a step add up to its time: {split}");
+    // A distributed step: the time on the server's replies, counted by the trainer, is the
+    // server's handling (counted by the server) and the transport.
+    let split = out.lines().find(|l| l.contains("a step's time:") && l.contains("server's replies")).unwrap();
+    let parts = ["matrix products ", "the loss ", "placing rows) ", "server's replies ", "waiting for data "];
+    let total: f64 = parts.iter().map(|p| number_after(split, p)).sum();
+    assert!((95.0..=105.0).contains(&total), "the parts of a distributed step add up to its time: {split}");
+    let (replies, server) = (number_after(split, "server's replies "), number_after(split, "optimizers: "));
+    assert!(server > 0.0, "the server counted its handling: {split}");
+    assert!((server + number_after(split, "the transport: ") - replies).abs() <= 1.0, "{split}");
 }
 
 #[test]
