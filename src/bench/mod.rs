@@ -339,9 +339,24 @@ fn sparse(config: &BenchConfig) -> anyhow::Result<()> {
             format!("push {} unique ids", r.unique),
         ];
         for (k, what) in names.iter().enumerate() {
-            let (net, core) = b.ops[k];
+            let (net, core, handling) = b.ops[k];
+            // Builds that count the server's handling: its share of the wall time, and this
+            // build's rate against the same table in memory.
+            let split = if handling > 0.0 {
+                format!(
+                    "; the server's handler {:.0}% of the time (the rest: sockets, loopback, client)",
+                    handling * 100.0
+                )
+            } else {
+                String::new()
+            };
+            let of_memory = if std::ptr::eq(b, this) {
+                format!(" = {:.2} of the table in memory", net / r.mem[k + 1])
+            } else {
+                String::new()
+            };
             println!(
-                "      {what:24} {:6.2} M keys/s through the server; {:5.2} M per server CPU second{}",
+                "      {what:24} {:6.2} M keys/s through the server{of_memory}; {:5.2} M per server CPU second{split}{}",
                 net / 1e6,
                 core / 1e6,
                 ratio(k)

@@ -21,8 +21,10 @@ pub(super) struct BuildRates {
     /// (`std_adagrad`-like, 10 floats of state) and row-wise Adagrad (`SparseAdaGradSGDRule`).
     pub(super) bytes_per_row: [f64; 2],
     /// Pull as drawn, pull unique, push unique: (keys per wall second, keys per server CPU
-    /// second), medians of the alternating rounds.
-    pub(super) ops: [(f64, f64); 3],
+    /// second, the share of the wall time the server spent in its handler: reading or updating
+    /// the table, by its own count; 0 for a build that does not count it), medians of the
+    /// alternating rounds.
+    pub(super) ops: [(f64, f64, f64); 3],
     /// The same, keys per wall second in each round, for ratios paired by round.
     pub(super) per_round: [Vec<f64>; 3],
 }
@@ -92,8 +94,20 @@ struct Measured {
     server: ServerProc,
     client: crate::client::Client,
     rates: BuildRates,
-    rounds: [Vec<(f64, f64)>; 3],
+    rounds: [Vec<(f64, f64, f64)>; 3],
     step: u64,
+}
+
+/// Seconds the server of `client` has spent handling pulls and pushes, by its own count.
+fn handled(client: &mut crate::client::Client) -> anyhow::Result<(f64, f64)> {
+    let stats = client.stats()?;
+    Ok((stats.iter().map(|s| s.pull_seconds).sum(), stats.iter().map(|s| s.push_seconds).sum()))
+}
+
+/// `timed`'s rates and the share of its wall time the server handled requests (`before` and
+/// `after`: its pull or push seconds around the run).
+fn with_share((rate, cpu, wall): (f64, f64, f64), before: f64, after: f64) -> (f64, f64, f64) {
+    (rate, cpu, (after - before) / wall.max(1e-9))
 }
 
 /// Sparse figures, as in `../shared/research/deps.md`: `rows` keys inserted into a dim-10 table
@@ -153,16 +167,20 @@ pub(super) fn sparse_rates(
     for round in 0..rounds.max(1) {
         for k in 0..n {
             let m = &mut measured[(round + k) % n];
-            let (client, server) = (&mut m.client, &m.server);
-            let mut pull = |ids: &[u64]| {
-                client.pull(None, &[TableIds { table: 0, dim: 10, ids }], &mut out, RowCreation::Create)?;
-                anyhow::Ok(())
-            };
-            m.rounds[0].push(timed(&mut pull, &drawn, false, seconds, &|| server.cpu_seconds())?);
-            m.rounds[1].push(timed(&mut pull, &batches, false, seconds, &|| server.cpu_seconds())?);
+            for (op, sets) in [(0, &drawn), (1, &batches)] {
+                let before = handled(&mut m.client)?.0;
+                let (client, server) = (&mut m.client, &m.server);
+                let mut pull = |ids: &[u64]| {
+                    client.pull(None, &[TableIds { table: 0, dim: 10, ids }], &mut out, RowCreation::Create)?;
+                    anyhow::Ok(())
+                };
+                let r = timed(&mut pull, sets, false, seconds, &|| server.cpu_seconds())?;
+                m.rounds[op].push(with_share(r, before, handled(&mut m.client)?.0));
+            }
         }
         for k in 0..n {
             let m = &mut measured[(round + k) % n];
+            let before = handled(&mut m.client)?.1;
             let (client, server, step) = (&mut m.client, &m.server, &mut m.step);
             // Each push its own step: servers answer a step sent again without applying it.
             let mut push = |ids: &[u64]| {
@@ -172,13 +190,15 @@ pub(super) fn sparse_rates(
                 *step += 1;
                 anyhow::Ok(())
             };
-            m.rounds[2].push(timed(&mut push, &batches, false, seconds, &|| server.cpu_seconds())?);
+            let r = timed(&mut push, &batches, false, seconds, &|| server.cpu_seconds())?;
+            m.rounds[2].push(with_share(r, before, handled(&mut m.client)?.1));
         }
     }
     let mut builds = Vec::new();
     for mut m in measured {
         for (k, r) in m.rounds.iter().enumerate() {
-            m.rates.ops[k] = (median(r.iter().map(|r| r.0).collect()), median(r.iter().map(|r| r.1).collect()));
+            let mid = |f: fn(&(f64, f64, f64)) -> f64| median(r.iter().map(f).collect());
+            m.rates.ops[k] = (mid(|r| r.0), mid(|r| r.1), mid(|r| r.2));
             m.rates.per_round[k] = r.iter().map(|r| r.0).collect();
         }
         m.client.close(0)?;
@@ -189,7 +209,7 @@ pub(super) fn sparse_rates(
     let mem = crate::table::SparseTable::new(table);
     let mut rows_out = vec![0.0f32; keys * 10];
     let mut mem_pull = |ids: &[u64]| Ok(mem.pull(ids, &mut rows_out[..ids.len() * 10], true)?);
-    let (mem_insert, _) = timed(&mut mem_pull, &inserts, true, seconds, &no_cpu)?;
+    let mem_insert = timed(&mut mem_pull, &inserts, true, seconds, &no_cpu)?.0;
     let mut mem_rates: [Vec<f64>; 3] = Default::default();
     for _ in 0..3 {
         mem_rates[0].push(timed(&mut mem_pull, &drawn, false, seconds, &no_cpu)?.0);
@@ -205,14 +225,14 @@ pub(super) fn sparse_rates(
 }
 
 /// Runs `op` over `sets` (each once if `once`, else round and round for a quarter of `seconds`,
-/// at least 3), returning (keys per wall second, keys per `cpu` second).
+/// at least 3), returning (keys per wall second, keys per `cpu` second, wall seconds).
 fn timed(
     op: &mut dyn FnMut(&[u64]) -> anyhow::Result<()>,
     sets: &[Vec<u64>],
     once: bool,
     seconds: f64,
     cpu: &dyn Fn() -> anyhow::Result<f64>,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<(f64, f64, f64)> {
     let (started, cpu0, mut n, mut i) = (Instant::now(), cpu()?, 0usize, 0usize);
     while if once { i < sets.len() } else { started.elapsed().as_secs_f64() < seconds / 4.0 || i < 3 } {
         let ids = &sets[i % sets.len()];
@@ -221,7 +241,7 @@ fn timed(
         i += 1;
     }
     let (wall, busy) = (started.elapsed().as_secs_f64(), cpu()? - cpu0);
-    anyhow::Ok((n as f64 / wall, n as f64 / busy.max(1e-3)))
+    anyhow::Ok((n as f64 / wall, n as f64 / busy.max(1e-3), wall))
 }
 
 #[cfg(test)]
