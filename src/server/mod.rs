@@ -472,7 +472,11 @@ pub fn serve_blocking(addrs: &[String], config: ServerConfig) -> anyhow::Result<
 /// `exit_when_done`), printing `OAR_READY <first address>` on stdout once listening, for
 /// launchers to read.
 pub fn serve_bound(listeners: Vec<std::net::TcpListener>, config: ServerConfig) -> anyhow::Result<ServerStats> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // A thread per core the process may use (its cgroup's quota counts), at least two: a
+    // server alone on a many-core host serves its trainers' connections on all of them (it
+    // used two whatever the host), and one beside trainers on a small one keeps the two.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(cores.max(2)).enable_all().build()?;
     rt.block_on(async {
         let ports = listeners.len();
         let mut bound = Vec::with_capacity(ports);
