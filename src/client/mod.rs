@@ -50,6 +50,7 @@ mod recover;
 
 use conn::{Conn, Deadline};
 pub use error::ClientError;
+pub use geo::Changed;
 
 /// Nanoseconds the process's clients spent on servers' replies once their requests were
 /// written (the servers' work, the transport, reading the replies): `oar bench --roofline`
@@ -61,7 +62,6 @@ static REPLY_NANOS: AtomicU64 = AtomicU64::new(0);
 pub fn reply_seconds() -> f64 {
     REPLY_NANOS.load(Relaxed) as f64 * 1e-9
 }
-pub use geo::Changed;
 
 /// Where the servers are and how long to wait for them.
 #[derive(Clone, Debug)]

@@ -6,6 +6,7 @@
 //! again. A push sent again this way is counted once by the server (its ledger). `on_first` is
 //! the same for a request to server 0 alone.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use super::conn::Conn;
@@ -162,7 +163,7 @@ impl Client {
             out[s] = Some(v);
         }
         let waited = replies.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-        super::REPLY_NANOS.fetch_add(waited, std::sync::atomic::Ordering::Relaxed);
+        super::REPLY_NANOS.fetch_add(waited, Relaxed);
         Ok(out.into_iter().map(|v| v.expect("every server has answered")).collect())
     }
 
