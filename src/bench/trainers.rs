@@ -48,11 +48,22 @@ fn async_run(
         ..super::training::two_by_two(Mode::Async, data, &config.exe, logs)
     };
     let s = crate::run::launch::run(&launch)?;
-    Ok(Run {
+    let run = Run {
         auc: s.test.as_ref().and_then(|t| t.auc).unwrap_or(f64::NAN),
         samples_per_sec: s.samples_per_sec,
         staleness: s.staleness.mean(),
-    })
+    };
+    // The table comes once every run is done (hours at 64 trainers): each run says so as it ends.
+    tracing::info!(
+        data = %data.display(),
+        "{trainers} trainers x {} servers, dense {}: test AUC {:.4}, mean staleness {:.1}, {:.0} samples/s end to end",
+        servers_for(trainers),
+        if sync_dense { "synchronous" } else { "async" },
+        run.auc,
+        run.staleness,
+        run.samples_per_sec
+    );
+    Ok(run)
 }
 
 /// Every trainer count's pair of runs on one data set (`seed` the model's), beside local.
@@ -62,6 +73,7 @@ fn pairs(config: &QualityConfig, data: &Path, logs: &Path, seed: u64) -> anyhow:
     job.train.log_every = 0;
     job.train.batch_size = config.batch;
     let local = train_local(data, 1, job.clone(), "quality")?.auc.unwrap_or(f64::NAN);
+    tracing::info!(data = %data.display(), "local, 1 thread: test AUC {local:.4}");
     let runs = config
         .many_trainers
         .iter()

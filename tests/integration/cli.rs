@@ -275,6 +275,35 @@ fn bench_measures_a_baseline_server_in_alternating_rounds() {
     }
 }
 
+/// `oar bench --quality` and `--many-trainers` on a small generated set, as processes: each
+/// prints its table of paired differences from real runs, and `--many-trainers` says each
+/// run's result as it ends (the table comes after the last).
+#[test]
+fn bench_quality_and_many_trainers_print_tables_of_real_runs() {
+    let o = oar(&["bench", "--quality", "--sizes", "3000", "--seeds", "1"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", text(&o));
+    let row =
+        out.lines().find(|l| l.starts_with("| generated, 3000 lines, 1 seeds |")).unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(row.matches('|').count(), 11, "ten columns: {row}");
+    let local: f64 = row.split('|').nth(2).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!((0.4..1.0).contains(&local), "a trained model's AUC: {row}");
+
+    let o = oar(&["bench", "--quality", "--many-trainers", "2", "--sizes", "3000", "--seeds", "1"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        out.lines().any(|l| l.starts_with("| generated, 3000 lines, 1 seeds |") && l.contains("| 2 x 1 |")),
+        "{out}"
+    );
+    let log = String::from_utf8_lossy(&o.stderr);
+    for run in
+        ["local, 1 thread: test AUC", "2 trainers x 1 servers, dense async: test AUC", "dense synchronous: test AUC"]
+    {
+        assert!(log.contains(run), "each run says its result as it ends: {log}");
+    }
+}
+
 #[test]
 fn usage_errors_exit_with_code_2() {
     let out = oar(&["train", "--batch-size", "many"]);
