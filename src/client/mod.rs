@@ -54,7 +54,7 @@ pub use geo::Changed;
 
 /// Nanoseconds the process's clients spent on servers' replies once their requests were
 /// written (the servers' work, the transport, reading the replies): `oar bench --roofline`
-/// splits a distributed step by it. One clock read and one relaxed add per call.
+/// splits a distributed step by it. Two clock reads and one relaxed add per call.
 static REPLY_NANOS: AtomicU64 = AtomicU64::new(0);
 
 /// Seconds the process's clients have spent on replies after writing their requests, all

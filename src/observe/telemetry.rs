@@ -33,7 +33,8 @@ use super::exposition;
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// A latency histogram in seconds, 10 us to about 10 s, kept across scrapes, and the total of
-/// the durations it was given (what `ServerStats` reports as time spent).
+/// the durations it was given (what `ServerStats` reports as time spent), kept beside it as
+/// `prometheus-client` does not let its histogram's sum be read.
 #[derive(Clone)]
 pub struct Latency(Histogram, Arc<AtomicU64>);
 

@@ -268,7 +268,8 @@ fn bench_measures_a_baseline_server_in_alternating_rounds() {
         assert!(lines.iter().any(|l| l.contains(" of the table in memory;")), "{out}");
         // The server's own count of its handling, as a share of the wall time.
         for line in lines {
-            let at = line.find("the server's handler ").unwrap_or_else(|| panic!("{line}")) + 21;
+            let key = "the server's handler ";
+            let at = line.find(key).unwrap_or_else(|| panic!("{line}")) + key.len();
             let share: f64 = line[at..].split('%').next().unwrap().parse().unwrap();
             assert!(share > 0.0 && share <= 101.0, "{line}");
         }
