@@ -266,6 +266,15 @@ impl Hosts {
         Ok(sum)
     }
 
+    /// Retransmission timeouts host `i`'s TCP has had (`TcpExt: TCPTimeouts` of its
+    /// namespace): each one stalls a connection for 200 ms or more, where a loss found by
+    /// fast retransmit costs a round trip.
+    pub fn tcp_timeouts(&self, i: usize) -> Result<u64, String> {
+        let o = ip(&["netns", "exec", &self.ns(i), "cat", "/proc/net/netstat"])?;
+        netstat_field(&String::from_utf8_lossy(&o.stdout), "TcpExt", "TCPTimeouts")
+            .ok_or_else(|| format!("host {i}: no TcpExt TCPTimeouts in /proc/net/netstat"))
+    }
+
     /// `exe args` on host `i`, with exactly the environment `vars` (plus PATH).
     pub fn command(&self, i: usize, exe: &std::path::Path, args: &[&str], vars: &[(&str, String)]) -> Command {
         let mut c = Command::new("ip");
@@ -277,6 +286,20 @@ impl Hosts {
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c
     }
+}
+
+/// Field `name` of group `group` in `/proc/net/netstat`'s text, which gives each group as a
+/// line of names and a line of values.
+fn netstat_field(text: &str, group: &str, name: &str) -> Option<u64> {
+    let prefix = format!("{group}:");
+    let mut lines = text.lines().filter(|l| l.starts_with(&prefix));
+    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+        let at = names.split_whitespace().position(|n| n == name);
+        if let Some(v) = at.and_then(|k| values.split_whitespace().nth(k)) {
+            return v.parse().ok();
+        }
+    }
+    None
 }
 
 impl Drop for Hosts {
@@ -296,7 +319,7 @@ impl Drop for Hosts {
 
 #[cfg(test)]
 mod tests {
-    use super::{rate_bytes, Link};
+    use super::{netstat_field, rate_bytes, Link};
 
     #[test]
     fn links_parse_rates_and_loss_and_print_back() {
@@ -342,5 +365,15 @@ mod tests {
         for bad in ["", "gbit", "1gb", "-1gbit", "NaNmbit", "infgbit"] {
             assert_eq!(rate_bytes(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_netstat_field_is_read_by_its_name_in_its_group() {
+        let text =
+            "TcpExt: SyncookiesSent TCPTimeouts Other\nTcpExt: 0 17 3\nIpExt: InNoRoutes TCPTimeouts\nIpExt: 5 9\n";
+        assert_eq!(netstat_field(text, "TcpExt", "TCPTimeouts"), Some(17));
+        assert_eq!(netstat_field(text, "IpExt", "TCPTimeouts"), Some(9));
+        assert_eq!(netstat_field(text, "TcpExt", "Missing"), None);
+        assert_eq!(netstat_field("TcpExt: TCPTimeouts\n", "TcpExt", "TCPTimeouts"), None, "no values line");
     }
 }
