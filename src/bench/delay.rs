@@ -62,7 +62,7 @@ impl Drop for DelayLine {
 /// `None`), listens on `addr` and runs `serve` on the listener: where it listens and the
 /// thread, or why it could not listen. (`setns` moves only the calling thread and the threads
 /// it starts later, so the listener and everything `serve` starts live in `ns`.)
-fn listen_in<T: Send + 'static>(
+pub(super) fn listen_in<T: Send + 'static>(
     ns: Option<&str>,
     addr: SocketAddr,
     name: &str,

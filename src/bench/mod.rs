@@ -265,6 +265,7 @@ pub mod security;
 mod sparse;
 pub mod trainers;
 mod training;
+pub mod transfer;
 pub use sparse::SparseDraws;
 
 use sparse::sparse_rates;
