@@ -5,8 +5,9 @@
 //! layers of 1,024: 2.1 M dense floats, 8.5 MB each way per step), async without the
 //! synchronous warm-up. Samples/s end to end, medians of `--runs` rounds that alternate the
 //! cases, each beside the first's; bytes per sample as the servers count their frames; CPU
-//! seconds per sample; packets the switch and the shapers dropped; the round trip between a
-//! trainer's host and a server's; and the scale model's samples/s from those costs.
+//! seconds per sample and the kernel's share of them; packets the switch and the shapers
+//! dropped; the round trip between a trainer's host and a server's; what a step's bytes take
+//! on the link alone ([`super::transfer`]); and the scale model's samples/s from those costs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -17,7 +18,8 @@ use anyhow::Context;
 use super::delay::{round_trip, DelayLine};
 use super::median;
 use super::netns::{Hosts, Link};
-use super::scale::{predict, Costs, Shape};
+use super::scale::{predict, Costs, Shape, Way, PAYLOAD_SHARE};
+use super::transfer::Sink;
 use crate::protocol::Mode;
 
 /// What `oar bench --hosts` measures.
@@ -50,15 +52,33 @@ struct HostsRun {
     /// Frame bytes the servers read (sent to them) and wrote.
     bytes_to: u64,
     bytes_from: u64,
-    /// CPU seconds the trainers and the servers used, all of each.
+    /// CPU seconds the trainers and the servers used, all of each, and the kernel's of them.
     trainer_cpu: f64,
     server_cpu: f64,
+    kernel_cpu: f64,
     /// Packets the switch dropped on the hosts' links (`+lossN`, cuts).
     dropped: u64,
     /// Packets the links' shapers dropped from their full queues.
     shaper_drops: u64,
+    /// TCP's retransmission timeouts in all the hosts during the job.
+    timeouts: u64,
     /// The median round trip from a trainer's host to a server's, before the job.
     round_trip: Duration,
+    /// Seconds a step's bytes took on the links alone, to the servers and from them, after the
+    /// job.
+    alone: [f64; 2],
+}
+
+/// A job's files and its size.
+struct Job<'a> {
+    /// The job file.
+    file: &'a Path,
+    /// The data set, with `train/`.
+    data: &'a Path,
+    /// Samples in a pass.
+    samples: u64,
+    /// Samples per step of a trainer.
+    batch: usize,
 }
 
 /// The two models: (name, job file text).
@@ -118,8 +138,10 @@ fn measure(config: &HostsConfig, tmp: &Path) -> anyhow::Result<()> {
         .into_iter()
         .filter(|(name, _)| config.models.is_empty() || config.models.iter().any(|m| name.contains(m.as_str())));
     for (name, text) in chosen {
-        let job = tmp.join("job.toml");
-        std::fs::write(&job, &text)?;
+        let file = tmp.join("job.toml");
+        std::fs::write(&file, &text)?;
+        let batch = toml::from_str::<crate::train::job_config::JobConfig>(&text)?.train.batch_size;
+        let job = Job { file: &file, data: &data, samples, batch };
         let mut runs: Vec<Vec<HostsRun>> = cases.iter().map(|_| Vec::new()).collect();
         for round in 0..config.runs {
             for (c, &(mode, link)) in cases.iter().enumerate() {
@@ -128,19 +150,23 @@ fn measure(config: &HostsConfig, tmp: &Path) -> anyhow::Result<()> {
                         "oar bench --hosts makes network namespaces (root, iproute2, nftables for loss): {why}"
                     )
                 })?;
-                let run = run_job(&hosts, config, link, mode, &job, &data, tmp)?;
+                let run = run_job(&hosts, config, link, mode, &job, tmp)?;
                 println!(
-                    "    {name}, {mode}, {link}, round {}: {:.0} samples/s, {} packets lost, {} dropped by full queues, round trip {:.0} us",
+                    "    {name}, {mode}, {link}, round {}: {:.0} samples/s, {} packets lost, {} dropped by full queues, {} TCP timeouts, round trip {:.0} us, a step's bytes alone {:.1} / {:.1} ms",
                     round + 1,
                     samples as f64 / run.seconds,
                     run.dropped,
                     run.shaper_drops,
-                    run.round_trip.as_secs_f64() * 1e6
+                    run.timeouts,
+                    run.round_trip.as_secs_f64() * 1e6,
+                    run.alone[0] * 1e3,
+                    run.alone[1] * 1e3
                 );
                 runs[c].push(run);
             }
         }
-        print_table(name, config, &cases, &runs, samples);
+        let first = print_table(name, config, &cases, &runs, &job);
+        print_projection(&first, job.batch as f64);
     }
     Ok(())
 }
@@ -172,8 +198,7 @@ fn run_job(
     config: &HostsConfig,
     link: &Link,
     mode: Mode,
-    job: &Path,
-    data: &Path,
+    job: &Job,
     secrets: &Path,
 ) -> anyhow::Result<HostsRun> {
     let delay = link.delay_us.map(Duration::from_micros);
@@ -192,14 +217,18 @@ fn run_job(
     let list = |port| (1..=servers_n).map(|s| format!("{}:{port}", hosts.addr(s))).collect::<Vec<_>>().join(",");
     let trainers_list = list(if delay.is_some() { LINE_PORT } else { PORT });
     let common = [
-        ("OAR_CONFIG", job.display().to_string()),
-        ("OAR_TRAIN", data.join("train").display().to_string()),
+        ("OAR_CONFIG", job.file.display().to_string()),
+        ("OAR_TRAIN", job.data.join("train").display().to_string()),
         ("OAR_MODE", mode.to_string()),
         // Async steps from the first: the default synchronous warm-up (100 updates, each
         // trainer's batch split N ways) would be the whole of a short run.
         ("OAR_SYNC_WARMUP", "0".to_string()),
         ("PADDLE_TRAINERS_NUM", trainers_n.to_string()),
     ];
+    let timeouts = |hosts: &Hosts| -> anyhow::Result<u64> {
+        (1..=servers_n + trainers_n).map(|i| hosts.tcp_timeouts(i).map_err(anyhow::Error::msg)).sum()
+    };
+    let timeouts_before = timeouts(hosts)?;
     let started = Instant::now();
     let spawn = |host: usize, role: Vec<(&'static str, String)>| -> anyhow::Result<Child> {
         let vars: Vec<(&str, String)> = common.iter().cloned().chain(role).collect();
@@ -230,10 +259,13 @@ fn run_job(
         ];
         trainers.push(spawn(first_trainer + t, role)?);
     }
-    let mut trainer_cpu = 0.0;
+    let (mut trainer_cpu, mut trainer_kernel) = (0.0, 0.0);
     for (t, child) in trainers.into_iter().enumerate() {
         match ended(child, &format!("trainer {t}")) {
-            Ok(done) => trainer_cpu += done.cpu,
+            Ok(done) => {
+                trainer_cpu += done.cpu;
+                trainer_kernel += done.kernel;
+            }
             Err(e) => {
                 // A server that failed first is the cause: its error, not the trainer's.
                 for (s, mut server) in servers.into_iter().enumerate() {
@@ -248,10 +280,11 @@ fn run_job(
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let (mut bytes_to, mut bytes_from, mut server_cpu) = (0, 0, 0.0);
+    let (mut bytes_to, mut bytes_from, mut server_cpu, mut server_kernel) = (0, 0, 0.0, 0.0);
     for (s, child) in servers.into_iter().enumerate() {
         let done = ended(child, &format!("server {s}"))?;
         server_cpu += done.cpu;
+        server_kernel += done.kernel;
         let line =
             done.stdout.lines().find_map(|l| l.strip_prefix("OAR_RESULT ")).context("a server printed no counters")?;
         let stats: crate::protocol::ServerStats = serde_json::from_str(line)?;
@@ -263,29 +296,66 @@ fn run_job(
         dropped += hosts.dropped(i).map_err(|why| anyhow::anyhow!("counting lost packets: {why}"))?;
         shaper_drops += hosts.shaper_drops(i).map_err(|why| anyhow::anyhow!("counting shaper drops: {why}"))?;
     }
-    Ok(HostsRun { seconds, bytes_to, bytes_from, trainer_cpu, server_cpu, dropped, shaper_drops, round_trip })
+    let timeouts = timeouts(hosts)? - timeouts_before;
+    let alone = step_alone(hosts, config, delay, job, [bytes_to, bytes_from], trainer_cpu - trainer_kernel)?;
+    Ok(HostsRun {
+        seconds,
+        bytes_to,
+        bytes_from,
+        trainer_cpu,
+        server_cpu,
+        kernel_cpu: trainer_kernel + server_kernel,
+        dropped,
+        shaper_drops,
+        timeouts,
+        round_trip,
+        alone,
+    })
 }
 
-/// What a process left: its standard output and the CPU seconds it used.
+/// What a step's bytes (`bytes` of `job`'s pass each way) take between the first trainer's
+/// host and every server's, spread over them, alone, through delay lines when the link has one;
+/// each transfer after a rest as long as a trainer's step computes (`user_cpu`, the trainers'
+/// CPU seconds outside the kernel), as in training.
+fn step_alone(
+    hosts: &Hosts,
+    config: &HostsConfig,
+    delay: Option<Duration>,
+    job: &Job,
+    bytes: [u64; 2],
+    user_cpu: f64,
+) -> anyhow::Result<[f64; 2]> {
+    let (samples, batch) = (job.samples as f64, job.batch as f64);
+    let per_step = bytes.map(|b| (b as f64 / samples * batch).round() as u64);
+    let rest = Duration::from_secs_f64((user_cpu / samples * batch).max(0.0));
+    let sink =
+        |s: usize| anyhow::Ok(Sink { ns: Some(hosts.ns(s)), at: at(hosts, s, 7302)?, line: Some(at(hosts, s, 7303)?) });
+    let sinks = (1..=config.servers).map(sink).collect::<anyhow::Result<Vec<_>>>()?;
+    let trainer = hosts.ns(config.servers + 1);
+    super::transfer::measure(Some(&trainer), &sinks, delay, per_step, rest).context("timing a step's bytes on the link")
+}
+
+/// What a process left: its standard output and the CPU seconds it used, all and the kernel's.
 struct Ended {
     stdout: String,
     cpu: f64,
+    kernel: f64,
 }
 
 /// Waits for `child`; its standard output and CPU seconds, or an error with the end of what it
 /// wrote. (`ip netns exec` runs the program in its own place, so the child is oar itself.)
 fn ended(mut child: Child, what: &str) -> anyhow::Result<Ended> {
     let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
-    let (ok, cpu) = match wait_with_cpu(child.id()) {
+    let (ok, cpu, kernel) = match wait_with_cpu(child.id()) {
         Ok(done) => done,
         // Reaped already (try_wait): its status, without its CPU time.
-        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => (child.wait()?.success(), 0.0),
+        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => (child.wait()?.success(), 0.0, 0.0),
         Err(e) => return Err(e).with_context(|| format!("waiting for {what}")),
     };
     let (stdout, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
     let tail: Vec<&str> = err.lines().rev().take(5).collect();
     anyhow::ensure!(ok, "{what} failed: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
-    Ok(Ended { stdout, cpu })
+    Ok(Ended { stdout, cpu, kernel })
 }
 
 /// Reads `pipe` to its end on a thread of its own (so that neither of a child's pipes fills
@@ -300,9 +370,9 @@ fn drain<R: std::io::Read + Send + 'static>(pipe: Option<R>) -> std::thread::Joi
     })
 }
 
-/// Waits for process `pid`: whether it exited with 0, and the CPU seconds (user and system,
-/// all its threads) it used, which `std::process::Child::wait` does not give.
-fn wait_with_cpu(pid: u32) -> std::io::Result<(bool, f64)> {
+/// Waits for process `pid`: whether it exited with 0, the CPU seconds (user and system, all
+/// its threads) it used, which `std::process::Child::wait` does not give, and the system's.
+fn wait_with_cpu(pid: u32) -> std::io::Result<(bool, f64, f64)> {
     let mut status = 0;
     // SAFETY: rusage is plain data, all zeros a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -318,43 +388,85 @@ fn wait_with_cpu(pid: u32) -> std::io::Result<(bool, f64)> {
     }
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    Ok((ok, seconds(usage.ru_utime) + seconds(usage.ru_stime)))
+    Ok((ok, seconds(usage.ru_utime) + seconds(usage.ru_stime), seconds(usage.ru_stime)))
 }
 
 /// The table of one model: per mode and link, the median round trip, samples/s, its ratio to
-/// the first case's in the same rounds, bytes per sample, CPU per sample, packets lost, and
-/// the scale model's samples/s from those costs ([`super::scale`]).
-fn print_table(name: &str, config: &HostsConfig, cases: &[(Mode, &Link)], runs: &[Vec<HostsRun>], samples: u64) {
+/// the first case's in the same rounds, bytes per sample, CPU per sample and the kernel's share,
+/// a step's bytes alone on the link, packets lost, and the scale model's samples/s from those
+/// costs ([`super::scale`]). Returns the first case's costs.
+fn print_table(name: &str, config: &HostsConfig, cases: &[(Mode, &Link)], runs: &[Vec<HostsRun>], job: &Job) -> Costs {
     println!("\n{name}\n");
     let (mode0, link0) = cases[0];
     println!(
-        "| mode | link | round trip (median) | samples/s end to end (median) | vs {mode0} on {link0} (median of rounds) | bytes per sample to / from the servers | CPU per sample, trainers / servers | packets lost | dropped by full queues | model: samples/s (bound) | measured / model |"
+        "| mode | link | round trip (median) | samples/s end to end (median) | vs {mode0} on {link0} (median of rounds) | bytes per sample to / from the servers | CPU per sample, trainers / servers | of it the kernel's | a step's bytes alone on the link, to / from | packets lost | dropped by full queues | model: samples/s (busy: cores, server links) | measured / model |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+    let samples = job.samples as f64;
+    let mut first = None;
     for ((mode, link), rs) in cases.iter().zip(runs) {
-        let per_sample = |f: &dyn Fn(&HostsRun) -> f64| median(rs.iter().map(|r| f(r) / samples as f64).collect());
-        let rate = median(rs.iter().map(|r| samples as f64 / r.seconds).collect());
+        let per_sample = |f: &dyn Fn(&HostsRun) -> f64| median(rs.iter().map(|r| f(r) / samples).collect());
+        let of_runs = |f: &dyn Fn(&HostsRun) -> f64| median(rs.iter().map(f).collect());
+        let rate = of_runs(&|r| samples / r.seconds);
         let ratio = median(rs.iter().zip(&runs[0]).map(|(r, base)| base.seconds / r.seconds).collect());
         let (to, from) = (per_sample(&|r| r.bytes_to as f64), per_sample(&|r| r.bytes_from as f64));
-        let (tcpu, scpu) = (per_sample(&|r| r.trainer_cpu), per_sample(&|r| r.server_cpu));
-        let lost = median(rs.iter().map(|r| r.dropped as f64).collect());
-        let full = median(rs.iter().map(|r| r.shaper_drops as f64).collect());
-        let rtt = median(rs.iter().map(|r| r.round_trip.as_secs_f64() * 1e6).collect());
-        let costs = Costs { trainer_cpu: tcpu, server_cpu: scpu, to, from };
+        let (tcpu, scpu, kcpu) =
+            (per_sample(&|r| r.trainer_cpu), per_sample(&|r| r.server_cpu), per_sample(&|r| r.kernel_cpu));
+        let lost = of_runs(&|r| r.dropped as f64);
+        let full = of_runs(&|r| r.shaper_drops as f64);
+        let rtt = of_runs(&|r| r.round_trip.as_secs_f64() * 1e6);
+        // A server link carries the payload's share of its rate (a probe's one flow got 12.0
+        // MB/s of 100 Mbit/s, 119.7 of 1 Gbit/s); unshaped, it is not a bound.
+        let payload = link.bytes_per_second().map_or(f64::INFINITY, |r| PAYLOAD_SHARE * r);
+        let way = |i: usize| Way { alone: of_runs(&|r| r.alone[i]), rate: payload };
+        let ways = [way(0), way(1)];
+        let costs = Costs { trainer_cpu: tcpu, server_cpu: scpu, kernel_cpu: kcpu, to, from };
+        first.get_or_insert(costs);
         let shape = Shape {
             servers: config.servers as f64,
-            trainers: config.trainers as f64,
-            rate: link.bytes_per_second(),
+            trainers: config.trainers,
+            batch: job.batch as f64,
+            links: Some(ways),
             shared_cores: Some(cores),
             server_cores: 1.0,
         };
-        let (model, bound) = predict(&costs, &shape);
+        let model = predict(&costs, &shape);
         println!(
-            "| {mode} | {link} | {rtt:.0} us | {rate:.0} | {ratio:.2}x | {to:.0} / {from:.0} | {:.1} / {:.1} us | {lost:.0} | {full:.0} | {model:.0} ({bound}) | {:.2} |",
+            "| {mode} | {link} | {rtt:.0} us | {rate:.0} | {ratio:.2}x | {to:.0} / {from:.0} | {:.1} / {:.1} us | {:.0}% | {:.1} / {:.1} ms | {lost:.0} | {full:.0} | {:.0} ({:.0}%, {:.0}%) | {:.2} |",
             tcpu * 1e6,
             scpu * 1e6,
-            rate / model
+            100.0 * kcpu / (tcpu + scpu),
+            ways[0].alone * 1e3,
+            ways[1].alone * 1e3,
+            model.samples_per_second,
+            100.0 * model.cores_busy,
+            100.0 * model.links_busy,
+            rate / model.samples_per_second
         );
+    }
+    first.expect("--hosts runs one case at least")
+}
+
+/// The scale model's samples/s for clusters of machines like this one (its cores each), one
+/// per server or trainer, 4 trainers per server, on 10 and 1 Gbit/s Ethernet (TCP's payload
+/// share of the rate, no round trips), from `costs`, a case's as measured here.
+fn print_projection(costs: &Costs, batch: f64) {
+    let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+    println!("\nProjected by the scale model from the first case's costs: a machine of {cores} cores per server or trainer, 4 trainers per server\n");
+    println!("| machines (servers + trainers) | 10 GbE: samples/s | busy: server cores, links | 1 GbE: samples/s | busy: server cores, links |");
+    println!("|---|---|---|---|---|");
+    for machines in [10, 100, 1000] {
+        let servers = machines / 5;
+        let trainers = machines - servers;
+        let cell = |bits_per_second: f64| {
+            let rate = bits_per_second / 8.0;
+            let links = Some([Way::nominal(rate, costs.to * batch), Way::nominal(rate, costs.from * batch)]);
+            let shape =
+                Shape { servers: servers as f64, trainers, batch, links, shared_cores: None, server_cores: cores };
+            let p = predict(costs, &shape);
+            format!("{:.2} M | {:.0}%, {:.0}%", p.samples_per_second / 1e6, 100.0 * p.cores_busy, 100.0 * p.links_busy)
+        };
+        println!("| {machines} ({servers} + {trainers}) | {} | {} |", cell(10e9), cell(1e9));
     }
 }

@@ -373,14 +373,28 @@ fn oar_bench_hosts_prints_the_shaped_link_table_of_both_models() {
         let rate: f64 = row[3].parse().unwrap();
         let bytes: f64 = row[5].split(" / ").map(|b| b.parse::<f64>().unwrap()).sum();
         let cpu: Vec<f64> = row[6].trim_end_matches(" us").split(" / ").map(|c| c.parse().unwrap()).collect();
-        let lost: f64 = row[7].parse().unwrap();
+        let kernel: f64 = row[7].trim_end_matches('%').parse().unwrap();
+        let alone: Vec<f64> = row[8].trim_end_matches(" ms").split(" / ").map(|c| c.parse().unwrap()).collect();
+        let lost: f64 = row[9].parse().unwrap();
         assert!(cpu[0] > 0.0 && cpu[1] > 0.0, "{row:?}: trainers and servers used CPU");
+        assert!(kernel > 0.0 && kernel < 100.0, "{row:?}: the kernel's share of the CPU");
         assert!(rate > 0.0 && bytes > 100.0, "{row:?}");
         assert_eq!(lost > 0.0, row[1] == slow, "{row:?}");
         assert!(row[1] != slow || round_trip >= 4000.0, "{row:?}: round trips under twice the delay");
-        let (model, bound) = row[9].split_once(' ').unwrap();
-        assert!(model.parse::<f64>().unwrap() > 0.0 && bound.starts_with('('), "{row:?}: the scale model's rate");
-        assert!(row[10].parse::<f64>().unwrap() > 0.0, "{row:?}: measured / model");
+        // A step's bytes through the delay line wait its round trip (4 ms) at least.
+        assert!(alone.iter().all(|&a| a > 0.0 && (row[1] != slow || a >= 4.0)), "{row:?}: a step's bytes alone");
+        let (model, busy) = row[11].split_once(' ').unwrap();
+        assert!(model.parse::<f64>().unwrap() > 0.0 && busy.starts_with('('), "{row:?}: the scale model's rate");
+        assert!(row[12].parse::<f64>().unwrap() > 0.0, "{row:?}: measured / model");
+    }
+    // Each model's costs projected to clusters: 10, 100 and 1,000 machines, a rate each.
+    let projected: Vec<&str> =
+        out.lines().filter(|l| l.starts_with("| 10 (2 + 8) |") || l.starts_with("| 1000 (200 + 800) |")).collect();
+    assert_eq!(projected.len(), 4, "{out}");
+    for row in projected {
+        let cells: Vec<&str> = row.split('|').map(str::trim).filter(|c| !c.is_empty()).collect();
+        let rate = |c: &str| c.trim_end_matches(" M").parse::<f64>().unwrap();
+        assert!(rate(cells[1]) > 0.0 && rate(cells[3]) > 0.0, "{row}");
     }
 }
 
