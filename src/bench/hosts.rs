@@ -296,7 +296,7 @@ fn run_job(
         dropped += hosts.dropped(i).map_err(|why| anyhow::anyhow!("counting lost packets: {why}"))?;
         shaper_drops += hosts.shaper_drops(i).map_err(|why| anyhow::anyhow!("counting shaper drops: {why}"))?;
     }
-    let timeouts = timeouts(hosts)? - timeouts_before;
+    let timeouts = timeouts(hosts)?.saturating_sub(timeouts_before);
     let alone = step_alone(hosts, config, delay, job, [bytes_to, bytes_from], trainer_cpu - trainer_kernel)?;
     Ok(HostsRun {
         seconds,

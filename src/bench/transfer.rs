@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::delay::{listen_in, DelayLine};
 use super::netns::enter_netns;
+
 /// Each probe's transfers: each way, this many times (medians).
 const REPEATS: usize = 3;
 
