@@ -109,16 +109,9 @@ enum Station {
     Cores { alone: f64, demand: f64, cores: f64, joins: f64 },
 }
 
-impl Station {
-    /// Visits ended a second with `j` in the station (cores only).
-    fn rate(&self, j: usize) -> f64 {
-        match *self {
-            Station::Cores { alone, demand, cores, .. } => {
-                (j as f64 / alone.max(f64::MIN_POSITIVE)).min(cores / demand.max(f64::MIN_POSITIVE))
-            }
-            Station::Queue { .. } => f64::INFINITY,
-        }
-    }
+/// Visits a cores station ends a second with `j` in it.
+fn cores_rate(alone: f64, demand: f64, cores: f64, j: usize) -> f64 {
+    (j as f64 / alone.max(f64::MIN_POSITIVE)).min(cores / demand.max(f64::MIN_POSITIVE))
 }
 
 /// 1 + 1/2 + ... + 1/n, for the largest of n waits.
@@ -134,18 +127,17 @@ pub fn predict(costs: &Costs, shape: &Shape) -> Prediction {
     let wire = shape.links.map_or(0.0, |[to, from]| to.alone + from.alone);
     // The share of the CPU that runs while the bytes are on the wire.
     let hidden = (costs.kernel_cpu * batch).min(wire) / cpu.max(f64::MIN_POSITIVE);
-    let mut stations = match shape.shared_cores {
-        Some(cores) => vec![Station::Cores { alone: cpu * (1.0 - hidden), demand: cpu, cores, joins: 1.0 }],
+    // The busiest cores' time per step, for their busy share.
+    let (mut stations, cores_per_step) = match shape.shared_cores {
+        Some(cores) => {
+            (vec![Station::Cores { alone: cpu * (1.0 - hidden), demand: cpu, cores, joins: 1.0 }], cpu / cores)
+        }
         None => {
             let own = costs.trainer_cpu * batch * (1.0 - hidden);
             let demand = costs.server_cpu * batch / shape.servers;
             let server = Station::Cores { alone: demand * (1.0 - hidden), demand, cores: shape.server_cores, joins };
-            vec![Station::Queue { delay: own, queue: 0.0, joins: 1.0 }, server]
+            (vec![Station::Queue { delay: own, queue: 0.0, joins: 1.0 }, server], demand / shape.server_cores)
         }
-    };
-    let cores_per_step = match stations.last() {
-        Some(Station::Cores { demand, cores, .. }) => demand / cores,
-        _ => 0.0,
     };
     let mut link_queues = [0.0; 2];
     if let Some(ways) = shape.links {
@@ -179,8 +171,9 @@ fn solve(stations: &[Station], customers: usize) -> f64 {
             .enumerate()
             .map(|(k, s)| match *s {
                 Station::Queue { delay, queue, joins } => delay + queue * (1.0 + joins * queued[k]),
-                Station::Cores { alone, joins, .. } => {
-                    let r: f64 = (1..=n).map(|j| j as f64 / s.rate(j) * chances[k][j - 1]).sum();
+                Station::Cores { alone, demand, cores, joins } => {
+                    let rate = |j| cores_rate(alone, demand, cores, j);
+                    let r: f64 = (1..=n).map(|j| j as f64 / rate(j) * chances[k][j - 1]).sum();
                     alone + joins * (r - alone).max(0.0)
                 }
             })
@@ -189,10 +182,10 @@ fn solve(stations: &[Station], customers: usize) -> f64 {
         for (k, s) in stations.iter().enumerate() {
             match *s {
                 Station::Queue { queue, .. } => queued[k] = throughput * queue * (1.0 + queued[k]),
-                Station::Cores { .. } => {
-                    let mut p: Vec<f64> = (0..=n)
-                        .map(|j| if j == 0 { 0.0 } else { throughput / s.rate(j) * chances[k][j - 1] })
-                        .collect();
+                Station::Cores { alone, demand, cores, .. } => {
+                    let rate = |j| cores_rate(alone, demand, cores, j);
+                    let mut p: Vec<f64> =
+                        (0..=n).map(|j| if j == 0 { 0.0 } else { throughput / rate(j) * chances[k][j - 1] }).collect();
                     // By subtraction, which rounding can take below 0 at full load.
                     p[0] = (1.0 - p[1..].iter().sum::<f64>()).max(0.0);
                     chances[k] = p;
