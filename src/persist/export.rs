@@ -168,7 +168,7 @@ pub struct ExportPlan {
 impl ExportPlan {
     /// The save due after pass `pass` (counted within the day), if any.
     pub fn due(&mut self, pass: u32, day_end: bool) -> Option<ExportKind> {
-        let delta = self.delta_every.is_some_and(|n| pass % n == 0);
+        let delta = self.delta_every.is_some_and(|n| pass.is_multiple_of(n));
         let kind = if day_end || (delta && !self.based) {
             ExportKind::Base
         } else if delta {

@@ -47,7 +47,7 @@ impl Layout {
         if lines(base + 1 + state) - (base + 1 + state) <= MAX_PAD {
             // Everything in whole lines.
             Layout { hot: lines(base + 1 + state), cold: 0, state_at: Some(base + 1), unseen_at: Some(base) }
-        } else if state > 0 && (base + state) % LINE_WORDS == 0 {
+        } else if state > 0 && (base + state).is_multiple_of(LINE_WORDS) {
             // The state fills the lines exactly; the unseen days go beside them.
             Layout { hot: base + state, cold: 0, state_at: Some(base), unseen_at: None }
         } else if lines(base + 1) - (base + 1) <= MAX_PAD {
@@ -446,7 +446,7 @@ mod tests {
         for id in 0..100 {
             rows.push(id);
         }
-        assert!((0..100).all(|r| rows.hot(r).as_ptr() as usize % 64 == 0));
+        assert!((0..100).all(|r| (rows.hot(r).as_ptr() as usize).is_multiple_of(64)));
     }
 
     #[test]
