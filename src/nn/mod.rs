@@ -28,9 +28,12 @@ pub const MAX_FIELDS: usize = 1 << 16;
 /// Most floats one tensor holds per sample (64 MiB).
 pub const MAX_TENSOR_FLOATS: usize = 1 << 24;
 
+#[cfg(target_arch = "x86_64")]
+pub mod bf16;
 pub mod layer;
 pub mod layers;
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::table::{DenseParam, Init};
@@ -42,6 +45,74 @@ use crate::table::{DenseParam, Init};
 static MATMUL_NANOS: AtomicU64 = AtomicU64::new(0);
 static MATMUL_FLOPS: AtomicU64 = AtomicU64::new(0);
 
+/// What a matrix product's operands are rounded to; sums are f32 in both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// f32 operands (the default).
+    #[default]
+    #[serde(alias = "fp32", alias = "float32")]
+    F32,
+    /// bf16 operands, f32 sums: `vdpbf16ps` where the CPU has AVX512_BF16.
+    #[serde(alias = "bfloat16")]
+    Bf16,
+}
+
+impl Precision {
+    /// The precision named `name` (`f32`, `fp32`, `float32`; `bf16`, `bfloat16`).
+    pub fn parse(name: &str) -> Result<Precision, String> {
+        match name {
+            "f32" | "fp32" | "float32" => Ok(Precision::F32),
+            "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            other => Err(format!("unknown precision {other:?} (f32, bf16)")),
+        }
+    }
+
+    /// The precision's name in a job file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// `self`, or f32 where the CPU cannot multiply bf16 (then `Err` says so, for a warning).
+    pub fn on_this_cpu(self) -> Result<Precision, String> {
+        if self == Precision::F32 || bf16_available() {
+            Ok(self)
+        } else {
+            Err("precision = \"bf16\" needs a CPU with avx512_bf16; this one has none, so products stay f32".into())
+        }
+    }
+}
+
+/// Whether this CPU has bf16 products (AVX512_BF16).
+pub fn bf16_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return bf16::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
+}
+
+thread_local! {
+    /// The precision of this thread's products: set around a training step by
+    /// [`with_precision`], so evaluation, prediction and serving stay f32 whatever a job trains in.
+    static PRECISION: Cell<Precision> = const { Cell::new(Precision::F32) };
+}
+
+/// Runs `f` with this thread's matrix products at `precision` (bf16 only where
+/// [`bf16_available`]), then restores the thread's previous precision.
+pub fn with_precision<R>(precision: Precision, f: impl FnOnce() -> R) -> R {
+    struct Restore(Precision);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PRECISION.set(self.0);
+        }
+    }
+    let _restore = Restore(PRECISION.replace(precision));
+    f()
+}
+
 /// Seconds spent in [`matmul`] so far by all the process's threads, and the floating-point
 /// operations done (2 m n k a call).
 pub fn matmul_totals() -> (f64, u64) {
@@ -49,7 +120,7 @@ pub fn matmul_totals() -> (f64, u64) {
 }
 
 /// `dst (m x n) = [dst +] a (m x k) * b (k x n)`; `a` and `b` are given with (row, column)
-/// strides, so transposes cost nothing.
+/// strides, so transposes cost nothing. In bf16 inside [`with_precision`] where the CPU has it.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     m: usize,
@@ -75,7 +146,30 @@ pub fn matmul(
         return;
     }
     let started = std::time::Instant::now();
-    // SAFETY: the asserts above keep every index gemm computes from the given sizes and strides
+    if PRECISION.get() == Precision::Bf16 && bf16_available() {
+        #[cfg(target_arch = "x86_64")]
+        bf16::matmul(m, n, k, dst, accumulate, a, a_strides, b, b_strides);
+    } else {
+        gemm_f32(m, n, k, dst, accumulate, a, a_strides, b, b_strides);
+    }
+    MATMUL_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+    MATMUL_FLOPS.fetch_add(2 * (m * n * k) as u64, Relaxed);
+}
+
+/// [`matmul`] in f32 by the `gemm` crate, once the sizes are checked.
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    accumulate: bool,
+    a: &[f32],
+    a_strides: (usize, usize),
+    b: &[f32],
+    b_strides: (usize, usize),
+) {
+    // SAFETY: `matmul`'s asserts keep every index gemm computes from the given sizes and strides
     // inside the three slices; dst does not alias a or b (it is a distinct &mut).
     unsafe {
         gemm::gemm(
@@ -100,8 +194,6 @@ pub fn matmul(
             gemm::Parallelism::None,
         );
     }
-    MATMUL_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
-    MATMUL_FLOPS.fetch_add(2 * (m * n * k) as u64, Relaxed);
 }
 
 /// `y = x W + b`, with `W` (input x output) and `b` stored in the flat parameter vector.
@@ -344,6 +436,24 @@ mod tests {
         assert_eq!(c, [26.0, 30.0, 38.0, 44.0]);
         matmul(2, 2, 2, &mut c, true, &a, (2, 1), &b, (2, 1));
         assert_eq!(c, [26.0 + 19.0, 30.0 + 22.0, 38.0 + 43.0, 44.0 + 50.0]);
+    }
+
+    #[test]
+    fn bf16_products_happen_inside_with_precision_alone_and_where_the_cpu_has_them() {
+        assert_eq!(Precision::parse("bfloat16"), Ok(Precision::Bf16));
+        assert_eq!(Precision::parse("fp32"), Ok(Precision::F32));
+        assert_eq!(Precision::parse("fp8"), Err("unknown precision \"fp8\" (f32, bf16)".into()));
+        assert_eq!(Precision::Bf16.on_this_cpu().is_ok(), bf16_available());
+        // 1 + 2^-10 is 1 in bf16.
+        let product = || {
+            let mut c = [0.0f32];
+            matmul(1, 1, 1, &mut c, false, &[1.0 + 1.0 / 1024.0], (1, 1), &[1.0], (1, 1));
+            c[0]
+        };
+        let bf16 = with_precision(Precision::Bf16, || (product(), with_precision(Precision::F32, product)));
+        let rounded = if bf16_available() { 1.0 } else { 1.0 + 1.0 / 1024.0 };
+        assert_eq!(bf16, (rounded, 1.0 + 1.0 / 1024.0), "nested f32 stays f32");
+        assert_eq!(product(), 1.0 + 1.0 / 1024.0, "the thread's precision is restored");
     }
 
     #[test]
