@@ -97,6 +97,7 @@ pub(super) fn local_config(
         sync_dense_parts: 1,
         geo_k_steps: job.train.geo_k_steps,
         clip_grad_norm: job.train.clip_grad_norm,
+        precision: job.train.precision,
         delta_every: None,
         online: None,
     })

@@ -254,6 +254,10 @@ pub(super) struct JobArgs {
     /// [default: no clip].
     #[arg(long, env = "OAR_CLIP_GRAD_NORM")]
     pub(super) clip_grad_norm: Option<f32>,
+    /// The matrix products' operands in training: f32, or bf16 (bf16 operands, f32 sums; needs
+    /// a CPU with avx512_bf16, f32 with a warning elsewhere) [default: the job file's, f32].
+    #[arg(long, env = "OAR_PRECISION", value_parser = crate::nn::Precision::parse)]
+    pub(super) precision: Option<crate::nn::Precision>,
     /// Online training: a folder of day folders (YYYYMMDD/part-*, e.g. from `oar gen stream`)
     /// trained day after day by the same processes, instead of --train.
     #[arg(long, env = "OAR_ONLINE")]
@@ -360,6 +364,7 @@ impl JobArgs {
         if self.clip_grad_norm.is_some() {
             t.clip_grad_norm = self.clip_grad_norm;
         }
+        set(&mut t.precision, self.precision);
         if self.delta_every.is_some() {
             t.delta_every = self.delta_every;
         }

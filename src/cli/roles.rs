@@ -500,6 +500,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         sync_dense_parts: job.train.sync_dense_parts(trainers)?,
         geo_k_steps: job.train.geo_k_steps,
         clip_grad_norm: job.train.clip_grad_norm,
+        precision: job.train.precision,
         delta_every: job.train.delta_every,
         recover: a.recover_timeout.map(|s| super::limits::seconds("recover-timeout", s)).transpose()?,
         positions: a.position_dir,

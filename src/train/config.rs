@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::DataConfig;
 use crate::model::ModelConfig;
+use crate::nn::Precision;
 use crate::protocol::Mode;
 use crate::table::Optimizer;
 
@@ -109,6 +110,10 @@ pub struct TrainConfig {
     /// Clip each step's mean gradient to this L2 norm (see [`crate::train::job_config::TrainSettings`]).
     #[serde(default)]
     pub clip_grad_norm: Option<f32>,
+    /// The matrix products' operands in training (see
+    /// [`crate::train::job_config::TrainSettings::precision`]).
+    #[serde(default)]
+    pub precision: Precision,
     /// Save the tables for serving every this many passes (see
     /// [`crate::train::job_config::TrainSettings::delta_every`]).
     #[serde(default)]

@@ -44,6 +44,9 @@ fn checked(
     from: Option<&StartModel>,
 ) -> anyhow::Result<(Model, Schema, TableSpec)> {
     config.validate()?;
+    if let Err(why) = config.precision.on_this_cpu() {
+        tracing::warn!("{why}");
+    }
     let (model, schema) = crate::train::job_config::build_model(&config.model, &config.data, registry)?;
     model.check_memory(config.batch_size, config.threads).map_err(anyhow::Error::msg)?;
     model.check_delay(config.delay).map_err(anyhow::Error::msg)?;

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{DataConfig, Schema};
 use crate::model::{Input, Model, ModelConfig, Registry};
+use crate::nn::Precision;
 use crate::table::Optimizer;
 
 /// The default of `TrainConfig::sync_warmup`.
@@ -94,6 +95,10 @@ pub struct TrainSettings {
     /// embedding rows together) is at most this (PaddlePaddle's `ClipGradByGlobalNorm`, applied
     /// per trainer batch as in its parameter-server mode); `None`: no clip.
     pub clip_grad_norm: Option<f32>,
+    /// The matrix products' operands in training: `f32`, or `bf16` (bf16 operands, f32 sums,
+    /// on CPUs with AVX512_BF16; f32 with a warning elsewhere). The weights, the optimizers and
+    /// evaluation stay f32.
+    pub precision: Precision,
     /// Save the tables for serving every this many passes (Paddle's `save_delta_frequency`):
     /// a delta, or a base when none was saved yet; needs an output folder. `None`: no such saves.
     pub delta_every: Option<u32>,
@@ -134,6 +139,7 @@ impl Default for TrainSettings {
             sync_dense_batch: None,
             geo_k_steps: DEFAULT_GEO_K_STEPS,
             clip_grad_norm: None,
+            precision: Precision::F32,
             delta_every: None,
             online: None,
             days: None,

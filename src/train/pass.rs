@@ -241,7 +241,8 @@ impl PassLoop<'_> {
                 let Some((p, version, step, number)) = next else { break };
                 let t1 = Instant::now();
                 let (params, rows) = comms.params();
-                let (loss, heads) = compute(model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
+                let (loss, heads) =
+                    compute(c.precision, model, params, &p.batch, &p.lookups, rows, step, &mut replicas);
                 let t2 = Instant::now();
                 let n = p.batch.len();
                 if c.clip_grad_norm.is_some_and(|max| clip(&mut replicas[0], n, max, &stats)) {

@@ -4,6 +4,7 @@
 use super::store::Lookups;
 use crate::base::batch::Batch;
 use crate::model::{Grads, Model, Work};
+use crate::nn::{with_precision, Precision};
 
 /// One data-parallel replica's buffers.
 #[derive(Default)]
@@ -51,8 +52,11 @@ pub type HeadOutputs = Vec<(f64, Vec<f32>)>;
 
 /// Forward/backward of `batch` (step `step`) split over the replicas; `rows[t]` holds table
 /// `t`'s rows of the batch's unique ids. Leaves the summed gradients in replica 0 and returns
-/// the summed (head-weighted) loss and each head's loss and predictions.
+/// the summed (head-weighted) loss and each head's loss and predictions. Matrix products are
+/// at `precision` (see [`crate::nn::with_precision`]).
+#[allow(clippy::too_many_arguments)]
 pub fn compute(
+    precision: Precision,
     model: &Model,
     params: &[f32],
     batch: &Batch,
@@ -78,14 +82,8 @@ pub fn compute(
                 t
             })
             .collect();
-        model.train_step(
-            params,
-            part,
-            &tables,
-            step,
-            &mut r.work,
-            Grads { dense: &mut r.grads, rows: &mut r.row_grads },
-        )
+        let grads = Grads { dense: &mut r.grads, rows: &mut r.row_grads };
+        with_precision(precision, || model.train_step(params, part, &tables, step, &mut r.work, grads))
     };
     let losses: Vec<f64> = if parts == 1 {
         vec![run(&mut replicas[0], batch, 0..batch.ids.len())]

@@ -554,3 +554,38 @@ fn the_reference_man_pages_and_completions_come_from_the_command_line_itself() {
         assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(mark), "{shell}");
     }
 }
+
+/// `precision` (`[train] precision`, `--precision`, `OAR_PRECISION`): bf16 trains with bf16
+/// products where the CPU has them and in f32 with a warning that says why elsewhere, to the
+/// same model either way (as `oar train` and as the job file say); an unknown name is one
+/// error line, from the flag and from the file.
+#[test]
+fn precision_bf16_trains_from_the_flag_or_the_file_and_an_unknown_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 300, 0);
+    let train = train.to_str().unwrap();
+    let file = dir.path().join("job.toml");
+    let run = |args: &[&str], out: &str| {
+        let out = dir.path().join(out);
+        let o = oar(
+            &[&["train", "--train", train, "--batch-size", "64", "--output", out.to_str().unwrap()], args].concat()
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let warned = String::from_utf8_lossy(&o.stderr).contains("needs a CPU with avx512_bf16");
+        assert_eq!(warned, !oar::nn::bf16_available(), "{}", text(&o));
+        let model = load_params(&out);
+        (model.dense, model.rows)
+    };
+    std::fs::write(&file, "[train]\nprecision = \"bf16\"\n").unwrap();
+    let from_file = run(&["--config", file.to_str().unwrap()], "file");
+    let from_flag = run(&["--precision", "bf16"], "flag");
+    assert_eq!(from_file, from_flag, "the file's bf16 and the flag's train the same model");
+    let bad = oar(&["train", "--train", train, "--precision", "fp8"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert!(text(&bad).contains("unknown precision \"fp8\" (f32, bf16)"), "{}", text(&bad));
+    std::fs::write(&file, "[train]\nprecision = \"fp8\"\n").unwrap();
+    let bad = oar(&["train", "--train", train, "--config", file.to_str().unwrap()]);
+    assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("job.toml:2:") && err.contains("unknown variant `fp8`") && err.lines().count() == 1, "{err}");
+}

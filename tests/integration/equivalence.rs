@@ -89,17 +89,41 @@ fn sync_equals_local_on(
     let train = train.to_path_buf();
     let dir = tempfile::tempdir_in(dir).unwrap();
     sync_run_model(2, &train, &dir.path().join("dist"), 1, None, model);
+    assert_same_params(&load_params(&dir.path().join("dist")), &local_run(model, dir.path(), &train), rel);
+}
 
+/// Local training of `train`'s two parts interleaved, at batch 2B (what sync 2 x B equals),
+/// working in a new folder in `dir`; returns the model.
+fn local_run(model: &dyn Fn(&mut oar::train::TrainConfig), dir: &std::path::Path, train: &std::path::Path) -> Params {
+    let dir = tempfile::tempdir_in(dir).unwrap();
     let local_train = dir.path().join("local-data");
-    interleave(&train, &local_train);
+    interleave(train, &local_train);
     let mut c = train_config(Mode::Local, &[], 0, 1, &local_train);
     model(&mut c);
     c.batch_size = 2 * B;
     c.output = Some(dir.path().join("local"));
     let report = oar::train::run(&c, &|_, _| {}).unwrap();
     assert_eq!(report.samples, 2 * STEPS * B as u64);
+    load_params(&dir.path().join("local"))
+}
 
-    assert_same_params(&load_params(&dir.path().join("dist")), &load_params(&dir.path().join("local")), rel);
+/// bf16 products (`precision = "bf16"`): sync 2 x B equals local 2B as closely as in f32 (both
+/// round the same operands to bf16; only the order of the f32 sums differs), and the model is
+/// not the f32 one, so the products really were bf16.
+#[test]
+fn sync_2x2_equals_local_in_bf16_and_differs_from_f32() {
+    if !oar::nn::bf16_available() {
+        eprintln!("skipped: this CPU has no avx512_bf16 (bf16 products fall back to f32)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 2, STEPS * B as u64, 10);
+    let bf16 = |c: &mut oar::train::TrainConfig| c.precision = oar::nn::Precision::Bf16;
+    sync_equals_local_on(&bf16, 1e-5, dir.path(), &train);
+    let (half, full) = (local_run(&bf16, dir.path(), &train), local_run(&|_| {}, dir.path(), &train));
+    let moved =
+        half.dense.iter().zip(&full.dense).filter(|(h, f)| (*h - *f).abs() > 1e-5 * h.abs().max(f.abs())).count();
+    assert!(moved * 10 > full.dense.len(), "bf16 moved only {moved} of {} dense values", full.dense.len());
 }
 
 /// The zoo's job file `name`'s model (with its own optimizers' kinds, the sparse one given the

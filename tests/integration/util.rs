@@ -142,6 +142,7 @@ pub fn train_config(
         sync_dense_parts: 1,
         geo_k_steps: oar::train::job_config::DEFAULT_GEO_K_STEPS,
         clip_grad_norm: None,
+        precision: Default::default(),
         delta_every: None,
         online: None,
     }
