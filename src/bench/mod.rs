@@ -257,6 +257,7 @@ pub mod blas;
 pub mod delay;
 pub mod hosts;
 pub mod netns;
+pub mod peak;
 pub mod quality;
 pub mod recovery;
 pub mod roofline;

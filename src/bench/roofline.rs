@@ -13,13 +13,18 @@
 //!     time, its time on the server's replies (counted by the client) split into the server's
 //!     handling of them (counted by the server) and the transport.
 //!
-//! The CPU's name and whether it has bf16 products (AVX512_BF16, AMX-BF16) head the output.
+//! The CPU's name, whether it has bf16 products (AVX512_BF16, which oar uses; AMX-BF16 is
+//! named, not used) and one core's arithmetic peak in f32 and bf16 ([`super::peak`]) head the
+//! output; OpenBLAS is told this CPU's kernel family where it would not know it. Where the CPU
+//! has bf16 products, (1) times oar's kernel in bf16 too and (2) trains in bf16 too
+//! (`precision = "bf16"`).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use super::blas::Blas;
 use super::median;
+use crate::nn::Precision;
 use crate::train::job_config::JobConfig;
 
 /// Most rows a step `--roofline` times (its operands then take about 1 GiB).
@@ -94,6 +99,25 @@ fn cpu() -> (String, Vec<String>) {
     (field("model name"), have)
 }
 
+/// Names OpenBLAS's kernels for this CPU's widest vectors (`OPENBLAS_CORETYPE`) unless the
+/// user did: OpenBLAS picks them by the CPU's model number, and one it does not know (0.3.21 on
+/// a recent Xeon) gets its SSE3 "Prescott" kernels, a reference 4x slower than it can be. Runs
+/// before the library is loaded, which reads the variable, and before any thread starts.
+fn pick_openblas_kernels(flags: &[String]) {
+    if std::env::var_os("OPENBLAS_CORETYPE").is_some() {
+        return;
+    }
+    let has = |f: &str| flags.iter().any(|g| g == f);
+    let core = if has("avx512f") {
+        "SkylakeX"
+    } else if has("avx2") && has("fma") {
+        "Haswell"
+    } else {
+        return;
+    };
+    std::env::set_var("OPENBLAS_CORETYPE", core);
+}
+
 /// Seconds per call of `f`, over as many calls as fill `seconds` (at least 3, after one to
 /// warm the caches).
 fn per_call(seconds: f64, mut f: impl FnMut()) -> f64 {
@@ -121,59 +145,81 @@ impl Operands {
         Operands { a: fill(p.m * p.k, 1), b: fill(p.k * p.n, 2), dst: vec![0.0; p.m * p.n] }
     }
 
-    fn oar(&mut self, p: &Product) {
-        let sa = if p.ta { (1, p.m) } else { (p.k, 1) };
-        let sb = if p.tb { (1, p.k) } else { (p.n, 1) };
-        crate::nn::matmul(p.m, p.n, p.k, &mut self.dst, true, &self.a, sa, &self.b, sb);
-    }
-
-    fn blas(&mut self, blas: &Blas, p: &Product) {
-        blas.sgemm(p.m, p.n, p.k, &mut self.dst, &self.a, p.ta, &self.b, p.tb);
+    fn run(&mut self, kernel: Kernel, p: &Product) {
+        match kernel {
+            Kernel::Oar(precision) => {
+                let sa = if p.ta { (1, p.m) } else { (p.k, 1) };
+                let sb = if p.tb { (1, p.k) } else { (p.n, 1) };
+                crate::nn::with_precision(precision, || {
+                    crate::nn::matmul(p.m, p.n, p.k, &mut self.dst, true, &self.a, sa, &self.b, sb)
+                });
+            }
+            Kernel::Reference(blas) => blas.sgemm(p.m, p.n, p.k, &mut self.dst, &self.a, p.ta, &self.b, p.tb),
+        }
     }
 }
 
-/// One product's medians: seconds a call with oar's kernel and with the reference, and the
-/// median of the rounds' oar / reference speed ratios.
+/// Who multiplies: oar's kernel at a precision, or the reference BLAS (f32).
+#[derive(Clone, Copy)]
+enum Kernel<'a> {
+    Oar(Precision),
+    Reference(&'a Blas),
+}
+
+/// One product's medians: seconds a call with oar's kernel in f32, in bf16 (where the CPU has
+/// it) and with the reference, and the medians of the rounds' bf16 / f32 and oar / reference
+/// speed ratios.
 struct Timed {
     oar: f64,
+    bf16: Option<f64>,
+    bf16_ratio: Option<f64>,
     blas: Option<f64>,
     ratio: Option<f64>,
 }
 
-fn time_products(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product]) -> Vec<Timed> {
+/// The median of `v`, if it holds any.
+fn median_of(v: Vec<f64>) -> Option<f64> {
+    (!v.is_empty()).then(|| median(v))
+}
+
+fn time_products(config: &RooflineConfig, blas: Option<&Blas>, bf16: bool, products: &[Product]) -> Vec<Timed> {
     products
         .iter()
         .map(|p| {
             let mut ops = Operands::new(p);
-            let (mut oar, mut reference, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let mut time = |kernel: Kernel| per_call(config.seconds, || ops.run(kernel, p));
+            let (mut oar, mut half, mut reference) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..config.rounds {
-                let t = per_call(config.seconds, || ops.oar(p));
-                oar.push(t);
+                oar.push(time(Kernel::Oar(Precision::F32)));
+                if bf16 {
+                    half.push(time(Kernel::Oar(Precision::Bf16)));
+                }
                 if let Some(b) = blas {
-                    let r = per_call(config.seconds, || ops.blas(b, p));
-                    reference.push(r);
-                    ratios.push(r / t);
+                    reference.push(time(Kernel::Reference(b)));
                 }
             }
-            let blas = (!reference.is_empty()).then(|| median(reference));
-            Timed { oar: median(oar), blas, ratio: (!ratios.is_empty()).then(|| median(ratios)) }
+            let ratios = |v: &[f64]| median_of(v.iter().zip(&oar).map(|(other, oar)| other / oar).collect());
+            let (bf16_ratio, ratio) = (ratios(&half).map(|r| 1.0 / r), ratios(&reference));
+            Timed { oar: median(oar), bf16: median_of(half), bf16_ratio, blas: median_of(reference), ratio }
         })
         .collect()
 }
 
-/// A step's matrix products in FLOP/s, with oar's kernel and with the reference (if any).
+/// A step's matrix products in FLOP/s, with oar's kernel in f32 and in bf16 (where the CPU
+/// has it), and with the reference (if any).
 #[derive(Clone, Copy)]
 struct Peak {
     oar: f64,
+    bf16: Option<f64>,
     reference: Option<f64>,
 }
 
 /// The step's products on `threads` threads at once, each thread a whole step of its own on
 /// operands of its own (as a trainer's replicas run), in FLOP/s over all threads: oar's kernel
-/// and the reference in alternating rounds (medians).
-fn all_cores(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product], threads: usize) -> Peak {
+/// (f32, and bf16 where `bf16`) and the reference in alternating rounds (medians).
+fn all_cores(config: &RooflineConfig, blas: Option<&Blas>, bf16: bool, products: &[Product], threads: usize) -> Peak {
     let flops: f64 = products.iter().map(Product::flops).sum();
-    let at_once = |blas: Option<&Blas>| {
+    let at_once = |kernel: Kernel| {
         std::thread::scope(|s| {
             let each: Vec<_> = (0..threads)
                 .map(|_| {
@@ -181,10 +227,7 @@ fn all_cores(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product],
                         let mut ops: Vec<Operands> = products.iter().map(Operands::new).collect();
                         let step = per_call(config.seconds, || {
                             for (p, o) in products.iter().zip(&mut ops) {
-                                match blas {
-                                    Some(b) => o.blas(b, p),
-                                    None => o.oar(p),
-                                }
+                                o.run(kernel, p);
                             }
                         });
                         flops / step
@@ -194,57 +237,76 @@ fn all_cores(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product],
             each.into_iter().map(|h| h.join().unwrap_or(0.0)).sum::<f64>()
         })
     };
-    let (mut oar, mut reference) = (Vec::new(), Vec::new());
+    let (mut oar, mut half, mut reference) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..config.rounds {
-        oar.push(at_once(None));
+        oar.push(at_once(Kernel::Oar(Precision::F32)));
+        if bf16 {
+            half.push(at_once(Kernel::Oar(Precision::Bf16)));
+        }
         if let Some(b) = blas {
-            reference.push(at_once(Some(b)));
+            reference.push(at_once(Kernel::Reference(b)));
         }
     }
-    Peak { oar: median(oar), reference: (!reference.is_empty()).then(|| median(reference)) }
+    Peak { oar: median(oar), bf16: median_of(half), reference: median_of(reference) }
 }
 
 /// Prints (1); returns the step's peaks on one thread and on every core (`cores`).
 fn kernels(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product], cores: usize) -> (Peak, Peak) {
+    let bf16 = crate::nn::bf16_available();
     println!(
-        "(1) fp32 matrix products of one CTR-DNN training step at {} rows, one thread (medians of {} alternating rounds)",
-        config.batch, config.rounds
+        "(1) matrix products of one CTR-DNN training step at {} rows, one thread (medians of {} alternating rounds){}",
+        config.batch,
+        config.rounds,
+        if bf16 { "" } else { "; no bf16 column: this CPU has no avx512_bf16" }
     );
-    println!("| product | m x k x n | oar GFLOP/s | reference GFLOP/s | oar / reference |");
-    println!("|---|---|---|---|---|");
-    let timed = time_products(config, blas, products);
+    println!(
+        "| product | m x k x n | oar GFLOP/s | oar bf16 GFLOP/s | bf16 / f32 | reference GFLOP/s | oar / reference |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let timed = time_products(config, blas, bf16, products);
     let gflops = |p: &Product, t: f64| p.flops() / t / 1e9;
     let show = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
+    let ratio = |v: Option<f64>| show(v, &|r| format!("{r:.2}"));
     for (p, t) in products.iter().zip(&timed) {
+        let rate = |v: Option<f64>| show(v, &|t| format!("{:.1}", gflops(p, t)));
         println!(
-            "| {} | {} x {} x {} | {:.1} | {} | {} |",
+            "| {} | {} x {} x {} | {:.1} | {} | {} | {} | {} |",
             p.name,
             p.m,
             p.k,
             p.n,
             gflops(p, t.oar),
-            show(t.blas, &|b| format!("{:.1}", gflops(p, b))),
-            show(t.ratio, &|r| format!("{r:.2}"))
+            rate(t.bf16),
+            ratio(t.bf16_ratio),
+            rate(t.blas),
+            ratio(t.ratio)
         );
     }
     let flops: f64 = products.iter().map(Product::flops).sum();
-    let oar = flops / timed.iter().map(|t| t.oar).sum::<f64>();
-    let reference = blas.map(|_| flops / timed.iter().filter_map(|t| t.blas).sum::<f64>());
+    let step = |pick: &dyn Fn(&Timed) -> Option<f64>| {
+        let times: Option<Vec<f64>> = timed.iter().map(pick).collect();
+        times.map(|t| flops / t.iter().sum::<f64>())
+    };
+    let one =
+        Peak { oar: step(&|t| Some(t.oar)).unwrap_or(0.0), bf16: step(&|t| t.bf16), reference: step(&|t| t.blas) };
+    let giga = |v: Option<f64>| show(v, &|r| format!("{:.1}", r / 1e9));
     println!(
-        "| the step ({:.2} MFLOP a sample) | | {:.1} | {} | {} |",
+        "| the step ({:.2} MFLOP a sample) | | {:.1} | {} | {} | {} | {} |",
         flops / config.batch as f64 / 1e6,
-        oar / 1e9,
-        show(reference, &|r| format!("{:.1}", r / 1e9)),
-        show(reference, &|r| format!("{:.2}", oar / r))
+        one.oar / 1e9,
+        giga(one.bf16),
+        ratio(one.bf16.map(|h| h / one.oar)),
+        giga(one.reference),
+        ratio(one.reference.map(|r| one.oar / r))
     );
-    let one = Peak { oar, reference };
     if cores < 2 {
         return (one, one);
     }
-    let all = all_cores(config, blas, products, cores);
+    let all = all_cores(config, blas, bf16, products, cores);
     println!(
-        "    on {cores} threads at once, a step each (the machine's peak at these shapes): oar {:.1} GFLOP/s{}",
+        "    on {cores} threads at once, a step each (the machine's peak at these shapes): oar {:.1} GFLOP/s{}{}",
         all.oar / 1e9,
+        all.bf16.map_or(String::new(), |h| format!(", in bf16 {:.1} (bf16 / f32 {:.2})", h / 1e9, h / all.oar)),
         all.reference.map_or(String::new(), |r| format!(
             ", the reference {:.1} (oar / reference {:.2})",
             r / 1e9,
@@ -254,27 +316,38 @@ fn kernels(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product], c
     (one, all)
 }
 
-/// Prints (2): local training on `threads` threads (no test set: the counters hold the
-/// training loop's products alone), its matrix products' FLOP/s against the peaks, and (one
-/// thread) where a step's time went.
-fn training(job: &JobConfig, data: &std::path::Path, threads: usize, peak: Peak) -> anyhow::Result<()> {
-    let config = crate::train::TrainConfig {
-        test_files: Vec::new(),
-        ..super::training::local_config(data, threads, job.clone())?
-    };
+/// Prints (2): local training on `threads` threads at `precision` (no test set: the counters
+/// hold the training loop's products alone), its matrix products' FLOP/s against the peaks, and
+/// (one thread) where a step's time went.
+fn training(
+    job: &JobConfig,
+    data: &std::path::Path,
+    threads: usize,
+    precision: Precision,
+    peak: Peak,
+) -> anyhow::Result<()> {
+    let mut job = job.clone();
+    job.train.precision = precision;
+    let config =
+        crate::train::TrainConfig { test_files: Vec::new(), ..super::training::local_config(data, threads, job)? };
     let (seconds0, flops0) = crate::nn::matmul_totals();
     let r = crate::train::run(&config, &|_, _| {})?;
     let (seconds1, flops1) = crate::nn::matmul_totals();
     let (in_matmul, flops) = ((seconds1 - seconds0) / threads as f64, (flops1 - flops0) as f64);
     let rate = flops / r.train_seconds;
     let share = |peak: f64| format!("{:.0}%", 100.0 * rate / peak);
+    let (kernel, reference) = match precision {
+        Precision::Bf16 => (peak.bf16.unwrap_or(peak.oar), None),
+        Precision::F32 => (peak.oar, peak.reference),
+    };
     println!(
-        "    {threads} thread(s): {:.0} samples/s in the training loop, {:.2} MFLOP of matrix products a sample (counted); {:.1} GFLOP/s over the loop's time = {} of oar's kernel{}",
+        "    {threads} thread(s), {}: {:.0} samples/s in the training loop, {:.2} MFLOP of matrix products a sample (counted); {:.1} GFLOP/s over the loop's time = {} of oar's kernel{}",
+        precision.name(),
         r.samples as f64 / r.train_seconds,
         flops / r.samples.max(1) as f64 / 1e6,
         rate / 1e9,
-        share(peak.oar),
-        peak.reference.map_or(String::new(), |p| format!(", {} of the reference", share(p)))
+        share(kernel),
+        reference.map_or(String::new(), |p| format!(", {} of the reference", share(p)))
     );
     if threads == 1 {
         let t = &r.time;
@@ -350,12 +423,23 @@ pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
         "--roofline takes --batch 1 to {MAX_BATCH} and --rounds 1 to 1000"
     );
     let (name, flags) = cpu();
-    let bf16 = flags.iter().any(|f| f.contains("bf16"));
     println!(
         "CPU: {name} ({}); bf16 products: {}",
         flags.join(" "),
-        if bf16 { "available" } else { "not on this CPU (no avx512_bf16 or amx_bf16), fp32 only" }
+        if crate::nn::bf16_available() { "available" } else { "not on this CPU (no avx512_bf16), f32 only" }
     );
+    let fma = super::peak::f32_fma(config.seconds);
+    let dot = super::peak::bf16_dot(config.seconds);
+    println!(
+        "one core's arithmetic peak (independent operations on registers): f32 FMA {:.1} GFLOP/s{}",
+        fma / 1e9,
+        dot.map_or(String::new(), |d| format!(
+            ", bf16 pair products {:.1} GFLOP/s (bf16 / f32 {:.2})",
+            d / 1e9,
+            d / fma
+        ))
+    );
+    pick_openblas_kernels(&flags);
     let blas = match Blas::load(&config.blas) {
         Ok(b) => {
             b.set_threads(1);
@@ -377,9 +461,12 @@ pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
     let tmp = std::env::temp_dir().join(format!("oar-roofline-{}", std::process::id()));
     println!("(2) the CTR-DNN trained locally at batch {}, its matrix products against (1)'s step", config.batch);
     let data = super::bench_data(config.data.as_deref(), config.lines, 2, &tmp)?;
-    training(&job, &data, 1, one)?;
-    if cores > 1 {
-        training(&job, &data, cores, all)?;
+    let bf16 = crate::nn::bf16_available().then_some(Precision::Bf16);
+    for precision in std::iter::once(Precision::F32).chain(bf16) {
+        training(&job, &data, 1, precision, one)?;
+        if cores > 1 {
+            training(&job, &data, cores, precision, all)?;
+        }
     }
     println!("(3) the same on 1 server x 1 trainer over loopback (async, 1 thread, pulls in line)");
     distributed(&job, &data)?;

@@ -20,11 +20,26 @@ fn the_roofline_counts_the_models_flops_and_splits_a_step() {
     assert!(out.starts_with("CPU: ") && out.contains("bf16 products: "), "{out}");
     let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| fc")).collect();
     assert_eq!(rows.len(), 12, "forward, dW and dx of 4 layers: {out}");
+    // Columns: product, shape, oar f32, oar bf16, bf16 / f32, reference, oar / reference.
+    let cells = |row: &str, at: std::ops::Range<usize>| -> Vec<String> {
+        row.split('|').map(str::trim).skip(1).skip(at.start).take(at.len()).map(String::from).collect()
+    };
     let with_reference = !out.contains("reference BLAS: none");
     if with_reference {
-        assert!(rows.iter().all(|r| !r.contains("| - |")), "every product has the reference's rate: {out}");
+        assert!(
+            rows.iter().all(|r| cells(r, 5..7).iter().all(|c| c != "-")),
+            "every product has the reference's rate: {out}"
+        );
     } else {
         eprintln!("no reference BLAS here (apt install libopenblas0): oar's column alone");
+    }
+    // bf16 products are timed exactly where the CPU has them, and the peaks line says so.
+    let bf16 = out.contains("bf16 products: available");
+    assert!(rows.iter().all(|r| cells(r, 3..5).iter().all(|c| (c != "-") == bf16)), "{out}");
+    let peaks = out.lines().find(|l| l.starts_with("one core's arithmetic peak")).unwrap();
+    assert!(number_after(peaks, "f32 FMA ") > 0.0 && peaks.contains("bf16 pair products") == bf16, "{peaks}");
+    if !bf16 {
+        eprintln!("no avx512_bf16 here: the bf16 columns are empty");
     }
     // The step's products a sample, from the shapes, equal what the counters saw in training.
     let step = out.lines().find(|l| l.starts_with("| the step (")).unwrap();
