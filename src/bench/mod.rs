@@ -258,6 +258,7 @@ pub mod delay;
 pub mod hosts;
 pub mod netns;
 pub mod peak;
+pub mod precision;
 pub mod quality;
 pub mod recovery;
 pub mod roofline;

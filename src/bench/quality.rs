@@ -37,6 +37,9 @@ pub struct QualityConfig {
     /// Instead of the 2x2 table: async at these trainer counts, the dense parameters async
     /// and synchronous (`sync_dense`), against local ([`super::trainers`]).
     pub many_trainers: Vec<usize>,
+    /// Instead of the 2x2 table: bf16 products against f32, local and async 2x2
+    /// ([`super::precision`]).
+    pub bf16: bool,
 }
 
 /// One pairing of local, sync, async and GEO runs.
@@ -142,6 +145,9 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
     );
     if !config.many_trainers.is_empty() {
         return super::trainers::run(config);
+    }
+    if config.bf16 {
+        return super::precision::run(config);
     }
     let rows = over_data_sets(config, "quality", 2, |dir, logs, seed| trio(config, dir, logs, seed))?;
     println!(

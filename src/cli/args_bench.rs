@@ -68,6 +68,10 @@ pub(super) struct BenchArgs {
     /// servers), the dense parameters async and synchronous (sync_dense), against local.
     #[arg(long, value_delimiter = ',')]
     pub(super) many_trainers: Vec<usize>,
+    /// --quality: instead of the 2x2 table, bf16 products against f32 (local and async 2x2):
+    /// the AUC and log-loss differences and the speed ratio (needs a CPU with avx512_bf16).
+    #[arg(long)]
+    pub(super) bf16: bool,
     /// --quality: a job file whose [train] settings (e.g. pull_ahead) every run uses.
     #[arg(long)]
     pub(super) config: Option<PathBuf>,

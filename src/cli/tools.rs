@@ -24,6 +24,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
             },
             exe: super::this_binary("oar bench")?,
             many_trainers: a.many_trainers,
+            bf16: a.bf16,
         });
     }
     if a.recovery {
