@@ -94,7 +94,8 @@ mod x86 {
         let one = _mm512_set1_epi32(std::hint::black_box(0x3f80_3f80));
         let small = _mm512_set1_epi32(0x3c00_3c00);
         // SAFETY: __m512i and __m512bh are the same 64 bytes.
-        let (a, b): (__m512bh, __m512bh) = unsafe { (std::mem::transmute::<__m512i, __m512bh>(one), std::mem::transmute::<__m512i, __m512bh>(small)) };
+        let (a, b): (__m512bh, __m512bh) =
+            unsafe { (std::mem::transmute::<__m512i, __m512bh>(one), std::mem::transmute::<__m512i, __m512bh>(small)) };
         let mut acc = [_mm512_setzero_ps(); CHAINS];
         for _ in 0..n {
             acc.iter_mut().for_each(|c| *c = _mm512_dpbf16_ps(*c, a, b));

@@ -18,6 +18,8 @@
 
 use std::arch::x86_64::*;
 
+use super::Operands;
+
 /// Rows of the register tile: 8 rows x 2 vectors of 16 columns = 16 accumulators.
 const MR: usize = 8;
 /// Columns of the register tile and of a packed panel of the right operand.
@@ -197,23 +199,13 @@ thread_local! {
     static PACKED: std::cell::RefCell<[Vec<u32>; 3]> = const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
 }
 
-/// `dst (m x n) = [dst +] a (m x k) * b (k x n)` with bf16 operands and f32 sums: the same
-/// contract as [`super::matmul`], whose checks the caller has made (sizes, `k > 0`).
+/// `dst (m x n) = [dst +] a (m x k) * b (k x n)` with bf16 operands and f32 sums, for
+/// [`super::matmul`], which checked the operands.
 ///
 /// # Panics
 /// If the CPU lacks AVX512_BF16 ([`available`] is false).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    accumulate: bool,
-    a: &[f32],
-    a_strides: (usize, usize),
-    b: &[f32],
-    b_strides: (usize, usize),
-) {
+pub(crate) fn matmul(p: &Operands, dst: &mut [f32], accumulate: bool) {
+    let Operands { m, n, k, a, a_strides, b, b_strides } = *p;
     assert!(available(), "bf16 matmul on a CPU without avx512bf16");
     assert!(dst.len() >= m * n, "matmul: dst too small");
     let kp = k.div_ceil(2);
@@ -295,7 +287,7 @@ mod tests {
                 let want = reference(m, n, k, &a, sa, &b, sb);
                 for accumulate in [false, true] {
                     let mut got = vec![0.5f32; m * n + 3];
-                    matmul(m, n, k, &mut got, accumulate, &a, sa, &b, sb);
+                    matmul(&Operands { m, n, k, a: &a, a_strides: sa, b: &b, b_strides: sb }, &mut got, accumulate);
                     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                         let w = w + if accumulate { 0.5 } else { 0.0 };
                         assert!(
@@ -317,7 +309,8 @@ mod tests {
         }
         // 1 + 2^-10 is 1 in bf16: the product is 1, where f32 would give 1.0009766.
         let mut c = [0.0f32];
-        matmul(1, 1, 1, &mut c, false, &[1.0 + 1.0 / 1024.0], (1, 1), &[1.0], (1, 1));
+        let a = [1.0 + 1.0 / 1024.0];
+        matmul(&Operands { m: 1, n: 1, k: 1, a: &a, a_strides: (1, 1), b: &[1.0], b_strides: (1, 1) }, &mut c, false);
         assert_eq!(c[0], 1.0);
     }
 }

@@ -146,46 +146,49 @@ pub fn matmul(
         return;
     }
     let started = std::time::Instant::now();
+    let product = Operands { m, n, k, a, a_strides, b, b_strides };
     if PRECISION.get() == Precision::Bf16 && bf16_available() {
         #[cfg(target_arch = "x86_64")]
-        bf16::matmul(m, n, k, dst, accumulate, a, a_strides, b, b_strides);
+        bf16::matmul(&product, dst, accumulate);
     } else {
-        gemm_f32(m, n, k, dst, accumulate, a, a_strides, b, b_strides);
+        gemm_f32(&product, dst, accumulate);
     }
     MATMUL_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
     MATMUL_FLOPS.fetch_add(2 * (m * n * k) as u64, Relaxed);
 }
 
-/// [`matmul`] in f32 by the `gemm` crate, once the sizes are checked.
-#[allow(clippy::too_many_arguments)]
-fn gemm_f32(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    accumulate: bool,
-    a: &[f32],
-    a_strides: (usize, usize),
-    b: &[f32],
-    b_strides: (usize, usize),
-) {
+/// The operands of a product [`matmul`] has checked: `a (m x k)` and `b (k x n)` with their
+/// (row, column) strides, `m`, `n` and `k` positive.
+#[derive(Clone, Copy)]
+pub(crate) struct Operands<'a> {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: &'a [f32],
+    pub a_strides: (usize, usize),
+    pub b: &'a [f32],
+    pub b_strides: (usize, usize),
+}
+
+/// [`matmul`] in f32 by the `gemm` crate.
+fn gemm_f32(p: &Operands, dst: &mut [f32], accumulate: bool) {
     // SAFETY: `matmul`'s asserts keep every index gemm computes from the given sizes and strides
     // inside the three slices; dst does not alias a or b (it is a distinct &mut).
     unsafe {
         gemm::gemm(
-            m,
-            n,
-            k,
+            p.m,
+            p.n,
+            p.k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
+            p.n as isize,
             accumulate,
-            a.as_ptr(),
-            a_strides.1 as isize,
-            a_strides.0 as isize,
-            b.as_ptr(),
-            b_strides.1 as isize,
-            b_strides.0 as isize,
+            p.a.as_ptr(),
+            p.a_strides.1 as isize,
+            p.a_strides.0 as isize,
+            p.b.as_ptr(),
+            p.b_strides.1 as isize,
+            p.b_strides.0 as isize,
             1.0,
             1.0,
             false,
