@@ -17,7 +17,7 @@ use anyhow::Context;
 
 use super::delay::{round_trip, DelayLine};
 use super::median;
-use super::netns::{Hosts, Link};
+use super::netns::{Hosts, Link, TcpCounts};
 use super::scale::{predict, Costs, Shape, Way, PAYLOAD_SHARE};
 use super::transfer::Sink;
 use crate::protocol::Mode;
@@ -60,8 +60,8 @@ struct HostsRun {
     dropped: u64,
     /// Packets the links' shapers dropped from their full queues.
     shaper_drops: u64,
-    /// TCP's retransmission timeouts in all the hosts during the job.
-    timeouts: u64,
+    /// TCP's counts in all the hosts during the job: timeouts, segments sent and sent again.
+    tcp: TcpCounts,
     /// The median round trip from a trainer's host to a server's, before the job.
     round_trip: Duration,
     /// Seconds a step's bytes took on the links alone, to the servers and from them, after the
@@ -152,12 +152,13 @@ fn measure(config: &HostsConfig, tmp: &Path) -> anyhow::Result<()> {
                 })?;
                 let run = run_job(&hosts, config, link, mode, &job, tmp)?;
                 println!(
-                    "    {name}, {mode}, {link}, round {}: {:.0} samples/s, {} packets lost, {} dropped by full queues, {} TCP timeouts, round trip {:.0} us, a step's bytes alone {:.1} / {:.1} ms",
+                    "    {name}, {mode}, {link}, round {}: {:.0} samples/s, {} packets lost, {} dropped by full queues, {} TCP timeouts, {:.1}% of TCP's segments sent again, round trip {:.0} us, a step's bytes alone {:.1} / {:.1} ms",
                     round + 1,
                     samples as f64 / run.seconds,
                     run.dropped,
                     run.shaper_drops,
-                    run.timeouts,
+                    run.tcp.timeouts,
+                    100.0 * run.tcp.resent as f64 / run.tcp.sent.max(1) as f64,
                     run.round_trip.as_secs_f64() * 1e6,
                     run.alone[0] * 1e3,
                     run.alone[1] * 1e3
@@ -225,10 +226,14 @@ fn run_job(
         ("OAR_SYNC_WARMUP", "0".to_string()),
         ("PADDLE_TRAINERS_NUM", trainers_n.to_string()),
     ];
-    let timeouts = |hosts: &Hosts| -> anyhow::Result<u64> {
-        (1..=servers_n + trainers_n).map(|i| hosts.tcp_timeouts(i).map_err(anyhow::Error::msg)).sum()
+    let tcp = |hosts: &Hosts| -> anyhow::Result<TcpCounts> {
+        let mut all = TcpCounts::default();
+        for i in 1..=servers_n + trainers_n {
+            all = all.plus(hosts.tcp_counts(i).map_err(anyhow::Error::msg)?);
+        }
+        Ok(all)
     };
-    let timeouts_before = timeouts(hosts)?;
+    let tcp_before = tcp(hosts)?;
     let started = Instant::now();
     let spawn = |host: usize, role: Vec<(&'static str, String)>| -> anyhow::Result<Child> {
         let vars: Vec<(&str, String)> = common.iter().cloned().chain(role).collect();
@@ -296,7 +301,7 @@ fn run_job(
         dropped += hosts.dropped(i).map_err(|why| anyhow::anyhow!("counting lost packets: {why}"))?;
         shaper_drops += hosts.shaper_drops(i).map_err(|why| anyhow::anyhow!("counting shaper drops: {why}"))?;
     }
-    let timeouts = timeouts(hosts)?.saturating_sub(timeouts_before);
+    let tcp = tcp(hosts)?.since(tcp_before);
     let alone = step_alone(hosts, config, delay, job, [bytes_to, bytes_from], trainer_cpu - trainer_kernel)?;
     Ok(HostsRun {
         seconds,
@@ -307,7 +312,7 @@ fn run_job(
         kernel_cpu: trainer_kernel + server_kernel,
         dropped,
         shaper_drops,
-        timeouts,
+        tcp,
         round_trip,
         alone,
     })

@@ -266,13 +266,20 @@ impl Hosts {
         Ok(sum)
     }
 
-    /// Retransmission timeouts host `i`'s TCP has had (`TcpExt: TCPTimeouts` of its
-    /// namespace): each one stalls a connection for 200 ms or more, where a loss found by
-    /// fast retransmit costs a round trip.
-    pub fn tcp_timeouts(&self, i: usize) -> Result<u64, String> {
-        let o = ip(&["netns", "exec", &self.ns(i), "cat", "/proc/net/netstat"])?;
-        netstat_field(&String::from_utf8_lossy(&o.stdout), "TcpExt", "TCPTimeouts")
-            .ok_or_else(|| format!("host {i}: no TcpExt TCPTimeouts in /proc/net/netstat"))
+    /// What host `i`'s TCP has counted so far in its namespace (`/proc/net/netstat` and
+    /// `/proc/net/snmp`).
+    pub fn tcp_counts(&self, i: usize) -> Result<TcpCounts, String> {
+        let o = ip(&["netns", "exec", &self.ns(i), "cat", "/proc/net/netstat", "/proc/net/snmp"])?;
+        let text = String::from_utf8_lossy(&o.stdout);
+        let field = |group: &str, name: &str| {
+            netstat_field(&text, group, name)
+                .ok_or_else(|| format!("host {i}: no {group} {name} in /proc/net/netstat or /proc/net/snmp"))
+        };
+        Ok(TcpCounts {
+            timeouts: field("TcpExt", "TCPTimeouts")?,
+            sent: field("Tcp", "OutSegs")?,
+            resent: field("Tcp", "RetransSegs")?,
+        })
     }
 
     /// `exe args` on host `i`, with exactly the environment `vars` (plus PATH).
@@ -288,8 +295,41 @@ impl Hosts {
     }
 }
 
-/// Field `name` of group `group` in `/proc/net/netstat`'s text, which gives each group as a
-/// line of names and a line of values.
+/// Counts of a host's TCP, or their growth over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpCounts {
+    /// Retransmission timeouts (`TcpExt: TCPTimeouts`): each stalls a connection for 200 ms or
+    /// more, where a loss found by fast retransmit costs a round trip.
+    pub timeouts: u64,
+    /// Segments sent (`Tcp: OutSegs`).
+    pub sent: u64,
+    /// Segments sent again (`Tcp: RetransSegs`): bytes the links carry that no frame counter
+    /// of oar's sees.
+    pub resent: u64,
+}
+
+impl TcpCounts {
+    /// The sum of `self` and `other`.
+    pub fn plus(self, other: TcpCounts) -> TcpCounts {
+        TcpCounts {
+            timeouts: self.timeouts + other.timeouts,
+            sent: self.sent + other.sent,
+            resent: self.resent + other.resent,
+        }
+    }
+
+    /// What was counted since `before`.
+    pub fn since(self, before: TcpCounts) -> TcpCounts {
+        TcpCounts {
+            timeouts: self.timeouts.saturating_sub(before.timeouts),
+            sent: self.sent.saturating_sub(before.sent),
+            resent: self.resent.saturating_sub(before.resent),
+        }
+    }
+}
+
+/// Field `name` of group `group` in `/proc/net/netstat`'s or `/proc/net/snmp`'s text, which
+/// give each group as a line of names and a line of values (`Tcp:` is not `TcpExt:`).
 fn netstat_field(text: &str, group: &str, name: &str) -> Option<u64> {
     let prefix = format!("{group}:");
     let mut lines = text.lines().filter(|l| l.starts_with(&prefix));
@@ -375,5 +415,10 @@ mod tests {
         assert_eq!(netstat_field(text, "IpExt", "TCPTimeouts"), Some(9));
         assert_eq!(netstat_field(text, "TcpExt", "Missing"), None);
         assert_eq!(netstat_field("TcpExt: TCPTimeouts\n", "TcpExt", "TCPTimeouts"), None, "no values line");
+        // /proc/net/snmp after /proc/net/netstat: `Tcp:` is its own group.
+        let both = format!("{text}Tcp: RtoAlgorithm OutSegs RetransSegs\nTcp: 1 1000 42\n");
+        assert_eq!(netstat_field(&both, "Tcp", "RetransSegs"), Some(42));
+        assert_eq!(netstat_field(&both, "Tcp", "TCPTimeouts"), None, "TcpExt's field is not Tcp's");
+        assert_eq!(netstat_field(&both, "TcpExt", "TCPTimeouts"), Some(17));
     }
 }

@@ -387,6 +387,15 @@ fn oar_bench_hosts_prints_the_shaped_link_table_of_both_models() {
         assert!(model.parse::<f64>().unwrap() > 0.0 && busy.starts_with('('), "{row:?}: the scale model's rate");
         assert!(row[12].parse::<f64>().unwrap() > 0.0, "{row:?}: measured / model");
     }
+    // Each round's line gives the share of TCP's segments sent again, counted in the hosts'
+    // namespaces: some on the lossy link, where every lost packet is sent again.
+    let rounds: Vec<&str> = out.lines().filter(|l| l.contains(", round 1: ")).collect();
+    assert_eq!(rounds.len(), 8, "{out}");
+    for line in rounds {
+        let before = line.split("% of TCP's segments sent again").next().unwrap();
+        let share: f64 = before.rsplit(", ").next().unwrap().parse().unwrap();
+        assert!((0.0..=100.0).contains(&share) && (share > 0.0 || !line.contains(slow)), "{line}");
+    }
     // Each model's costs projected to clusters: 10, 100 and 1,000 machines, a rate each.
     let projected: Vec<&str> =
         out.lines().filter(|l| l.starts_with("| 10 (2 + 8) |") || l.starts_with("| 1000 (200 + 800) |")).collect();
