@@ -183,7 +183,9 @@ unsafe fn tile(
         }
         for (r, acc) in acc.iter().enumerate().take(rows) {
             for h in 0..2 {
-                let at = dst.add(r * ldc + h * 16);
+                // The second half of an edge tile may start past `dst`'s end: its mask is then
+                // empty and nothing is read or written, but `add` may not leave the allocation.
+                let at = dst.wrapping_add(r * ldc + h * 16);
                 let mut v = acc[h];
                 if accumulate {
                     v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask[h], at));

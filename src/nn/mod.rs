@@ -138,13 +138,15 @@ pub fn matmul(
     }
     let last = |rs: usize, cs: usize, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
     assert!(dst.len() >= m * n, "matmul: dst too small");
-    if k > 0 {
-        assert!(a.len() > last(a_strides.0, a_strides.1, m, k), "matmul: lhs too small");
-        assert!(b.len() > last(b_strides.0, b_strides.1, k, n), "matmul: rhs too small");
-    } else if !accumulate {
-        dst[..m * n].fill(0.0);
+    if k == 0 {
+        // An empty sum: nothing to add, or zeros.
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
         return;
     }
+    assert!(a.len() > last(a_strides.0, a_strides.1, m, k), "matmul: lhs too small");
+    assert!(b.len() > last(b_strides.0, b_strides.1, k, n), "matmul: rhs too small");
     let started = std::time::Instant::now();
     let product = Operands { m, n, k, a, a_strides, b, b_strides };
     if PRECISION.get() == Precision::Bf16 && bf16_available() {
