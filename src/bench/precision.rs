@@ -38,7 +38,7 @@ fn pair(config: &QualityConfig, data: &Path, logs: &Path, seed: u64) -> anyhow::
 /// Runs the comparison and prints one row per data set; refuses on a CPU without bf16
 /// products, where both runs would be f32.
 pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
-    Precision::Bf16.on_this_cpu().map_err(anyhow::Error::msg)?;
+    Precision::Bf16.check_cpu().map_err(anyhow::Error::msg)?;
     let rows = over_data_sets(config, "precision", 2, |dir, logs, seed| pair(config, dir, logs, seed))?;
     println!(
         "CTR-DNN, 1 pass, {} samples per update: bf16 products against f32, local (1 thread) and async 2x2, paired by fold or seed (mean +- sd; speed: median of the pairs' ratios)",

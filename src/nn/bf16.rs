@@ -25,15 +25,14 @@ const MR: usize = 8;
 /// Columns of the register tile and of a packed panel of the right operand.
 const NR: usize = 32;
 
-/// Whether this CPU multiplies bf16 pairs (`avx512f` and `avx512bf16`), checked once.
+/// Whether this CPU multiplies bf16 pairs (`avx512f` and `avx512bf16`; std caches the check).
 pub fn available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16"))
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
 }
 
 /// `x` rounded to bf16 (nearest, ties to even), as its 16 bits; NaN stays a quiet NaN.
 #[inline(always)]
-pub fn to_bf16(x: f32) -> u16 {
+fn to_bf16(x: f32) -> u16 {
     let b = x.to_bits();
     let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
     let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
@@ -42,12 +41,6 @@ pub fn to_bf16(x: f32) -> u16 {
     } else {
         rounded
     }
-}
-
-/// The f32 a bf16 value stands for.
-#[inline(always)]
-pub fn from_bf16(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
 }
 
 /// Two bf16 values in one 32-bit lane as `vdpbf16ps` reads them: `even` in the low half.
@@ -236,6 +229,11 @@ pub(crate) fn matmul(p: &Operands, dst: &mut [f32], accumulate: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The f32 a bf16 value stands for.
+    fn from_bf16(h: u16) -> f32 {
+        f32::from_bits((h as u32) << 16)
+    }
 
     /// The product with both operands rounded to bf16, summed in f64: what the kernel computes
     /// up to its f32 sums.

@@ -76,10 +76,10 @@ impl Precision {
         }
     }
 
-    /// `self`, or f32 where the CPU cannot multiply bf16 (then `Err` says so, for a warning).
-    pub fn on_this_cpu(self) -> Result<Precision, String> {
+    /// Whether this CPU computes at `self`; `Err` says why not (its products then stay f32).
+    pub fn check_cpu(self) -> Result<(), String> {
         if self == Precision::F32 || bf16_available() {
-            Ok(self)
+            Ok(())
         } else {
             Err("precision = \"bf16\" needs a CPU with avx512_bf16; this one has none, so products stay f32".into())
         }
@@ -448,7 +448,7 @@ mod tests {
         assert_eq!(Precision::parse("bfloat16"), Ok(Precision::Bf16));
         assert_eq!(Precision::parse("fp32"), Ok(Precision::F32));
         assert_eq!(Precision::parse("fp8"), Err("unknown precision \"fp8\" (f32, bf16)".into()));
-        assert_eq!(Precision::Bf16.on_this_cpu().is_ok(), bf16_available());
+        assert_eq!(Precision::Bf16.check_cpu().is_ok(), bf16_available());
         // 1 + 2^-10 is 1 in bf16.
         let product = || {
             let mut c = [0.0f32];

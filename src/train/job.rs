@@ -44,7 +44,7 @@ fn checked(
     from: Option<&StartModel>,
 ) -> anyhow::Result<(Model, Schema, TableSpec)> {
     config.validate()?;
-    if let Err(why) = config.precision.on_this_cpu() {
+    if let Err(why) = config.precision.check_cpu() {
         tracing::warn!("{why}");
     }
     let (model, schema) = crate::train::job_config::build_model(&config.model, &config.data, registry)?;
