@@ -32,6 +32,25 @@ pub fn cin(args: &mut LayerArgs, inputs: &[Shape]) -> Result<Box<dyn Layer>, Str
     Ok(Box::new(CinLayer { input, layers }))
 }
 
+/// Where each part of the scratch starts, in floats a sample. A part of `n` floats a sample
+/// that starts at `at` takes `rows * n` floats from `rows * at`: the batch's rows lie together,
+/// one row per (sample, position in `D`), so a layer's product over the whole batch is one
+/// matrix product (DeepCTR's and FuxiCTR's 1x1 convolution) instead of one small product per
+/// sample. Those ran at half the reference BLAS's speed (`oar bench --roofline --model
+/// xDeepFM`), their `D` columns too few for the kernel's tiles.
+struct Parts {
+    /// Layer `k`'s products `Z_k` (`H_{k-1} F` a row) and outputs `X_k` (`H_k` a row); the
+    /// input's vectors transposed (`F` a row) start at 0.
+    z: Vec<usize>,
+    x: Vec<usize>,
+    /// The backward pass's work: a layer's output gradient, the gradient it sends to the layer
+    /// before (each as wide as the widest layer or the input), and the input's (`F` a row).
+    dx: usize,
+    dprev: usize,
+    dx0: usize,
+    total: usize,
+}
+
 impl CinLayer {
     /// Vectors feeding layer `k` (the previous layer's, or the input's for the first).
     fn before(&self, k: usize) -> usize {
@@ -42,14 +61,30 @@ impl CinLayer {
         }
     }
 
-    /// Per sample, where layer `k`'s products `Z` and outputs `X` start in the scratch.
-    fn offsets(&self, k: usize) -> (usize, usize) {
+    fn parts(&self) -> Parts {
         let (f, d) = (self.input.fields, self.input.dim);
-        let mut at = 0;
-        for l in 0..k {
-            at += self.before(l) * f * d + self.layers[l] * d;
+        let widest = self.layers.iter().copied().chain([f]).max().unwrap_or(f);
+        let (mut z, mut x, mut at) = (Vec::new(), Vec::new(), d * f);
+        for (k, &h) in self.layers.iter().enumerate() {
+            z.push(at);
+            at += d * self.before(k) * f;
+            x.push(at);
+            at += d * h;
         }
-        (at, at + self.before(k) * f * d)
+        let (dx, dprev, dx0) = (at, at + d * widest, at + 2 * d * widest);
+        Parts { z, x, dx, dprev, dx0, total: dx0 + d * f }
+    }
+
+    /// Each layer's offset in the parameters (its weights, then its bias).
+    fn param_starts(&self) -> Vec<usize> {
+        let f = self.input.fields;
+        let mut starts = Vec::new();
+        let mut p = 0;
+        for (k, &h) in self.layers.iter().enumerate() {
+            starts.push(p);
+            p += h * self.before(k) * f + h;
+        }
+        starts
     }
 }
 
@@ -71,41 +106,50 @@ impl Layer for CinLayer {
     }
 
     fn scratch(&self) -> usize {
-        self.offsets(self.layers.len()).0
+        self.parts().total
     }
 
     fn forward(&self, ctx: &Ctx, params: &[f32], x: &[&[f32]], y: &mut [f32], scratch: &mut [f32]) {
-        let (f, d) = (self.input.fields, self.input.dim);
-        let (per, out) = (self.scratch(), self.output().size());
-        for r in 0..ctx.rows {
-            let x0 = &x[0][r * f * d..(r + 1) * f * d];
-            let s = &mut scratch[r * per..(r + 1) * per];
-            let (mut p, mut pooled) = (0, 0);
-            for (k, &h) in self.layers.iter().enumerate() {
-                let (hp, (z_at, x_at)) = (self.before(k), self.offsets(k));
-                let prev_at = (k > 0).then(|| self.offsets(k - 1).1);
-                for i in 0..hp {
-                    for j in 0..f {
-                        for t in 0..d {
-                            let prev = match prev_at {
-                                None => x0[i * d + t],
-                                Some(at) => s[at + i * d + t],
-                            };
-                            s[z_at + (i * f + j) * d + t] = prev * x0[j * d + t];
-                        }
-                    }
+        let (f, d, rows) = (self.input.fields, self.input.dim, ctx.rows);
+        let (parts, out, n) = (self.parts(), self.output().size(), ctx.rows * self.input.dim);
+        // The input's vectors transposed: row (r D + t) holds sample r's F values at position t.
+        let x0t = &mut scratch[..n * f];
+        for r in 0..rows {
+            for j in 0..f {
+                for t in 0..d {
+                    x0t[(r * d + t) * f + j] = x[0][(r * f + j) * d + t];
                 }
-                let (w, b) = (&params[p..p + h * hp * f], &params[p + h * hp * f..p + h * hp * f + h]);
-                p += h * hp * f + h;
-                let (zs, xs) = s.split_at_mut(x_at);
-                let xk = &mut xs[..h * d];
-                matmul(h, d, hp * f, xk, false, w, (hp * f, 1), &zs[z_at..], (d, 1));
-                for (o, row) in xk.chunks_exact_mut(d).enumerate() {
-                    row.iter_mut().for_each(|v| *v += b[o]);
-                    y[r * out + pooled + o] = row.iter().sum();
-                }
-                pooled += h;
             }
+        }
+        let starts = self.param_starts();
+        let mut pooled = 0;
+        for (k, &h) in self.layers.iter().enumerate() {
+            let (hp, p) = (self.before(k), starts[k]);
+            let width = hp * f;
+            let (done, rest) = scratch.split_at_mut(rows * parts.z[k]);
+            let (zk, rest) = rest.split_at_mut(n * width);
+            let xk = &mut rest[..n * h];
+            let x0t = &done[..n * f];
+            let prev = if k == 0 { x0t } else { &done[rows * parts.x[k - 1]..][..n * hp] };
+            // Z[i F + j] = prev[i] * x0[j], position by position.
+            for c in 0..n {
+                let (x0c, zc) = (&x0t[c * f..(c + 1) * f], &mut zk[c * width..(c + 1) * width]);
+                for (i, zi) in zc.chunks_exact_mut(f).enumerate() {
+                    let v = prev[c * hp + i];
+                    zi.iter_mut().zip(x0c).for_each(|(z, x)| *z = v * x);
+                }
+            }
+            let (w, b) = (&params[p..p + h * width], &params[p + h * width..p + h * width + h]);
+            xk.chunks_exact_mut(h).for_each(|row| row.copy_from_slice(b));
+            matmul(n, h, width, xk, true, zk, (width, 1), w, (1, width));
+            for r in 0..rows {
+                let yr = &mut y[r * out + pooled..r * out + pooled + h];
+                yr.fill(0.0);
+                for xc in xk[r * d * h..(r + 1) * d * h].chunks_exact(h) {
+                    yr.iter_mut().zip(xc).for_each(|(a, v)| *a += v);
+                }
+            }
+            pooled += h;
         }
     }
 
@@ -135,71 +179,63 @@ impl Layer for CinLayer {
         &self,
         ctx: &Ctx,
         params: &[f32],
-        x: &[&[f32]],
+        _: &[&[f32]],
         _: &[f32],
         dy: &[f32],
         scratch: &mut [f32],
         grads: &mut [f32],
         dx: &mut [Option<&mut [f32]>],
     ) {
-        let (f, d) = (self.input.fields, self.input.dim);
-        let (per, out) = (self.scratch(), self.output().size());
-        let widest = self.layers.iter().chain([&f]).max().copied().unwrap_or(f);
-        let mut dz = vec![0.0f32; widest * f * d];
-        let (mut dxk, mut dprev) = (vec![0.0f32; widest * d], vec![0.0f32; widest * d]);
-        let mut dx0 = vec![0.0f32; f * d];
-        // Each layer's parameter offset.
-        let mut starts = Vec::new();
-        let mut p = 0;
-        for (k, &h) in self.layers.iter().enumerate() {
-            starts.push(p);
-            p += h * self.before(k) * f + h;
-        }
+        let (f, d, rows) = (self.input.fields, self.input.dim, ctx.rows);
+        let (parts, out, n) = (self.parts(), self.output().size(), ctx.rows * self.input.dim);
+        let starts = self.param_starts();
+        let (kept, work) = scratch.split_at_mut(rows * parts.dx);
+        let (dxk_all, work) = work.split_at_mut(rows * (parts.dprev - parts.dx));
+        let (dprev_all, dx0t) = work.split_at_mut(rows * (parts.dx0 - parts.dprev));
+        let dx0t = &mut dx0t[..n * f];
+        dx0t.fill(0.0);
         let pooled_at: Vec<usize> = self.layers.iter().scan(0, |a, &h| Some(std::mem::replace(a, *a + h))).collect();
-        for r in 0..ctx.rows {
-            let x0 = &x[0][r * f * d..(r + 1) * f * d];
-            let s = &scratch[r * per..(r + 1) * per];
-            dx0.fill(0.0);
-            let mut carried = false;
-            for k in (0..self.layers.len()).rev() {
-                let (h, hp, (z_at, _)) = (self.layers[k], self.before(k), self.offsets(k));
-                // dX_k: the pooled output's gradient on every value, plus what layer k+1 sent.
-                for o in 0..h {
-                    let g = dy[r * out + pooled_at[k] + o];
-                    for t in 0..d {
-                        dxk[o * d + t] = g + if carried { dprev[o * d + t] } else { 0.0 };
-                    }
+        for k in (0..self.layers.len()).rev() {
+            let (h, hp, p) = (self.layers[k], self.before(k), starts[k]);
+            let width = hp * f;
+            // dX_k: the pooled output's gradient at every position, plus what layer k+1 sent.
+            let dxk = &mut dxk_all[..n * h];
+            for (c, row) in dxk.chunks_exact_mut(h).enumerate() {
+                row.copy_from_slice(&dy[(c / d) * out + pooled_at[k]..][..h]);
+                if k + 1 < self.layers.len() {
+                    row.iter_mut().zip(&dprev_all[c * h..(c + 1) * h]).for_each(|(a, g)| *a += g);
                 }
-                let p = starts[k];
-                let (w, (dw, rest)) = (&params[p..p + h * hp * f], grads[p..].split_at_mut(h * hp * f));
-                let z = &s[z_at..z_at + hp * f * d];
-                matmul(h, hp * f, d, dw, true, &dxk, (d, 1), z, (1, d));
-                for o in 0..h {
-                    rest[o] += dxk[o * d..(o + 1) * d].iter().sum::<f32>();
-                }
-                matmul(hp * f, d, h, &mut dz, false, w, (1, hp * f), &dxk, (d, 1));
-                // Z[i F + j] = prev[i] * x0[j].
-                dprev[..hp * d].fill(0.0);
-                let prev = match k {
-                    0 => x0,
-                    _ => &s[self.offsets(k - 1).1..][..hp * d],
-                };
-                for i in 0..hp {
-                    for j in 0..f {
-                        for t in 0..d {
-                            let g = dz[(i * f + j) * d + t];
-                            let prev = prev[i * d + t];
-                            dprev[i * d + t] += g * x0[j * d + t];
-                            dx0[j * d + t] += g * prev;
-                        }
-                    }
-                }
-                carried = true;
             }
-            // Layer 0's `prev` was the input itself.
-            dx0.iter_mut().zip(&dprev[..f * d]).for_each(|(a, b)| *a += b);
-            if let Some(dx) = dx[0].as_deref_mut() {
-                dx[r * f * d..(r + 1) * f * d].iter_mut().zip(&dx0).for_each(|(a, b)| *a += b);
+            let (w, (dw, db)) = (&params[p..p + h * width], grads[p..].split_at_mut(h * width));
+            let (done, rest) = kept.split_at_mut(rows * parts.z[k]);
+            let zk = &mut rest[..n * width];
+            matmul(h, width, n, dw, true, dxk, (1, h), zk, (width, 1));
+            for row in dxk.chunks_exact(h) {
+                db[..h].iter_mut().zip(row).for_each(|(a, g)| *a += g);
+            }
+            // dZ_k takes Z_k's place: nothing reads Z_k after its weights' gradient.
+            matmul(n, width, h, zk, false, dxk, (h, 1), w, (width, 1));
+            let x0t = &done[..n * f];
+            let prev = if k == 0 { x0t } else { &done[rows * parts.x[k - 1]..][..n * hp] };
+            let dprev = &mut dprev_all[..n * hp];
+            for c in 0..n {
+                let (x0c, dx0c) = (&x0t[c * f..(c + 1) * f], &mut dx0t[c * f..(c + 1) * f]);
+                for (i, g) in zk[c * width..(c + 1) * width].chunks_exact(f).enumerate() {
+                    let v = prev[c * hp + i];
+                    dprev[c * hp + i] = g.iter().zip(x0c).map(|(g, x)| g * x).sum();
+                    dx0c.iter_mut().zip(g).for_each(|(a, g)| *a += g * v);
+                }
+            }
+        }
+        // Layer 0's `prev` was the input itself.
+        dx0t.iter_mut().zip(&dprev_all[..n * f]).for_each(|(a, g)| *a += g);
+        if let Some(dx) = dx[0].as_deref_mut() {
+            for r in 0..rows {
+                for j in 0..f {
+                    for t in 0..d {
+                        dx[(r * f + j) * d + t] += dx0t[(r * d + t) * f + j];
+                    }
+                }
             }
         }
     }
