@@ -268,6 +268,7 @@ mod sparse;
 pub mod trainers;
 mod training;
 pub mod transfer;
+pub mod zoo_products;
 pub use sparse::SparseDraws;
 
 use sparse::sparse_rates;

@@ -45,21 +45,24 @@ pub struct RooflineConfig {
     pub data: Option<PathBuf>,
     /// Lines to generate for (2) when no data set is given.
     pub lines: u64,
+    /// Instead of (1) to (3): these zoo models' products, or every one's with `all`
+    /// ([`super::zoo_products`]).
+    pub models: Vec<String>,
 }
 
 /// One matrix product of a training step: `m x k` times `k x n`, an operand transposed where a
 /// layer's backward reads it so.
 #[derive(Clone, Debug, PartialEq)]
-struct Product {
+pub(super) struct Product {
     /// The layer and the pass (`fc1 forward`, `fc1 dW`, `fc1 dx`).
-    name: String,
-    m: usize,
-    n: usize,
-    k: usize,
+    pub(super) name: String,
+    pub(super) m: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
     /// The left operand is stored `k x m` (a weight gradient reads the layer's input so).
-    ta: bool,
+    pub(super) ta: bool,
     /// The right operand is stored `n x k` (an input gradient reads the weights so).
-    tb: bool,
+    pub(super) tb: bool,
 }
 
 impl Product {
@@ -169,12 +172,12 @@ enum Kernel<'a> {
 /// One product's medians: seconds a call with oar's kernel in f32, in bf16 (where the CPU has
 /// it) and with the reference, and the medians of the rounds' bf16 / f32 and oar / reference
 /// speed ratios.
-struct Timed {
-    oar: f64,
+pub(super) struct Timed {
+    pub(super) oar: f64,
     bf16: Option<f64>,
     bf16_ratio: Option<f64>,
-    blas: Option<f64>,
-    ratio: Option<f64>,
+    pub(super) blas: Option<f64>,
+    pub(super) ratio: Option<f64>,
 }
 
 /// The median of `v`, if it holds any.
@@ -182,7 +185,14 @@ fn median_of(v: Vec<f64>) -> Option<f64> {
     (!v.is_empty()).then(|| median(v))
 }
 
-fn time_products(config: &RooflineConfig, blas: Option<&Blas>, bf16: bool, products: &[Product]) -> Vec<Timed> {
+/// Times each of `products` with oar's kernel (in f32, and in bf16 where `bf16`) and with
+/// `blas` (if any) in `config.rounds` alternating rounds.
+pub(super) fn time_products(
+    config: &RooflineConfig,
+    blas: Option<&Blas>,
+    bf16: bool,
+    products: &[Product],
+) -> Vec<Timed> {
     products
         .iter()
         .map(|p| {
@@ -451,6 +461,14 @@ pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
             None
         }
     };
+    let tmp = std::env::temp_dir().join(format!("oar-roofline-{}", std::process::id()));
+    if !config.models.is_empty() {
+        let models = super::zoo_products::pick(&config.models)?;
+        let data = super::bench_data(config.data.as_deref(), config.lines, 2, &tmp)?;
+        let result = super::zoo_products::run(config, blas.as_ref(), &models, &data);
+        let _ = std::fs::remove_dir_all(&tmp);
+        return result;
+    }
     let job = ctr_dnn(config.batch)?;
     let m = job.model.with_shorthand_defaults();
     let input =
@@ -458,7 +476,6 @@ pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
     let widths: Vec<usize> = std::iter::once(input).chain(m.hidden.unwrap_or_default()).chain(m.outputs).collect();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (one, all) = kernels(config, blas.as_ref(), &products(&widths, config.batch), cores);
-    let tmp = std::env::temp_dir().join(format!("oar-roofline-{}", std::process::id()));
     println!("(2) the CTR-DNN trained locally at batch {}, its matrix products against (1)'s step", config.batch);
     let data = super::bench_data(config.data.as_deref(), config.lines, 2, &tmp)?;
     let bf16 = crate::nn::bf16_available().then_some(Precision::Bf16);

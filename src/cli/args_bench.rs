@@ -38,7 +38,9 @@ pub(super) struct BenchArgs {
     #[arg(long)]
     pub(super) models: bool,
     /// With --models: only this zoo model (as the table names it, e.g. DCN, CTR-DNN); with
-    /// --hosts: sparse-heavy or dense-heavy; repeatable.
+    /// --hosts: sparse-heavy or dense-heavy; with --roofline: instead of its steps, this zoo
+    /// model's matrix products (or every one's: all), recorded from a pass of --lines (default
+    /// 20,000) and timed against --blas; repeatable.
     #[arg(long = "model")]
     pub(super) model: Vec<String>,
     /// Alternating rounds of (b), each measuring every build (medians, and ratios paired by

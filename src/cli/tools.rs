@@ -55,7 +55,9 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
             rounds: a.rounds,
             seconds: a.seconds / 10.0,
             data: a.data,
-            lines: a.lines.unwrap_or(200_000),
+            // Recording a zoo model's shapes takes a few steps, not a long run.
+            lines: a.lines.unwrap_or(if a.model.is_empty() { 200_000 } else { 20_000 }),
+            models: a.model,
         });
     }
     if a.security {

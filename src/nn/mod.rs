@@ -32,6 +32,7 @@ pub const MAX_TENSOR_FLOATS: usize = 1 << 24;
 pub mod bf16;
 pub mod layer;
 pub mod layers;
+pub mod record;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -147,6 +148,7 @@ pub fn matmul(
     }
     assert!(a.len() > last(a_strides.0, a_strides.1, m, k), "matmul: lhs too small");
     assert!(b.len() > last(b_strides.0, b_strides.1, k, n), "matmul: rhs too small");
+    record::note(m, n, k, a_strides, b_strides);
     let started = std::time::Instant::now();
     let product = Operands { m, n, k, a, a_strides, b, b_strides };
     if PRECISION.get() == Precision::Bf16 && bf16_available() {

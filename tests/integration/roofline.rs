@@ -85,3 +85,52 @@ fn a_missing_reference_blas_leaves_oars_column_with_the_reason() {
     assert!(out.contains("reference BLAS: none (cannot load /nonexistent/libblas.so"), "{out}");
     assert!(out.lines().filter(|l| l.starts_with("| fc")).all(|l| l.ends_with("| - | - |")), "{out}");
 }
+
+#[test]
+fn the_zoos_products_are_recorded_from_training_and_timed_against_the_reference() {
+    let o = oar(&[
+        "bench",
+        "--roofline",
+        "--model",
+        "xDeepFM",
+        "--model",
+        "LR",
+        "--rounds",
+        "1",
+        "--seconds",
+        "0.1",
+        "--lines",
+        "1500",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    let summary = |model: &str| -> Vec<String> {
+        let row = out.lines().find(|l| l.starts_with(&format!("| {model} |"))).unwrap_or_else(|| panic!("{out}"));
+        row.split('|').map(str::trim).skip(1).map(String::from).collect()
+    };
+    // xDeepFM's products a sample, by hand from examples/zoo/xdeepfm.toml (forward, weight and
+    // input gradients, 2 x in x out FLOPs each): the dense values' linear (no input gradient:
+    // they are data) 2 x 2 x 13; the CIN's two layers, D = 10 positions of 26 x 26 -> 32 and
+    // 32 x 26 -> 32 maps; its linear 64 -> 1; the MLP 273-400-400-400-1.
+    let by_hand = 2.0 * 2.0 * 13.0
+        + 6.0 * 10.0 * (26.0 * 26.0 * 32.0 + 32.0 * 26.0 * 32.0)
+        + 6.0 * 64.0
+        + 6.0 * (273.0 * 400.0 + 2.0 * 400.0 * 400.0 + 400.0);
+    let row = summary("xDeepFM");
+    assert_eq!(row[1], format!("{:.3}", by_hand / 1e6), "recorded from the training pass: {out}");
+    assert!(row[2].ends_with("(100% of the FLOPs)"), "the CIN's and the MLP's shapes are timed: {out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("| 5120 x 832 x 32 | a b^T |")),
+        "the CIN's second layer is one product over a batch's 512 samples x 10 positions: {out}"
+    );
+    assert_eq!(summary("LR")[1], "0.000", "{out}");
+    let with_reference = !out.contains("reference BLAS: none");
+    for model in ["xDeepFM", "LR"] {
+        let row = summary(model);
+        assert!(row[3].parse::<f64>().unwrap() > 0.0, "{out}");
+        assert_eq!(row[5] != "-", with_reference, "the ratio is there exactly with a reference: {out}");
+    }
+    let o = oar(&["bench", "--roofline", "--model", "ResNet"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("\"ResNet\"") && err.contains("xDeepFM"), "{err}");
+}
