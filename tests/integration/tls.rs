@@ -1,10 +1,7 @@
 //! TLS between trainers and servers, end to end with real processes: what a relay on the path
 //! sees, clients that do not speak it or trust another authority, and `oar launch --tls`.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::util::*;
@@ -13,45 +10,6 @@ use oar::protocol::ServerStats;
 use oar::security::auth::Secret;
 
 const JOB: &str = "tls-job-0xC0FFEE";
-
-/// A relay on the path between trainers and a server, keeping a copy of every byte that
-/// crosses it either way.
-struct Tap {
-    addr: String,
-    seen: Arc<Mutex<Vec<u8>>>,
-}
-
-impl Tap {
-    fn new(to: String) -> Tap {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let log = seen.clone();
-        std::thread::spawn(move || {
-            for from in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(&to) else { continue };
-                for (mut a, mut b) in [(from.try_clone().unwrap(), server.try_clone().unwrap()), (server, from)] {
-                    let log = log.clone();
-                    std::thread::spawn(move || {
-                        let mut buf = [0u8; 1 << 16];
-                        while let Ok(n @ 1..) = a.read(&mut buf) {
-                            log.lock().unwrap().extend_from_slice(&buf[..n]);
-                            if b.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = b.shutdown(std::net::Shutdown::Write);
-                    });
-                }
-            }
-        });
-        Tap { addr, seen }
-    }
-
-    fn saw(&self, needle: &[u8]) -> bool {
-        self.seen.lock().unwrap().windows(needle.len()).any(|w| w == needle)
-    }
-}
 
 /// Samples the server applied or discarded as too stale, per trainer.
 fn handled(s: &ServerStats) -> Vec<u64> {
@@ -65,7 +23,7 @@ fn server_stats(log: &str) -> ServerStats {
 
 /// Trains one async trainer against one server through a relay, with or without TLS; returns
 /// the server's stats and the relay.
-fn train_through_a_relay(dir: &Path, train: &Path, secret: &Path, tls: Option<&Path>) -> (ServerStats, Tap) {
+fn train_through_a_relay(dir: &Path, train: &Path, secret: &Path, tls: Option<&Path>) -> (ServerStats, Relay) {
     let port = free_ports(1).to_string();
     let name = if tls.is_some() { "tls" } else { "plain" };
     let secret = secret.display().to_string();
@@ -82,7 +40,7 @@ fn train_through_a_relay(dir: &Path, train: &Path, secret: &Path, tls: Option<&P
     let mut server = spawn_oar(dir, &args, "", &log);
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
     wait_until(30, "the server listens", || read(&log).contains("OAR_READY"));
-    let tap = Tap::new(format!("127.0.0.1:{port}"));
+    let tap = Relay::new(format!("127.0.0.1:{port}"));
 
     if tls.is_some() {
         // A client with the secret but without TLS gets nothing, and nothing stops the server.

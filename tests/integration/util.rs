@@ -1,7 +1,9 @@
 //! Test fixtures: generated data, in-process servers, trainer configs, checkpoint comparison.
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -508,4 +510,61 @@ pub fn pserver_ready(args: &[&str], stderr: std::process::Stdio) -> (std::proces
     std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.as_mut().unwrap()), &mut line).unwrap();
     let addr = line.trim().strip_prefix("OAR_READY ").unwrap_or_else(|| panic!("no OAR_READY line: {line:?}"));
     (server, addr.to_string())
+}
+
+/// A relay on the path between trainers and a server, keeping a copy of every byte that
+/// crosses it either way. A resetting relay first resets connections it accepts (as a process
+/// stopping behind the address, or a Kubernetes service routing to a pod going away, does).
+pub struct Relay {
+    pub addr: String,
+    pub seen: Arc<Mutex<Vec<u8>>>,
+    /// Connections reset so far.
+    pub resets: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Relay {
+    /// A relay that carries every connection.
+    pub fn new(to: String) -> Relay {
+        Relay::resetting(to, 0)
+    }
+
+    /// A relay that resets the first `first` connections it accepts (all: `usize::MAX`), then
+    /// carries the rest.
+    pub fn resetting(to: String, first: usize) -> Relay {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (seen, resets) = (Arc::new(Mutex::new(Vec::new())), Arc::new(std::sync::atomic::AtomicUsize::new(0)));
+        let (log, reset) = (seen.clone(), resets.clone());
+        std::thread::spawn(move || {
+            for from in listener.incoming().flatten() {
+                if reset.load(SeqCst) < first {
+                    // Closed at once with no lingering: the peer gets a reset, not an end.
+                    socket2::SockRef::from(&from).set_linger(Some(Duration::ZERO)).unwrap();
+                    drop(from);
+                    reset.fetch_add(1, SeqCst);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&to) else { continue };
+                for (mut a, mut b) in [(from.try_clone().unwrap(), server.try_clone().unwrap()), (server, from)] {
+                    let log = log.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 1 << 16];
+                        while let Ok(n @ 1..) = a.read(&mut buf) {
+                            log.lock().unwrap().extend_from_slice(&buf[..n]);
+                            if b.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = b.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Relay { addr, seen, resets }
+    }
+
+    pub fn saw(&self, needle: &[u8]) -> bool {
+        self.seen.lock().unwrap().windows(needle.len()).any(|w| w == needle)
+    }
 }
