@@ -110,6 +110,20 @@ impl ClientError {
         )
     }
 
+    /// Whether the other side closed or reset the connection before it answered: a process
+    /// stopping or restarting behind the address, a proxy, or a Kubernetes service routing to a
+    /// pod that is going away. A reply timeout is not such a close.
+    pub(super) fn closed_before_answer(&self) -> bool {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+        match self {
+            ClientError::Protocol { cause: ProtocolError::Closed, .. } => true,
+            ClientError::Protocol { cause: ProtocolError::Io(e), .. } => {
+                matches!(e.kind(), ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the server, not the request, is the cause: the connection broke or timed out,
     /// nobody listens, the process there is a replaced epoch, or the server was lost and did
     /// not come back within the recovery window.
@@ -145,5 +159,29 @@ mod tests {
         };
         assert!(unreachable.is_lost_server());
         assert!(!ClientError::Usage("bad".into()).is_lost_server());
+    }
+
+    /// A connection closed or reset before the answer is connected again; a silent one (the
+    /// reply timeout) or a refusal is not.
+    #[test]
+    fn a_close_before_the_answer_is_told_from_a_silence() {
+        use std::io::ErrorKind::*;
+        let at = |cause| ClientError::Protocol { index: 0, addr: "a:1".into(), cause };
+        assert!(at(ProtocolError::Closed).closed_before_answer());
+        for kind in [ConnectionReset, ConnectionAborted, BrokenPipe, UnexpectedEof] {
+            assert!(at(ProtocolError::Io(kind.into())).closed_before_answer(), "{kind:?}");
+        }
+        for kind in [WouldBlock, TimedOut, InvalidData] {
+            assert!(!at(ProtocolError::Io(kind.into())).closed_before_answer(), "{kind:?}");
+        }
+        assert!(!at(ProtocolError::Malformed("x".into())).closed_before_answer());
+        let busy = ClientError::Refused {
+            index: 0,
+            addr: "a:1".into(),
+            what: "the handshake",
+            code: ErrorCode::Busy,
+            message: String::new(),
+        };
+        assert!(!busy.closed_before_answer());
     }
 }

@@ -11,7 +11,10 @@ use crate::protocol::{ErrorCode, FrameBuf, Hello, Request, Response, NOT_A_TRAIN
 /// of it met so far; returns the connection and the server's epoch. A server that answers
 /// `Busy` (every place, or this address's share of places before the handshake, taken:
 /// perhaps by a peer's silent connections, which it closes after its handshake timeout) is
-/// tried again with backoff until `connect_timeout`, as one still starting is.
+/// tried again with backoff until `connect_timeout`, as one still starting is, and so is a
+/// connection closed or reset before the handshake's answer (a process stopping or restarting
+/// behind the address, or a Kubernetes service routing to a pod going away); after the
+/// deadline, the server is unreachable, naming the last close.
 pub(super) fn open(
     config: &ClientConfig,
     index: usize,
@@ -28,6 +31,19 @@ pub(super) fn open(
                 tracing::warn!(server = index, "server busy, trying again: {message}");
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) if e.closed_before_answer() && left > pause => {
+                tracing::warn!(
+                    server = index,
+                    "the connection closed before the handshake's answer ({e}); connecting again"
+                );
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) if e.closed_before_answer() => {
+                let addr = port_plus(&config.servers[index], port).map_err(ClientError::Usage)?;
+                let cause = format!("{e} (each connection closed before the handshake's answer)");
+                return Err(ClientError::Unreachable { index, addr, timeout: connect_timeout, cause });
             }
             done => return done,
         }

@@ -34,6 +34,7 @@ mod paddle;
 mod paddlerec;
 mod predict;
 mod python_package;
+mod resets;
 mod restarts;
 mod robustness;
 mod roofline;
