@@ -33,6 +33,7 @@ pub mod bf16;
 pub mod layer;
 pub mod layers;
 pub mod record;
+mod small;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -154,6 +155,8 @@ pub fn matmul(
     if PRECISION.get() == Precision::Bf16 && bf16_available() {
         #[cfg(target_arch = "x86_64")]
         bf16::matmul(&product, dst, accumulate);
+    } else if small::fits(&product) {
+        small::matmul(&product, dst, accumulate);
     } else {
         gemm_f32(&product, dst, accumulate);
     }
