@@ -340,9 +340,9 @@ fn training(
     job.train.precision = precision;
     let config =
         crate::train::TrainConfig { test_files: Vec::new(), ..super::training::local_config(data, threads, job)? };
-    let (seconds0, flops0) = crate::nn::matmul_totals();
+    let (seconds0, flops0) = crate::nn::record::totals();
     let r = crate::train::run(&config, &|_, _| {})?;
-    let (seconds1, flops1) = crate::nn::matmul_totals();
+    let (seconds1, flops1) = crate::nn::record::totals();
     let (in_matmul, flops) = ((seconds1 - seconds0) / threads as f64, (flops1 - flops0) as f64);
     let rate = flops / r.train_seconds;
     let share = |peak: f64| format!("{:.0}%", 100.0 * rate / peak);
@@ -388,9 +388,9 @@ fn distributed(job: &JobConfig, data: &std::path::Path) -> anyhow::Result<()> {
         test_files: Vec::new(),
         ..super::training::local_config(data, 1, job.clone())?
     };
-    let (matmul0, replies0) = (crate::nn::matmul_totals().0, crate::client::reply_seconds());
+    let (matmul0, replies0) = (crate::nn::record::totals().0, crate::client::reply_seconds());
     let r = crate::train::run(&config, &|_, _| {})?;
-    let in_matmul = crate::nn::matmul_totals().0 - matmul0;
+    let in_matmul = crate::nn::record::totals().0 - matmul0;
     let replies = crate::client::reply_seconds() - replies0;
     let tool = crate::client::ClientConfig::new(
         vec![server.addr.clone()],
@@ -428,6 +428,7 @@ fn ctr_dnn(batch: usize) -> anyhow::Result<JobConfig> {
 
 /// Runs (1) and (2) and prints them.
 pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
+    let _counting = crate::nn::record::count_products();
     anyhow::ensure!(
         (1..=MAX_BATCH).contains(&config.batch) && (1..=1000).contains(&config.rounds),
         "--roofline takes --batch 1 to {MAX_BATCH} and --rounds 1 to 1000"

@@ -36,16 +36,8 @@ pub mod record;
 mod small;
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::table::{DenseParam, Init};
-
-/// Nanoseconds spent in [`matmul`] and the floating-point operations it did, over every thread
-/// of the process: `oar bench --roofline` reads them around a training run to split its compute
-/// into matrix math and the rest, from counts rather than estimates. Two clock reads and two
-/// relaxed adds a call cost nothing beside a product of a batch's rows.
-static MATMUL_NANOS: AtomicU64 = AtomicU64::new(0);
-static MATMUL_FLOPS: AtomicU64 = AtomicU64::new(0);
 
 /// What a matrix product's operands are rounded to; sums are f32 in both.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -115,12 +107,6 @@ pub fn with_precision<R>(precision: Precision, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Seconds spent in [`matmul`] so far by all the process's threads, and the floating-point
-/// operations done (2 m n k a call).
-pub fn matmul_totals() -> (f64, u64) {
-    (MATMUL_NANOS.load(Relaxed) as f64 * 1e-9, MATMUL_FLOPS.load(Relaxed))
-}
-
 /// `dst (m x n) = [dst +] a (m x k) * b (k x n)`; `a` and `b` are given with (row, column)
 /// strides, so transposes cost nothing. In bf16 inside [`with_precision`] where the CPU has it.
 #[allow(clippy::too_many_arguments)]
@@ -150,7 +136,7 @@ pub fn matmul(
     assert!(a.len() > last(a_strides.0, a_strides.1, m, k), "matmul: lhs too small");
     assert!(b.len() > last(b_strides.0, b_strides.1, k, n), "matmul: rhs too small");
     record::note(m, n, k, a_strides, b_strides);
-    let started = std::time::Instant::now();
+    let started = record::start();
     let product = Operands { m, n, k, a, a_strides, b, b_strides };
     if PRECISION.get() == Precision::Bf16 && bf16_available() {
         #[cfg(target_arch = "x86_64")]
@@ -160,8 +146,7 @@ pub fn matmul(
     } else {
         gemm_f32(&product, dst, accumulate);
     }
-    MATMUL_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
-    MATMUL_FLOPS.fetch_add(2 * (m * n * k) as u64, Relaxed);
+    record::done(started, m, n, k);
 }
 
 /// The operands of a product [`matmul`] has checked: `a (m x k)` and `b (k x n)` with their
