@@ -12,6 +12,8 @@
 //! (3) The same training on one server and one trainer over loopback: a distributed step's
 //!     time, its time on the server's replies (counted by the client) split into the server's
 //!     handling of them (counted by the server) and the transport.
+//! (4) With `--model NAME` (or `all`), instead of (1) to (3): the products a zoo model's training
+//!     records, shape by shape, against the reference ([`super::zoo_products`]).
 //!
 //! The CPU's name, whether it has bf16 products (AVX512_BF16, which oar uses; AMX-BF16 is
 //! named, not used) and one core's arithmetic peak in f32 and bf16 ([`super::peak`]) head the
@@ -340,6 +342,8 @@ fn training(
     job.train.precision = precision;
     let config =
         crate::train::TrainConfig { test_files: Vec::new(), ..super::training::local_config(data, threads, job)? };
+    // Counted here alone: the kernels' timings in (1) and (4) run without the counters' cost.
+    let _counting = crate::nn::record::count_products();
     let (seconds0, flops0) = crate::nn::record::totals();
     let r = crate::train::run(&config, &|_, _| {})?;
     let (seconds1, flops1) = crate::nn::record::totals();
@@ -388,6 +392,7 @@ fn distributed(job: &JobConfig, data: &std::path::Path) -> anyhow::Result<()> {
         test_files: Vec::new(),
         ..super::training::local_config(data, 1, job.clone())?
     };
+    let _counting = crate::nn::record::count_products();
     let (matmul0, replies0) = (crate::nn::record::totals().0, crate::client::reply_seconds());
     let r = crate::train::run(&config, &|_, _| {})?;
     let in_matmul = crate::nn::record::totals().0 - matmul0;
@@ -426,13 +431,28 @@ fn ctr_dnn(batch: usize) -> anyhow::Result<JobConfig> {
     Ok(job)
 }
 
-/// Runs (1) and (2) and prints them.
+/// Runs (1) to (3), or with `config.models` (4), and prints them.
 pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
-    let _counting = crate::nn::record::count_products();
     anyhow::ensure!(
         (1..=MAX_BATCH).contains(&config.batch) && (1..=1000).contains(&config.rounds),
         "--roofline takes --batch 1 to {MAX_BATCH} and --rounds 1 to 1000"
     );
+    // Named models are checked before anything is measured.
+    let models = if config.models.is_empty() { None } else { Some(super::zoo_products::pick(&config.models)?) };
+    let blas = machine(config);
+    let tmp = std::env::temp_dir().join(format!("oar-roofline-{}", std::process::id()));
+    let data = super::bench_data(config.data.as_deref(), config.lines, 2, &tmp);
+    let result = data.and_then(|data| match models {
+        Some(models) => super::zoo_products::run(config, blas.as_ref(), &models, &data),
+        None => ctr_dnn_steps(config, blas.as_ref(), &data),
+    });
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+/// Prints the CPU, one core's arithmetic peaks and the reference BLAS, which it returns loaded
+/// (one thread), or `None` with the reason printed.
+fn machine(config: &RooflineConfig) -> Option<Blas> {
     let (name, flags) = cpu();
     println!(
         "CPU: {name} ({}); bf16 products: {}",
@@ -451,7 +471,7 @@ pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
         ))
     );
     pick_openblas_kernels(&flags);
-    let blas = match Blas::load(&config.blas) {
+    match Blas::load(&config.blas) {
         Ok(b) => {
             b.set_threads(1);
             println!("reference BLAS: {}", b.name);
@@ -461,35 +481,28 @@ pub fn run(config: &RooflineConfig) -> anyhow::Result<()> {
             println!("reference BLAS: none ({e}); oar's kernel alone (Debian: apt install libopenblas0)");
             None
         }
-    };
-    let tmp = std::env::temp_dir().join(format!("oar-roofline-{}", std::process::id()));
-    if !config.models.is_empty() {
-        let models = super::zoo_products::pick(&config.models)?;
-        let data = super::bench_data(config.data.as_deref(), config.lines, 2, &tmp)?;
-        let result = super::zoo_products::run(config, blas.as_ref(), &models, &data);
-        let _ = std::fs::remove_dir_all(&tmp);
-        return result;
     }
+}
+
+/// (1) to (3) on the CTR-DNN, training on `data`.
+fn ctr_dnn_steps(config: &RooflineConfig, blas: Option<&Blas>, data: &std::path::Path) -> anyhow::Result<()> {
     let job = ctr_dnn(config.batch)?;
     let m = job.model.with_shorthand_defaults();
     let input =
         m.slots.unwrap_or_default() * m.embedding_dim.unwrap_or_default() + m.dense_features.unwrap_or_default();
     let widths: Vec<usize> = std::iter::once(input).chain(m.hidden.unwrap_or_default()).chain(m.outputs).collect();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (one, all) = kernels(config, blas.as_ref(), &products(&widths, config.batch), cores);
+    let (one, all) = kernels(config, blas, &products(&widths, config.batch), cores);
     println!("(2) the CTR-DNN trained locally at batch {}, its matrix products against (1)'s step", config.batch);
-    let data = super::bench_data(config.data.as_deref(), config.lines, 2, &tmp)?;
     let bf16 = crate::nn::bf16_available().then_some(Precision::Bf16);
     for precision in std::iter::once(Precision::F32).chain(bf16) {
-        training(&job, &data, 1, precision, one)?;
+        training(&job, data, 1, precision, one)?;
         if cores > 1 {
-            training(&job, &data, cores, precision, all)?;
+            training(&job, data, cores, precision, all)?;
         }
     }
     println!("(3) the same on 1 server x 1 trainer over loopback (async, 1 thread, pulls in line)");
-    distributed(&job, &data)?;
-    let _ = std::fs::remove_dir_all(&tmp);
-    Ok(())
+    distributed(&job, data)
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 //! reference BLAS at the zoo's own shapes. Each named zoo model trains one pass locally on one
 //! thread with its products recorded ([`crate::nn::record::record_products`]), so the shapes
 //! are the ones its layers really multiply (attention heads, cross layers, CIN maps, the MLPs,
-//! forward and backward), not a list kept by hand. Every shape carrying at least
+//! forward and backward), not a list kept by hand. Only whether an operand is stored transposed
+//! is kept, not its strides: an attention head's columns of a wider matrix are timed as a
+//! matrix of their own. Every shape carrying at least
 //! [`TIMED_SHARE`] of the model's product FLOPs is then timed with both kernels in alternating
 //! rounds, each shape once however many models share it. A model's ratio weighs each shape by
 //! its calls: the time its recorded products take with the reference over the time with oar.
@@ -180,7 +182,7 @@ mod tests {
         // 200 m FLOPs a call of shape(m).
         let shape = |m| ProductShape { m, n: 10, k: 10, a_transposed: false, b_transposed: false };
         let model = |shapes| ModelProducts { name: "x", samples: 1, shapes };
-        // 99 of the FLOPs in 9,900 and 1% in 100: both timed.
+        // 99% of the FLOPs in 9,900 and 1% in 100: both timed.
         assert_eq!(model(vec![(shape(9_900), 1), (shape(100), 1)]).timed().count(), 2);
         // 0.99% in 99: counted, not timed.
         let m = model(vec![(shape(9_901), 1), (shape(99), 1)]);

@@ -24,7 +24,8 @@ pub(super) struct BenchArgs {
     #[arg(long)]
     pub(super) data: Option<PathBuf>,
     /// Lines to generate for (c) when --data is not given (default 1,000,000; with --hosts
-    /// 50,000, which takes about 10 minutes over the default links there).
+    /// 50,000, which takes about 10 minutes over the default links there; with --roofline
+    /// 200,000, or 20,000 with --model).
     #[arg(long)]
     pub(super) lines: Option<u64>,
     /// Seconds per measurement in (a) and (b).

@@ -23,26 +23,40 @@ pub(super) fn open(
     connect_timeout: Duration,
 ) -> Result<(Conn, u64), ClientError> {
     let deadline = std::time::Instant::now() + connect_timeout;
-    let mut pause = Duration::from_millis(50);
+    let (mut pause, mut closed) = (Duration::from_millis(50), 0);
+    let wait = |pause: &mut Duration| {
+        std::thread::sleep(*pause);
+        *pause = (*pause * 2).min(Duration::from_secs(1));
+    };
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match open_once(config, index, port, met, left) {
             Err(ClientError::Refused { code: ErrorCode::Busy, message, .. }) if left > pause => {
                 tracing::warn!(server = index, "server busy, trying again: {message}");
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_secs(1));
+                wait(&mut pause);
             }
             Err(e) if e.closed_before_answer() && left > pause => {
                 tracing::warn!(
                     server = index,
                     "the connection closed before the handshake's answer ({e}); connecting again"
                 );
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_secs(1));
+                closed += 1;
+                wait(&mut pause);
             }
-            Err(e) if e.closed_before_answer() => {
+            // Out of time: named with the whole deadline, and the closes before, if any.
+            Err(e) if e.closed_before_answer() || matches!(e, ClientError::Unreachable { .. }) => {
                 let addr = port_plus(&config.servers[index], port).map_err(ClientError::Usage)?;
-                let cause = format!("{e} (each connection closed before the handshake's answer)");
+                let cause = match e {
+                    ClientError::Unreachable { cause, .. } => cause,
+                    e => {
+                        closed += 1;
+                        e.to_string()
+                    }
+                };
+                let cause = match closed {
+                    0 => cause,
+                    n => format!("{cause} ({n} connection(s) closed before the handshake's answer)"),
+                };
                 return Err(ClientError::Unreachable { index, addr, timeout: connect_timeout, cause });
             }
             done => return done,

@@ -121,7 +121,8 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
 
     /// Given `dy`, *adds* the parameter gradients into `grads` (the layer's own slice) and the
     /// input gradients into `dx[i]` (`None`: input `i` needs no gradient). `y` and `scratch` are
-    /// as forward left them.
+    /// as forward left them; backward runs once per forward and may use `scratch` up (the CIN
+    /// writes a layer's gradients where its products were).
     #[allow(clippy::too_many_arguments)]
     fn backward(
         &self,

@@ -7,9 +7,10 @@
 //! so its reads run in order). The last vector of a row is stored masked, straight into the
 //! destination. No buffer is allocated or zeroed a call.
 //!
-//! Which kernel a product takes depends on its shape alone, so a replica and a sync trainer
-//! computing the same shapes compute the same bits. On x86-64 with AVX2 and FMA (checked at
-//! run time); elsewhere [`matmul`](super::matmul) keeps gemm for these too.
+//! A row of the product comes out the same whatever the number of rows `m`, as with gemm; only
+//! a product crossing 64 rows (a replica or a sync trainer with a batch of 64 rows or fewer
+//! against one with more) changes the order of its sums. On x86-64 with AVX2 and FMA (checked
+//! at run time); elsewhere [`matmul`](super::matmul) keeps gemm for these too.
 
 use super::Operands;
 
@@ -28,18 +29,22 @@ fn available() -> bool {
     return false;
 }
 
-/// `dst (m x n) = [dst +] a b` for a product that [`fits`].
+/// `dst (m x n) = [dst +] a b` for a product that [`fits`] (checked: the kernel's registers
+/// and stack block hold no more, and it needs the CPU's AVX2 and FMA).
 pub(crate) fn matmul(p: &Operands, dst: &mut [f32], accumulate: bool) {
-    debug_assert!(fits(p));
+    assert!(fits(p), "a small product of at most {SMALL} in every dimension, on AVX2 and FMA");
     // SAFETY: `fits` checked that this CPU has AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
     unsafe {
         matmul_fma(p, dst, accumulate)
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (dst, accumulate);
 }
 
 /// The right operand as the kernel reads it: rows of `NV` whole vectors of 8, `stride` floats
 /// apart.
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Rows {
     at: *const f32,
@@ -175,14 +180,19 @@ mod tests {
             eprintln!("no AVX2 and FMA here: small products stay with gemm");
             return;
         }
-        for (m, n, k) in [(1, 1, 1), (3, 7, 5), (39, 8, 39), (39, 39, 8), (64, 64, 64), (2, 64, 1)] {
+        // Every width (each tile and masked tail), the attention heads' shapes, the largest.
+        let shapes =
+            (1..=SMALL).map(|n| (7, n, 5)).chain([(1, 1, 1), (39, 8, 39), (39, 39, 8), (64, 64, 64), (2, 64, 1)]);
+        for (m, n, k) in shapes {
             for (ta, tb, accumulate) in
                 [(false, false, false), (true, false, true), (false, true, false), (true, true, true)]
             {
-                let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
-                let b: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 32.0).collect();
-                let sa = if ta { (1, m) } else { (k, 1) };
-                let sb = if tb { (1, k) } else { (n, 1) };
+                // Rows wider than the product, as an attention head's columns of a wider matrix.
+                let (ra, rb) = (if ta { m + 3 } else { k + 2 }, if tb { k + 1 } else { n + 8 });
+                let a: Vec<f32> = (0..m.max(k) * ra).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
+                let b: Vec<f32> = (0..k.max(n) * rb).map(|i| ((i * 53 % 97) as f32 - 48.0) / 32.0).collect();
+                let sa = if ta { (1, ra) } else { (ra, 1) };
+                let sb = if tb { (1, rb) } else { (rb, 1) };
                 let p = Operands { m, n, k, a: &a, a_strides: sa, b: &b, b_strides: sb };
                 let mut dst: Vec<f32> = (0..m * n + 3).map(|i| i as f32).collect();
                 let before = dst.clone();

@@ -61,8 +61,11 @@ fn a_server_that_resets_every_connection_is_named_after_the_connect_deadline() {
     assert!(!status.success(), "{log}");
     let line = log.lines().rev().find(|l| l.contains("cannot reach server 0")).unwrap_or_else(|| panic!("{log}"));
     assert!(line.contains(&format!("at {} within 2s", relay.addr)), "{line}");
-    assert!(line.contains("each connection closed before the handshake's answer"), "{line}");
-    assert!(relay.resets.load(SeqCst) >= 2, "it connected again before giving up");
+    // The closes this trainer saw, each one the relay reset.
+    let said =
+        line.split(" (").last().and_then(|s| s.strip_suffix(" connection(s) closed before the handshake's answer)"));
+    let closes: usize = said.unwrap_or_else(|| panic!("{line}")).parse().unwrap();
+    assert!((2..=relay.resets.load(SeqCst)).contains(&closes), "it connected again before giving up: {line}");
     let _ = server.kill();
     let _ = server.wait();
 }

@@ -516,7 +516,9 @@ pub fn pserver_ready(args: &[&str], stderr: std::process::Stdio) -> (std::proces
 /// crosses it either way. A resetting relay first resets connections it accepts (as a process
 /// stopping behind the address, or a Kubernetes service routing to a pod going away, does).
 pub struct Relay {
+    /// Where trainers connect to reach the server through the relay.
     pub addr: String,
+    /// Every byte carried, both ways, in the order read.
     pub seen: Arc<Mutex<Vec<u8>>>,
     /// Connections reset so far.
     pub resets: Arc<std::sync::atomic::AtomicUsize>,
@@ -528,8 +530,8 @@ impl Relay {
         Relay::resetting(to, 0)
     }
 
-    /// A relay that resets the first `first` connections it accepts (all: `usize::MAX`), then
-    /// carries the rest.
+    /// A relay that resets the first `first` connections it accepts (all: `usize::MAX`), each
+    /// once the peer has sent its first bytes, then carries the rest.
     pub fn resetting(to: String, first: usize) -> Relay {
         use std::sync::atomic::Ordering::SeqCst;
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -539,10 +541,16 @@ impl Relay {
         std::thread::spawn(move || {
             for from in listener.incoming().flatten() {
                 if reset.load(SeqCst) < first {
-                    // Closed at once with no lingering: the peer gets a reset, not an end.
+                    // Reset once the peer has spoken (within a second), so its connect has
+                    // completed and the reset cuts its handshake, not its connect.
+                    let mut first_bytes = [0u8; 64];
+                    let _ = from.set_read_timeout(Some(Duration::from_secs(1)));
+                    let _ = (&from).read(&mut first_bytes);
+                    // Closed with no lingering: the peer gets a reset, not an end.
                     socket2::SockRef::from(&from).set_linger(Some(Duration::ZERO)).unwrap();
-                    drop(from);
+                    // Counted first: the peer sees no reset the count does not hold.
                     reset.fetch_add(1, SeqCst);
+                    drop(from);
                     continue;
                 }
                 let Ok(server) = TcpStream::connect(&to) else { continue };
@@ -564,6 +572,7 @@ impl Relay {
         Relay { addr, seen, resets }
     }
 
+    /// Whether `needle` is among the bytes carried (both ways, interleaved as read).
     pub fn saw(&self, needle: &[u8]) -> bool {
         self.seen.lock().unwrap().windows(needle.len()).any(|w| w == needle)
     }

@@ -217,15 +217,7 @@ impl Layer for CinLayer {
             matmul(n, width, h, zk, false, dxk, (h, 1), w, (width, 1));
             let x0t = &done[..n * f];
             let prev = if k == 0 { x0t } else { &done[rows * parts.x[k - 1]..][..n * hp] };
-            let dprev = &mut dprev_all[..n * hp];
-            for c in 0..n {
-                let (x0c, dx0c) = (&x0t[c * f..(c + 1) * f], &mut dx0t[c * f..(c + 1) * f]);
-                for (i, g) in zk[c * width..(c + 1) * width].chunks_exact(f).enumerate() {
-                    let v = prev[c * hp + i];
-                    dprev[c * hp + i] = g.iter().zip(x0c).map(|(g, x)| g * x).sum();
-                    dx0c.iter_mut().zip(g).for_each(|(a, g)| *a += g * v);
-                }
-            }
+            spread(zk, prev, x0t, &mut dprev_all[..n * hp], dx0t, (hp, f));
         }
         // Layer 0's `prev` was the input itself.
         dx0t.iter_mut().zip(&dprev_all[..n * f]).for_each(|(a, g)| *a += g);
@@ -237,6 +229,21 @@ impl Layer for CinLayer {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A layer's product gradients `dz` (a row of `hp f` per position) through `Z[i f + j] =
+/// prev[i] * x0[j]`: sets `dprev` (the layer before's output gradient, `hp` a row) and adds into
+/// `dx0t` (the input's, transposed, `f` a row).
+fn spread(dz: &[f32], prev: &[f32], x0t: &[f32], dprev: &mut [f32], dx0t: &mut [f32], (hp, f): (usize, usize)) {
+    let width = hp * f;
+    for c in 0..x0t.len() / f {
+        let (x0c, dx0c) = (&x0t[c * f..(c + 1) * f], &mut dx0t[c * f..(c + 1) * f]);
+        for (i, g) in dz[c * width..(c + 1) * width].chunks_exact(f).enumerate() {
+            let v = prev[c * hp + i];
+            dprev[c * hp + i] = g.iter().zip(x0c).map(|(g, x)| g * x).sum();
+            dx0c.iter_mut().zip(g).for_each(|(a, g)| *a += g * v);
         }
     }
 }
