@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use super::blas::Blas;
 use super::median;
+use crate::nn::record::ProductShape;
 use crate::nn::Precision;
 use crate::train::job_config::JobConfig;
 
@@ -52,25 +53,13 @@ pub struct RooflineConfig {
     pub models: Vec<String>,
 }
 
-/// One matrix product of a training step: `m x k` times `k x n`, an operand transposed where a
-/// layer's backward reads it so.
+/// One matrix product of a training step, named: a weight gradient reads the layer's input
+/// transposed, an input gradient the weights.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Product {
+struct Product {
     /// The layer and the pass (`fc1 forward`, `fc1 dW`, `fc1 dx`).
-    pub(super) name: String,
-    pub(super) m: usize,
-    pub(super) n: usize,
-    pub(super) k: usize,
-    /// The left operand is stored `k x m` (a weight gradient reads the layer's input so).
-    pub(super) ta: bool,
-    /// The right operand is stored `n x k` (an input gradient reads the weights so).
-    pub(super) tb: bool,
-}
-
-impl Product {
-    fn flops(&self) -> f64 {
-        2.0 * (self.m * self.n * self.k) as f64
-    }
+    name: String,
+    shape: ProductShape,
 }
 
 /// The products of one training step of a stack of linear layers of `widths` (input, hidden
@@ -80,10 +69,13 @@ fn products(widths: &[usize], rows: usize) -> Vec<Product> {
     let mut out = Vec::new();
     for (l, w) in widths.windows(2).enumerate() {
         let (i, o) = (w[0], w[1]);
-        let name = |pass: &str| format!("fc{} {pass}", l + 1);
-        out.push(Product { name: name("forward"), m: rows, n: o, k: i, ta: false, tb: false });
-        out.push(Product { name: name("dW"), m: i, n: o, k: rows, ta: true, tb: false });
-        out.push(Product { name: name("dx"), m: rows, n: i, k: o, ta: false, tb: true });
+        let product = |pass: &str, (m, n, k), (a_transposed, b_transposed)| Product {
+            name: format!("fc{} {pass}", l + 1),
+            shape: ProductShape { m, n, k, a_transposed, b_transposed },
+        };
+        out.push(product("forward", (rows, o, i), (false, false)));
+        out.push(product("dW", (i, o, rows), (true, false)));
+        out.push(product("dx", (rows, i, o), (false, true)));
     }
     out
 }
@@ -145,21 +137,22 @@ struct Operands {
 }
 
 impl Operands {
-    fn new(p: &Product) -> Operands {
+    fn new(p: &ProductShape) -> Operands {
         let fill = |n: usize, seed: usize| (0..n).map(|i| ((i * 7919 + seed) % 1000) as f32 * 1e-6).collect();
         Operands { a: fill(p.m * p.k, 1), b: fill(p.k * p.n, 2), dst: vec![0.0; p.m * p.n] }
     }
 
-    fn run(&mut self, kernel: Kernel, p: &Product) {
+    fn run(&mut self, kernel: Kernel, p: &ProductShape) {
+        let (ta, tb) = (p.a_transposed, p.b_transposed);
         match kernel {
             Kernel::Oar(precision) => {
-                let sa = if p.ta { (1, p.m) } else { (p.k, 1) };
-                let sb = if p.tb { (1, p.k) } else { (p.n, 1) };
+                let sa = if ta { (1, p.m) } else { (p.k, 1) };
+                let sb = if tb { (1, p.k) } else { (p.n, 1) };
                 crate::nn::with_precision(precision, || {
                     crate::nn::matmul(p.m, p.n, p.k, &mut self.dst, true, &self.a, sa, &self.b, sb)
                 });
             }
-            Kernel::Reference(blas) => blas.sgemm(p.m, p.n, p.k, &mut self.dst, &self.a, p.ta, &self.b, p.tb),
+            Kernel::Reference(blas) => blas.sgemm(p.m, p.n, p.k, &mut self.dst, &self.a, ta, &self.b, tb),
         }
     }
 }
@@ -193,7 +186,7 @@ pub(super) fn time_products(
     config: &RooflineConfig,
     blas: Option<&Blas>,
     bf16: bool,
-    products: &[Product],
+    products: &[ProductShape],
 ) -> Vec<Timed> {
     products
         .iter()
@@ -229,8 +222,14 @@ struct Peak {
 /// The step's products on `threads` threads at once, each thread a whole step of its own on
 /// operands of its own (as a trainer's replicas run), in FLOP/s over all threads: oar's kernel
 /// (f32, and bf16 where `bf16`) and the reference in alternating rounds (medians).
-fn all_cores(config: &RooflineConfig, blas: Option<&Blas>, bf16: bool, products: &[Product], threads: usize) -> Peak {
-    let flops: f64 = products.iter().map(Product::flops).sum();
+fn all_cores(
+    config: &RooflineConfig,
+    blas: Option<&Blas>,
+    bf16: bool,
+    products: &[ProductShape],
+    threads: usize,
+) -> Peak {
+    let flops: f64 = products.iter().map(ProductShape::flops).sum();
     let at_once = |kernel: Kernel| {
         std::thread::scope(|s| {
             let each: Vec<_> = (0..threads)
@@ -275,15 +274,15 @@ fn kernels(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product], c
         "| product | m x k x n | oar GFLOP/s | oar bf16 GFLOP/s | bf16 / f32 | reference GFLOP/s | oar / reference |"
     );
     println!("|---|---|---|---|---|---|---|");
-    let timed = time_products(config, blas, bf16, products);
-    let gflops = |p: &Product, t: f64| p.flops() / t / 1e9;
+    let shapes: Vec<ProductShape> = products.iter().map(|p| p.shape).collect();
+    let timed = time_products(config, blas, bf16, &shapes);
+    let gflops = |p: &ProductShape, t: f64| p.flops() / t / 1e9;
     let show = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
     let ratio = |v: Option<f64>| show(v, &|r| format!("{r:.2}"));
-    for (p, t) in products.iter().zip(&timed) {
+    for (Product { name, shape: p }, t) in products.iter().zip(&timed) {
         let rate = |v: Option<f64>| show(v, &|t| format!("{:.1}", gflops(p, t)));
         println!(
-            "| {} | {} x {} x {} | {:.1} | {} | {} | {} | {} |",
-            p.name,
+            "| {name} | {} x {} x {} | {:.1} | {} | {} | {} | {} |",
             p.m,
             p.k,
             p.n,
@@ -294,7 +293,7 @@ fn kernels(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product], c
             ratio(t.ratio)
         );
     }
-    let flops: f64 = products.iter().map(Product::flops).sum();
+    let flops: f64 = shapes.iter().map(ProductShape::flops).sum();
     let step = |pick: &dyn Fn(&Timed) -> Option<f64>| {
         let times: Option<Vec<f64>> = timed.iter().map(pick).collect();
         times.map(|t| flops / t.iter().sum::<f64>())
@@ -314,7 +313,7 @@ fn kernels(config: &RooflineConfig, blas: Option<&Blas>, products: &[Product], c
     if cores < 2 {
         return (one, one);
     }
-    let all = all_cores(config, blas, bf16, products, cores);
+    let all = all_cores(config, blas, bf16, &shapes, cores);
     println!(
         "    on {cores} threads at once, a step each (the machine's peak at these shapes): oar {:.1} GFLOP/s{}{}",
         all.oar / 1e9,
@@ -512,7 +511,10 @@ mod tests {
     #[test]
     fn a_step_has_three_products_a_layer_with_the_layers_shapes() {
         let p = products(&[273, 400, 1], 512);
-        let shapes: Vec<_> = p.iter().map(|p| (p.name.as_str(), p.m, p.k, p.n, p.ta, p.tb)).collect();
+        let shapes: Vec<_> = p
+            .iter()
+            .map(|Product { name, shape: s }| (name.as_str(), s.m, s.k, s.n, s.a_transposed, s.b_transposed))
+            .collect();
         assert_eq!(
             shapes,
             [
@@ -524,7 +526,7 @@ mod tests {
                 ("fc2 dx", 512, 1, 400, false, true),
             ]
         );
-        let flops: f64 = p.iter().map(Product::flops).sum();
+        let flops: f64 = p.iter().map(|p| p.shape.flops()).sum();
         assert_eq!(flops, 6.0 * 512.0 * (273.0 * 400.0 + 400.0));
     }
 }

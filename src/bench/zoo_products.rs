@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::blas::Blas;
-use super::roofline::{time_products, Product, RooflineConfig, Timed};
+use super::roofline::{time_products, RooflineConfig, Timed};
 use super::ZOO;
 use crate::nn::record::{record_products, ProductShape};
 
@@ -60,10 +60,6 @@ fn record(name: &'static str, job: &str, data: &Path, batch: usize) -> anyhow::R
     let r = r?;
     shapes.sort_by(|(a, ca), (b, cb)| (b.flops() * *cb as f64).total_cmp(&(a.flops() * *ca as f64)));
     Ok(ModelProducts { name, samples: r.samples, shapes })
-}
-
-fn product(s: &ProductShape) -> Product {
-    Product { name: String::new(), m: s.m, n: s.n, k: s.k, ta: s.a_transposed, tb: s.b_transposed }
 }
 
 /// How a shape is stored: `a` or `a^T` times `b` or `b^T`.
@@ -148,8 +144,8 @@ pub fn run(
     for (name, job) in models {
         let m = record(name, job, data, config.batch)?;
         let new: Vec<ProductShape> = m.timed().map(|(s, _)| *s).filter(|s| !timed.contains_key(s)).collect();
-        let products: Vec<Product> = new.iter().map(product).collect();
-        timed.extend(new.into_iter().zip(time_products(config, blas, false, &products)));
+        let times = time_products(config, blas, false, &new);
+        timed.extend(new.into_iter().zip(times));
         rows.push(report(&m, &timed));
     }
     println!("    the zoo's products, each model's shapes weighed by their calls:");
