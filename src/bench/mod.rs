@@ -13,7 +13,8 @@
 //! 2 workers. The other measurements are `quality.rs` (`--quality`: local against sync and async),
 //! `recovery.rs` (`--recovery`: what surviving a killed server or trainer costs) and `security.rs`
 //! (`--security`: what the secret and TLS cost) and `hosts.rs` (`--hosts`: training across
-//! network namespaces on shaped, lossy links).
+//! network namespaces on shaped, lossy links) and `paddle.rs` (`--paddle`: the CTR-DNN beside
+//! PaddlePaddle's parameter-server mode).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -257,6 +258,7 @@ pub mod blas;
 pub mod delay;
 pub mod hosts;
 pub mod netns;
+pub mod paddle;
 pub mod peak;
 pub mod precision;
 pub mod quality;

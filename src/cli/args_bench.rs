@@ -116,6 +116,11 @@ pub(super) struct BenchArgs {
     /// --roofline: the reference BLAS, a library with cblas_sgemm (loaded at run time).
     #[arg(long, default_value = crate::bench::blas::DEFAULT)]
     pub(super) blas: String,
+    /// Instead: the CTR-DNN on 2 servers x 2 trainers, async, with oar and with PaddlePaddle 3.0's
+    /// parameter-server mode, run by this Python (`pip install paddlepaddle==3.0.0 "protobuf<5"`),
+    /// on --data (or --lines generated), --rounds alternating rounds: samples/s and test AUC.
+    #[arg(long, value_name = "PYTHON")]
+    pub(super) paddle: Option<PathBuf>,
     /// --hosts: servers, each on a host of its own.
     #[arg(long, default_value_t = 2)]
     pub(super) servers: usize,

@@ -7,7 +7,7 @@ use super::args_bench::BenchArgs;
 use crate::train::job_config::JobConfig;
 
 /// `oar bench`: throughput beside its baselines, or (`--quality`, `--recovery`, `--security`,
-/// `--hosts`, `--roofline`) one of the other measurements.
+/// `--hosts`, `--roofline`, `--paddle`) one of the other measurements.
 pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
     super::limits::seconds("seconds", a.seconds)?;
     super::limits::seconds("checkpoint-every", a.checkpoint_every)?;
@@ -58,6 +58,15 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
             // Recording a zoo model's shapes takes a few steps, not a long run.
             lines: a.lines.unwrap_or(if a.model.is_empty() { 200_000 } else { 20_000 }),
             models: a.model,
+        });
+    }
+    if let Some(python) = a.paddle {
+        return crate::bench::paddle::run(&crate::bench::paddle::PaddleConfig {
+            python,
+            data: a.data,
+            lines: a.lines.unwrap_or(1_000_000),
+            rounds: a.rounds,
+            exe: super::this_binary("oar bench")?,
         });
     }
     if a.security {

@@ -31,6 +31,7 @@ mod multitask;
 mod norm_stats;
 mod online;
 mod paddle;
+mod paddle_baseline;
 mod paddlerec;
 mod predict;
 mod python_package;
