@@ -222,13 +222,19 @@ pub(crate) struct FailFast;
 
 impl Keeper for FailFast {}
 
-/// A flag set by Ctrl-C.
+/// The process's flag set by Ctrl-C (and SIGTERM), the same for every caller: a handler can be
+/// set only once, and a second launch in one process (`oar bench` runs many) used to get a flag
+/// of its own that nothing set, so Ctrl-C was swallowed.
 pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let flag = interrupted.clone();
-    // Fails only if a handler is already set (a second launch in one process): keep that one.
-    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
-    interrupted
+    static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+    FLAG.get_or_init(|| {
+        let interrupted = Arc::new(AtomicBool::new(false));
+        let flag = interrupted.clone();
+        // Fails only if a handler not of oar's is set; Ctrl-C then keeps that one.
+        let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+        interrupted
+    })
+    .clone()
 }
 
 /// Returns the indices of children that exited successfully; fails (after stopping nothing:
