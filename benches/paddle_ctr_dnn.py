@@ -2,7 +2,8 @@
 
 The same model as examples/ctr_dnn.toml: 26 one-hot slots embedded (dim 10) beside 13
 log-transformed integers, ReLU 400-400-400, one logit, log-loss; Adam (lr 1e-3) for the dense
-layers and the sparse table's own rule (CtrCommonAccessor's Adagrad, lr 0.05) for the rows;
+layers and SparseAdaGradSGDRule (lr 0.05, initial_g2sum 3, bounds +-10) for the rows, which
+`oar bench --paddle` gives oar's side too;
 batch 512, one pass, async (`strategy.a_sync`). The table is `paddle.static.nn.sparse_embedding`,
 the large-scale table Paddle's PS users train Criteo with: ids are 64-bit, nothing is hashed into
 a fixed vocabulary.
@@ -15,6 +16,7 @@ Two commands:
     python -m paddle.distributed.launch --server_num 2 --trainer_num 2 paddle_ctr_dnn.py \
         train DST_DIR THREADS
         One job; each trainer prints `PADDLE_RESULT {json}` (trainer 0 with the test AUC).
+        PADDLE_CTR_DNN_DEBUG=1 prints the loss and the running AUC every 20 batches.
 
 Written for PaddlePaddle 3.0.0 (3.3.1, the newest on PyPI, has no parameter-server mode in its
 CPU wheel).
@@ -25,6 +27,7 @@ import math
 import os
 import sys
 import time
+import zlib
 
 SLOTS = 26
 DENSE = 13
@@ -34,16 +37,28 @@ BATCH = 512
 THRESHOLDS = 4095
 
 
+def feature_id(slot, value):
+    """A categorical value's id: (slot + 1) << 32 | its 8 hex digits; a missing value one of its
+    own per slot; anything else a CRC of its bytes, tagged apart from both."""
+    if not value:
+        return (1 << 40) | slot
+    if len(value) == 8:
+        try:
+            return ((slot + 1) << 32) | int(value, 16)
+        except ValueError:
+            pass
+    return (1 << 41) | (slot << 32) | zlib.crc32(value.encode())
+
+
 def convert_line(line):
     """One Criteo line as MultiSlot text: label, 26 ids, 13 floats (oar's own features:
     ln(1 + max(x, 0)), missing 0; a categorical value is (slot + 1) << 32 | its 32-bit hex, a
     missing one an id of its own per slot)."""
-    f = line.rstrip("\n").split("\t")
+    f = line.rstrip("\r\n").split("\t")
     f += [""] * (1 + DENSE + SLOTS - len(f))
     out = ["1 %d" % int(f[0])]
     for s in range(SLOTS):
-        v = f[1 + DENSE + s]
-        out.append("1 %d" % ((((s + 1) << 32) | int(v, 16)) if v else ((1 << 40) | s)))
+        out.append("1 %d" % feature_id(s, f[1 + DENSE + s].strip()))
     dense = []
     for i in range(DENSE):
         v = f[1 + i]
@@ -183,6 +198,8 @@ def train(folder, threads):
         print_period=20,
     )
     seconds = time.time() - started
+    # Both trainers' passes end before the test, as oar's trainers wait for each other.
+    fleet.barrier_worker()
     scope = paddle.static.global_scope()
 
     def counted():
@@ -199,6 +216,8 @@ def train(folder, threads):
         pos = np.array(scope.find_var(stats[2].name).get_tensor()).reshape(-1)
         neg = np.array(scope.find_var(stats[3].name).get_tensor()).reshape(-1)
         result.update(test_samples=counted(), test_auc=auc_from(pos, neg))
+    # NaN (an AUC over one class) as null: JSON has no NaN.
+    result = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
     print("PADDLE_RESULT " + json.dumps(result), flush=True)
     fleet.stop_worker()
 

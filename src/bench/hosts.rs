@@ -173,7 +173,7 @@ fn measure(config: &HostsConfig, tmp: &Path) -> anyhow::Result<()> {
 }
 
 /// Lines in the files of `dir` (samples in a pass).
-fn count_lines(dir: &Path) -> anyhow::Result<u64> {
+pub(super) fn count_lines(dir: &Path) -> anyhow::Result<u64> {
     let mut n = 0;
     for file in crate::data::resolve_files(dir)? {
         let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;

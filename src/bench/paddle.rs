@@ -4,18 +4,23 @@
 //! Paddle runs `benches/paddle_ctr_dnn.py` (built in), the same model and optimizers, under the
 //! environment Paddle's own launcher gives its processes (`TRAINING_ROLE`,
 //! `PADDLE_PSERVERS_IP_PORT_LIST`, ...). Its data is converted to Paddle's MultiSlot text once,
-//! before anything is timed, so its readers only `cat`. Both sides are timed the same way: from
-//! starting the processes until the last trainer has finished, test evaluation included; oar's
-//! servers stop with its trainers, Paddle's are stopped then (they wait for their launcher).
+//! before anything is timed, so its readers only `cat`. Both sides are timed from starting the
+//! processes until the last trainer has finished, test evaluation included; oar's time also holds
+//! its servers' exit, while Paddle's servers (which wait for their launcher) are stopped after
+//! the clock: what differs favours Paddle. Both sides run Paddle's `SparseAdaGradSGDRule` for the
+//! rows (oar's port of it), Adam for the dense layers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::Ordering;
+
 use anyhow::Context;
 
 use super::median;
 use crate::protocol::Mode;
+use crate::table::{Optimizer, OptimizerKind};
 
 /// PaddlePaddle's side of the comparison, built in so that `oar bench` needs no checkout.
 const SCRIPT: &str = include_str!("../../benches/paddle_ctr_dnn.py");
@@ -55,15 +60,18 @@ struct Run {
 /// Runs the rounds and prints each job and the medians.
 pub fn run(config: &PaddleConfig) -> anyhow::Result<()> {
     let version = paddle_version(&config.python)?;
-    let tmp = std::env::temp_dir().join(format!("oar-bench-paddle-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)?;
-    let data = super::bench_data(config.data.as_deref(), config.lines, 4, &tmp)?;
-    let script = tmp.join("paddle_ctr_dnn.py");
+    let tmp = tempfile::Builder::new().prefix("oar-bench-paddle-").tempdir()?;
+    let data = super::bench_data(config.data.as_deref(), config.lines, 4, tmp.path())?;
+    let script = tmp.path().join("paddle_ctr_dnn.py");
     std::fs::write(&script, SCRIPT)?;
-    let converted = convert(&config.python, &script, &data, &tmp.join("multislot"))?;
-    let job: crate::train::job_config::JobConfig = toml::from_str(super::CTR_DNN)?;
-    // A generous bound (Paddle trains about 10,000 samples/s here), so that a stuck job ends.
-    let budget = Duration::from_secs(120) + Duration::from_millis(lines_in(&data)?);
+    // A generous bound (Paddle trains about 20,000 samples/s here), so that a stuck step ends.
+    let budget = Duration::from_secs(120) + Duration::from_millis(super::hosts::count_lines(&data.join("train"))?);
+    let converted = tmp.path().join("multislot");
+    let mut convert = Command::new(&config.python);
+    convert.arg(&script).arg("convert").arg(&data).arg(&converted);
+    bounded(&mut convert, budget, "converting the data to Paddle's MultiSlot text")?;
+    let mut job: crate::train::job_config::JobConfig = toml::from_str(super::CTR_DNN)?;
+    job.sparse_optimizer = Optimizer::paddle(OptimizerKind::SparseAdagrad);
     println!(
         "CTR-DNN on {}, 2 servers x 2 trainers, async, batch 512, 1 pass; PaddlePaddle {version} with {} thread(s) a trainer",
         data.display(),
@@ -77,9 +85,9 @@ pub fn run(config: &PaddleConfig) -> anyhow::Result<()> {
     for round in 1..=config.rounds.max(1) {
         let oar_first = round % 2 == 1;
         for oar_turn in [oar_first, !oar_first] {
-            let logs = tmp.join(format!("logs-{round}-{}", if oar_turn { "oar" } else { "paddle" }));
+            let logs = tmp.path().join(format!("logs-{round}-{}", if oar_turn { "oar" } else { "paddle" }));
             let r = if oar_turn {
-                oar_job(&data, &config.exe, &logs, job.clone())?
+                Run::from(super::train_cluster(Mode::Async, &data, &config.exe, &logs, job.clone(), "CTR-DNN")?)
             } else {
                 paddle_job(&config.python, &script, &converted, PADDLE_THREADS, &logs, budget)?
             };
@@ -92,10 +100,22 @@ pub fn run(config: &PaddleConfig) -> anyhow::Result<()> {
         }
     }
     print_medians(&ours, &theirs);
-    let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
 }
 
+impl From<super::training::TrainRun> for Run {
+    fn from(r: super::training::TrainRun) -> Run {
+        Run {
+            samples: r.samples,
+            end_to_end: r.samples_per_sec,
+            in_loop: r.loop_samples_per_sec,
+            auc: r.auc.unwrap_or(f64::NAN),
+            test_samples: r.test_samples,
+        }
+    }
+}
+
+/// The medians of both sides' rounds and their ratios.
 fn print_medians(ours: &[Run], theirs: &[Run]) {
     let m = |runs: &[Run], f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
     let (e2e, lp) =
@@ -115,52 +135,59 @@ fn print_medians(ours: &[Run], theirs: &[Run]) {
 
 /// Paddle's version, or an error saying how to get a Python that has it.
 fn paddle_version(python: &Path) -> anyhow::Result<String> {
-    let out = Command::new(python)
-        .args(["-c", "import paddle; print(paddle.__version__)"])
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("--paddle {}: cannot run it", python.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version = text.lines().last().unwrap_or("").trim();
-    anyhow::ensure!(
-        out.status.success() && !version.is_empty(),
-        "--paddle {}: cannot import paddle (pip install paddlepaddle==3.0.0 \"protobuf<5\"): {}",
-        python.display(),
-        String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").trim()
-    );
-    Ok(version.to_string())
-}
-
-fn lines_in(data: &Path) -> anyhow::Result<u64> {
-    let mut n = 0;
-    for f in crate::data::resolve_files(&data.join("train"))? {
-        n += std::fs::read(&f)
-            .with_context(|| format!("reading {}", f.display()))?
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count() as u64;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("version");
+    let mut cmd = Command::new(python);
+    cmd.args(["-c", "import sys, paddle; open(sys.argv[1], 'w').write(paddle.__version__)"]).arg(&out);
+    let imported = bounded(&mut cmd, Duration::from_secs(120), "importing paddle");
+    let version = std::fs::read_to_string(&out).unwrap_or_default();
+    match imported {
+        Ok(()) if !version.trim().is_empty() => Ok(version.trim().to_string()),
+        Ok(()) => anyhow::bail!("--paddle {}: cannot import paddle (it said nothing)", python.display()),
+        Err(e) => anyhow::bail!(
+            "--paddle {}: cannot import paddle (pip install paddlepaddle==3.0.0 \"protobuf<5\"): {e:#}",
+            python.display()
+        ),
     }
-    Ok(n)
 }
 
-fn convert(python: &Path, script: &Path, data: &Path, out: &Path) -> anyhow::Result<PathBuf> {
-    let status = Command::new(python).arg(script).arg("convert").arg(data).arg(out).stdin(Stdio::null()).status()?;
-    anyhow::ensure!(status.success(), "converting {} to Paddle's MultiSlot text failed ({status})", data.display());
-    Ok(out.to_path_buf())
-}
-
-fn oar_job(data: &Path, exe: &Path, logs: &Path, job: crate::train::job_config::JobConfig) -> anyhow::Result<Run> {
-    let s = crate::run::launch::run(&crate::run::launch::LaunchConfig {
-        job,
-        ..super::two_by_two(Mode::Async, data, exe, logs)
-    })?;
-    Ok(Run {
-        samples: s.samples,
-        end_to_end: s.samples_per_sec,
-        in_loop: s.train_loop_samples_per_sec,
-        auc: s.test.as_ref().and_then(|t| t.auc).unwrap_or(f64::NAN),
-        test_samples: s.test.as_ref().map_or(0, |t| t.samples as u64),
-    })
+/// Runs `cmd` to its end within `limit`, its output discarded but its last line of errors kept
+/// for the message; killed at the limit or on Ctrl-C.
+fn bounded(cmd: &mut Command, limit: Duration, what: &str) -> anyhow::Result<()> {
+    let errors = tempfile::tempfile()?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(errors.try_clone()?)
+        .spawn()
+        .with_context(|| format!("{what}: cannot run {:?}", cmd.get_program()))?;
+    let deadline = Instant::now() + limit;
+    let interrupted = crate::run::supervise::interrupt_flag();
+    let status = loop {
+        if let Some(status) = child.try_wait().with_context(|| format!("{what}: waiting"))? {
+            break status;
+        }
+        let (late, stopped) = (Instant::now() > deadline, interrupted.load(Ordering::SeqCst));
+        if late || stopped {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::ensure!(!stopped, "{what}: interrupted");
+            anyhow::bail!("{what}: not done within {:.0} s", limit.as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let mut text = String::new();
+    use std::io::{Read, Seek};
+    let mut errors = errors;
+    errors.seek(std::io::SeekFrom::Start(0))?;
+    errors.read_to_string(&mut text)?;
+    anyhow::bail!(
+        "{what} failed ({status}): {}",
+        text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim()
+    )
 }
 
 /// The job's processes, killed if still running when it is dropped (an error or a timeout).
@@ -192,7 +219,8 @@ fn paddle_job(
         let name = format!("{}log.{i}", if role == "PSERVER" { "server" } else { "worker" });
         let log = std::fs::File::create(logs.join(&name))?;
         let port = ports[if role == "PSERVER" { i } else { 2 + i }];
-        let child = Command::new(python)
+        let mut command = Command::new(python);
+        command
             .arg(script)
             .arg("train")
             .arg(data)
@@ -204,9 +232,17 @@ fn paddle_job(
             .env("PADDLE_TRAINER_ID", i.to_string())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting PaddlePaddle's {name}"))?;
+            .stderr(log);
+        // Paddle's servers never exit on their own: they must not outlive a killed `oar bench`.
+        // SAFETY: prctl is async-signal-safe and touches nothing of the parent's.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command.spawn().with_context(|| format!("starting PaddlePaddle's {name}"))?;
         procs.0.push((name, child));
     }
     wait_for_trainers(&mut procs, logs, started + budget)?;
@@ -214,7 +250,8 @@ fn paddle_job(
     drop(procs);
     let mut results = Vec::new();
     for i in 0..2 {
-        let text = std::fs::read_to_string(logs.join(format!("workerlog.{i}")))?;
+        let log = logs.join(format!("workerlog.{i}"));
+        let text = std::fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
         results.push(parse_result(&text).with_context(|| format!("PaddlePaddle trainer {i} ({})", logs.display()))?);
     }
     combine(&results, wall)
@@ -240,6 +277,8 @@ fn paddle_env(ports: &[u16], gloo: &Path) -> Vec<(String, String)> {
     .collect()
 }
 
+/// `n` ports free on 127.0.0.1 a moment ago. Paddle binds them itself a few seconds later; a
+/// port taken in between fails that job, naming the process whose log says so.
 fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     let listeners = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
     Ok(listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?)
@@ -248,10 +287,12 @@ fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
 /// Waits until both trainers have exited; an error names the process that failed or is
 /// missing at `deadline`, and its log.
 fn wait_for_trainers(procs: &mut Processes, logs: &Path, deadline: Instant) -> anyhow::Result<()> {
+    let interrupted = crate::run::supervise::interrupt_flag();
     loop {
+        anyhow::ensure!(!interrupted.load(Ordering::SeqCst), "interrupted: PaddlePaddle's job stopped");
         let mut running = Vec::new();
         for (name, child) in &mut procs.0 {
-            match child.try_wait()? {
+            match child.try_wait().with_context(|| format!("waiting for PaddlePaddle's {name}"))? {
                 Some(status) if !status.success() || name.starts_with("server") => anyhow::bail!(
                     "PaddlePaddle's {name} exited ({status}) before the trainers finished: see {}",
                     logs.join(&*name).display()
@@ -296,7 +337,8 @@ fn combine(results: &[serde_json::Value], wall: f64) -> anyhow::Result<Run> {
         samples: samples as u64,
         end_to_end: samples / wall,
         in_loop: samples / slowest,
-        auc: field(tester, "test_auc")?,
+        // null: the test set held one class.
+        auc: tester["test_auc"].as_f64().unwrap_or(f64::NAN),
         test_samples: field(tester, "test_samples")? as u64,
     })
 }

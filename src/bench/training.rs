@@ -10,9 +10,13 @@ use crate::protocol::Mode;
 /// One training measurement.
 pub(super) struct TrainRun {
     pub(super) name: String,
+    /// Samples trained, as the trainers reported them.
+    pub(super) samples: u64,
     pub(super) samples_per_sec: f64,
     pub(super) loop_samples_per_sec: f64,
     pub(super) auc: Option<f64>,
+    /// Test samples evaluated.
+    pub(super) test_samples: u64,
     pub(super) log_loss: f64,
     /// Mean predicted and actual click rate on the test set.
     pub(super) ctr: Option<(f64, f64)>,
@@ -38,9 +42,11 @@ pub(super) fn train_local(
     let wall = started.elapsed().as_secs_f64();
     Ok(TrainRun {
         name: format!("local, {threads} thread(s), {form}"),
+        samples: r.samples as u64,
         samples_per_sec: r.samples as f64 / wall,
         loop_samples_per_sec: r.samples as f64 / r.train_seconds,
         auc: test.and_then(|t| t.auc),
+        test_samples: test.map_or(0, |t| t.samples as u64),
         log_loss: test.map_or(f64::NAN, |t| t.loss),
         ctr: test.and_then(|t| t.ctr),
         bytes_per_sample: 0.0,
@@ -144,9 +150,11 @@ pub(super) fn train_cluster(
     let s = crate::run::launch::run(&crate::run::launch::LaunchConfig { job, ..two_by_two(mode, data, exe, logs) })?;
     Ok(TrainRun {
         name: format!("2 servers x 2 workers, {mode}, {form}"),
+        samples: s.samples,
         samples_per_sec: s.samples_per_sec,
         loop_samples_per_sec: s.train_loop_samples_per_sec,
         auc: s.test.as_ref().and_then(|t| t.auc),
+        test_samples: s.test.as_ref().map_or(0, |t| t.samples as u64),
         log_loss: s.test.as_ref().map_or(f64::NAN, |t| t.loss),
         ctr: s.test.as_ref().and_then(|t| t.ctr),
         bytes_per_sample: s.server_stats.iter().map(|x| (x.frame_bytes_in + x.frame_bytes_out) as f64).sum::<f64>()
