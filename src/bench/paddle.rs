@@ -220,7 +220,9 @@ fn paddle_job(
         let log = std::fs::File::create(logs.join(&name))?;
         let port = ports[if role == "PSERVER" { i } else { 2 + i }];
         let mut command = Command::new(python);
+        // Paddle writes files of its own (`*_train_desc.prototxt`, `http.log`) where it runs.
         command
+            .current_dir(logs)
             .arg(script)
             .arg("train")
             .arg(data)

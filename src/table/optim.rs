@@ -374,12 +374,12 @@ const SQRT_MIN_POSITIVE: f32 = 1.084_202_2e-19;
 
 /// `x`, or 0 where `|x| < least`. The moments of the decaying rules (Adam's, D2Sum's) reach
 /// subnormal values: a weight whose gradient is 0 (a dead ReLU unit's) sees its first moment
-/// decay below 1.2e-38 within about 800 steps, and a tiny gradient squares to one. x86 CPUs take
-/// a microcode assist for every operation on a subnormal, measured here at 8.6x the time of the
-/// whole Adam update (1.0 against 8.8 ns a weight), and a server's dense Adam spent 22% of a
-/// 2 x 2 job's CPU. TensorFlow runs its CPU threads with flush-to-zero for the same reason; the
-/// processor's mode cannot be set safely from Rust, so the state is flushed here. What is lost
-/// is below the eps of every rule (Adam's update of such a weight is lr x m / eps < 1e-30).
+/// decay below the least normal f32 within about 800 steps, and a tiny gradient squares to one.
+/// x86 CPUs take a microcode assist for every operation on a subnormal, which made the servers'
+/// dense Adam a fifth of a 2 x 2 job's CPU (docs/src/measurements/2026-12-01-paddle.md).
+/// TensorFlow runs its CPU threads with flush-to-zero for the same reason; the processor's mode
+/// cannot be set safely from Rust, so the state is flushed here. What is lost is far below the
+/// default eps of every rule (Adam's step for such a weight is lr x m / eps < 1e-30).
 #[inline(always)]
 fn flush_below(x: f32, least: f32) -> f32 {
     if x.abs() < least {
