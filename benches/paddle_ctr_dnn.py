@@ -25,6 +25,7 @@ CPU wheel).
 import json
 import math
 import os
+import re
 import sys
 import time
 import zlib
@@ -35,6 +36,7 @@ DIM = 10
 HIDDEN = [400, 400, 400]
 BATCH = 512
 THRESHOLDS = 4095
+HEX8 = re.compile(r"[0-9A-Fa-f]{8}")
 
 
 def feature_id(slot, value):
@@ -42,23 +44,19 @@ def feature_id(slot, value):
     own per slot; anything else a CRC of its bytes, tagged apart from both."""
     if not value:
         return (1 << 40) | slot
-    if len(value) == 8:
-        try:
-            return ((slot + 1) << 32) | int(value, 16)
-        except ValueError:
-            pass
+    if HEX8.fullmatch(value):
+        return ((slot + 1) << 32) | int(value, 16)
     return (1 << 41) | (slot << 32) | zlib.crc32(value.encode())
 
 
 def convert_line(line):
-    """One Criteo line as MultiSlot text: label, 26 ids, 13 floats (oar's own features:
-    ln(1 + max(x, 0)), missing 0; a categorical value is (slot + 1) << 32 | its 32-bit hex, a
-    missing one an id of its own per slot)."""
+    """One Criteo line as MultiSlot text: label, 26 ids (`feature_id`), 13 floats (oar's own
+    features: ln(1 + max(x, 0)), missing 0)."""
     f = line.rstrip("\r\n").split("\t")
     f += [""] * (1 + DENSE + SLOTS - len(f))
     out = ["1 %d" % int(f[0])]
     for s in range(SLOTS):
-        out.append("1 %d" % feature_id(s, f[1 + DENSE + s].strip()))
+        out.append("1 %d" % feature_id(s, f[1 + DENSE + s]))
     dense = []
     for i in range(DENSE):
         v = f[1 + i]
@@ -169,8 +167,8 @@ def train(folder, threads):
     feeds, loss, auc, stats = network(paddle)
     strategy = fleet.DistributedStrategy()
     strategy.a_sync = True
-    # The rows' rule as oar's CTR-DNN has it: Adagrad, lr 0.05 (Paddle's default would follow
-    # the dense Adam at its lr of 1e-3).
+    # The rows' rule `oar bench --paddle` gives oar's side too, Paddle's SparseAdaGradSGDRule at
+    # lr 0.05 (Paddle's default would follow the dense Adam, at its lr of 1e-3).
     table = "table_parameters.embedding.accessor."
     strategy.sparse_table_configs = {
         "embedding": {

@@ -144,6 +144,9 @@ fn paddle_version(python: &Path) -> anyhow::Result<String> {
     match imported {
         Ok(()) if !version.trim().is_empty() => Ok(version.trim().to_string()),
         Ok(()) => anyhow::bail!("--paddle {}: cannot import paddle (it said nothing)", python.display()),
+        Err(e) if e.root_cause().downcast_ref::<std::io::Error>().is_some() => {
+            anyhow::bail!("--paddle {}: cannot run it: {}", python.display(), e.root_cause())
+        }
         Err(e) => anyhow::bail!(
             "--paddle {}: cannot import paddle (pip install paddlepaddle==3.0.0 \"protobuf<5\"): {e:#}",
             python.display()
@@ -155,12 +158,7 @@ fn paddle_version(python: &Path) -> anyhow::Result<String> {
 /// for the message; killed at the limit or on Ctrl-C.
 fn bounded(cmd: &mut Command, limit: Duration, what: &str) -> anyhow::Result<()> {
     let errors = tempfile::tempfile()?;
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(errors.try_clone()?)
-        .spawn()
-        .with_context(|| format!("{what}: cannot run {:?}", cmd.get_program()))?;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(errors.try_clone()?).spawn()?;
     let deadline = Instant::now() + limit;
     let interrupted = crate::run::supervise::interrupt_flag();
     let status = loop {
@@ -179,15 +177,17 @@ fn bounded(cmd: &mut Command, limit: Duration, what: &str) -> anyhow::Result<()>
     if status.success() {
         return Ok(());
     }
-    let mut text = String::new();
+    // Ctrl-C reaches the child too, which then fails with Python's KeyboardInterrupt.
+    anyhow::ensure!(!interrupted.load(Ordering::SeqCst), "{what}: interrupted");
     use std::io::{Read, Seek};
     let mut errors = errors;
-    errors.seek(std::io::SeekFrom::Start(0))?;
-    errors.read_to_string(&mut text)?;
-    anyhow::bail!(
-        "{what} failed ({status}): {}",
-        text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim()
-    )
+    let mut text = Vec::new();
+    errors.seek(std::io::SeekFrom::Start(0)).and_then(|_| errors.read_to_end(&mut text))?;
+    let text = String::from_utf8_lossy(&text);
+    match text.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
+        Some(last) => anyhow::bail!("{what} failed ({status}): {last}"),
+        None => anyhow::bail!("{what} failed ({status})"),
+    }
 }
 
 /// The job's processes, killed if still running when it is dropped (an error or a timeout).
@@ -239,9 +239,10 @@ fn paddle_job(
         // SAFETY: prctl is async-signal-safe and touches nothing of the parent's.
         unsafe {
             use std::os::unix::process::CommandExt;
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
+            // The signal follows the thread that spawned the child: this one, which waits for it.
+            command.pre_exec(|| match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) {
+                -1 => Err(std::io::Error::last_os_error()),
+                _ => Ok(()),
             });
         }
         let child = command.spawn().with_context(|| format!("starting PaddlePaddle's {name}"))?;
@@ -340,7 +341,10 @@ fn combine(results: &[serde_json::Value], wall: f64) -> anyhow::Result<Run> {
         end_to_end: samples / wall,
         in_loop: samples / slowest,
         // null: the test set held one class.
-        auc: tester["test_auc"].as_f64().unwrap_or(f64::NAN),
+        auc: match &tester["test_auc"] {
+            serde_json::Value::Null if tester.get("test_auc").is_some() => f64::NAN,
+            _ => field(tester, "test_auc")?,
+        },
         test_samples: field(tester, "test_samples")? as u64,
     })
 }
@@ -367,6 +371,12 @@ mod tests {
             Run { samples: 800, end_to_end: 100.0, in_loop: 160.0, auc: 0.75, test_samples: 9 }
         );
         assert!(combine(&r[1..], 8.0).unwrap_err().to_string().contains("trainer 0"));
+        // A test set of one class has no AUC (null); a result without the field is an error.
+        let mut one_class = r.clone();
+        one_class[0]["test_auc"] = serde_json::Value::Null;
+        assert!(combine(&one_class, 8.0).unwrap().auc.is_nan());
+        one_class[0].as_object_mut().unwrap().remove("test_auc");
+        assert!(combine(&one_class, 8.0).unwrap_err().to_string().contains("no test_auc"));
     }
 
     #[test]

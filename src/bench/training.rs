@@ -193,6 +193,11 @@ pub(super) fn models(data: &Path, config: &BenchConfig) -> anyhow::Result<()> {
             for (b, rates) in config.baselines.iter().zip(&mut theirs) {
                 match (rates.as_mut(), train_cluster(Mode::Async, data, b, &logs, job.clone(), name)) {
                     (Some(r), Ok(run)) => r.push(run.samples_per_sec),
+                    (_, Err(e))
+                        if crate::run::supervise::interrupt_flag().load(std::sync::atomic::Ordering::SeqCst) =>
+                    {
+                        return Err(e)
+                    }
                     (_, Err(e)) => {
                         tracing::warn!(baseline = %b.display(), model = name, "the baseline cannot run this model: {e:#}");
                         *rates = None;
