@@ -89,7 +89,7 @@ pub fn run(config: &PaddleConfig) -> anyhow::Result<()> {
             let r = if oar_turn {
                 Run::from(super::train_cluster(Mode::Async, &data, &config.exe, &logs, job.clone(), "CTR-DNN")?)
             } else {
-                paddle_job(&config.python, &script, &converted, PADDLE_THREADS, &logs, budget)?
+                paddle_job(&config.python, &script, &converted, &logs, budget)?
             };
             let name = if oar_turn { "oar" } else { "PaddlePaddle" };
             println!(
@@ -202,14 +202,7 @@ impl Drop for Processes {
     }
 }
 
-fn paddle_job(
-    python: &Path,
-    script: &Path,
-    data: &Path,
-    threads: usize,
-    logs: &Path,
-    budget: Duration,
-) -> anyhow::Result<Run> {
+fn paddle_job(python: &Path, script: &Path, data: &Path, logs: &Path, budget: Duration) -> anyhow::Result<Run> {
     std::fs::create_dir_all(logs)?;
     let ports = free_ports(5)?;
     let env = paddle_env(&ports, &logs.join("gloo"));
@@ -226,7 +219,7 @@ fn paddle_job(
             .arg(script)
             .arg("train")
             .arg(data)
-            .arg(threads.to_string())
+            .arg(PADDLE_THREADS.to_string())
             .envs(env.iter().cloned())
             .env("TRAINING_ROLE", role)
             .env("PADDLE_ROLE", role)
