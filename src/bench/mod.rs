@@ -47,6 +47,9 @@ pub struct BenchConfig {
     pub exe: PathBuf,
     /// Skip (c).
     pub skip_training: bool,
+    /// In (b), leave the server and the client to the scheduler instead of placing each on a
+    /// core of its own.
+    pub shared_cores: bool,
     /// Instead of (a) to (c): every zoo model, locally and on 2 servers x 2 workers (with
     /// `baselines`, each baseline's 2 x 2 beside this build's, alternating).
     pub models: bool,
@@ -89,8 +92,17 @@ impl ServerProc {
 
     /// A server with further flags (a secret file, TLS files).
     pub(super) fn start_with(exe: &Path, extra: &[String]) -> anyhow::Result<ServerProc> {
+        ServerProc::start_on(exe, extra, None)
+    }
+
+    /// A server with further flags, on core `cpu` only if given.
+    pub(super) fn start_on(exe: &Path, extra: &[String], cpu: Option<usize>) -> anyhow::Result<ServerProc> {
         use std::io::BufRead;
-        let mut child = std::process::Command::new(exe)
+        let mut command = std::process::Command::new(exe);
+        if let Some(cpu) = cpu {
+            cores::start_on(&mut command, cpu);
+        }
+        let mut child = command
             .args([
                 "pserver",
                 "--host",
@@ -255,6 +267,7 @@ fn dense_gbps(exe: &Path, floats: usize, seconds: f64) -> anyhow::Result<(f64, f
 }
 
 pub mod blas;
+mod cores;
 pub mod delay;
 pub mod hosts;
 pub mod netns;
@@ -317,12 +330,21 @@ fn sparse(config: &BenchConfig) -> anyhow::Result<()> {
         "(b) sparse rows of dim 10, {} rows inserted per table, then batches of {} Zipf-like keys, one server (medians of {rounds} alternating rounds)",
         config.sparse_rows, config.sparse_keys
     );
-    let r =
-        sparse_rates(&config.exe, &config.baselines, config.sparse_rows, config.sparse_keys, config.seconds, rounds)?;
+    let placement = if config.shared_cores { None } else { cores::Placement::here()? };
+    let sizes = (config.sparse_rows, config.sparse_keys);
+    let r = sparse_rates(&config.exe, &config.baselines, sizes, config.seconds, rounds, placement)?;
     println!(
         "    ({} keys drawn per batch hold {} unique ids on average; deps.md counts the drawn keys, trainers send unique ones)",
         config.sparse_keys, r.unique
     );
+    match r.placement {
+        Some(p) => println!(
+            "    (each server on CPU {}, the client and the table in memory on CPU {}, as on separate hosts; --shared-cores leaves them to the scheduler)",
+            p.server, p.client
+        ),
+        None if config.shared_cores => println!("    (the server and the client where the scheduler puts them)"),
+        None => println!("    (one CPU: the server and the client share it)"),
+    }
     let this = &r.builds[0];
     for b in &r.builds {
         let ratio = |k: usize| {
@@ -357,7 +379,8 @@ fn sparse(config: &BenchConfig) -> anyhow::Result<()> {
                 String::new()
             };
             let of_memory = if std::ptr::eq(b, this) {
-                format!(" = {:.2} of the table in memory", net / r.mem[k + 1])
+                let (mid, lo, hi) = r.of_memory(b, k);
+                format!(" = {mid:.2} of the table in memory (rounds {lo:.2}-{hi:.2})")
             } else {
                 String::new()
             };

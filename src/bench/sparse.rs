@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::time::Instant;
 
+use super::cores::{Pinned, Placement};
 use super::{connect, median, one_sample, ServerProc};
 use crate::client::{StepHeader, TableGrads, TableIds};
 use crate::protocol::RowCreation;
@@ -35,8 +36,7 @@ impl BuildRates {
     /// least and greatest.
     pub(super) fn ratios(&self, other: &BuildRates, op: usize) -> (f64, f64, f64) {
         let r: Vec<f64> = self.per_round[op].iter().zip(&other.per_round[op]).map(|(a, b)| a / b).collect();
-        let (lo, hi) = r.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
-        (median(r), lo, hi)
+        spread(r)
     }
 }
 
@@ -46,6 +46,26 @@ pub(super) struct SparseRates {
     pub(super) builds: Vec<BuildRates>,
     /// Insert, pull as drawn, pull unique, push unique on this build's table in memory.
     pub(super) mem: [f64; 4],
+    /// Pull as drawn, pull unique, push unique in memory, keys per second in each round.
+    pub(super) mem_per_round: [Vec<f64>; 3],
+    /// Where the server and the client ran, if placed on cores of their own.
+    pub(super) placement: Option<Placement>,
+}
+
+impl SparseRates {
+    /// A build's rate of `op` through its server as a share of the table in memory, round by
+    /// round (each round measures both, so a drift of the machine cancels): the median and
+    /// the least and greatest.
+    pub(super) fn of_memory(&self, build: &BuildRates, op: usize) -> (f64, f64, f64) {
+        let r: Vec<f64> = build.per_round[op].iter().zip(&self.mem_per_round[op]).map(|(a, b)| a / b).collect();
+        spread(r)
+    }
+}
+
+/// The median, least and greatest of `r`.
+fn spread(r: Vec<f64>) -> (f64, f64, f64) {
+    let (lo, hi) = r.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+    (median(r), lo, hi)
 }
 
 /// The keys the sparse measurements use: `rows` distinct ids in insert batches of `keys`, and 64
@@ -110,18 +130,30 @@ fn with_share((rate, cpu, wall): (f64, f64, f64), before: f64, after: f64) -> (f
     (rate, cpu, (after - before) / wall.max(1e-9))
 }
 
+/// What every measurement of (b) uses: the tables, the batches, and the gradients pushed.
+struct Work {
+    spec: TableSpec,
+    rows: usize,
+    draws: SparseDraws,
+    grads: Vec<f32>,
+    counts: Vec<f32>,
+    seconds: f64,
+}
+
 /// Sparse figures, as in `../shared/research/deps.md`: `rows` keys inserted into a dim-10 table
 /// of each Adagrad layout, then batches of `keys` ids with log-uniform ranks (Zipf-like, s = 1),
 /// deduplicated, pulled and pushed through one server of this build and of each `baselines`
-/// binary (same protocol), in alternating rounds; then this build's table in memory.
+/// binary (same protocol) and on this build's table in memory, in alternating rounds. With a
+/// `placement`, every server runs on its core and the client and the table in memory on theirs.
 pub(super) fn sparse_rates(
     exe: &Path,
     baselines: &[std::path::PathBuf],
-    rows: usize,
-    keys: usize,
+    (rows, keys): (usize, usize),
     seconds: f64,
     rounds: usize,
+    placement: Option<Placement>,
 ) -> anyhow::Result<SparseRates> {
+    let _pinned = placement.map(|p| Pinned::on(p.client)).transpose()?;
     let table = SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05));
     let row_wise = SparseSpec::new(
         "emb_rw",
@@ -134,65 +166,34 @@ pub(super) fn sparse_rates(
         dense: DenseSpec { params: vec![], block_size: 1024, seed: 1, optimizer: Optimizer::sgd(0.1) },
         sparse: vec![table.clone(), row_wise],
     };
-    let SparseDraws { inserts, drawn, unique: batches } = SparseDraws::new(rows, keys);
-    let grads = vec![0.01f32; keys * 10];
-    let counts = [1.0f32, 0.0].repeat(keys);
-    let mut out = [Vec::new()];
-    let mut measured = Vec::new();
+    let work = Work {
+        spec,
+        rows,
+        draws: SparseDraws::new(rows, keys),
+        grads: vec![0.01f32; keys * 10],
+        counts: [1.0f32, 0.0].repeat(keys),
+        seconds,
+    };
     let exes = std::iter::once(("this build".to_string(), exe.to_path_buf()))
         .chain(baselines.iter().map(|b| (format!("baseline {}", b.display()), b.clone())));
+    let mut measured = Vec::new();
     for (name, exe) in exes {
-        let server = ServerProc::start(&exe)?;
-        let mut client = connect(&server.addr, &spec)?;
-        let mut bytes_per_row = [0.0; 2];
-        let mut insert = 0.0;
-        for (t, bytes) in bytes_per_row.iter_mut().enumerate() {
-            let mut pull = |ids: &[u64]| {
-                client.pull(None, &[TableIds { table: t as u32, dim: 10, ids }], &mut out, RowCreation::Create)?;
-                anyhow::Ok(())
-            };
-            let before = server.rss_bytes()?;
-            let rate = timed(&mut pull, &inserts, true, seconds, &|| server.cpu_seconds())?.0;
-            *bytes = server.rss_bytes()?.saturating_sub(before) as f64 / rows.max(1) as f64;
-            if t == 0 {
-                insert = rate;
-            }
-        }
-        let rates = BuildRates { name, insert, bytes_per_row, ops: Default::default(), per_round: Default::default() };
-        measured.push(Measured { server, client, rates, rounds: Default::default(), step: 0 });
+        measured.push(start_and_fill(name, &exe, &work, placement.map(|p| p.server))?);
     }
-    // Rounds each measuring every build in turn, so drifts of the machine hit all alike; each
-    // round starts at the next build, as the first one measured ran about 5% slower.
+    let mut memory = InMemory::filled(table, &work)?;
+    // Rounds each measuring every build in turn and then the table in memory, so drifts of the
+    // machine hit all alike; each round starts at the next build, as the first one measured
+    // ran about 5% slower.
     let n = measured.len();
     for round in 0..rounds.max(1) {
         for k in 0..n {
-            let m = &mut measured[(round + k) % n];
-            for (op, sets) in [(0, &drawn), (1, &batches)] {
-                let before = handled(&mut m.client)?.0;
-                let (client, server) = (&mut m.client, &m.server);
-                let mut pull = |ids: &[u64]| {
-                    client.pull(None, &[TableIds { table: 0, dim: 10, ids }], &mut out, RowCreation::Create)?;
-                    anyhow::Ok(())
-                };
-                let r = timed(&mut pull, sets, false, seconds, &|| server.cpu_seconds())?;
-                m.rounds[op].push(with_share(r, before, handled(&mut m.client)?.0));
-            }
+            measure_pulls(&mut measured[(round + k) % n], &work)?;
         }
+        memory.pulls(&work)?;
         for k in 0..n {
-            let m = &mut measured[(round + k) % n];
-            let before = handled(&mut m.client)?.1;
-            let (client, server, step) = (&mut m.client, &m.server, &mut m.step);
-            // Each push its own step: servers answer a step sent again without applying it.
-            let mut push = |ids: &[u64]| {
-                let (counts, grads) = (&counts[..ids.len() * 2], &grads[..ids.len() * 10]);
-                let g = TableGrads { table: 0, dim: 10, ids, counts, grads };
-                client.push(&StepHeader { step: *step, ..one_sample() }, None, &[g])?;
-                *step += 1;
-                anyhow::Ok(())
-            };
-            let r = timed(&mut push, &batches, false, seconds, &|| server.cpu_seconds())?;
-            m.rounds[2].push(with_share(r, before, handled(&mut m.client)?.1));
+            measure_pushes(&mut measured[(round + k) % n], &work)?;
         }
+        memory.pushes(&work)?;
     }
     let mut builds = Vec::new();
     for mut m in measured {
@@ -205,23 +206,113 @@ pub(super) fn sparse_rates(
         m.server.stop();
         builds.push(m.rates);
     }
-    let no_cpu = || Ok(f64::NAN);
-    let mem = crate::table::SparseTable::new(table);
-    let mut rows_out = vec![0.0f32; keys * 10];
-    let mut mem_pull = |ids: &[u64]| Ok(mem.pull(ids, &mut rows_out[..ids.len() * 10], true)?);
-    let mem_insert = timed(&mut mem_pull, &inserts, true, seconds, &no_cpu)?.0;
-    let mut mem_rates: [Vec<f64>; 3] = Default::default();
-    for _ in 0..3 {
-        mem_rates[0].push(timed(&mut mem_pull, &drawn, false, seconds, &no_cpu)?.0);
-        mem_rates[1].push(timed(&mut mem_pull, &batches, false, seconds, &no_cpu)?.0);
+    let unique = work.draws.unique.iter().map(Vec::len).sum::<usize>() / work.draws.unique.len().max(1);
+    let m = |k: usize| median(memory.per_round[k].clone());
+    let mem = [memory.insert, m(0), m(1), m(2)];
+    Ok(SparseRates { unique, builds, mem, mem_per_round: memory.per_round, placement })
+}
+
+/// Starts a server of `exe` (on core `cpu` if given) and inserts every row into both its
+/// tables, measuring the inserts and the memory a row takes.
+fn start_and_fill(name: String, exe: &Path, work: &Work, cpu: Option<usize>) -> anyhow::Result<Measured> {
+    let server = ServerProc::start_on(exe, &[], cpu)?;
+    let mut client = connect(&server.addr, &work.spec)?;
+    let mut out = [Vec::new()];
+    let (mut bytes_per_row, mut insert) = ([0.0; 2], 0.0);
+    for (t, bytes) in bytes_per_row.iter_mut().enumerate() {
+        let mut pull = |ids: &[u64]| {
+            client.pull(None, &[TableIds { table: t as u32, dim: 10, ids }], &mut out, RowCreation::Create)?;
+            anyhow::Ok(())
+        };
+        let before = server.rss_bytes()?;
+        let rate = timed(&mut pull, &work.draws.inserts, true, work.seconds, &|| server.cpu_seconds())?.0;
+        *bytes = server.rss_bytes()?.saturating_sub(before) as f64 / work.rows.max(1) as f64;
+        if t == 0 {
+            insert = rate;
+        }
     }
-    for _ in 0..3 {
-        let mut mem_push = |ids: &[u64]| Ok(mem.push(ids, &counts[..ids.len() * 2], &grads[..ids.len() * 10], 1.0)?);
-        mem_rates[2].push(timed(&mut mem_push, &batches, false, seconds, &no_cpu)?.0);
+    let rates = BuildRates { name, insert, bytes_per_row, ops: Default::default(), per_round: Default::default() };
+    Ok(Measured { server, client, rates, rounds: Default::default(), step: 0 })
+}
+
+/// One round's pulls through `m`'s server: the batches as drawn, then deduplicated.
+fn measure_pulls(m: &mut Measured, work: &Work) -> anyhow::Result<()> {
+    let mut out = [Vec::new()];
+    for (op, sets) in [(0, &work.draws.drawn), (1, &work.draws.unique)] {
+        let before = handled(&mut m.client)?.0;
+        let (client, server) = (&mut m.client, &m.server);
+        let mut pull = |ids: &[u64]| {
+            client.pull(None, &[TableIds { table: 0, dim: 10, ids }], &mut out, RowCreation::Create)?;
+            anyhow::Ok(())
+        };
+        let r = timed(&mut pull, sets, false, work.seconds, &|| server.cpu_seconds())?;
+        m.rounds[op].push(with_share(r, before, handled(&mut m.client)?.0));
     }
-    let m = |k: usize| median(mem_rates[k].clone());
-    let unique = batches.iter().map(Vec::len).sum::<usize>() / batches.len();
-    Ok(SparseRates { unique, builds, mem: [mem_insert, m(0), m(1), m(2)] })
+    Ok(())
+}
+
+/// One round's pushes of the deduplicated batches through `m`'s server.
+fn measure_pushes(m: &mut Measured, work: &Work) -> anyhow::Result<()> {
+    let before = handled(&mut m.client)?.1;
+    let (client, server, step) = (&mut m.client, &m.server, &mut m.step);
+    // Each push its own step: servers answer a step sent again without applying it.
+    let mut push = |ids: &[u64]| {
+        let (counts, grads) = (&work.counts[..ids.len() * 2], &work.grads[..ids.len() * 10]);
+        let g = TableGrads { table: 0, dim: 10, ids, counts, grads };
+        client.push(&StepHeader { step: *step, ..one_sample() }, None, &[g])?;
+        *step += 1;
+        anyhow::Ok(())
+    };
+    let r = timed(&mut push, &work.draws.unique, false, work.seconds, &|| server.cpu_seconds())?;
+    m.rounds[2].push(with_share(r, before, handled(&mut m.client)?.1));
+    Ok(())
+}
+
+/// This build's table in memory, measured by the same batches on the measuring thread.
+struct InMemory {
+    table: crate::table::SparseTable,
+    rows_out: Vec<f32>,
+    insert: f64,
+    per_round: [Vec<f64>; 3],
+}
+
+impl InMemory {
+    /// The table with every row inserted (the inserts measured).
+    fn filled(spec: SparseSpec, work: &Work) -> anyhow::Result<InMemory> {
+        let keys = work.draws.inserts.first().map_or(0, Vec::len);
+        let mut m = InMemory {
+            table: crate::table::SparseTable::new(spec),
+            rows_out: vec![0.0; keys * 10],
+            insert: 0.0,
+            per_round: Default::default(),
+        };
+        m.insert = m.timed_pulls(&work.draws.inserts, true, work.seconds)?;
+        Ok(m)
+    }
+
+    fn timed_pulls(&mut self, sets: &[Vec<u64>], once: bool, seconds: f64) -> anyhow::Result<f64> {
+        let (table, out) = (&self.table, &mut self.rows_out);
+        let mut pull = |ids: &[u64]| Ok(table.pull(ids, &mut out[..ids.len() * 10], true)?);
+        Ok(timed(&mut pull, sets, once, seconds, &|| Ok(f64::NAN))?.0)
+    }
+
+    /// One round's pulls, as drawn and deduplicated.
+    fn pulls(&mut self, work: &Work) -> anyhow::Result<()> {
+        let drawn = self.timed_pulls(&work.draws.drawn, false, work.seconds)?;
+        let unique = self.timed_pulls(&work.draws.unique, false, work.seconds)?;
+        self.per_round[0].push(drawn);
+        self.per_round[1].push(unique);
+        Ok(())
+    }
+
+    /// One round's pushes of the deduplicated batches.
+    fn pushes(&mut self, work: &Work) -> anyhow::Result<()> {
+        let table = &self.table;
+        let mut push =
+            |ids: &[u64]| Ok(table.push(ids, &work.counts[..ids.len() * 2], &work.grads[..ids.len() * 10], 1.0)?);
+        self.per_round[2].push(timed(&mut push, &work.draws.unique, false, work.seconds, &|| Ok(f64::NAN))?.0);
+        Ok(())
+    }
 }
 
 /// Runs `op` over `sets` (each once if `once`, else round and round for a quarter of `seconds`,

@@ -34,6 +34,10 @@ pub(super) struct BenchArgs {
     /// Skip the training runs (c).
     #[arg(long)]
     pub(super) skip_training: bool,
+    /// In (b), leave the server and the client where the scheduler puts them, instead of
+    /// each on a core of its own (as on separate hosts)
+    #[arg(long)]
+    pub(super) shared_cores: bool,
     /// Instead: every zoo model (examples/zoo, the CTR-DNN) on --data, locally and on 2 servers
     /// x 2 workers, as a markdown table of test AUC, log-loss and samples/s.
     #[arg(long)]

@@ -88,6 +88,7 @@ pub(super) fn bench(a: BenchArgs) -> anyhow::Result<()> {
         seconds: a.seconds,
         exe: super::this_binary("oar bench")?,
         skip_training: a.skip_training,
+        shared_cores: a.shared_cores,
         models: a.models,
         only: a.model,
         rounds: a.rounds,
