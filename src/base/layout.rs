@@ -98,6 +98,14 @@ pub fn server_of_row(table: u32, id: u64, num_servers: usize) -> usize {
 /// Groups positions `0..ids.len()` by the server that owns each id of `table` (see
 /// [`group_positions`]).
 pub fn group_by_server(table: u32, ids: &[u64], num_servers: usize, order: &mut Vec<u32>, starts: &mut Vec<usize>) {
+    if num_servers == 1 {
+        // Every id is the one server's, in the batch's own order: no id is hashed.
+        order.clear();
+        order.extend(0..ids.len() as u32);
+        starts.clear();
+        starts.extend([0, ids.len()]);
+        return;
+    }
     group_positions(ids.len(), num_servers, |i| server_of_row(table, ids[i], num_servers), order, starts);
 }
 
@@ -181,5 +189,10 @@ mod tests {
                 assert_eq!(server_of_id(ids[p as usize], 4), s);
             }
         }
+        // One server: the batch's own order, as the general grouping gives it.
+        let (mut general, mut general_starts) = (Vec::new(), Vec::new());
+        group_positions(ids.len(), 1, |i| server_of_row(3, ids[i], 1), &mut general, &mut general_starts);
+        group_by_server(3, &ids, 1, &mut order, &mut starts);
+        assert_eq!((order, starts), (general, general_starts));
     }
 }

@@ -365,9 +365,15 @@ impl Client {
         for t in tables {
             group_by_server(t.table, t.ids, n, &mut self.order, &mut self.starts);
             for (s, pull) in per_server.iter_mut().enumerate() {
-                let ids: Vec<u64> =
-                    self.order[self.starts[s]..self.starts[s + 1]].iter().map(|&p| t.ids[p as usize]).collect();
-                pull.sparse.push(SparseIds { table: t.table, ids: Cow::Owned(ids) });
+                // The one server's part is the whole batch, sent from where it lies.
+                let ids = if n == 1 {
+                    Cow::Borrowed(t.ids)
+                } else {
+                    Cow::Owned(
+                        self.order[self.starts[s]..self.starts[s + 1]].iter().map(|&p| t.ids[p as usize]).collect(),
+                    )
+                };
+                pull.sparse.push(SparseIds { table: t.table, ids });
             }
             groupings.push((self.order.clone(), self.starts.clone()));
             rows[groupings.len() - 1].resize(t.ids.len() * t.dim, 0.0);
@@ -505,6 +511,11 @@ fn receive_values(
             return Err(conn.mismatch("a sparse pull", m));
         }
         let out = &mut rows[t];
+        if groupings[t].1.len() == 2 {
+            // One server: its rows come in the caller's order.
+            out.copy_from_slice(&got);
+            continue;
+        }
         for (k, &p) in positions.iter().enumerate() {
             let p = p as usize;
             out[p * dim..(p + 1) * dim].copy_from_slice(&got[k * dim..(k + 1) * dim]);

@@ -55,6 +55,22 @@ impl Client {
             })
             .collect();
         for t in tables {
+            if t.counts.len() != 2 * t.ids.len() || t.grads.len() != t.ids.len() * t.dim {
+                return Err(ClientError::Usage(format!(
+                    "table {}: {} ids with {} counts and {} gradient floats (2 and {} per id)",
+                    t.table,
+                    t.ids.len(),
+                    t.counts.len(),
+                    t.grads.len(),
+                    t.dim
+                )));
+            }
+            if n == 1 {
+                // The one server's part is the whole batch, sent from where it lies.
+                let (ids, counts, grads) = (Cow::Borrowed(t.ids), Cow::Borrowed(t.counts), Cow::Borrowed(t.grads));
+                per_server[0].sparse.push(SparseGrads { table: t.table, ids, counts, grads });
+                continue;
+            }
             group_by_server(t.table, t.ids, n, &mut self.order, &mut self.starts);
             for (s, push) in per_server.iter_mut().enumerate() {
                 let positions = &self.order[self.starts[s]..self.starts[s + 1]];

@@ -322,3 +322,25 @@ fn a_sync_server_refuses_a_dense_merged_push() {
     c.attach(&spec);
     assert_eq!(c.stats().unwrap()[0].keys_pushed, 0, "its rows were not applied");
 }
+
+/// A push whose gradients or counts do not match its ids (2 counts and `dim` floats an id) is
+/// refused by the client in one clear error, and the server applies nothing; the same push
+/// with matching lengths goes through one server whole, counted there.
+#[test]
+fn a_push_whose_gradients_do_not_match_its_ids_is_refused_before_it_is_sent() {
+    let (_server, config, spec) = sgd_server(Mode::Async, 1);
+    let dim = spec.sparse[0].dim;
+    let mut c = Client::connect(&config.as_trainer(0)).unwrap();
+    c.declare(&spec).unwrap();
+    let ids = [3u64, 9];
+    let (counts, grads) = ([1.0f32, 0.0, 1.0, 0.0], vec![0.5f32; 2 * dim]);
+    let header = StepHeader { trainer: 0, step: 0, pass: 1, base_version: 0, samples: 2, apply: Apply::Now };
+    for (counts, grads) in [(&counts[..2], &grads[..]), (&counts[..], &grads[..dim])] {
+        let bad = [TableGrads { table: 0, dim, ids: &ids, counts, grads }];
+        let err = c.push(&header, None, &bad).unwrap_err().to_string();
+        assert!(err.contains("2 ids with") && err.contains("per id"), "{err}");
+    }
+    assert_eq!(c.stats().unwrap()[0].keys_pushed, 0, "nothing reached the server");
+    c.push(&header, None, &[TableGrads { table: 0, dim, ids: &ids, counts: &counts, grads: &grads }]).unwrap();
+    assert_eq!(c.stats().unwrap()[0].keys_pushed, 2, "both rows applied once, by the server's count");
+}
