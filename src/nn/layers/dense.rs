@@ -154,10 +154,10 @@ impl Layer for LinearLayer {
         let (i, o, rows) = (self.linear.input, self.linear.output, ctx.rows * self.fields);
         let dz = &mut scratch[..rows * o];
         dz.copy_from_slice(dy);
-        self.activation.backward(y, dz);
         if self.bias {
-            self.linear.backward(params, x[0], dz, rows, grads, dx[0].as_deref_mut());
+            self.linear.backward_through(self.activation, y, params, x[0], dz, rows, grads, dx[0].as_deref_mut());
         } else {
+            self.activation.backward(y, dz);
             crate::nn::matmul(i, o, rows, &mut grads[..i * o], true, x[0], (1, i), dz, (o, 1));
             if let Some(dx) = dx[0].as_deref_mut() {
                 crate::nn::matmul(rows, i, o, dx, true, dz, (o, 1), &params[..i * o], (1, o));
@@ -373,16 +373,13 @@ impl Layer for MlpLayer {
         for l in (0..n).rev() {
             let layer = &self.layers[l];
             let g = &mut grad[..rows * layer.output];
-            if l < self.hidden() {
-                self.activations[l].backward(&saved[self.spans(l, rows).0], g);
-            } else {
-                self.activations[l].backward(y, g);
-            }
+            let out = if l < self.hidden() { &saved[self.spans(l, rows).0] } else { y };
+            let act = self.activations[l];
             if l == 0 {
-                layer.backward(params, x[0], g, rows, grads, dx[0].as_deref_mut());
+                layer.backward_through(act, out, params, x[0], g, rows, grads, dx[0].as_deref_mut());
             } else {
                 let (_, input) = self.spans(l - 1, rows);
-                layer.backward(params, &saved[input], g, rows, grads, None);
+                layer.backward_through(act, out, params, &saved[input], g, rows, grads, None);
                 let gi = &mut next[..rows * layer.input];
                 layer.input_grad(params, g, rows, gi, false);
                 if self.dropout > 0.0 {
