@@ -165,8 +165,9 @@ pub(super) fn train_cluster(
 /// Every zoo model (or those `config.only` names) on `data` (a folder with `train/` and
 /// `test/`), 1 pass, locally (1 thread) and on 2 servers x 2 workers (async): a markdown table
 /// of test AUC, log-loss and samples/s. With baselines, each model's 2 x 2 job also runs on
-/// each baseline binary, alternating with this build for `config.rounds` rounds, and the table
-/// gives the medians of the end-to-end samples/s and their ratio; a baseline that cannot run
+/// each baseline binary, alternating with this build for `config.rounds` rounds (which goes
+/// first alternating too), and the table gives the medians of the end-to-end samples/s and
+/// the median of their ratios paired by round; a baseline that cannot run
 /// the job file (a layer or setting it predates) shows "-".
 pub(super) fn models(data: &Path, config: &BenchConfig) -> anyhow::Result<()> {
     let logs = std::env::temp_dir().join(format!("oar-bench-models-{}", std::process::id()));
@@ -186,10 +187,19 @@ pub(super) fn models(data: &Path, config: &BenchConfig) -> anyhow::Result<()> {
         let local = train_local(data, 1, job.clone(), name)?;
         let (mut ours, mut theirs) = (Vec::new(), vec![Some(Vec::new()); config.baselines.len()]);
         let mut dist = None;
-        for _ in 0..rounds {
-            let run = train_cluster(Mode::Async, data, &config.exe, &logs, job.clone(), name)?;
-            ours.push(run.samples_per_sec);
-            dist.get_or_insert(run);
+        for round in 0..rounds {
+            // Every other round measures the baselines first: the first job of a round ran
+            // about 5% slower, which would otherwise count against this build every time.
+            let ours_first = round % 2 == 0;
+            let mut run_ours = || -> anyhow::Result<()> {
+                let run = train_cluster(Mode::Async, data, &config.exe, &logs, job.clone(), name)?;
+                ours.push(run.samples_per_sec);
+                dist.get_or_insert(run);
+                Ok(())
+            };
+            if ours_first {
+                run_ours()?;
+            }
             for (b, rates) in config.baselines.iter().zip(&mut theirs) {
                 match (rates.as_mut(), train_cluster(Mode::Async, data, b, &logs, job.clone(), name)) {
                     (Some(r), Ok(run)) => r.push(run.samples_per_sec),
@@ -205,8 +215,12 @@ pub(super) fn models(data: &Path, config: &BenchConfig) -> anyhow::Result<()> {
                     (None, Ok(_)) => {}
                 }
             }
+            if !ours_first {
+                run_ours()?;
+            }
         }
         let dist = dist.expect("at least one round");
+        let per_round = ours.clone();
         let ours = median(ours);
         let auc = |r: &TrainRun| r.auc.map_or("-".into(), |a| format!("{a:.4}"));
         let mut line = format!(
@@ -220,8 +234,9 @@ pub(super) fn models(data: &Path, config: &BenchConfig) -> anyhow::Result<()> {
         for rates in theirs {
             line += &match rates {
                 Some(r) => {
-                    let theirs = median(r);
-                    format!(" {theirs:.0} | {:.2} |", ours / theirs)
+                    // Paired by round, so a drift of the machine between rounds cancels.
+                    let paired = median(per_round.iter().zip(&r).map(|(a, b)| a / b).collect());
+                    format!(" {:.0} | {paired:.2} |", median(r))
                 }
                 None => " - | - |".into(),
             };
