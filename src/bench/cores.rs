@@ -2,8 +2,10 @@
 //! client, with the table in memory it is compared against, on another, as a server and a
 //! trainer are placed on separate hosts. Left to the scheduler on a small machine, the two
 //! wake each other onto one core, or the server's thread moves between cores and finds the
-//! table's hot rows in the other core's cache: its unique pulls ran at 0.50 of the table in
-//! memory where placed they ran at 0.75 (2-core Intel Xeon VM, 2026-12-01).
+//! table's hot rows in the other core's cache: unique pulls ran at 0.45 of the table in memory
+//! where placed they ran at 0.69 (one run each; 1.09-1.16x in alternating pairs of runs; 2-core
+//! Intel Xeon VM, 2026-12-01). Where the first and the last core are two threads of one
+//! physical core (SMT), the two still share that core's caches.
 
 use std::io;
 use std::process::Command;
@@ -60,7 +62,8 @@ fn set(set: &libc::cpu_set_t) -> io::Result<()> {
 }
 
 fn only(cpu: usize) -> libc::cpu_set_t {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set, and CPU_SET ignores indices beyond it.
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; `cpu` comes from `allowed`, so it lies
+    // inside the set (CPU_SET panics on an index beyond it).
     unsafe {
         let mut s: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut s);

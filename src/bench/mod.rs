@@ -330,7 +330,14 @@ fn sparse(config: &BenchConfig) -> anyhow::Result<()> {
         "(b) sparse rows of dim 10, {} rows inserted per table, then batches of {} Zipf-like keys, one server (medians of {rounds} alternating rounds)",
         config.sparse_rows, config.sparse_keys
     );
-    let placement = if config.shared_cores { None } else { cores::Placement::here()? };
+    let placement = if config.shared_cores {
+        None
+    } else {
+        cores::Placement::here().unwrap_or_else(|e| {
+            tracing::warn!("cannot read which cores this process may use ({e}): the scheduler places the bench");
+            None
+        })
+    };
     let sizes = (config.sparse_rows, config.sparse_keys);
     let r = sparse_rates(&config.exe, &config.baselines, sizes, config.seconds, rounds, placement)?;
     println!(

@@ -134,6 +134,8 @@ fn with_share((rate, cpu, wall): (f64, f64, f64), before: f64, after: f64) -> (f
 struct Work {
     spec: TableSpec,
     rows: usize,
+    /// Ids a drawn batch holds.
+    keys: usize,
     draws: SparseDraws,
     grads: Vec<f32>,
     counts: Vec<f32>,
@@ -153,7 +155,15 @@ pub(super) fn sparse_rates(
     rounds: usize,
     placement: Option<Placement>,
 ) -> anyhow::Result<SparseRates> {
-    let _pinned = placement.map(|p| Pinned::on(p.client)).transpose()?;
+    // A thread that cannot be placed (a seccomp filter, a cgroup) measures where it runs.
+    let (placement, _pinned) = match placement.map(|p| (p, Pinned::on(p.client))) {
+        Some((p, Ok(pinned))) => (Some(p), Some(pinned)),
+        Some((_, Err(e))) => {
+            tracing::warn!("cannot place the benchmark on cores of its own ({e}): the scheduler places it");
+            (None, None)
+        }
+        None => (None, None),
+    };
     let table = SparseSpec::new("emb", 10, 1, Init::Uniform { scale: 0.01 }, Optimizer::adagrad(0.05));
     let row_wise = SparseSpec::new(
         "emb_rw",
@@ -169,6 +179,7 @@ pub(super) fn sparse_rates(
     let work = Work {
         spec,
         rows,
+        keys,
         draws: SparseDraws::new(rows, keys),
         grads: vec![0.01f32; keys * 10],
         counts: [1.0f32, 0.0].repeat(keys),
@@ -181,19 +192,30 @@ pub(super) fn sparse_rates(
         measured.push(start_and_fill(name, &exe, &work, placement.map(|p| p.server))?);
     }
     let mut memory = InMemory::filled(table, &work)?;
-    // Rounds each measuring every build in turn and then the table in memory, so drifts of the
-    // machine hit all alike; each round starts at the next build, as the first one measured
-    // ran about 5% slower.
+    // Rounds each measuring every build in turn and the table in memory, so drifts of the
+    // machine hit all alike; each round starts at the next build, and the table in memory goes
+    // first every other round, as the first one measured ran about 5% slower.
     let n = measured.len();
     for round in 0..rounds.max(1) {
+        let memory_first = round % 2 == 1;
+        if memory_first {
+            memory.pulls(&work)?;
+        }
         for k in 0..n {
             measure_pulls(&mut measured[(round + k) % n], &work)?;
         }
-        memory.pulls(&work)?;
+        if !memory_first {
+            memory.pulls(&work)?;
+        }
+        if memory_first {
+            memory.pushes(&work)?;
+        }
         for k in 0..n {
             measure_pushes(&mut measured[(round + k) % n], &work)?;
         }
-        memory.pushes(&work)?;
+        if !memory_first {
+            memory.pushes(&work)?;
+        }
     }
     let mut builds = Vec::new();
     for mut m in measured {
@@ -279,10 +301,9 @@ struct InMemory {
 impl InMemory {
     /// The table with every row inserted (the inserts measured).
     fn filled(spec: SparseSpec, work: &Work) -> anyhow::Result<InMemory> {
-        let keys = work.draws.inserts.first().map_or(0, Vec::len);
         let mut m = InMemory {
             table: crate::table::SparseTable::new(spec),
-            rows_out: vec![0.0; keys * 10],
+            rows_out: vec![0.0; work.keys * 10],
             insert: 0.0,
             per_round: Default::default(),
         };
