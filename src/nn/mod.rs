@@ -285,8 +285,9 @@ impl Linear {
         dx: Option<&mut [f32]>,
     ) {
         let o = self.output;
+        debug_assert!(y.len() >= rows * o, "an output for every row");
         let db = &mut grads[self.b..self.b + o];
-        for (d, y) in dy[..rows * o].chunks_exact_mut(o).zip(y.chunks_exact(o)) {
+        for (d, y) in dy[..rows * o].chunks_exact_mut(o).zip(y[..rows * o].chunks_exact(o)) {
             act.backward(y, d);
             db.iter_mut().zip(&*d).for_each(|(g, d)| *g += d);
         }
@@ -454,6 +455,30 @@ pub fn softmax_cross_entropy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backward_through_gives_the_two_passes_gradients_to_the_bit() {
+        let (rows, input, output) = (5, 3, 4);
+        let (layer, _) = Linear::new("", input, output, 0);
+        let wave = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin() * 2.0).collect::<Vec<f32>>();
+        let (params, x, dy) = (wave(layer.len(), 0.7), wave(rows * input, 1.3), wave(rows * output, 2.1));
+        let mut y = wave(rows * output, 0.4);
+        y[3] = f32::NAN;
+        y[5] = 0.0;
+        for act in [Activation::Relu, Activation::Sigmoid, Activation::Tanh, Activation::Identity] {
+            let (mut g1, mut g2) = (wave(layer.len(), 0.1), wave(layer.len(), 0.1));
+            let (mut dx1, mut dx2) = (vec![0.5; rows * input], vec![0.5; rows * input]);
+            let mut dz = dy.clone();
+            act.backward(&y, &mut dz);
+            layer.backward(&params, &x, &dz, rows, &mut g1, Some(&mut dx1));
+            let mut fused = dy.clone();
+            layer.backward_through(act, &y, &params, &x, &mut fused, rows, &mut g2, Some(&mut dx2));
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&fused), bits(&dz), "{act:?}");
+            assert_eq!(bits(&g2), bits(&g1), "{act:?}");
+            assert_eq!(bits(&dx2), bits(&dx1), "{act:?}");
+        }
+    }
 
     #[test]
     fn matmul_handles_transposed_views() {
