@@ -363,19 +363,20 @@ impl Client {
             (0..n).map(|_| Pull { dense: selection, create, sparse: Vec::with_capacity(tables.len()) }).collect();
         let mut groupings = Vec::with_capacity(tables.len());
         for t in tables {
-            group_by_server(t.table, t.ids, n, &mut self.order, &mut self.starts);
-            for (s, pull) in per_server.iter_mut().enumerate() {
-                // The one server's part is the whole batch, sent from where it lies.
-                let ids = if n == 1 {
-                    Cow::Borrowed(t.ids)
-                } else {
-                    Cow::Owned(
-                        self.order[self.starts[s]..self.starts[s + 1]].iter().map(|&p| t.ids[p as usize]).collect(),
-                    )
-                };
-                pull.sparse.push(SparseIds { table: t.table, ids });
+            if n == 1 {
+                // The one server's part is the whole batch, sent from where it lies; its rows
+                // come back in the caller's order (no grouping).
+                per_server[0].sparse.push(SparseIds { table: t.table, ids: Cow::Borrowed(t.ids) });
+                groupings.push(None);
+            } else {
+                group_by_server(t.table, t.ids, n, &mut self.order, &mut self.starts);
+                for (s, pull) in per_server.iter_mut().enumerate() {
+                    let part = &self.order[self.starts[s]..self.starts[s + 1]];
+                    let ids = part.iter().map(|&p| t.ids[p as usize]).collect();
+                    pull.sparse.push(SparseIds { table: t.table, ids: Cow::Owned(ids) });
+                }
+                groupings.push(Some((self.order.clone(), self.starts.clone())));
             }
-            groupings.push((self.order.clone(), self.starts.clone()));
             rows[groupings.len() - 1].resize(t.ids.len() * t.dim, 0.0);
         }
         // Split: the dense half on a general port, the rows on a sparse-only port, both sent
@@ -464,14 +465,15 @@ pub fn probe(config: &ClientConfig, index: usize, epoch: u64) -> Result<(), Clie
 }
 
 /// Reads one pull reply from `conn` (server `conn.index`): dense blocks straight into their
-/// places in `dense` (when given), rows of `tables` into `rows` by the grouping positions.
+/// places in `dense` (when given), rows of `tables` into `rows` by the grouping positions (none:
+/// as they come).
 /// Returns the server's version.
 fn receive_values(
     conn: &mut Conn,
     layout: &DenseLayout,
     mut dense: Option<&mut Vec<f32>>,
     tables: &[TableIds],
-    groupings: &[(Vec<u32>, Vec<usize>)],
+    groupings: &[Option<(Vec<u32>, Vec<usize>)>],
     rows: &mut [Vec<f32>],
 ) -> Result<u64, ClientError> {
     let s = conn.index;
@@ -503,19 +505,19 @@ fn receive_values(
         return Err(conn.mismatch("a pull", format!("{} tables instead of {}", sparse.len(), tables.len())));
     }
     for (t, (table, got)) in tables.iter().zip(sparse).enumerate() {
-        let (order, starts) = &groupings[t];
-        let positions = &order[starts[s]..starts[s + 1]];
+        // No grouping: the one server's rows, in the caller's order.
+        let positions = groupings[t].as_ref().map(|(order, starts)| &order[starts[s]..starts[s + 1]]);
         let dim = table.dim;
-        if got.len() != positions.len() * dim {
-            let m = format!("{} floats instead of {}", got.len(), positions.len() * dim);
+        let expected = positions.map_or(table.ids.len(), <[u32]>::len) * dim;
+        if got.len() != expected {
+            let m = format!("{} floats instead of {expected}", got.len());
             return Err(conn.mismatch("a sparse pull", m));
         }
         let out = &mut rows[t];
-        if groupings[t].1.len() == 2 {
-            // One server: its rows come in the caller's order.
+        let Some(positions) = positions else {
             out.copy_from_slice(&got);
             continue;
-        }
+        };
         for (k, &p) in positions.iter().enumerate() {
             let p = p as usize;
             out[p * dim..(p + 1) * dim].copy_from_slice(&got[k * dim..(k + 1) * dim]);
