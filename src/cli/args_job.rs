@@ -460,8 +460,10 @@ pub(super) struct TrainArgs {
     /// Job id (must match the servers').
     #[arg(long = "job", env = "OAR_JOB", default_value = "oar")]
     pub(super) job_id: String,
-    /// When a supervisor restarts failed servers: seconds to wait for a lost server to come
-    /// back (reconnecting and repeating the unanswered request) before failing.
+    /// Seconds to wait for a lost peer to come back before failing: a trainer for a lost
+    /// server (restarted by a supervisor, or behind a link that comes back; it reconnects and
+    /// repeats the unanswered request), a server role for a trainer that disconnected without
+    /// closing (as `oar pserver --trainer-rejoin`). Give every process of the job the same.
     #[arg(long, env = "OAR_RECOVER_TIMEOUT")]
     pub(super) recover_timeout: Option<f64>,
     /// Record this trainer's position in its data in this folder after every step

@@ -235,7 +235,10 @@ pub(super) fn server_role_args(a: &TrainArgs, job: &JobConfig) -> PserverArgs {
         checkpoint_keep: 3,
         epoch: 0,
         trainers_closed: Vec::new(),
-        trainer_rejoin: None,
+        // One recovery window for the whole job: a cut link costs each side the other (the
+        // server's keepalive gives up on a silent trainer after about a minute), and a trainer
+        // that waits for its server to come back must find the server waiting for it too.
+        trainer_rejoin: a.recover_timeout,
         recoverable: a.recoverable,
         start_empty: a.server.start_empty,
         limits: a.server.limits.clone(),

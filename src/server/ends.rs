@@ -99,7 +99,7 @@ pub(super) async fn first(state: &Arc<State>, shutdown: impl std::future::Future
                 None => format!("trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"),
                 Some(w) => format!(
                     "trainer {trainer} disconnected without closing and did not come back within {w:?} \
-                     (--trainer-rejoin): the job cannot finish"
+                     (--trainer-rejoin; under oar train, the job's --recover-timeout): the job cannot finish"
                 ),
             };
             return Err(crate::base::exit::PeerLost(lost).into());

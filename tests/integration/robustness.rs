@@ -304,6 +304,43 @@ fn a_lost_trainer_that_does_not_come_back_in_time_fails_the_server_naming_it() {
     assert!(err.contains("trainer 1 disconnected without closing and did not come back within 500ms"), "{err}");
 }
 
+/// Under `oar train` in a server role (Paddle's variables, as a Fleet job starts every process),
+/// the job's recovery window is also how long the server waits for a trainer lost without
+/// closing: a cut link costs each side the other, and a trainer that waits for its server must
+/// find the server waiting for it. Without the window the server fails at once (above).
+#[test]
+fn a_server_role_of_oar_train_waits_the_jobs_recovery_window_for_a_lost_trainer() {
+    use std::io::BufRead;
+    let vars = [
+        ("TRAINING_ROLE", "PSERVER"),
+        ("POD_IP", "127.0.0.1"),
+        ("PADDLE_PORT", "0"),
+        ("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:0"),
+        ("PADDLE_TRAINERS_NUM", "2"),
+        ("OAR_MODE", "async"),
+        ("OAR_TIMEOUT", "2"),
+        ("OAR_RECOVER_TIMEOUT", "0.5"),
+    ];
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .arg("train")
+        .env_clear()
+        .envs(vars)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
+    let mut t0 = trainer(0, &addr);
+    t0.declare(&spec()).unwrap();
+    drop(trainer(1, &addr));
+    let out = server.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("trainer 1 disconnected without closing and did not come back within 500ms"), "{err}");
+}
+
 /// Sends `hello` on a fresh connection and returns the server's error message (the connection
 /// is then closed: a failed handshake ends it).
 fn refused_hello(addr: &str, hello: Hello) -> String {
