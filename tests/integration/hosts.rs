@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ fn fleet_job(
     extra: &[(&'static str, String)],
     lines: u64,
 ) -> (std::path::PathBuf, Vec<oar::protocol::ServerStats>) {
-    let fleet = start_fleet(dir, hosts, out, mode, extra);
+    let fleet = start_fleet(dir, hosts, out, mode, extra, &[]);
     for (t, child) in fleet.trainers.into_iter().enumerate() {
         let out = finish(child, &format!("trainer {t}"));
         assert!(out.contains(&format!("trained {lines} samples")), "{out}");
@@ -45,8 +45,15 @@ struct Fleet {
     model: std::path::PathBuf,
 }
 
-/// Starts the job [`fleet_job`] runs.
-fn start_fleet(dir: &Path, hosts: Option<&Hosts>, out: &str, mode: &str, extra: &[(&'static str, String)]) -> Fleet {
+/// Starts the job [`fleet_job`] runs, the servers with `servers_only` besides.
+fn start_fleet(
+    dir: &Path,
+    hosts: Option<&Hosts>,
+    out: &str,
+    mode: &str,
+    extra: &[(&'static str, String)],
+    servers_only: &[(&'static str, String)],
+) -> Fleet {
     let master = dir.join("master.secret");
     if !master.exists() {
         oar::security::auth::Secret::generate().write_new(&master).unwrap();
@@ -104,6 +111,7 @@ fn start_fleet(dir: &Path, hosts: Option<&Hosts>, out: &str, mode: &str, extra: 
                 ("OAR_OUTPUT", model.display().to_string()),
                 ("OAR_SECRET_FILE", master.display().to_string()),
             ]);
+            vars.extend(servers_only.iter().cloned());
             start(1 + s, vars)
         })
         .collect();
@@ -269,10 +277,12 @@ fn a_sync_job_over_lossy_links_trains_the_loopback_model_with_every_sample_appli
     assert_same_params(&load_params(&across.join("final")), &load_params(&local.join("final")), 0.0);
 }
 
-/// A server's link cut mid-job for longer than the reply timeout (33 s): a trainer with a
-/// recovery window says which server it lost and at which address, reconnects once the link is
-/// back, sends the unanswered request again, and the job ends with every sample applied once
-/// at every server (counted by the servers).
+/// A server's link cut mid-job for longer than the reply timeout (33 s), with a recovery window
+/// given to every process: a trainer says which server it lost and at which address, reconnects
+/// once the link is back, sends the unanswered request again, and the job ends with every sample
+/// applied once at every server (counted by the servers). The servers wait the same window for
+/// trainers their keepalive gave up on, should the link come back after it (about 60 s):
+/// `robustness::a_server_role_of_oar_train_waits_the_jobs_recovery_window_for_a_lost_trainer`.
 #[test]
 fn a_cut_server_link_that_comes_back_loses_no_sample_and_applies_none_twice() {
     let Some(hosts) = four_hosts_with_nft() else { return };
@@ -280,30 +290,52 @@ fn a_cut_server_link_that_comes_back_loses_no_sample_and_applies_none_twice() {
     let lines = 20_000;
     gen_data(&dir.path().join("data"), 2, lines, 10);
     // Async from the first step: a cut during the synchronous warm-up is a trainer missing
-    // from a sync step, which the servers' own wait of `--timeout` names instead.
+    // from a sync step, which the servers' own wait of `--timeout` names instead. The trainers'
+    // `--timeout` of 3 s makes their reply timeout 33 s; the servers' is longer than the cut,
+    // so that a trainer that comes back later than the other is waited for at the pass's end.
     let extra = [
         ("OAR_TIMEOUT", "3".to_string()),
         ("OAR_RECOVER_TIMEOUT", "120".to_string()),
         ("OAR_SYNC_WARMUP", "0".to_string()),
     ];
-    let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra);
+    let servers = [("OAR_TIMEOUT", "120".to_string())];
+    let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra, &servers);
     let (stderr, threads) = watch_stderr(&mut fleet.trainers);
+    let (_, server_threads) = watch_stderr(&mut fleet.servers);
     wait_for_traffic(&hosts, 2, 1_000_000);
     hosts.cut(2).unwrap();
     let t = wait_for_line(&stderr, &format!("lost server 1 (server 1 at {}:7164", hosts.addr(2)));
     eprintln!("trainer {t} lost server 1 after {} dropped packets", hosts.dropped(2).unwrap());
     hosts.mend(2).unwrap();
-    let mut back = 0;
-    for (t, (child, err)) in fleet.trainers.into_iter().zip(threads).enumerate() {
-        let o = child.wait_with_output().unwrap();
-        let err = err.join().unwrap();
-        assert!(o.status.success(), "trainer {t} failed:\n{err}");
-        back += err.contains("server 1 is back") as usize;
+    let ended: Vec<(Output, String)> = fleet
+        .trainers
+        .into_iter()
+        .zip(threads)
+        .map(|(child, err)| (child.wait_with_output().unwrap(), err.join().unwrap()))
+        .collect();
+    if ended.iter().any(|(o, _)| !o.status.success()) {
+        // The servers would wait out their window for the failed trainer: stop them now.
+        fleet.servers.iter_mut().for_each(|c| drop(c.kill()));
+    }
+    let outputs: Vec<Output> = fleet.servers.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let server_err: Vec<String> = server_threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let failed = ended.iter().any(|(o, _)| !o.status.success()) || outputs.iter().any(|o| !o.status.success());
+    // Every process's account when one fails: a trainer's failure may start at a server.
+    let all = || {
+        let trainers = ended.iter().enumerate().map(|(t, (_, err))| format!("trainer {t}:\n{err}"));
+        let servers = server_err.iter().enumerate().map(|(s, err)| format!("server {s}:\n{err}"));
+        trainers.chain(servers).collect::<Vec<_>>().join("\n")
+    };
+    assert!(!failed, "a process failed:\n{}", all());
+    let back = ended.iter().filter(|(_, err)| err.contains("server 1 is back")).count();
+    assert!(back > 0, "a trainer said server 1 was back:\n{}", all());
+    for (o, err) in &ended {
         assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("trained {lines} samples")), "{err}");
     }
-    assert!(back > 0, "a trainer said server 1 was back");
-    for (s, st) in server_stats(fleet.servers).iter().enumerate() {
-        assert_eq!(took(st), vec![lines, lines], "server {s} took every sample once");
+    for (s, o) in outputs.iter().enumerate() {
+        let line = text(o).lines().find_map(|l| l.strip_prefix("OAR_RESULT ").map(str::to_string));
+        let st: oar::protocol::ServerStats = serde_json::from_str(&line.expect("the server's counters")).unwrap();
+        assert_eq!(took(&st), vec![lines, lines], "server {s} took every sample once");
     }
 }
 
@@ -316,7 +348,7 @@ fn a_cut_server_link_that_lasts_fails_the_trainers_naming_the_server_and_its_add
     let dir = tempfile::tempdir().unwrap();
     gen_data(&dir.path().join("data"), 2, 20_000, 10);
     let extra = [("OAR_TIMEOUT", "3".to_string()), ("OAR_SYNC_WARMUP", "0".to_string())];
-    let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra);
+    let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra, &[]);
     wait_for_traffic(&hosts, 2, 1_000_000);
     hosts.cut(2).unwrap();
     let started = Instant::now();
