@@ -252,6 +252,13 @@ impl Conn {
     }
 }
 
+/// The longest one connect attempt waits for the server's answer. A link that drops packets
+/// (cut, or a host not there yet) loses the SYN, and the kernel sends it again after 1, 3, 7, 15
+/// and 31 s: within one long attempt, a link that heals is found only at the next of those. A
+/// fresh attempt every few seconds finds it within seconds (the keepalive of a server that lost
+/// this trainer behind the cut gives up on it about a minute into the cut).
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(3);
+
 /// Connects to `addr`, retrying with backoff until `timeout` (a server may still be starting).
 pub(super) fn connect_with_retry(index: usize, addr: &str, timeout: Duration) -> Result<TcpStream, ClientError> {
     let deadline = Instant::now() + timeout;
@@ -261,10 +268,8 @@ pub(super) fn connect_with_retry(index: usize, addr: &str, timeout: Duration) ->
             .to_socket_addrs()
             .and_then(|mut a| a.next().ok_or_else(|| std::io::Error::other("address resolves to nothing")))
             .and_then(|sa| {
-                TcpStream::connect_timeout(
-                    &sa,
-                    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10)),
-                )
+                let left = deadline.saturating_duration_since(Instant::now());
+                TcpStream::connect_timeout(&sa, left.min(CONNECT_ATTEMPT).max(Duration::from_millis(10)))
             });
         match attempt {
             Ok(s) => return Ok(s),
