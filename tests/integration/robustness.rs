@@ -178,15 +178,16 @@ fn pserver_for_two(mode: &str) -> (std::process::Child, String) {
 
 /// [`pserver_for_two`] with `extra` flags.
 fn pserver_for_two_with(mode: &str, extra: &[&str]) -> (std::process::Child, String) {
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"));
+    server.args(["pserver", "--host", "127.0.0.1", "--port", "0", "--num_gradient_servers", "2", "--timeout", "2"]);
+    ready(server.args(["--mode", mode]).args(extra))
+}
+
+/// Starts the server `command` runs, its output piped; returns it and the address it printed.
+fn ready(command: &mut std::process::Command) -> (std::process::Child, String) {
     use std::io::BufRead;
-    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
-        .args(["pserver", "--host", "127.0.0.1", "--port", "0", "--num_gradient_servers", "2", "--timeout", "2"])
-        .args(["--mode", mode])
-        .args(extra)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let piped = command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut server = piped.spawn().unwrap();
     let mut line = String::new();
     std::io::BufReader::new(server.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
     let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
@@ -295,9 +296,15 @@ fn a_trainer_restarted_with_its_sync_push_pending_counts_once_and_the_job_ends()
 #[test]
 fn a_lost_trainer_that_does_not_come_back_in_time_fails_the_server_naming_it() {
     let (server, addr) = pserver_for_two_with("async", &["--trainer-rejoin", "0.5"]);
-    let mut t0 = trainer(0, &addr);
+    waits_half_a_second_for_trainer_1(server, &addr);
+}
+
+/// Trainer 0 declares, trainer 1 connects and goes without closing: the server, which must
+/// wait half a second for it, then fails naming it.
+fn waits_half_a_second_for_trainer_1(server: std::process::Child, addr: &str) {
+    let mut t0 = trainer(0, addr);
     t0.declare(&spec()).unwrap();
-    drop(trainer(1, &addr));
+    drop(trainer(1, addr));
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
@@ -310,7 +317,6 @@ fn a_lost_trainer_that_does_not_come_back_in_time_fails_the_server_naming_it() {
 /// find the server waiting for it. Without the window the server fails at once (above).
 #[test]
 fn a_server_role_of_oar_train_waits_the_jobs_recovery_window_for_a_lost_trainer() {
-    use std::io::BufRead;
     let vars = [
         ("TRAINING_ROLE", "PSERVER"),
         ("POD_IP", "127.0.0.1"),
@@ -321,24 +327,9 @@ fn a_server_role_of_oar_train_waits_the_jobs_recovery_window_for_a_lost_trainer(
         ("OAR_TIMEOUT", "2"),
         ("OAR_RECOVER_TIMEOUT", "0.5"),
     ];
-    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
-        .arg("train")
-        .env_clear()
-        .envs(vars)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(server.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
-    let mut t0 = trainer(0, &addr);
-    t0.declare(&spec()).unwrap();
-    drop(trainer(1, &addr));
-    let out = server.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("trainer 1 disconnected without closing and did not come back within 500ms"), "{err}");
+    let (server, addr) =
+        ready(std::process::Command::new(env!("CARGO_BIN_EXE_oar")).arg("train").env_clear().envs(vars));
+    waits_half_a_second_for_trainer_1(server, &addr);
 }
 
 /// Sends `hello` on a fresh connection and returns the server's error message (the connection
