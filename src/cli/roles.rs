@@ -15,7 +15,7 @@
 //!   takes the next epoch and resumes from its newest checkpoint if that one is this job's
 //!   (`entry.json` names the job; checkpoints of the job that cannot be read are refused unless
 //!   `--start-empty`); as every restarted server, it reads `trainers.json` for the trainers that
-//!   had closed or ended the pass, and it waits `--trainer-rejoin` (60 s) for a lost trainer. No
+//!   had closed or ended the pass, and it waits `--recover-timeout` (60 s) for a lost trainer. No
 //!   claim of this job: a fresh start.
 //! - A trainer that finds `trainer-K.position` of this job rejoins from it (as `--rejoin`), and
 //!   waits `--recover-timeout` (60 s) for a lost server.
@@ -397,6 +397,9 @@ pub(super) fn engine_rank(
 /// trainer with this configuration.
 pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::Result<Option<TrainConfig>> {
     let env = ClusterEnv::from_process()?;
+    // Checked before the role is known, under its own name: a server role takes it as its
+    // window for lost trainers, where a bad value would be named `--trainer-rejoin`.
+    a.recover_timeout.map(|s| super::limits::seconds("recover-timeout", s)).transpose()?;
     // `--servers S`, a count rather than addresses, means `--num-servers S` (engine ranks).
     if let [count] = a.servers.as_slice() {
         if let (Ok(n), None) = (count.parse::<usize>(), a.num_servers) {

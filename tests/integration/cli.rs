@@ -482,22 +482,31 @@ fn absurd_counts_and_periods_are_one_error_line_not_a_panic() {
     }
     assert!(!Path::new(out).exists() && !Path::new(logs).exists(), "nothing was started");
 
+    // A server role started by PaddlePaddle's variables (and `vars`) that must fail: its error.
+    let server_role = |command: &str, vars: &[(&str, &str)]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+            .arg(command)
+            .env_remove("OAR_LAUNCHED")
+            .envs([
+                ("TRAINING_ROLE", "PSERVER"),
+                ("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:9"),
+                ("POD_IP", "127.0.0.1"),
+                ("PADDLE_PORT", "9"),
+            ])
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        err
+    };
     // The same bound from PaddlePaddle's variables names the variable, not a flag never given.
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
-        .args(["pserver"])
-        .env_remove("OAR_LAUNCHED")
-        .envs([
-            ("TRAINING_ROLE", "PSERVER"),
-            ("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:9"),
-            ("POD_IP", "127.0.0.1"),
-            ("PADDLE_PORT", "9"),
-            ("PADDLE_TRAINERS_NUM", max),
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = server_role("pserver", &[("PADDLE_TRAINERS_NUM", max)]);
     assert!(err.contains("PADDLE_TRAINERS_NUM: 18446744073709551615 trainers, more than 65536"), "{err}");
+    // A server role of `oar train` takes the job's recovery window as its own: a bad one is
+    // named as given, not as `oar pserver`'s --trainer-rejoin.
+    let err = server_role("train", &[("PADDLE_TRAINERS_NUM", "2"), ("OAR_RECOVER_TIMEOUT", "-1")]);
+    assert!(err.contains("--recover-timeout must be a number of seconds in 0..="), "{err}");
 
     // Job-file numbers that are no number, or infinite: an infinite l2 or initializer scale
     // used to pass (`>= 0`) and train to NaN; each is now named, as a negative std is.
