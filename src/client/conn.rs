@@ -256,8 +256,10 @@ impl Conn {
 /// (cut, or a host not there yet) loses the SYN, and the kernel sends it again after 1, 3, 7, 15
 /// and 31 s: within one long attempt, a link that heals is found only at the next of those. A
 /// fresh attempt every few seconds finds it within seconds (the keepalive of a server that lost
-/// this trainer behind the cut gives up on it about a minute into the cut).
-const CONNECT_ATTEMPT: Duration = Duration::from_secs(3);
+/// this trainer behind the cut gives up on it about a minute into the cut). 5 s outlasts the
+/// kernel's address resolution on a subnet (3 probes 1 s apart), so a host that is down is
+/// named as such ("No route to host"), not as a timeout.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
 
 /// Connects to `addr`, retrying with backoff until `timeout` (a server may still be starting).
 pub(super) fn connect_with_retry(index: usize, addr: &str, timeout: Duration) -> Result<TcpStream, ClientError> {

@@ -328,7 +328,7 @@ fn a_cut_server_link_that_comes_back_loses_no_sample_and_applies_none_twice() {
     };
     assert!(!failed, "a process failed:\n{}", all());
     let back = ended.iter().filter(|(_, err)| err.contains("server 1 is back")).count();
-    assert!(back > 0, "a trainer said server 1 was back:\n{}", all());
+    assert!(back > 0, "no trainer said server 1 was back:\n{}", all());
     for (o, err) in &ended {
         assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("trained {lines} samples")), "{err}");
     }
