@@ -471,14 +471,14 @@ pub(super) struct TrainArgs {
     #[arg(long, env = "OAR_POSITION_DIR")]
     pub(super) position_dir: Option<PathBuf>,
     /// This trainer is a restart of one that failed: go on from the position recorded in
-    /// --position-dir (servers started with --trainer-rejoin wait for it).
+    /// --position-dir (servers started with --trainer-rejoin, or under oar train with
+    /// --recover-timeout, wait for it).
     #[arg(long, env = "OAR_REJOIN", requires = "position_dir")]
     pub(super) rejoin: bool,
     /// This process may be a restart of a failed one, started again with the same command line
     /// (by an engine's restart policy or by hand). Servers checkpoint into OUTPUT/checkpoints
     /// and go on from there under the next epoch; trainers record their position there and
-    /// rejoin from it; each side waits up to 60 s (--recover-timeout, --trainer-rejoin) for a
-    /// lost other. State is kept per --job: another job id starts afresh.
+    /// rejoin from it; each side waits up to 60 s (--recover-timeout) for a lost other. State is kept per --job: another job id starts afresh.
     #[arg(long, env = "OAR_RECOVERABLE")]
     pub(super) recoverable: bool,
     /// Settings used when the environment says this process is a server

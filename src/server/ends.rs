@@ -4,9 +4,9 @@
 //! A job that cannot finish fails instead of hanging. A server that exits when its trainers are
 //! done (the default) fails when a trainer never connects within `--timeout` (naming it: the
 //! `Hello` carries the trainer id) or disconnects without closing and does not come back within
-//! `--trainer-rejoin` (crashed or killed: its share of the data and its close can never come).
-//! That is what makes a failing rank end an MPI or Slurm job promptly: every rank ends, so the
-//! launcher sees the failure.
+//! `--trainer-rejoin` (under `oar train`, the job's `--recover-timeout`; crashed or killed: its
+//! share of the data and its close can never come). That is what makes a failing rank end an
+//! MPI or Slurm job: every rank ends, within the windows, so the launcher sees the failure.
 
 use std::sync::Arc;
 use std::time::Duration;
