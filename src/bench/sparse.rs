@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::cores::{Pinned, Placement};
-use super::{connect, median, one_sample, ServerProc};
+use super::{connect, in_turn, median, one_sample, ServerProc};
 use crate::client::{StepHeader, TableGrads, TableIds};
 use crate::protocol::RowCreation;
 use crate::table::{DenseSpec, Init, Optimizer, SparseSpec, TableSpec};
@@ -198,24 +198,11 @@ pub(super) fn sparse_rates(
     let n = measured.len();
     for round in 0..rounds.max(1) {
         let memory_first = round % 2 == 1;
-        if memory_first {
-            memory.pulls(&work)?;
-        }
-        for k in 0..n {
-            measure_pulls(&mut measured[(round + k) % n], &work)?;
-        }
-        if !memory_first {
-            memory.pulls(&work)?;
-        }
-        if memory_first {
-            memory.pushes(&work)?;
-        }
-        for k in 0..n {
-            measure_pushes(&mut measured[(round + k) % n], &work)?;
-        }
-        if !memory_first {
-            memory.pushes(&work)?;
-        }
+        let servers = |measure: fn(&mut Measured, &Work) -> anyhow::Result<()>, measured: &mut [Measured]| {
+            (0..n).try_for_each(|k| measure(&mut measured[(round + k) % n], &work))
+        };
+        in_turn(memory_first, || servers(measure_pulls, &mut measured), || memory.pulls(&work))?;
+        in_turn(memory_first, || servers(measure_pushes, &mut measured), || memory.pushes(&work))?;
     }
     let mut builds = Vec::new();
     for mut m in measured {

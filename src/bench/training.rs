@@ -190,34 +190,31 @@ pub(super) fn models(data: &Path, config: &BenchConfig) -> anyhow::Result<()> {
         for round in 0..rounds {
             // Every other round measures the baselines first: the first job of a round ran
             // about 5% slower, which would otherwise count against this build every time.
-            let ours_first = round % 2 == 0;
-            let mut run_ours = || -> anyhow::Result<()> {
+            let run_ours = || -> anyhow::Result<()> {
                 let run = train_cluster(Mode::Async, data, &config.exe, &logs, job.clone(), name)?;
                 ours.push(run.samples_per_sec);
                 dist.get_or_insert(run);
                 Ok(())
             };
-            if ours_first {
-                run_ours()?;
-            }
-            for (b, rates) in config.baselines.iter().zip(&mut theirs) {
-                match (rates.as_mut(), train_cluster(Mode::Async, data, b, &logs, job.clone(), name)) {
-                    (Some(r), Ok(run)) => r.push(run.samples_per_sec),
-                    (_, Err(e))
-                        if crate::run::supervise::interrupt_flag().load(std::sync::atomic::Ordering::SeqCst) =>
-                    {
-                        return Err(e)
+            let run_baselines = || -> anyhow::Result<()> {
+                for (b, rates) in config.baselines.iter().zip(&mut theirs) {
+                    match (rates.as_mut(), train_cluster(Mode::Async, data, b, &logs, job.clone(), name)) {
+                        (Some(r), Ok(run)) => r.push(run.samples_per_sec),
+                        (_, Err(e))
+                            if crate::run::supervise::interrupt_flag().load(std::sync::atomic::Ordering::SeqCst) =>
+                        {
+                            return Err(e)
+                        }
+                        (_, Err(e)) => {
+                            tracing::warn!(baseline = %b.display(), model = name, "the baseline cannot run this model: {e:#}");
+                            *rates = None;
+                        }
+                        (None, Ok(_)) => {}
                     }
-                    (_, Err(e)) => {
-                        tracing::warn!(baseline = %b.display(), model = name, "the baseline cannot run this model: {e:#}");
-                        *rates = None;
-                    }
-                    (None, Ok(_)) => {}
                 }
-            }
-            if !ours_first {
-                run_ours()?;
-            }
+                Ok(())
+            };
+            super::in_turn(round % 2 == 1, run_ours, run_baselines)?;
         }
         let dist = dist.expect("at least one round");
         let per_round = ours.clone();

@@ -478,7 +478,8 @@ pub(super) struct TrainArgs {
     /// This process may be a restart of a failed one, started again with the same command line
     /// (by an engine's restart policy or by hand). Servers checkpoint into OUTPUT/checkpoints
     /// and go on from there under the next epoch; trainers record their position there and
-    /// rejoin from it; each side waits up to 60 s (--recover-timeout) for a lost other. State is kept per --job: another job id starts afresh.
+    /// rejoin from it; each side waits up to 60 s (--recover-timeout) for a lost other. State
+    /// is kept per --job: another job id starts afresh.
     #[arg(long, env = "OAR_RECOVERABLE")]
     pub(super) recoverable: bool,
     /// Settings used when the environment says this process is a server

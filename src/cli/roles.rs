@@ -397,9 +397,9 @@ pub(super) fn engine_rank(
 /// trainer with this configuration.
 pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::Result<Option<TrainConfig>> {
     let env = ClusterEnv::from_process()?;
-    // Checked before the role is known, under its own name: a server role takes it as its
-    // window for lost trainers, where a bad value would be named `--trainer-rejoin`.
-    a.recover_timeout.map(|s| super::limits::seconds("recover-timeout", s)).transpose()?;
+    // Read before the role is known, under its own name: a server role takes it as its window
+    // for lost trainers, where a bad value would be named `--trainer-rejoin`.
+    let recover = a.recover_timeout.map(|s| super::limits::seconds("recover-timeout", s)).transpose()?;
     // `--servers S`, a count rather than addresses, means `--num-servers S` (engine ranks).
     if let [count] = a.servers.as_slice() {
         if let (Ok(n), None) = (count.parse::<usize>(), a.num_servers) {
@@ -508,7 +508,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         clip_grad_norm: job.train.clip_grad_norm,
         precision: job.train.precision,
         delta_every: job.train.delta_every,
-        recover: a.recover_timeout.map(|s| super::limits::seconds("recover-timeout", s)).transpose()?,
+        recover,
         positions: a.position_dir,
         rejoin: a.rejoin,
     };
