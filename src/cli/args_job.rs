@@ -462,8 +462,10 @@ pub(super) struct TrainArgs {
     pub(super) job_id: String,
     /// Seconds to wait for a lost peer to come back before failing: a trainer for a lost
     /// server (restarted by a supervisor, or behind a link that comes back; it reconnects and
-    /// repeats the unanswered request), a server role for a trainer that disconnected without
-    /// closing (as `oar pserver --trainer-rejoin`). Give every process of the job the same.
+    /// repeats the unanswered request), or for a sync step or barrier that a server gave up on
+    /// after its --timeout (it asks again); a server role for a trainer that disconnected
+    /// without closing (as `oar pserver --trainer-rejoin`). Give every process of the job the
+    /// same.
     #[arg(long, env = "OAR_RECOVER_TIMEOUT")]
     pub(super) recover_timeout: Option<f64>,
     /// Record this trainer's position in its data in this folder after every step

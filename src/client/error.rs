@@ -110,6 +110,13 @@ impl ClientError {
         )
     }
 
+    /// Whether the server gave up waiting for other trainers (a sync step or a barrier that
+    /// outlasted its `--timeout`): the request itself was sound, and may be asked again while
+    /// one of those trainers could still be recovering.
+    pub(super) fn is_wait_timed_out(&self) -> bool {
+        matches!(self, ClientError::Refused { code: ErrorCode::Timeout, .. })
+    }
+
     /// Whether the other side closed or reset the connection before it answered: a process
     /// stopping or restarting behind the address, a proxy, or a Kubernetes service routing to a
     /// pod that is going away. A reply timeout is not such a close.
@@ -159,6 +166,24 @@ mod tests {
         };
         assert!(unreachable.is_lost_server());
         assert!(!ClientError::Usage("bad".into()).is_lost_server());
+    }
+
+    /// Of the refusals, only a wait that outlasted the server's timeout is asked again (within
+    /// the recovery window): the others refuse the request itself.
+    #[test]
+    fn only_a_timed_out_wait_is_asked_again() {
+        let refused =
+            |code| ClientError::Refused { index: 0, addr: "a:1".into(), what: "a push", code, message: String::new() };
+        assert!(refused(ErrorCode::Timeout).is_wait_timed_out());
+        for code in [ErrorCode::NonFinite, ErrorCode::State, ErrorCode::Busy, ErrorCode::Fenced, ErrorCode::TooLarge] {
+            assert!(!refused(code).is_wait_timed_out(), "{code:?}");
+        }
+        let silent = ClientError::Protocol {
+            index: 0,
+            addr: "a:1".into(),
+            cause: ProtocolError::Io(std::io::ErrorKind::TimedOut.into()),
+        };
+        assert!(!silent.is_wait_timed_out(), "a silent server is lost, not refusing");
     }
 
     /// A connection closed or reset before the answer is connected again; a silent one (the

@@ -85,7 +85,9 @@ pub struct ClientConfig {
     pub trainer: Option<u64>,
     /// With a supervisor that restarts failed servers (`oar launch --max-restarts`): how long
     /// to wait for a lost server to come back, reconnecting and sending it the unanswered
-    /// request again. `None`: a lost server fails the call at once.
+    /// request again; also how long to go on asking a server that gave up waiting for other
+    /// trainers (a sync step or barrier past its `--timeout`), which may be recovering too.
+    /// `None`: a lost server or such a refusal fails the call at once.
     pub recover: Option<Duration>,
     /// The job's secret, proved to each server (and each server's proof checked) before the
     /// handshake; `None` for servers without one.

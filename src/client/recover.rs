@@ -3,8 +3,9 @@
 //! connection, nobody listening, a replaced epoch) is, with recovery on (`--recover-timeout`),
 //! reconnected until the window ends as soon as it is found lost, told again what it must know
 //! of this trainer (its declaration, its ended pass), and sent only its own part of the call
-//! again. A push sent again this way is counted once by the server (its ledger). `on_first` is
-//! the same for a request to server 0 alone.
+//! again. A push sent again this way is counted once by the server (its ledger). A wait the
+//! server gave up on (a sync step or barrier past its `--timeout`) is asked again the same way
+//! while the window lasts. `on_first` is the same for a request to server 0 alone.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -46,31 +47,51 @@ impl Client {
 
     /// After `error` lost server `s` mid-call: with recovery on, reconnects (until the
     /// recovery window ends) and runs `again` (the call's part for `s`), as often as it takes.
+    /// A wait the server gave up on (a sync step or barrier past its `--timeout`) is asked
+    /// again the same way, without reconnecting: the trainer it waits for may itself be
+    /// recovering (a cut link, a restarted server), and every such request is idempotent at
+    /// the server (a push or commit of the pending step takes its place once, a barrier
+    /// records the same epoch).
     fn recover<T>(
         &mut self,
         s: usize,
         error: ClientError,
         mut again: impl FnMut(&mut Client) -> Result<T, ClientError>,
     ) -> Result<T, ClientError> {
-        let Some(window) = self.config.recover.filter(|_| error.is_lost_server()) else { return Err(error) };
+        let worth = |e: &ClientError| e.is_lost_server() || e.is_wait_timed_out();
+        let Some(window) = self.config.recover.filter(|_| worth(&error)) else { return Err(error) };
         let started = Instant::now();
         let deadline = started + window;
         let addr = self.config.servers[s].clone();
-        tracing::warn!(server = s, %addr, "lost server {s} ({error}); waiting up to {window:?} for it to come back");
+        if error.is_wait_timed_out() {
+            tracing::warn!(server = s, "{error}; asking again for up to {window:?} (--recover-timeout)");
+        } else {
+            tracing::warn!(server = s, %addr, "lost server {s} ({error}); waiting up to {window:?} for it to come back");
+        }
         let mut last = error;
         loop {
             if Instant::now() >= deadline {
-                return Err(ClientError::Lost { index: s, addr, waited: window, cause: last.to_string() });
+                return Err(out_of_window(s, addr, window, last));
             }
-            let attempt = self.reconnect(s, deadline).and_then(|()| again(self));
+            let attempt = if last.is_lost_server() {
+                self.reconnect(s, deadline).and_then(|()| again(self))
+            } else {
+                again(self)
+            };
             match attempt {
                 Ok(v) => {
                     let seconds = started.elapsed().as_secs_f64();
-                    tracing::warn!(server = s, epoch = self.epochs[s], seconds, "server {s} is back; going on");
+                    if last.is_lost_server() {
+                        tracing::warn!(server = s, epoch = self.epochs[s], seconds, "server {s} is back; going on");
+                    } else {
+                        tracing::warn!(server = s, seconds, "server {s}'s wait ended; going on");
+                    }
                     return Ok(v);
                 }
-                Err(e) if e.is_lost_server() => {
+                Err(e) if worth(&e) => {
                     last = e;
+                    // A pause, so a server that refuses at once (a timeout of 0) is not asked
+                    // in a tight loop.
                     std::thread::sleep(
                         Duration::from_millis(50).min(deadline.saturating_duration_since(Instant::now())),
                     );
@@ -152,7 +173,8 @@ impl Client {
             };
             let v = match first {
                 Ok(v) => v,
-                // Without recovery (or for an error a restart does not cure) this is the error.
+                // Without recovery (or for an error neither a restart nor a wait cures) this is
+                // the error.
                 Err(e) => self.recover(s, e, |client| {
                     for (port, frame) in &parts[s] {
                         client.conns[*port][s].send(frame)?;
@@ -187,5 +209,20 @@ impl Client {
             // poll(2) itself failed (it does not for valid descriptors): read in order.
             Err(_) => (0, false),
         }
+    }
+}
+
+/// The error once the recovery window has ended: the server was lost (and is named so), or it
+/// still refused its wait, with how long the refusals were asked again.
+fn out_of_window(s: usize, addr: String, window: Duration, last: ClientError) -> ClientError {
+    match last {
+        ClientError::Refused { index, addr, what, code, message } => ClientError::Refused {
+            index,
+            addr,
+            what,
+            code,
+            message: format!("{message}; asked again for {window:?} (--recover-timeout)"),
+        },
+        last => ClientError::Lost { index: s, addr, waited: window, cause: last.to_string() },
     }
 }

@@ -292,6 +292,73 @@ fn a_trainer_restarted_with_its_sync_push_pending_counts_once_and_the_job_ends()
     assert!(stats.repeats <= 1, "{stats:?}");
 }
 
+/// Trainer `id` with a recovery window of `window`.
+fn recovering_trainer(id: u64, addr: &str, window: Duration) -> Client {
+    let config = ClientConfig {
+        trainer: Some(id),
+        recover: Some(window),
+        ..ClientConfig::new(vec![addr.to_string()], "oar", Duration::from_secs(5), Duration::from_secs(30))
+    };
+    Client::connect(&config).unwrap()
+}
+
+/// A trainer with a recovery window, waiting in a sync step for another trainer that is late
+/// (here: has not pushed yet; in a job, one recovering a lost server), is refused when the
+/// server's --timeout (2 s) ends, and asks again while its window lasts: the step completes
+/// when the other pushes, and the server counts each trainer's sample once. Before, the
+/// refusal failed the trainer at once, though the one it waited for was on its way back.
+#[test]
+fn a_sync_step_past_the_servers_timeout_is_asked_again_within_the_recovery_window() {
+    let (server, addr) = pserver_for_two("sync");
+    let mut t0 = recovering_trainer(0, &addr, Duration::from_secs(60));
+    t0.declare(&spec()).unwrap();
+    let mut t1 = trainer(1, &addr);
+    t1.declare(&spec()).unwrap();
+    let dense = vec![0.0f32; spec().dense.total()];
+    let d = dense.clone();
+    let waiting = std::thread::spawn(move || t0.push(&header(0), Some(&d), &[]).map(|_| t0));
+    let mut tool =
+        Client::connect(&ClientConfig::new(vec![addr.clone()], "oar", Duration::from_secs(5), Duration::from_secs(30)))
+            .unwrap();
+    // Until trainer 0's push arrives a second time: refused after the timeout and asked again
+    // (or until its call ends, which fails the test below).
+    while tool.stats().unwrap()[0].pushes < 2 && !waiting.is_finished() {
+        std::thread::yield_now();
+    }
+    if waiting.is_finished() {
+        let ended = waiting.join().unwrap().err();
+        panic!("trainer 0's push ended before trainer 1 pushed: {ended:?}");
+    }
+    t1.push(&header(1), Some(&dense), &[]).unwrap();
+    let mut t0 = waiting.join().unwrap().expect("the step completes once trainer 1 pushes");
+    let stats = tool.stats().unwrap().remove(0);
+    assert_eq!(stats.version, 1, "one update from the step");
+    assert_eq!(stats.applied_samples, vec![1, 1], "each trainer's step applied once");
+    t0.close(0).unwrap();
+    t1.close(1).unwrap();
+    let out = server.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+}
+
+/// Past its window, the trainer stops with the server's refusal, which names the trainer it
+/// waited for, and how long it asked again.
+#[test]
+fn a_barrier_still_refused_after_the_recovery_window_names_the_missing_trainer() {
+    let (server, addr) = pserver_for_two("sync");
+    let mut t0 = recovering_trainer(0, &addr, Duration::from_millis(500));
+    t0.declare(&spec()).unwrap();
+    let mut t1 = trainer(1, &addr);
+    t1.declare(&spec()).unwrap();
+    let err = t0.barrier(0, 1).unwrap_err().to_string();
+    assert!(err.contains("barrier 1 timed out after 2s waiting for trainer(s) [1]"), "{err}");
+    assert!(err.contains("asked again for 500ms (--recover-timeout)"), "{err}");
+    t0.close(0).unwrap();
+    t1.close(1).unwrap();
+    let out = server.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// A lost trainer that does not come back within --trainer-rejoin fails the server, naming it.
 #[test]
 fn a_lost_trainer_that_does_not_come_back_in_time_fails_the_server_naming_it() {
