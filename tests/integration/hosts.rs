@@ -30,7 +30,7 @@ fn fleet_job(
     extra: &[(&'static str, String)],
     lines: u64,
 ) -> (std::path::PathBuf, Vec<oar::protocol::ServerStats>) {
-    let fleet = start_fleet(dir, hosts, out, mode, extra, &[]);
+    let fleet = start_fleet(dir, hosts, out, mode, extra);
     for (t, child) in fleet.trainers.into_iter().enumerate() {
         let out = finish(child, &format!("trainer {t}"));
         assert!(out.contains(&format!("trained {lines} samples")), "{out}");
@@ -45,15 +45,8 @@ struct Fleet {
     model: std::path::PathBuf,
 }
 
-/// Starts the job [`fleet_job`] runs, the servers with `servers_only` besides.
-fn start_fleet(
-    dir: &Path,
-    hosts: Option<&Hosts>,
-    out: &str,
-    mode: &str,
-    extra: &[(&'static str, String)],
-    servers_only: &[(&'static str, String)],
-) -> Fleet {
+/// Starts the job [`fleet_job`] runs.
+fn start_fleet(dir: &Path, hosts: Option<&Hosts>, out: &str, mode: &str, extra: &[(&'static str, String)]) -> Fleet {
     let master = dir.join("master.secret");
     if !master.exists() {
         oar::security::auth::Secret::generate().write_new(&master).unwrap();
@@ -111,7 +104,6 @@ fn start_fleet(
                 ("OAR_OUTPUT", model.display().to_string()),
                 ("OAR_SECRET_FILE", master.display().to_string()),
             ]);
-            vars.extend(servers_only.iter().cloned());
             start(1 + s, vars)
         })
         .collect();
@@ -290,16 +282,16 @@ fn a_cut_server_link_that_comes_back_loses_no_sample_and_applies_none_twice() {
     let lines = 20_000;
     gen_data(&dir.path().join("data"), 2, lines, 10);
     // Async from the first step: a cut during the synchronous warm-up is a trainer missing
-    // from a sync step, which the servers' own wait of `--timeout` names instead. The trainers'
-    // `--timeout` of 3 s makes their reply timeout 33 s; the servers' is longer than the cut,
-    // so that a trainer that comes back later than the other is waited for at the pass's end.
+    // from a sync step, which the servers' own wait of `--timeout` names instead. One
+    // environment for every process, as a user gives it: `--timeout` 3 s makes the trainers'
+    // reply timeout 33 s, and a trainer that comes back later than the other finds it asking
+    // again at the pass's barrier (refused after the servers' 3 s) within its window.
     let extra = [
         ("OAR_TIMEOUT", "3".to_string()),
         ("OAR_RECOVER_TIMEOUT", "120".to_string()),
         ("OAR_SYNC_WARMUP", "0".to_string()),
     ];
-    let servers = [("OAR_TIMEOUT", "120".to_string())];
-    let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra, &servers);
+    let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra);
     let (stderr, threads) = watch_stderr(&mut fleet.trainers);
     let (_, server_threads) = watch_stderr(&mut fleet.servers);
     wait_for_traffic(&hosts, 2, 1_000_000);
@@ -348,7 +340,7 @@ fn a_cut_server_link_that_lasts_fails_the_trainers_naming_the_server_and_its_add
     let dir = tempfile::tempdir().unwrap();
     gen_data(&dir.path().join("data"), 2, 20_000, 10);
     let extra = [("OAR_TIMEOUT", "3".to_string()), ("OAR_SYNC_WARMUP", "0".to_string())];
-    let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra, &[]);
+    let mut fleet = start_fleet(dir.path(), Some(&hosts), "cut", "async", &extra);
     wait_for_traffic(&hosts, 2, 1_000_000);
     hosts.cut(2).unwrap();
     let started = Instant::now();
