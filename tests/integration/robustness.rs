@@ -195,8 +195,14 @@ fn ready(command: &mut std::process::Command) -> (std::process::Child, String) {
 }
 
 fn trainer(id: u64, addr: &str) -> Client {
+    trainer_within(id, addr, None)
+}
+
+/// Trainer `id` with the recovery window `recover` (`None`: none).
+fn trainer_within(id: u64, addr: &str, recover: Option<Duration>) -> Client {
     let config = ClientConfig {
         trainer: Some(id),
+        recover,
         ..ClientConfig::new(vec![addr.to_string()], "oar", Duration::from_secs(5), Duration::from_secs(30))
     };
     Client::connect(&config).unwrap()
@@ -292,14 +298,15 @@ fn a_trainer_restarted_with_its_sync_push_pending_counts_once_and_the_job_ends()
     assert!(stats.repeats <= 1, "{stats:?}");
 }
 
-/// Trainer `id` with a recovery window of `window`.
-fn recovering_trainer(id: u64, addr: &str, window: Duration) -> Client {
-    let config = ClientConfig {
-        trainer: Some(id),
-        recover: Some(window),
-        ..ClientConfig::new(vec![addr.to_string()], "oar", Duration::from_secs(5), Duration::from_secs(30))
-    };
-    Client::connect(&config).unwrap()
+/// A sync `oar pserver` (2 s timeout) and its two trainers, declared: trainer 0 with the
+/// recovery window `window`, trainer 1 without.
+fn sync_pair(window: Duration) -> (std::process::Child, String, Client, Client) {
+    let (server, addr) = pserver_for_two("sync");
+    let mut t0 = trainer_within(0, &addr, Some(window));
+    t0.declare(&spec()).unwrap();
+    let mut t1 = trainer(1, &addr);
+    t1.declare(&spec()).unwrap();
+    (server, addr, t0, t1)
 }
 
 /// A trainer with a recovery window, waiting in a sync step for another trainer that is late
@@ -309,11 +316,7 @@ fn recovering_trainer(id: u64, addr: &str, window: Duration) -> Client {
 /// refusal failed the trainer at once, though the one it waited for was on its way back.
 #[test]
 fn a_sync_step_past_the_servers_timeout_is_asked_again_within_the_recovery_window() {
-    let (server, addr) = pserver_for_two("sync");
-    let mut t0 = recovering_trainer(0, &addr, Duration::from_secs(60));
-    t0.declare(&spec()).unwrap();
-    let mut t1 = trainer(1, &addr);
-    t1.declare(&spec()).unwrap();
+    let (server, addr, mut t0, mut t1) = sync_pair(Duration::from_secs(60));
     let dense = vec![0.0f32; spec().dense.total()];
     let d = dense.clone();
     let waiting = std::thread::spawn(move || t0.push(&header(0), Some(&d), &[]).map(|_| t0));
@@ -345,11 +348,7 @@ fn a_sync_step_past_the_servers_timeout_is_asked_again_within_the_recovery_windo
 /// waited for, and how long it asked again.
 #[test]
 fn a_barrier_still_refused_after_the_recovery_window_names_the_missing_trainer() {
-    let (server, addr) = pserver_for_two("sync");
-    let mut t0 = recovering_trainer(0, &addr, Duration::from_millis(500));
-    t0.declare(&spec()).unwrap();
-    let mut t1 = trainer(1, &addr);
-    t1.declare(&spec()).unwrap();
+    let (server, _, mut t0, mut t1) = sync_pair(Duration::from_millis(500));
     let err = t0.barrier(0, 1).unwrap_err().to_string();
     assert!(err.contains("barrier 1 timed out after 2s waiting for trainer(s) [1]"), "{err}");
     assert!(err.contains("asked again for 500ms (--recover-timeout)"), "{err}");
