@@ -190,14 +190,20 @@ struct Pushed {
     not_held: bool,
 }
 
-/// Reads server `s`'s answers on `ports`, one each; `base` is its count behind the push.
+/// Reads server `s`'s answers on `ports`, one each; `base` is its count behind the push. A
+/// refusal is returned once every port's answer is read: the push may be sent again on the
+/// same connections (a sync step past the server's timeout), whose answers must then be next.
 fn read_pushed(conns: &mut [Vec<Conn>], s: usize, ports: &[usize], base: u64) -> Result<Pushed, ClientError> {
     let mut answer = Pushed::default();
+    let mut refused = None;
     for &port in ports {
         let conn = &mut conns[port][s];
         let kind = conn.read()?;
-        match conn.reply(kind, "a push")? {
-            Response::Pushed { outcome, version } => {
+        match conn.reply(kind, "a push") {
+            Err(e) => {
+                refused.get_or_insert(e);
+            }
+            Ok(Response::Pushed { outcome, version }) => {
                 answer.stale |= outcome == PushOutcome::Discarded;
                 answer.held |= outcome == PushOutcome::Held;
                 answer.not_held |= outcome == PushOutcome::NotHeld;
@@ -206,8 +212,8 @@ fn read_pushed(conns: &mut [Vec<Conn>], s: usize, ports: &[usize], base: u64) ->
                 let found = if outcome == PushOutcome::Applied { version.saturating_sub(1) } else { version };
                 answer.staleness = answer.staleness.max(found.saturating_sub(base));
             }
-            other => return Err(conn.unexpected("a push", &other)),
+            Ok(other) => return Err(conn.unexpected("a push", &other)),
         }
     }
-    Ok(answer)
+    refused.map_or(Ok(answer), Err)
 }

@@ -4,8 +4,8 @@
 //! reconnected until the window ends as soon as it is found lost, told again what it must know
 //! of this trainer (its declaration, its ended pass), and sent only its own part of the call
 //! again. A push sent again this way is counted once by the server (its ledger). A wait the
-//! server gave up on (a sync step or barrier past its `--timeout`) is asked again the same way
-//! while the window lasts. `on_first` is the same for a request to server 0 alone.
+//! server gave up on (a sync step or barrier past its `--timeout`) is sent again on the same
+//! connections while the window lasts. `on_first` is the same for a request to server 0 alone.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -71,7 +71,7 @@ impl Client {
         let mut last = error;
         loop {
             if Instant::now() >= deadline {
-                return Err(out_of_window(s, addr, window, last));
+                return Err(out_of_window(s, addr, window, started.elapsed(), last));
             }
             let attempt = if last.is_lost_server() {
                 self.reconnect(s, deadline).and_then(|()| again(self))
@@ -213,15 +213,19 @@ impl Client {
 }
 
 /// The error once the recovery window has ended: the server was lost (and is named so), or it
-/// still refused its wait, with how long the refusals were asked again.
-fn out_of_window(s: usize, addr: String, window: Duration, last: ClientError) -> ClientError {
+/// still refused its wait, with how long the refusals were asked again (up to one of the
+/// server's timeouts past the window: the last ask began inside it).
+fn out_of_window(s: usize, addr: String, window: Duration, asked: Duration, last: ClientError) -> ClientError {
     match last {
         ClientError::Refused { index, addr, what, code, message } => ClientError::Refused {
             index,
             addr,
             what,
             code,
-            message: format!("{message}; asked again for {window:?} (--recover-timeout)"),
+            message: format!(
+                "{message}; asked again for {:.1}s, past the recovery window of {window:?} (--recover-timeout)",
+                asked.as_secs_f64()
+            ),
         },
         last => ClientError::Lost { index: s, addr, waited: window, cause: last.to_string() },
     }

@@ -5,7 +5,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::util::*;
-use oar::client::{Client, ClientConfig, ClientError, StepHeader, TableIds};
+use oar::client::{Client, ClientConfig, ClientError, StepHeader, TableGrads, TableIds};
 use oar::protocol::Mode;
 use oar::protocol::{
     read_frame_blocking, ErrorCode, FrameBuf, Hello, Push, Request, Response, RowCreation, PROTOCOL_VERSION,
@@ -178,9 +178,14 @@ fn pserver_for_two(mode: &str) -> (std::process::Child, String) {
 
 /// [`pserver_for_two`] with `extra` flags.
 fn pserver_for_two_with(mode: &str, extra: &[&str]) -> (std::process::Child, String) {
+    pserver_for_two_at("0", &[&["--mode", mode][..], extra].concat())
+}
+
+/// `oar pserver` for 2 trainers with a 2 s timeout, at `port` (0: any), with `flags`.
+fn pserver_for_two_at(port: &str, flags: &[&str]) -> (std::process::Child, String) {
     let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"));
-    server.args(["pserver", "--host", "127.0.0.1", "--port", "0", "--num_gradient_servers", "2", "--timeout", "2"]);
-    ready(server.args(["--mode", mode]).args(extra))
+    server.args(["pserver", "--host", "127.0.0.1", "--port", port, "--num_gradient_servers", "2", "--timeout", "2"]);
+    ready(server.args(flags))
 }
 
 /// Starts the server `command` runs, its output piped; returns it and the address it printed.
@@ -195,14 +200,16 @@ fn ready(command: &mut std::process::Command) -> (std::process::Child, String) {
 }
 
 fn trainer(id: u64, addr: &str) -> Client {
-    trainer_within(id, addr, None)
+    trainer_within(id, addr, None, 0)
 }
 
-/// Trainer `id` with the recovery window `recover` (`None`: none).
-fn trainer_within(id: u64, addr: &str, recover: Option<Duration>) -> Client {
+/// Trainer `id` with the recovery window `recover` (`None`: none), using `sparse_ports` ports
+/// after the server's first for its rows.
+fn trainer_within(id: u64, addr: &str, recover: Option<Duration>, sparse_ports: usize) -> Client {
     let config = ClientConfig {
         trainer: Some(id),
         recover,
+        ports_num_for_sparse: sparse_ports,
         ..ClientConfig::new(vec![addr.to_string()], "oar", Duration::from_secs(5), Duration::from_secs(30))
     };
     Client::connect(&config).unwrap()
@@ -298,13 +305,19 @@ fn a_trainer_restarted_with_its_sync_push_pending_counts_once_and_the_job_ends()
     assert!(stats.repeats <= 1, "{stats:?}");
 }
 
-/// A sync `oar pserver` (2 s timeout) and its two trainers, declared: trainer 0 with the
-/// recovery window `window`, trainer 1 without.
-fn sync_pair(window: Duration) -> (std::process::Child, String, Client, Client) {
-    let (server, addr) = pserver_for_two("sync");
-    let mut t0 = trainer_within(0, &addr, Some(window));
+/// A sync `oar pserver` (2 s timeout; with `sparse_port`, a second port for rows only) and its
+/// two trainers, declared: trainer 0 with the recovery window `window`, trainer 1 without.
+fn sync_pair(window: Duration, sparse_port: bool) -> (std::process::Child, String, Client, Client) {
+    let (server, addr) = if sparse_port {
+        let port = free_ports(2).to_string();
+        pserver_for_two_at(&port, &["--mode", "sync", "--ports_num_for_sparse", "1"])
+    } else {
+        pserver_for_two("sync")
+    };
+    let sparse_ports = usize::from(sparse_port);
+    let mut t0 = trainer_within(0, &addr, Some(window), sparse_ports);
     t0.declare(&spec()).unwrap();
-    let mut t1 = trainer(1, &addr);
+    let mut t1 = trainer_within(1, &addr, None, sparse_ports);
     t1.declare(&spec()).unwrap();
     (server, addr, t0, t1)
 }
@@ -316,27 +329,59 @@ fn sync_pair(window: Duration) -> (std::process::Child, String, Client, Client) 
 /// refusal failed the trainer at once, though the one it waited for was on its way back.
 #[test]
 fn a_sync_step_past_the_servers_timeout_is_asked_again_within_the_recovery_window() {
-    let (server, addr, mut t0, mut t1) = sync_pair(Duration::from_secs(60));
+    asks_a_sync_step_again(false);
+}
+
+/// The same with the push split in two halves (dense on the first port, rows on a sparse-only
+/// one), each refused: both refusals are read before the push is sent again, so the next
+/// step's halves and a pull's rows are answered in turn on each port.
+#[test]
+fn a_split_sync_push_past_the_servers_timeout_is_asked_again_on_both_ports() {
+    asks_a_sync_step_again(true);
+}
+
+/// Pushes `dense` and one row of table 0.
+fn push_with_a_row(t: &mut Client, header: &StepHeader, dense: &[f32]) -> Result<(), ClientError> {
+    let dim = spec().sparse[0].dim;
+    let grads = vec![0.0f32; dim];
+    t.push(header, Some(dense), &[TableGrads { table: 0, dim, ids: &[7], counts: &[1.0, 0.0], grads: &grads }])?;
+    Ok(())
+}
+
+fn asks_a_sync_step_again(sparse_port: bool) {
+    let (server, addr, mut t0, mut t1) = sync_pair(Duration::from_secs(60), sparse_port);
     let dense = vec![0.0f32; spec().dense.total()];
     let d = dense.clone();
-    let waiting = std::thread::spawn(move || t0.push(&header(0), Some(&d), &[]).map(|_| t0));
+    let waiting = std::thread::spawn(move || push_with_a_row(&mut t0, &header(0), &d).map(|_| t0));
     let mut tool =
         Client::connect(&ClientConfig::new(vec![addr.clone()], "oar", Duration::from_secs(5), Duration::from_secs(30)))
             .unwrap();
-    // Until trainer 0's push arrives a second time: refused after the timeout and asked again
-    // (or until its call ends, which fails the test below).
-    while tool.stats().unwrap()[0].pushes < 2 && !waiting.is_finished() {
+    // Until trainer 0's push (one frame, or two halves) arrives a second time: refused after
+    // the timeout and asked again (or until its call ends, which fails the test below).
+    let frames = if sparse_port { 2 } else { 1 };
+    while tool.stats().unwrap()[0].pushes < 2 * frames && !waiting.is_finished() {
         std::thread::yield_now();
     }
     if waiting.is_finished() {
         let ended = waiting.join().unwrap().err();
         panic!("trainer 0's push ended before trainer 1 pushed: {ended:?}");
     }
-    t1.push(&header(1), Some(&dense), &[]).unwrap();
+    push_with_a_row(&mut t1, &header(1), &dense).unwrap();
     let mut t0 = waiting.join().unwrap().expect("the step completes once trainer 1 pushes");
+    // A pull and a second step on the same connections: every port answers its own request.
+    for t in [&mut t0, &mut t1] {
+        let (mut all, mut pulled) = (Vec::new(), vec![Vec::new()]);
+        let rows = [TableIds { table: 0, dim: spec().sparse[0].dim, ids: &[7] }];
+        t.pull(Some(&mut all), &rows, &mut pulled, RowCreation::Create).unwrap();
+    }
+    let second = |t: usize| StepHeader { step: 1, base_version: 1, ..header(t) };
+    let d = dense.clone();
+    let next = std::thread::spawn(move || push_with_a_row(&mut t0, &second(0), &d).map(|_| t0));
+    push_with_a_row(&mut t1, &second(1), &dense).unwrap();
+    let mut t0 = next.join().unwrap().unwrap();
     let stats = tool.stats().unwrap().remove(0);
-    assert_eq!(stats.version, 1, "one update from the step");
-    assert_eq!(stats.applied_samples, vec![1, 1], "each trainer's step applied once");
+    assert_eq!(stats.version, 2, "one update from each step");
+    assert_eq!(stats.applied_samples, vec![2, 2], "each trainer's steps applied once");
     t0.close(0).unwrap();
     t1.close(1).unwrap();
     let out = server.wait_with_output().unwrap();
@@ -348,10 +393,11 @@ fn a_sync_step_past_the_servers_timeout_is_asked_again_within_the_recovery_windo
 /// waited for, and how long it asked again.
 #[test]
 fn a_barrier_still_refused_after_the_recovery_window_names_the_missing_trainer() {
-    let (server, _, mut t0, mut t1) = sync_pair(Duration::from_millis(500));
+    let (server, _, mut t0, mut t1) = sync_pair(Duration::from_millis(500), false);
     let err = t0.barrier(0, 1).unwrap_err().to_string();
     assert!(err.contains("barrier 1 timed out after 2s waiting for trainer(s) [1]"), "{err}");
-    assert!(err.contains("asked again for 500ms (--recover-timeout)"), "{err}");
+    assert!(err.contains("; asked again for "), "{err}");
+    assert!(err.contains("s, past the recovery window of 500ms (--recover-timeout)"), "{err}");
     t0.close(0).unwrap();
     t1.close(1).unwrap();
     let out = server.wait_with_output().unwrap();
