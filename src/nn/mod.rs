@@ -258,13 +258,8 @@ impl Linear {
     ) {
         let o = self.output;
         let db = &mut grads[self.b..self.b + o];
-        for r in 0..rows {
-            db.iter_mut().zip(&dy[r * o..(r + 1) * o]).for_each(|(g, d)| *g += d);
-        }
-        self.weight_grad(x, dy, rows, grads);
-        if let Some(dx) = dx {
-            self.input_grad(params, dy, rows, dx, true);
-        }
+        dy[..rows * o].chunks_exact(o).for_each(|d| add_row(db, d));
+        self.weight_and_input_grads(params, x, dy, rows, grads, dx);
     }
 
     /// `act`'s backward through this layer's output `y` and `db = sum dz` in one pass over the
@@ -289,18 +284,26 @@ impl Linear {
         let db = &mut grads[self.b..self.b + o];
         for (d, y) in dy[..rows * o].chunks_exact_mut(o).zip(y[..rows * o].chunks_exact(o)) {
             act.backward(y, d);
-            db.iter_mut().zip(&*d).for_each(|(g, d)| *g += d);
+            add_row(db, d);
         }
-        self.weight_grad(x, dy, rows, grads);
+        self.weight_and_input_grads(params, x, dy, rows, grads, dx);
+    }
+
+    /// Adds `dW = x^T dy` into `grads`, and `dx = dy W^T` into `dx` if asked.
+    fn weight_and_input_grads(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        dy: &[f32],
+        rows: usize,
+        grads: &mut [f32],
+        dx: Option<&mut [f32]>,
+    ) {
+        let (i, o) = (self.input, self.output);
+        matmul(i, o, rows, &mut grads[self.w..self.w + i * o], true, x, (1, i), dy, (o, 1));
         if let Some(dx) = dx {
             self.input_grad(params, dy, rows, dx, true);
         }
-    }
-
-    /// Adds `dW = x^T dy` into `grads`.
-    fn weight_grad(&self, x: &[f32], dy: &[f32], rows: usize, grads: &mut [f32]) {
-        let (i, o) = (self.input, self.output);
-        matmul(i, o, rows, &mut grads[self.w..self.w + i * o], true, x, (1, i), dy, (o, 1));
     }
 
     /// `dx = dy W^T`, added into `dx` or (`accumulate` false) written over it.
@@ -308,6 +311,11 @@ impl Linear {
         let (i, o) = (self.input, self.output);
         matmul(rows, i, o, dx, accumulate, dy, (o, 1), &params[self.w..self.w + i * o], (1, o));
     }
+}
+
+/// Adds one row of a batch's gradient into the bias gradient `db`.
+fn add_row(db: &mut [f32], d: &[f32]) {
+    db.iter_mut().zip(d).for_each(|(g, d)| *g += d);
 }
 
 /// Element-wise non-linearity after a layer.
