@@ -90,7 +90,7 @@ pub(super) struct PserverArgs {
     #[arg(long, env = "OAR_TRAINERS_CLOSED", value_delimiter = ',')]
     pub(super) trainers_closed: Vec<u64>,
     /// Seconds a trainer that disconnected without closing has to come back (restarted by a
-    /// supervisor) before the server fails [default: fail at once].
+    /// supervisor) before the server fails; 0 is no wait [default: fail at once].
     #[arg(long, env = "OAR_TRAINER_REJOIN")]
     pub(super) trainer_rejoin: Option<f64>,
     /// This process may be a restart of a failed server, started again with the same command
@@ -465,7 +465,7 @@ pub(super) struct TrainArgs {
     /// repeats the unanswered request), or for a sync step or barrier that a server gave up on
     /// after its --timeout (it asks again); a server role for a trainer that disconnected
     /// without closing (as `oar pserver --trainer-rejoin`). Give every process of the job the
-    /// same.
+    /// same; 0 waits for nothing (the refusal or loss as it came).
     #[arg(long, env = "OAR_RECOVER_TIMEOUT")]
     pub(super) recover_timeout: Option<f64>,
     /// Record this trainer's position in its data in this folder after every step

@@ -59,7 +59,8 @@ impl Client {
         mut again: impl FnMut(&mut Client) -> Result<T, ClientError>,
     ) -> Result<T, ClientError> {
         let worth = |e: &ClientError| e.is_lost_server() || e.is_wait_timed_out();
-        let Some(window) = self.config.recover.filter(|_| worth(&error)) else { return Err(error) };
+        // A window of 0 (`--recover-timeout 0`) is no recovery: the error as it came.
+        let Some(window) = self.config.recover.filter(|w| !w.is_zero() && worth(&error)) else { return Err(error) };
         let started = Instant::now();
         let deadline = started + window;
         let addr = self.config.servers[s].clone();

@@ -95,7 +95,8 @@ pub(super) async fn first(state: &Arc<State>, shutdown: impl std::future::Future
             ));
         }
         (trainer, window) = lost_trainer(state.clone()) => {
-            let lost = match window {
+            // A window of 0 waits for nothing: said as no window, not "within 0ns".
+            let lost = match window.filter(|w| !w.is_zero()) {
                 None => format!("trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"),
                 Some(w) => format!(
                     "trainer {trainer} disconnected without closing and did not come back within {w:?} \

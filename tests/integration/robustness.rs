@@ -404,6 +404,28 @@ fn a_barrier_still_refused_after_the_recovery_window_names_the_missing_trainer()
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A window of 0 (`--recover-timeout 0`) is no window: the refusal comes back as the server gave
+/// it, not asked again (before, the trainer said it would ask again "for up to 0ns").
+#[test]
+fn a_recovery_window_of_zero_returns_the_servers_refusal_as_it_came() {
+    let (server, _, mut t0, mut t1) = sync_pair(Duration::ZERO, false);
+    let err = t0.barrier(0, 1).unwrap_err().to_string();
+    assert!(err.contains("barrier 1 timed out after 2s waiting for trainer(s) [1]"), "{err}");
+    assert!(!err.contains("asked again") && !err.contains("recovery window"), "{err}");
+    t0.close(0).unwrap();
+    t1.close(1).unwrap();
+    let out = server.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `--trainer-rejoin 0` waits for no lost trainer: the server fails at once, said as a server
+/// without a window says it (before: "did not come back within 0ns").
+#[test]
+fn a_trainer_rejoin_of_zero_fails_the_server_as_without_a_window() {
+    let (server, addr) = pserver_for_two_with("async", &["--trainer-rejoin", "0"]);
+    trainer_1_goes_and_the_server_fails_saying(server, &addr, "trainer 1 disconnected without closing (it failed or");
+}
+
 /// A lost trainer that does not come back within --trainer-rejoin fails the server, naming it.
 #[test]
 fn a_lost_trainer_that_does_not_come_back_in_time_fails_the_server_naming_it() {
@@ -414,13 +436,20 @@ fn a_lost_trainer_that_does_not_come_back_in_time_fails_the_server_naming_it() {
 /// Trainer 0 declares, trainer 1 connects and goes without closing: the server, which must
 /// wait half a second for it, then fails naming it.
 fn waits_half_a_second_for_trainer_1(server: std::process::Child, addr: &str) {
+    let says = "trainer 1 disconnected without closing and did not come back within 500ms";
+    trainer_1_goes_and_the_server_fails_saying(server, addr, says);
+}
+
+/// Trainer 0 declares, trainer 1 connects and goes without closing: the server fails as a peer
+/// lost (exit 3), saying `says`.
+fn trainer_1_goes_and_the_server_fails_saying(server: std::process::Child, addr: &str, says: &str) {
     let mut t0 = trainer(0, addr);
     t0.declare(&spec()).unwrap();
     drop(trainer(1, addr));
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("trainer 1 disconnected without closing and did not come back within 500ms"), "{err}");
+    assert!(err.contains(says), "{err}");
 }
 
 /// Under `oar train` in a server role (Paddle's variables, as a Fleet job starts every process),
