@@ -41,7 +41,8 @@ pub(super) async fn never_arrived(state: Arc<State>) -> Vec<u64> {
 /// instead of waiting for it forever, or after the time it has to rejoin. The trainer, and that
 /// time if any.
 pub(super) async fn lost_trainer(state: Arc<State>) -> (u64, Option<Duration>) {
-    let (mut lost, rejoin) = (state.lost.subscribe(), state.config.rejoin);
+    // A window of 0 waits for nothing: the same as no window (`--trainer-rejoin 0`).
+    let (mut lost, rejoin) = (state.lost.subscribe(), state.config.rejoin.filter(|w| !w.is_zero()));
     loop {
         if !state.config.exit_when_done {
             std::future::pending::<()>().await;
@@ -95,8 +96,7 @@ pub(super) async fn first(state: &Arc<State>, shutdown: impl std::future::Future
             ));
         }
         (trainer, window) = lost_trainer(state.clone()) => {
-            // A window of 0 waits for nothing: said as no window, not "within 0ns".
-            let lost = match window.filter(|w| !w.is_zero()) {
+            let lost = match window {
                 None => format!("trainer {trainer} disconnected without closing (it failed or was stopped): the job cannot finish"),
                 Some(w) => format!(
                     "trainer {trainer} disconnected without closing and did not come back within {w:?} \
