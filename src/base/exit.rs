@@ -1,7 +1,8 @@
 //! Exit statuses of an oar process, chosen from its error, so a launcher (oar's own, or a
 //! cluster engine's logs) can tell a member that failed from one that stopped because another
 //! was lost: [`PEER_LOST`] (3) when a peer was lost ([`PeerLost`] anywhere in the error's chain,
-//! or a client error whose server was lost), else [`FAILED`] (1); clap exits with [`USAGE`] (2) on
+//! a client error whose server was lost, or a refusal by a server that gave up waiting for
+//! another trainer), else [`FAILED`] (1); clap exits with [`USAGE`] (2) on
 //! a bad command line. [`fails_again`] says which of them a restart would meet again, so a
 //! launcher restarts only what a restart can help. Pure: the status of an error is read in
 //! `cli/status.rs`, above every layer whose errors it names, and the command line prints the
@@ -22,7 +23,8 @@ pub const FAILED: i32 = 1;
 /// A command line clap refused (clap's own status).
 pub const USAGE: i32 = 2;
 /// The process stopped because another member of the job was lost: a server whose trainer
-/// disconnected without closing, a trainer whose server went away and did not come back.
+/// disconnected without closing, a trainer whose server went away and did not come back, a
+/// trainer whose server gave up waiting for another trainer.
 pub const PEER_LOST: i32 = 3;
 
 /// The error a process stops with when a peer it cannot finish without is gone.

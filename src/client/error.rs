@@ -112,8 +112,9 @@ impl ClientError {
 
     /// Whether the server gave up waiting for other trainers (a sync step or a barrier that
     /// outlasted its `--timeout`): the request itself was sound, and may be asked again while
-    /// one of those trainers could still be recovering.
-    pub(super) fn is_wait_timed_out(&self) -> bool {
+    /// one of those trainers could still be recovering. A trainer that stops on it stopped for
+    /// another member of the job, not on its own error.
+    pub fn is_wait_timed_out(&self) -> bool {
         matches!(self, ClientError::Refused { code: ErrorCode::Timeout, .. })
     }
 

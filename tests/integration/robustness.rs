@@ -419,6 +419,42 @@ fn refused_barrier(window: Duration) -> String {
     err
 }
 
+/// A real `oar train` whose server gave up waiting for the other trainer (a sync step past the
+/// server's `--timeout`, then past the trainer's recovery window) stopped for that trainer, not
+/// on its own error: exit status 3, so a launcher names the missing trainer first and may
+/// restart this one (before: status 1, "not restarted").
+#[test]
+fn a_trainer_refused_for_a_missing_trainer_exits_as_a_peer_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(dir.path(), 1, 200, 10);
+    let (mut server, addr) = pserver_for_two("sync");
+    // Trainer 1 connects and then never pushes.
+    let t1 = trainer(1, &addr);
+    let out = oar(&[
+        "train",
+        "--mode",
+        "sync",
+        "--servers",
+        &addr,
+        "--trainers",
+        "2",
+        "--trainer-id",
+        "0",
+        "--hidden",
+        "8",
+        "--recover-timeout",
+        "0.5",
+        "--train",
+        train.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("waiting for trainer(s) [1]") && err.contains("past the recovery window"), "{err}");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    drop(t1);
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
 /// `--trainer-rejoin 0` waits for no lost trainer: the server fails at once, said as a server
 /// without a window says it (before: "did not come back within 0ns").
 #[test]
