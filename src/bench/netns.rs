@@ -40,6 +40,20 @@ impl Link {
         }
     }
 
+    /// Whether the link carries wire-sized packets: below 1 Gbit/s its devices send one TCP
+    /// segment a packet. A veth hands tbf whole GSO packets of up to 44 segments (64 KB), and
+    /// tbf drops such a packet whole, where a switch drops single frames: at 100 Mbit/s, with
+    /// four servers' replies meeting on one trainer's link, those whole-packet drops cost
+    /// 4 x 4 CTR-DNN runs about a third of their samples/s (the scale model's one miss,
+    /// measured / model 0.69-0.75; 1.12 with wire-sized packets). Below 1 Gbit/s a link
+    /// carries at most about 8,300 frames a second each way, which the cores forward at a
+    /// small cost; at 1 Gbit/s wire-sized packets cut a 4 x 4 run from 29,774 to 17,323
+    /// samples/s in the cores' time, where the shapers had dropped 2 packets, so faster links
+    /// keep their GSO packets (`docs/src/measurements/2026-12-01-scale-model.md`).
+    pub fn wire_sized(&self) -> bool {
+        self.bytes_per_second().is_some_and(|b| b < 1e9 / 8.0)
+    }
+
     /// The rate in bytes/s each way; `None`: unshaped.
     pub fn bytes_per_second(&self) -> Option<f64> {
         self.rate.as_deref().and_then(rate_bytes)
@@ -167,6 +181,10 @@ impl Hosts {
                     ip(&[&["netns", "exec", space.as_str()][..], &tbf[..], &["latency", "10ms"][..]].concat())?;
                 }
             }
+            if link.wire_sized() {
+                ip(&["-n", &ns, "link", "set", "dev", "eth0", "gso_max_segs", "1"])?;
+                ip(&["-n", &sw, "link", "set", "dev", &port, "gso_max_segs", "1"])?;
+            }
             if link.lose_every > 0 {
                 hosts.lose_every(i, link.lose_every)?;
             }
@@ -264,6 +282,26 @@ impl Hosts {
             sum += qdiscs.iter().map(|q| q["drops"].as_u64().unwrap_or(0)).sum::<u64>();
         }
         Ok(sum)
+    }
+
+    /// The most TCP segments one packet may carry on host `i`'s link, at its two ends (the
+    /// host's device, the switch's port): 1 on a link of wire-sized packets
+    /// ([`Link::wire_sized`]), the kernel's GSO limit (65,535) on a faster one. A shaper's
+    /// packet counts say nothing of it: tc counts a GSO packet as its segments, and drops it
+    /// whole.
+    pub fn gso_max_segs(&self, i: usize) -> Result<[u64; 2], String> {
+        let mut segs = [0; 2];
+        for (k, (space, dev)) in
+            [(self.ns(i), "eth0".to_string()), (self.switch(), format!("port{i}"))].iter().enumerate()
+        {
+            let o = ip(&["-d", "-j", "-n", space, "link", "show", "dev", dev])?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&o.stdout).map_err(|e| format!("ip -d -j link show dev {dev}: {e}"))?;
+            segs[k] = v[0]["gso_max_segs"]
+                .as_u64()
+                .ok_or_else(|| format!("ip -d -j link show dev {dev}: no gso_max_segs"))?;
+        }
+        Ok(segs)
     }
 
     /// What host `i`'s TCP has counted so far in its namespace (`/proc/net/netstat` and
@@ -374,6 +412,9 @@ mod tests {
         }
         assert_eq!("10gbit".parse::<Link>().unwrap().burst(), "1mb");
         assert_eq!("1gbit".parse::<Link>().unwrap().burst(), "256kb");
+        let wire_sized = |s: &str| s.parse::<Link>().unwrap().wire_sized();
+        assert!(wire_sized("100mbit") && wire_sized("500kbit+loss1000") && wire_sized("999mbit"));
+        assert!(!wire_sized("1gbit") && !wire_sized("10gbit") && !wire_sized("unshaped"));
         for bad in [
             "",
             "fast",

@@ -136,6 +136,25 @@ fn took(st: &oar::protocol::ServerStats) -> Vec<u64> {
     st.applied_samples.iter().zip(&st.discarded_samples).map(|(a, d)| a + d).collect()
 }
 
+/// A link below 1 Gbit/s carries wire-sized packets (one TCP segment each), as a switch port
+/// sees frames, so its shapers drop single frames; a faster one keeps the kernel's GSO packets,
+/// which cost the cores less: both ends of each host's link say so.
+#[test]
+fn a_slow_link_carries_wire_sized_packets_and_a_fast_one_gso_packets() {
+    for (rate, wire) in [("100mbit", true), ("1gbit", false)] {
+        let link = Link::rate(rate);
+        assert_eq!(link.wire_sized(), wire, "{rate}");
+        let hosts = match Hosts::new(2, &link) {
+            Ok(hosts) => hosts,
+            Err(why) => return eprintln!("skipped: no network namespaces here ({why})"),
+        };
+        for i in 1..=2 {
+            let segs = hosts.gso_max_segs(i).unwrap();
+            assert!(segs.iter().all(|&s| (s == 1) == wire), "{rate}: host {i}'s link: {segs:?} segments a packet");
+        }
+    }
+}
+
 /// Four hosts on 1 Gbit/s links, or `None` (said on stderr) where namespaces cannot be made.
 fn four_hosts() -> Option<Hosts> {
     Hosts::new(4, &Link::rate("1gbit")).map_err(|why| eprintln!("skipped: no network namespaces here ({why})")).ok()
