@@ -174,22 +174,27 @@ impl Hosts {
             ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
             ip(&["-n", &sw, "link", "set", &port, "master", "br0"])?;
             ip(&["-n", &sw, "link", "set", &port, "up"])?;
-            if let Some(rate) = &link.rate {
-                for (space, dev) in [(&ns, "eth0"), (&sw, port.as_str())] {
+            for (space, dev) in hosts.ends(i) {
+                if let Some(rate) = &link.rate {
                     let tbf =
-                        ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", link.burst()];
+                        ["tc", "qdisc", "replace", "dev", &dev, "root", "tbf", "rate", rate, "burst", link.burst()];
                     ip(&[&["netns", "exec", space.as_str()][..], &tbf[..], &["latency", "10ms"][..]].concat())?;
                 }
-            }
-            if link.wire_sized() {
-                ip(&["-n", &ns, "link", "set", "dev", "eth0", "gso_max_segs", "1"])?;
-                ip(&["-n", &sw, "link", "set", "dev", &port, "gso_max_segs", "1"])?;
+                if link.wire_sized() {
+                    ip(&["-n", &space, "link", "set", "dev", &dev, "gso_max_segs", "1"])?;
+                }
             }
             if link.lose_every > 0 {
                 hosts.lose_every(i, link.lose_every)?;
             }
         }
         Ok(hosts)
+    }
+
+    /// The two ends of host `i`'s link, (namespace, device): the host's own device and the
+    /// switch's port.
+    fn ends(&self, i: usize) -> [(String, String); 2] {
+        [(self.ns(i), "eth0".to_string()), (self.switch(), format!("port{i}"))]
     }
 
     fn switch(&self) -> String {
@@ -274,7 +279,7 @@ impl Hosts {
     /// buffer; TCP sends them again.
     pub fn shaper_drops(&self, i: usize) -> Result<u64, String> {
         let mut sum = 0;
-        for (space, dev) in [(self.ns(i), "eth0".to_string()), (self.switch(), format!("port{i}"))] {
+        for (space, dev) in self.ends(i) {
             let o = ip(&["netns", "exec", &space, "tc", "-j", "-s", "qdisc", "show", "dev", &dev])?;
             let v: serde_json::Value =
                 serde_json::from_slice(&o.stdout).map_err(|e| format!("tc -j -s qdisc show dev {dev}: {e}"))?;
@@ -291,9 +296,7 @@ impl Hosts {
     /// whole.
     pub fn gso_max_segs(&self, i: usize) -> Result<[u64; 2], String> {
         let mut segs = [0; 2];
-        for (k, (space, dev)) in
-            [(self.ns(i), "eth0".to_string()), (self.switch(), format!("port{i}"))].iter().enumerate()
-        {
+        for (k, (space, dev)) in self.ends(i).iter().enumerate() {
             let o = ip(&["-d", "-j", "-n", space, "link", "show", "dev", dev])?;
             let v: serde_json::Value =
                 serde_json::from_slice(&o.stdout).map_err(|e| format!("ip -d -j link show dev {dev}: {e}"))?;
