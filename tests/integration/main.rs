@@ -26,6 +26,7 @@ mod k8s;
 mod kserve_clients;
 mod layers;
 mod lifecycle;
+mod lost_trainers;
 mod models;
 mod multitask;
 mod norm_stats;
