@@ -25,18 +25,7 @@ fn pserver_for_two_with(mode: &str, extra: &[&str]) -> (std::process::Child, Str
 fn pserver_for_two_at(port: &str, flags: &[&str]) -> (std::process::Child, String) {
     let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"));
     server.args(["pserver", "--host", "127.0.0.1", "--port", port, "--num_gradient_servers", "2", "--timeout", "2"]);
-    ready(server.args(flags))
-}
-
-/// Starts the server `command` runs, its output piped; returns it and the address it printed.
-fn ready(command: &mut std::process::Command) -> (std::process::Child, String) {
-    use std::io::BufRead;
-    let piped = command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let mut server = piped.spawn().unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(server.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("OAR_READY ").unwrap().to_string();
-    (server, addr)
+    server_ready(server.args(flags).stderr(std::process::Stdio::piped()))
 }
 
 pub(crate) fn trainer(id: u64, addr: &str) -> Client {
@@ -345,7 +334,12 @@ fn a_server_role_of_oar_train_waits_the_jobs_recovery_window_for_a_lost_trainer(
         ("OAR_TIMEOUT", "2"),
         ("OAR_RECOVER_TIMEOUT", "0.5"),
     ];
-    let (server, addr) =
-        ready(std::process::Command::new(env!("CARGO_BIN_EXE_oar")).arg("train").env_clear().envs(vars));
+    let (server, addr) = server_ready(
+        std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+            .arg("train")
+            .env_clear()
+            .envs(vars)
+            .stderr(std::process::Stdio::piped()),
+    );
     waits_half_a_second_for_trainer_1(server, &addr);
 }

@@ -496,16 +496,16 @@ pub fn request_from(source: &str, addr: &str, request: &str) -> (String, String)
 }
 
 /// Starts `oar pserver --host 127.0.0.1 --port 0` with `args` (its standard error to
-/// `stderr`), reads its standard output up to its `OAR_READY` line, and returns it with the
-/// address it listens on.
+/// `stderr`); returns it with the address it listens on.
 pub fn pserver_ready(args: &[&str], stderr: std::process::Stdio) -> (std::process::Child, String) {
-    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
-        .args(["pserver", "--host", "127.0.0.1", "--port", "0"])
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"));
+    server_ready(server.args(["pserver", "--host", "127.0.0.1", "--port", "0"]).args(args).stderr(stderr))
+}
+
+/// Starts the server `command` runs, reads its standard output up to its `OAR_READY` line, and
+/// returns it with the address it listens on.
+pub fn server_ready(command: &mut std::process::Command) -> (std::process::Child, String) {
+    let mut server = command.stdout(std::process::Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stdout.as_mut().unwrap()), &mut line).unwrap();
     let addr = line.trim().strip_prefix("OAR_READY ").unwrap_or_else(|| panic!("no OAR_READY line: {line:?}"));
