@@ -113,7 +113,8 @@ pub struct ServerStats {
     /// with their first outcome instead of being applied twice.
     #[serde(default)]
     pub repeats: u64,
-    /// Pushes refused for holding a NaN, an infinity or a value beyond ±1e18, per trainer.
+    /// Pushes refused for holding a NaN, an infinity or a value beyond ±1e18, per trainer (a
+    /// skipped step once, however many copies of it come).
     #[serde(default)]
     pub nonfinite: Vec<u64>,
     /// The last online day end (its pass) whose shrink the tables hold (0: none).

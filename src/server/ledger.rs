@@ -26,6 +26,8 @@ const DENSE: u8 = 1;
 const SPARSE: u8 = 2;
 /// The step was discarded as too stale (async), not applied.
 const DISCARDED: u8 = 4;
+/// A copy of the step was skipped as non-finite (counted once, whatever copies come).
+const NONFINITE: u8 = 8;
 
 /// How far out of order a trainer's pushes may arrive: Hogwild threads push concurrently, at
 /// most one step each in flight, so a few steps. A push this many steps or more past the oldest
@@ -48,7 +50,8 @@ fn bits(part: PushPart) -> u8 {
 pub struct TrainerLedger {
     /// Every step below this one has been handled (or is too old to come again).
     pub below: u64,
-    /// Steps at or above `below` handled so far, with the parts handled and whether discarded.
+    /// Steps at or above `below` handled so far, with the parts handled and whether discarded
+    /// (and those with a non-finite copy skipped, once it came).
     pub recent: BTreeMap<u64, u8>,
     /// Samples of this trainer's pushes applied (each step once; a discarded push none).
     pub samples: u64,
@@ -57,7 +60,8 @@ pub struct TrainerLedger {
     pub discarded_samples: u64,
     /// Pushes answered from the ledger without being applied again.
     pub repeats: u64,
-    /// Pushes refused for holding a NaN, an infinity or a value beyond ±1e18.
+    /// Pushes refused for holding a NaN, an infinity or a value beyond ±1e18 (a skipped step
+    /// once, however many copies of it come).
     #[serde(default)]
     pub nonfinite: u64,
 }
@@ -96,6 +100,18 @@ impl TrainerLedger {
                 self.below
             )
         })
+    }
+
+    /// Whether this non-finite part of `step` is the step's first non-finite copy (marked, so
+    /// that a copy sent again is not counted again); a part already handled is not.
+    pub fn first_nonfinite(&mut self, step: u64, part: PushPart) -> bool {
+        if self.repeat(step, part).is_some() {
+            return false;
+        }
+        let b = self.recent.entry(step).or_insert(0);
+        let first = *b & NONFINITE == 0;
+        *b |= NONFINITE;
+        first
     }
 
     /// Records that this part of `step` was handled: applied over `samples` samples (counted
@@ -150,6 +166,15 @@ mod tests {
         assert_eq!((l.below, l.repeat(4, PushPart::Whole)), (4, None), "step 4 still to come");
         l.record(4, PushPart::Whole, 1, false);
         assert_eq!((l.recent.len(), l.below), (0, 4 + WINDOW as u64), "once it came, all count");
+        // A non-finite step counts once, however many copies come, and marks nothing handled.
+        let (far, whole) = (1 << 30, PushPart::Whole);
+        assert!(
+            l.first_nonfinite(far, whole) && !l.first_nonfinite(far, whole) && !l.first_nonfinite(far, PushPart::Dense)
+        );
+        assert_eq!((l.repeat(far, whole), l.other_half(far, PushPart::Dense)), (None, None));
+        l.record(far, whole, 1, true);
+        assert_eq!(l.repeat(far, whole), Some(true));
+        assert!(!l.first_nonfinite(3, whole), "below the watermark: handled");
         // Samples counted saturate rather than wrap.
         l.record(1 << 40, PushPart::Whole, u64::MAX, false);
         assert_eq!(l.samples, u64::MAX);

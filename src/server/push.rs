@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::sync::{Offered, SyncStep};
 use super::{table_err, Answer, Reply, State};
-use crate::protocol::{Apply, ErrorCode, Mode, Push, PushOutcome, PushPart, Response, SparseGrads};
+use crate::protocol::{Apply, ErrorCode, Mode, NonFinite, Push, PushOutcome, PushPart, Response, SparseGrads};
 use crate::table::Shard;
 
 /// Applies one push (or several merged) to the shard; gradients are sums over `samples`, the
@@ -74,14 +74,23 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
     if crate::table::all_pushable(push.dense.iter().map(|c| &c[..]).chain(sparse)) {
         return Ok(true);
     }
-    state.ledgers[trainer as usize].lock().nonfinite += 1;
+    let policy = state.config.limits.nonfinite;
+    {
+        // Skipped, a step counts once: a copy sent again (a broken connection, a restarted
+        // trainer) is answered as the first was. Refused, every copy is refused and counted.
+        let mut ledger = state.ledgers[trainer as usize].lock();
+        if policy == NonFinite::Skip && !ledger.first_nonfinite(push.step, push.part) {
+            return Ok(false);
+        }
+        ledger.nonfinite += 1;
+    }
     let message = format!(
         "trainer {trainer}'s push of its step {} holds {}: refused before it touched the model ({})",
         push.step,
         crate::table::NOT_PUSHABLE,
         crate::table::NONFINITE_HINT
     );
-    state.config.limits.nonfinite.refuse(message).map(|()| false).map_err(|m| {
+    policy.refuse(message).map(|()| false).map_err(|m| {
         tracing::error!("{m}");
         (ErrorCode::NonFinite, m)
     })

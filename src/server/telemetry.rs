@@ -38,7 +38,7 @@ pub(super) fn render(state: &State) -> String {
     );
     m.counter(
         "nonfinite_pushes",
-        "Pushes refused for a NaN, an infinity or a value beyond ±1e18.",
+        "Pushes refused for a NaN, an infinity or a value beyond ±1e18 (skipped: each step once).",
         s.nonfinite.iter().sum(),
     );
     let names = state.tables(|t| t.spec().name.clone());

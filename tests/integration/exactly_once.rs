@@ -275,3 +275,70 @@ fn sync_shuffled_a_trainer_killed_and_restarted_reads_the_same_order_and_counts_
     in_order.undisturbed();
     assert_ne!(shuffled.dense, load_params(&in_order.out()).dense, "the shuffled run trained another order");
 }
+
+/// A push skipped as non-finite (`--nonfinite skip`) and sent again, as a trainer whose
+/// connection broke sends its unanswered push, counts once in the server's count of non-finite
+/// pushes: async, sent again after its answer; sync, sent again while the step waits for the
+/// other trainer. Neither copy touches the model. Before, every copy counted.
+#[test]
+fn a_skipped_nonfinite_push_sent_again_counts_once() {
+    let spec = crate::robustness::spec();
+    let nan = {
+        let mut g = vec![0.5f32; spec.dense.total()];
+        g[1] = f32::NAN;
+        g
+    };
+    let header = |trainer| oar::client::StepHeader {
+        trainer,
+        step: 0,
+        pass: 1,
+        base_version: 0,
+        samples: 1,
+        apply: Default::default(),
+    };
+    for (mode, trainers) in [("async", 1), ("sync", 2)] {
+        let flags = ["--mode", mode, "--num_gradient_servers", &trainers.to_string(), "--nonfinite", "skip"];
+        let (mut server, addr) = pserver_ready(&flags, std::process::Stdio::null());
+        let connect = |id: u64| {
+            let config = ClientConfig {
+                trainer: Some(id),
+                ..ClientConfig::new(vec![addr.clone()], "oar", Duration::from_secs(10), Duration::from_secs(30))
+            };
+            let mut c = Client::connect(&config).unwrap();
+            c.declare(&spec).unwrap();
+            c
+        };
+        let mut tool = Client::connect(&ClientConfig::new(
+            vec![addr.clone()],
+            "oar",
+            Duration::from_secs(10),
+            Duration::from_secs(30),
+        ))
+        .unwrap();
+        let mut pushes = Vec::new();
+        for copy in 1..=2u64 {
+            let (mut c, grads, header) = (connect(0), nan.clone(), header(0));
+            // The client is kept: a trainer's last connection closing would end the job.
+            pushes.push(std::thread::spawn(move || (c.push(&header, Some(&grads), &[]).map(|_| ()), c)));
+            // The copy has reached the server (answered, in async; held in the step, in sync).
+            while tool.stats().unwrap()[0].pushes < copy {
+                std::thread::yield_now();
+            }
+        }
+        let _trainer_1 = (trainers == 2).then(|| {
+            let mut c = connect(1);
+            c.push(&header(1), Some(&vec![0.5f32; spec.dense.total()]), &[]).unwrap();
+            c
+        });
+        // Each copy is answered (or its connection closed for the next one's).
+        let _clients: Vec<Client> = pushes.into_iter().map(|p| p.join().unwrap().1).collect();
+        let stats = tool.stats().unwrap().remove(0);
+        let mut once = vec![0; trainers];
+        once[0] = 1;
+        assert_eq!(stats.nonfinite, once, "{mode}: trainer 0's step counted once");
+        assert_eq!(stats.applied_samples[0], 0, "{mode}: trainer 0's samples never applied");
+        assert_eq!(stats.version, trainers as u64 - 1, "{mode}: the sync step applied trainer 1's push alone");
+        server.kill().unwrap();
+        let _ = server.wait();
+    }
+}
