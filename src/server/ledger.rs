@@ -114,6 +114,11 @@ impl TrainerLedger {
         first
     }
 
+    /// Whether a copy of `step` was skipped as non-finite: the step applies none of it.
+    pub fn skipped(&self, step: u64) -> bool {
+        self.recent.get(&step).is_some_and(|b| b & NONFINITE != 0)
+    }
+
     /// Records that this part of `step` was handled: applied over `samples` samples (counted
     /// once per step: with the whole push or its dense half), or discarded.
     pub fn record(&mut self, step: u64, part: PushPart, samples: u64, discarded: bool) {
@@ -172,6 +177,7 @@ mod tests {
             l.first_nonfinite(far, whole) && !l.first_nonfinite(far, whole) && !l.first_nonfinite(far, PushPart::Dense)
         );
         assert_eq!((l.repeat(far, whole), l.other_half(far, PushPart::Dense)), (None, None));
+        assert!(l.skipped(far) && !l.skipped(far + 1));
         l.record(far, whole, 1, true);
         assert_eq!(l.repeat(far, whole), Some(true));
         assert!(!l.first_nonfinite(3, whole), "below the watermark: handled");

@@ -12,7 +12,7 @@
 //! exclusive for a checkpoint's snapshot, so a checkpoint holds whole steps and the ledgers that
 //! match them), then one trainer's ledger.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -193,11 +193,11 @@ pub(super) async fn push_sync(state: &Arc<State>, push: Push<'_>) -> Reply {
     state.counters.pushes.fetch_add(1, Relaxed);
     state.counters.push_bytes.fetch_add(push_bytes(&push), Relaxed);
     // A skipped non-finite push still takes its place in the step, without gradients: the
-    // step must not wait for it, nor count its samples.
+    // step must not wait for it (its samples count as discarded when the step is applied).
     let push = if check(state, &shard, &push)? {
         push.into_owned()
     } else {
-        Push { dense: Vec::new(), sparse: Vec::new(), samples: 0, ..push }.into_owned()
+        Push { dense: Vec::new(), sparse: Vec::new(), ..push }.into_owned()
     };
     hold(state, &shard, push).await
 }
@@ -232,8 +232,7 @@ pub(super) async fn push_dense_merged(state: &Arc<State>, push: Push<'_>) -> Rep
     }
     // A skipped non-finite push still takes its place in the step, without gradients.
     let dense = if pushable { push.dense } else { Vec::new() };
-    let samples = if pushable { push.samples } else { 0 };
-    let merged = Push { dense, sparse: Vec::new(), samples, ..push };
+    let merged = Push { dense, sparse: Vec::new(), ..push };
     hold(state, &shard, merged.into_owned()).await
 }
 
@@ -334,10 +333,18 @@ pub(super) fn complete_step(state: &State, shard: &Shard, pending: &mut SyncStep
     let _gate = state.gate.read();
     let step = pending.step;
     let pushes = pending.take();
-    let samples: u64 = pushes.values().map(|p| p.samples).sum();
+    // Trainers whose step was skipped as non-finite (a copy of it, or of one of its halves):
+    // none of it is applied, and its samples count as discarded.
+    let skipped: BTreeSet<u64> = pushes
+        .values()
+        .filter(|p| state.ledgers[p.trainer as usize].lock().skipped(p.step))
+        .map(|p| p.trainer)
+        .collect();
+    let applied = || pushes.values().filter(|p| !skipped.contains(&p.trainer));
+    let samples: u64 = applied().map(|p| p.samples).sum();
     let mut dense: Vec<f32> = Vec::new();
     // Every dense part has the server's length (checked when offered).
-    for p in pushes.values().filter(|p| !p.dense.is_empty()) {
+    for p in applied().filter(|p| !p.dense.is_empty()) {
         let d = p.dense_contiguous();
         if dense.is_empty() {
             dense = d.into_owned();
@@ -345,13 +352,14 @@ pub(super) fn complete_step(state: &State, shard: &Shard, pending: &mut SyncStep
             dense.iter_mut().zip(d.iter()).for_each(|(a, b)| *a += b);
         }
     }
-    let result = merge_sparse(shard, pushes.values()).and_then(|sparse| {
+    let result = merge_sparse(shard, applied()).and_then(|sparse| {
         let keys: u64 = sparse.iter().map(|s| s.ids.len() as u64).sum();
         state.counters.keys_pushed.fetch_add(keys, Relaxed);
         apply(shard, &dense, &sparse, samples, 1.0)
     });
     for p in pushes.values() {
-        state.ledgers[p.trainer as usize].lock().record(p.step, PushPart::Whole, p.samples, result.is_err());
+        let discarded = result.is_err() || skipped.contains(&p.trainer);
+        state.ledgers[p.trainer as usize].lock().record(p.step, PushPart::Whole, p.samples, discarded);
     }
     if let Err(e) = &result {
         tracing::error!(step, "sync step not applied: {}", e.1);
