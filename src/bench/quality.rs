@@ -143,6 +143,10 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
         config.batch >= 2 && config.folds >= 2 && config.seeds >= 1,
         "--quality needs batch >= 2, folds >= 2, seeds >= 1"
     );
+    // Local training here is one pass: a job file's other pass count would reach only the
+    // launched runs, and their differences would compare unlike runs.
+    let passes = config.train.passes;
+    anyhow::ensure!(passes == 1, "--quality compares one pass, but the --config job file sets passes = {passes}");
     if !config.many_trainers.is_empty() {
         return super::trainers::run(config);
     }
@@ -193,4 +197,27 @@ pub fn run(config: &QualityConfig) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_file_of_another_pass_count_is_refused_before_any_run() {
+        let train = crate::train::job_config::TrainSettings { passes: 2, ..Default::default() };
+        let config = QualityConfig {
+            real: None,
+            folds: 2,
+            sizes: vec![1000],
+            seeds: 1,
+            batch: 512,
+            train,
+            exe: "/nonexistent/oar".into(),
+            many_trainers: vec![16],
+            bf16: false,
+        };
+        let err = run(&config).unwrap_err().to_string();
+        assert!(err.contains("compares one pass, but the --config job file sets passes = 2"), "{err}");
+    }
 }
