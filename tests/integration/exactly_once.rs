@@ -289,23 +289,11 @@ fn a_skipped_nonfinite_push_sent_again_counts_once() {
         g[1] = f32::NAN;
         g
     };
-    let header = |trainer| oar::client::StepHeader {
-        trainer,
-        step: 0,
-        pass: 1,
-        base_version: 0,
-        samples: 1,
-        apply: Default::default(),
-    };
     for (mode, trainers) in [("async", 1), ("sync", 2)] {
         let flags = ["--mode", mode, "--num_gradient_servers", &trainers.to_string(), "--nonfinite", "skip"];
         let (mut server, addr) = pserver_ready(&flags, std::process::Stdio::null());
         let connect = |id: u64| {
-            let config = ClientConfig {
-                trainer: Some(id),
-                ..ClientConfig::new(vec![addr.clone()], "oar", Duration::from_secs(10), Duration::from_secs(30))
-            };
-            let mut c = Client::connect(&config).unwrap();
+            let mut c = crate::lost_trainers::trainer(id, &addr);
             c.declare(&spec).unwrap();
             c
         };
@@ -318,7 +306,7 @@ fn a_skipped_nonfinite_push_sent_again_counts_once() {
         .unwrap();
         let mut pushes = Vec::new();
         for copy in 1..=2u64 {
-            let (mut c, grads, header) = (connect(0), nan.clone(), header(0));
+            let (mut c, grads, header) = (connect(0), nan.clone(), crate::robustness::header(0));
             // The client is kept: a trainer's last connection closing would end the job.
             pushes.push(std::thread::spawn(move || (c.push(&header, Some(&grads), &[]).map(|_| ()), c)));
             // The copy has reached the server (answered, in async; held in the step, in sync).
@@ -328,7 +316,7 @@ fn a_skipped_nonfinite_push_sent_again_counts_once() {
         }
         let _trainer_1 = (trainers == 2).then(|| {
             let mut c = connect(1);
-            c.push(&header(1), Some(&vec![0.5f32; spec.dense.total()]), &[]).unwrap();
+            c.push(&crate::robustness::header(1), Some(&vec![0.5f32; spec.dense.total()]), &[]).unwrap();
             c
         });
         // Each copy is answered (or its connection closed for the next one's).
