@@ -97,12 +97,14 @@ pub(super) fn run(config: &QualityConfig) -> anyhow::Result<()> {
 fn print_table(config: &QualityConfig, rows: &[(String, Vec<DataSet>)]) {
     println!(
         "CTR-DNN, 1 pass, batch {} per trainer; async (sync_warmup {}, scale_stale_steps {}) with the dense \
-         parameters async or synchronous (sync_dense, each batch cut in steps of at most {} samples over all trainers), \
-         N trainers and N / 4 servers, against local, paired by fold or seed (mean +- sd)",
+         parameters async or synchronous (sync_dense, each batch cut in steps of at most {} samples over all trainers, \
+         half that for the first {} after the warm-up), N trainers and N / 4 servers, against local, paired by fold or \
+         seed (mean +- sd)",
         config.batch,
         config.train.sync_warmup,
         config.train.scale_stale_steps,
         crate::train::job_config::TrainSettings { batch_size: config.batch, ..config.train.clone() }.sync_dense_cap(),
+        config.train.sync_dense_ramp,
     );
     println!("| data | local AUC | trainers x servers | async - local | sync_dense - local | mean staleness, async / sync_dense | samples/s end to end, async / sync_dense |");
     println!("|---|---|---|---|---|---|---|");

@@ -101,6 +101,7 @@ pub(super) fn local_config(
         scale_stale_steps: job.train.scale_stale_steps,
         sync_dense: false,
         sync_dense_parts: 1,
+        sync_dense_ramp: 0,
         geo_k_steps: job.train.geo_k_steps,
         clip_grad_norm: job.train.clip_grad_norm,
         precision: job.train.precision,

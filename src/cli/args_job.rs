@@ -240,6 +240,10 @@ pub(super) struct JobArgs {
     /// cuts its batches into smaller steps [default: 8 x the batch size].
     #[arg(long, env = "OAR_SYNC_DENSE_BATCH")]
     pub(super) sync_dense_batch: Option<usize>,
+    /// sync_dense: merged steps after the warm-up that cover half of sync_dense_batch, so a
+    /// short run gives the dense part enough updates; 0: none [default: 25].
+    #[arg(long, env = "OAR_SYNC_DENSE_RAMP")]
+    pub(super) sync_dense_ramp: Option<u64>,
     /// GEO mode: local steps between two exchanges with the servers [default: 100].
     #[arg(
         long,
@@ -360,6 +364,7 @@ impl JobArgs {
         if self.sync_dense_batch.is_some() {
             t.sync_dense_batch = self.sync_dense_batch;
         }
+        set(&mut t.sync_dense_ramp, self.sync_dense_ramp);
         set(&mut t.geo_k_steps, self.geo_k_steps);
         if self.clip_grad_norm.is_some() {
             t.clip_grad_norm = self.clip_grad_norm;

@@ -504,6 +504,7 @@ pub(super) fn trainer_config(mut a: TrainArgs, registry: &Registry) -> anyhow::R
         scale_stale_steps: job.train.scale_stale_steps,
         sync_dense: job.train.sync_dense(mode, trainers)?,
         sync_dense_parts: job.train.sync_dense_parts(trainers)?,
+        sync_dense_ramp: job.train.sync_dense_ramp,
         geo_k_steps: job.train.geo_k_steps,
         clip_grad_norm: job.train.clip_grad_norm,
         precision: job.train.precision,

@@ -98,7 +98,7 @@ impl Comms<'_, '_> {
                 let mut r = reader.lock();
                 let batch = match warmup {
                     Some(w) => w.next(&mut r)?,
-                    None => split.next(&mut r)?,
+                    None => split.next(&mut r, step.load(Relaxed))?,
                 };
                 let p = batch.map(|b| prepare(b, model)).transpose()?;
                 let Some(p) = p else { return Ok(None) };

@@ -104,6 +104,10 @@ pub struct TrainConfig {
     /// [`crate::train::job_config::TrainSettings::sync_dense_parts`]).
     #[serde(default = "one")]
     pub sync_dense_parts: usize,
+    /// `sync_dense`: the first this many steps after the warm-up cut each full batch in twice
+    /// `sync_dense_parts` (see [`crate::train::job_config::TrainSettings::sync_dense_ramp`]).
+    #[serde(default)]
+    pub sync_dense_ramp: u64,
     /// GEO mode: local steps between two exchanges with the servers (Paddle's `k_steps`).
     #[serde(default = "default_geo_k_steps")]
     pub geo_k_steps: u64,

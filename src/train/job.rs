@@ -157,7 +157,10 @@ impl<'a> Job<'a> {
                 trainer = me,
                 parts,
                 step = config.sync_dense_step(),
-                "sync_dense: dense steps merged over all trainers, each batch cut in {parts} step(s)"
+                ramp = config.sync_dense_ramp,
+                "sync_dense: dense steps merged over all trainers, each batch cut in {parts} step(s), in {} for the first {} after the warm-up",
+                parts * 2,
+                config.sync_dense_ramp
             );
         }
         let curves = crate::observe::curves::CurveLog::open_all(

@@ -28,6 +28,9 @@ pub const SYNC_DENSE_FROM_TRAINERS: usize = 8;
 /// The default of `TrainSettings::sync_dense_batch`, in batches: a synchronous dense step
 /// merges at most this many trainers' batches.
 pub const SYNC_DENSE_BATCHES: usize = 8;
+/// The default of `TrainSettings::sync_dense_ramp`: merged steps after the warm-up that cover
+/// half of `sync_dense_batch`.
+pub const DEFAULT_SYNC_DENSE_RAMP: u64 = 25;
 
 /// The days to train and how each is split (what `train::online` reads of a pass).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -88,6 +91,11 @@ pub struct TrainSettings {
     /// (docs/src/modes.md). `None`: [`SYNC_DENSE_BATCHES`] x `batch_size`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sync_dense_batch: Option<usize>,
+    /// `sync_dense`: the first this many merged steps after the warm-up cover half of
+    /// `sync_dense_batch`, a step between the warm-up's one batch and the full merged step,
+    /// so that a short run still gives its dense part enough updates (docs/src/modes.md);
+    /// 0: none.
+    pub sync_dense_ramp: u64,
     /// GEO mode: local steps between two exchanges with the servers (Paddle's `k_steps`,
     /// PaddleRec's `geo_step`); at least 1.
     pub geo_k_steps: u64,
@@ -137,6 +145,7 @@ impl Default for TrainSettings {
             scale_stale_steps: DEFAULT_SCALE_STALE_STEPS,
             sync_dense: None,
             sync_dense_batch: None,
+            sync_dense_ramp: DEFAULT_SYNC_DENSE_RAMP,
             geo_k_steps: DEFAULT_GEO_K_STEPS,
             clip_grad_norm: None,
             precision: Precision::F32,

@@ -18,7 +18,7 @@ use super::comms::{next_prepared, Comms};
 use super::geo::{ExchangeHeader, GeoCopy};
 use super::position::PositionLog;
 use super::step::{clip, compute, Replica};
-use super::warmup::{Split, Warmup, WarmupPlan};
+use super::warmup::{Ramp, Split, Warmup, WarmupPlan};
 use super::{dims, HeadMetrics, StepHeader, StepTimes, Store, TrainConfig, TrainReport};
 use crate::data::Reader;
 use crate::model::Model;
@@ -151,7 +151,7 @@ impl PassLoop<'_> {
                         delay: c.delay,
                         delay_from: self.plan.steps,
                         split: match (&warmup, c.sync_dense) {
-                            (None, true) => Split::at_most(c.sync_dense_step()),
+                            (None, true) => Split::ramped(c.sync_dense_step(), Ramp::new(c)),
                             _ => Split::parts(1),
                         },
                         warmup: warmup.take(),
@@ -229,6 +229,7 @@ impl PassLoop<'_> {
         let mut window = (0.0f64, 0usize, Instant::now());
         // Loss sum and samples since the last curve point.
         let mut curve = (0.0f64, 0usize);
+        let ramp = c.sync_dense.then(|| Ramp::new(c));
         let apply = match (c.sync_dense, c.scale_stale_steps) {
             (true, _) => Apply::DenseMerged,
             (false, true) => Apply::StalenessScaled,
@@ -247,6 +248,10 @@ impl PassLoop<'_> {
                 let n = p.batch.len();
                 if c.clip_grad_norm.is_some_and(|max| clip(&mut replicas[0], n, max, &stats)) {
                     report.clipped += 1;
+                }
+                // In the ramp, rows step as at the full step (see `Ramp::row_scale`).
+                if let Some(scale) = ramp.and_then(|r| r.row_scale(step, n)) {
+                    replicas[0].row_grads.iter_mut().flatten().for_each(|g| *g *= scale);
                 }
                 let header =
                     StepHeader { trainer: me, step, pass: self.pass, base_version: version, samples: n, apply };

@@ -1,6 +1,7 @@
 //! Async mode's synchronous warm-up: what is left of it in a pass and where the reader starts
 //! ([`WarmupPlan`]), and the splitting of reader batches into one synchronous step per trainer
-//! ([`Warmup`]); the same cut ([`Split`]) gives `sync_dense` its smaller steps at many trainers.
+//! ([`Warmup`]); the same cut ([`Split`]) gives `sync_dense` its smaller steps at many trainers,
+//! half as large again for the first steps after the warm-up ([`Ramp`]).
 //!
 //! Async quality comes from two controls, each measured by `oar bench --quality` (docs/src/modes.md has
 //! the table). The first `sync_warmup` updates of a run (100 by default) are synchronous: every
@@ -37,9 +38,7 @@ impl WarmupPlan {
     /// `ceil(sync_warmup / trainers)` whole batches.
     pub(super) fn new(config: &TrainConfig, first: bool, step: u64, samples: u64) -> WarmupPlan {
         let parts = config.trainers as u64;
-        // Sync mode has no warm-up: every step is synchronous, one whole batch each.
-        let warms = first && config.mode != Mode::Sync;
-        let total = if warms { config.sync_warmup.div_ceil(parts) * parts } else { 0 };
+        let total = if first { warmup_steps(config.mode, config.trainers, config.sync_warmup) } else { 0 };
         if step >= total {
             return WarmupPlan { steps: 0, parts_done: 0, reader_skip: samples };
         }
@@ -49,6 +48,60 @@ impl WarmupPlan {
             parts_done: (step % parts) as usize,
             reader_skip: step / parts * config.batch_size as u64,
         }
+    }
+}
+
+/// The steps of a run's synchronous warm-up of `sync_warmup` updates among `trainers`: whole
+/// batches, each one step per trainer. Sync mode has none: every step is synchronous, one
+/// whole batch each.
+pub(super) fn warmup_steps(mode: Mode, trainers: usize, sync_warmup: u64) -> u64 {
+    let parts = trainers.max(1) as u64;
+    if mode == Mode::Sync {
+        return 0;
+    }
+    sync_warmup.div_ceil(parts) * parts
+}
+
+/// `sync_dense`'s first steps after the warm-up (`sync_dense_ramp`): from step `from` up to
+/// step `until`, a step holds at most `early` samples, half of the `full` step after them, so
+/// that a short run still gives the dense part enough merged updates. The rows, applied per
+/// push, keep the full step's scale ([`Ramp::row_scale`]). The trainer's step number decides,
+/// not the steps of this process, so a restarted trainer cuts as it would have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Ramp {
+    pub(super) from: u64,
+    pub(super) until: u64,
+    pub(super) early: usize,
+    pub(super) full: usize,
+}
+
+impl Ramp {
+    /// `config`'s ramp: `sync_dense_ramp` steps of half [`TrainConfig::sync_dense_step`].
+    pub(super) fn new(config: &TrainConfig) -> Ramp {
+        let warmup = warmup_steps(config.mode, config.trainers, config.sync_warmup);
+        Ramp::after(warmup, config.sync_dense_ramp, config.batch_size, config.sync_dense_parts)
+    }
+
+    /// `steps` steps after a warm-up of `warmup`, each full batch of `batch` cut in twice `parts`.
+    fn after(warmup: u64, steps: u64, batch: usize, parts: usize) -> Ramp {
+        let parts = parts.max(1);
+        Ramp {
+            from: warmup,
+            until: warmup.saturating_add(steps),
+            early: batch.div_ceil(parts.saturating_mul(2)),
+            full: batch.div_ceil(parts),
+        }
+    }
+
+    /// What a ramp step `step` of `samples` multiplies its row gradients' sums by: the servers
+    /// divide them by the push's samples, and in the ramp they are divided by the full step's
+    /// instead, so a row's update per sample stays what it is after the ramp. Measured: with the
+    /// rows at the smaller step's scale, their Adagrad sums grew faster in the ramp and slowed
+    /// them for the rest of the run (-0.0006 to -0.0007 AUC at 64 trainers on 1M generated
+    /// lines, 3 seeds; docs/src/measurements/2026-12-02-real-criteo.md). `None` outside the ramp.
+    pub(super) fn row_scale(&self, step: u64, samples: usize) -> Option<f32> {
+        let inside = (self.from..self.until).contains(&step) && samples < self.full;
+        inside.then(|| samples as f32 / self.full as f32)
     }
 }
 
@@ -63,12 +116,14 @@ pub(super) struct Split {
     pub(super) parts_done: usize,
     /// Parts of the current batch not trained yet.
     pub(super) queue: std::collections::VecDeque<Batch>,
+    /// Smaller steps before a step number.
+    pub(super) ramp: Option<Ramp>,
 }
 
 impl Split {
     /// Every batch cut in `parts` (1: whole).
     pub(super) fn parts(parts: usize) -> Split {
-        Split { parts: parts.max(1), at_most: usize::MAX, parts_done: 0, queue: Default::default() }
+        Split { parts: parts.max(1), at_most: usize::MAX, parts_done: 0, queue: Default::default(), ramp: None }
     }
 
     /// Batches cut into steps of at most `at_most` samples.
@@ -76,12 +131,26 @@ impl Split {
         Split { at_most: at_most.max(1), ..Split::parts(1) }
     }
 
-    /// The next part, or `None` at the reader's end.
-    pub(super) fn next(&mut self, reader: &mut Reader) -> anyhow::Result<Option<Batch>> {
+    /// Batches cut into steps of at most `at_most` samples, of at most `ramp.early` before
+    /// step `ramp.until`.
+    pub(super) fn ramped(at_most: usize, ramp: Ramp) -> Split {
+        Split { ramp: Some(ramp), ..Split::at_most(at_most) }
+    }
+
+    /// The most samples a step of a batch that starts at step `step` holds.
+    fn at_most_from(&self, step: u64) -> usize {
+        match self.ramp {
+            Some(r) if step < r.until => r.early.clamp(1, self.at_most),
+            _ => self.at_most,
+        }
+    }
+
+    /// The next part, or `None` at the reader's end; `step` is the trainer's next step.
+    pub(super) fn next(&mut self, reader: &mut Reader, step: u64) -> anyhow::Result<Option<Batch>> {
         if self.queue.is_empty() {
             let Some(batch) = reader.next() else { return Ok(None) };
             let batch = batch?;
-            let ranges = cut(batch.len(), self.parts, self.at_most);
+            let ranges = cut(batch.len(), self.parts, self.at_most_from(step));
             if ranges.len() == 1 {
                 return Ok(Some(batch));
             }
@@ -114,7 +183,8 @@ impl Warmup {
         if self.steps == 0 && self.split.queue.is_empty() {
             return Ok(None);
         }
-        let part = self.split.next(reader)?;
+        // The warm-up's split has no ramp: the step number does not matter to it.
+        let part = self.split.next(reader, 0)?;
         if part.is_some() {
             self.steps = self.steps.saturating_sub(1);
         }
@@ -124,7 +194,42 @@ impl Warmup {
 
 #[cfg(test)]
 mod tests {
-    use super::cut;
+    use super::{cut, warmup_steps, Mode, Ramp, Split};
+
+    #[test]
+    fn the_warmup_is_whole_batches_of_one_step_per_trainer_and_sync_has_none() {
+        assert_eq!(warmup_steps(Mode::Async, 64, 100), 128, "2 batches of 64 steps");
+        assert_eq!(warmup_steps(Mode::Async, 4, 100), 100);
+        assert_eq!(warmup_steps(Mode::Async, 0, 3), 3, "no trainers counts as one");
+        assert_eq!(warmup_steps(Mode::Sync, 64, 100), 0);
+        assert_eq!(warmup_steps(Mode::Async, 16, 0), 0);
+    }
+
+    #[test]
+    fn the_ramp_halves_the_steps_after_the_warmup_by_step_number() {
+        // 64 trainers of 512, merged steps of 4,096: 8 parts of 64 samples, 32 in the ramp.
+        let ramp = Ramp::after(128, 25, 512, 8);
+        assert_eq!(ramp, Ramp { from: 128, until: 153, early: 32, full: 64 });
+        let split = Split::ramped(64, ramp);
+        let sizes: Vec<usize> = [128, 152, 153, 10_000].into_iter().map(|s| split.at_most_from(s)).collect();
+        assert_eq!(sizes, [32, 32, 64, 64], "a restarted trainer at step 152 still cuts small");
+        let lens = |r: Vec<std::ops::Range<usize>>| r.into_iter().map(|r| r.len()).collect::<Vec<_>>();
+        assert_eq!(lens(cut(512, 1, split.at_most_from(140))), [32; 16]);
+        // 8 trainers: whole batches of 512, halves in the ramp; none with `sync_dense_ramp` 0.
+        assert_eq!(Ramp::after(104, 25, 512, 1).early, 256);
+        let none = Split::ramped(512, Ramp::after(104, 0, 512, 1));
+        assert_eq!(
+            (none.at_most_from(103), none.at_most_from(104)),
+            (256, 512),
+            "the warm-up's steps are not this split's"
+        );
+        // The rows of a ramp step are scaled to the full step; before and after it, not.
+        let scales: Vec<_> =
+            [(127, 32), (128, 32), (152, 20), (152, 64), (153, 32)].map(|(s, n)| ramp.row_scale(s, n)).into();
+        assert_eq!(scales, [None, Some(0.5), Some(0.3125), None, None]);
+        // Steps of one sample stay one sample.
+        assert_eq!(Split::ramped(1, Ramp::after(0, 5, 512, 512)).at_most_from(0), 1);
+    }
 
     #[test]
     fn batches_are_cut_in_parts_or_in_steps_of_at_most_a_size() {

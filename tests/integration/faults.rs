@@ -257,15 +257,17 @@ fn an_async_trainer_killed_mid_pass_is_restarted_and_goes_on_from_its_position()
 
 /// The same in `sync_dense`: the survivor's dense steps wait for the restarted trainer, which
 /// sends its unanswered push again (its rows not applied twice) and goes on. Its batches are
-/// cut in 4 steps of 128 (`--sync-dense-batch 341` < 2 x 512 / 3), and it is killed in the
-/// middle of one: after the 20 warm-up parts, 5 whole batches and 2 steps of the sixth.
+/// cut in 4 steps of 128 (`--sync-dense-batch 341` < 2 x 512 / 3), in 8 of 64 for the 25 steps
+/// after the 20 warm-up parts (`sync_dense_ramp`), and it is killed in the middle of a batch
+/// of the ramp: after 2 whole batches and 6 steps of the third; it goes on by step number, the
+/// ramp's last 3 steps and then steps of 128.
 #[test]
 fn a_sync_dense_trainer_killed_mid_pass_is_restarted_and_goes_on_from_its_position() {
     let job = Job::new();
     let flags = ["--max-restarts", "1", "--sync-dense", "true", "--sync-dense-batch", "341"];
     let out = job.launch("async", "trainer1:kill@step=42", &flags);
     let log = job.log("worker.1.log");
-    assert!(log.contains("each batch cut in 4 step(s)"), "{log}");
+    assert!(log.contains("each batch cut in 4 step(s), in 8 for the first 25 after the warm-up"), "{log}");
     job.assert_trainer_rejoined(&out, 1);
 }
 

@@ -273,7 +273,9 @@ fn a_dense_merged_push_applies_its_rows_at_once_and_waits_for_every_trainers_den
 
 /// With the rows held still (a sparse learning rate of 1e-30, whose steps round away), async
 /// trainers in `sync_dense` train the dense part as sync trainers do, bit for bit: one merged
-/// update per step of both; and so do trainers whose one batch of 3B is cut in three steps.
+/// update per step of both; and so do trainers whose one batch of 3B is cut in three steps,
+/// and trainers in a `sync_dense_ramp` as long as the pass, whose batches of B are cut in two:
+/// they train as sync trainers of B / 2.
 #[test]
 fn sync_dense_trains_the_dense_part_as_sync_mode_does() {
     let dir = tempfile::tempdir().unwrap();
@@ -287,6 +289,7 @@ fn sync_dense_trains_the_dense_part_as_sync_mode_does() {
         still(c);
         c.sync_warmup = 0;
         c.sync_dense = true;
+        c.sync_dense_ramp = 0;
     });
     two_by_two(Mode::Async, &train, &dir.path().join("async"), &|c| {
         still(c);
@@ -298,10 +301,26 @@ fn sync_dense_trains_the_dense_part_as_sync_mode_does() {
         c.sync_warmup = 0;
         c.sync_dense = true;
         c.sync_dense_parts = 3;
+        // Steps of B throughout, as sync mode's: no halved steps first.
+        c.sync_dense_ramp = 0;
+    });
+    // A ramp over the whole pass: every batch of B in two steps of B / 2, by step number.
+    two_by_two(Mode::Sync, &train, &dir.path().join("sync-half"), &|c| {
+        still(c);
+        c.batch_size = B / 2;
+    });
+    two_by_two(Mode::Async, &train, &dir.path().join("ramp"), &|c| {
+        still(c);
+        c.sync_warmup = 0;
+        c.sync_dense = true;
+        c.sync_dense_ramp = 2 * STEPS;
     });
     let (sync, hybrid) = (load_params(&dir.path().join("sync")), load_params(&dir.path().join("hybrid")));
     assert_same_params(&sync, &hybrid, 0.0);
     assert_same_params(&sync, &load_params(&dir.path().join("cut")), 0.0);
+    let (half, ramp) = (load_params(&dir.path().join("sync-half")), load_params(&dir.path().join("ramp")));
+    assert_same_params(&half, &ramp, 0.0);
+    assert_ne!(half.dense, sync.dense, "steps of B / 2 differ from steps of B");
     assert_ne!(load_params(&dir.path().join("async")).dense, sync.dense, "plain async differs");
 }
 

@@ -142,6 +142,7 @@ pub fn train_config(
         scale_stale_steps: oar::train::job_config::DEFAULT_SCALE_STALE_STEPS,
         sync_dense: false,
         sync_dense_parts: 1,
+        sync_dense_ramp: oar::train::job_config::DEFAULT_SYNC_DENSE_RAMP,
         geo_k_steps: oar::train::job_config::DEFAULT_GEO_K_STEPS,
         clip_grad_norm: None,
         precision: Default::default(),
