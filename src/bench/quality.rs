@@ -115,7 +115,9 @@ pub(super) fn over_data_sets<T>(
             runs.push(measure(&dir, &logs, k as u64 + 1)?);
             let _ = std::fs::remove_dir_all(&dir);
         }
-        rows.push((format!("real Criteo, {} lines, {} folds", lines.len(), config.folds), runs));
+        // Named by its file: --real takes any lines of the format, generated ones too.
+        let name = real.file_name().map_or_else(|| real.display().to_string(), |n| n.to_string_lossy().into_owned());
+        rows.push((format!("{name}, {} lines, {} folds", lines.len(), config.folds), runs));
     }
     for &size in config.sizes.iter().filter(|&&s| s > 0) {
         let mut runs = Vec::new();
