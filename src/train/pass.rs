@@ -151,7 +151,7 @@ impl PassLoop<'_> {
                         delay: c.delay,
                         delay_from: self.plan.steps,
                         split: match (&warmup, c.sync_dense) {
-                            (None, true) => Split::ramped(c.sync_dense_step(), Ramp::new(c)),
+                            (None, true) => Split::ramped(Ramp::new(c)),
                             _ => Split::parts(1),
                         },
                         warmup: warmup.take(),

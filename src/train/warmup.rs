@@ -88,8 +88,8 @@ impl Ramp {
         Ramp {
             from: warmup,
             until: warmup.saturating_add(steps),
-            early: batch.div_ceil(parts.saturating_mul(2)),
-            full: batch.div_ceil(parts),
+            early: batch.div_ceil(parts.saturating_mul(2)).max(1),
+            full: batch.div_ceil(parts).max(1),
         }
     }
 
@@ -106,42 +106,37 @@ impl Ramp {
 }
 
 /// Reader batches cut into near-equal steps: into `parts` each (the warm-up's one part per
-/// trainer), or into as few as keep each within `at_most` samples (`sync_dense`'s smaller steps
-/// at many trainers, [`crate::train::job_config::TrainSettings::sync_dense_parts`]; a short last
-/// batch is not cut into tiny steps, whose merged updates would be noisy).
+/// trainer), or into as few as keep each within the ramp's size for the step (`sync_dense`'s
+/// smaller steps at many trainers, [`crate::train::job_config::TrainSettings::sync_dense_parts`];
+/// a short last batch is not cut into tiny steps, whose merged updates would be noisy).
 pub(super) struct Split {
     pub(super) parts: usize,
-    pub(super) at_most: usize,
     /// Parts of the next batch to leave out (trained before a restart).
     pub(super) parts_done: usize,
     /// Parts of the current batch not trained yet.
     pub(super) queue: std::collections::VecDeque<Batch>,
-    /// Smaller steps before a step number.
+    /// `sync_dense`'s step sizes, by step number.
     pub(super) ramp: Option<Ramp>,
 }
 
 impl Split {
     /// Every batch cut in `parts` (1: whole).
     pub(super) fn parts(parts: usize) -> Split {
-        Split { parts: parts.max(1), at_most: usize::MAX, parts_done: 0, queue: Default::default(), ramp: None }
+        Split { parts: parts.max(1), parts_done: 0, queue: Default::default(), ramp: None }
     }
 
-    /// Batches cut into steps of at most `at_most` samples.
-    pub(super) fn at_most(at_most: usize) -> Split {
-        Split { at_most: at_most.max(1), ..Split::parts(1) }
-    }
-
-    /// Batches cut into steps of at most `at_most` samples, of at most `ramp.early` before
-    /// step `ramp.until`.
-    pub(super) fn ramped(at_most: usize, ramp: Ramp) -> Split {
-        Split { ramp: Some(ramp), ..Split::at_most(at_most) }
+    /// Batches cut into steps of at most `ramp.early` samples before step `ramp.until`, of at
+    /// most `ramp.full` after it.
+    pub(super) fn ramped(ramp: Ramp) -> Split {
+        Split { ramp: Some(ramp), ..Split::parts(1) }
     }
 
     /// The most samples a step of a batch that starts at step `step` holds.
     fn at_most_from(&self, step: u64) -> usize {
         match self.ramp {
-            Some(r) if step < r.until => r.early.clamp(1, self.at_most),
-            _ => self.at_most,
+            Some(r) if step < r.until => r.early,
+            Some(r) => r.full,
+            None => usize::MAX,
         }
     }
 
@@ -210,14 +205,14 @@ mod tests {
         // 64 trainers of 512, merged steps of 4,096: 8 parts of 64 samples, 32 in the ramp.
         let ramp = Ramp::after(128, 25, 512, 8);
         assert_eq!(ramp, Ramp { from: 128, until: 153, early: 32, full: 64 });
-        let split = Split::ramped(64, ramp);
+        let split = Split::ramped(ramp);
         let sizes: Vec<usize> = [128, 152, 153, 10_000].into_iter().map(|s| split.at_most_from(s)).collect();
         assert_eq!(sizes, [32, 32, 64, 64], "a restarted trainer at step 152 still cuts small");
         let lens = |r: Vec<std::ops::Range<usize>>| r.into_iter().map(|r| r.len()).collect::<Vec<_>>();
         assert_eq!(lens(cut(512, 1, split.at_most_from(140))), [32; 16]);
         // 8 trainers: whole batches of 512, halves in the ramp; none with `sync_dense_ramp` 0.
         assert_eq!(Ramp::after(104, 25, 512, 1).early, 256);
-        let none = Split::ramped(512, Ramp::after(104, 0, 512, 1));
+        let none = Split::ramped(Ramp::after(104, 0, 512, 1));
         assert_eq!(
             (none.at_most_from(103), none.at_most_from(104)),
             (256, 512),
@@ -228,7 +223,7 @@ mod tests {
             [(127, 32), (128, 32), (152, 20), (152, 64), (153, 32)].map(|(s, n)| ramp.row_scale(s, n)).into();
         assert_eq!(scales, [None, Some(0.5), Some(0.3125), None, None]);
         // Steps of one sample stay one sample.
-        assert_eq!(Split::ramped(1, Ramp::after(0, 5, 512, 512)).at_most_from(0), 1);
+        assert_eq!(Split::ramped(Ramp::after(0, 5, 512, 512)).at_most_from(0), 1);
     }
 
     #[test]
