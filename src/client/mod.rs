@@ -34,7 +34,7 @@ use crate::base::layout::{group_by_server, DenseLayout};
 use crate::persist::checkpoint::ShardEntry;
 use crate::protocol::{
     read_reply_blocking, Apply, Declaration, DenseSelection, Frame, ProtocolError, Pull, Request, Response,
-    RowCreation, SparseIds, DEFAULT_MAX_FRAME,
+    RowCreation, SparseIds, ValuesArray, DEFAULT_MAX_FRAME,
 };
 use crate::table::TableSpec;
 
@@ -468,7 +468,7 @@ pub fn probe(config: &ClientConfig, index: usize, epoch: u64) -> Result<(), Clie
 
 /// Reads one pull reply from `conn` (server `conn.index`): dense blocks straight into their
 /// places in `dense` (when given), rows of `tables` into `rows` by the grouping positions (none:
-/// as they come).
+/// straight from the socket, as they come).
 /// Returns the server's version.
 fn receive_values(
     conn: &mut Conn,
@@ -479,17 +479,30 @@ fn receive_values(
     rows: &mut [Vec<f32>],
 ) -> Result<u64, ClientError> {
     let s = conn.index;
-    let mut placed = false;
+    let mut dense_placed = false;
+    let mut rows_placed = vec![false; tables.len()];
     let kind = {
-        let mut into_place = |r: &mut Deadline<'_>, floats: usize| -> Result<bool, ProtocolError> {
-            let Some(out) = dense.as_deref_mut() else { return Ok(false) };
-            if floats != layout.len_of(s) {
-                return Ok(false);
+        let mut into_place = |r: &mut Deadline<'_>, array: ValuesArray, floats: usize| -> Result<bool, ProtocolError> {
+            match array {
+                ValuesArray::Dense => {
+                    let Some(out) = dense.as_deref_mut().filter(|_| floats == layout.len_of(s)) else {
+                        return Ok(false);
+                    };
+                    for b in layout.blocks_of(s) {
+                        std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[layout.block_range(b)]))?;
+                    }
+                    dense_placed = true;
+                }
+                // Only rows in the caller's order (no grouping), and only as many as asked.
+                ValuesArray::Rows(t) => {
+                    let (Some(None), Some(out)) = (groupings.get(t), rows.get_mut(t)) else { return Ok(false) };
+                    if floats != out.len() {
+                        return Ok(false);
+                    }
+                    std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[..]))?;
+                    rows_placed[t] = true;
+                }
             }
-            for b in layout.blocks_of(s) {
-                std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[layout.block_range(b)]))?;
-            }
-            placed = true;
             Ok(true)
         };
         let mut within = Deadline::new(&mut conn.stream, &mut conn.armed, conn.reply_timeout);
@@ -500,13 +513,16 @@ fn receive_values(
     let Response::Values { version, dense: d, sparse } = reply else {
         return Err(conn.unexpected("a pull", &reply));
     };
-    if let (Some(out), false) = (dense, placed) {
+    if let (Some(out), false) = (dense, dense_placed) {
         scatter_dense(layout, s, &d, out).map_err(|m| conn.mismatch("a dense pull", m))?;
     }
     if sparse.len() != tables.len() {
         return Err(conn.mismatch("a pull", format!("{} tables instead of {}", sparse.len(), tables.len())));
     }
     for (t, (table, got)) in tables.iter().zip(sparse).enumerate() {
+        if rows_placed[t] {
+            continue;
+        }
         // No grouping: the one server's rows, in the caller's order.
         let positions = groupings[t].as_ref().map(|(order, starts)| &order[starts[s]..starts[s + 1]]);
         let dim = table.dim;

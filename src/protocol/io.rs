@@ -7,7 +7,6 @@ use std::io::IoSlice;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::codec::kind;
 use super::{Frame, ProtocolError, HEADER};
 
 /// A reusable, 8-byte aligned receive buffer.
@@ -91,7 +90,7 @@ impl BufferBudget {
 }
 
 /// Checks a frame header and returns (payload length, kind).
-fn parse_header(header: &[u8; HEADER], max: usize) -> Result<(usize, u8), ProtocolError> {
+pub(super) fn parse_header(header: &[u8; HEADER], max: usize) -> Result<(usize, u8), ProtocolError> {
     if let Some(e) = tls_record(header) {
         return Err(e);
     }
@@ -120,7 +119,10 @@ fn tls_record(bytes: &[u8]) -> Option<ProtocolError> {
 
 /// Fills `header` from a blocking reader; `Err(Closed)` if the peer closed before its first
 /// byte. A peer that closes after a few bytes of a TLS alert is named as speaking TLS.
-fn read_header_blocking<R: std::io::Read>(r: &mut R, header: &mut [u8; HEADER]) -> Result<(), ProtocolError> {
+pub(super) fn read_header_blocking<R: std::io::Read>(
+    r: &mut R,
+    header: &mut [u8; HEADER],
+) -> Result<(), ProtocolError> {
     let mut filled = 0;
     while filled < HEADER {
         match r.read(&mut header[filled..]) {
@@ -197,63 +199,49 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut FrameBuf, max
 
 /// Blocking twin of [`read_frame`], for the trainer's client.
 pub fn read_frame_blocking<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, max: usize) -> Result<u8, ProtocolError> {
-    read_reply_blocking(r, buf, max, &mut |_, _| Ok(false))
-}
-
-/// Reads one frame like [`read_frame_blocking`], except that the dense array of a `Values`
-/// response is handed to `dense_into(reader, floats)`, which may read it straight into its
-/// final place (returning true) instead of through the buffer. The buffer then holds a `Values`
-/// payload with an empty dense array, so [`Response::decode`](super::Response::decode) still applies.
-pub fn read_reply_blocking<R: std::io::Read>(
-    r: &mut R,
-    buf: &mut FrameBuf,
-    max: usize,
-    dense_into: &mut dyn FnMut(&mut R, usize) -> Result<bool, ProtocolError>,
-) -> Result<u8, ProtocolError> {
     let mut header = [0u8; HEADER];
     read_header_blocking(r, &mut header)?;
     let (len, kind) = parse_header(&header, max)?;
-    if kind == kind::VALUES && len >= 16 {
-        let mut fixed = [0u8; 16];
-        r.read_exact(&mut fixed)?;
-        let floats = u64::from_le_bytes(fixed[8..].try_into().expect("8 bytes"));
-        let dense_bytes = floats.checked_mul(4).map(|b| b.div_ceil(8) * 8).filter(|&b| b <= (len - 16) as u64);
-        let Some(dense_bytes) = dense_bytes else {
-            return Err(ProtocolError::Malformed(format!("dense array of {floats} floats does not fit")));
-        };
-        let streamed = floats > 0 && dense_into(r, floats as usize)?;
-        if streamed {
-            if floats % 2 == 1 {
-                r.read_exact(&mut [0u8; 4])?;
-            }
-            let rest = len - 16 - dense_bytes as usize;
-            let out = buf.room(16, len)?;
-            out[..8].copy_from_slice(&fixed[..8]);
-            out[8..16].fill(0);
-            read_growing(r, buf, 16, 16 + rest)?;
-        } else {
-            buf.room(16, len)?.copy_from_slice(&fixed);
-            read_growing(r, buf, 16, len)?;
-        }
-        return Ok(kind);
-    }
-    read_growing(r, buf, 0, len)?;
+    buf.fill(r, 0, len, len)?;
+    buf.finish(len);
     Ok(kind)
 }
 
-/// Reads a payload of `len` bytes into `buf`, whose first `from` bytes are in place already,
-/// growing the buffer with the bytes that arrive, not with what the header claims: a peer
-/// announcing a 256 MiB frame and sending a byte a second made a trainer set aside 256 MiB.
-fn read_growing<R: std::io::Read>(r: &mut R, buf: &mut FrameBuf, from: usize, len: usize) -> Result<(), ProtocolError> {
-    let mut filled = from;
-    while filled < len {
-        let end = len.min(FIRST.max(filled * 2));
-        r.read_exact(&mut buf.room(end, len)?[filled..])?;
-        filled = end;
+impl FrameBuf {
+    /// Reads payload bytes `from..to` of a frame of `len` into the buffer, growing it with the
+    /// bytes that arrive, not with what the header claims: a peer announcing a 256 MiB frame
+    /// and sending a byte a second made a trainer set aside 256 MiB.
+    pub(super) fn fill<R: std::io::Read>(
+        &mut self,
+        r: &mut R,
+        from: usize,
+        to: usize,
+        len: usize,
+    ) -> Result<(), ProtocolError> {
+        let mut filled = from;
+        while filled < to {
+            let end = to.min(FIRST.max(filled * 2));
+            r.read_exact(&mut self.room(end, len)?[filled..])?;
+            filled = end;
+        }
+        Ok(())
     }
-    buf.len = len;
-    buf.seen(len);
-    Ok(())
+
+    /// Ends a frame's reading: its payload is the buffer's first `len` bytes.
+    pub(super) fn finish(&mut self, len: usize) {
+        self.len = len;
+        self.seen(len);
+    }
+
+    /// Every byte the buffer holds.
+    pub(super) fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.words)
+    }
+
+    /// Every byte the buffer holds, to write.
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(&mut self.words)
+    }
 }
 
 /// Writes a frame with vectored writes.

@@ -23,6 +23,7 @@ pub mod auth;
 mod codec;
 mod fields;
 mod io;
+mod placed;
 mod saves;
 pub mod terms;
 
@@ -30,10 +31,8 @@ use std::borrow::Cow;
 
 pub use codec::encode_values;
 pub use fields::Frame;
-pub use io::{
-    read_frame, read_frame_blocking, read_reply_blocking, split_frame, write_frame, write_frame_blocking, BufferBudget,
-    FrameBuf,
-};
+pub use io::{read_frame, read_frame_blocking, split_frame, write_frame, write_frame_blocking, BufferBudget, FrameBuf};
+pub use placed::{read_reply_blocking, Placer, ValuesArray};
 pub use saves::{ExportKind, Exported};
 pub use terms::{Mode, NonFinite, ServerStats, MAX_SAMPLES};
 
