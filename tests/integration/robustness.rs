@@ -398,3 +398,51 @@ fn a_peer_trickling_a_reply_is_cut_off_at_the_reply_timeout() {
     assert!(text(&out).contains("no whole reply within 2s"), "{}", text(&out));
     fake.join().unwrap();
 }
+
+/// A peer posing as a server that answers a pull with rows of another count (fewer, more, a
+/// count past its frame, or rows of two tables for one) poisons nothing: the client names the
+/// fault, and writes nothing past the caller's row array. Rows that fit that array are read
+/// from the socket straight into it (`protocol/placed.rs`); these never fit it.
+#[test]
+fn a_pull_reply_with_rows_of_another_count_is_refused_clearly() {
+    let spec = spec();
+    let dim = spec.sparse[0].dim;
+    let ids = [1u64, 2, 3];
+    let values = |tables: &[Vec<f32>]| oar::protocol::encode_values(1, &[Vec::<f32>::new()], tables).to_vec();
+    let mut past_the_frame = values(&[vec![0.5; 3 * dim]]);
+    // The header, the version, the empty dense array's count and the count of tables: then the
+    // table's count, made far larger than the frame.
+    past_the_frame[32..40].copy_from_slice(&(u64::MAX / 4).to_le_bytes());
+    let cases = [
+        (values(&[vec![0.5; 2 * dim]]), format!("{} floats instead of {}", 2 * dim, 3 * dim)),
+        (values(&[vec![0.5; 4 * dim]]), format!("{} floats instead of {}", 4 * dim, 3 * dim)),
+        (past_the_frame, "does not fit".to_string()),
+        (values(&[vec![0.5; 3 * dim], vec![0.5; 3 * dim]]), "2 tables instead of 1".to_string()),
+    ];
+    for (reply, says) in cases {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = FrameBuf::default();
+            read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
+            let welcome = Response::Welcome { server_index: 0, num_servers: 1, epoch: 0 };
+            oar::protocol::write_frame_blocking(&mut s, &welcome.encode()).unwrap();
+            read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
+            s.write_all(&reply).unwrap();
+            // Open until the client hangs up.
+            let _ = s.read(&mut [0u8; 1]);
+        });
+        let mut c =
+            Client::connect(&ClientConfig::new(vec![addr], "test", Duration::from_secs(5), Duration::from_secs(5)))
+                .unwrap();
+        c.attach(&spec);
+        let mut rows = [Vec::new()];
+        let tables = [TableIds { table: 0, dim, ids: &ids }];
+        let e = c.pull(None, &tables, &mut rows, RowCreation::Peek).unwrap_err().to_string();
+        assert!(e.contains(&says), "{says}: {e}");
+        assert_eq!(rows[0].len(), ids.len() * dim);
+        drop(c);
+        fake.join().unwrap();
+    }
+}
