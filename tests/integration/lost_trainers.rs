@@ -343,3 +343,33 @@ fn a_server_role_of_oar_train_waits_the_jobs_recovery_window_for_a_lost_trainer(
     );
     waits_half_a_second_for_trainer_1(server, &addr);
 }
+
+/// Under mpirun or srun (`--num-servers`, the role from the engine's rank), a server rank waits
+/// the job's recovery window for a lost trainer as the other server roles do. Here rank 0 is
+/// `oar train`'s server; the test itself is ranks 1 and 2, the trainers, at the rendezvous.
+#[test]
+fn an_engine_rank_server_waits_the_jobs_recovery_window_for_a_lost_trainer() {
+    let rendezvous = format!("127.0.0.1:{}", free_ports(1));
+    let flags = ["train", "--num-servers", "1", "--rendezvous", &rendezvous, "--mode", "async"];
+    let server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
+        .args(flags)
+        .args(["--timeout", "5", "--recover-timeout", "0.5"])
+        .env("OMPI_COMM_WORLD_RANK", "0")
+        .env("OMPI_COMM_WORLD_SIZE", "3")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ranks: Vec<_> = (1..3)
+        .map(|rank| {
+            let at = rendezvous.clone();
+            std::thread::spawn(move || {
+                let me = oar::run::rendezvous::Rank { rank, size: 3, source: "the test" };
+                oar::run::rendezvous::register(&at, me, &|_| String::new(), Duration::from_secs(30), None, "oar")
+            })
+        })
+        .collect();
+    let lists: Vec<Vec<String>> = ranks.into_iter().map(|r| r.join().unwrap().unwrap()).collect();
+    assert_eq!(lists[0], lists[1]);
+    waits_half_a_second_for_trainer_1(server, &lists[0][0]);
+}
