@@ -106,7 +106,7 @@ pub struct TrainConfig {
     pub sync_dense_parts: usize,
     /// `sync_dense`: the first this many steps after the warm-up cut each full batch in twice
     /// `sync_dense_parts` (see [`crate::train::job_config::TrainSettings::sync_dense_ramp`]).
-    #[serde(default)]
+    #[serde(default = "default_sync_dense_ramp")]
     pub sync_dense_ramp: u64,
     /// GEO mode: local steps between two exchanges with the servers (Paddle's `k_steps`).
     #[serde(default = "default_geo_k_steps")]
@@ -158,6 +158,10 @@ fn default_sync_warmup() -> u64 {
 
 fn default_geo_k_steps() -> u64 {
     crate::train::job_config::DEFAULT_GEO_K_STEPS
+}
+
+fn default_sync_dense_ramp() -> u64 {
+    crate::train::job_config::DEFAULT_SYNC_DENSE_RAMP
 }
 
 fn default_scale_stale_steps() -> bool {

@@ -152,15 +152,18 @@ impl<'a> Job<'a> {
         let shuffle = config.order().unwrap_or_else(|| "off".into());
         tracing::info!(trainer = me, files = files.len(), mode = ?config.mode, %shuffle, first_pass = start.pass, model = %model.summary(), "training");
         if config.sync_dense {
-            let parts = config.sync_dense_parts;
+            let (parts, ramp) = (config.sync_dense_parts, config.sync_dense_ramp);
+            let early = if ramp > 0 {
+                format!(", in {} for the first {ramp} after the warm-up", parts * 2)
+            } else {
+                String::new()
+            };
             tracing::info!(
                 trainer = me,
                 parts,
                 step = config.sync_dense_step(),
-                ramp = config.sync_dense_ramp,
-                "sync_dense: dense steps merged over all trainers, each batch cut in {parts} step(s), in {} for the first {} after the warm-up",
-                parts * 2,
-                config.sync_dense_ramp
+                ramp,
+                "sync_dense: dense steps merged over all trainers, each batch cut in {parts} step(s){early}"
             );
         }
         let curves = crate::observe::curves::CurveLog::open_all(
