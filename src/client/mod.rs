@@ -346,7 +346,8 @@ impl Client {
 
     /// Pulls the full dense vector into `dense` (if given) and the rows of `tables` into
     /// `rows[t]` (`ids.len() * dim` floats each, in the caller's id order). Returns the lowest
-    /// server version seen.
+    /// server version seen. On an error, what `dense` and `rows` hold is unspecified: a reply's
+    /// arrays are read straight into them before the whole reply is checked.
     pub fn pull(
         &mut self,
         dense: Option<&mut Vec<f32>>,

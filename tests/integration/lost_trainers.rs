@@ -354,6 +354,7 @@ fn an_engine_rank_server_waits_the_jobs_recovery_window_for_a_lost_trainer() {
     let server = std::process::Command::new(env!("CARGO_BIN_EXE_oar"))
         .args(flags)
         .args(["--timeout", "5", "--recover-timeout", "0.5"])
+        .env_clear()
         .env("OMPI_COMM_WORLD_RANK", "0")
         .env("OMPI_COMM_WORLD_SIZE", "3")
         .stdout(std::process::Stdio::null())

@@ -401,8 +401,10 @@ fn a_peer_trickling_a_reply_is_cut_off_at_the_reply_timeout() {
 
 /// A peer posing as a server that answers a pull with rows of another count (fewer, more, a
 /// count past its frame, or rows of two tables for one) poisons nothing: the client names the
-/// fault, and writes nothing past the caller's row array. Rows that fit that array are read
-/// from the socket straight into it (`protocol/placed.rs`); these never fit it.
+/// fault. Rows of the count asked are read from the socket straight into the caller's array
+/// (`protocol/placed.rs`); rows of another count are never placed, so that array keeps its
+/// zeros, and a reply refused after its rows were placed (two tables) leaves them there, as a
+/// failed pull leaves its arrays unspecified.
 #[test]
 fn a_pull_reply_with_rows_of_another_count_is_refused_clearly() {
     let spec = spec();
@@ -414,12 +416,12 @@ fn a_pull_reply_with_rows_of_another_count_is_refused_clearly() {
     // table's count, made far larger than the frame.
     past_the_frame[32..40].copy_from_slice(&(u64::MAX / 4).to_le_bytes());
     let cases = [
-        (values(&[vec![0.5; 2 * dim]]), format!("{} floats instead of {}", 2 * dim, 3 * dim)),
-        (values(&[vec![0.5; 4 * dim]]), format!("{} floats instead of {}", 4 * dim, 3 * dim)),
-        (past_the_frame, "does not fit".to_string()),
-        (values(&[vec![0.5; 3 * dim], vec![0.5; 3 * dim]]), "2 tables instead of 1".to_string()),
+        (values(&[vec![0.5; 2 * dim]]), format!("{} floats instead of {}", 2 * dim, 3 * dim), 0.0),
+        (values(&[vec![0.5; 4 * dim]]), format!("{} floats instead of {}", 4 * dim, 3 * dim), 0.0),
+        (past_the_frame, "does not fit".to_string(), 0.0),
+        (values(&[vec![0.5; 3 * dim], vec![0.5; 3 * dim]]), "2 tables instead of 1".to_string(), 0.5),
     ];
-    for (reply, says) in cases {
+    for (reply, says, left) in cases {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let fake = std::thread::spawn(move || {
@@ -442,6 +444,7 @@ fn a_pull_reply_with_rows_of_another_count_is_refused_clearly() {
         let e = c.pull(None, &tables, &mut rows, RowCreation::Peek).unwrap_err().to_string();
         assert!(e.contains(&says), "{says}: {e}");
         assert_eq!(rows[0].len(), ids.len() * dim);
+        assert!(rows[0].iter().all(|&v| v == left), "{says}: {:?}", rows[0]);
         drop(c);
         fake.join().unwrap();
     }
