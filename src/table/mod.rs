@@ -366,8 +366,14 @@ pub const NOT_PUSHABLE: &str = "a NaN, an infinity or a value beyond ±1e18";
 /// push must pass before it touches a model, on a server (`server::push`) as in local training
 /// (`train::store`).
 pub fn all_pushable<'a>(values: impl IntoIterator<Item = &'a [f32]>) -> bool {
-    // `!(x.abs() <= MAX)` is true for a NaN as for a value too large.
-    values.into_iter().all(|v| v.iter().all(|x| x.abs() <= MAX_PUSHED))
+    // `!(x.abs() <= MAX)` is true for a NaN as for a value too large. Blocks of 64 are checked
+    // without an exit per float, which the compiler makes vector compares: a push's 1.3 MB of
+    // gradients took about 4% of its handling float by float.
+    let pushable = |x: &f32| x.abs() <= MAX_PUSHED;
+    values.into_iter().all(|v| {
+        let (blocks, rest) = v.as_chunks::<64>();
+        blocks.iter().all(|b| b.iter().fold(true, |ok, x| ok & pushable(x))) && rest.iter().all(pushable)
+    })
 }
 
 /// What a refusal of a non-finite push tells the user to do.
@@ -551,7 +557,15 @@ mod tests {
         assert!(all_pushable(ok));
         for bad in [f32::NAN, f32::INFINITY, -f32::INFINITY, 1.0001e18, -3e38] {
             assert!(!all_pushable([&[1.0, bad][..]]), "{bad}");
+            // Checked in blocks of 64 and a rest: a bad float found at every place of either,
+            // in the second array as in the first.
+            for at in [0, 1, 63, 64, 127, 128, 129, 130] {
+                let mut v = vec![1.0f32; 131];
+                v[at] = bad;
+                assert!(!all_pushable([&v[..]]) && !all_pushable([&[1.0][..], &v[..]]), "{bad} at {at}");
+            }
         }
+        assert!(all_pushable([&[1e18f32; 131][..]]));
         // Any sum of bounded pushes, and any square of one, stays finite in f32.
         assert!((MAX_PUSHED * MAX_PUSHED).is_finite() && (MAX_PUSHED * 65_536.0 * 65_536.0).is_finite());
     }
