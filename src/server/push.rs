@@ -65,7 +65,8 @@ fn check(state: &State, shard: &Shard, push: &Push<'_>) -> Result<bool, (ErrorCo
             );
             return Err((ErrorCode::Table, m));
         }
-        if s.counts.iter().any(|c| *c < 0.0) {
+        // A NaN count is not negative: the check for non-finite numbers names it.
+        if !crate::table::every_float(&s.counts, |c| c >= 0.0 || c.is_nan()) {
             let m = format!("table {}: a negative show or click count", s.table);
             return Err((ErrorCode::Table, m));
         }

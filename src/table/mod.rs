@@ -366,14 +366,16 @@ pub const NOT_PUSHABLE: &str = "a NaN, an infinity or a value beyond ±1e18";
 /// push must pass before it touches a model, on a server (`server::push`) as in local training
 /// (`train::store`).
 pub fn all_pushable<'a>(values: impl IntoIterator<Item = &'a [f32]>) -> bool {
-    // `!(x.abs() <= MAX)` is true for a NaN as for a value too large. Blocks of 64 are checked
-    // without an exit per float, which the compiler makes vector compares: a push's 1.3 MB of
-    // gradients took about 4% of its handling float by float.
-    let pushable = |x: &f32| x.abs() <= MAX_PUSHED;
-    values.into_iter().all(|v| {
-        let (blocks, rest) = v.as_chunks::<64>();
-        blocks.iter().all(|b| b.iter().fold(true, |ok, x| ok & pushable(x))) && rest.iter().all(pushable)
-    })
+    // `!(x.abs() <= MAX)` is true for a NaN as for a value too large.
+    values.into_iter().all(|v| every_float(v, |x| x.abs() <= MAX_PUSHED))
+}
+
+/// Whether `ok` holds for every float of `v`. Blocks of 64 are tested without an exit per
+/// float, which the compiler makes vector compares: a push's 1.3 MB of gradients took about 4%
+/// of its handling float by float.
+pub fn every_float(v: &[f32], ok: impl Fn(f32) -> bool) -> bool {
+    let (blocks, rest) = v.as_chunks::<64>();
+    blocks.iter().all(|b| b.iter().fold(true, |all, &x| all & ok(x))) && rest.iter().all(|&x| ok(x))
 }
 
 /// What a refusal of a non-finite push tells the user to do.

@@ -449,3 +449,42 @@ fn a_pull_reply_with_rows_of_another_count_is_refused_clearly() {
         fake.join().unwrap();
     }
 }
+
+/// A push whose show and click counts hold a negative count or a NaN, wherever it lies among
+/// them (the server tests them in blocks of 64 floats and a rest), is refused before it
+/// touches the model: counted at the server, nothing was applied.
+#[test]
+fn a_push_with_a_negative_or_nan_count_anywhere_is_refused_and_applies_nothing() {
+    let (mut server, addr) =
+        pserver_ready(&["--trainers", "1", "--mode", "async", "--job", "test"], std::process::Stdio::null());
+    let addrs = [addr];
+    let spec = spec();
+    let dim = spec.sparse[0].dim;
+    let ids: Vec<u64> = (0..100).collect();
+    let grads = vec![0.01f32; ids.len() * dim];
+    // Trainer 0's first connection stays open: the server fails once its last one goes.
+    let mut first = client(&addrs);
+    first.declare(&spec).unwrap();
+    let negative = "a negative show or click count";
+    for (bad, at, says) in [
+        (-1.0f32, 0, negative),
+        (-1.0, 63, negative),
+        (-0.5, 130, negative),
+        (-1e-30, 199, negative),
+        (f32::NAN, 70, oar::table::NOT_PUSHABLE),
+        (f32::NAN, 199, oar::table::NOT_PUSHABLE),
+    ] {
+        // A fresh connection each: a client that met a refusal does not read its other replies.
+        let mut c = client(&addrs);
+        c.attach(&spec);
+        let mut counts = vec![1.0f32; ids.len() * 2];
+        counts[at] = bad;
+        let g = oar::client::TableGrads { table: 0, dim, ids: &ids, counts: &counts, grads: &grads };
+        let e = c.push(&header(0), None, &[g]).unwrap_err().to_string();
+        assert!(e.contains(says), "{bad} at {at}: {e}");
+    }
+    let stats = first.stats().unwrap();
+    assert_eq!((stats[0].version, stats[0].keys_pushed, stats[0].rows[0]), (0, 0, 0));
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
