@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let mut stream = data;
     let mut buf = FrameBuf::default();
     let mut placed = [0u8; 64 * 4];
-    let mut place = |r: &mut &[u8], _: ValuesArray, floats: usize| -> Result<bool, ProtocolError> {
+    let mut place = |r: &mut dyn std::io::Read, _: ValuesArray, floats: usize| -> Result<bool, ProtocolError> {
         if floats > 64 {
             return Ok(false);
         }

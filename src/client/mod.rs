@@ -483,29 +483,30 @@ fn receive_values(
     let mut dense_placed = false;
     let mut rows_placed = vec![false; tables.len()];
     let kind = {
-        let mut into_place = |r: &mut Deadline<'_>, array: ValuesArray, floats: usize| -> Result<bool, ProtocolError> {
-            match array {
-                ValuesArray::Dense => {
-                    let Some(out) = dense.as_deref_mut().filter(|_| floats == layout.len_of(s)) else {
-                        return Ok(false);
-                    };
-                    for b in layout.blocks_of(s) {
-                        std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[layout.block_range(b)]))?;
+        let mut into_place =
+            |r: &mut dyn std::io::Read, array: ValuesArray, floats: usize| -> Result<bool, ProtocolError> {
+                match array {
+                    ValuesArray::Dense => {
+                        let Some(out) = dense.as_deref_mut().filter(|_| floats == layout.len_of(s)) else {
+                            return Ok(false);
+                        };
+                        for b in layout.blocks_of(s) {
+                            std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[layout.block_range(b)]))?;
+                        }
+                        dense_placed = true;
                     }
-                    dense_placed = true;
-                }
-                // Only rows in the caller's order (no grouping), and only as many as asked.
-                ValuesArray::Rows(t) => {
-                    let (Some(None), Some(out)) = (groupings.get(t), rows.get_mut(t)) else { return Ok(false) };
-                    if floats != out.len() {
-                        return Ok(false);
+                    // Only rows in the caller's order (no grouping), and only as many as asked.
+                    ValuesArray::Rows(t) => {
+                        let (Some(None), Some(out)) = (groupings.get(t), rows.get_mut(t)) else { return Ok(false) };
+                        if floats != out.len() {
+                            return Ok(false);
+                        }
+                        std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[..]))?;
+                        rows_placed[t] = true;
                     }
-                    std::io::Read::read_exact(r, bytemuck::cast_slice_mut(&mut out[..]))?;
-                    rows_placed[t] = true;
                 }
-            }
-            Ok(true)
-        };
+                Ok(true)
+            };
         let mut within = Deadline::new(&mut conn.stream, &mut conn.armed, conn.reply_timeout);
         read_reply_blocking(&mut within, &mut conn.buf, DEFAULT_MAX_FRAME, &mut into_place).map_err(|e| conn.fail(e))?
     };

@@ -142,7 +142,7 @@ pub(super) fn read_header_blocking<R: std::io::Read>(
 impl FrameBuf {
     /// Makes room for `bytes` bytes of a frame of `len` (growing by at least doubling, within
     /// the budget) and returns them.
-    fn room(&mut self, bytes: usize, len: usize) -> Result<&mut [u8], ProtocolError> {
+    pub(super) fn room(&mut self, bytes: usize, len: usize) -> Result<&mut [u8], ProtocolError> {
         let words = bytes.div_ceil(8);
         if self.words.len() < words {
             // Doubling, but never past the frame being read.
