@@ -14,7 +14,8 @@
 //!
 //! This module does no I/O and knows nothing of the network: the server, the local trainer and
 //! the offline evaluator all use it directly. The memory under the sparse rows, and every
-//! `unsafe` block of the tables, is [`mem`]'s.
+//! `unsafe` block of the tables but the call of the optimizers' AVX2 build (after the CPU is
+//! checked), is [`mem`]'s.
 
 pub mod accessor;
 pub mod admit;

@@ -307,6 +307,28 @@ impl Optimizer {
 
     /// Applies one update to `w` given the gradient sum `grad`, scaled by `scale`.
     pub fn update(&self, w: &mut [f32], state: &mut [f32], grad: &[f32], scale: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { self.update_avx2(w, state, grad, scale) };
+        }
+        self.apply(w, state, grad, scale)
+    }
+
+    /// [`Self::update`] compiled for AVX2's 8-lane registers where the build's baseline has 4
+    /// (SSE2): the dense Adam of a 2 x 2 CTR-DNN job took 5.5% of its CPU in 4 lanes. No FMA is
+    /// enabled and every operation of the rules is rounded per lane (`sqrt` and `/` included),
+    /// so the results are bit for bit those of the 4-lane code (a unit test holds it), and
+    /// machines with and without AVX2 train the same model.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn update_avx2(&self, w: &mut [f32], state: &mut [f32], grad: &[f32], scale: f32) {
+        self.apply(w, state, grad, scale)
+    }
+
+    /// The update rules, inlined into each of [`Self::update`]'s builds.
+    #[inline(always)]
+    fn apply(&self, w: &mut [f32], state: &mut [f32], grad: &[f32], scale: f32) {
         debug_assert_eq!(w.len(), grad.len());
         debug_assert_eq!(state.len(), self.state_len(w.len()));
         let (lr, l2) = (self.lr, self.l2);
@@ -412,6 +434,52 @@ mod tests {
             opt.update(&mut w, &mut s, &g, 0.5);
         }
         w
+    }
+
+    /// The AVX2 build of the rules writes the very bits of the baseline build, for every rule
+    /// `update` runs, on lengths around the lanes (1-17, 63-65, 1000), over 40 steps of gradients
+    /// that mix zeros, tiny values around the flush thresholds, and large ones.
+    #[test]
+    fn the_avx2_build_writes_the_bits_of_the_baseline() {
+        let kinds = [
+            Optimizer { l2: 0.01, ..Optimizer::sgd(0.1) },
+            Optimizer { kind: OptimizerKind::Sum, ..Optimizer::sgd(0.1) },
+            Optimizer { l2: 0.01, ..Optimizer::adagrad(0.1) },
+            Optimizer { l2: 0.01, ..Optimizer::adam(0.1) },
+            Optimizer { epsilon: 1e-45, ..Optimizer::adam(1e-3) },
+            Optimizer { l2: 0.01, ..Optimizer::adam_d2sum(0.1) },
+            Optimizer::paddle(OptimizerKind::SparseAdam),
+        ];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut draw = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mantissa = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            match x % 6 {
+                0 => 0.0,
+                1 => mantissa * 1e-19,
+                2 => mantissa * 1e-37,
+                3 => mantissa * 1e3,
+                _ => mantissa,
+            }
+        };
+        for opt in kinds {
+            for dim in (1..=17).chain([63, 64, 65, 1000]) {
+                let mut w: Vec<f32> = (0..dim).map(|_| draw()).collect();
+                let mut s = vec![0.0f32; opt.state_len(dim)];
+                opt.init_state(&mut s);
+                let (mut w2, mut s2) = (w.clone(), s.clone());
+                for _ in 0..40 {
+                    let g: Vec<f32> = (0..dim).map(|_| draw()).collect();
+                    opt.update(&mut w, &mut s, &g, 0.5);
+                    opt.apply(&mut w2, &mut s2, &g, 0.5);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&w), bits(&w2), "{:?} dim {dim}", opt.kind);
+                    assert_eq!(bits(&s), bits(&s2), "{:?} dim {dim}", opt.kind);
+                }
+            }
+        }
     }
 
     fn assert_close(got: &[f32], want: &[f64]) {
