@@ -56,7 +56,7 @@ impl FrameBuf {
             self.words.truncate(words);
             self.words.shrink_to_fit();
             if let Some(b) = &self.budget {
-                b.held.fetch_sub(freed, std::sync::atomic::Ordering::Relaxed);
+                b.give(freed);
             }
         }
     }
@@ -65,27 +65,62 @@ impl FrameBuf {
 impl Drop for FrameBuf {
     fn drop(&mut self) {
         if let Some(b) = &self.budget {
-            b.held.fetch_sub(self.capacity(), std::sync::atomic::Ordering::Relaxed);
+            b.give(self.capacity());
         }
     }
 }
 
-/// The bytes all of a server's connections' receive buffers may hold together.
+/// The bytes a server's connections' buffers may hold together, or a part of those (one peer's
+/// share, see `server::shares`): bytes a part takes count against it and against the whole.
 #[derive(Debug)]
 pub struct BufferBudget {
     held: std::sync::atomic::AtomicUsize,
     most: usize,
+    whole: Option<std::sync::Arc<BufferBudget>>,
 }
 
 impl BufferBudget {
     /// A budget of `most` bytes.
     pub fn new(most: usize) -> std::sync::Arc<BufferBudget> {
-        std::sync::Arc::new(BufferBudget { held: 0.into(), most })
+        std::sync::Arc::new(BufferBudget { held: 0.into(), most, whole: None })
+    }
+
+    /// A part of `whole` of at most `most` bytes.
+    pub fn part(whole: &std::sync::Arc<BufferBudget>, most: usize) -> std::sync::Arc<BufferBudget> {
+        std::sync::Arc::new(BufferBudget { held: 0.into(), most, whole: Some(whole.clone()) })
     }
 
     /// Bytes held now.
     pub fn held(&self) -> usize {
         self.held.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The most it holds.
+    pub fn most(&self) -> usize {
+        self.most
+    }
+
+    /// Takes `bytes`, here and in the whole; if either would go past its bound, takes nothing
+    /// and returns what the one refusing holds and its bound.
+    pub fn take(&self, bytes: usize) -> Result<(), (usize, usize)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let reserve = |h: usize| h.checked_add(bytes).filter(|&n| n <= self.most);
+        self.held.fetch_update(Relaxed, Relaxed, reserve).map_err(|held| (held, self.most))?;
+        if let Some(whole) = &self.whole {
+            if let Err(refused) = whole.take(bytes) {
+                self.held.fetch_sub(bytes, Relaxed);
+                return Err(refused);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back `bytes` taken before.
+    pub fn give(&self, bytes: usize) {
+        self.held.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+        if let Some(whole) = &self.whole {
+            whole.give(bytes);
+        }
     }
 }
 
@@ -149,15 +184,7 @@ impl FrameBuf {
             let grown = words.max((self.words.len() * 2).min(len.div_ceil(8)));
             if let Some(b) = &self.budget {
                 let extra = (grown - self.words.len()) * 8;
-                let reserve = |h: usize| h.checked_add(extra).filter(|&n| n <= b.most);
-                let taken = b.held.fetch_update(
-                    std::sync::atomic::Ordering::Relaxed,
-                    std::sync::atomic::Ordering::Relaxed,
-                    reserve,
-                );
-                if let Err(held) = taken {
-                    return Err(ProtocolError::OverBudget { len, held, most: b.most });
-                }
+                b.take(extra).map_err(|(held, most)| ProtocolError::OverBudget { len, held, most })?;
             }
             self.words.resize(grown, 0);
         }

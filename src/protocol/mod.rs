@@ -70,10 +70,11 @@ pub enum ProtocolError {
     /// The bytes do not form a valid message.
     #[error("malformed frame: {0}")]
     Malformed(String),
-    /// A frame would take the receive buffers of all connections past their shared budget.
+    /// A frame would take the receive buffers past their budget: all connections' together, or
+    /// those of one peer (a trainer, or the tools and operators together).
     #[error(
-        "frame of {len} bytes refused: the receive buffers of this server's connections hold {held} of the {most} \
-         bytes they may (--max-receive-mb)"
+        "frame of {len} bytes refused: the receive buffers of this server's connections, or this peer's share of \
+         them, hold {held} of the {most} bytes they may (--max-receive-mb)"
     )]
     OverBudget {
         /// Announced payload length.

@@ -212,7 +212,22 @@ impl Secret {
     pub fn derive(&self, job: &str, identity: Identity) -> anyhow::Result<Secret> {
         anyhow::ensure!(self.is_master(), "a credential is derived from the job's master secret, not from another");
         anyhow::ensure!(identity != Identity::Master, "the master is not derived");
-        Ok(Secret { key: self.key_of(job, identity).to_vec(), credential: Some((job.to_string(), identity)) })
+        // A credential is a few lines of text read back whole: a job id that breaks its lines
+        // or its size would make a credential every process refuses.
+        anyhow::ensure!(
+            !job.is_empty() && !job.chars().any(char::is_control),
+            "job id {job:?}: a credential's job id is one line of text, not empty"
+        );
+        let credential =
+            Secret { key: self.key_of(job, identity).to_vec(), credential: Some((job.to_string(), identity)) };
+        let len = credential.bytes().len();
+        anyhow::ensure!(
+            len as u64 <= *SECRET_BYTES.end(),
+            "job id of {} bytes: its credential would take {len} bytes, more than the {} a credential file holds",
+            job.len(),
+            SECRET_BYTES.end()
+        );
+        Ok(credential)
     }
 
     /// The key of `identity` in `job` (the master's own bytes for [`Identity::Master`]).

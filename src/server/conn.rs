@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::senders::{dense_on_sparse_port, may_send, refusal};
+use super::shares::{Seat, Share};
 use super::waiting::Ticket;
 use super::{members, push, requests, Answer, Reply, State};
 use crate::base::per_address::Held;
@@ -109,6 +110,9 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     // Pull replies are built in these buffers, reused so big replies never fault in fresh pages.
     let mut scratch = Scratch::default();
     let mut greeted = false;
+    // Once greeted, the connection's place in its peer's share: its buffer and its replies
+    // count against that share.
+    let mut seat: Option<(Seat, Arc<Share>)> = None;
     loop {
         let Step::Go(request) = read_request(state, &mut rd, &mut wr, &mut buf, greeted, ticket).await? else {
             return Ok(());
@@ -116,7 +120,17 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         state.counters.port_requests[port].fetch_add(1, Relaxed);
         let hello_from = if let Request::Hello(h) = &request { Some(h.trainer) } else { None };
         let peer = Peer { port, sparse_only, proven, trainer: *trainer, greeted };
-        let reply = answer(state, request, &peer, &mut scratch).await;
+        let mut reply = answer(state, request, &peer, &mut scratch).await;
+        if let (Ok(_), Some(t), None) = (&reply, hello_from, &seat) {
+            let share = state.shares.of(t).clone();
+            match share.sit() {
+                Ok(taken) => {
+                    buf = FrameBuf::budgeted(share.bytes.clone());
+                    seat = Some((taken, share));
+                }
+                Err(m) => reply = Err((ErrorCode::Handshake, m)),
+            }
+        }
         // A refused request's frame is not kept; a large one is let go once the last frames no
         // longer need it.
         buf.shrink(reply.is_err());
@@ -132,7 +146,7 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 connected(state, t);
             }
         }
-        send(state, &mut wr, reply, &mut scratch).await?;
+        send(state, &mut wr, reply, &mut scratch, seat.as_ref().map(|(_, share)| &**share)).await?;
         if fatal {
             return Ok(());
         }
@@ -280,32 +294,72 @@ async fn answer(state: &Arc<State>, request: Request<'_>, peer: &Peer, scratch: 
     }
 }
 
-/// Writes `reply`; a pull's row buffers go back to `scratch` for the next.
+/// Writes `reply` within the job's `--timeout`; a pull's row buffers go back to `scratch` for
+/// the next (up to [`KEPT_REPLY_BYTES`]). A pull's reply counts against the peer's `share`
+/// until it is written: one past the share is refused instead, so a peer that pulls and never
+/// reads holds at most its share, and only for `--timeout`.
 async fn send<W: AsyncWrite + Unpin>(
     state: &State,
     wr: &mut W,
     reply: Reply,
     scratch: &mut Scratch,
+    share: Option<&Share>,
 ) -> Result<(), ProtocolError> {
     let out = &state.counters.frame_bytes_out;
     match reply.unwrap_or_else(|(code, message)| Answer::Response(Response::Error { code, message })) {
         Answer::Response(response) => {
             let frame = response.encode();
             out.fetch_add(frame.len() as u64, Relaxed);
-            write_frame(wr, &frame).await?
+            write_within(state, wr, &frame).await?
         }
         Answer::Values { version, dense, sparse } => {
             let frame = encode_values(version, &dense, &sparse);
-            out.fetch_add(frame.len() as u64, Relaxed);
-            write_frame(wr, &frame).await?;
-            scratch.sparse = sparse;
+            let len = frame.len();
+            if let Some(Err((held, most))) = share.map(|s| s.bytes.take(len)) {
+                let who = share.map_or("", |s| s.who.as_str());
+                let message = format!(
+                    "a reply of {len} bytes refused: {who} hold {held} of the {most} bytes one peer may in requests and \
+                     unread replies (an eighth of --max-receive-mb): read the replies before asking for more"
+                );
+                let refused = Response::Error { code: ErrorCode::TooLarge, message };
+                return write_within(state, wr, &refused.encode()).await;
+            }
+            out.fetch_add(len as u64, Relaxed);
+            let written = write_within(state, wr, &frame).await;
+            if let Some(s) = share {
+                s.bytes.give(len);
+            }
+            written?;
+            if sparse.iter().map(|rows| rows.capacity() * 4).sum::<usize>() <= KEPT_REPLY_BYTES {
+                scratch.sparse = sparse;
+            }
         }
         Answer::LastClose => {
-            write_frame(wr, &Response::Done.encode()).await?;
+            write_within(state, wr, &Response::Done.encode()).await?;
             state.all_closed.send_replace(true);
         }
     }
     Ok(())
+}
+
+/// The most a connection keeps of its last pull reply's row buffers for the next: a larger
+/// reply's are let go, so a peer's many connections do not each keep their largest.
+const KEPT_REPLY_BYTES: usize = 16 << 20;
+
+/// Writes `frame` within the job's `--timeout`: a peer that reads no reply for that long is
+/// closed, and what the connection held is let go.
+async fn write_within<W: AsyncWrite + Unpin>(
+    state: &State,
+    wr: &mut W,
+    frame: &crate::protocol::Frame<'_>,
+) -> Result<(), ProtocolError> {
+    match tokio::time::timeout(state.config.timeout, write_frame(wr, frame)).await {
+        Ok(written) => written,
+        Err(_) => Err(ProtocolError::Malformed(format!(
+            "the peer read no reply for {:?} (--timeout): closed",
+            state.config.timeout
+        ))),
+    }
 }
 
 fn handle_hello(state: &State, request: &Request, proven: Option<Identity>) -> Reply {
@@ -355,10 +409,27 @@ fn handle_hello(state: &State, request: &Request, proven: Option<Identity>) -> R
     }
     let mut place = state.place.lock();
     state.arrive(h.trainer);
-    let (index, servers) = *place.get_or_insert_with(|| {
-        tracing::info!(index = h.server_index, servers = h.num_servers, "learned this server's place from a trainer");
-        (h.server_index as usize, h.num_servers as usize)
-    });
+    // Only a trainer of the job (or the master's holder) teaches the server its place: a tool's
+    // or an operator's first handshake naming another place would make every trainer's proof
+    // fail, and send their operators looking at the secrets. Theirs is welcomed at the place
+    // they name, which they only read through.
+    let teaches = match proven {
+        Some(Identity::Tool | Identity::Operator) => false,
+        Some(Identity::Trainer(_) | Identity::Master) | None => true,
+    };
+    let claimed = (h.server_index as usize, h.num_servers as usize);
+    let (index, servers) = match *place {
+        Some(known) => known,
+        None if !teaches => claimed,
+        None => *place.insert({
+            tracing::info!(
+                index = h.server_index,
+                servers = h.num_servers,
+                "learned this server's place from a trainer"
+            );
+            claimed
+        }),
+    };
     if h.num_servers != servers as u64 || h.server_index != index as u64 {
         return refuse(format!(
             "client routes to server {} of {}, but this is server {index} of {servers}: check the server list order",

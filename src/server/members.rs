@@ -55,7 +55,7 @@ fn record_trainers(state: &State) {
             job: state.config.job.clone(),
             closed: state.closed.lock().iter().copied().collect(),
             pass: pending.pass,
-            ended: pending.ended.iter().copied().collect(),
+            ended: pending.ended(),
         }
     };
     if let Err(e) = record.write(&policy.dir, state.config.index) {
@@ -66,6 +66,12 @@ fn record_trainers(state: &State) {
 /// `trainer` has no more steps in `pass`: the sync step stops waiting for it.
 pub(super) fn end_pass(state: &Arc<State>, trainer: u64, pass: u64) -> Reply {
     let shard = state.shard()?;
+    let bound = state.pass_bound(Some(trainer));
+    if pass > bound {
+        let m =
+            format!("trainer {trainer}'s end of pass {pass} refused: the trainers are in pass {} at most", bound - 1);
+        return Err((ErrorCode::State, m));
+    }
     {
         let mut pending = state.sync.lock();
         pending.end_pass(trainer, pass);
@@ -125,7 +131,8 @@ pub(super) fn save_final(state: &State, dir: &std::path::Path) -> Result<(), (Er
     Ok(())
 }
 
-/// Passes whose AUC histograms a server keeps: a pass's figure is read right after its barrier.
+/// Passes whose AUC histograms a server keeps of each trainer: a pass's figure is read right
+/// after its barrier.
 const AUC_PASSES: usize = 3;
 
 /// Keeps trainer `trainer`'s histogram of pass `pass` (a resend replaces it: counted once).
@@ -146,10 +153,23 @@ pub(super) fn pass_auc(state: &State, trainer: u64, pass: u64, pos: &[u64], neg:
         );
         return Err((ErrorCode::Malformed, message));
     }
+    let bound = state.pass_bound(Some(trainer));
+    if pass > bound {
+        let m =
+            format!("trainer {trainer}'s AUC of pass {pass} refused: the trainers are in pass {} at most", bound - 1);
+        return Err((ErrorCode::State, m));
+    }
     let mut all = state.pass_auc.lock();
     all.entry(pass).or_default().insert(trainer, buckets);
-    while all.len() > AUC_PASSES {
-        all.pop_first();
+    // Each trainer's own newest passes are kept: what one trainer sends never pushes out
+    // another's histogram of the pass about to be read.
+    let sent: Vec<u64> = all.iter().filter(|(_, by)| by.contains_key(&trainer)).map(|(p, _)| *p).collect();
+    for old in &sent[..sent.len().saturating_sub(AUC_PASSES)] {
+        let by = all.get_mut(old).expect("listed just above");
+        by.remove(&trainer);
+        if by.is_empty() {
+            all.remove(old);
+        }
     }
     Ok(Answer::Response(Response::Done))
 }

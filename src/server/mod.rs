@@ -45,6 +45,7 @@ mod requests;
 mod resume;
 mod senders;
 pub mod shard_checkpoints;
+mod shares;
 pub mod sync;
 mod telemetry;
 mod waiting;
@@ -95,8 +96,6 @@ struct State {
     calendar: Mutex<Vec<crate::protocol::ListedDay>>,
     /// What the shard was loaded from, for declarations to be compared with.
     start: requests::Start,
-    /// The pass of the saved model the shard was loaded from (0: none).
-    saved_pass: u64,
     shard: Mutex<Option<Arc<Shard>>>,
     counters: Counters,
     sync: Mutex<SyncStep>,
@@ -141,6 +140,8 @@ struct State {
     telemetry: telemetry::Telemetry,
     /// What every connection's receive buffer holds, within `--max-receive-mb`.
     buffers: std::sync::Arc<crate::protocol::BufferBudget>,
+    /// Each peer's share of the connections and of `buffers` (see `shares`).
+    shares: shares::Shares,
     /// GEO mode: the rows pushes changed, for each trainer to pull back; made on first use.
     changes: Mutex<Option<geo::ChangeLog>>,
     /// The tables came from a checkpoint or a saved model (what changed before is not known).
@@ -199,10 +200,12 @@ impl State {
         }
     }
 
-    /// The furthest pass a push or a day end may name: one past the pass the trainers are in
-    /// (as far as this server knows: the passes ended and pushed, or the saved pass it loaded).
-    fn pass_bound(&self) -> u64 {
-        self.sync.lock().pass.max(self.saved_pass).saturating_add(1)
+    /// The furthest pass a push, a pass end, an AUC histogram or a day end from `sender` (a
+    /// trainer, or `None`) may name: one past the pass the other trainers are in, as far as
+    /// this server knows (see [`SyncStep::pass_bound`]).
+    fn pass_bound(&self, sender: Option<u64>) -> u64 {
+        let active = self.active();
+        self.sync.lock().pass_bound(sender, &active)
     }
 
     /// GEO mode's log of changed rows (made for `shard`'s tables on first use); its capacity
@@ -371,6 +374,8 @@ fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
     // A restart takes up where the trainers were when its predecessor last recorded it.
     let mut config = config;
     let mut sync = SyncStep::new(version);
+    // A resumed saved model's trainers go on at the pass after its own.
+    sync.restore(saved_pass, []);
     let recorded = config.checkpoints.as_ref().filter(|_| config.epoch > 0);
     let record = match recorded {
         Some(p) => {
@@ -381,10 +386,11 @@ fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
     if let Some(t) = record {
         let new: Vec<u64> = t.closed.into_iter().filter(|c| !config.closed.contains(c)).collect();
         config.closed.extend(new);
-        (sync.pass, sync.ended) = (t.pass, t.ended.into_iter().collect());
+        sync.restore(t.pass, t.ended);
     }
     let place = (config.num_servers > 0).then_some((config.index, config.num_servers));
     let restored = shard.is_some();
+    let buffers = crate::protocol::BufferBudget::new(config.limits.max_receive_bytes);
     let state = Arc::new(State {
         broken: Mutex::new(conn::Quiet::default()),
         pass_auc: Mutex::new(BTreeMap::new()),
@@ -392,7 +398,6 @@ fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
         model: Mutex::new(serde_json::Value::Null),
         calendar: Mutex::new(Vec::new()),
         start,
-        saved_pass,
         shard: Mutex::new(shard),
         // A shard restored from a checkpoint goes on counting from the updates it holds, so a
         // sync step or an async staleness check sees the versions it would have.
@@ -420,13 +425,14 @@ fn restore(ports: usize, config: ServerConfig) -> anyhow::Result<Arc<State>> {
         pending: crate::base::per_address::PerAddress::new(config.limits.max_pending_per_address),
         waiting: waiting::Waiting::default(),
         telemetry: telemetry::Telemetry::default(),
-        buffers: crate::protocol::BufferBudget::new(config.limits.max_receive_bytes),
+        shares: shares::Shares::new(config.trainers, &buffers, config.limits.max_connections, config.max_frame),
+        buffers,
         changes: Mutex::new(None),
         restored,
         config,
     });
     if state.config.epoch > 0 {
-        let ended = state.sync.lock().ended.clone();
+        let ended = state.sync.lock().ended();
         tracing::info!(epoch = state.config.epoch, version, closed = ?state.config.closed, ?ended, "restarted server");
     }
     Ok(state)

@@ -104,7 +104,7 @@ fn bounded(state: &State, push: &Push<'_>) -> Result<(), String> {
     if let Some(why) = state.ledgers[push.trainer as usize].lock().refuses(push.step) {
         return Err(why);
     }
-    let bound = state.pass_bound();
+    let bound = state.pass_bound(Some(push.trainer));
     if push.pass > bound {
         return Err(format!("it is of pass {}, the trainers are in pass {} at most", push.pass, bound - 1));
     }

@@ -64,6 +64,9 @@ pub(super) fn check_start(server: &Start, declared: Option<&serde_json::Value>) 
     }
 }
 
+/// The parts of a trainer's model description every trainer must declare alike.
+const DESCRIBES_THE_MODEL: [&str; 2] = ["model", "data"];
+
 /// Creates the shard from the first declaration; later ones must match it, and every one must
 /// start from the saved model this server loaded ([`check_start`]). A declaration is checked
 /// whole before anything of it is kept: a refused one leaves no model description or calendar
@@ -95,11 +98,25 @@ pub(super) fn declare(state: &State, declaration: Declaration) -> Reply {
             return Err((ErrorCode::Table, why));
         }
     }
+    let mut described = state.model.lock();
+    // The description the final save records says how the model is read (its layers and
+    // activations, the data's columns): a later trainer's must say the same, or one trainer
+    // declaring first could change silently how every saved pass is read.
+    // A declaration without a description (a tool's, a test's) changes nothing kept.
+    for part in DESCRIBES_THE_MODEL {
+        let (kept_part, this) = (described.get(part), model.get(part));
+        if kept_part.is_some() && this.is_some() && kept_part != this {
+            let m = format!(
+                "this trainer's [{part}] differs from the one this server holds, which the first trainer declared: \
+                 every trainer of a job trains one model (another job file?)"
+            );
+            return Err((ErrorCode::Table, m));
+        }
+    }
     // Checked whole: now kept.
     if kept.is_empty() {
         *kept = calendar;
     }
-    let mut described = state.model.lock();
     if described.is_null() {
         *described = model;
     }
@@ -308,7 +325,7 @@ pub(super) async fn shrink(state: &Arc<State>, days: u64, day_end: u64) -> Reply
     }
     // A day end is the end of a pass the trainers are in, or one before: a claim from the far
     // future would make the server refuse every real day end after it as a repeat.
-    let bound = state.pass_bound();
+    let bound = state.pass_bound(None);
     if day_end > bound {
         let m =
             format!("a day end's shrink after pass {day_end} refused: the trainers are in pass {} at most", bound - 1);

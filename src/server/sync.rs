@@ -17,7 +17,7 @@
 //! server holds is kept: a copy sent again is the same bytes (same batch, same parameters) or,
 //! once some server applied the step, computed from moved parameters and not to be used.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::protocol::{Push, PushPart};
 use crate::server::ledger::TrainerLedger;
@@ -39,18 +39,41 @@ pub enum Offered {
 }
 
 /// The server's pending synchronous step: the pushes of the step being gathered, the halves of
-/// split pushes waiting for their other half, and which trainers have ended the pass.
+/// split pushes waiting for their other half, and where each trainer is in its passes.
+///
+/// Each trainer's position moves only on its own pushes and ends of pass (the server checks
+/// that a request for trainer t comes from t), and a step waits for a trainer unless that
+/// trainer has ended the pass of the step's pushes. So one trainer, however hostile, changes
+/// whom a step waits for only as far as its own place goes: a far-future pass end or push
+/// neither makes the step wait for trainers that have finished their pass, nor lets the
+/// bound on the passes a request may name ([`Self::pass_bound`]) run away.
 #[derive(Debug, Default)]
 pub struct SyncStep {
     /// Steps applied (the server's version in sync mode).
     pub step: u64,
     /// Each trainer's push of the pending step, and whether it is committed.
     pushes: BTreeMap<u64, (Push<'static>, bool)>,
-    /// The pass the pending steps belong to.
+    /// The newest pass a trainer has pushed in or ended (what the final save records).
     pub pass: u64,
-    /// Trainers that have ended `pass`: steps no longer wait for them.
-    pub ended: BTreeSet<u64>,
+    /// The pass the trainers had reached before this server knew of them: a resumed saved
+    /// model's, or the record a restarted server read.
+    floor: u64,
+    /// Each trainer's newest pass pushed in and newest pass ended (0: none yet).
+    positions: BTreeMap<u64, Position>,
     halves: BTreeMap<u64, Push<'static>>,
+}
+
+/// Where one trainer is in its passes, as its own requests have said.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Position {
+    pushed: u64,
+    ended: u64,
+}
+
+impl Position {
+    fn newest(&self) -> u64 {
+        self.pushed.max(self.ended)
+    }
 }
 
 impl SyncStep {
@@ -59,26 +82,53 @@ impl SyncStep {
         SyncStep { step, ..SyncStep::default() }
     }
 
-    /// Moves to `pass` if it is newer: trainers only start a pass after the barrier that every
-    /// trainer reaches at the end of the previous one, so nobody is still in the old pass.
-    pub fn enter_pass(&mut self, pass: u64) {
-        if pass > self.pass {
-            self.pass = pass;
-            self.ended.clear();
+    /// Takes up where a record left the trainers: in `pass` or past it, `ended` having ended
+    /// it (a restarted server), or past a saved model's pass `pass` (`ended` empty).
+    pub fn restore(&mut self, pass: u64, ended: impl IntoIterator<Item = u64>) {
+        self.pass = self.pass.max(pass);
+        self.floor = self.floor.max(pass);
+        for t in ended {
+            self.positions.insert(t, Position { pushed: pass, ended: pass });
         }
+    }
+
+    /// The trainers that have ended the newest pass and pushed nothing since (the record
+    /// beside the checkpoints: they wait at the barrier and will not tell a restart again).
+    pub fn ended(&self) -> Vec<u64> {
+        let done = |at: &Position| at.ended == self.pass && at.pushed <= at.ended;
+        self.positions.iter().filter(|(_, at)| done(at)).map(|(t, _)| *t).collect()
+    }
+
+    /// The furthest pass a request from `sender` (a trainer, or `None` for anyone else) may
+    /// name, `active` being the trainers that have not closed: one past the newest pass another
+    /// active trainer is in, or past the floor. An honest trainer starts a pass only after a
+    /// barrier every trainer reaches at the end of the one before, so it is never more than one
+    /// pass ahead of the others; a trainer alone in its job is measured against itself.
+    pub fn pass_bound(&self, sender: Option<u64>, active: &[u64]) -> u64 {
+        let newest = |t: &u64| self.positions.get(t).map_or(0, Position::newest);
+        let others = active.iter().filter(|t| Some(**t) != sender).map(newest).max();
+        let furthest = others.unwrap_or_else(|| sender.as_ref().map_or(0, newest));
+        furthest.max(self.floor).saturating_add(1)
+    }
+
+    fn enter_pass(&mut self, trainer: u64, pass: u64) {
+        let at = self.positions.entry(trainer).or_default();
+        at.pushed = at.pushed.max(pass);
+        self.pass = self.pass.max(pass);
     }
 
     /// `trainer` has no more steps in `pass`.
     pub fn end_pass(&mut self, trainer: u64, pass: u64) {
-        self.enter_pass(pass);
-        if pass == self.pass {
-            self.ended.insert(trainer);
-        }
+        let at = self.positions.entry(trainer).or_default();
+        at.ended = at.ended.max(pass);
+        self.pass = self.pass.max(pass);
     }
 
-    /// `trainer` closed: a half it sent is released (it will never send the other).
+    /// `trainer` closed: a half it sent is released (it will never send the other), and its
+    /// place no longer bounds the others' passes.
     pub fn close(&mut self, trainer: u64) {
         self.halves.remove(&trainer);
+        self.positions.remove(&trainer);
     }
 
     /// Offers `push`; `ledger` is its trainer's. A push of a step already handled is a repeat;
@@ -89,8 +139,8 @@ impl SyncStep {
         if let Some(discarded) = ledger.repeat(push.step, push.part) {
             return Ok(Offered::Repeat { discarded });
         }
-        self.enter_pass(push.pass);
         let trainer = push.trainer;
+        self.enter_pass(trainer, push.pass);
         let whole = match push.part {
             PushPart::Whole => push,
             part => match self.halves.remove(&trainer) {
@@ -154,15 +204,23 @@ impl SyncStep {
         self.pushes.get(&trainer).is_some_and(|(_, committed)| *committed)
     }
 
+    /// Whether trainer `t` has ended the pass of the pending step's pushes (their oldest: an
+    /// honest step holds one pass, and a push of a pass ahead must not make the step wait for
+    /// trainers that have finished the pass the others are still in).
+    fn ended_step_pass(&self, t: u64) -> bool {
+        let step_pass = self.pushes.values().map(|(p, _)| p.pass).min().unwrap_or(self.pass);
+        self.positions.get(&t).is_some_and(|at| at.ended >= step_pass && at.ended > 0)
+    }
+
     /// Whether every trainer in `active` has committed its push of the pending step or ended
-    /// the pass.
+    /// the step's pass.
     pub fn ready(&self, active: &[u64]) -> bool {
-        !self.pushes.is_empty() && active.iter().all(|t| self.committed(*t) || self.ended.contains(t))
+        !self.pushes.is_empty() && active.iter().all(|t| self.committed(*t) || self.ended_step_pass(*t))
     }
 
     /// The trainers of `active` the pending step waits for (to push, or to commit).
     pub fn waiting_for(&self, active: &[u64]) -> Vec<u64> {
-        active.iter().copied().filter(|t| !self.committed(*t) && !self.ended.contains(t)).collect()
+        active.iter().copied().filter(|t| !self.committed(*t) && !self.ended_step_pass(*t)).collect()
     }
 
     /// Takes the pending step's pushes, in trainer order, and counts the step.
@@ -289,6 +347,45 @@ mod tests {
         sync.take();
         sync.offer(Push { pass: 2, ..push(0, 4, PushPart::Whole, 1.0) }, &ledgers[0], true).unwrap();
         assert!(!sync.ready(&[0, 1]));
+    }
+
+    /// One trainer's far-future pass end, or its push of a pass ahead, moves only its own
+    /// place: the step still goes on without the trainers that ended the pass the others are in.
+    #[test]
+    fn one_trainers_pass_ahead_never_makes_a_step_wait_for_trainers_that_ended_theirs() {
+        let (mut sync, ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 3]);
+        sync.end_pass(0, 1);
+        sync.end_pass(1, u64::MAX);
+        sync.offer(push(2, 7, PushPart::Whole, 1.0), &ledgers[2], true).unwrap();
+        assert!(sync.ready(&[0, 1, 2]), "waiting for {:?}", sync.waiting_for(&[0, 1, 2]));
+        sync.take();
+        // Trainer 1 pushes a step of pass 2 before trainer 2's next step of pass 1 arrives.
+        sync.offer(Push { pass: 2, ..push(1, 8, PushPart::Whole, 1.0) }, &ledgers[1], true).unwrap();
+        assert_eq!(sync.waiting_for(&[0, 1, 2]), vec![0, 2], "a step of pass 2 alone waits for everyone");
+        sync.offer(push(2, 8, PushPart::Whole, 1.0), &ledgers[2], true).unwrap();
+        assert!(sync.ready(&[0, 1, 2]), "trainer 0 ended pass 1, the pass trainer 2 is in");
+    }
+
+    /// The passes a trainer may name run one past the others', so no trainer alone walks the
+    /// bound forward; a lone trainer is measured against itself, anyone else against all.
+    #[test]
+    fn the_pass_bound_runs_one_past_the_other_trainers() {
+        let (mut sync, ledgers) = (SyncStep::new(0), vec![TrainerLedger::default(); 2]);
+        assert_eq!(sync.pass_bound(Some(1), &[0, 1]), 1, "nobody has started");
+        sync.offer(push(0, 0, PushPart::Whole, 1.0), &ledgers[0], true).unwrap();
+        sync.end_pass(0, 1);
+        assert_eq!(sync.pass_bound(Some(1), &[0, 1]), 2);
+        sync.end_pass(1, 2);
+        assert_eq!(sync.pass_bound(Some(1), &[0, 1]), 2, "its own pass end does not move its bound");
+        assert_eq!(sync.pass_bound(Some(0), &[0, 1]), 3);
+        assert_eq!(sync.pass_bound(None, &[0, 1]), 3);
+        assert_eq!(sync.pass_bound(Some(1), &[1]), 3, "trainer 0 closed: trainer 1 is alone");
+        // A restarted server's record, or a resumed model's pass, is the floor.
+        let mut restarted = SyncStep::new(0);
+        restarted.restore(5, [1]);
+        assert_eq!((restarted.pass_bound(Some(0), &[0, 1]), restarted.ended()), (6, vec![1]));
+        restarted.offer(Push { pass: 5, ..push(0, 0, PushPart::Whole, 1.0) }, &ledgers[0], true).unwrap();
+        assert!(restarted.ready(&[0, 1]), "trainer 1 ended pass 5 before the restart");
     }
 
     #[test]

@@ -142,7 +142,7 @@ fn a_sync_server_restarted_after_a_trainer_ended_its_pass_does_not_wait_for_it()
     let out = job.launch("sync", "server1:kill@version=40", &extra);
     job.assert_recovered(&out, 1, &[0]);
     let restarted = job.log("server.1.epoch-1.log");
-    assert!(restarted.contains("ended={1}"), "{restarted}");
+    assert!(restarted.contains("ended=[1]"), "{restarted}");
 }
 
 /// Killed after writing its second checkpoint's shard file but before publishing it: the

@@ -36,7 +36,8 @@ fn refusal(e: ClientError) -> String {
 
 /// Numbers no trainer sends: a step far past the window (which would make the real steps
 /// repeats), steps and passes near the top of their range, sample counts of no batch, a day end
-/// from the far future (which would make every real day end a repeat).
+/// from the far future (which would make every real day end a repeat), pass ends and AUC
+/// histograms of passes ahead.
 #[test]
 #[cfg_attr(not(feature = "faults"), ignore = "plants faults: run with --features faults")]
 fn a_peer_with_the_secret_cannot_push_numbers_from_the_far_future_or_of_no_batch() {
@@ -67,6 +68,21 @@ fn a_peer_with_the_secret_cannot_push_numbers_from_the_far_future_or_of_no_batch
         }
         let m = refusal(insider(addrs, &secret).shrink_day_end(u32::MAX).unwrap_err());
         seen.lock().unwrap().push(("a day end after pass 2^32 - 1", m));
+        // A pass end or an AUC histogram from the far future: accepted, the first moved the
+        // pass every bound counts from (so far-future pushes and day ends went through after
+        // it) and stopped the step waiting for trainer 0, and three of the second pushed every
+        // real histogram out of the server's keeping.
+        for pass in [u32::MAX, 3] {
+            let m = refusal(insider(addrs, &secret).end_pass(0, pass).unwrap_err());
+            seen.lock().unwrap().push(("a pass end", m));
+        }
+        let none = oar::observe::metrics::AucBuckets::default();
+        for pass in [u32::MAX, u32::MAX - 1, 3] {
+            let m = refusal(insider(addrs, &secret).pass_auc(0, pass, &none).unwrap_err());
+            seen.lock().unwrap().push(("an AUC histogram", m));
+        }
+        let m = refusal(insider(addrs, &secret).shrink_day_end(3).unwrap_err());
+        seen.lock().unwrap().push(("a day end after pass 3, after the rest", m));
     };
     let stats = GuardedJob::new(&attacked, &train, &secret_file).run(Some(&attack));
     let undisturbed = GuardedJob::new(&clean, &train, &secret_file).run(None);
@@ -79,6 +95,12 @@ fn a_peer_with_the_secret_cannot_push_numbers_from_the_far_future_or_of_no_batch
         "18446744073709551615 samples: a batch holds 1 to 16777216",
         "0 samples: a batch holds 1 to 16777216",
         "a day end's shrink after pass 4294967295 refused: the trainers are in pass 1 at most",
+        "trainer 0's end of pass 4294967295 refused: the trainers are in pass 1 at most",
+        "trainer 0's end of pass 3 refused: the trainers are in pass 1 at most",
+        "trainer 0's AUC of pass 4294967295 refused: the trainers are in pass 1 at most",
+        "trainer 0's AUC of pass 4294967294 refused",
+        "trainer 0's AUC of pass 3 refused",
+        "a day end's shrink after pass 3 refused: the trainers are in pass 1 at most",
     ];
     assert_eq!(refused.len(), expected.len());
     for ((what, message), e) in refused.iter().zip(expected) {
@@ -209,6 +231,13 @@ fn guarded_pserver(secret: &std::path::Path, index: usize, of: usize, extra: &[&
     pserver_ready(&[&args[..], &guard, extra].concat(), std::process::Stdio::null())
 }
 
+/// A new master secret in `dir`, as `oar launch` makes one.
+fn new_master(dir: &std::path::Path) -> std::path::PathBuf {
+    let master = dir.join("master");
+    Secret::generate().write_new(&master).unwrap();
+    master
+}
+
 /// `oar secret` derives a credential for `identity` (`--trainer N`, `--tool`, `--operator`).
 fn credential(dir: &std::path::Path, master: &std::path::Path, identity: &[&str], name: &str) -> Secret {
     let out = dir.join(name);
@@ -229,8 +258,7 @@ fn credential(dir: &std::path::Path, master: &std::path::Path, identity: &[&str]
 #[test]
 fn a_credential_acts_for_its_own_identity_only() {
     let dir = tempfile::tempdir().unwrap();
-    let master = dir.path().join("master");
-    Secret::generate().write_new(&master).unwrap();
+    let master = new_master(dir.path());
     let (mut server, addr) = guarded_pserver(&master, 0, 1, &[]);
     let connect = |secret: Secret, trainer: Option<u64>| {
         let config = ClientConfig {
@@ -271,31 +299,202 @@ fn a_credential_acts_for_its_own_identity_only() {
     connect(Secret::read(&master).unwrap(), None).unwrap().shrink(0).unwrap();
     server.kill().unwrap();
     server.wait().unwrap();
+    // `oar secret` makes no credential that every process would refuse: a job id too long for
+    // a credential file, an empty one, one that breaks its lines.
+    let long = "j".repeat(5000);
+    for (job, refused) in [
+        (long.as_str(), "job id of 5000 bytes: its credential would take"),
+        ("", "a credential's job id is one line of text, not empty"),
+        ("a\nidentity: master", "a credential's job id is one line of text"),
+    ] {
+        let out = dir.path().join("refused");
+        let m = master.display().to_string();
+        let o = oar(&["secret", "--master", &m, "--job", job, "--trainer", "0", "--out", &out.display().to_string()]);
+        assert!(!o.status.success() && text(&o).contains(refused), "{job:.20}: {}", text(&o));
+        assert!(!out.exists());
+    }
 }
 
 /// A Hello for `trainer` (`u64::MAX`: none) after proving `identity` with `secret`: the
 /// server's refusal, or "" if it was welcomed.
 fn hello_as(addr: &str, secret: &Secret, identity: oar::security::auth::Identity, trainer: u64) -> String {
+    hello_at(addr, secret, identity, trainer, (0, 1))
+}
+
+/// [`hello_as`], routing to server `place.0` of `place.1`.
+fn hello_at(
+    addr: &str,
+    secret: &Secret,
+    identity: oar::security::auth::Identity,
+    trainer: u64,
+    place: (u64, u64),
+) -> String {
+    greet(addr, secret, identity, trainer, place).1
+}
+
+/// [`hello_at`], keeping the connection.
+fn greet(
+    addr: &str,
+    secret: &Secret,
+    identity: oar::security::auth::Identity,
+    trainer: u64,
+    (index, servers): (u64, u64),
+) -> (std::net::TcpStream, String) {
     use oar::protocol::{auth, read_frame_blocking, FrameBuf, Hello, Request, Response, PROTOCOL_VERSION};
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     let ours = oar::security::auth::nonce();
-    s.write_all(&auth::hello(&ours, identity, 0)).unwrap();
+    s.write_all(&auth::hello(&ours, identity, index)).unwrap();
     let mut buf = FrameBuf::default();
     assert_eq!(read_frame_blocking(&mut s, &mut buf, 1 << 10).unwrap(), auth::AUTH_CHALLENGE);
     let (theirs, epoch, _) = auth::parse_challenge(buf.payload()).unwrap();
-    let claim = oar::security::auth::Claim { job: JOB, identity, server: 0, epoch };
+    let claim = oar::security::auth::Claim { job: JOB, identity, server: index, epoch };
     s.write_all(&auth::proof(&secret.client_proof(&claim, &theirs, &ours).unwrap())).unwrap();
     let kind = read_frame_blocking(&mut s, &mut buf, 1 << 10).unwrap();
     assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Done), "authenticated");
-    let hello =
-        Hello { version: PROTOCOL_VERSION, job: JOB.into(), num_servers: 1, server_index: 0, trainer, epoch: 0 };
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        job: JOB.into(),
+        num_servers: servers,
+        server_index: index,
+        trainer,
+        epoch: 0,
+    };
     s.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
     let kind = read_frame_blocking(&mut s, &mut buf, 1 << 16).unwrap();
-    match Response::decode(kind, buf.payload()).unwrap() {
+    let refused = match Response::decode(kind, buf.payload()).unwrap() {
         Response::Error { message, .. } => message,
         _ => String::new(),
+    };
+    (s, refused)
+}
+
+/// A server started without its place learns it from the first trainer's handshake, never
+/// from a tool's or an operator's: a tool greeting first as server 3 of 4 made every trainer's
+/// proof fail ("did not prove it is server 0"), as if the secrets were wrong.
+#[test]
+fn only_a_trainer_teaches_a_server_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = new_master(dir.path());
+    let secret = master.display().to_string();
+    let args = ["--trainers", "1", "--job", JOB, "--keep-serving", "--mode", "async", "--secret-file", &secret];
+    let (mut server, addr) = pserver_ready(&args, std::process::Stdio::null());
+    let tool = credential(dir.path(), &master, &["--tool"], "tool");
+    let operator = credential(dir.path(), &master, &["--operator"], "operator");
+    let (as_tool, as_operator) = (oar::security::auth::Identity::Tool, oar::security::auth::Identity::Operator);
+    assert_eq!(hello_at(&addr, &tool, as_tool, u64::MAX, (3, 4)), "", "welcomed where it routes, to read");
+    assert_eq!(hello_at(&addr, &operator, as_operator, u64::MAX, (2, 4)), "");
+    let t0 = credential(dir.path(), &master, &["--trainer", "0"], "trainer-0");
+    let config = ClientConfig {
+        secret: Some(t0),
+        trainer: Some(0),
+        ..ClientConfig::new(vec![addr.clone()], JOB, Duration::from_secs(5), Duration::from_secs(10))
+    };
+    let mut trainer = Client::connect(&config).unwrap();
+    trainer.declare(&crate::robustness::spec()).unwrap();
+    // Learned from the trainer: a tool now greets it where the trainer placed it.
+    assert_eq!(hello_at(&addr, &tool, as_tool, u64::MAX, (0, 1)), "");
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
+/// Every trainer must declare the model the first one did, not only the same tables: a trainer
+/// whose job file named other activations (same tables) was accepted, and the final save
+/// recorded whichever description came first, so every saved pass could be read as another
+/// model (a trainer's credential changed the served predictions from 0.27 to 0.40).
+#[test]
+fn a_trainer_declaring_another_model_over_the_same_tables_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, _) = gen_data(&dir.path().join("data"), 2, 3000, 0);
+    let master = new_master(dir.path());
+    let (secret, train) = (master.display().to_string(), train.display().to_string());
+    let args = ["--index", "0", "--num-servers", "1", "--trainers", "2", "--mode", "async", "--job", JOB];
+    let (mut server, addr) = pserver_ready(
+        &[&args[..], &["--secret-file", &secret, "--timeout", "60"]].concat(),
+        std::process::Stdio::null(),
+    );
+    let trainer = |id: &'static str| {
+        let base =
+            ["train", "--servers", &addr, "--trainers", "2", "--trainer-id", id, "--mode", "async", "--job", JOB];
+        [&base[..], &["--secret-file", &secret, "--train", &train, "--batch-size", "200", "--hidden", "8"]].concat()
+    };
+    let mut first = spawn_oar(dir.path(), &trainer("0"), "", "worker.0.log");
+    let config = ClientConfig {
+        secret: Some(Secret::read(&master).unwrap()),
+        ..ClientConfig::new(vec![addr.clone()], JOB, Duration::from_secs(5), Duration::from_secs(5))
+    };
+    // Its pushes wait for trainer 1 (the warm-up's steps are synchronous), but are counted.
+    let pushed = || Client::connect(&config).and_then(|mut c| c.stats()).is_ok_and(|s| s[0].pushes > 0);
+    wait_until(60, "trainer 0 declared its model and pushed", pushed);
+    let other = dir.path().join("sigmoid.toml");
+    std::fs::write(&other, "[model]\nhidden = [8]\nactivation = \"sigmoid\"\n").unwrap();
+    let o = oar(&[&trainer("1")[..], &["--config", &other.display().to_string()]].concat());
+    assert!(!o.status.success(), "trainer 1 trained: {}", text(&o));
+    let refused = "this trainer's [model] differs from the one this server holds, which the first trainer declared";
+    assert!(text(&o).contains(refused), "{}", text(&o));
+    for child in [&mut first, &mut server] {
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
+}
+
+/// A tool's credential takes only the tools' share of a server: an eighth of its connections
+/// and of its receive buffers. It held every connection (greeted, silent) or the whole receive
+/// budget (frames sent half way), and the job's trainers could not even authenticate.
+#[test]
+fn a_tools_credential_holds_only_the_tools_share_and_the_trainers_keep_theirs() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let master = new_master(dir.path());
+    let limits = ["--max-connections", "64", "--max-receive-mb", "64", "--max-frame-mb", "4"];
+    let (mut server, addr) = guarded_pserver(&master, 0, 1, &limits);
+    let tool = credential(dir.path(), &master, &["--tool"], "tool");
+    // Each greeted connection starts a frame of nearly 4 MiB.
+    let grads = vec![0.0f32; (1 << 20) - 4096];
+    let frame = oar::protocol::Request::Push(dense_push(0, &grads)).encode().to_vec();
+    let tool_greets = || greet(&addr, &tool, oar::security::auth::Identity::Tool, u64::MAX, (0, 1));
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let (s, refused) = tool_greets();
+        assert!(refused.is_empty(), "{refused}");
+        held.push(s);
+    }
+    let (_, refused) = tool_greets();
+    assert!(refused.contains("the tools' and operators' connections hold 8 connections"), "{refused}");
+    // Exactly the header and 2 MiB: a buffer then grows to 4 MiB before reading on, so a
+    // refused connection is closed with nothing of its unread (its refusal stays readable).
+    for s in &mut held {
+        s.write_all(&frame[..oar::protocol::HEADER_BYTES as usize + (2 << 20)]).unwrap();
+    }
+    // The trainer connects, declares and pushes, with the tool's connections all still open.
+    let t0 = credential(dir.path(), &master, &["--trainer", "0"], "trainer-0");
+    let config = ClientConfig {
+        secret: Some(t0),
+        trainer: Some(0),
+        ..ClientConfig::new(vec![addr.clone()], JOB, Duration::from_secs(5), Duration::from_secs(10))
+    };
+    let mut trainer = Client::connect(&config).unwrap();
+    trainer.declare(&crate::robustness::spec()).unwrap();
+    let header = StepHeader { trainer: 0, step: 0, pass: 1, base_version: 0, samples: 1, apply: Default::default() };
+    trainer.push(&header, None, &[]).unwrap();
+    // At most the tools' 8 MiB of buffers: the frames past it were refused, naming it. Each
+    // connection's frame is cut short now, so every one is answered and closed.
+    let mut answers = Vec::new();
+    for s in &mut held {
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut buf = oar::protocol::FrameBuf::default();
+        let kind = oar::protocol::read_frame_blocking(s, &mut buf, 1 << 16).unwrap();
+        if let Ok(oar::protocol::Response::Error { message, .. }) = oar::protocol::Response::decode(kind, buf.payload())
+        {
+            answers.push(message);
+        }
+    }
+    let share = answers.iter().filter(|m| m.contains("or this peer's share of them, hold")).count();
+    assert_eq!(share, 6, "two frames of 4 MiB fill the tools' 8: {answers:#?}");
+    drop(held);
+    server.kill().unwrap();
+    server.wait().unwrap();
 }
 
 /// A process that receives a trainer's connection (a squatted port, a mixed-up address) and
@@ -304,8 +503,7 @@ fn hello_as(addr: &str, secret: &Secret, identity: oar::security::auth::Identity
 #[test]
 fn a_proof_relayed_to_another_server_of_the_job_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let master = dir.path().join("master");
-    Secret::generate().write_new(&master).unwrap();
+    let master = new_master(dir.path());
     let (mut server1, addr1) = guarded_pserver(&master, 1, 2, &[]);
     // The relay listens where the trainer expects server 0 and forwards every byte to server 1.
     let relay = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -336,7 +534,7 @@ fn a_proof_relayed_to_another_server_of_the_job_is_refused() {
 /// connection's buffer counts against one budget: a frame past it is refused, naming the flag.
 #[test]
 fn refused_frames_are_not_held_and_all_buffers_share_one_budget() {
-    use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Push, PushPart, Request, Response, SparseGrads};
+    use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Request, Response};
     use std::io::Write;
     let args = ["--index", "0", "--num-servers", "1", "--trainers", "2", "--job", JOB, "--keep-serving"];
     let limits = ["--max-frame-mb", "128", "--max-receive-mb", "100"];
@@ -366,18 +564,7 @@ fn refused_frames_are_not_held_and_all_buffers_share_one_budget() {
         }
     };
     let grads = vec![0.0f32; 16 << 20]; // 64 MiB
-    let push = Push {
-        trainer: 1,
-        step: 0,
-        pass: 1,
-        base_version: 0,
-        samples: 1,
-        part: PushPart::Whole,
-        apply: Default::default(),
-        dense: vec![grads.as_slice().into()],
-        sparse: Vec::<SparseGrads>::new(),
-    };
-    let frame = Request::Push(push).encode().to_vec();
+    let frame = Request::Push(dense_push(1, &grads)).encode().to_vec();
     let before = crate::security::rss_mib(server.id());
     let mut idle = Vec::new();
     for _ in 0..3 {
@@ -398,7 +585,8 @@ fn refused_frames_are_not_held_and_all_buffers_share_one_budget() {
     let _ = second.write_all(&frame[8..40 << 20]);
     let m = reply(&mut second);
     assert!(
-        m.contains("the receive buffers of this server's connections hold") && m.contains("--max-receive-mb"),
+        m.contains("the receive buffers of this server's connections, or this peer's share of them, hold")
+            && m.contains("--max-receive-mb"),
         "{m}"
     );
     drop((holding, idle));

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::robustness::{header, spec};
 use crate::util::*;
 use oar::client::{Client, ClientConfig, ClientError, StepHeader, TableGrads, TableIds};
-use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Push, Request, Response, RowCreation, PROTOCOL_VERSION};
+use oar::protocol::{read_frame_blocking, FrameBuf, Hello, Request, Response, RowCreation, PROTOCOL_VERSION};
 
 /// Starts `oar pserver` for 2 trainers with a 2 s timeout; returns it and its address.
 fn pserver_for_two(mode: &str) -> (std::process::Child, String) {
@@ -93,17 +93,7 @@ fn a_trainer_restarted_with_its_sync_push_pending_counts_once_and_the_job_ends()
     let mut buf = FrameBuf::default();
     let kind = read_frame_blocking(&mut first_life, &mut buf, 1 << 20).unwrap();
     assert!(matches!(Response::decode(kind, buf.payload()).unwrap(), Response::Welcome { .. }));
-    let push = Push {
-        trainer: 1,
-        step: 0,
-        pass: 1,
-        base_version: 0,
-        samples: 1,
-        part: oar::protocol::PushPart::Whole,
-        apply: Default::default(),
-        dense: vec![dense.clone().into()],
-        sparse: Vec::new(),
-    };
+    let push = dense_push(1, &dense);
     first_life.write_all(&Request::Push(push).encode().to_vec()).unwrap();
     let mut tool =
         Client::connect(&ClientConfig::new(vec![addr.clone()], "oar", Duration::from_secs(5), Duration::from_secs(30)))

@@ -69,19 +69,8 @@ fn garbage_truncated_and_oversized_frames_leave_the_server_serving_others() {
     s.write_all(&Request::Hello(hello).encode().to_vec()).unwrap();
     let mut buf = FrameBuf::default();
     read_frame_blocking(&mut s, &mut buf, 1 << 20).unwrap();
-    let mut push = Request::Push(Push {
-        trainer: 0,
-        step: 0,
-        pass: 1,
-        base_version: 0,
-        samples: 1,
-        part: oar::protocol::PushPart::Whole,
-        apply: oar::protocol::Apply::Now,
-        dense: vec![vec![1.0; 4].into()],
-        sparse: vec![],
-    })
-    .encode()
-    .to_vec();
+    let ones = [1.0; 4];
+    let mut push = Request::Push(dense_push(0, &ones)).encode().to_vec();
     // The dense array's length follows seven u64 fields.
     push[8 + 56..8 + 64].copy_from_slice(&1_000_000u64.to_le_bytes());
     s.write_all(&push).unwrap();

@@ -578,3 +578,19 @@ impl Relay {
         self.seen.lock().unwrap().windows(needle.len()).any(|w| w == needle)
     }
 }
+
+/// Trainer `trainer`'s push of one sample at step 0 of pass 1 with the dense part `dense` and
+/// no rows: what the hostile-frame tests send whole or cut short.
+pub fn dense_push(trainer: u64, dense: &[f32]) -> oar::protocol::Push<'_> {
+    oar::protocol::Push {
+        trainer,
+        step: 0,
+        pass: 1,
+        base_version: 0,
+        samples: 1,
+        part: oar::protocol::PushPart::Whole,
+        apply: oar::protocol::Apply::Now,
+        dense: vec![dense.into()],
+        sparse: Vec::new(),
+    }
+}
