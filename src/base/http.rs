@@ -232,8 +232,10 @@ pub async fn read_body(
     let read = async {
         let mut body = body;
         while let Some(frame) = body.frame().await {
-            // A broken body (the client's stream failed) is answered as one over the limit.
-            let Ok(data) = frame.map_err(|_| too_large())?.into_data() else { continue };
+            // A broken body (a chunk size that is no number, the client's stream failed) is a
+            // bad request, named as such.
+            let frame = frame.map_err(|e| (StatusCode::BAD_REQUEST, format!("the request body is broken: {e}")))?;
+            let Ok(data) = frame.into_data() else { continue };
             let len = bytes.len() + data.len();
             if len > limits.max_body {
                 return Err(too_large());

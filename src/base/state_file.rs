@@ -236,6 +236,8 @@ fn open_plain(path: &Path, append: bool) -> Result<std::fs::File, StateFileError
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => StateFileError::invalid(path, "a symbolic link: oar does not write through one"),
+            // What a non-blocking open for writing of a named pipe with no reader gives.
+            Some(libc::ENXIO) => StateFileError::invalid(path, "a named pipe: oar writes only regular files"),
             _ => StateFileError::io(path)(e),
         })?;
     let meta = file.metadata().map_err(StateFileError::io(path))?;
@@ -267,6 +269,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
     write().inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+/// Whether `path` is `folder` or lies under it, compared as real paths (links resolved; a
+/// path that does not exist yet as its absolute form).
+pub fn is_within(path: &Path, folder: &Path) -> bool {
+    let real =
+        |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| std::path::absolute(p).unwrap_or(p.to_path_buf()));
+    real(path).starts_with(real(folder))
 }
 
 /// Checks that a tool may put its output at `out` by renaming over it: nothing there, a regular

@@ -105,7 +105,9 @@ fn write_pages(c: &clap::Command, name: &str, dir: &Path, written: &mut usize) -
     let mut bytes = Vec::new();
     clap_mangen::Man::new(page).render(&mut bytes)?;
     let file = dir.join(format!("{name}.1"));
-    std::fs::write(&file, bytes).with_context(|| format!("cannot write {}", file.display()))?;
+    // Never through a link planted at a page's name, nor blocked on a named pipe there.
+    let mut out = crate::base::state_file::create_plain(&file)?;
+    std::io::Write::write_all(&mut out, &bytes).with_context(|| format!("cannot write {}", file.display()))?;
     *written += 1;
     for sub in c.get_subcommands().filter(|s| s.get_name() != "help") {
         write_pages(sub, &format!("{name}-{}", sub.get_name()), dir, written)?;

@@ -15,6 +15,15 @@ pub(super) fn predict(a: PredictArgs, registry: &Registry) -> anyhow::Result<()>
     let inputs: Vec<&std::path::Path> = files.iter().map(|f| f.as_path()).collect();
     let to_stdout = a.out.as_os_str() == "-";
     if !to_stdout {
+        // Its folder, not the file: a name inside the saved model is refused even before it exists.
+        let folder = a.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        anyhow::ensure!(
+            !crate::base::state_file::is_within(folder, &a.model),
+            "--out {} is inside the saved model {}: scores written there could replace its files; name a file \
+             elsewhere",
+            a.out.display(),
+            a.model.display()
+        );
         crate::base::state_file::check_output(&a.out, &inputs)?;
     }
     let bar = files_bar(&files);

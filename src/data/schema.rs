@@ -271,6 +271,19 @@ impl Schema {
                         "[data] hash_slots: criteo ids are always hashed with their slot (remove hash_slots)".into()
                     );
                 }
+                // The model's shorthand counts read every column of the format or none: another
+                // count was ignored, and the manifest recorded a model that was not trained.
+                if let Some((slots, dense)) = shorthand {
+                    let (has_slots, has_dense) = (c.slots.len(), c.dense_width);
+                    for (key, n, has) in [("slots", slots, has_slots), ("dense_features", dense, has_dense)] {
+                        if n != 0 && n != has {
+                            return Err(format!(
+                                "model.{key} = {n}: the criteo format has {has} (0 reads none of them; leave it out \
+                                 for all)"
+                            ));
+                        }
+                    }
+                }
                 (c.labels, data.dense.clone().unwrap_or(c.dense), declared_slots.unwrap_or(c.slots), true)
             }
             Format::Plain => {
@@ -424,7 +437,7 @@ mod tests {
 
     #[test]
     fn the_criteo_schema_is_fixed_and_refuses_other_shapes() {
-        let s = Schema::resolve(&DataConfig::default(), Some((4, 2))).unwrap();
+        let s = Schema::resolve(&DataConfig::default(), Some((26, 13))).unwrap();
         assert_eq!(s, Schema::criteo());
         assert_eq!((s.label_width(), s.dense_width, s.slots.len(), s.hash_slots), (1, 13, 26, true));
         assert_eq!(s.slot_index("C3"), Some(2));
@@ -449,6 +462,18 @@ mod tests {
             let err = Schema::resolve(&bad, None).unwrap_err();
             assert!(err.starts_with(key), "{err}");
         }
+    }
+
+    #[test]
+    fn criteo_refuses_shorthand_counts_it_would_ignore() {
+        let data = DataConfig::default();
+        assert!(Schema::resolve(&data, Some((26, 13))).is_ok());
+        assert!(Schema::resolve(&data, Some((0, 13))).is_ok());
+        assert!(Schema::resolve(&data, Some((26, 0))).is_ok());
+        let e = Schema::resolve(&data, Some((5, 13))).unwrap_err();
+        assert!(e.starts_with("model.slots = 5: the criteo format has 26"), "{e}");
+        let e = Schema::resolve(&data, Some((26, 100_000_000_000))).unwrap_err();
+        assert!(e.starts_with("model.dense_features = 100000000000: the criteo format has 13"), "{e}");
     }
 
     #[test]

@@ -249,8 +249,26 @@ impl Server {
     /// Loads the saved model again whenever its stamp changes; keeps the old one on failure.
     fn watch(self: Arc<Self>, dir: PathBuf, registry: Registry, poll: Duration, stop: std::sync::mpsc::Receiver<()>) {
         let mut failed: Option<Stamp> = None;
+        // What made the newest save unreadable, reported once until it changes: a torn
+        // manifest, a `latest` naming no pass, the folder gone.
+        let mut unreadable: Option<String> = None;
         while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(poll) {
-            let Ok(now) = stamp(&dir) else { continue };
+            let now = match stamp(&dir) {
+                Ok(now) => now,
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    if unreadable.as_ref() != Some(&why) {
+                        tracing::warn!(
+                            "{}: the newest save cannot be read, still serving the old one: {why}",
+                            dir.display()
+                        );
+                        self.failed_reloads.fetch_add(1, Ordering::Relaxed);
+                        unreadable = Some(why);
+                    }
+                    continue;
+                }
+            };
+            unreadable = None;
             if now == self.current.read().stamp || failed.as_ref() == Some(&now) {
                 continue;
             }

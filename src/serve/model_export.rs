@@ -181,11 +181,8 @@ pub const MAX_ONNX_BYTES: usize = (1 << 31) - 1;
 /// its passes), or any folder holding a saved pass's `manifest.json`. An earlier export's
 /// folder is fine.
 fn check_out(out: &Path, source: &Path) -> anyhow::Result<()> {
-    let real =
-        |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| std::path::absolute(p).unwrap_or(p.to_path_buf()));
-    let (out_real, source_real) = (real(out), real(source));
     anyhow::ensure!(
-        !source_real.starts_with(&out_real),
+        !crate::base::state_file::is_within(source, out),
         "--out {} holds the saved model {} it would overwrite: export elsewhere",
         out.display(),
         source.display()

@@ -394,12 +394,7 @@ impl<'a> Job<'a> {
     fn save_pass(&mut self, out: &std::path::Path, pass: u32) -> anyhow::Result<()> {
         let config = self.config;
         let dir = out.join(pass_dir_name(pass));
-        // A link planted at the pass's name had the save's files written wherever it led.
-        anyhow::ensure!(
-            !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()),
-            "{} is a symbolic link: a save does not go through one",
-            dir.display()
-        );
+        saves::no_link_at(&dir)?;
         if saves::saved_before(&dir, &config.job, pass, config.rejoin)? {
             tracing::info!(pass, dir = %dir.display(), "the pass was saved before this trainer restarted: kept as it is");
             return Ok(());

@@ -12,6 +12,17 @@ use anyhow::Context;
 use super::Store;
 use crate::table::TableSpec;
 
+/// Refuses a symbolic link at a save's folder: one planted there had the save's files written
+/// wherever it led (servers check their own `--save-root`; a local trainer writes them itself).
+pub(super) fn no_link_at(dir: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()),
+        "{} is a symbolic link: a save does not go through one",
+        dir.display()
+    );
+    Ok(())
+}
+
 /// Trainer 0's save for serving after `pass` of `day`, if one is due: every server's file, the
 /// save's manifest, then its line in the done-file (announced once it is complete).
 pub(super) fn save_for_serving(
@@ -42,6 +53,8 @@ pub(super) fn save_for_serving(
         tracing::info!(day, pass, kind = kind.name(), "saved for serving before this trainer restarted: kept as it is");
         return Ok(());
     }
+    no_link_at(&out.join("serving"))?;
+    no_link_at(&dir)?;
     let mut files = store.export(kind, &dir).with_context(|| format!("{} save into {}", kind.name(), dir.display()))?;
     if let Some(f) = files.iter().find(|f| f.base_needed) {
         // A server restored from a checkpoint (or past its removal log's bound) cannot name the
@@ -51,6 +64,7 @@ pub(super) fn save_for_serving(
             .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
             .with_context(|| format!("removing the unannounced delta {}", dir.display()))?;
         (kind, dir) = (ExportKind::Base, folder(ExportKind::Base));
+        no_link_at(&dir)?;
         files = store.export(kind, &dir).with_context(|| format!("base save into {}", dir.display()))?;
     }
     let tables = spec.sparse.iter().map(|t| (t.name.clone(), t.dim)).collect();

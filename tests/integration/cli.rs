@@ -584,6 +584,22 @@ fn the_reference_man_pages_and_completions_come_from_the_command_line_itself() {
         let man = std::fs::read_to_string(dir.path().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(man.contains(".TH"), "{name}");
     }
+    // A link planted at a page's name is not written through, and a named pipe there is
+    // refused at once (the write waited for a reader forever).
+    let (elsewhere, link, pipe) = (dir.path().join("keep"), dir.path().join("oar.1"), dir.path().join("oar-train.1"));
+    std::fs::write(&elsewhere, "kept").unwrap();
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let out = oar(&["man", "--out", dir.path().to_str().unwrap()]);
+    assert!(!out.status.success() && text(&out).contains("a symbolic link"), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "kept");
+    std::fs::remove_file(&link).unwrap();
+    std::fs::remove_file(&pipe).unwrap();
+    let c = std::ffi::CString::new(pipe.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let out = oar(&["man", "--out", dir.path().to_str().unwrap()]);
+    assert!(!out.status.success() && text(&out).contains("a named pipe"), "{}", text(&out));
     for (shell, mark) in [("bash", "_oar()"), ("zsh", "#compdef oar"), ("fish", "complete -c oar")] {
         let out = oar(&["completions", shell]);
         assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(mark), "{shell}");

@@ -62,6 +62,17 @@ fn settings_past_what_the_process_may_hold_are_refused_naming_them() {
     let o = oar(&[&local[..], &["--config", &job]].concat());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("a value head minimizes a loss a layer computes"), "{}", text(&o));
+    // The shorthand's counts on criteo data: another count than the format's was ignored (26
+    // slots and 13 values trained) while the manifest recorded it.
+    for (model, refused) in [
+        ("slots = 5", "model.slots = 5: the criteo format has 26"),
+        ("dense_features = 100000000000", "model.dense_features = 100000000000: the criteo format has 13"),
+    ] {
+        let job = write(dir.path(), "counts.toml", &format!("[model]\n{model}\nhidden = [8]\n"));
+        let o = oar(&[&local[..], &["--config", &job]].concat());
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains(refused), "{}", text(&o));
+    }
     // Batches that fit the machine but not the process's address-space limit: refused with
     // the batch named, where the allocation aborted the process.
     let o = oar_limited(3 << 30, &[&local[..], &["--batch-size", "500000"]].concat());

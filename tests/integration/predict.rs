@@ -176,7 +176,7 @@ fn standardized_dense_values_travel_with_the_model() {
 /// outside its own folder (`/dev/stdout`, run as root, was replaced by a file) is never
 /// replaced, and one to a file beside it is.
 #[test]
-fn predict_writes_to_standard_output_and_never_replaces_a_link_elsewhere() {
+fn predict_writes_to_standard_output_and_never_replaces_a_link_elsewhere_or_its_model() {
     let dir = tempfile::tempdir().unwrap();
     gen_data(&dir.path().join("data"), 1, 300, 0);
     let (train, model) = (dir.path().join("data/train"), dir.path().join("model"));
@@ -211,4 +211,17 @@ fn predict_writes_to_standard_output_and_never_replaces_a_link_elsewhere() {
     assert!(predict(&s(&link)).status.success());
     assert!(std::fs::symlink_metadata(&link).unwrap().is_file());
     assert_eq!(std::fs::read_to_string(dir.path().join("out/old.tsv")).unwrap(), "old");
+    // Scores never go inside the saved model they come from: they replaced its shard or its
+    // manifest, and the next load failed.
+    let pass =
+        std::fs::read_dir(&model).unwrap().flatten().map(|e| e.path()).find(|p| p.join("manifest.json").exists());
+    let pass = pass.expect("a saved pass");
+    let before = std::fs::read(pass.join("manifest.json")).unwrap();
+    for out in [pass.join("manifest.json"), pass.join("server-0.shard"), model.join("scores.tsv")] {
+        let o = predict(&s(&out));
+        let err = text(&o);
+        assert!(!o.status.success() && err.contains("is inside the saved model"), "{}: {err}", out.display());
+    }
+    assert_eq!(std::fs::read(pass.join("manifest.json")).unwrap(), before);
+    assert!(predict("-").status.success(), "the model still loads");
 }

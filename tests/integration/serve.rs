@@ -220,7 +220,8 @@ fn serve_answers_kserve_v2_with_the_scores_of_oar_predict() {
 /// A client cannot hold `oar serve`: connections that send nothing are closed after
 /// `--read-timeout` (an idle one stayed open for good: still open after 70 s), at most
 /// `--max-connections` are served at once (a real client waits until one ends, then is
-/// answered), and a request whose body stops arriving is answered 408.
+/// answered), a request whose body stops arriving is answered 408, and one whose chunks are
+/// broken 400.
 #[test]
 fn idle_and_slow_clients_cannot_hold_the_server() {
     use std::io::{Read, Write};
@@ -249,10 +250,19 @@ fn idle_and_slow_clients_cannot_hold_the_server() {
     slow.read_to_string(&mut answer).expect("answered and closed");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("did not arrive within 1s (--read-timeout)"), "{answer}");
+    // A chunked body whose chunk size is no number: a bad request, where it was answered 413
+    // "over --max-body-mib" for 4 bytes.
+    let mut broken = std::net::TcpStream::connect(&addr).unwrap();
+    write!(broken, "POST /v2/models/oar/infer HTTP/1.1\r\nHost: oar\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+        .unwrap();
+    broken.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut answer = String::new();
+    broken.read_to_string(&mut answer).expect("answered and closed");
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("the request body is broken"), "{answer}");
     let infer = format!("{}/v2/models/oar/infer", s.url);
     assert_eq!(post(&infer, &lines_request(&lines[..1])).0, 200, "still serving");
     let m = crate::telemetry::scrape(&addr);
-    assert_eq!(crate::telemetry::value(&m, "oar_serve_refused_total", None), 1.0);
+    assert_eq!(crate::telemetry::value(&m, "oar_serve_refused_total", None), 2.0);
     // The two idle connections closed by the read timeout, at least (a pooled client
     // connection may have idled out too).
     assert!(crate::telemetry::value(&m, "oar_http_connections_closed_idle_total", None) >= 2.0);
@@ -371,6 +381,17 @@ fn a_newer_save_is_swapped_in_under_load_without_losing_a_request() {
         "the server counted them too"
     );
     eprintln!("{answered} requests answered across the reload, none lost");
+    // A `latest` naming no readable pass (a torn save, a folder gone) is reported once and
+    // counted, and the model served stays; it used to be skipped without a word.
+    oar::base::state_file::write_atomic(&model.join("latest"), b"pass-0009").unwrap();
+    let failed_reloads = || {
+        let m = crate::telemetry::scrape(s.url.trim_start_matches("http://"));
+        crate::telemetry::value(&m, "oar_serve_failed_reloads_total", None)
+    };
+    wait_until(60, "the unreadable save counted", || failed_reloads() == 1.0);
+    let (code, r) = post(&infer, &body);
+    assert_eq!((code, r["model_version"].as_str()), (200, Some("2")), "{r}");
+    assert_eq!(failed_reloads(), 1.0, "reported once, not at every look");
 }
 
 /// DIEN with its auxiliary loss (`dien_aux.toml`): the served model scores the click head only.

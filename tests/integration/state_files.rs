@@ -472,6 +472,19 @@ fn outputs_are_never_written_through_a_link_at_their_names() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("pass-0001 is a symbolic link"), "{}", text(&o));
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "nothing was saved through the link");
+    // A save for serving of a local online job into a linked `serving` folder: refused, as
+    // servers refuse one outside their --save-root; the files went where the link led.
+    let stream = dir.path().join("stream");
+    let o = oar(&["gen", "stream", "--days", "1", "--lines-per-day", "300", "--parts", "1", "--out", &s(&stream)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let online = dir.path().join("online");
+    std::fs::create_dir_all(&online).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, online.join("serving")).unwrap();
+    let days = ["--online", &s(&stream), "--days", "20260101..20260101", "--passes-per-day", "1", "--delta-every", "1"];
+    let o = oar(&[&["train", "--is-local", "--hidden", "4", "--output", &s(&online)][..], &days].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("serving is a symbolic link"), "{}", text(&o));
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "nothing was saved through the link");
     // `oar plot --out`: the link is replaced by the picture.
     std::fs::remove_file(out.join("metrics.csv")).unwrap();
     let o = oar(&["train", "--train", &s(&train), "--hidden", "4", "--output", &s(&out)]);

@@ -360,6 +360,13 @@ fn read_shard_checked(path: &Path, record: Option<(u64, u32)>) -> Result<Shard, 
         pos += n;
         Ok(s)
     };
+    // Values are checked as the model's own updates are: a NaN or an infinity would score
+    // every sample NaN, or hide behind a ReLU as constant scores, and fail training far from
+    // its cause.
+    let finite = |v: Vec<f32>, what: &str| match crate::table::every_float(&v, f32::is_finite) {
+        true => Ok(v),
+        false => Err(corrupt(format!("{what} that is not a finite number (NaN or infinity)"))),
+    };
     let shard = Shard::new(header.spec, header.server_index, header.num_servers);
     {
         let mut dense = shard.dense.lock();
@@ -367,10 +374,11 @@ fn read_shard_checked(path: &Path, record: Option<(u64, u32)>) -> Result<Shard, 
             return Err(corrupt("dense block count does not match the spec".into()));
         }
         for b in &mut dense.blocks {
-            let w = take(b.weights.len() * 4)?;
-            std::sync::Arc::make_mut(&mut b.weights).copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(w));
-            let s = take(b.state.len() * 4)?;
-            b.state.copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(s));
+            let w = finite(bytemuck::pod_collect_to_vec::<u8, f32>(take(b.weights.len() * 4)?), "a dense weight")?;
+            std::sync::Arc::make_mut(&mut b.weights).copy_from_slice(&w);
+            let s =
+                finite(bytemuck::pod_collect_to_vec::<u8, f32>(take(b.state.len() * 4)?), "a dense optimizer state")?;
+            b.state.copy_from_slice(&s);
         }
     }
     if header.sparse_rows.len() != shard.sparse.len() {
@@ -379,13 +387,17 @@ fn read_shard_checked(path: &Path, record: Option<(u64, u32)>) -> Result<Shard, 
     for (t, &rows) in shard.sparse.iter().zip(&header.sparse_rows) {
         let ids: Vec<u64> = bytemuck::pod_collect_to_vec(take(rows * 8)?);
         let stored = stored_row_len(t.spec(), header.format);
-        let data: Vec<f32> = bytemuck::pod_collect_to_vec(take(rows * stored * 4)?);
+        let data = finite(bytemuck::pod_collect_to_vec(take(rows * stored * 4)?), "a sparse row")?;
         let (dim, mut full) = (t.spec().dim, vec![0.0; t.row_len()]);
         for (id, row) in ids.iter().zip(data.chunks_exact(stored.max(1))) {
             // Weights, then the statistics (zeros where the format has none), then the state.
             full[..dim].copy_from_slice(&row[..dim]);
             full[t.row_len() - (stored - dim)..].copy_from_slice(&row[dim..]);
             t.insert_row(*id, &full).map_err(|e| corrupt(e.to_string()))?;
+        }
+        // A row written twice is kept once: a file whose ids repeat is not a saved table.
+        if t.len() != rows {
+            return Err(corrupt(format!("table {:?} lists {rows} rows but {} distinct ids", t.spec().name, t.len())));
         }
     }
     if header.format >= 3 {

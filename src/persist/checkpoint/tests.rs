@@ -207,3 +207,51 @@ fn a_save_goes_on_resharded_unless_a_capacity_or_a_count_filter_forbids_it() {
     let err = m.load_to_continue(counted.path(), 0, 3).err().unwrap().to_string();
     assert!(err.contains("count filter (count_filter_entry) keeps each server's pending ids"), "{err}");
 }
+
+/// A value that is not a finite number, or an id listed twice, makes a shard unreadable, named:
+/// a NaN scored every sample NaN (or hid behind a ReLU as constant scores), and a repeated id
+/// left fewer rows than the file listed, without a word.
+#[test]
+fn a_shard_with_a_non_finite_value_or_a_repeated_id_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = [3u64, 99, 1 << 50];
+    let saved = || {
+        let shard = Shard::new(spec(), 0, 1);
+        shard.sparse[0].pull(&ids, &mut [0.0; 12], true).unwrap();
+        shard
+    };
+    let refused = |shard: &Shard| {
+        let (name, _, _) = write_shard(shard, dir.path()).unwrap();
+        read_shard(&dir.path().join(name)).err().expect("refused").to_string()
+    };
+    let nan_weight = saved();
+    std::sync::Arc::make_mut(&mut nan_weight.dense.lock().blocks[2].weights)[1] = f32::NAN;
+    let e = refused(&nan_weight);
+    assert!(e.contains("server-0.shard") && e.contains("a dense weight that is not a finite number"), "{e}");
+    let inf_state = saved();
+    inf_state.dense.lock().blocks[0].state[0] = f32::INFINITY;
+    assert!(refused(&inf_state).contains("a dense optimizer state that is not a finite number"));
+    let nan_row = saved();
+    let mut row = vec![0.5; nan_row.sparse[0].row_len()];
+    row[1] = f32::NAN;
+    nan_row.sparse[0].insert_row(99, &row).unwrap();
+    assert!(refused(&nan_row).contains("a sparse row that is not a finite number"));
+
+    // The second id made the first's, with the file's CRC made whole again.
+    let good = saved();
+    let (name, _, _) = write_shard(&good, dir.path()).unwrap();
+    let path = dir.path().join(name);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let header = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    let dense: usize = good.dense.lock().blocks.iter().map(|b| b.weights.len() + b.state.len()).sum();
+    let first = 16 + header + dense * 4;
+    let stored: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes[first..first + 24]);
+    assert_eq!(stored.iter().copied().collect::<std::collections::BTreeSet<_>>(), ids.into(), "ids found");
+    bytes.copy_within(first..first + 8, first + 8);
+    let end = bytes.len() - 4;
+    let crc = crc32fast::hash(&bytes[..end]).to_le_bytes();
+    bytes[end..].copy_from_slice(&crc);
+    std::fs::write(&path, &bytes).unwrap();
+    let e = read_shard(&path).err().expect("refused").to_string();
+    assert!(e.contains("lists 3 rows but 2 distinct ids"), "{e}");
+}
