@@ -134,10 +134,12 @@ fn elements(t: &Tensor) -> Result<Vec<&Value>, BadRequest> {
 
 fn floats(input: Input) -> Result<Vec<f32>, BadRequest> {
     let t = input.t;
+    // Within the bound a data file's values keep (±1e18, as `lines` inputs and training read
+    // them): a typed 3.4e38 saturated the scores to 0 or 1 where the same line was refused.
     let finite = |x: f64| {
-        Some(x as f32)
-            .filter(|x| x.is_finite())
-            .ok_or_else(|| format!("input {:?}: {x} is not a finite number", t.name))
+        Some(x as f32).filter(|x| x.abs() <= crate::data::MAX_VALUE).ok_or_else(|| {
+            format!("input {:?}: {x} is not a finite number within ±{:e}", t.name, crate::data::MAX_VALUE)
+        })
     };
     match (t.datatype.as_str(), input.raw) {
         ("FP32", Some(raw)) => {
@@ -211,6 +213,11 @@ fn lines_batch(input: Input, schema: &Schema) -> Result<Batch, BadRequest> {
     super::predict::lines_batch(schema, lines)
 }
 
+/// The position of the first input named `name`.
+fn find_first(inputs: &[Tensor], name: &str) -> usize {
+    inputs.iter().position(|t| t.name == name).unwrap_or_default()
+}
+
 fn typed_batch(req: &Request, schema: &Schema, reads: &[bool]) -> Result<Batch, BadRequest> {
     let find = |name: &str| req.head.inputs.iter().position(|t| t.name == name).map(|i| req.input(i));
     let known = |name: &str| {
@@ -224,6 +231,10 @@ fn typed_batch(req: &Request, schema: &Schema, reads: &[bool]) -> Result<Batch, 
             "unknown input {:?} (lines, dense, SLOT.ids, SLOT.lengths, SLOT.weights, a label)",
             t.name
         ));
+    }
+    // Each by name once: a second one was ignored without a word.
+    if let Some((i, t)) = inputs.iter().enumerate().find(|(i, t)| inputs[..*i].iter().any(|o| o.name == t.name)) {
+        return Err(format!("input {:?} comes twice (inputs {} and {i})", t.name, find_first(inputs, &t.name)));
     }
     let rows = inputs.first().and_then(|t| t.shape.first()).copied().ok_or("no inputs, or an input without a shape")?;
     let rows = usize::try_from(rows).unwrap_or(usize::MAX);

@@ -188,6 +188,18 @@ fn serve_answers_kserve_v2_with_the_scores_of_oar_predict() {
             400,
             "C1.ids\" is missing",
         ),
+        // A typed value past the ±1e18 that lines and training keep: it saturated the scores.
+        (
+            r#"{"inputs":[{"name":"dense","shape":[1,13],"datatype":"FP32","data":[3.4e38,2,3,4,5,6,7,8,9,10,11,12,13]}]}"#,
+            400,
+            "is not a finite number within ±1e18",
+        ),
+        // An input twice: the second was ignored.
+        (
+            r#"{"inputs":[{"name":"dense","shape":[1,1],"datatype":"FP32","data":[1]},{"name":"dense","shape":[1,1],"datatype":"FP32","data":[2]}]}"#,
+            400,
+            "input \"dense\" comes twice (inputs 0 and 1)",
+        ),
     ] {
         let (c, r) = post(&infer, body);
         assert_eq!(c, code, "{body}: {r}");
@@ -206,13 +218,13 @@ fn serve_answers_kserve_v2_with_the_scores_of_oar_predict() {
 
     // Its Prometheus metrics, read by a Prometheus parser, count exactly what was asked: 6
     // requests scored (3 batches of the 600 lines, 1 line, 100 typed, 1 line), 702 samples, the
-    // 4 bad bodies and the oversized one refused (by its declared length, unread), pass 1 served.
+    // 6 bad bodies and the oversized one refused (by its declared length, unread), pass 1 served.
     let m = crate::telemetry::scrape(s.url.trim_start_matches("http://"));
     crate::telemetry::check_classic(s.url.trim_start_matches("http://"));
     let v = |name| crate::telemetry::value(&m, name, None);
     assert_eq!(v("oar_serve_requests_total"), 6.0);
     assert_eq!(v("oar_serve_samples_total"), 702.0);
-    assert_eq!(v("oar_serve_refused_total"), 5.0);
+    assert_eq!(v("oar_serve_refused_total"), 7.0);
     assert_eq!((v("oar_serve_reloads_total"), v("oar_serve_model_pass")), (0.0, 1.0));
     assert_eq!(crate::telemetry::histogram_count(&m, "oar_serve_request_seconds"), 6.0);
 }
