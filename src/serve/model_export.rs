@@ -187,6 +187,14 @@ fn check_out(out: &Path, source: &Path) -> anyhow::Result<()> {
         out.display(),
         source.display()
     );
+    // Checked before anything is written: a folder at one of the names failed the export
+    // half way, after dense.onnx was replaced.
+    for name in ["dense.onnx", "model.onnx", "tables.safetensors", "manifest.json"] {
+        let path = out.join(name);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            anyhow::bail!("--out {}: {} is a folder, where the export writes a file", out.display(), path.display());
+        }
+    }
     let manifest = out.join("manifest.json");
     // Read as a state file: a pipe, a device or a link there is refused, not waited on or
     // followed, and a huge file not read whole.

@@ -118,6 +118,12 @@ async fn infer(State(s): State<Arc<Server>>, UrlPath(path): ModelPath, headers: 
         s.refused.fetch_add(1, Ordering::Relaxed);
         return refusal;
     }
+    // Where the JSON ends is said once: a second, other length was ignored without a word.
+    if headers.get_all(INFERENCE_HEADER_CONTENT_LENGTH).iter().count() > 1 {
+        s.refused.fetch_add(1, Ordering::Relaxed);
+        let message = format!("the {INFERENCE_HEADER_CONTENT_LENGTH} header comes more than once");
+        return error(StatusCode::BAD_REQUEST, message);
+    }
     let header_len = headers.get(INFERENCE_HEADER_CONTENT_LENGTH).map(|v| v.to_str().unwrap_or("?").to_string());
     let body = match crate::base::http::read_body(&headers, body, &s.limits, &s.bodies).await {
         Ok(body) => body,

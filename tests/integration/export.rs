@@ -284,4 +284,13 @@ fn an_export_into_the_saved_models_own_folder_is_refused() {
     let o = oar(&["export", "--model", &s(&model), "--out", &s(&piped)]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("not a regular file (a named pipe)"), "{}", text(&o));
+    // A folder at one of the export's names is refused before anything is written: the export
+    // failed half way, with dense.onnx replaced.
+    let _ = std::fs::remove_file(beside.join("model.onnx"));
+    std::fs::create_dir(beside.join("model.onnx")).unwrap();
+    let dense_before = std::fs::metadata(beside.join("dense.onnx")).unwrap().modified().unwrap();
+    let o = oar(&["export", "--model", &s(&model), "--out", &s(&beside)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("model.onnx is a folder, where the export writes a file"), "{}", text(&o));
+    assert_eq!(std::fs::metadata(beside.join("dense.onnx")).unwrap().modified().unwrap(), dense_before);
 }

@@ -152,6 +152,21 @@ fn binary_bodies_that_lie_about_their_sizes_are_refused_with_a_reason() {
     };
     assert_eq!(code, 415);
     assert!(body.contains("uncompressed request bodies only"), "{body}");
+    // The JSON's length said twice, two ways: refused, where the first was used.
+    let mut body = serde_json::to_vec(&input(n.into(), 1)).unwrap();
+    let json_len = body.len();
+    body.extend_from_slice(&element);
+    let mut raw = std::net::TcpStream::connect(s.url.trim_start_matches("http://")).unwrap();
+    let head = format!(
+        "POST /v2/models/oar/infer HTTP/1.1\r\nHost: oar\r\nContent-Length: {}\r\nConnection: close\r\n\
+         Inference-Header-Content-Length: {json_len}\r\nInference-Header-Content-Length: 3\r\n\r\n",
+        body.len()
+    );
+    std::io::Write::write_all(&mut raw, &[head.as_bytes(), &body].concat()).unwrap();
+    raw.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut raw, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("comes more than once"), "{answer}");
     let request = json!({ "inputs": [{ "name": "lines", "shape": [1], "datatype": "BYTES", "data": [lines[0]] }] });
     assert_eq!(post(&infer, &request.to_string()).0, 200, "still serving");
 }

@@ -485,6 +485,14 @@ fn outputs_are_never_written_through_a_link_at_their_names() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("serving is a symbolic link"), "{}", text(&o));
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "nothing was saved through the link");
+    // A trainer's TensorBoard folder that is a link: refused, where the events went through it.
+    let board = dir.path().join("board");
+    std::fs::create_dir_all(&board).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, board.join("trainer-0")).unwrap();
+    let o = oar(&["train", "--train", &s(&train), "--hidden", "4", "--tensorboard", &s(&board)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("trainer-0 is a symbolic link"), "{}", text(&o));
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "no events were written through the link");
     // `oar plot --out`: the link is replaced by the picture.
     std::fs::remove_file(out.join("metrics.csv")).unwrap();
     let o = oar(&["train", "--train", &s(&train), "--hidden", "4", "--output", &s(&out)]);

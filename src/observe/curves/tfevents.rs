@@ -90,6 +90,12 @@ impl EventFile {
     /// TensorBoard expects) and writes its version record.
     pub fn create(dir: &Path, trainer: u32) -> std::io::Result<EventFile> {
         let sub = dir.join(format!("trainer-{trainer}"));
+        // Not through a link planted at the trainer's folder (it wrote wherever the link led,
+        // or failed with "File exists" for a link to a file).
+        if std::fs::symlink_metadata(&sub).is_ok_and(|m| m.file_type().is_symlink()) {
+            let m = format!("{} is a symbolic link: oar does not write through one", sub.display());
+            return Err(std::io::Error::other(m));
+        }
         std::fs::create_dir_all(&sub)?;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let path = sub.join(format!("events.out.tfevents.{}.oar.{}", now.as_secs(), std::process::id()));
