@@ -47,5 +47,6 @@ mod staleness;
 mod state_files;
 mod telemetry;
 mod tls;
+mod unread;
 mod util;
 mod zoo;
