@@ -18,14 +18,15 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::replies::{send, Scratch};
 use super::senders::{dense_on_sparse_port, may_send, refusal};
 use super::shares::{Seat, Share};
 use super::waiting::Ticket;
 use super::{members, push, requests, Answer, Reply, State};
 use crate::base::per_address::Held;
 use crate::protocol::{
-    auth, encode_values, read_frame, write_frame, Apply, ErrorCode, FrameBuf, ProtocolError, Request, Response,
-    NOT_A_TRAINER, PROTOCOL_VERSION,
+    auth, read_frame, write_frame, Apply, ErrorCode, FrameBuf, ProtocolError, Request, Response, NOT_A_TRAINER,
+    PROTOCOL_VERSION,
 };
 use crate::security::auth::Identity;
 
@@ -294,74 +295,6 @@ async fn answer(state: &Arc<State>, request: Request<'_>, peer: &Peer, scratch: 
     }
 }
 
-/// Writes `reply` within the job's `--timeout`; a pull's row buffers go back to `scratch` for
-/// the next (up to [`KEPT_REPLY_BYTES`]). A pull's reply counts against the peer's `share`
-/// until it is written: one past the share is refused instead, so a peer that pulls and never
-/// reads holds at most its share, and only for `--timeout`.
-async fn send<W: AsyncWrite + Unpin>(
-    state: &State,
-    wr: &mut W,
-    reply: Reply,
-    scratch: &mut Scratch,
-    share: Option<&Share>,
-) -> Result<(), ProtocolError> {
-    let out = &state.counters.frame_bytes_out;
-    match reply.unwrap_or_else(|(code, message)| Answer::Response(Response::Error { code, message })) {
-        Answer::Response(response) => {
-            let frame = response.encode();
-            out.fetch_add(frame.len() as u64, Relaxed);
-            write_within(state, wr, &frame).await?
-        }
-        Answer::Values { version, dense, sparse } => {
-            let frame = encode_values(version, &dense, &sparse);
-            let len = frame.len();
-            if let Some(Err((held, most))) = share.map(|s| s.bytes.take(len)) {
-                let who = share.map_or("", |s| s.who.as_str());
-                let message = format!(
-                    "a reply of {len} bytes refused: {who} hold {held} of the {most} bytes one peer may in requests and \
-                     unread replies (an eighth of --max-receive-mb): read the replies before asking for more"
-                );
-                let refused = Response::Error { code: ErrorCode::TooLarge, message };
-                return write_within(state, wr, &refused.encode()).await;
-            }
-            out.fetch_add(len as u64, Relaxed);
-            let written = write_within(state, wr, &frame).await;
-            if let Some(s) = share {
-                s.bytes.give(len);
-            }
-            written?;
-            if sparse.iter().map(|rows| rows.capacity() * 4).sum::<usize>() <= KEPT_REPLY_BYTES {
-                scratch.sparse = sparse;
-            }
-        }
-        Answer::LastClose => {
-            write_within(state, wr, &Response::Done.encode()).await?;
-            state.all_closed.send_replace(true);
-        }
-    }
-    Ok(())
-}
-
-/// The most a connection keeps of its last pull reply's row buffers for the next: a larger
-/// reply's are let go, so a peer's many connections do not each keep their largest.
-const KEPT_REPLY_BYTES: usize = 16 << 20;
-
-/// Writes `frame` within the job's `--timeout`: a peer that reads no reply for that long is
-/// closed, and what the connection held is let go.
-async fn write_within<W: AsyncWrite + Unpin>(
-    state: &State,
-    wr: &mut W,
-    frame: &crate::protocol::Frame<'_>,
-) -> Result<(), ProtocolError> {
-    match tokio::time::timeout(state.config.timeout, write_frame(wr, frame)).await {
-        Ok(written) => written,
-        Err(_) => Err(ProtocolError::Malformed(format!(
-            "the peer read no reply for {:?} (--timeout): closed",
-            state.config.timeout
-        ))),
-    }
-}
-
 fn handle_hello(state: &State, request: &Request, proven: Option<Identity>) -> Reply {
     let Request::Hello(h) = request else { unreachable!("called for Hello only") };
     let c = &state.config;
@@ -487,12 +420,6 @@ fn disconnected(state: &State, t: u64) {
             lost.entry(t).or_insert_with(std::time::Instant::now);
         });
     }
-}
-
-/// Row buffers of a connection's last pull reply, handed back for the next one.
-#[derive(Default)]
-struct Scratch {
-    sparse: Vec<Vec<f32>>,
 }
 
 async fn handle(state: &Arc<State>, request: Request<'_>, scratch: &mut Scratch) -> Reply {

@@ -41,6 +41,7 @@ mod geo;
 pub mod ledger;
 mod members;
 mod push;
+mod replies;
 mod requests;
 mod resume;
 mod senders;
