@@ -20,7 +20,7 @@ use tokio::net::TcpStream;
 
 use super::replies::{send, Scratch};
 use super::senders::{dense_on_sparse_port, may_send, refusal};
-use super::shares::{Seat, Share};
+use super::shares::Seat;
 use super::waiting::Ticket;
 use super::{members, push, requests, Answer, Reply, State};
 use crate::base::per_address::Held;
@@ -113,7 +113,7 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let mut greeted = false;
     // Once greeted, the connection's place in its peer's share: its buffer and its replies
     // count against that share.
-    let mut seat: Option<(Seat, Arc<Share>)> = None;
+    let mut seat: Option<Seat> = None;
     loop {
         let Step::Go(request) = read_request(state, &mut rd, &mut wr, &mut buf, greeted, ticket).await? else {
             return Ok(());
@@ -123,11 +123,10 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let peer = Peer { port, sparse_only, proven, trainer: *trainer, greeted };
         let mut reply = answer(state, request, &peer, &mut scratch).await;
         if let (Ok(_), Some(t), None) = (&reply, hello_from, &seat) {
-            let share = state.shares.of(t).clone();
-            match share.sit() {
+            match state.shares.of(t).sit() {
                 Ok(taken) => {
-                    buf = FrameBuf::budgeted(share.bytes.clone());
-                    seat = Some((taken, share));
+                    buf = FrameBuf::budgeted(taken.share().bytes.clone());
+                    seat = Some(taken);
                 }
                 Err(m) => reply = Err((ErrorCode::Handshake, m)),
             }
@@ -147,7 +146,7 @@ async fn serve_frames<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 connected(state, t);
             }
         }
-        send(state, &mut wr, reply, &mut scratch, seat.as_ref().map(|(_, share)| &**share)).await?;
+        send(state, &mut wr, reply, &mut scratch, seat.as_ref().map(Seat::share)).await?;
         if fatal {
             return Ok(());
         }

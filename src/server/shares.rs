@@ -26,6 +26,13 @@ pub(super) struct Share {
 #[derive(Debug)]
 pub(super) struct Seat(Arc<Share>);
 
+impl Seat {
+    /// The share the seat is in.
+    pub(super) fn share(&self) -> &Share {
+        &self.0
+    }
+}
+
 impl Drop for Seat {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Relaxed);

@@ -204,23 +204,29 @@ impl SyncStep {
         self.pushes.get(&trainer).is_some_and(|(_, committed)| *committed)
     }
 
-    /// Whether trainer `t` has ended the pass of the pending step's pushes (their oldest: an
-    /// honest step holds one pass, and a push of a pass ahead must not make the step wait for
-    /// trainers that have finished the pass the others are still in).
-    fn ended_step_pass(&self, t: u64) -> bool {
-        let step_pass = self.pushes.values().map(|(p, _)| p.pass).min().unwrap_or(self.pass);
+    /// The pass of the pending step's pushes (their oldest: an honest step holds one pass, and a
+    /// push of a pass ahead must not make the step wait for trainers that have finished the pass
+    /// the others are still in).
+    fn step_pass(&self) -> u64 {
+        self.pushes.values().map(|(p, _)| p.pass).min().unwrap_or(self.pass)
+    }
+
+    /// Whether trainer `t` has ended pass `step_pass`.
+    fn has_ended(&self, t: u64, step_pass: u64) -> bool {
         self.positions.get(&t).is_some_and(|at| at.ended >= step_pass && at.ended > 0)
     }
 
     /// Whether every trainer in `active` has committed its push of the pending step or ended
     /// the step's pass.
     pub fn ready(&self, active: &[u64]) -> bool {
-        !self.pushes.is_empty() && active.iter().all(|t| self.committed(*t) || self.ended_step_pass(*t))
+        let pass = self.step_pass();
+        !self.pushes.is_empty() && active.iter().all(|t| self.committed(*t) || self.has_ended(*t, pass))
     }
 
     /// The trainers of `active` the pending step waits for (to push, or to commit).
     pub fn waiting_for(&self, active: &[u64]) -> Vec<u64> {
-        active.iter().copied().filter(|t| !self.committed(*t) && !self.ended_step_pass(*t)).collect()
+        let pass = self.step_pass();
+        active.iter().copied().filter(|t| !self.committed(*t) && !self.has_ended(*t, pass)).collect()
     }
 
     /// Takes the pending step's pushes, in trainer order, and counts the step.
